@@ -1,0 +1,34 @@
+/* Configuration: flags and an INI-style file, flags winning.
+ *
+ * File format: "key = value" lines, '#' or ';' comments, optional
+ * "[section]" headers.  Keys before any section apply to every program;
+ * keys in "[psd]" / "[psworker]" / ... apply only to that program; other
+ * sections are ignored.  Keys are the long flag names without "--".
+ * Flags: --name value, --name=value; booleans take --name, --no-name or
+ * --name=true|false.  --config FILE loads a file first; --help prints usage. */
+#ifndef PS_CONFIG_H
+#define PS_CONFIG_H
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum { PS_OPT_INT, PS_OPT_UINT64, PS_OPT_FLOAT, PS_OPT_STRING, PS_OPT_BOOL } ps_opt_type_t;
+
+typedef struct ps_opt {
+    const char *name;     /* long flag name, e.g. "port" */
+    ps_opt_type_t type;
+    void *dst;            /* int*, uint64_t*, float*, char** (strdup'd), int* */
+    const char *help;     /* one line; the default is printed from *dst */
+} ps_opt_t;
+
+/* Parse argv (and --config FILE) into the option table (terminated by a
+ * zeroed entry).  Defaults are whatever *dst holds before the call.
+ * Returns 0; 1 when --help was printed (caller exits 0); PS_EINVAL on a bad
+ * flag, value or file line, after printing a clear message to stderr.
+ * Positional arguments are left in argv[1..*npos] (argv is reordered). */
+int ps_config_parse(const ps_opt_t *opts, const char *prog, const char *usage, int argc,
+                    char **argv, int *npos);
+/* Load just a file (used by ps_config_parse). */
+int ps_config_load_file(const ps_opt_t *opts, const char *prog, const char *path);
+/* Print --help text. */
+void ps_config_usage(const ps_opt_t *opts, const char *prog, const char *usage);
+#endif

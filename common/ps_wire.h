@@ -1,0 +1,61 @@
+/* Wire framing: a protobuf-c Header frame plus at most one raw payload frame
+ * (DESIGN.md section 4).  The receiver checks every length and the checksum
+ * before anyone looks at the payload, so handlers only ever see messages
+ * whose header and payload agree. */
+#ifndef PS_WIRE_H
+#define PS_WIRE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <zmq.h>
+
+#include "proto/ps.pb-c.h"
+
+#define PS_PROTO_VERSION 1u
+
+/* Header.flags bits */
+#define PS_FLAG_OVERFLOW   0x1u  /* PUSH: loss-scale overflow, skip this step everywhere */
+#define PS_FLAG_NO_REPLY   0x2u  /* PUSH: no ACK wanted (errors are still reported) */
+#define PS_FLAG_FROM_CKPT  0x4u  /* WELCOME: server state came from a checkpoint */
+
+/* Largest header frame accepted (headers are small; this bounds the decoder). */
+#define PS_WIRE_MAX_HEADER 4096
+
+typedef struct ps_wire_msg {
+    Ps__Header *hdr;     /* unpacked header, NULL if the message was malformed */
+    zmq_msg_t identity;  /* ROUTER peer identity (valid if has_identity) */
+    int has_identity;
+    zmq_msg_t payload;   /* raw payload bytes (valid if has_payload) */
+    int has_payload;
+} ps_wire_msg_t;
+
+/* Fill *h with defaults for a message of `type` (version set). */
+void ps_wire_header_init(Ps__Header *h, Ps__MsgType type);
+
+/* Receive one whole multipart message from `sock` (flags: 0 or ZMQ_DONTWAIT).
+ * router != 0: the first frame is the peer identity.
+ * Returns 0 with m->hdr set and validated (version, frame count, payload_len
+ * equal to the payload frame size, CRC32C when checksum is present);
+ * PS_EAGAIN when nothing is waiting (DONTWAIT);
+ * PS_EPROTO / PS_EVERSION / PS_ECORRUPT when the message was malformed: all
+ * of its frames are consumed, m->hdr is NULL or kept for the reply's
+ * request_id, the identity is kept so the caller can answer with an ERROR,
+ * and `err` says what was wrong.
+ * The caller always calls ps_wire_msg_close(m) afterwards. */
+int ps_wire_recv(void *sock, ps_wire_msg_t *m, int router, int flags, char *err, size_t errlen);
+void ps_wire_msg_close(ps_wire_msg_t *m);
+
+/* Send header + optional payload.  identity/idlen: ROUTER destination (NULL
+ * on a DEALER).  payload_len and checksum are filled in here.  If ffn is not
+ * NULL the payload is sent zero-copy and ffn(payload, hint) is called by
+ * ZeroMQ when done (ownership passes only on success); otherwise it is copied.
+ * flags: 0 or ZMQ_DONTWAIT.  Returns 0, PS_EAGAIN, or PS_EZMQ (logged). */
+int ps_wire_send(void *sock, const void *identity, size_t idlen, Ps__Header *h,
+                 const void *payload, size_t len, zmq_free_fn *ffn, void *hint, int flags);
+
+/* Send an ERROR reply carrying code (PS_E*) and a printf-style text. */
+int ps_wire_send_error(void *sock, const void *identity, size_t idlen, uint64_t request_id,
+                       uint32_t partition, int code, const char *fmt, ...)
+    __attribute__((format(printf, 7, 8)));
+
+#endif

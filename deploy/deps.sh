@@ -1,0 +1,29 @@
+# Sourced by the top-level commands: installs the Debian packages the build
+# needs (as root), or prints the exact apt-get line and stops (as a user).
+PS_DEBIAN_PACKAGES="build-essential autoconf automake libtool pkg-config \
+libzmq3-dev libprotobuf-c-dev protobuf-c-compiler liblz4-dev libuv1-dev \
+libopenblas-dev libcjson-dev libjpeg62-turbo-dev procps"
+
+ps_ensure_packages() {
+    local missing=() p
+    for p in $PS_DEBIAN_PACKAGES "$@"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    if [ "$(id -u)" != 0 ]; then
+        echo "missing Debian packages; run as root:" >&2
+        echo "  apt-get update && apt-get install -y ${missing[*]}" >&2
+        exit 1
+    fi
+    echo "installing: ${missing[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null ||
+        { echo "apt-get install failed" >&2; exit 1; }
+}
+
+# Configure (once) and build in the source tree.
+ps_build() {
+    [ -x ./configure ] || autoreconf -fi >/dev/null || { echo "autoreconf failed" >&2; exit 1; }
+    [ -f Makefile ] || ./configure --quiet ${PS_CONFIGURE_FLAGS:-} || { echo "configure failed" >&2; exit 1; }
+    make -j"$(nproc)" ${PS_MAKE_TARGETS:-} || { echo "build failed" >&2; exit 1; }
+}
