@@ -1,2 +1,479 @@
-/* placeholder: being written */
-int main(void){return 0;}
+/* psbench: push+pull throughput of an N-byte FP32 gradient per worker per
+ * iteration through synchronous psd, against the loopback TCP ceiling
+ * measured in the same run and the ps-lite figures from the issue.
+ *
+ *   psbench --servers 1,2 --workers 1,2 --bytes 25M,100M --codec raw --dtype fp32
+ *
+ * starts S psd processes (the psd binary next to this one, --port 0 with
+ * --port-file) and W worker processes for every configuration, and prints
+ * one key=value line per configuration. */
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "psbench.h"
+#include "ps_error.h"
+#include "ps_log.h"
+
+#define MAXLIST 16
+#define MAXPROC 64
+
+static pid_t g_children[MAXPROC];
+static int g_nchildren;
+static char g_tmpdir[PATH_MAX];
+
+static void kill_children(int sig)
+{
+    for (int i = 0; i < g_nchildren; i++)
+        if (g_children[i] > 0) kill(g_children[i], sig);
+}
+
+static void on_signal(int sig)
+{
+    kill_children(SIGKILL);
+    /* async-signal-safe cleanup only; the temp dir is left (it is tiny) */
+    _exit(128 + sig);
+}
+
+static void forget_child(pid_t pid)
+{
+    for (int i = 0; i < g_nchildren; i++)
+        if (g_children[i] == pid) g_children[i] = 0;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: psbench [options]\n"
+            "  --servers LIST          psd processes (default 1); LIST = n[,n...]\n"
+            "  --workers LIST          worker processes (default 1); zipped with --servers\n"
+            "                          when both are lists, otherwise crossed\n"
+            "  --bytes LIST            FP32 gradient bytes per worker (default 25M; K/M/G = KiB/MiB/GiB)\n"
+            "  --dtype LIST            wire dtype fp32|fp16|bf16 (default fp32)\n"
+            "  --codec LIST            raw|lz4 (default raw)\n"
+            "  --iters K               timed iterations (default 20)\n"
+            "  --warmup K              untimed iterations first (default 3)\n"
+            "  --partition-bytes N     partition size (default 4M)\n"
+            "  --max-inflight N        requests in flight per server (default 8)\n"
+            "  --psd PATH              psd binary (default: next to psbench)\n"
+            "  --mode ps               only parameter-server mode is measured\n"
+            "  --pump-seconds S        loopback TCP ceiling duration (default 2; 0 = skip)\n"
+            "  --timeout-s S           give up on the whole run after S seconds (default 900)\n"
+            "  --log-level L           error|warn|info|debug (default warn)\n"
+            "  --help\n"
+            "Output: one line per configuration, key=value; GB = 1e9 bytes; gbps_per_worker =\n"
+            "bytes / median step time, a step being pushpull of every partition and the wait.\n");
+}
+
+static int parse_size(const char *s, size_t *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || v <= 0) return -1;
+    switch (*end) {
+    case 'k': case 'K': v *= 1024; end++; break;
+    case 'm': case 'M': v *= 1024 * 1024; end++; break;
+    case 'g': case 'G': v *= 1024.0 * 1024 * 1024; end++; break;
+    default: break;
+    }
+    if (*end == 'i' && end[1] == 'B') end += 2;
+    else if (*end == 'B') end++;
+    if (*end || v > 64.0 * 1024 * 1024 * 1024) return -1;
+    *out = (size_t)v;
+    return 0;
+}
+
+/* Split a comma list; returns the count or -1. */
+static int split(const char *arg, char items[MAXLIST][64])
+{
+    int n = 0;
+    const char *p = arg;
+    while (*p) {
+        const char *q = strchr(p, ',');
+        size_t len = q ? (size_t)(q - p) : strlen(p);
+        if (n == MAXLIST || len == 0 || len >= 64) return -1;
+        memcpy(items[n], p, len);
+        items[n][len] = 0;
+        n++;
+        p += len + (q ? 1 : 0);
+        if (q && !*p) return -1;
+    }
+    return n;
+}
+
+static int parse_int_list(const char *arg, int *out, int lo, int hi, const char *name)
+{
+    char it[MAXLIST][64];
+    int n = split(arg, it);
+    for (int i = 0; i < n; i++) {
+        char *end;
+        long v = strtol(it[i], &end, 10);
+        if (*end || v < lo || v > hi) n = -1;
+        else out[i] = (int)v;
+    }
+    if (n <= 0) fprintf(stderr, "psbench: --%s %s: want integers in [%d, %d]\n", name, arg, lo, hi);
+    return n;
+}
+
+static int start_psd(const char *psd, int s, const psbench_cfg_t *cfg, char *endpoint, size_t eplen)
+{
+    char portfile[PATH_MAX + 32], a_id[16], a_ns[16], a_nw[16];
+    snprintf(portfile, sizeof portfile, "%s/port.%d", g_tmpdir, s);
+    unlink(portfile);
+    snprintf(a_id, sizeof a_id, "%d", s);
+    snprintf(a_ns, sizeof a_ns, "%d", cfg->servers);
+    snprintf(a_nw, sizeof a_nw, "%d", cfg->workers);
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) {
+        ps_error("fork: %s", strerror(errno));
+        return -1;
+    }
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive psbench */
+        if (getppid() != parent) _exit(1);
+        execl(psd, "psd", "--port", "0", "--bind", "tcp://127.0.0.1", "--port-file", portfile,
+              "--server-id", a_id, "--num-servers", a_ns, "--num-workers", a_nw,
+              "--log-level", ps_log_level >= PS_LOG_INFO ? "info" : "warn", "--stats-every-s", "0",
+              (char *)NULL);
+        fprintf(stderr, "psbench: exec %s: %s\n", psd, strerror(errno));
+        _exit(127);
+    }
+    g_children[g_nchildren++] = pid;
+    /* The port file appears once psd is bound. */
+    for (int i = 0; i < 1000; i++) {
+        FILE *f = fopen(portfile, "r");
+        int port = 0;
+        if (f) {
+            int got = fscanf(f, "%d", &port);
+            fclose(f);
+            if (got == 1 && port > 0) {
+                snprintf(endpoint, eplen, "tcp://127.0.0.1:%d", port);
+                return 0;
+            }
+        }
+        int st;
+        if (waitpid(pid, &st, WNOHANG) == pid) {
+            forget_child(pid);
+            ps_error("psd %d exited before binding (status %d)", s, st);
+            return -1;
+        }
+        usleep(10 * 1000);
+    }
+    ps_error("psd %d did not write %s within 10 s", s, portfile);
+    return -1;
+}
+
+static void stop_psd(pid_t *pids, int n)
+{
+    for (int i = 0; i < n; i++)
+        if (pids[i] > 0) kill(pids[i], SIGTERM);
+    for (int i = 0; i < n; i++) {
+        if (pids[i] <= 0) continue;
+        int st, done = 0;
+        for (int k = 0; k < 300 && !done; k++) {
+            if (waitpid(pids[i], &st, WNOHANG) == pids[i]) done = 1;
+            else usleep(10 * 1000);
+        }
+        if (!done) {
+            kill(pids[i], SIGKILL);
+            waitpid(pids[i], &st, 0);
+        }
+        forget_child(pids[i]);
+    }
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double pct(const double *v, int n, double q)
+{
+    double pos = q * (n - 1);
+    int i = (int)pos;
+    if (i + 1 >= n) return v[n - 1];
+    return v[i] + (pos - i) * (v[i + 1] - v[i]);
+}
+
+/* ps-lite sync figures from the issue (same machine type, loopback). */
+static void pslite_ref(const psbench_cfg_t *c, double *plain, double *tuned)
+{
+    *plain = *tuned = 0;
+    int s11 = c->servers == 1 && c->workers == 1, s22 = c->servers == 2 && c->workers == 2;
+    if (c->bytes == (size_t)25 << 20) {
+        if (s11) *plain = 1.04, *tuned = 1.41;
+        if (s22) *plain = 0.59, *tuned = 0.97;
+    } else if (c->bytes == (size_t)100 << 20) {
+        if (s11) *plain = 0.53;
+        if (s22) *plain = 0.29;
+    }
+}
+
+static int read_all(int fd, void *buf, size_t len)
+{
+    char *p = buf;
+    while (len) {
+        ssize_t n = read(fd, p, len);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return -1;
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+static int run_config(const char *psd, const psbench_cfg_t *cfg, double loop_bps)
+{
+    char eps[MAXPROC][64];
+    char *epp[MAXPROC];
+    pid_t spids[MAXPROC] = {0}, wpids[MAXPROC] = {0};
+    int fds[MAXPROC], nw = 0, rc = 0;
+    int S = cfg->servers, W = cfg->workers;
+    double *times = calloc((size_t)W * cfg->iters, sizeof *times);
+    double wire_out = 0, wire_in = 0;
+    if (!times) return -1;
+
+    for (int s = 0; s < S; s++) {
+        if (start_psd(psd, s, cfg, eps[s], sizeof eps[s]) < 0) {
+            rc = -1;
+            goto out;
+        }
+        spids[s] = g_children[g_nchildren - 1];
+        epp[s] = eps[s];
+    }
+    for (int w = 0; w < W; w++) {
+        int p[2];
+        if (pipe(p) < 0) {
+            ps_error("pipe: %s", strerror(errno));
+            rc = -1;
+            goto out;
+        }
+        pid_t parent = getpid();
+        pid_t pid = fork();
+        if (pid < 0) {
+            ps_error("fork: %s", strerror(errno));
+            close(p[0]);
+            close(p[1]);
+            rc = -1;
+            goto out;
+        }
+        if (pid == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            if (getppid() != parent) _exit(1);
+            signal(SIGINT, SIG_DFL);
+            signal(SIGTERM, SIG_DFL);
+            close(p[0]);
+            for (int i = 0; i < nw; i++) close(fds[i]);
+            char tag[32];
+            snprintf(tag, sizeof tag, "psbench-w%d", w);
+            ps_log_set_prog(tag);
+            _exit(psbench_worker(cfg, w, epp, p[1]));
+        }
+        close(p[1]);
+        g_children[g_nchildren++] = pid;
+        wpids[w] = pid;
+        fds[nw++] = p[0];
+    }
+    for (int w = 0; w < W; w++) {
+        double wire[2];
+        if (read_all(fds[w], times + (size_t)w * cfg->iters, (size_t)cfg->iters * sizeof *times) < 0 ||
+            read_all(fds[w], wire, sizeof wire) < 0) {
+            ps_error("worker %d gave no results (see its log above)", w);
+            rc = -1;
+        } else {
+            wire_out += wire[0] / W;
+            wire_in += wire[1] / W;
+        }
+        close(fds[w]);
+    }
+    for (int w = 0; w < W; w++) {
+        int st;
+        if (waitpid(wpids[w], &st, 0) == wpids[w] && !(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
+            ps_error("worker %d failed (status %d)", w, st);
+            rc = -1;
+        }
+        forget_child(wpids[w]);
+        wpids[w] = 0;
+    }
+out:
+    for (int w = 0; w < W; w++)
+        if (wpids[w] > 0) {
+            kill(wpids[w], SIGKILL);
+            waitpid(wpids[w], NULL, 0);
+            forget_child(wpids[w]);
+        }
+    stop_psd(spids, S);
+    if (rc == 0) {
+        int n = W * cfg->iters;
+        qsort(times, (size_t)n, sizeof *times, cmp_double);
+        double med = pct(times, n, 0.5), p10 = pct(times, n, 0.1), p90 = pct(times, n, 0.9);
+        double gbps = (double)cfg->bytes / med / 1e9, lg = loop_bps / 1e9, pl, pt;
+        pslite_ref(cfg, &pl, &pt);
+        printf("psbench mode=ps servers=%d workers=%d bytes=%zu dtype=%s codec=%s "
+               "partition_bytes=%zu max_inflight=%d iters=%d median_s=%.6f p10_s=%.6f p90_s=%.6f "
+               "gbps_per_worker=%.3f wire_out_per_iter=%.0f wire_in_per_iter=%.0f",
+               S, W, cfg->bytes, ps_dtype_name(cfg->dtype), ps_codec_name(cfg->codec),
+               cfg->partition_bytes, cfg->max_inflight, cfg->iters, med, p10, p90, gbps, wire_out,
+               wire_in);
+        if (lg > 0) printf(" loopback_gbps=%.3f ratio_loopback=%.3f", lg, gbps / lg);
+        else printf(" loopback_gbps=NA ratio_loopback=NA");
+        if (pl > 0) printf(" pslite_gbps=%.2f ratio_pslite=%.2f", pl, gbps / pl);
+        else printf(" pslite_gbps=NA ratio_pslite=NA");
+        if (pt > 0) printf(" pslite_tuned_gbps=%.2f ratio_pslite_tuned=%.2f", pt, gbps / pt);
+        printf("\n");
+        fflush(stdout);
+    } else {
+        printf("psbench mode=ps servers=%d workers=%d bytes=%zu dtype=%s codec=%s status=FAILED\n", S,
+               W, cfg->bytes, ps_dtype_name(cfg->dtype), ps_codec_name(cfg->codec));
+        fflush(stdout);
+    }
+    free(times);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    int servers[MAXLIST] = {1}, workers[MAXLIST] = {1}, ns = 1, nwk = 1, nb = 1, nd = 1, nc = 1;
+    size_t bytes[MAXLIST] = {(size_t)25 << 20};
+    ps_dtype_t dts[MAXLIST] = {PS_DT_FP32};
+    ps_codec_t cds[MAXLIST] = {PS_CODEC_RAW};
+    psbench_cfg_t base = {0};
+    base.partition_bytes = (size_t)4 << 20;
+    base.iters = 20;
+    base.warmup = 3;
+    base.max_inflight = 8;
+    base.timeout_ms = 120000;
+    double pump_s = 2;
+    int timeout_s = 900;
+    const char *psd = NULL;
+    char psd_buf[PATH_MAX];
+    char it[MAXLIST][64];
+
+    ps_log_set_prog("psbench");
+    ps_log_set_level_str("warn");
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        if (strncmp(a, "--", 2) || !v) {
+            fprintf(stderr, "psbench: %s: %s (see --help)\n", a,
+                    strncmp(a, "--", 2) ? "unexpected argument" : "needs a value");
+            return 2;
+        }
+        i++;
+        int bad = 0;
+        if (!strcmp(a, "--servers")) bad = (ns = parse_int_list(v, servers, 1, 16, "servers")) < 0;
+        else if (!strcmp(a, "--workers")) bad = (nwk = parse_int_list(v, workers, 1, 32, "workers")) < 0;
+        else if (!strcmp(a, "--bytes")) {
+            nb = split(v, it);
+            for (int k = 0; k < nb && !bad; k++)
+                bad = parse_size(it[k], &bytes[k]) < 0 || bytes[k] % 4 || bytes[k] < 4;
+            bad |= nb <= 0;
+        } else if (!strcmp(a, "--dtype")) {
+            nd = split(v, it);
+            for (int k = 0; k < nd && !bad; k++) bad = ps_dtype_parse(it[k], &dts[k]) < 0;
+            bad |= nd <= 0;
+        } else if (!strcmp(a, "--codec")) {
+            nc = split(v, it);
+            for (int k = 0; k < nc && !bad; k++)
+                bad = ps_codec_parse(it[k], &cds[k]) < 0 ||
+                      !(cds[k] == PS_CODEC_RAW || cds[k] == PS_CODEC_LZ4);
+            bad |= nc <= 0;
+        } else if (!strcmp(a, "--iters")) bad = (base.iters = atoi(v)) < 1;
+        else if (!strcmp(a, "--warmup")) bad = (base.warmup = atoi(v)) < 0 || !strchr("0123456789", v[0]);
+        else if (!strcmp(a, "--partition-bytes")) bad = parse_size(v, &base.partition_bytes) < 0 || base.partition_bytes < 4;
+        else if (!strcmp(a, "--max-inflight")) bad = (base.max_inflight = atoi(v)) < 1;
+        else if (!strcmp(a, "--psd")) psd = v;
+        else if (!strcmp(a, "--mode")) bad = strcmp(v, "ps") != 0;
+        else if (!strcmp(a, "--pump-seconds")) bad = (pump_s = atof(v)) < 0;
+        else if (!strcmp(a, "--timeout-s")) bad = (timeout_s = atoi(v)) < 1;
+        else if (!strcmp(a, "--log-level")) bad = ps_log_set_level_str(v) < 0;
+        else {
+            fprintf(stderr, "psbench: unknown option %s (see --help)\n", a);
+            return 2;
+        }
+        if (bad) {
+            fprintf(stderr, "psbench: bad value for %s: '%s' (see --help)\n", a, v);
+            return 2;
+        }
+    }
+    int zip = ns > 1 && nwk > 1;
+    if (zip && ns != nwk) {
+        fprintf(stderr, "psbench: --servers and --workers lists differ in length (%d vs %d)\n", ns, nwk);
+        return 2;
+    }
+    if (!psd) {
+        ssize_t n = readlink("/proc/self/exe", psd_buf, sizeof psd_buf - 8);
+        if (n <= 0) {
+            fprintf(stderr, "psbench: cannot find myself (/proc/self/exe); use --psd\n");
+            return 2;
+        }
+        psd_buf[n] = 0;
+        char *d = dirname(psd_buf);
+        memmove(psd_buf, d, strlen(d) + 1);
+        strcat(psd_buf, "/psd");
+        psd = psd_buf;
+    }
+    if (access(psd, X_OK) != 0) {
+        fprintf(stderr, "psbench: psd binary %s: %s (use --psd PATH)\n", psd, strerror(errno));
+        return 2;
+    }
+
+    snprintf(g_tmpdir, sizeof g_tmpdir, "%s/psbench.XXXXXX", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
+    if (!mkdtemp(g_tmpdir)) {
+        fprintf(stderr, "psbench: mkdtemp: %s\n", strerror(errno));
+        return 1;
+    }
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+    signal(SIGALRM, on_signal);
+    signal(SIGPIPE, SIG_IGN);
+    alarm((unsigned)timeout_s);
+
+    /* The ceiling first, while nothing else of ours runs. */
+    double loop_bps = pump_s > 0 ? psbench_loopback_bps(pump_s, (size_t)1 << 20) : 0;
+    if (pump_s > 0)
+        printf("psbench loopback_tcp_gbps=%.3f seconds=%.1f write_bytes=%d\n", loop_bps / 1e9,
+               pump_s, 1 << 20);
+    fflush(stdout);
+
+    int failed = 0, nsw = zip ? ns : ns * nwk;
+    for (int i = 0; i < nsw; i++)
+        for (int b = 0; b < nb; b++)
+            for (int d = 0; d < nd; d++)
+                for (int k = 0; k < nc; k++) {
+                    psbench_cfg_t c = base;
+                    c.servers = zip ? servers[i] : servers[i / nwk];
+                    c.workers = zip ? workers[i] : workers[i % nwk];
+                    c.bytes = bytes[b];
+                    c.dtype = dts[d];
+                    c.codec = cds[k];
+                    if (c.servers + c.workers > MAXPROC) {
+                        fprintf(stderr, "psbench: too many processes\n");
+                        return 2;
+                    }
+                    failed |= run_config(psd, &c, loop_bps) < 0;
+                }
+
+    char pf[PATH_MAX + 32];
+    for (int s = 0; s < 16; s++) {
+        snprintf(pf, sizeof pf, "%s/port.%d", g_tmpdir, s);
+        unlink(pf);
+    }
+    rmdir(g_tmpdir);
+    return failed ? 1 : 0;
+}

@@ -34,4 +34,14 @@ int ps_codec_encode(void *dst, size_t dst_cap, size_t *out_len, const float *src
  * left untouched on every error. */
 int ps_codec_decode(float *dst, size_t numel, const void *src, size_t len, ps_dtype_t dt,
                     ps_codec_t c, int add, void *scratch);
+
+/* Notes on the calls above: scratch may be NULL, in which case encode/decode
+ * allocate (and free) what ps_codec_scratch_size() says for that call.
+ * TOPK / SIGN return PS_EUNSUPPORTED from encode and decode. */
+
+/* Byte shuffle prefilter used by LZ4 (exposed for tests and benchmarks):
+ * out[b*n + i] = in[i*es + b] for n elements of es bytes, and its inverse.
+ * Vectorised when ps_half_simd() is on; out and in must not overlap. */
+void ps_codec_shuffle(void *out, const void *in, size_t n, size_t es);
+void ps_codec_unshuffle(void *out, const void *in, size_t n, size_t es);
 #endif

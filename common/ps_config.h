@@ -29,6 +29,24 @@ int ps_config_parse(const ps_opt_t *opts, const char *prog, const char *usage, i
                     char **argv, int *npos);
 /* Load just a file (used by ps_config_parse). */
 int ps_config_load_file(const ps_opt_t *opts, const char *prog, const char *path);
-/* Print --help text. */
+/* Print --help text (to stdout). */
 void ps_config_usage(const ps_opt_t *opts, const char *prog, const char *usage);
+/* The last error message printed by this thread (for tests), "" if none. */
+const char *ps_config_last_error(void);
+
+/* Details of the above:
+ * - Names match with '-' and '_' treated alike (--partition-bytes is key
+ *   partition_bytes).  -h is --help.  "--" ends the flags; "-" alone is a
+ *   positional argument.  A flag's separate value may not start with "--"
+ *   (write --name=--value).
+ * - Values: INT is a decimal in int range; UINT64 a non-negative decimal
+ *   with an optional binary suffix K, M, G, T (optionally "KiB" etc.); FLOAT
+ *   a finite number; BOOL one of true/false, yes/no, on/off, 1/0.  Nothing
+ *   may follow the number.
+ * - File: a value may be double-quoted to keep '#', ';' or edge spaces;
+ *   otherwise '#' or ';' after whitespace starts a comment.  Unknown keys in
+ *   the global part or in [prog] are errors; other sections are skipped
+ *   unchecked.  Several --config flags load in order.
+ * - Strings set by the parser are strdup'd and belong to the caller; one set
+ *   twice in the same call (file, then flag) keeps only the last copy. */
 #endif

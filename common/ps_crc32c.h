@@ -8,4 +8,6 @@
 uint32_t ps_crc32c(uint32_t crc, const void *buf, size_t len);
 /* The portable implementation, exposed so tests compare the two. */
 uint32_t ps_crc32c_sw(uint32_t crc, const void *buf, size_t len);
+/* 1 if ps_crc32c uses the SSE4.2 instruction (for benchmarks to report). */
+int ps_crc32c_hw(void);
 #endif

@@ -23,4 +23,8 @@ void ps_bf16_add_fp32(float *dst, const uint16_t *src, size_t n);
 
 /* 1 if the vectorised path is in use (for benchmarks to report). */
 int ps_half_simd(void);
+/* Allow (on=1, the default where the CPU has F16C+AVX2) or forbid (0) the
+ * vectorised path; returns the previous state.  For tests and benchmarks that
+ * compare the two paths; not meant to be flipped while other threads convert. */
+int ps_half_use_simd(int on);
 #endif

@@ -44,10 +44,28 @@ void ps_optim_config_default(ps_optim_config_t *c);
 /* Check ranges; on error writes a message into err and returns PS_EINVAL. */
 int ps_optim_config_validate(const ps_optim_config_t *c, char *err, size_t errlen);
 
-/* Learning rate for the update that takes version `step` to step+1. */
+/* Learning rate for the update that takes version `step` to step+1.
+ * Equal to torch's lr after `step` scheduler.step() calls with
+ *   base = lr * global_batch / ref_batch   (lr alone when ref_batch == 0)
+ *   SequentialLR([LinearLR(start_factor=warmup_factor, total_iters=W), main],
+ *                milestones=[W])            (main alone when W == 0)
+ * where W = warmup_steps and main is
+ *   CONST:  base
+ *   STEP:   MultiStepLR(milestones=[m - W for m in milestones], gamma):
+ *           base * gamma^(number of milestones m <= step).  Milestones are
+ *           absolute step numbers, strictly increasing, each >= W.
+ *   COSINE: CosineAnnealingLR(T_max = total_steps - W, eta_min = min_lr):
+ *           min_lr + (base - min_lr) * (1 + cos(pi * (step - W) / T_max)) / 2,
+ *           and min_lr from total_steps on (torch would rise again).
+ * During warmup: base * (warmup_factor + (1 - warmup_factor) * step / W). */
 float ps_optim_lr(const ps_optim_config_t *c, uint64_t step);
+/* The same for a parameter group with lr multiplier lr_mult, as torch does
+ * it for a param group whose lr is base*lr_mult: warmup and step decay scale
+ * it, and cosine decays it to min_lr itself (min_lr is not multiplied). */
+float ps_optim_lr_group(const ps_optim_config_t *c, uint64_t step, float lr_mult);
 
-/* One torch.optim.SGD step on n elements:
+/* One torch.optim.SGD step on n elements (lr and wd already include the
+ * group multipliers; weight decay is skipped when wd == 0, as torch does):
  *   d = g + wd*w;  buf = first ? d : momentum*buf + (1-dampening)*d;
  *   d = nesterov ? d + momentum*buf : buf;  w -= lr*d
  * buf may be NULL when momentum == 0. */
@@ -56,17 +74,28 @@ void ps_optim_sgd(float *w, float *buf, const float *g, size_t n, float lr, floa
 
 /* Apply the update to one partition of table t: w, buf, grad hold that
  * partition's elements; each tensor segment uses its group's multipliers.
- * step = updates applied to this partition so far (0 means first). */
+ * step = updates applied to this partition so far (0 means first).
+ * Returns 0, or PS_EINVAL (bad partition index, buf NULL with momentum, a
+ * tensor whose group is outside [0, ngroups)) with nothing modified. */
 int ps_optim_apply_partition(const ps_optim_config_t *c, const ps_partition_table_t *t,
                              uint32_t part, float *w, float *buf, const float *grad,
                              uint64_t step);
 
 /* torch.nn.utils.clip_grad_norm_ factor for a gradient whose squared L2 norm
- * is sqnorm: min(1, max_norm / (sqrt(sqnorm) + 1e-6)); 1 when max_norm <= 0. */
+ * is sqnorm: min(1, max_norm / (sqrt(sqnorm) + 1e-6)); 1 when max_norm <= 0.
+ * An infinite norm gives 0 (as torch); NaN or negative sqnorm gives NaN so
+ * the caller's non-finite check sees it and can skip the step. */
 float ps_optim_clip_factor(double sqnorm, float max_norm);
 
 /* Serialise to / from a JSON object text (for INIT and checkpoint metadata).
- * to_json returns a malloc'd string; from_json returns 0 or PS_EINVAL. */
+ * to_json returns a malloc'd string (NULL on out of memory); from_json
+ * returns 0 or PS_EINVAL.  Keys are the field names above, except sched is
+ * "const" | "step" | "cosine", nesterov is a bool, milestones an array and
+ * groups an array of {"lr_mult": x, "wd_mult": y}; nmilestones / ngroups come
+ * from the array lengths.  from_json starts from ps_optim_config_default, so
+ * absent keys take default values; unknown or duplicate keys, wrong types and
+ * a result that fails ps_optim_config_validate are errors naming the key.
+ * *c is written only on success. */
 char *ps_optim_config_to_json(const ps_optim_config_t *c);
 int ps_optim_config_from_json(ps_optim_config_t *c, const char *json, char *err, size_t errlen);
 #endif

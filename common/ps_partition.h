@@ -52,4 +52,15 @@ uint32_t ps_partition_segments(const ps_partition_table_t *t, uint32_t p,
                                ps_partition_segment_t *seg, uint32_t max);
 /* Number of partitions owned by server s, and bytes owned. */
 uint32_t ps_partition_count_for(const ps_partition_table_t *t, uint32_t s, size_t *bytes);
+
+/* Partition holding flat element offset (< total_numel), or UINT32_MAX.
+ * With the tensor's offset (t->tensor_offset[i]) and numel this gives the
+ * partitions a tensor spans. */
+uint32_t ps_partition_at(const ps_partition_table_t *t, size_t offset);
+/* Index of the tensor called name, or PS_ENOTFOUND. */
+int ps_partition_tensor_index(const ps_partition_table_t *t, const char *name);
+
+/* The exact packing, assignment and hash rules (so another tool can
+ * reproduce the hash) are written at the top of ps_partition.c.
+ * Duplicate or empty tensor names are rejected with PS_EINVAL. */
 #endif

@@ -48,6 +48,8 @@ int ps_st_open(ps_st_file_t *f, const char *path, char *err, size_t errlen);
 int ps_st_parse(ps_st_file_t *f, const void *buf, size_t len, char *err, size_t errlen);
 void ps_st_close(ps_st_file_t *f);
 const ps_st_tensor_t *ps_st_find(const ps_st_file_t *f, const char *name);
+/* Not necessarily aligned (another writer's header length need not be a
+ * multiple of 8; tensors of mixed dtypes pack back to back): memcpy from it. */
 const void *ps_st_tensor_data(const ps_st_file_t *f, const ps_st_tensor_t *t);
 const char *ps_st_meta(const ps_st_file_t *f, const char *key); /* NULL if absent */
 /* Copy tensor `name` into dst[0..numel) as fp32 (from F32/F16/BF16/F64);
@@ -58,10 +60,18 @@ int ps_st_read_f32(const ps_st_file_t *f, const char *name, float *dst, size_t n
 typedef struct ps_st_writer ps_st_writer_t;
 ps_st_writer_t *ps_st_writer_new(void);
 /* Add a tensor; data is NOT copied and must stay valid until save. */
+/* Returns 0, PS_EINVAL (duplicate or reserved name, bad dtype/shape, NULL
+ * data with a non-zero size) or PS_ENOMEM. */
 int ps_st_writer_add(ps_st_writer_t *w, const char *name, ps_st_dtype_t dt, int ndim,
                      const int64_t *shape, const void *data);
+/* Copied; setting a key again replaces its value. */
 int ps_st_writer_meta(ps_st_writer_t *w, const char *key, const char *value);
-/* Write atomically: path.tmp, fsync, rename over path, fsync the directory. */
+/* Write atomically: path.tmp.PID (a stale one is removed first), fsync,
+ * rename over path, fsync the directory.  Header as the reference writer:
+ * compact JSON, __metadata__ first, tensors in the order added, padded with
+ * spaces to a multiple of 8.  Returns 0, PS_EINVAL or PS_EIO (err says
+ * which file and why); a failure before the rename leaves path untouched
+ * and no tmp behind. */
 int ps_st_writer_save(ps_st_writer_t *w, const char *path, char *err, size_t errlen);
 void ps_st_writer_destroy(ps_st_writer_t **w);
 #endif

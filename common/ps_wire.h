@@ -18,8 +18,10 @@
 #define PS_FLAG_NO_REPLY   0x2u  /* PUSH: no ACK wanted (errors are still reported) */
 #define PS_FLAG_FROM_CKPT  0x4u  /* WELCOME: server state came from a checkpoint */
 
-/* Largest header frame accepted (headers are small; this bounds the decoder). */
-#define PS_WIRE_MAX_HEADER 4096
+/* Largest header frame accepted.  Headers are small except INIT's body, the
+ * JSON model spec (ResNet-50: ~160 tensors, RetinaNet ~300, ~20-30 KB), so
+ * the bound is generous while still capping what the decoder allocates. */
+#define PS_WIRE_MAX_HEADER (256u << 10)
 
 typedef struct ps_wire_msg {
     Ps__Header *hdr;     /* unpacked header, NULL if the message was malformed */
@@ -27,6 +29,7 @@ typedef struct ps_wire_msg {
     int has_identity;
     zmq_msg_t payload;   /* raw payload bytes (valid if has_payload) */
     int has_payload;
+    size_t wire_bytes;   /* bytes of every frame received but the identity (counters) */
 } ps_wire_msg_t;
 
 /* Fill *h with defaults for a message of `type` (version set). */
@@ -53,9 +56,18 @@ void ps_wire_msg_close(ps_wire_msg_t *m);
 int ps_wire_send(void *sock, const void *identity, size_t idlen, Ps__Header *h,
                  const void *payload, size_t len, zmq_free_fn *ffn, void *hint, int flags);
 
+/* ps_wire_send with a checksum the caller already computed over
+ * payload[0..len) (a WEIGHTS buffer shared by many replies is summed once). */
+int ps_wire_send_crc(void *sock, const void *identity, size_t idlen, Ps__Header *h,
+                     const void *payload, size_t len, uint32_t crc, zmq_free_fn *ffn,
+                     void *hint, int flags);
+
 /* Send an ERROR reply carrying code (PS_E*) and a printf-style text. */
 int ps_wire_send_error(void *sock, const void *identity, size_t idlen, uint64_t request_id,
                        uint32_t partition, int code, const char *fmt, ...)
     __attribute__((format(printf, 7, 8)));
+
+/* Name of a message type ("PUSH"), "?" if unknown; for log lines. */
+const char *ps_wire_type_name(int type);
 
 #endif

@@ -1,2 +1,120 @@
-/* placeholder: being written */
-int main(void){return 0;}
+/* psd: one parameter-server shard (DESIGN.md section 2, docs/protocol.md).
+ * Options come from flags and an INI file (ps_config); the loop runs until
+ * SHUTDOWN or SIGTERM / SIGINT (both checkpoint first when a checkpoint
+ * directory is set) and then exits 0. */
+#include "config.h"
+#include "psd.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "ps_config.h"
+#include "ps_error.h"
+#include "ps_log.h"
+
+static const char usage[] =
+    "[options]\n\nParameter server shard: holds FP32 weights and optimizer state of its partitions,\n"
+    "aggregates worker gradients and applies the optimizer.  See docs/protocol.md.";
+
+int main(int argc, char **argv)
+{
+    static psd_t s; /* zeroed; lives for the whole run */
+    psd_opts_t *o = &s.o;
+    int npos = 0, rc;
+
+    o->port = 9100;
+    o->bind = strdup("tcp://*");
+    o->port_file = strdup("");
+    o->num_servers = 1;
+    o->mode = strdup("sync");
+    o->staleness = 2;
+    o->checkpoint_dir = strdup("");
+    o->checkpoint_every = 0;
+    o->metrics_bind = strdup("127.0.0.1");
+    o->heartbeat_ms = 1000;
+    o->worker_timeout_ms = 30000;
+    o->max_msg_mb = 64;
+    o->stats_every_s = 60;
+    o->log_level = strdup("info");
+
+    const ps_opt_t opts[] = {
+        {"port", PS_OPT_INT, &o->port, "TCP port of the ROUTER socket (0: pick a free one)"},
+        {"bind", PS_OPT_STRING, &o->bind, "bind address (tcp://*, tcp://10.0.0.1, ipc://PATH)"},
+        {"port-file", PS_OPT_STRING, &o->port_file, "write the bound port to this file"},
+        {"server-id", PS_OPT_INT, &o->server_id, "index of this shard (0 keeps membership)"},
+        {"num-servers", PS_OPT_INT, &o->num_servers, "number of shards"},
+        {"num-workers", PS_OPT_INT, &o->num_workers, "cluster size (0: from HELLO / INIT)"},
+        {"mode", PS_OPT_STRING, &o->mode, "sync | async | ssp (bounded staleness)"},
+        {"staleness", PS_OPT_INT, &o->staleness, "ssp: refuse pushes older than version - staleness"},
+        {"threads", PS_OPT_INT, &o->threads, "threads for gradient summation (0: all cores)"},
+        {"checkpoint-dir", PS_OPT_STRING, &o->checkpoint_dir, "checkpoint directory (empty: none)"},
+        {"checkpoint-every", PS_OPT_INT, &o->checkpoint_every, "checkpoint every N shard updates (0: on demand)"},
+        {"metrics-port", PS_OPT_INT, &o->metrics_port, "HTTP port for /metrics (0: off)"},
+        {"metrics-bind", PS_OPT_STRING, &o->metrics_bind, "address of the /metrics listener"},
+        {"heartbeat-ms", PS_OPT_INT, &o->heartbeat_ms, "heartbeat interval (ZMQ and liveness checks)"},
+        {"worker-timeout-ms", PS_OPT_INT, &o->worker_timeout_ms, "declare a silent worker lost (0: never)"},
+        {"reject-nonfinite", PS_OPT_BOOL, &o->reject_nonfinite, "refuse gradients with NaN / Inf"},
+        {"max-msg-mb", PS_OPT_INT, &o->max_msg_mb, "ZMQ_MAXMSGSIZE in MiB (a table loaded from a checkpoint sets the exact bound)"},
+        {"stats-every-s", PS_OPT_INT, &o->stats_every_s, "log a stats line every N seconds (0: off)"},
+        {"log-level", PS_OPT_STRING, &o->log_level, "error | warn | info | debug"},
+        {0},
+    };
+    rc = ps_config_parse(opts, "psd", usage, argc, argv, &npos);
+    if (rc == 1) return 0;
+    if (rc < 0) return 2;
+    if (npos > 0) {
+        fprintf(stderr, "psd: unexpected argument '%s' (see --help)\n", argv[1]);
+        return 2;
+    }
+    if (ps_log_set_level_str(o->log_level)) {
+        fprintf(stderr, "psd: --log-level %s: want error|warn|info|debug\n", o->log_level);
+        return 2;
+    }
+    if (psd_mode_parse(o->mode, &s.mode)) {
+        fprintf(stderr, "psd: --mode %s: want sync|async|ssp\n", o->mode);
+        return 2;
+    }
+    if (o->port < 0 || o->port > 65535 || o->num_servers < 1 || o->server_id < 0 ||
+        o->server_id >= o->num_servers || o->num_workers < 0 || o->staleness < 0 ||
+        o->max_msg_mb < 1 || o->max_msg_mb > 4096 || o->metrics_port < 0 ||
+        o->metrics_port > 65535 || o->heartbeat_ms < 0 || o->worker_timeout_ms < 0 ||
+        o->checkpoint_every < 0 || o->threads < 0) {
+        fprintf(stderr, "psd: option out of range: need 0 <= port <= 65535, 0 <= server-id < "
+                        "num-servers, num-workers >= 0, staleness >= 0, 1 <= max-msg-mb <= 4096, "
+                        "non-negative times and counts\n");
+        return 2;
+    }
+    char prog[32];
+    snprintf(prog, sizeof prog, "psd[%d]", o->server_id);
+    ps_log_set_prog(prog);
+#ifdef _OPENMP
+    if (o->threads > 0) omp_set_num_threads(o->threads);
+#endif
+
+    s.loop = uv_default_loop();
+    char err[256];
+    if (o->num_workers > 0 && (rc = psd_members_set_count(&s, o->num_workers, err, sizeof err))) {
+        ps_error("--num-workers: %s", err);
+        return 1;
+    }
+    if ((rc = psd_checkpoint_load(&s)) || (rc = psd_loop_open(&s)) || (rc = psd_metrics_start(&s))) {
+        psd_loop_close(&s);
+        psd_store_free(&s.st);
+        return 1;
+    }
+    ps_info("psd %s: server %d of %d, mode %s%s, pid %d", PACKAGE_VERSION, o->server_id,
+            o->num_servers, o->mode, o->reject_nonfinite ? ", rejecting non-finite gradients" : "",
+            (int)getpid());
+    psd_loop_run(&s);
+    psd_stats_log(&s);
+    psd_loop_close(&s);
+    psd_store_free(&s.st);
+    free(s.workers);
+    ps_info("exit (status %d)", s.exit_code);
+    return s.exit_code;
+}

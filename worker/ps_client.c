@@ -1,1 +1,727 @@
-/* placeholder: being written */
+/* psd client, caller side: options, the request pool, encoding, submit and
+ * wait, and the blocking conveniences (HELLO, INIT, BARRIER, STATS, ...).
+ * The I/O thread is in ps_client_io.c; shared state in ps_client_int.h. */
+#include "ps_client.h"
+
+#include <errno.h>
+#include <malloc.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ps_client_int.h"
+#include "ps_crc32c.h"
+#include "ps_error.h"
+#include "ps_log.h"
+
+void ps_client_opts_default(ps_client_opts_t *o)
+{
+    memset(o, 0, sizeof *o);
+    o->rank = -1;
+    o->num_workers = 1;
+    o->dtype = PS_DT_FP32;
+    o->codec = PS_CODEC_RAW;
+    /* A sync PUSHPULL waits for the slowest worker's backward pass, so the
+     * first retry comes late and backs off: a resend costs a whole
+     * gradient's bandwidth.  Lost messages are rare (a restarted server). */
+    o->timeout_ms = 300000;
+    o->retry_ms = 5000;
+    o->heartbeat_ms = 1000;
+    o->max_inflight = 8;
+}
+
+void ps_client_set_error(ps_client_t *c, const char *fmt, ...)
+{
+    va_list ap;
+    pthread_mutex_lock(&c->mu);
+    va_start(ap, fmt);
+    vsnprintf(c->last_error, sizeof c->last_error, fmt, ap);
+    va_end(ap);
+    pthread_mutex_unlock(&c->mu);
+}
+
+const char *ps_client_last_error(const ps_client_t *c)
+{
+    return c ? c->last_error : "no client";
+}
+
+int ps_client_rank(const ps_client_t *c)
+{
+    return c->rank;
+}
+
+void ps_client_counters(const ps_client_t *c, ps_client_counters_t *out)
+{
+    out->bytes_out = atomic_load(&((ps_client_t *)c)->bytes_out);
+    out->bytes_in = atomic_load(&((ps_client_t *)c)->bytes_in);
+    out->requests = atomic_load(&((ps_client_t *)c)->requests);
+    out->retries = atomic_load(&((ps_client_t *)c)->retries);
+    out->errors = atomic_load(&((ps_client_t *)c)->errors);
+}
+
+void ps_client_zc_free(void *data, void *hint)
+{
+    ps_req_t *r = hint;
+    ps_client_t *c = r->c;
+    (void)data;
+    /* After the decrement r may be released by a waiter: only touch c. */
+    if (atomic_fetch_sub(&r->zrefs, 1) == 1) {
+        pthread_mutex_lock(&c->mu);
+        pthread_cond_broadcast(&c->cv);
+        pthread_mutex_unlock(&c->mu);
+    }
+}
+
+void ps_client_complete_locked(ps_client_t *c, ps_req_t *r, int result)
+{
+    r->result = result;
+    r->state = RQ_DONE;
+    if (result < 0) atomic_fetch_add(&c->errors, 1);
+    pthread_cond_broadcast(&c->cv);
+}
+
+/* Large receive buffers are allocated by ZeroMQ per message.  glibc serves
+ * big allocations with fresh mmap()s whose pages fault in one by one on
+ * every message (what costs ps-lite half its time); keeping them on the
+ * heap instead lets the same pages be reused from message to message. */
+static void tune_malloc_once(void)
+{
+    if (getenv("PS_NO_MALLOC_TUNE")) return;
+    /* Above 256 MiB a message is rare enough to pay for its page faults. */
+    mallopt(M_MMAP_THRESHOLD, 256 << 20);
+    mallopt(M_TRIM_THRESHOLD, 512 << 20);
+}
+
+static void tune_malloc(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, tune_malloc_once);
+}
+
+/* ---- lifecycle -------------------------------------------------------- */
+
+static int validate_opts(const ps_client_opts_t *o, const ps_partition_table_t *t)
+{
+    if (!o || !t || !o->servers || o->nservers <= 0) {
+        ps_error("ps_client_new: no servers given");
+        return PS_EINVAL;
+    }
+    if ((uint32_t)o->nservers != t->nservers) {
+        ps_error("ps_client_new: %d server addresses but the partition table has %u servers",
+                 o->nservers, t->nservers);
+        return PS_EMISMATCH;
+    }
+    for (int s = 0; s < o->nservers; s++)
+        if (!o->servers[s] || !o->servers[s][0]) {
+            ps_error("ps_client_new: server %d has no address", s);
+            return PS_EINVAL;
+        }
+    if (ps_dtype_size(o->dtype) == 0 || !(o->codec == PS_CODEC_RAW || o->codec == PS_CODEC_LZ4)) {
+        ps_error("ps_client_new: unsupported wire dtype %d / codec %d", (int)o->dtype, (int)o->codec);
+        return PS_EINVAL;
+    }
+    if (o->num_workers <= 0 || o->timeout_ms < 0 || o->retry_ms < 0 || o->heartbeat_ms < 0) {
+        ps_error("ps_client_new: num_workers must be > 0, timeouts >= 0");
+        return PS_EINVAL;
+    }
+    return 0;
+}
+
+int ps_client_new(ps_client_t **cp, const ps_client_opts_t *o, const ps_partition_table_t *t)
+{
+    int rc = validate_opts(o, t);
+    *cp = NULL;
+    if (rc) return rc;
+
+    ps_client_t *c = calloc(1, sizeof *c);
+    if (!c) return PS_ENOMEM;
+    c->o = *o;
+    if (c->o.max_inflight <= 0) c->o.max_inflight = 8;
+    c->t = t;
+    c->rank = o->rank;
+    c->efd = -1;
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&c->cv, &ca);
+    pthread_condattr_destroy(&ca);
+
+    /* Largest frame a server may send us: any partition's weights in any
+     * dtype/codec it might choose, plus slack for the header frame. */
+    size_t maxnumel = 1;
+    for (uint32_t p = 0; p < t->nparts; p++)
+        if (t->parts[p].numel > maxnumel) maxnumel = t->parts[p].numel;
+    size_t b1 = ps_codec_bound(PS_DT_FP32, PS_CODEC_LZ4, maxnumel);
+    size_t b2 = maxnumel * 4;
+    c->maxmsg = (b1 > b2 ? b1 : b2) + PS_WIRE_MAX_HEADER + 4096;
+    tune_malloc();
+
+    /* Every partition may have a pull and a push in flight, plus control. */
+    c->npool = 4 * t->nparts + 4 * (uint32_t)o->nservers * (uint32_t)c->o.max_inflight + 64;
+    c->pool = calloc(c->npool, sizeof *c->pool);
+    c->srv = calloc((size_t)o->nservers, sizeof *c->srv);
+    c->enc = calloc(t->nparts, sizeof *c->enc);
+    c->enc_cap = calloc(t->nparts, sizeof *c->enc_cap);
+    c->enc_scratch = calloc(t->nparts, sizeof *c->enc_scratch);
+    c->enc_scratch_cap = calloc(t->nparts, sizeof *c->enc_scratch_cap);
+    c->enc_busy = calloc(t->nparts, 1);
+    if (!c->pool || !c->srv || !c->enc || !c->enc_cap || !c->enc_scratch ||
+        !c->enc_scratch_cap || !c->enc_busy) {
+        rc = PS_ENOMEM;
+        goto fail;
+    }
+    for (uint32_t i = c->npool; i-- > 0;) {
+        ps_req_t *r = &c->pool[i];
+        r->c = c;
+        r->slot = i;
+        r->gen = 1;
+        r->enc_part = -1;
+        atomic_init(&r->zrefs, 0);
+        r->next = c->free_list;
+        c->free_list = r;
+    }
+    for (int s = 0; s < o->nservers; s++) {
+        c->srv[s].endpoint = strdup(o->servers[s]);
+        if (!c->srv[s].endpoint) {
+            rc = PS_ENOMEM;
+            goto fail;
+        }
+    }
+
+    c->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (c->efd < 0) {
+        ps_error("eventfd: %s", strerror(errno));
+        rc = PS_EIO;
+        goto fail;
+    }
+    c->zctx = zmq_ctx_new();
+    if (!c->zctx) {
+        ps_error("zmq_ctx_new: %s", zmq_strerror(errno));
+        rc = PS_EZMQ;
+        goto fail;
+    }
+    for (int s = 0; s < o->nservers; s++)
+        if ((rc = ps_client_io_open(c, s)) < 0) goto fail;
+
+    /* Sockets created here migrate to the I/O thread: pthread_create is the
+     * full memory barrier ZeroMQ asks for. */
+    if ((rc = pthread_create(&c->io, NULL, ps_client_io_main, c)) != 0) {
+        ps_error("pthread_create: %s", strerror(rc));
+        rc = PS_ENOMEM;
+        goto fail;
+    }
+    c->io_started = 1;
+    *cp = c;
+    return 0;
+
+fail:
+    ps_client_destroy(&c);
+    return rc;
+}
+
+void ps_client_destroy(ps_client_t **cp)
+{
+    ps_client_t *c = cp ? *cp : NULL;
+    if (!c) return;
+    if (c->io_started) {
+        atomic_store(&c->stop, 1);
+        ps_client_io_wake(c);
+        pthread_join(c->io, NULL);  /* the thread sends BYE and closes */
+    } else if (c->srv) {
+        ps_client_io_close_all(c, 0);
+    }
+    /* Terminating the context releases every frame ZeroMQ still held, so
+     * no zero-copy free function runs after this point. */
+    if (c->zctx) zmq_ctx_term(c->zctx);
+    if (c->efd >= 0) close(c->efd);
+    if (c->srv)
+        for (int s = 0; s < c->o.nservers; s++) free(c->srv[s].endpoint);
+    if (c->pool)
+        for (uint32_t i = 0; i < c->npool; i++) {
+            free(c->pool[i].tmp);
+            free(c->pool[i].body);
+            free(c->pool[i].reply_body);
+        }
+    if (c->enc)
+        for (uint32_t p = 0; p < c->t->nparts; p++) {
+            free(c->enc[p]);
+            free(c->enc_scratch[p]);
+        }
+    free(c->enc);
+    free(c->enc_cap);
+    free(c->enc_scratch);
+    free(c->enc_scratch_cap);
+    free(c->enc_busy);
+    free(c->dec_scratch);
+    free(c->pool);
+    free(c->srv);
+    pthread_cond_destroy(&c->cv);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+    *cp = NULL;
+}
+
+/* ---- requests ----------------------------------------------------------- */
+
+static ps_req_t *req_alloc(ps_client_t *c, int type, int server, uint32_t part)
+{
+    pthread_mutex_lock(&c->mu);
+    ps_req_t *r = c->free_list;
+    if (r) {
+        c->free_list = r->next;
+        r->state = RQ_SUBMITTED;
+    }
+    pthread_mutex_unlock(&c->mu);
+    if (!r) {
+        ps_client_set_error(c, "all %u request handles are in use (requests not waited for?)",
+                            c->npool);
+        ps_error("%s", c->last_error);
+        return NULL;
+    }
+    r->next = NULL;
+    r->type = type;
+    r->server = server;
+    r->part = part;
+    r->iteration = r->min_version = 0;
+    r->flags = 0;
+    r->no_reply = 0;
+    r->payload = NULL;
+    r->payload_len = 0;
+    r->crc = 0;
+    r->dtype = c->o.dtype;
+    r->codec = c->o.codec;
+    r->numel = 0;
+    r->enc_part = -1;
+    r->dst = NULL;
+    r->dst_numel = 0;
+    r->result = 0;
+    r->version = 0;
+    r->reply_flags = 0;
+    r->reply_rank = -1;
+    r->reply_hash = 0;
+    r->reply_has_hash = 0;
+    r->reply_nworkers = r->reply_nservers = 0;
+    r->t_deadline = r->t_retry = 0;
+    r->retry_delay = 0;
+    r->nsent = 0;
+    return r;
+}
+
+/* Under c->mu.  Only once ZeroMQ has let go of every frame. */
+static void req_release_locked(ps_client_t *c, ps_req_t *r)
+{
+    if (r->enc_part >= 0) c->enc_busy[r->enc_part] = 0;
+    r->enc_part = -1;
+    free(r->tmp);
+    r->tmp = NULL;
+    free(r->body);
+    r->body = NULL;
+    r->body_len = 0;
+    free(r->reply_body);
+    r->reply_body = NULL;
+    r->reply_body_len = 0;
+    r->state = RQ_FREE;
+    if (++r->gen == 0) r->gen = 1; /* request_id 0 never names a request */
+    r->next = c->free_list;
+    c->free_list = r;
+}
+
+/* Give back a request that was never submitted. */
+static void req_abandon(ps_client_t *c, ps_req_t *r)
+{
+    pthread_mutex_lock(&c->mu);
+    req_release_locked(c, r);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void req_submit(ps_client_t *c, ps_req_t *r)
+{
+    pthread_mutex_lock(&c->mu);
+    r->seq = ++c->seq;
+    r->state = RQ_SUBMITTED;
+    r->next = NULL;
+    if (c->submitq_tail) c->submitq_tail->next = r;
+    else c->submitq = r;
+    c->submitq_tail = r;
+    pthread_mutex_unlock(&c->mu);
+    atomic_fetch_add(&c->requests, 1);
+    ps_client_io_wake(c);
+}
+
+static int grow(void **buf, size_t *cap, size_t need)
+{
+    if (*cap >= need) return 0;
+    void *p = malloc(need);
+    if (!p) return PS_ENOMEM;
+    /* Fault every page in now, once, rather than on the first messages. */
+    memset(p, 0, need);
+    free(*buf);
+    *buf = p;
+    *cap = need;
+    return 0;
+}
+
+/* Encode a partition's gradient in the caller's thread (so it overlaps with
+ * the I/O thread's sends and decodes).  fp32/raw needs no encoding: the
+ * caller's buffer itself goes out zero-copy. */
+static int encode_part(ps_client_t *c, ps_req_t *r, uint32_t part, const float *src,
+                       ps_dtype_t dt, ps_codec_t codec)
+{
+    size_t numel = c->t->parts[part].numel;
+    r->dtype = dt;
+    r->codec = codec;
+    r->numel = numel;
+    if (dt == PS_DT_FP32 && codec == PS_CODEC_RAW) {
+        r->payload = src;
+        r->payload_len = numel * sizeof(float);
+        r->crc = ps_crc32c(0, src, r->payload_len);
+        return 0;
+    }
+    size_t bound = ps_codec_bound(dt, codec, numel);
+    size_t sbytes = ps_codec_scratch_size(dt, codec, numel);
+    void *buf, *scratch;
+    int mine;
+
+    pthread_mutex_lock(&c->mu);
+    mine = !c->enc_busy[part];
+    if (mine) c->enc_busy[part] = 1;
+    pthread_mutex_unlock(&c->mu);
+    if (mine) {
+        r->enc_part = part;
+        if (grow(&c->enc[part], &c->enc_cap[part], bound) ||
+            (sbytes && grow(&c->enc_scratch[part], &c->enc_scratch_cap[part], sbytes))) {
+            ps_client_set_error(c, "partition %u: no memory for a %zu-byte encode buffer", part, bound);
+            return PS_ENOMEM;
+        }
+        buf = c->enc[part];
+        scratch = c->enc_scratch[part];
+    } else {
+        /* Two requests on one partition at once (e.g. a retry of the whole
+         * step): rare, so a temporary buffer is fine. */
+        r->tmp = malloc(bound + sbytes + 64);
+        if (!r->tmp) {
+            ps_client_set_error(c, "partition %u: no memory for %zu bytes", part, bound);
+            return PS_ENOMEM;
+        }
+        buf = r->tmp;
+        scratch = (char *)r->tmp + ((bound + 63) & ~(size_t)63);
+    }
+    size_t len = 0;
+    int rc = ps_codec_encode(buf, bound, &len, src, numel, dt, codec, sbytes ? scratch : NULL);
+    if (rc < 0) {
+        ps_client_set_error(c, "partition %u: encoding %zu elements as %s/%s failed: %s", part,
+                            numel, ps_dtype_name(dt), ps_codec_name(codec), ps_strerror(rc));
+        ps_error("%s", c->last_error);
+        return rc;
+    }
+    r->payload = buf;
+    r->payload_len = len;
+    r->crc = ps_crc32c(0, buf, len);
+    return 0;
+}
+
+static int check_part(ps_client_t *c, uint32_t part, const void *p1, const void *p2)
+{
+    if (part >= c->t->nparts) {
+        ps_client_set_error(c, "partition %u out of range (table has %u)", part, c->t->nparts);
+        ps_error("%s", c->last_error);
+        return PS_ERANGE;
+    }
+    if (!p1 || !p2) {
+        ps_client_set_error(c, "partition %u: NULL buffer", part);
+        return PS_EINVAL;
+    }
+    return 0;
+}
+
+static int data_req(ps_client_t *c, int type, uint32_t part, uint64_t iteration,
+                    uint64_t min_version, const float *grad, float *dst, uint32_t flags,
+                    ps_req_t **out)
+{
+    int rc;
+    if (out) *out = NULL;
+    if (!c || !out) return PS_EINVAL;
+    if ((rc = check_part(c, part, type == PS__MSG_TYPE__MSG_PULL ? (const void *)dst : grad,
+                         type == PS__MSG_TYPE__MSG_PUSH ? (const void *)grad : dst)) < 0)
+        return rc;
+    ps_req_t *r = req_alloc(c, type, (int)c->t->parts[part].server, part);
+    if (!r) return PS_EAGAIN;
+    r->iteration = iteration;
+    r->min_version = min_version;
+    r->flags = flags;
+    r->numel = c->t->parts[part].numel;
+    if (type == PS__MSG_TYPE__MSG_PUSH && (flags & PS_FLAG_NO_REPLY)) r->no_reply = 1;
+    if (type != PS__MSG_TYPE__MSG_PULL &&
+        (rc = encode_part(c, r, part, grad, c->o.dtype, c->o.codec)) < 0) {
+        req_abandon(c, r);
+        return rc;
+    }
+    if (type != PS__MSG_TYPE__MSG_PUSH) {
+        r->dst = dst;
+        r->dst_numel = c->t->parts[part].numel;
+    }
+    req_submit(c, r);
+    *out = r;
+    return 0;
+}
+
+int ps_client_push(ps_client_t *c, uint32_t part, uint64_t iteration, const float *grad,
+                   uint32_t flags, ps_req_t **req)
+{
+    return data_req(c, PS__MSG_TYPE__MSG_PUSH, part, iteration, 0, grad, NULL, flags, req);
+}
+
+int ps_client_pull(ps_client_t *c, uint32_t part, uint64_t min_version, float *dst, ps_req_t **req)
+{
+    return data_req(c, PS__MSG_TYPE__MSG_PULL, part, 0, min_version, NULL, dst, 0, req);
+}
+
+int ps_client_pushpull(ps_client_t *c, uint32_t part, uint64_t iteration, const float *grad,
+                       float *dst, uint32_t flags, ps_req_t **req)
+{
+    return data_req(c, PS__MSG_TYPE__MSG_PUSHPULL, part, iteration, 0, grad, dst, flags, req);
+}
+
+static int valid_req(ps_client_t *c, const ps_req_t *r)
+{
+    if (!c || !r || r < c->pool || r >= c->pool + c->npool) return 0;
+    pthread_mutex_lock(&c->mu);
+    int live = r->state != RQ_FREE;
+    pthread_mutex_unlock(&c->mu);
+    return live;
+}
+
+/* Wait until r is done and ZeroMQ holds none of its frames.  Returns 0 when
+ * done (under c->mu on return), PS_ETIMEOUT on timeout_ms (mutex released). */
+static int wait_done_locked(ps_client_t *c, ps_req_t *r, int timeout_ms)
+{
+    struct timespec dl;
+    if (timeout_ms >= 0) {
+        clock_gettime(CLOCK_MONOTONIC, &dl);
+        dl.tv_sec += timeout_ms / 1000;
+        dl.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (dl.tv_nsec >= 1000000000L) {
+            dl.tv_sec++;
+            dl.tv_nsec -= 1000000000L;
+        }
+    }
+    pthread_mutex_lock(&c->mu);
+    while (!(r->state == RQ_DONE && atomic_load(&r->zrefs) == 0)) {
+        if (timeout_ms < 0) {
+            pthread_cond_wait(&c->cv, &c->mu);
+        } else if (pthread_cond_timedwait(&c->cv, &c->mu, &dl) == ETIMEDOUT &&
+                   !(r->state == RQ_DONE && atomic_load(&r->zrefs) == 0)) {
+            pthread_mutex_unlock(&c->mu);
+            return PS_ETIMEOUT;
+        }
+    }
+    return 0;
+}
+
+int ps_client_wait_ex(ps_client_t *c, ps_req_t *r, int timeout_ms, uint64_t *version,
+                      int *still_pending)
+{
+    if (still_pending) *still_pending = 0;
+    if (!valid_req(c, r)) {
+        if (c) ps_client_set_error(c, "ps_client_wait: not a live request handle");
+        return PS_EINVAL;
+    }
+    if (wait_done_locked(c, r, timeout_ms) < 0) {
+        if (still_pending) *still_pending = 1;
+        return PS_ETIMEOUT;
+    }
+    int rc = r->result;
+    if (version) *version = r->version;
+    req_release_locked(c, r);
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+int ps_client_wait(ps_client_t *c, ps_req_t *req, int timeout_ms, uint64_t *version)
+{
+    return ps_client_wait_ex(c, req, timeout_ms, version, NULL);
+}
+
+/* ---- blocking conveniences --------------------------------------------- */
+
+static ps_req_t *ctl_req(ps_client_t *c, int type, int server, const char *body, size_t blen)
+{
+    ps_req_t *r = req_alloc(c, type, server, PS_PART_NONE);
+    if (!r) return NULL;
+    if (body) {
+        r->body = malloc(blen + 1);
+        if (!r->body) {
+            req_abandon(c, r);
+            return NULL;
+        }
+        memcpy(r->body, body, blen);
+        r->body[blen] = 0;
+        r->body_len = blen;
+    }
+    return r;
+}
+
+/* Submit a control request and wait for it; on success the reply fields are
+ * read by `read` (may be NULL) before the handle goes back to the pool. */
+typedef int (*reply_fn)(ps_client_t *c, ps_req_t *r, void *arg);
+static int ctl_call(ps_client_t *c, ps_req_t *r, reply_fn read, void *arg)
+{
+    req_submit(c, r);
+    wait_done_locked(c, r, -1);
+    int rc = r->result;
+    pthread_mutex_unlock(&c->mu);
+    if (rc == 0 && read) rc = read(c, r, arg);
+    pthread_mutex_lock(&c->mu);
+    req_release_locked(c, r);
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+static int read_welcome(ps_client_t *c, ps_req_t *r, void *arg)
+{
+    (void)arg;
+    if (r->reply_has_hash && r->reply_hash != c->t->hash) {
+        ps_client_set_error(c, "server 0 has partition table hash %016llx, this worker %016llx",
+                            (unsigned long long)r->reply_hash, (unsigned long long)c->t->hash);
+        ps_error("%s", c->last_error);
+        return PS_EMISMATCH;
+    }
+    if (r->reply_nservers && r->reply_nservers != c->t->nservers) {
+        ps_client_set_error(c, "server 0 says %u servers, this worker has %u", r->reply_nservers,
+                            c->t->nservers);
+        ps_error("%s", c->last_error);
+        return PS_EMISMATCH;
+    }
+    if (r->reply_rank < 0 || (c->o.rank >= 0 && r->reply_rank != c->o.rank)) {
+        ps_client_set_error(c, "server 0 gave rank %d (asked for %d)", r->reply_rank, c->o.rank);
+        ps_error("%s", c->last_error);
+        return PS_EPROTO;
+    }
+    c->rank = r->reply_rank;
+    return 0;
+}
+
+int ps_client_hello(ps_client_t *c)
+{
+    char host[256] = "?";
+    if (!c) return PS_EINVAL;
+    gethostname(host, sizeof host - 1);
+    host[sizeof host - 1] = 0;
+    ps_req_t *r = ctl_req(c, PS__MSG_TYPE__MSG_HELLO, 0, host, strlen(host));
+    if (!r) return PS_ENOMEM;
+    int rc = ctl_call(c, r, read_welcome, NULL);
+    return rc < 0 ? rc : c->rank;
+}
+
+int ps_client_init(ps_client_t *c, const char *spec_json, const float *flat_weights,
+                   int *from_ckpt)
+{
+    int S = c ? c->o.nservers : 0, rc = 0, nckpt = 0;
+    if (from_ckpt) *from_ckpt = 0;
+    if (!c || !spec_json || !flat_weights) return PS_EINVAL;
+
+    ps_req_t **rs = calloc((size_t)S + c->t->nparts, sizeof *rs);
+    int *ckpt = calloc((size_t)S, sizeof *ckpt);
+    if (!rs || !ckpt) {
+        free(rs);
+        free(ckpt);
+        return PS_ENOMEM;
+    }
+    /* The spec goes to every server at once; weights follow only after each
+     * server built its table (and told us whether it restored a checkpoint). */
+    for (int s = 0; s < S; s++) {
+        rs[s] = ctl_req(c, PS__MSG_TYPE__MSG_INIT, s, spec_json, strlen(spec_json));
+        if (!rs[s]) {
+            rc = PS_ENOMEM;
+            break;
+        }
+        req_submit(c, rs[s]);
+    }
+    for (int s = 0; s < S && rs[s]; s++) {
+        wait_done_locked(c, rs[s], -1);
+        int r1 = rs[s]->result;
+        ckpt[s] = r1 == 0 && (rs[s]->reply_flags & PS_FLAG_FROM_CKPT);
+        req_release_locked(c, rs[s]);
+        pthread_mutex_unlock(&c->mu);
+        if (r1 < 0 && rc == 0) rc = r1;
+        nckpt += ckpt[s];
+    }
+    if (rc == 0 && nckpt > 0 && nckpt < S)
+        ps_warn("%d of %d servers restored a checkpoint; sending initial weights to the others",
+                nckpt, S);
+
+    uint32_t n = 0;
+    for (uint32_t p = 0; rc == 0 && p < c->t->nparts; p++) {
+        const ps_partition_t *pt = &c->t->parts[p];
+        if (ckpt[pt->server]) continue;
+        ps_req_t *r = req_alloc(c, PS__MSG_TYPE__MSG_INIT, (int)pt->server, p);
+        if (!r) {
+            rc = PS_EAGAIN;
+            break;
+        }
+        rc = encode_part(c, r, p, flat_weights + pt->offset, PS_DT_FP32, PS_CODEC_RAW);
+        if (rc < 0) {
+            req_abandon(c, r);
+            break;
+        }
+        req_submit(c, r);
+        rs[S + n++] = r;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        int r1 = ps_client_wait(c, rs[S + i], -1, NULL);
+        if (r1 < 0 && rc == 0) rc = r1;
+    }
+    if (rc == 0 && from_ckpt) *from_ckpt = nckpt == S;
+    free(rs);
+    free(ckpt);
+    return rc;
+}
+
+int ps_client_barrier(ps_client_t *c)
+{
+    if (!c) return PS_EINVAL;
+    ps_req_t *r = ctl_req(c, PS__MSG_TYPE__MSG_BARRIER, 0, NULL, 0);
+    return r ? ctl_call(c, r, NULL, NULL) : PS_EAGAIN;
+}
+
+static int read_body(ps_client_t *c, ps_req_t *r, void *arg)
+{
+    char **json = arg;
+    *json = malloc(r->reply_body_len + 1);
+    if (!*json) return PS_ENOMEM;
+    if (r->reply_body_len) memcpy(*json, r->reply_body, r->reply_body_len);
+    (*json)[r->reply_body_len] = 0;
+    return 0;
+}
+
+int ps_client_stats(ps_client_t *c, int server, char **json)
+{
+    if (json) *json = NULL;
+    if (!c || !json || server < 0 || server >= c->o.nservers) return PS_EINVAL;
+    ps_req_t *r = ctl_req(c, PS__MSG_TYPE__MSG_STATS, server, NULL, 0);
+    return r ? ctl_call(c, r, read_body, json) : PS_EAGAIN;
+}
+
+int ps_client_checkpoint(ps_client_t *c, int server)
+{
+    if (!c || server < 0 || server >= c->o.nservers) return PS_EINVAL;
+    ps_req_t *r = ctl_req(c, PS__MSG_TYPE__MSG_CHECKPOINT, server, NULL, 0);
+    return r ? ctl_call(c, r, NULL, NULL) : PS_EAGAIN;
+}
+
+int ps_client_shutdown_servers(ps_client_t *c)
+{
+    int rc = 0;
+    if (!c) return PS_EINVAL;
+    for (int s = 0; s < c->o.nservers; s++) {
+        ps_req_t *r = ctl_req(c, PS__MSG_TYPE__MSG_SHUTDOWN, s, NULL, 0);
+        int r1 = r ? ctl_call(c, r, NULL, NULL) : PS_EAGAIN;
+        if (r1 < 0 && rc == 0) rc = r1;
+    }
+    return rc;
+}

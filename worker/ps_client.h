@@ -1,1 +1,97 @@
-/* placeholder: being written */
+/* Worker-side client of psd (DESIGN.md sections 2 and 4, docs/protocol.md).
+ *
+ * One DEALER socket per server, owned by a background I/O thread (ZeroMQ
+ * sockets are not thread-safe); callers submit requests and get completion
+ * handles.  Several requests are in flight at once; queued requests go out
+ * front-of-model first (lower partition id = higher priority), so the first
+ * layers' weights come back first.  Replies are decoded straight into the
+ * caller's buffer; encode buffers are reused, never allocated per message.
+ * Requests are idempotent (keyed by rank, partition and iteration), so a
+ * request unanswered after retry_ms is sent again (a restarted server or a
+ * lost connection costs a retry, never a doubled update). */
+#ifndef PS_CLIENT_H
+#define PS_CLIENT_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ps_codec.h"
+#include "ps_partition.h"
+
+typedef struct ps_client ps_client_t;
+typedef struct ps_req ps_req_t;   /* completion handle; owned by the client */
+
+typedef struct ps_client_opts {
+    const char *const *servers;  /* "tcp://host:port", index = server id */
+    int nservers;
+    int rank;                    /* -1: let server 0 assign */
+    int num_workers;             /* expected cluster size (sent in HELLO) */
+    ps_dtype_t dtype;            /* wire dtype of gradients and pulled weights */
+    ps_codec_t codec;            /* raw or lz4 */
+    int timeout_ms;              /* give up on a request after this (0 = never) */
+    int retry_ms;                /* resend an unanswered request after this (0 = off) */
+    int heartbeat_ms;            /* HEARTBEAT period to every server (0 = off) */
+    int max_inflight;            /* requests outstanding per server (default 8) */
+} ps_client_opts_t;
+
+void ps_client_opts_default(ps_client_opts_t *o);
+
+/* Connect (does not block on the servers being up). t must outlive c.
+ * The first client of a process also raises glibc's mmap threshold (large
+ * receive buffers are then reused instead of page-faulted in per message;
+ * set PS_NO_MALLOC_TUNE in the environment to keep glibc's defaults). */
+int ps_client_new(ps_client_t **c, const ps_client_opts_t *o, const ps_partition_table_t *t);
+/* Send BYE, stop the I/O thread, close sockets, free; NULLs *c. */
+void ps_client_destroy(ps_client_t **c);
+
+/* HELLO to server 0: returns the rank (>= 0) or a negative PS_E*. */
+int ps_client_hello(ps_client_t *c);
+int ps_client_rank(const ps_client_t *c);
+
+/* Rank 0 only: send the model spec (JSON, see docs/protocol.md) to every
+ * server and then the initial fp32 weights (flat vector of the whole model,
+ * t->total_numel elements) for every partition.  *from_ckpt is set when the
+ * servers already held state from a checkpoint (weights were not sent). */
+int ps_client_init(ps_client_t *c, const char *spec_json, const float *flat_weights,
+                   int *from_ckpt);
+
+/* Asynchronous requests on partition `part`.  grad / dst point to that
+ * partition's elements (t->parts[part].numel floats) and must stay valid
+ * until the request completes.  *req receives a handle to wait on.
+ * push: gradient for `iteration`; flags = PS_FLAG_* (ps_wire.h).
+ * pull: weights with version >= min_version into dst; *version is set.
+ * pushpull: push, then the updated weights (version iteration+1) into dst. */
+int ps_client_push(ps_client_t *c, uint32_t part, uint64_t iteration, const float *grad,
+                   uint32_t flags, ps_req_t **req);
+int ps_client_pull(ps_client_t *c, uint32_t part, uint64_t min_version, float *dst,
+                   ps_req_t **req);
+int ps_client_pushpull(ps_client_t *c, uint32_t part, uint64_t iteration, const float *grad,
+                       float *dst, uint32_t flags, ps_req_t **req);
+
+/* Wait for one request (timeout_ms < 0: forever).  Returns the request's
+ * result: 0, or the server's PS_E* code (its text via ps_client_last_error),
+ * or PS_ETIMEOUT.  *version (may be NULL) gets the weights' version.  The
+ * handle is released by this call unless it returned PS_ETIMEOUT due to
+ * timeout_ms (then wait again). */
+int ps_client_wait(ps_client_t *c, ps_req_t *req, int timeout_ms, uint64_t *version);
+/* ps_client_wait that tells the two PS_ETIMEOUTs apart: *still_pending (may
+ * be NULL) is 1 when timeout_ms ran out and the handle is still live (wait
+ * again), 0 when the handle was released (the request itself completed,
+ * possibly with PS_ETIMEOUT after opts.timeout_ms). */
+int ps_client_wait_ex(ps_client_t *c, ps_req_t *req, int timeout_ms, uint64_t *version,
+                      int *still_pending);
+/* Text of the last error of the client (server's ERROR text or local cause). */
+const char *ps_client_last_error(const ps_client_t *c);
+
+/* Blocking conveniences. */
+int ps_client_barrier(ps_client_t *c);
+/* STATS of one server: *json is malloc'd (caller frees). */
+int ps_client_stats(ps_client_t *c, int server, char **json);
+int ps_client_checkpoint(ps_client_t *c, int server);
+int ps_client_shutdown_servers(ps_client_t *c);
+
+/* Wire counters of this client (bytes sent / received, requests, retries). */
+typedef struct ps_client_counters {
+    uint64_t bytes_out, bytes_in, requests, retries, errors;
+} ps_client_counters_t;
+void ps_client_counters(const ps_client_t *c, ps_client_counters_t *out);
+#endif

@@ -1,2 +1,210 @@
-/* placeholder: being written */
-int main(void){return 0;}
+/* psworker: one data-parallel training process.  With --servers it trains
+ * against psd servers (HELLO, INIT from rank 0, BARRIER, PULL, then
+ * PUSHPULL per step); with --standalone it trains the same model with the
+ * same optimizer code alone, the single-process reference the cluster run is
+ * compared with.  Exit status: 0 on success, 1 on a training or connection
+ * error, 2 on bad options. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ps_config.h"
+#include "ps_error.h"
+#include "ps_log.h"
+#include "worker/psworker.h"
+
+static const char usage[] =
+    "[--config FILE] (--servers tcp://H:P[,tcp://H:P...] | --standalone) [options]\n"
+    "Train the built-in smoke model (2-layer MLP on generated data) with sync\n"
+    "data-parallel SGD through psd servers, or alone with --standalone.\n"
+    "Rank r of W trains on global batch positions r*B..r*B+B-1 of each step's\n"
+    "W*B samples, so --standalone --batch W*B sees exactly the same data.\n"
+    "Writes DIR/metrics-rankR.csv and (rank 0) DIR/model.safetensors with --out DIR;\n"
+    "the last stdout line starts with \"final:\" and holds key=value results.";
+
+static void opts_default(ps_worker_opts_t *o)
+{
+    memset(o, 0, sizeof *o);
+    o->servers = strdup("");
+    o->rank = -1;
+    o->num_workers = 1;
+    o->model = strdup("smoke");
+    o->mode = strdup("sync");
+    o->steps = 100;
+    o->batch = 32;
+    o->lr = 0.05f;
+    o->momentum = 0.9f;
+    o->gamma = 0.1f;
+    o->warmup_factor = 0.1f;
+    o->schedule = strdup("const");
+    o->milestones = strdup("");
+    o->dtype = strdup("fp32");
+    o->codec = strdup("raw");
+    o->partition_bytes = 4u << 20;
+    o->seed = 1;
+    o->data_seed = 1;
+    o->out = strdup("");
+    o->log_level = strdup("info");
+    o->progress_every = 10;
+    o->eval_samples = 1024;
+    o->timeout_ms = 30000;
+    o->retry_ms = 1000;
+    o->heartbeat_ms = 1000;
+}
+
+static void opts_free(ps_worker_opts_t *o)
+{
+    free(o->servers), free(o->model), free(o->mode), free(o->schedule), free(o->milestones);
+    free(o->dtype), free(o->codec), free(o->out), free(o->log_level);
+}
+
+/* Range checks the option table cannot express; messages name the flag. */
+static int opts_check(ps_worker_opts_t *o)
+{
+    if (ps_log_set_level_str(o->log_level)) {
+        fprintf(stderr, "psworker: --log-level: expected error|warn|info|debug, got \"%s\"\n",
+                o->log_level);
+        return PS_EINVAL;
+    }
+    if (ps_dtype_parse(o->dtype, &o->dt)) {
+        fprintf(stderr, "psworker: --dtype: expected fp32|fp16|bf16, got \"%s\"\n", o->dtype);
+        return PS_EINVAL;
+    }
+    if (ps_codec_parse(o->codec, &o->codec_id) ||
+        (o->codec_id != PS_CODEC_RAW && o->codec_id != PS_CODEC_LZ4)) {
+        fprintf(stderr, "psworker: --codec: expected raw|lz4, got \"%s\"\n", o->codec);
+        return PS_EINVAL;
+    }
+    if (strcmp(o->mode, "sync") && strcmp(o->mode, "async") && strcmp(o->mode, "ssp")) {
+        fprintf(stderr, "psworker: --mode: expected sync|async|ssp, got \"%s\"\n", o->mode);
+        return PS_EINVAL;
+    }
+    if (o->steps < 1 || o->steps > (UINT64_C(1) << 40)) {
+        fprintf(stderr, "psworker: --steps must be in [1, 2^40]\n");
+        return PS_EINVAL;
+    }
+    if (o->batch < 1 || o->batch > (1 << 20)) {
+        fprintf(stderr, "psworker: --batch must be in [1, 1048576] (got %d)\n", o->batch);
+        return PS_EINVAL;
+    }
+    if (o->eval_samples < 1 || o->eval_samples > (1 << 20)) {
+        fprintf(stderr, "psworker: --eval-samples must be in [1, 1048576]\n");
+        return PS_EINVAL;
+    }
+    if (o->partition_bytes < 4 || o->partition_bytes > (UINT64_C(1) << 32)) {
+        fprintf(stderr, "psworker: --partition-bytes must be in [4, 4 GiB]\n");
+        return PS_EINVAL;
+    }
+    if (o->step_sleep_ms < 0 || o->step_sleep_ms > 60000) {
+        fprintf(stderr, "psworker: --step-sleep-ms must be in [0, 60000]\n");
+        return PS_EINVAL;
+    }
+    if (o->standalone)
+        return 0;
+    if (!*o->servers) {
+        fprintf(stderr, "psworker: give --servers tcp://HOST:PORT[,...] or --standalone\n");
+        return PS_EINVAL;
+    }
+    if (o->num_workers < 1 || o->num_workers > 65536) {
+        fprintf(stderr, "psworker: --num-workers must be in [1, 65536]\n");
+        return PS_EINVAL;
+    }
+    if (o->rank < -1 || o->rank >= o->num_workers) {
+        fprintf(stderr, "psworker: --rank must be -1 (assigned) or in [0, %d)\n",
+                o->num_workers);
+        return PS_EINVAL;
+    }
+    if (o->timeout_ms < 0 || o->retry_ms < 0 || o->heartbeat_ms < 0) {
+        fprintf(stderr, "psworker: --timeout-ms, --retry-ms, --heartbeat-ms must be >= 0\n");
+        return PS_EINVAL;
+    }
+    return 0;
+}
+
+static uint32_t count_servers(const char *list)
+{
+    uint32_t n = 0;
+    int in_tok = 0;
+    for (const char *q = list; *q; q++) {
+        if (*q == ',') in_tok = 0;
+        else if (!in_tok) in_tok = 1, n++;
+    }
+    return n;
+}
+
+int main(int argc, char **argv)
+{
+    ps_worker_opts_t o;
+    ps_worker_t p;
+    int npos = 0, rc;
+
+    opts_default(&o);
+    const ps_opt_t table[] = {
+        {"servers", PS_OPT_STRING, &o.servers, "comma-separated psd endpoints, server 0 first"},
+        {"standalone", PS_OPT_BOOL, &o.standalone, "train alone, no servers (reference run)"},
+        {"rank", PS_OPT_INT, &o.rank, "worker rank, -1 = assigned by server 0"},
+        {"num-workers", PS_OPT_INT, &o.num_workers, "number of workers W in the cluster"},
+        {"model", PS_OPT_STRING, &o.model, "model to train: smoke"},
+        {"mode", PS_OPT_STRING, &o.mode, "servers' mode sync|async|ssp (sync checks versions)"},
+        {"steps", PS_OPT_UINT64, &o.steps, "training steps (iterations)"},
+        {"batch", PS_OPT_INT, &o.batch, "samples per worker per step (B)"},
+        {"lr", PS_OPT_FLOAT, &o.lr, "base learning rate"},
+        {"momentum", PS_OPT_FLOAT, &o.momentum, "SGD momentum (0 = plain SGD)"},
+        {"dampening", PS_OPT_FLOAT, &o.dampening, "momentum dampening (PyTorch)"},
+        {"nesterov", PS_OPT_BOOL, &o.nesterov, "Nesterov momentum"},
+        {"weight-decay", PS_OPT_FLOAT, &o.weight_decay, "L2 weight decay"},
+        {"ref-batch", PS_OPT_INT, &o.ref_batch, "linear scaling rule: lr*W*B/ref (0 = off)"},
+        {"warmup-steps", PS_OPT_UINT64, &o.warmup_steps, "linear warmup steps"},
+        {"warmup-factor", PS_OPT_FLOAT, &o.warmup_factor, "warmup starts at factor*lr"},
+        {"schedule", PS_OPT_STRING, &o.schedule, "lr schedule const|step|cosine"},
+        {"milestones", PS_OPT_STRING, &o.milestones, "step schedule: steps \"30,60\""},
+        {"gamma", PS_OPT_FLOAT, &o.gamma, "step schedule: lr *= gamma at each milestone"},
+        {"min-lr", PS_OPT_FLOAT, &o.min_lr, "cosine schedule: final lr"},
+        {"dtype", PS_OPT_STRING, &o.dtype, "wire dtype fp32|fp16|bf16"},
+        {"codec", PS_OPT_STRING, &o.codec, "wire codec raw|lz4"},
+        {"partition-bytes", PS_OPT_UINT64, &o.partition_bytes, "max bytes per partition"},
+        {"seed", PS_OPT_UINT64, &o.seed, "weight initialisation seed"},
+        {"data-seed", PS_OPT_UINT64, &o.data_seed, "generated dataset seed"},
+        {"out", PS_OPT_STRING, &o.out, "run directory for CSV and model (\"\" = none)"},
+        {"progress-every", PS_OPT_INT, &o.progress_every, "progress line every N steps (0 = off)"},
+        {"eval-samples", PS_OPT_INT, &o.eval_samples, "held-out samples for eval loss"},
+        {"timeout-ms", PS_OPT_INT, &o.timeout_ms, "fail a request unanswered this long (0 = never)"},
+        {"retry-ms", PS_OPT_INT, &o.retry_ms, "resend an unanswered request after this"},
+        {"heartbeat-ms", PS_OPT_INT, &o.heartbeat_ms, "heartbeat period (0 = off)"},
+        {"step-sleep-ms", PS_OPT_INT, &o.step_sleep_ms, "sleep this long per step (emulated compute, tests)"},
+        {"shutdown-servers", PS_OPT_BOOL, &o.shutdown_servers, "rank 0 shuts the servers down at the end"},
+        {"log-level", PS_OPT_STRING, &o.log_level, "error|warn|info|debug"},
+        {0},
+    };
+
+    ps_log_set_prog("psworker");
+    rc = ps_config_parse(table, "psworker", usage, argc, argv, &npos);
+    if (rc == 1) {
+        opts_free(&o);
+        return 0;
+    }
+    if (rc < 0) {
+        opts_free(&o);
+        return 2;
+    }
+    if (npos > 0) {
+        fprintf(stderr, "psworker: unexpected argument \"%s\" (see --help)\n", argv[1]);
+        opts_free(&o);
+        return 2;
+    }
+    if (opts_check(&o)) {
+        opts_free(&o);
+        return 2;
+    }
+    uint32_t nservers = o.standalone ? 1 : count_servers(o.servers);
+    if ((rc = ps_worker_setup(&p, &o, nservers))) {
+        opts_free(&o);
+        return rc == PS_EINVAL ? 2 : 1;
+    }
+    rc = o.standalone ? ps_worker_run_standalone(&p) : ps_worker_run_cluster(&p);
+    ps_worker_teardown(&p);
+    opts_free(&o);
+    if (rc)
+        fprintf(stderr, "psworker: training failed: %s\n", ps_strerror(rc));
+    return rc ? 1 : 0;
+}

@@ -1,1 +1,122 @@
-/* placeholder: being written */
+#include "ps_blas.h"
+#include "ps_error.h"
+#include "ps_log.h"
+
+#include <cblas.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define REEXEC_GUARD "PS_BLAS_REEXEC"
+
+const char *ps_blas_corename(void)
+{
+    const char *s = openblas_get_corename();
+    return s ? s : "unknown";
+}
+
+/* Rough capability rank of an OpenBLAS core name: 3 = AVX-512,
+ * 2 = AVX2+FMA, 1 = AVX, 0 = older or unknown. */
+static int core_rank(const char *name)
+{
+    static const char *avx512[] = {"skylakex", "cooperlake", "sapphirerapids", NULL};
+    static const char *avx2[] = {"haswell", "zen", "skylake", "excavator", NULL};
+    static const char *avx[] = {"sandybridge", "bulldozer", "piledriver", "steamroller", NULL};
+    const char **tabs[] = {avx, avx2, avx512};
+    for (int r = 2; r >= 0; r--)
+        for (const char **p = tabs[r]; *p; p++)
+            if (!strcasecmp(name, *p)) return r + 1;
+    return 0;
+}
+
+const char *ps_blas_best_coretype(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+        return "SKYLAKEX";
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return __builtin_cpu_is("amd") ? "ZEN" : "HASWELL";
+#endif
+    return NULL;
+}
+
+int ps_blas_autoselect(int argc, char **argv)
+{
+    (void)argc;
+    if (getenv("OPENBLAS_CORETYPE") || getenv(REEXEC_GUARD)) return 0;
+    const char *best = ps_blas_best_coretype();
+    /* test hook: pretend OpenBLAS picked this core (tests/test_blas.c) */
+    const char *cur = getenv("PS_BLAS_FAKE_CORENAME");
+    if (!cur) cur = ps_blas_corename();
+    if (!best || core_rank(cur) >= core_rank(best)) return 0;
+
+    ps_info("OpenBLAS chose core %s on a CPU that supports %s: re-executing with "
+            "OPENBLAS_CORETYPE=%s", cur, best, best);
+    if (setenv("OPENBLAS_CORETYPE", best, 1) || setenv(REEXEC_GUARD, "1", 1)) {
+        ps_error("setenv: %s", strerror(errno));
+        return PS_EIO;
+    }
+    execv("/proc/self/exe", argv);
+    ps_error("re-exec of /proc/self/exe failed: %s; going on with OpenBLAS core %s",
+             strerror(errno), cur);
+    return PS_EIO;
+}
+
+void ps_blas_set_threads(int n)
+{
+    if (n <= 0) {
+        long c = sysconf(_SC_NPROCESSORS_ONLN);
+        n = c > 0 ? (int)c : 1;
+    }
+    openblas_set_num_threads(n);
+}
+
+int ps_blas_get_threads(void)
+{
+    return openblas_get_num_threads();
+}
+
+#define SPLIT_ALIGN 16            /* slice edges on kernel-unroll multiples */
+#define SPLIT_MIN_FLOPS (1 << 20) /* below this a team costs more than it saves */
+
+void ps_blas_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,
+                   int lda, const float *B, int ldb, float beta, float *C, int ldc)
+{
+    const enum CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
+    const enum CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
+    int nt = 1;
+#ifdef _OPENMP
+    if (!omp_in_parallel()) nt = omp_get_max_threads();
+#endif
+    if (nt <= 1 || (double)M * N * K < SPLIT_MIN_FLOPS) {
+        cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    /* cut the longer side: each slice keeps the full reduction (K), so the
+     * slices write disjoint parts of C and need no reduction afterwards */
+    const int split_n = N >= M;
+    const int len = split_n ? N : M;
+    int chunk = (len + nt - 1) / nt;
+    chunk = (chunk + SPLIT_ALIGN - 1) / SPLIT_ALIGN * SPLIT_ALIGN;
+    const int parts = (len + chunk - 1) / chunk;
+#pragma omp parallel for num_threads(parts) schedule(static, 1)
+    for (int t = 0; t < parts; t++) {
+        const int lo = t * chunk, n = len - lo < chunk ? len - lo : chunk;
+        if (split_n) {
+            const float *Bt = trans_b ? B + (size_t)lo * ldb : B + lo;
+            cblas_sgemm(CblasRowMajor, ta, tb, M, n, K, alpha, A, lda, Bt, ldb, beta, C + lo,
+                        ldc);
+        } else {
+            const float *At = trans_a ? A + lo : A + (size_t)lo * lda;
+            cblas_sgemm(CblasRowMajor, ta, tb, n, N, K, alpha, At, lda, B, ldb, beta,
+                        C + (size_t)lo * ldc, ldc);
+        }
+    }
+}

@@ -1,1 +1,49 @@
-/* placeholder: being written */
+/* BLAS set-up for the CPU backend: make OpenBLAS use a kernel that fits
+ * this CPU, and control its thread count.
+ *
+ * Why: Debian's OpenBLAS 0.3.21 (DYNAMIC_ARCH) mis-detects some AVX-512
+ * Xeons as "Prescott" and then runs SSE3 kernels about 5x slower.  The core
+ * is chosen once, in the library's constructor, from OPENBLAS_CORETYPE, so
+ * the only fix from inside a program is to set that variable and re-exec. */
+#ifndef PS_BLAS_H
+#define PS_BLAS_H
+
+/* Call first thing in main() of any program that does GEMM (before any
+ * threads exist).  If OPENBLAS_CORETYPE is unset and openblas_get_corename()
+ * names a core weaker than the CPU supports (AVX-512 F/BW/VL/DQ ->
+ * SKYLAKEX; AVX2+FMA -> HASWELL, or ZEN on AMD), sets OPENBLAS_CORETYPE and
+ * re-executes /proc/self/exe with the same argv (an environment guard,
+ * PS_BLAS_REEXEC, prevents loops; one info line is logged).  Returns 0 when
+ * nothing had to be done (or the guard was already set); does not return on
+ * a successful re-exec; returns PS_EIO if the re-exec failed (the program
+ * may go on with the slow kernel).  Test hook: PS_BLAS_FAKE_CORENAME, when
+ * set, stands in for the core OpenBLAS reports. */
+int ps_blas_autoselect(int argc, char **argv);
+
+/* The OpenBLAS core in use ("Haswell", "SkylakeX", ...); never NULL. */
+const char *ps_blas_corename(void);
+
+/* The core this CPU could use at best ("SKYLAKEX", "HASWELL", "ZEN" or
+ * NULL when nothing better than the default is known). */
+const char *ps_blas_best_coretype(void);
+
+/* OpenBLAS's own thread count for direct cblas_* calls (n <= 0: number of
+ * online CPUs).  The engine sets it to 1 and threads GEMMs itself with
+ * ps_blas_sgemm (see there). */
+void ps_blas_set_threads(int n);
+int ps_blas_get_threads(void);
+
+/* Row-major C = alpha*op(A)*op(B) + beta*C, op(A) M x K, op(B) K x N, as
+ * cblas_sgemm, but threaded with OpenMP: the larger of M and N is cut into
+ * one slice per OpenMP thread and each thread runs a single-threaded
+ * OpenBLAS sgemm on its slice.  Why: OpenBLAS's pthread pool and OpenMP's
+ * pool each spin-wait after their work, so alternating GEMMs (OpenBLAS
+ * threads) with OpenMP loops (im2col, BN) on the same cores oversubscribes
+ * them - measured 5-20x slower convolutions on 2 busy cores.  With every
+ * parallel region in one OpenMP team there is one set of threads.  Needs
+ * OpenBLAS at 1 thread (ps_engine_init does it); inside a parallel region,
+ * or for small products, it is one plain call. */
+void ps_blas_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,
+                   int lda, const float *B, int ldb, float beta, float *C, int ldc);
+
+#endif

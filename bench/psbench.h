@@ -1,0 +1,33 @@
+/* psbench internals: one configuration (servers x workers x bytes x wire
+ * format), the worker process body, and the loopback TCP ceiling. */
+#ifndef PSBENCH_H
+#define PSBENCH_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ps_codec.h"
+
+typedef struct psbench_cfg {
+    int servers, workers;
+    size_t bytes;            /* FP32 gradient bytes per worker per iteration */
+    size_t partition_bytes;
+    ps_dtype_t dtype;
+    ps_codec_t codec;
+    int iters, warmup;
+    int max_inflight;
+    int timeout_ms;
+} psbench_cfg_t;
+
+/* Worker process body: connects to `endpoints`, rank 0 initialises the
+ * model, everybody barriers, then warmup + iters steps of pushpull over
+ * every partition.  Writes iters doubles (seconds per step) to fd.
+ * Returns the process exit status. */
+int psbench_worker(const psbench_cfg_t *cfg, int rank, char **endpoints, int fd);
+
+/* Loopback TCP ceiling: one connection over 127.0.0.1, a writer thread
+ * pushing chunk-byte writes for `seconds`, a reader draining.  Returns bytes
+ * per second (0 on failure, logged). */
+double psbench_loopback_bps(double seconds, size_t chunk);
+
+double psbench_now(void);
+#endif

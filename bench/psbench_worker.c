@@ -1,0 +1,160 @@
+/* psbench worker process: one client, the sync training loop's
+ * communication alone (pushpull of every partition, all in flight, wait). */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "psbench.h"
+#include "ps_error.h"
+#include "ps_log.h"
+#include "ps_partition.h"
+#include "worker/ps_client.h"
+
+/* Gradient-like content (roughly normal * 1e-3): what LZ4 sees matters, and
+ * constant or zero buffers would flatter it. */
+static void fill_grad(float *g, size_t n, unsigned seed)
+{
+    uint64_t x = 0x9E3779B97F4A7C15ull ^ seed;
+    for (size_t i = 0; i < n; i++) {
+        double s = 0;
+        for (int k = 0; k < 4; k++) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            s += (double)(x >> 11) * (1.0 / 9007199254740992.0);
+        }
+        g[i] = (float)((s - 2.0) * 1.7e-3);
+    }
+}
+
+static int write_all(int fd, const void *buf, size_t len)
+{
+    const char *p = buf;
+    while (len) {
+        ssize_t n = write(fd, p, len);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return -1;
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+int psbench_worker(const psbench_cfg_t *cfg, int rank, char **endpoints, int fd)
+{
+    size_t numel = cfg->bytes / sizeof(float);
+    ps_tensor_spec_t spec = {"bench.weight", numel, 0};
+    ps_partition_table_t t;
+    ps_client_t *c = NULL;
+    float *w = NULL, *g = NULL, *dst = NULL;
+    ps_req_t **rq = NULL;
+    double *times = NULL;
+    int rc, status = 1;
+
+    if ((rc = ps_partition_table_build(&t, &spec, 1, cfg->partition_bytes,
+                                       (uint32_t)cfg->servers)) < 0) {
+        ps_error("worker %d: partition table: %s", rank, ps_strerror(rc));
+        return 1;
+    }
+    ps_client_opts_t o;
+    ps_client_opts_default(&o);
+    o.servers = (const char *const *)endpoints;
+    o.nservers = cfg->servers;
+    o.rank = rank;
+    o.num_workers = cfg->workers;
+    o.dtype = cfg->dtype;
+    o.codec = cfg->codec;
+    o.timeout_ms = cfg->timeout_ms;
+    o.retry_ms = 30000; /* a loopback benchmark loses nothing; never resend early */
+    o.max_inflight = cfg->max_inflight;
+    if ((rc = ps_client_new(&c, &o, &t)) < 0) goto out;
+    if ((rc = ps_client_hello(c)) < 0) {
+        ps_error("worker %d: hello: %s (%s)", rank, ps_strerror(rc), ps_client_last_error(c));
+        goto out;
+    }
+
+    w = malloc(numel * sizeof *w);
+    g = malloc(numel * sizeof *g);
+    dst = malloc(numel * sizeof *dst);
+    rq = calloc(t.nparts, sizeof *rq);
+    times = calloc((size_t)cfg->iters, sizeof *times);
+    if (!w || !g || !dst || !rq || !times) {
+        ps_error("worker %d: out of memory for %zu-byte buffers", rank, cfg->bytes);
+        goto out;
+    }
+    fill_grad(w, numel, 1);
+    fill_grad(g, numel, 100u + (unsigned)rank);
+    memset(dst, 0, numel * sizeof *dst); /* fault the pages in before timing */
+
+    if (rank == 0) {
+        char json[512];
+        /* ps-lite's benchmark update: w -= lr * sum / N, no momentum */
+        snprintf(json, sizeof json,
+                 "{\"tensors\":[[\"bench.weight\",%zu,0]],\"partition_bytes\":%zu,"
+                 "\"num_servers\":%d,\"num_workers\":%d,"
+                 "\"optim\":{\"lr\":0.0001,\"momentum\":0}}",
+                 numel, cfg->partition_bytes, cfg->servers, cfg->workers);
+        int ck = 0;
+        if ((rc = ps_client_init(c, json, w, &ck)) < 0) {
+            ps_error("worker 0: init: %s (%s)", ps_strerror(rc), ps_client_last_error(c));
+            goto out;
+        }
+    }
+    if ((rc = ps_client_barrier(c)) < 0) {
+        ps_error("worker %d: barrier: %s (%s)", rank, ps_strerror(rc), ps_client_last_error(c));
+        goto out;
+    }
+    for (uint32_t p = 0; p < t.nparts && rc == 0; p++)
+        rc = ps_client_pull(c, p, 0, dst + t.parts[p].offset, &rq[p]);
+    for (uint32_t p = 0; p < t.nparts; p++)
+        if (rq[p]) {
+            int r1 = ps_client_wait(c, rq[p], -1, NULL);
+            if (r1 < 0 && rc == 0) rc = r1;
+        }
+    if (rc < 0) {
+        ps_error("worker %d: initial pull: %s (%s)", rank, ps_strerror(rc), ps_client_last_error(c));
+        goto out;
+    }
+
+    ps_client_counters_t k0, k1;
+    for (int it = 0; it < cfg->warmup + cfg->iters; it++) {
+        if (it == cfg->warmup) ps_client_counters(c, &k0);
+        double t0 = psbench_now();
+        memset(rq, 0, t.nparts * sizeof *rq);
+        for (uint32_t p = 0; p < t.nparts && rc == 0; p++)
+            rc = ps_client_pushpull(c, p, (uint64_t)it, g + t.parts[p].offset,
+                                    dst + t.parts[p].offset, 0, &rq[p]);
+        for (uint32_t p = 0; p < t.nparts; p++)
+            if (rq[p]) {
+                int r1 = ps_client_wait(c, rq[p], -1, NULL);
+                if (r1 < 0 && rc == 0) rc = r1;
+            }
+        if (rc < 0) {
+            ps_error("worker %d: step %d: %s (%s)", rank, it, ps_strerror(rc),
+                     ps_client_last_error(c));
+            goto out;
+        }
+        if (it >= cfg->warmup) times[it - cfg->warmup] = psbench_now() - t0;
+    }
+    ps_client_counters(c, &k1);
+    double wire[2] = {(double)(k1.bytes_out - k0.bytes_out) / cfg->iters,
+                      (double)(k1.bytes_in - k0.bytes_in) / cfg->iters};
+    if (write_all(fd, times, (size_t)cfg->iters * sizeof *times) < 0 ||
+        write_all(fd, wire, sizeof wire) < 0) {
+        ps_error("worker %d: writing results: %s", rank, strerror(errno));
+        goto out;
+    }
+    status = 0;
+out:
+    ps_client_destroy(&c);
+    ps_partition_table_free(&t);
+    free(w);
+    free(g);
+    free(dst);
+    free(rq);
+    free(times);
+    return status;
+}

@@ -1,0 +1,237 @@
+/* psd internals shared by the server's files (DESIGN.md section 2).
+ *
+ * One thread runs a libuv loop around the ZMQ ROUTER socket; every message is
+ * handled to completion on that thread, so the store needs no locks.  Only
+ * the summation of worker slots fans out to OpenMP threads, and zero-copy
+ * reply buffers are released from ZeroMQ's I/O thread (hence the atomic
+ * reference count on psd_buf_t).
+ *
+ * Files: psd_main.c (options), psd_loop.c (libuv + ZMQ fd, timers, signals),
+ * psd_store.c (partitions, slots, versions, sum + apply, encoded replies),
+ * psd_handlers.c (one function per message type), psd_members.c (ranks,
+ * liveness, barrier), psd_checkpoint.c, psd_metrics.c (counters, STATS,
+ * HTTP /metrics). */
+#ifndef PSD_H
+#define PSD_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "ps_codec.h"
+#include "ps_optim.h"
+#include "ps_partition.h"
+#include "ps_wire.h"
+
+typedef enum { PSD_SYNC = 0, PSD_ASYNC = 1, PSD_SSP = 2 } psd_mode_t;
+
+/* Command line / config file (psd_main.c fills it through ps_config). */
+typedef struct psd_opts {
+    int port;              /* 0: pick a free port */
+    char *bind;            /* tcp://HOST or tcp://STAR (any), or ipc://PATH */
+    char *port_file;       /* write the bound port here (tests) */
+    int server_id;
+    int num_servers;
+    int num_workers;       /* 0: learn from HELLO / INIT */
+    char *mode;            /* sync | async | ssp */
+    int staleness;         /* ssp: refuse pushes older than version - staleness */
+    int threads;           /* OpenMP threads for summation (0: library default) */
+    char *checkpoint_dir;  /* NULL / "": no checkpoints */
+    int checkpoint_every;  /* shard updates between checkpoints (0: only on demand) */
+    int metrics_port;      /* 0: off */
+    char *metrics_bind;
+    int heartbeat_ms;
+    int worker_timeout_ms; /* 0: never declare a worker lost */
+    int reject_nonfinite;
+    int max_msg_mb;        /* ZMQ_MAXMSGSIZE before the table is known */
+    int stats_every_s;     /* periodic stats log line (0: off) */
+    char *log_level;
+} psd_opts_t;
+
+/* An encoded WEIGHTS payload shared by every reply of one version: one
+ * reference for the partition's cache, one per zero-copy send in flight. */
+typedef struct psd_buf {
+    atomic_int refs;
+    uint64_t version;
+    size_t len;
+    uint32_t crc;
+    unsigned char data[];
+} psd_buf_t;
+
+void psd_buf_unref(psd_buf_t *b);
+/* zmq_free_fn for zero-copy sends of a psd_buf_t (hint = the buffer). */
+void psd_buf_zmq_free(void *data, void *hint);
+
+/* A request waiting for a partition to reach a version. */
+typedef struct psd_waiter {
+    struct psd_waiter *next;
+    uint8_t id[256];        /* ROUTER identity of the requester */
+    uint8_t idlen;
+    uint64_t request_id;
+    uint64_t min_version;   /* reply once version >= this */
+    int dtype, codec;       /* encoding of the WEIGHTS reply */
+} psd_waiter_t;
+
+#define PSD_NDTYPE 3
+#define PSD_NCODEC 4
+#define PSD_MAX_WAITERS 4096 /* per partition: bounds memory against floods */
+
+typedef struct psd_part {
+    uint32_t id;
+    size_t numel;
+    int owned;              /* this server holds it */
+    int initialised;        /* weights arrived (INIT or checkpoint) */
+    float *w;               /* (numel) fp32 master weights */
+    float *m;               /* (numel) momentum buffer */
+    uint64_t version;       /* updates applied */
+    float *slots;           /* (W, numel) sync: per-rank decoded gradients */
+    uint8_t *have;          /* (W) sync: rank's gradient for `version` is in */
+    int overflow;           /* a push for `version` carried PS_FLAG_OVERFLOW */
+    uint64_t *last_iter;    /* (W) async/ssp: last iteration applied per rank + 1 (0: none) */
+    psd_waiter_t *waiters;  /* PULL / PUSHPULL replies pending on a version */
+    int nwaiters;
+    psd_buf_t *cache[PSD_NDTYPE][PSD_NCODEC]; /* encoded weights at `version` */
+} psd_part_t;
+
+typedef struct psd_store {
+    int have_table;
+    ps_partition_table_t table;
+    char *spec_json;             /* the INIT spec as received (checkpointed) */
+    ps_optim_config_t optim;
+    char *optim_json;
+    int nworkers;                /* W: slots per partition */
+    psd_part_t *parts;           /* (table.nparts) */
+    uint32_t nowned;
+    size_t max_numel;            /* largest owned partition */
+    float *gsum;                 /* (max_numel) reduction result */
+    void *scratch;               /* codec scratch */
+    size_t scratch_cap;
+    int from_ckpt;               /* state was loaded from a checkpoint */
+    uint64_t updates;            /* shard updates applied (all partitions) */
+} psd_store_t;
+
+/* Worker membership (psd_members.c). */
+typedef enum { PSD_W_UNKNOWN = 0, PSD_W_LIVE, PSD_W_LOST, PSD_W_LEFT } psd_wstate_t;
+
+typedef struct psd_worker {
+    psd_wstate_t state;
+    uint64_t last_seen_ms;      /* uv_now of the last message (or start) */
+    uint8_t id[256];            /* HELLO identity that got this rank */
+    uint8_t idlen;
+    int assigned;
+    int at_barrier;
+    uint64_t barrier_req;       /* request_id of its BARRIER */
+    uint8_t bid[256];           /* identity of its BARRIER */
+    uint8_t bidlen;
+    char host[64];
+} psd_worker_t;
+
+/* Counters (psd_metrics.c). */
+#define PSD_NERR 20 /* PS_E* codes are -1..-19 */
+typedef struct psd_metrics {
+    uint64_t bytes_in, bytes_out, msgs_in, msgs_out, updates, skipped;
+    uint64_t errors[PSD_NERR];
+    uint64_t dropped_replies;
+    double agg_seconds, apply_seconds;
+    uint64_t agg_count, apply_count;
+} psd_metrics_t;
+
+typedef struct psd {
+    psd_opts_t o;
+    psd_mode_t mode;
+    uv_loop_t *loop;
+    void *zctx, *sock;
+    uv_poll_t zpoll;
+    uv_timer_t hb_timer, stats_timer, drain_timer;
+    uv_signal_t sigterm, sigint;
+    uv_tcp_t http;
+    int http_on;
+    int port;                   /* bound port */
+    char endpoint[512];         /* bound endpoint (ZMQ_LAST_ENDPOINT) */
+    int64_t maxmsg;             /* ZMQ_MAXMSGSIZE from the table (0: --max-msg-mb) */
+    int stopping;
+    int exit_code;              /* process exit status once the loop ends */
+    psd_store_t st;
+    psd_worker_t *workers;      /* (nworkers) */
+    int nworkers;               /* W, 0 until known */
+    uint64_t table_hash_seen;   /* first hash from HELLO / INIT (server 0 check) */
+    int have_hash_seen;
+    psd_metrics_t mx;
+    uint64_t updates_at_ckpt;
+    uint64_t ckpt_seq;
+} psd_t;
+
+/* ---- psd_loop.c ---- */
+int psd_loop_open(psd_t *s);
+int psd_loop_run(psd_t *s);
+void psd_loop_close(psd_t *s);
+/* Re-read ZMQ_EVENTS and handle everything queued: call after any send made
+ * outside the poll callback (ZMQ_FD is edge-triggered). */
+void psd_drain(psd_t *s);
+void psd_stop(psd_t *s, const char *why);
+/* The largest valid message once the table is known: becomes
+ * ZMQ_MAXMSGSIZE if the socket is not bound yet (checkpoint at start). */
+void psd_loop_set_maxmsg(psd_t *s, int64_t bytes);
+
+/* ---- psd_handlers.c ---- */
+void psd_handle(psd_t *s, ps_wire_msg_t *m);
+/* Send helpers: count bytes, drop (and count) replies a peer cannot take. */
+int psd_send(psd_t *s, const void *id, size_t idlen, Ps__Header *h, const void *payload,
+             size_t len);
+void psd_send_error(psd_t *s, const void *id, size_t idlen, const Ps__Header *req, int code,
+                    const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* Answer every waiter of p whose min_version has been reached. */
+void psd_part_notify(psd_t *s, psd_part_t *p);
+/* After a worker was lost: partitions whose remaining slots are complete. */
+void psd_recheck_pending(psd_t *s);
+
+/* ---- psd_store.c ---- */
+int psd_mode_parse(const char *s, psd_mode_t *m);
+/* Parse the INIT spec JSON, build the table and allocate this shard. */
+int psd_store_set_spec(psd_t *s, const char *json, size_t len, const uint64_t *want_hash,
+                       char *err, size_t errlen);
+void psd_store_free(psd_store_t *st);
+/* Number of ranks whose gradient is required for p's next sync update. */
+int psd_store_sync_ready(psd_t *s, psd_part_t *p, int *ncontrib);
+/* Sum slots in rank order / n, apply the optimizer, version++. */
+void psd_store_apply_sync(psd_t *s, psd_part_t *p);
+/* Async / ssp: apply grad * 1/W right away, version++. */
+void psd_store_apply_async(psd_t *s, psd_part_t *p, const float *grad);
+/* Encoded weights of p at its current version (new reference) or NULL. */
+psd_buf_t *psd_store_encoded(psd_t *s, psd_part_t *p, int dtype, int codec, int *err);
+void psd_store_drop_cache(psd_part_t *p);
+/* Make sure the codec scratch holds n bytes; 0 or PS_ENOMEM. */
+int psd_store_scratch(psd_store_t *st, size_t n);
+int psd_store_nonfinite(const float *g, size_t n);
+
+/* ---- psd_members.c ---- */
+int psd_members_set_count(psd_t *s, int nworkers, char *err, size_t errlen);
+void psd_members_seen(psd_t *s, int rank);
+int psd_members_is_live(const psd_t *s, int rank);
+int psd_members_live_count(const psd_t *s);
+void psd_handle_hello(psd_t *s, ps_wire_msg_t *m);
+void psd_handle_barrier(psd_t *s, ps_wire_msg_t *m);
+void psd_handle_bye(psd_t *s, ps_wire_msg_t *m);
+/* Timer: mark silent workers lost; release barriers / updates they block. */
+void psd_members_check(psd_t *s);
+
+/* ---- psd_checkpoint.c ---- */
+/* Write a checkpoint of the shard now (0 or PS_E*, logged). */
+int psd_checkpoint_write(psd_t *s);
+/* Load the newest good checkpoint of this server from the directory, if any:
+ * 0 (loaded or nothing there) or PS_E* when the directory is unusable. */
+int psd_checkpoint_load(psd_t *s);
+/* Called after updates: checkpoint when checkpoint_every is reached. */
+void psd_checkpoint_maybe(psd_t *s);
+
+/* ---- psd_metrics.c ---- */
+int psd_metrics_start(psd_t *s);
+void psd_metrics_stop(psd_t *s);
+void psd_metrics_error(psd_t *s, int code);
+/* STATS body: malloc'd JSON. */
+char *psd_stats_json(const psd_t *s);
+void psd_stats_log(psd_t *s);
+double psd_now_s(void);
+
+#endif

@@ -1,0 +1,438 @@
+/* One function per request type.  Every request is checked against the
+ * header and the partition table before anything is touched; a bad one gets
+ * ERROR(code, text) and a log line and changes nothing. */
+#include "psd.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ps_error.h"
+#include "ps_log.h"
+
+#define ID_OF(m) zmq_msg_data(&(m)->identity), zmq_msg_size(&(m)->identity)
+#define PSD_INIT_SPEC_PART 0xFFFFFFFFu
+
+int psd_send(psd_t *s, const void *id, size_t idlen, Ps__Header *h, const void *payload, size_t len)
+{
+    int rc = ps_wire_send(s->sock, id, idlen, h, payload, len, NULL, NULL, ZMQ_DONTWAIT);
+    if (rc) {
+        /* The peer is gone or not reading: it will retry (requests are
+         * idempotent), so the reply is dropped rather than queued. */
+        s->mx.dropped_replies++;
+        ps_debug("reply %s dropped: %s", ps_wire_type_name(h->type), ps_strerror(rc));
+        return rc;
+    }
+    s->mx.msgs_out++;
+    s->mx.bytes_out += ps__header__get_packed_size(h) + len;
+    return 0;
+}
+
+void psd_send_error(psd_t *s, const void *id, size_t idlen, const Ps__Header *req, int code,
+                    const char *fmt, ...)
+{
+    char text[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    psd_metrics_error(s, code);
+    ps_warn("%s from rank %d: %s: %s", req ? ps_wire_type_name(req->type) : "message",
+            req && req->has_rank ? req->rank : -1, ps_errname(code), text);
+    uint64_t rid = req ? req->request_id : 0;
+    uint32_t part = req ? req->partition : 0;
+    if (ps_wire_send_error(s->sock, id, idlen, rid, part, code, "%s", text) == 0) {
+        s->mx.msgs_out++;
+        s->mx.bytes_out += 32 + strlen(text);
+    } else {
+        s->mx.dropped_replies++;
+    }
+}
+
+static void send_ack(psd_t *s, ps_wire_msg_t *m, uint32_t flags)
+{
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__MSG_TYPE__MSG_ACK);
+    h.has_request_id = 1, h.request_id = m->hdr->request_id;
+    h.has_partition = m->hdr->has_partition, h.partition = m->hdr->partition;
+    if (flags) h.has_flags = 1, h.flags = flags;
+    psd_send(s, ID_OF(m), &h, NULL, 0);
+}
+
+static void send_weights(psd_t *s, const void *id, size_t idlen, uint64_t request_id, psd_part_t *p,
+                         int dtype, int codec)
+{
+    int err = 0;
+    psd_buf_t *b = psd_store_encoded(s, p, dtype, codec, &err);
+    if (!b) {
+        Ps__Header q;
+        ps_wire_header_init(&q, PS__MSG_TYPE__MSG_PULL);
+        q.request_id = request_id;
+        q.partition = p->id;
+        psd_send_error(s, id, idlen, &q, err, "cannot encode partition %u as %s/%s: %s", p->id,
+                       ps_dtype_name(dtype), ps_codec_name(codec), ps_strerror(err));
+        return;
+    }
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__MSG_TYPE__MSG_WEIGHTS);
+    h.has_request_id = 1, h.request_id = request_id;
+    h.has_partition = 1, h.partition = p->id;
+    h.has_iteration = 1, h.iteration = p->version;
+    h.has_dtype = 1, h.dtype = dtype;
+    h.has_codec = 1, h.codec = codec;
+    h.has_numel = 1, h.numel = p->numel;
+    /* Zero-copy: every reply of this version shares the one encoded buffer. */
+    int rc = ps_wire_send_crc(s->sock, id, idlen, &h, b->data, b->len, b->crc, psd_buf_zmq_free, b,
+                              ZMQ_DONTWAIT);
+    if (rc) {
+        psd_buf_unref(b);
+        s->mx.dropped_replies++;
+        ps_debug("WEIGHTS %u dropped: %s", p->id, ps_strerror(rc));
+        return;
+    }
+    s->mx.msgs_out++;
+    s->mx.bytes_out += b->len + 64;
+}
+
+static int add_waiter(psd_t *s, ps_wire_msg_t *m, psd_part_t *p, uint64_t min_version)
+{
+    const Ps__Header *h = m->hdr;
+    /* A retried request already waiting is not queued twice. */
+    for (psd_waiter_t *w = p->waiters; w; w = w->next)
+        if (w->request_id == h->request_id && w->min_version == min_version &&
+            w->idlen == zmq_msg_size(&m->identity) &&
+            !memcmp(w->id, zmq_msg_data(&m->identity), w->idlen))
+            return 0;
+    if (p->nwaiters >= PSD_MAX_WAITERS) {
+        psd_send_error(s, ID_OF(m), h, PS_EAGAIN, "partition %u has %d requests waiting already",
+                       p->id, p->nwaiters);
+        return -1;
+    }
+    psd_waiter_t *w = calloc(1, sizeof *w);
+    if (!w) {
+        psd_send_error(s, ID_OF(m), h, PS_ENOMEM, "out of memory queueing a reply");
+        return -1;
+    }
+    size_t n = zmq_msg_size(&m->identity);
+    w->idlen = (uint8_t)(n > 255 ? 255 : n);
+    memcpy(w->id, zmq_msg_data(&m->identity), w->idlen);
+    w->request_id = h->request_id;
+    w->min_version = min_version;
+    w->dtype = h->dtype;
+    w->codec = h->codec;
+    /* Append: replies go out in arrival order. */
+    psd_waiter_t **pp = &p->waiters;
+    while (*pp) pp = &(*pp)->next;
+    *pp = w;
+    p->nwaiters++;
+    return 0;
+}
+
+void psd_part_notify(psd_t *s, psd_part_t *p)
+{
+    psd_waiter_t **pp = &p->waiters;
+    while (*pp) {
+        psd_waiter_t *w = *pp;
+        if (w->min_version > p->version) {
+            pp = &w->next;
+            continue;
+        }
+        *pp = w->next;
+        p->nwaiters--;
+        send_weights(s, w->id, w->idlen, w->request_id, p, w->dtype, w->codec);
+        free(w);
+    }
+}
+
+static void after_update(psd_t *s, psd_part_t *p)
+{
+    psd_part_notify(s, p);
+    psd_checkpoint_maybe(s);
+}
+
+void psd_recheck_pending(psd_t *s)
+{
+    if (!s->st.have_table || s->mode != PSD_SYNC) return;
+    for (uint32_t i = 0; i < s->st.table.nparts; i++) {
+        psd_part_t *p = &s->st.parts[i];
+        int n;
+        if (p->owned && p->initialised && psd_store_sync_ready(s, p, &n)) {
+            psd_store_apply_sync(s, p);
+            after_update(s, p);
+        }
+    }
+}
+
+/* Checks shared by PUSH / PUSHPULL / PULL / weight INIT: the partition is
+ * known, ours, and the header's numel / dtype / codec are usable. */
+static psd_part_t *check_part(psd_t *s, ps_wire_msg_t *m, int need_weights)
+{
+    const Ps__Header *h = m->hdr;
+    const char *what = ps_wire_type_name(h->type);
+    if (!s->st.have_table) {
+        psd_send_error(s, ID_OF(m), h, PS_ESTATE, "%s before INIT: the server has no partition table",
+                       what);
+        return NULL;
+    }
+    if (!h->has_partition || h->partition >= s->st.table.nparts) {
+        psd_send_error(s, ID_OF(m), h, PS_ENOTFOUND, "%s: unknown partition %u (table has %u)", what,
+                       h->partition, s->st.table.nparts);
+        return NULL;
+    }
+    psd_part_t *p = &s->st.parts[h->partition];
+    if (!p->owned) {
+        psd_send_error(s, ID_OF(m), h, PS_ENOTFOUND, "%s: partition %u belongs to server %u, not %d",
+                       what, p->id, s->st.table.parts[p->id].server, s->o.server_id);
+        return NULL;
+    }
+    if (h->has_table_hash && h->table_hash != s->st.table.hash) {
+        psd_send_error(s, ID_OF(m), h, PS_EMISMATCH, "%s: table hash 0x%016llx, server has 0x%016llx",
+                       what, (unsigned long long)h->table_hash,
+                       (unsigned long long)s->st.table.hash);
+        return NULL;
+    }
+    if ((unsigned)h->dtype >= PSD_NDTYPE || (unsigned)h->codec >= PSD_NCODEC) {
+        psd_send_error(s, ID_OF(m), h, PS_EINVAL, "%s: unknown dtype %d or codec %d", what, h->dtype,
+                       h->codec);
+        return NULL;
+    }
+    if (need_weights && !p->initialised) {
+        psd_send_error(s, ID_OF(m), h, PS_ESTATE, "%s: partition %u has no weights yet (INIT first)",
+                       what, p->id);
+        return NULL;
+    }
+    return p;
+}
+
+/* Decode the payload of m into dst (p->numel floats); ERROR on failure. */
+static int decode_into(psd_t *s, ps_wire_msg_t *m, psd_part_t *p, float *dst)
+{
+    const Ps__Header *h = m->hdr;
+    const char *what = ps_wire_type_name(h->type);
+    if (!h->has_numel || h->numel != p->numel) {
+        psd_send_error(s, ID_OF(m), h, PS_EMISMATCH, "%s: numel %llu but partition %u has %zu elements",
+                       what, (unsigned long long)h->numel, p->id, p->numel);
+        return -1;
+    }
+    if (!m->has_payload) {
+        psd_send_error(s, ID_OF(m), h, PS_EPROTO, "%s: partition %u: payload missing", what, p->id);
+        return -1;
+    }
+    size_t need = ps_codec_scratch_size((ps_dtype_t)h->dtype, (ps_codec_t)h->codec, p->numel);
+    if (need && psd_store_scratch(&s->st, need)) {
+        psd_send_error(s, ID_OF(m), h, PS_ENOMEM, "%s: out of memory for decode", what);
+        return -1;
+    }
+    ps_dtype_t dt = (ps_dtype_t)h->dtype;
+    ps_codec_t cc = (ps_codec_t)h->codec;
+    int rc = ps_codec_decode(dst, p->numel, zmq_msg_data(&m->payload), zmq_msg_size(&m->payload),
+                             dt, cc, 0, s->st.scratch);
+    if (rc) {
+        psd_send_error(s, ID_OF(m), h, rc, "%s: partition %u: %zu payload bytes do not decode as %llu %s/%s: %s",
+                       what, p->id, zmq_msg_size(&m->payload), (unsigned long long)h->numel,
+                       ps_dtype_name(dt), ps_codec_name(cc), ps_strerror(rc));
+        return -1;
+    }
+    if (s->o.reject_nonfinite && psd_store_nonfinite(dst, p->numel)) {
+        psd_send_error(s, ID_OF(m), h, PS_ENONFINITE, "%s: partition %u: NaN or Inf in the data", what,
+                       p->id);
+        return -1;
+    }
+    return 0;
+}
+
+static void handle_init(psd_t *s, ps_wire_msg_t *m)
+{
+    const Ps__Header *h = m->hdr;
+    char err[512] = "";
+    if (!h->has_partition || h->partition == PSD_INIT_SPEC_PART) {
+        if (!h->has_body || !h->body.len) {
+            psd_send_error(s, ID_OF(m), h, PS_EPROTO, "INIT spec without a body (JSON model spec)");
+            return;
+        }
+        int rc = psd_store_set_spec(s, (const char *)h->body.data, h->body.len,
+                                    h->has_table_hash ? &h->table_hash : NULL, err, sizeof err);
+        if (rc) {
+            psd_send_error(s, ID_OF(m), h, rc, "%s", err);
+            return;
+        }
+        send_ack(s, m, s->st.from_ckpt ? PS_FLAG_FROM_CKPT : 0);
+        return;
+    }
+    psd_part_t *p = check_part(s, m, 0);
+    if (!p) return;
+    if (p->initialised) { /* a retry, or state from a checkpoint: keep what we have */
+        send_ack(s, m, s->st.from_ckpt ? PS_FLAG_FROM_CKPT : 0);
+        return;
+    }
+    /* Decode aside so a bad payload cannot leave half-written weights. */
+    if (decode_into(s, m, p, s->st.gsum)) return;
+    memcpy(p->w, s->st.gsum, p->numel * sizeof(float));
+    p->version = h->has_iteration ? h->iteration : 0;
+    p->initialised = 1;
+    ps_debug("partition %u initialised (%zu elements, version %llu)", p->id, p->numel,
+             (unsigned long long)p->version);
+    send_ack(s, m, 0);
+    psd_part_notify(s, p);
+}
+
+/* A retry of a push that is already applied: answer like the original. */
+static void reply_done(psd_t *s, ps_wire_msg_t *m, psd_part_t *p, int pushpull)
+{
+    if (pushpull) send_weights(s, ID_OF(m), m->hdr->request_id, p, m->hdr->dtype, m->hdr->codec);
+    else if (!(m->hdr->flags & PS_FLAG_NO_REPLY)) send_ack(s, m, 0);
+}
+
+static void push_sync(psd_t *s, ps_wire_msg_t *m, psd_part_t *p, int rank, int pushpull)
+{
+    const Ps__Header *h = m->hdr;
+    uint64_t it = h->iteration;
+    if (it < p->version) {
+        reply_done(s, m, p, pushpull);
+        return;
+    }
+    if (it > p->version) {
+        psd_send_error(s, ID_OF(m), h, PS_ESTATE,
+                       "%s for iteration %llu but partition %u is at version %llu (sync mode: "
+                       "push the current version)",
+                       ps_wire_type_name(h->type), (unsigned long long)it, p->id,
+                       (unsigned long long)p->version);
+        return;
+    }
+    if (!p->have[rank]) {
+        int ovf = (h->flags & PS_FLAG_OVERFLOW) != 0;
+        /* An overflowed step is skipped anyway: its (Inf) gradient is not read. */
+        if (!ovf && decode_into(s, m, p, p->slots + (size_t)rank * p->numel)) return;
+        p->have[rank] = 1;
+        p->overflow |= ovf;
+    }
+    if (pushpull) {
+        if (add_waiter(s, m, p, it + 1)) return;
+    } else if (!(h->flags & PS_FLAG_NO_REPLY)) {
+        send_ack(s, m, 0);
+    }
+    int n;
+    if (psd_store_sync_ready(s, p, &n)) {
+        psd_store_apply_sync(s, p);
+        after_update(s, p);
+    }
+}
+
+static void push_async(psd_t *s, ps_wire_msg_t *m, psd_part_t *p, int rank, int pushpull)
+{
+    const Ps__Header *h = m->hdr;
+    uint64_t it = h->iteration;
+    if (it < p->last_iter[rank]) { /* last_iter holds the last applied iteration + 1 */
+        reply_done(s, m, p, pushpull);
+        return;
+    }
+    if (s->mode == PSD_SSP && it + (uint64_t)s->o.staleness < p->version) {
+        psd_send_error(s, ID_OF(m), h, PS_ESTALE,
+                       "%s for iteration %llu is older than version %llu - staleness %d (partition %u)",
+                       ps_wire_type_name(h->type), (unsigned long long)it,
+                       (unsigned long long)p->version, s->o.staleness, p->id);
+        return;
+    }
+    if (h->flags & PS_FLAG_OVERFLOW) {
+        s->mx.skipped++;
+    } else {
+        if (decode_into(s, m, p, s->st.gsum)) return;
+        psd_store_apply_async(s, p, s->st.gsum);
+    }
+    p->last_iter[rank] = it + 1;
+    reply_done(s, m, p, pushpull);
+    after_update(s, p);
+}
+
+static void handle_push(psd_t *s, ps_wire_msg_t *m, int pushpull)
+{
+    psd_part_t *p = check_part(s, m, 1);
+    if (!p) return;
+    const Ps__Header *h = m->hdr;
+    if (!h->has_rank || h->rank < 0 || h->rank >= s->st.nworkers) {
+        psd_send_error(s, ID_OF(m), h, PS_ERANGE, "%s: rank %d not in 0..%d", ps_wire_type_name(h->type),
+                       h->has_rank ? h->rank : -1, s->st.nworkers - 1);
+        return;
+    }
+    if (s->mode == PSD_SYNC) push_sync(s, m, p, h->rank, pushpull);
+    else push_async(s, m, p, h->rank, pushpull);
+}
+
+static void handle_pull(psd_t *s, ps_wire_msg_t *m)
+{
+    psd_part_t *p = check_part(s, m, 1);
+    if (!p) return;
+    uint64_t want = m->hdr->has_min_version ? m->hdr->min_version : 0;
+    if (p->version >= want) send_weights(s, ID_OF(m), m->hdr->request_id, p, m->hdr->dtype, m->hdr->codec);
+    else add_waiter(s, m, p, want);
+}
+
+static void handle_stats(psd_t *s, ps_wire_msg_t *m)
+{
+    char *json = psd_stats_json(s);
+    if (!json) {
+        psd_send_error(s, ID_OF(m), m->hdr, PS_ENOMEM, "STATS: out of memory");
+        return;
+    }
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__MSG_TYPE__MSG_ACK);
+    h.has_request_id = 1, h.request_id = m->hdr->request_id;
+    h.has_body = 1;
+    h.body.data = (uint8_t *)json;
+    h.body.len = strlen(json);
+    psd_send(s, ID_OF(m), &h, NULL, 0);
+    free(json);
+}
+
+static int checkpoint_now(psd_t *s, ps_wire_msg_t *m, int required)
+{
+    if (!s->o.checkpoint_dir || !s->o.checkpoint_dir[0]) {
+        if (required)
+            psd_send_error(s, ID_OF(m), m->hdr, PS_EUNSUPPORTED, "CHECKPOINT: psd runs without --checkpoint-dir");
+        return required ? -1 : 0;
+    }
+    if (!s->st.have_table) {
+        if (required) psd_send_error(s, ID_OF(m), m->hdr, PS_ESTATE, "CHECKPOINT before INIT: nothing to save");
+        return required ? -1 : 0;
+    }
+    int rc = psd_checkpoint_write(s);
+    if (rc) {
+        psd_send_error(s, ID_OF(m), m->hdr, rc, "checkpoint failed: %s (see the server log)",
+                       ps_strerror(rc));
+        return -1;
+    }
+    return 0;
+}
+
+void psd_handle(psd_t *s, ps_wire_msg_t *m)
+{
+    const Ps__Header *h = m->hdr;
+    s->mx.msgs_in++;
+    if (h->has_rank && h->type != PS__MSG_TYPE__MSG_HELLO) psd_members_seen(s, h->rank);
+    switch (h->type) {
+    case PS__MSG_TYPE__MSG_HELLO: psd_handle_hello(s, m); break;
+    case PS__MSG_TYPE__MSG_INIT: handle_init(s, m); break;
+    case PS__MSG_TYPE__MSG_PUSH: handle_push(s, m, 0); break;
+    case PS__MSG_TYPE__MSG_PUSHPULL: handle_push(s, m, 1); break;
+    case PS__MSG_TYPE__MSG_PULL: handle_pull(s, m); break;
+    case PS__MSG_TYPE__MSG_BARRIER: psd_handle_barrier(s, m); break;
+    case PS__MSG_TYPE__MSG_HEARTBEAT:
+        if (!(h->flags & PS_FLAG_NO_REPLY)) send_ack(s, m, 0);
+        break;
+    case PS__MSG_TYPE__MSG_STATS: handle_stats(s, m); break;
+    case PS__MSG_TYPE__MSG_CHECKPOINT:
+        if (checkpoint_now(s, m, 1) == 0) send_ack(s, m, 0);
+        break;
+    case PS__MSG_TYPE__MSG_SHUTDOWN:
+        if (checkpoint_now(s, m, 0) == 0) {
+            send_ack(s, m, 0);
+            psd_stop(s, "SHUTDOWN request");
+        }
+        break;
+    case PS__MSG_TYPE__MSG_BYE: psd_handle_bye(s, m); break;
+    default:
+        psd_send_error(s, ID_OF(m), h, PS_EPROTO, "unexpected message type %d (%s) for a server",
+                       (int)h->type, ps_wire_type_name(h->type));
+    }
+}

@@ -1,0 +1,244 @@
+/* Worker membership: rank assignment at HELLO (server 0), liveness from any
+ * message a worker sends (HEARTBEAT included), BARRIER and BYE.  A worker
+ * silent for --worker-timeout-ms is marked lost: it no longer holds up
+ * barriers or sync updates (they proceed with the workers that remain), and
+ * it is live again as soon as it sends anything. */
+#include "psd.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ps_error.h"
+#include "ps_log.h"
+
+int psd_members_set_count(psd_t *s, int n, char *err, size_t errlen)
+{
+    if (n <= 0 || n > 65536) {
+        snprintf(err, errlen, "num_workers %d out of range 1..65536", n);
+        return PS_ERANGE;
+    }
+    if (s->nworkers == n) return 0;
+    if (s->nworkers > 0) {
+        snprintf(err, errlen, "num_workers %d differs from the cluster size %d", n, s->nworkers);
+        return PS_EMISMATCH;
+    }
+    s->workers = calloc(n, sizeof *s->workers);
+    if (!s->workers) {
+        snprintf(err, errlen, "out of memory for %d workers", n);
+        return PS_ENOMEM;
+    }
+    uint64_t now = uv_now(s->loop);
+    for (int r = 0; r < n; r++) s->workers[r].last_seen_ms = now;
+    s->nworkers = n;
+    ps_info("cluster size: %d workers", n);
+    return 0;
+}
+
+int psd_members_is_live(const psd_t *s, int r)
+{
+    if (r < 0 || r >= s->nworkers) return 0;
+    psd_wstate_t st = s->workers[r].state;
+    return st == PSD_W_UNKNOWN || st == PSD_W_LIVE;
+}
+
+int psd_members_live_count(const psd_t *s)
+{
+    int n = 0;
+    for (int r = 0; r < s->nworkers; r++) n += psd_members_is_live(s, r);
+    return n;
+}
+
+void psd_members_seen(psd_t *s, int r)
+{
+    if (r < 0 || r >= s->nworkers) return;
+    psd_worker_t *w = &s->workers[r];
+    w->last_seen_ms = uv_now(s->loop);
+    if (w->state == PSD_W_LOST || w->state == PSD_W_LEFT)
+        ps_info("worker rank %d is back", r);
+    w->state = PSD_W_LIVE;
+}
+
+static void barrier_try_release(psd_t *s)
+{
+    int arrived = 0;
+    for (int r = 0; r < s->nworkers; r++) {
+        if (s->workers[r].at_barrier) arrived++;
+        else if (psd_members_is_live(s, r)) return;
+    }
+    if (!arrived) return;
+    ps_info("barrier released (%d workers)", arrived);
+    for (int r = 0; r < s->nworkers; r++) {
+        psd_worker_t *w = &s->workers[r];
+        if (!w->at_barrier) continue;
+        Ps__Header h;
+        ps_wire_header_init(&h, PS__MSG_TYPE__MSG_ACK);
+        h.has_request_id = 1;
+        h.request_id = w->barrier_req;
+        h.has_rank = 1;
+        h.rank = r;
+        psd_send(s, w->bid, w->bidlen, &h, NULL, 0);
+        w->at_barrier = 0;
+    }
+}
+
+static int same_id(const uint8_t *a, size_t alen, ps_wire_msg_t *m)
+{
+    return alen == zmq_msg_size(&m->identity) && !memcmp(a, zmq_msg_data(&m->identity), alen);
+}
+
+static void keep_id(uint8_t *dst, uint8_t *dlen, ps_wire_msg_t *m)
+{
+    size_t n = zmq_msg_size(&m->identity);
+    if (n > 255) n = 255; /* ZeroMQ routing ids are at most 255 bytes */
+    memcpy(dst, zmq_msg_data(&m->identity), n);
+    *dlen = (uint8_t)n;
+}
+
+#define ID_OF(m) zmq_msg_data(&(m)->identity), zmq_msg_size(&(m)->identity)
+
+void psd_handle_hello(psd_t *s, ps_wire_msg_t *m)
+{
+    const Ps__Header *h = m->hdr;
+    char err[256] = "";
+    int rc;
+
+    if (h->has_table_hash) {
+        uint64_t known = s->st.have_table ? s->st.table.hash : s->table_hash_seen;
+        if ((s->st.have_table || s->have_hash_seen) && h->table_hash != known) {
+            psd_send_error(s, ID_OF(m), h, PS_EMISMATCH,
+                           "partition table hash 0x%016llx differs from the cluster's 0x%016llx: "
+                           "the worker's model or partition_bytes / num_servers differ",
+                           (unsigned long long)h->table_hash, (unsigned long long)known);
+            return;
+        }
+        s->table_hash_seen = h->table_hash;
+        s->have_hash_seen = 1;
+    }
+    if (h->has_num_workers && h->num_workers > 0 &&
+        (rc = psd_members_set_count(s, (int)h->num_workers, err, sizeof err))) {
+        psd_send_error(s, ID_OF(m), h, rc, "HELLO: %s", err);
+        return;
+    }
+    if (s->nworkers <= 0) {
+        psd_send_error(s, ID_OF(m), h, PS_ESTATE,
+                       "HELLO: cluster size unknown (send num_workers or start psd with --num-workers)");
+        return;
+    }
+    int rank = h->has_rank ? h->rank : -1;
+    if (rank < 0) {
+        if (s->o.server_id != 0) {
+            psd_send_error(s, ID_OF(m), h, PS_ESTATE,
+                           "HELLO with rank -1 must go to server 0 (this is server %d)", s->o.server_id);
+            return;
+        }
+        /* A retried HELLO comes from the same socket: same rank again. */
+        for (int r = 0; r < s->nworkers && rank < 0; r++)
+            if (s->workers[r].assigned && same_id(s->workers[r].id, s->workers[r].idlen, m)) rank = r;
+        for (int r = 0; r < s->nworkers && rank < 0; r++)
+            if (!s->workers[r].assigned) rank = r;
+        /* A restarted worker takes over the rank of a lost or departed one. */
+        for (int r = 0; r < s->nworkers && rank < 0; r++)
+            if (s->workers[r].state == PSD_W_LOST || s->workers[r].state == PSD_W_LEFT) rank = r;
+        if (rank < 0) {
+            psd_send_error(s, ID_OF(m), h, PS_ERANGE, "HELLO: all %d ranks are taken by live workers",
+                           s->nworkers);
+            return;
+        }
+    } else if (rank >= s->nworkers) {
+        psd_send_error(s, ID_OF(m), h, PS_ERANGE, "HELLO: rank %d but the cluster has %d workers", rank,
+                       s->nworkers);
+        return;
+    }
+    psd_worker_t *w = &s->workers[rank];
+    w->assigned = 1;
+    keep_id(w->id, &w->idlen, m);
+    if (h->has_body) {
+        size_t n = h->body.len < sizeof w->host - 1 ? h->body.len : sizeof w->host - 1;
+        memcpy(w->host, h->body.data, n);
+        w->host[n] = 0;
+        for (size_t i = 0; i < n; i++)
+            if (w->host[i] < 0x20 || w->host[i] > 0x7e) w->host[i] = '?';
+    }
+    psd_members_seen(s, rank);
+    ps_info("HELLO: rank %d (%s) of %d", rank, w->host[0] ? w->host : "?", s->nworkers);
+
+    Ps__Header r;
+    ps_wire_header_init(&r, PS__MSG_TYPE__MSG_WELCOME);
+    r.has_request_id = 1, r.request_id = h->request_id;
+    r.has_rank = 1, r.rank = rank;
+    r.has_num_workers = 1, r.num_workers = (uint32_t)s->nworkers;
+    r.has_num_servers = 1;
+    r.num_servers = s->st.have_table ? s->st.table.nservers
+                                     : (uint32_t)(s->o.num_servers > 0 ? s->o.num_servers : 0);
+    if (s->st.have_table || s->have_hash_seen) {
+        r.has_table_hash = 1;
+        r.table_hash = s->st.have_table ? s->st.table.hash : s->table_hash_seen;
+    }
+    if (s->st.from_ckpt) r.has_flags = 1, r.flags = PS_FLAG_FROM_CKPT;
+    psd_send(s, ID_OF(m), &r, NULL, 0);
+}
+
+static int check_rank(psd_t *s, ps_wire_msg_t *m, const char *what)
+{
+    const Ps__Header *h = m->hdr;
+    if (s->nworkers <= 0) {
+        psd_send_error(s, ID_OF(m), h, PS_ESTATE, "%s before the cluster size is known (HELLO / INIT)",
+                       what);
+        return -1;
+    }
+    if (!h->has_rank || h->rank < 0 || h->rank >= s->nworkers) {
+        psd_send_error(s, ID_OF(m), h, PS_ERANGE, "%s: rank %d not in 0..%d", what,
+                       h->has_rank ? h->rank : -1, s->nworkers - 1);
+        return -1;
+    }
+    return h->rank;
+}
+
+void psd_handle_barrier(psd_t *s, ps_wire_msg_t *m)
+{
+    int r = check_rank(s, m, "BARRIER");
+    if (r < 0) return;
+    psd_worker_t *w = &s->workers[r];
+    /* A retry replaces the pending entry: one reply, to the latest request. */
+    w->at_barrier = 1;
+    w->barrier_req = m->hdr->request_id;
+    keep_id(w->bid, &w->bidlen, m);
+    barrier_try_release(s);
+}
+
+void psd_handle_bye(psd_t *s, ps_wire_msg_t *m)
+{
+    int r = check_rank(s, m, "BYE");
+    if (r < 0) return;
+    s->workers[r].state = PSD_W_LEFT;
+    s->workers[r].at_barrier = 0;
+    ps_info("worker rank %d left (BYE); %d live", r, psd_members_live_count(s));
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__MSG_TYPE__MSG_ACK);
+    h.has_request_id = 1, h.request_id = m->hdr->request_id;
+    psd_send(s, ID_OF(m), &h, NULL, 0);
+    barrier_try_release(s);
+    psd_recheck_pending(s);
+}
+
+void psd_members_check(psd_t *s)
+{
+    if (s->o.worker_timeout_ms <= 0 || s->nworkers <= 0) return;
+    uint64_t now = uv_now(s->loop);
+    int changed = 0;
+    for (int r = 0; r < s->nworkers; r++) {
+        psd_worker_t *w = &s->workers[r];
+        if (!psd_members_is_live(s, r) || now - w->last_seen_ms <= (uint64_t)s->o.worker_timeout_ms)
+            continue;
+        w->state = PSD_W_LOST;
+        w->at_barrier = 0;
+        changed = 1;
+        ps_warn("worker rank %d lost: silent for %llu ms (timeout %d ms); %d live workers remain", r,
+                (unsigned long long)(now - w->last_seen_ms), s->o.worker_timeout_ms,
+                psd_members_live_count(s));
+    }
+    if (!changed) return;
+    barrier_try_release(s);
+    psd_recheck_pending(s);
+}

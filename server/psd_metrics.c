@@ -1,0 +1,252 @@
+/* Counters, the STATS reply, the periodic stats log line, and /metrics in
+ * Prometheus text format on a tiny libuv HTTP server (GET /metrics only). */
+#include "psd.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ps_error.h"
+#include "ps_log.h"
+
+double psd_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+void psd_metrics_error(psd_t *s, int code)
+{
+    int i = -code;
+    if (i > 0 && i < PSD_NERR) s->mx.errors[i]++;
+    else s->mx.errors[0]++;
+}
+
+static const char *mode_name(psd_mode_t m)
+{
+    return m == PSD_SYNC ? "sync" : m == PSD_ASYNC ? "async" : "ssp";
+}
+
+char *psd_stats_json(const psd_t *s)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return NULL;
+    uint64_t vmin = 0, vmax = 0;
+    int first = 1;
+    cJSON *parts = cJSON_AddObjectToObject(o, "partitions");
+    if (s->st.have_table)
+        for (uint32_t i = 0; i < s->st.table.nparts; i++) {
+            const psd_part_t *p = &s->st.parts[i];
+            if (!p->owned) continue;
+            char k[16];
+            snprintf(k, sizeof k, "%u", i);
+            cJSON_AddNumberToObject(parts, k, (double)p->version);
+            if (first || p->version < vmin) vmin = p->version;
+            if (first || p->version > vmax) vmax = p->version;
+            first = 0;
+        }
+    cJSON_AddNumberToObject(o, "server_id", s->o.server_id);
+    cJSON_AddStringToObject(o, "mode", mode_name(s->mode));
+    cJSON_AddNumberToObject(o, "version", (double)vmin); /* the shard's slowest partition */
+    cJSON_AddNumberToObject(o, "version_max", (double)vmax);
+    cJSON_AddNumberToObject(o, "updates", (double)s->mx.updates);
+    cJSON_AddNumberToObject(o, "skipped_updates", (double)s->mx.skipped);
+    cJSON_AddNumberToObject(o, "bytes_in", (double)s->mx.bytes_in);
+    cJSON_AddNumberToObject(o, "bytes_out", (double)s->mx.bytes_out);
+    cJSON_AddNumberToObject(o, "msgs_in", (double)s->mx.msgs_in);
+    cJSON_AddNumberToObject(o, "msgs_out", (double)s->mx.msgs_out);
+    cJSON_AddNumberToObject(o, "dropped_replies", (double)s->mx.dropped_replies);
+    uint64_t errs = 0;
+    for (int i = 0; i < PSD_NERR; i++) errs += s->mx.errors[i];
+    cJSON_AddNumberToObject(o, "errors", (double)errs);
+    cJSON_AddNumberToObject(o, "live_workers", psd_members_live_count(s));
+    cJSON_AddNumberToObject(o, "num_workers", s->nworkers);
+    cJSON_AddNumberToObject(o, "owned_partitions", s->st.nowned);
+    cJSON_AddBoolToObject(o, "from_checkpoint", s->st.from_ckpt);
+    if (s->st.have_table) {
+        char h[24];
+        snprintf(h, sizeof h, "%016llx", (unsigned long long)s->st.table.hash);
+        cJSON_AddStringToObject(o, "table_hash", h);
+    }
+    cJSON_AddNumberToObject(o, "aggregation_seconds", s->mx.agg_seconds);
+    cJSON_AddNumberToObject(o, "apply_seconds", s->mx.apply_seconds);
+    char *txt = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return txt;
+}
+
+void psd_stats_log(psd_t *s)
+{
+    uint64_t errs = 0;
+    for (int i = 0; i < PSD_NERR; i++) errs += s->mx.errors[i];
+    ps_info("stats: %llu updates, in %.1f MiB, out %.1f MiB, %d/%d workers live, %llu errors, "
+            "sum %.3f s, apply %.3f s",
+            (unsigned long long)s->mx.updates, s->mx.bytes_in / 1048576.0,
+            s->mx.bytes_out / 1048576.0, psd_members_live_count(s), s->nworkers,
+            (unsigned long long)errs, s->mx.agg_seconds,
+            s->mx.apply_seconds);
+}
+
+/* ---- HTTP ---- */
+
+typedef struct http_conn {
+    uv_tcp_t tcp;
+    uv_write_t wr;
+    psd_t *s;
+    size_t len;
+    char req[4096];
+    char *resp;
+} http_conn_t;
+
+static size_t render(const psd_t *s, char *buf, size_t cap)
+{
+    size_t n = 0;
+#define P(...) (n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, __VA_ARGS__))
+    P("# HELP psd_bytes_in_total Bytes received (headers and payloads).\n"
+      "# TYPE psd_bytes_in_total counter\npsd_bytes_in_total %llu\n",
+      (unsigned long long)s->mx.bytes_in);
+    P("# HELP psd_bytes_out_total Bytes sent (headers and payloads).\n"
+      "# TYPE psd_bytes_out_total counter\npsd_bytes_out_total %llu\n",
+      (unsigned long long)s->mx.bytes_out);
+    P("# HELP psd_messages_in_total Messages received.\n"
+      "# TYPE psd_messages_in_total counter\npsd_messages_in_total %llu\n",
+      (unsigned long long)s->mx.msgs_in);
+    P("# HELP psd_updates_total Partition updates applied (version bumps).\n"
+      "# TYPE psd_updates_total counter\npsd_updates_total %llu\n",
+      (unsigned long long)s->mx.updates);
+    P("# HELP psd_skipped_updates_total Updates skipped for loss-scale overflow.\n"
+      "# TYPE psd_skipped_updates_total counter\npsd_skipped_updates_total %llu\n",
+      (unsigned long long)s->mx.skipped);
+    P("# HELP psd_live_workers Workers currently considered live.\n"
+      "# TYPE psd_live_workers gauge\npsd_live_workers %d\n", psd_members_live_count(s));
+    P("# HELP psd_aggregation_seconds Time summing worker gradients.\n"
+      "# TYPE psd_aggregation_seconds summary\npsd_aggregation_seconds_sum %.9f\n"
+      "psd_aggregation_seconds_count %llu\n",
+      s->mx.agg_seconds, (unsigned long long)s->mx.agg_count);
+    P("# HELP psd_apply_seconds Time in the optimizer step.\n"
+      "# TYPE psd_apply_seconds summary\npsd_apply_seconds_sum %.9f\npsd_apply_seconds_count %llu\n",
+      s->mx.apply_seconds, (unsigned long long)s->mx.apply_count);
+    P("# HELP psd_dropped_replies_total Replies dropped (peer gone or not reading).\n"
+      "# TYPE psd_dropped_replies_total counter\npsd_dropped_replies_total %llu\n",
+      (unsigned long long)s->mx.dropped_replies);
+    P("# HELP psd_errors_total ERROR replies sent, by code.\n# TYPE psd_errors_total counter\n");
+    for (int i = 1; i < PSD_NERR; i++)
+        if (s->mx.errors[i]) P("psd_errors_total{code=\"%s\"} %llu\n", ps_errname(-i),
+                               (unsigned long long)s->mx.errors[i]);
+    if (s->mx.errors[0]) P("psd_errors_total{code=\"other\"} %llu\n", (unsigned long long)s->mx.errors[0]);
+#undef P
+    return n;
+}
+
+static void on_closed(uv_handle_t *h)
+{
+    http_conn_t *c = h->data;
+    free(c->resp);
+    free(c);
+}
+
+static void on_written(uv_write_t *w, int status)
+{
+    http_conn_t *c = w->data;
+    uv_close((uv_handle_t *)&c->tcp, on_closed);
+}
+
+static void respond(http_conn_t *c, int code, const char *ctype, const char *body, size_t blen)
+{
+    const char *reason = code == 200 ? "OK" : code == 404 ? "Not Found" : "Bad Request";
+    size_t cap = blen + 256;
+    c->resp = malloc(cap);
+    if (!c->resp) {
+        uv_close((uv_handle_t *)&c->tcp, on_closed);
+        return;
+    }
+    int n = snprintf(c->resp, cap,
+                     "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
+                     "Connection: close\r\n\r\n",
+                     code, reason, ctype, blen);
+    memcpy(c->resp + n, body, blen);
+    uv_buf_t b = uv_buf_init(c->resp, (unsigned)(n + blen));
+    c->wr.data = c;
+    uv_read_stop((uv_stream_t *)&c->tcp);
+    if (uv_write(&c->wr, (uv_stream_t *)&c->tcp, &b, 1, on_written) < 0)
+        uv_close((uv_handle_t *)&c->tcp, on_closed);
+}
+
+static void on_alloc(uv_handle_t *h, size_t want, uv_buf_t *buf)
+{
+    http_conn_t *c = h->data;
+    *buf = uv_buf_init(c->req + c->len, (unsigned)(sizeof c->req - 1 - c->len));
+}
+
+static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
+{
+    http_conn_t *c = st->data;
+    if (nread < 0) {
+        uv_close((uv_handle_t *)st, on_closed);
+        return;
+    }
+    c->len += (size_t)nread;
+    c->req[c->len] = 0;
+    if (!strstr(c->req, "\r\n\r\n") && !strstr(c->req, "\n\n")) {
+        if (c->len >= sizeof c->req - 1) respond(c, 400, "text/plain", "request too large\n", 18);
+        return;
+    }
+    if (!strncmp(c->req, "GET /metrics ", 13) || !strncmp(c->req, "GET /metrics?", 13)) {
+        char *body = malloc(65536);
+        size_t n = body ? render(c->s, body, 65536) : 0;
+        if (n >= 65536) n = 65535;
+        respond(c, 200, "text/plain; version=0.0.4", body ? body : "", n);
+        free(body);
+    } else {
+        respond(c, 404, "text/plain", "not found\n", 10);
+    }
+}
+
+static void on_conn(uv_stream_t *server, int status)
+{
+    psd_t *s = server->data;
+    if (status < 0) return;
+    http_conn_t *c = calloc(1, sizeof *c);
+    if (!c) return;
+    c->s = s;
+    uv_tcp_init(s->loop, &c->tcp);
+    c->tcp.data = c;
+    if (uv_accept(server, (uv_stream_t *)&c->tcp) < 0) {
+        uv_close((uv_handle_t *)&c->tcp, on_closed);
+        return;
+    }
+    uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
+}
+
+int psd_metrics_start(psd_t *s)
+{
+    if (s->o.metrics_port <= 0) return 0;
+    struct sockaddr_storage addr;
+    const char *host = s->o.metrics_bind && s->o.metrics_bind[0] ? s->o.metrics_bind : "127.0.0.1";
+    int rc = uv_ip4_addr(host, s->o.metrics_port, (struct sockaddr_in *)&addr);
+    if (rc < 0) rc = uv_ip6_addr(host, s->o.metrics_port, (struct sockaddr_in6 *)&addr);
+    if (rc < 0) {
+        ps_error("--metrics-bind %s: not an IP address", host);
+        return PS_EINVAL;
+    }
+    uv_tcp_init(s->loop, &s->http);
+    s->http.data = s;
+    if ((rc = uv_tcp_bind(&s->http, (struct sockaddr *)&addr, 0)) < 0 ||
+        (rc = uv_listen((uv_stream_t *)&s->http, 64, on_conn)) < 0) {
+        ps_error("metrics: cannot listen on %s:%d: %s", host, s->o.metrics_port, uv_strerror(rc));
+        uv_close((uv_handle_t *)&s->http, NULL);
+        return PS_EIO;
+    }
+    s->http_on = 1;
+    ps_info("metrics on http://%s:%d/metrics", host, s->o.metrics_port);
+    return 0;
+}
+
+void psd_metrics_stop(psd_t *s)
+{
+    if (s->http_on && !uv_is_closing((uv_handle_t *)&s->http)) uv_close((uv_handle_t *)&s->http, NULL);
+    s->http_on = 0;
+}

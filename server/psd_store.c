@@ -1,0 +1,428 @@
+/* The shard store: the partition table from INIT's spec, per-partition fp32
+ * weights / momentum / version, the per-rank gradient slots of the current
+ * iteration, the rank-order reduction + optimizer step, and the encoded
+ * WEIGHTS buffers shared by replies. */
+#include "psd.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "ps_crc32c.h"
+#include "ps_error.h"
+#include "ps_log.h"
+
+int psd_mode_parse(const char *s, psd_mode_t *m)
+{
+    if (!strcmp(s, "sync")) *m = PSD_SYNC;
+    else if (!strcmp(s, "async")) *m = PSD_ASYNC;
+    else if (!strcmp(s, "ssp")) *m = PSD_SSP;
+    else return PS_EINVAL;
+    return 0;
+}
+
+void psd_buf_unref(psd_buf_t *b)
+{
+    if (b && atomic_fetch_sub(&b->refs, 1) == 1) free(b);
+}
+
+void psd_buf_zmq_free(void *data, void *hint)
+{
+    (void)data;
+    psd_buf_unref(hint);
+}
+
+void psd_store_drop_cache(psd_part_t *p)
+{
+    for (int d = 0; d < PSD_NDTYPE; d++)
+        for (int c = 0; c < PSD_NCODEC; c++) {
+            psd_buf_unref(p->cache[d][c]);
+            p->cache[d][c] = NULL;
+        }
+}
+
+static void part_free(psd_part_t *p)
+{
+    free(p->w);
+    free(p->m);
+    free(p->slots);
+    free(p->have);
+    free(p->last_iter);
+    psd_store_drop_cache(p);
+    while (p->waiters) {
+        psd_waiter_t *n = p->waiters->next;
+        free(p->waiters);
+        p->waiters = n;
+    }
+    memset(p, 0, sizeof *p);
+}
+
+void psd_store_free(psd_store_t *st)
+{
+    if (st->parts)
+        for (uint32_t i = 0; i < st->table.nparts; i++) part_free(&st->parts[i]);
+    free(st->parts);
+    if (st->have_table) ps_partition_table_free(&st->table);
+    free(st->spec_json);
+    free(st->optim_json);
+    free(st->gsum);
+    free(st->scratch);
+    memset(st, 0, sizeof *st);
+}
+
+int psd_store_scratch(psd_store_t *st, size_t n)
+{
+    if (n <= st->scratch_cap) return 0;
+    void *p = realloc(st->scratch, n);
+    if (!p) {
+        ps_error("codec scratch of %zu bytes: out of memory", n);
+        return PS_ENOMEM;
+    }
+    st->scratch = p;
+    st->scratch_cap = n;
+    return 0;
+}
+
+int psd_store_nonfinite(const float *g, size_t n)
+{
+    int bad = 0;
+#pragma omp parallel for reduction(| : bad) if (n > (1u << 18))
+    for (size_t i = 0; i < n; i++) bad |= !isfinite(g[i]);
+    return bad;
+}
+
+static int errf(char *err, size_t errlen, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int errf(char *err, size_t errlen, int code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+static int json_uint(const cJSON *o, const char *key, double lo, double hi, long long *out,
+                     int required, char *err, size_t errlen)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v) {
+        if (required) return errf(err, errlen, PS_EINVAL, "INIT spec: missing \"%s\"", key);
+        return 1;
+    }
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < lo ||
+        v->valuedouble > hi)
+        return errf(err, errlen, PS_EINVAL, "INIT spec: \"%s\" must be an integer in [%.0f, %.0f]",
+                    key, lo, hi);
+    *out = (long long)v->valuedouble;
+    return 0;
+}
+
+/* Parse the tensor list [[name, numel, group], ...] into specs (names point
+ * into the cJSON tree, which outlives the table build). */
+static int parse_tensors(const cJSON *arr, ps_tensor_spec_t **out, uint32_t *n, char *err,
+                         size_t errlen)
+{
+    if (!cJSON_IsArray(arr))
+        return errf(err, errlen, PS_EINVAL, "INIT spec: \"tensors\" must be an array");
+    int cnt = cJSON_GetArraySize(arr);
+    if (cnt <= 0 || cnt > 1000000)
+        return errf(err, errlen, PS_EINVAL, "INIT spec: \"tensors\" has %d entries", cnt);
+    ps_tensor_spec_t *t = calloc(cnt, sizeof *t);
+    if (!t) return PS_ENOMEM;
+    int i = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, arr)
+    {
+        const cJSON *nm = cJSON_GetArrayItem(e, 0), *ne = cJSON_GetArrayItem(e, 1),
+                    *gr = cJSON_GetArrayItem(e, 2);
+        if (!cJSON_IsArray(e) || !cJSON_IsString(nm) || !cJSON_IsNumber(ne) ||
+            ne->valuedouble < 1 || ne->valuedouble > 4e12 ||
+            ne->valuedouble != floor(ne->valuedouble) ||
+            (gr && (!cJSON_IsNumber(gr) || gr->valuedouble < 0 ||
+                    gr->valuedouble >= PS_OPTIM_MAX_GROUPS))) {
+            free(t);
+            return errf(err, errlen, PS_EINVAL,
+                        "INIT spec: tensors[%d] must be [name, numel >= 1, group 0..%d]", i,
+                        PS_OPTIM_MAX_GROUPS - 1);
+        }
+        t[i].name = nm->valuestring;
+        t[i].numel = (size_t)ne->valuedouble;
+        t[i].group = gr ? (int)gr->valuedouble : 0;
+        i++;
+    }
+    *out = t;
+    *n = (uint32_t)cnt;
+    return 0;
+}
+
+static int alloc_shard(psd_t *s, char *err, size_t errlen)
+{
+    psd_store_t *st = &s->st;
+    const ps_partition_table_t *t = &st->table;
+    int W = st->nworkers;
+    st->parts = calloc(t->nparts, sizeof *st->parts);
+    if (!st->parts) return PS_ENOMEM;
+    for (uint32_t i = 0; i < t->nparts; i++) {
+        psd_part_t *p = &st->parts[i];
+        p->id = i;
+        p->numel = t->parts[i].numel;
+        if (t->parts[i].server != (uint32_t)s->o.server_id) continue;
+        p->owned = 1;
+        st->nowned++;
+        if (p->numel > st->max_numel) st->max_numel = p->numel;
+        p->w = calloc(p->numel, sizeof(float));
+        p->m = calloc(p->numel, sizeof(float));
+        p->have = calloc(W, 1);
+        p->last_iter = calloc(W, sizeof(uint64_t));
+        if (s->mode == PSD_SYNC) p->slots = malloc((size_t)W * p->numel * sizeof(float));
+        if (!p->w || !p->m || !p->have || !p->last_iter || (s->mode == PSD_SYNC && !p->slots))
+            return errf(err, errlen, PS_ENOMEM, "out of memory allocating partition %u (%zu floats x %d slots)",
+                        i, p->numel, W);
+    }
+    st->gsum = malloc((st->max_numel ? st->max_numel : 1) * sizeof(float));
+    if (!st->gsum) return PS_ENOMEM;
+    return 0;
+}
+
+int psd_store_set_spec(psd_t *s, const char *json, size_t len, const uint64_t *want_hash,
+                       char *err, size_t errlen)
+{
+    psd_store_t *st = &s->st;
+    ps_tensor_spec_t *specs = NULL;
+    uint32_t nt = 0;
+    long long pbytes = 0, nserv = 0, nwork = 0;
+    ps_partition_table_t t;
+    char *ojson = NULL;
+    int rc;
+
+    cJSON *root = cJSON_ParseWithLength(json, len);
+    if (!root || !cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return errf(err, errlen, PS_EINVAL, "INIT spec: not a JSON object (%zu bytes)", len);
+    }
+    if ((rc = parse_tensors(cJSON_GetObjectItemCaseSensitive(root, "tensors"), &specs, &nt, err,
+                            errlen)))
+        goto out;
+    if ((rc = json_uint(root, "partition_bytes", 4, 1e12, &pbytes, 1, err, errlen)) ||
+        (rc = json_uint(root, "num_servers", 1, 65536, &nserv, 1, err, errlen)) < 0 ||
+        (rc = json_uint(root, "num_workers", 1, 65536, &nwork, 1, err, errlen)) < 0)
+        goto out;
+    if (s->o.num_servers > 0 && nserv != s->o.num_servers) {
+        rc = errf(err, errlen, PS_EMISMATCH, "INIT spec: num_servers %lld but this psd runs with --num-servers %d",
+                  nserv, s->o.num_servers);
+        goto out;
+    }
+    if (s->o.server_id >= nserv) {
+        rc = errf(err, errlen, PS_EMISMATCH, "INIT spec: num_servers %lld but this is server %d", nserv,
+                  s->o.server_id);
+        goto out;
+    }
+    if (s->nworkers > 0 && nwork != s->nworkers) {
+        rc = errf(err, errlen, PS_EMISMATCH, "INIT spec: num_workers %lld but the cluster has %d", nwork,
+                  s->nworkers);
+        goto out;
+    }
+
+    ps_optim_config_t oc;
+    ps_optim_config_default(&oc);
+    const cJSON *oj = cJSON_GetObjectItemCaseSensitive(root, "optim");
+    if (oj) {
+        if (!cJSON_IsObject(oj)) {
+            rc = errf(err, errlen, PS_EINVAL, "INIT spec: \"optim\" must be an object");
+            goto out;
+        }
+        ojson = cJSON_PrintUnformatted(oj);
+        char oerr[256] = "";
+        if (!ojson || (rc = ps_optim_config_from_json(&oc, ojson, oerr, sizeof oerr)) ||
+            (rc = ps_optim_config_validate(&oc, oerr, sizeof oerr))) {
+            rc = errf(err, errlen, PS_EINVAL, "INIT spec: optim: %s", oerr);
+            goto out;
+        }
+    }
+
+    for (uint32_t i = 0; i < nt; i++)
+        if (specs[i].group >= oc.ngroups) {
+            rc = errf(err, errlen, PS_EINVAL,
+                      "INIT spec: tensor %s has group %d but optim defines %d group(s)",
+                      specs[i].name, specs[i].group, oc.ngroups);
+            goto out;
+        }
+    rc = ps_partition_table_build(&t, specs, nt, (size_t)pbytes, (uint32_t)nserv);
+    if (rc) {
+        errf(err, errlen, rc, "INIT spec: cannot build the partition table: %s", ps_strerror(rc));
+        goto out;
+    }
+    if (want_hash && *want_hash != t.hash) {
+        rc = errf(err, errlen, PS_EMISMATCH,
+                  "partition table hash 0x%016llx from the spec differs from the sender's 0x%016llx",
+                  (unsigned long long)t.hash, (unsigned long long)*want_hash);
+        ps_partition_table_free(&t);
+        goto out;
+    }
+    if (st->have_table) {
+        /* A repeated INIT (retry, or a restart from a checkpoint): fine when
+         * it describes the same table, refused otherwise. */
+        if (t.hash != st->table.hash)
+            rc = errf(err, errlen, PS_EMISMATCH,
+                      "partition table hash 0x%016llx differs from the one this server holds "
+                      "(0x%016llx%s)",
+                      (unsigned long long)t.hash, (unsigned long long)st->table.hash,
+                      st->from_ckpt ? ", loaded from a checkpoint" : "");
+        ps_partition_table_free(&t);
+        goto out;
+    }
+    if ((rc = psd_members_set_count(s, (int)nwork, err, errlen))) {
+        ps_partition_table_free(&t);
+        goto out;
+    }
+    st->table = t;
+    st->have_table = 1;
+    st->optim = oc;
+    st->nworkers = (int)nwork;
+    st->optim_json = ps_optim_config_to_json(&oc);
+    st->spec_json = strndup(json, len);
+    if ((rc = alloc_shard(s, err, errlen)) < 0) {
+        if (rc == PS_ENOMEM && !err[0]) errf(err, errlen, rc, "out of memory allocating the shard");
+        psd_store_free(st);
+        goto out;
+    }
+    size_t bytes = 0;
+    ps_partition_count_for(&st->table, s->o.server_id, &bytes);
+    ps_info("table 0x%016llx: %u tensors, %u partitions, this server owns %u (%.1f MiB), %d workers",
+            (unsigned long long)st->table.hash, st->table.ntensors, st->table.nparts, st->nowned,
+            bytes / 1048576.0, st->nworkers);
+    if (st->nowned == 0) ps_warn("this server owns no partition of the table");
+    /* Largest valid message: an lz4 fp32 partition, plus the header. */
+    psd_loop_set_maxmsg(s, (int64_t)ps_codec_bound(PS_DT_FP32, PS_CODEC_LZ4, st->max_numel) +
+                               PS_WIRE_MAX_HEADER + 4096);
+    rc = 0;
+out:
+    free(ojson);
+    free(specs);
+    cJSON_Delete(root);
+    return rc;
+}
+
+int psd_store_sync_ready(psd_t *s, psd_part_t *p, int *ncontrib)
+{
+    int n = 0;
+    for (int r = 0; r < s->st.nworkers; r++) {
+        if (p->have[r]) n++;
+        else if (psd_members_is_live(s, r)) return 0;
+    }
+    *ncontrib = n;
+    return n > 0;
+}
+
+static void apply_grad(psd_t *s, psd_part_t *p, const float *g)
+{
+    double t0 = psd_now_s();
+    int rc = ps_optim_apply_partition(&s->st.optim, &s->st.table, p->id, p->w, p->m, g, p->version);
+    if (rc) ps_error("partition %u: optimizer step failed: %s", p->id, ps_strerror(rc));
+    s->mx.apply_seconds += psd_now_s() - t0;
+    s->mx.apply_count++;
+}
+
+static void bump_version(psd_t *s, psd_part_t *p)
+{
+    p->version++;
+    s->st.updates++;
+    s->mx.updates++;
+    psd_store_drop_cache(p);
+}
+
+/* Chunks small enough to stay in L1/L2 while every slot is added in. */
+#define SUM_CHUNK 8192
+
+void psd_store_apply_sync(psd_t *s, psd_part_t *p)
+{
+    int W = s->st.nworkers, ranks[W > 0 ? W : 1], n = 0;
+    for (int r = 0; r < W; r++)
+        if (p->have[r]) ranks[n++] = r;
+    if (p->overflow) {
+        ps_debug("partition %u iteration %llu: overflow flagged, update skipped", p->id,
+                (unsigned long long)p->version);
+        s->mx.skipped++;
+    } else if (n > 0) {
+        double t0 = psd_now_s();
+        float *g = s->st.gsum;
+        const float *slots = p->slots;
+        size_t numel = p->numel, nchunks = (numel + SUM_CHUNK - 1) / SUM_CHUNK;
+        float div = (float)n;
+        /* Deterministic: every element is summed in rank order whatever the
+         * thread split, then divided by the contributor count. */
+#pragma omp parallel for schedule(static) if (numel > 4 * SUM_CHUNK)
+        for (size_t c = 0; c < nchunks; c++) {
+            size_t lo = c * SUM_CHUNK, hi = lo + SUM_CHUNK < numel ? lo + SUM_CHUNK : numel;
+            const float *s0 = slots + (size_t)ranks[0] * numel;
+            for (size_t i = lo; i < hi; i++) g[i] = s0[i];
+            for (int k = 1; k < n; k++) {
+                const float *sk = slots + (size_t)ranks[k] * numel;
+                for (size_t i = lo; i < hi; i++) g[i] += sk[i];
+            }
+            for (size_t i = lo; i < hi; i++) g[i] /= div;
+        }
+        s->mx.agg_seconds += psd_now_s() - t0;
+        s->mx.agg_count++;
+        apply_grad(s, p, g);
+    }
+    memset(p->have, 0, W);
+    p->overflow = 0;
+    bump_version(s, p);
+}
+
+void psd_store_apply_async(psd_t *s, psd_part_t *p, const float *grad)
+{
+    float *g = s->st.gsum;
+    float div = (float)s->st.nworkers;
+    double t0 = psd_now_s();
+#pragma omp parallel for schedule(static) if (p->numel > 4 * SUM_CHUNK)
+    for (size_t i = 0; i < p->numel; i++) g[i] = grad[i] / div;
+    s->mx.agg_seconds += psd_now_s() - t0;
+    s->mx.agg_count++;
+    apply_grad(s, p, g);
+    bump_version(s, p);
+}
+
+psd_buf_t *psd_store_encoded(psd_t *s, psd_part_t *p, int dtype, int codec, int *err)
+{
+    if (dtype < 0 || dtype >= PSD_NDTYPE || codec < 0 || codec >= PSD_NCODEC) {
+        *err = PS_EINVAL;
+        return NULL;
+    }
+    psd_buf_t *b = p->cache[dtype][codec];
+    if (b && b->version == p->version) {
+        atomic_fetch_add(&b->refs, 1);
+        return b;
+    }
+    size_t cap = ps_codec_bound(dtype, codec, p->numel);
+    size_t need = ps_codec_scratch_size(dtype, codec, p->numel);
+    if (!cap || psd_store_scratch(&s->st, need ? need : 1)) {
+        *err = cap ? PS_ENOMEM : PS_EUNSUPPORTED;
+        return NULL;
+    }
+    b = malloc(sizeof *b + cap);
+    if (!b) {
+        *err = PS_ENOMEM;
+        return NULL;
+    }
+    int rc = ps_codec_encode(b->data, cap, &b->len, p->w, p->numel, dtype, codec, s->st.scratch);
+    if (rc) {
+        free(b);
+        *err = rc;
+        return NULL;
+    }
+    b->version = p->version;
+    b->crc = ps_crc32c(0, b->data, b->len);
+    atomic_init(&b->refs, 2); /* the cache's and the caller's */
+    psd_buf_unref(p->cache[dtype][codec]);
+    p->cache[dtype][codec] = b;
+    return b;
+}

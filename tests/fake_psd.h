@@ -1,0 +1,52 @@
+/* A scripted stand-in for psd, for the client's unit tests: one thread with
+ * a ROUTER socket built on ps_wire that speaks the protocol of
+ * docs/protocol.md for ONE worker (lr 1: a push of g makes w -= g), and can
+ * misbehave on request: drop requests or replies, duplicate replies, delay,
+ * answer ERROR, never answer. */
+#ifndef FAKE_PSD_H
+#define FAKE_PSD_H
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ps_partition.h"
+
+#define FAKE_MAX_LOG 8192
+
+typedef struct fake_psd {
+    /* configuration (set before fake_psd_start; knobs may change later) */
+    int server_id;
+    const ps_partition_table_t *t;
+    uint64_t table_hash;         /* what WELCOME says (default t->hash) */
+    int from_ckpt;               /* INIT spec answered with PS_FLAG_FROM_CKPT */
+    atomic_int drop_requests;    /* ignore the next N data requests entirely */
+    atomic_int drop_replies;     /* apply the next N data requests but lose the reply */
+    atomic_int dup_replies;      /* send every reply twice */
+    atomic_int delay_ms;         /* sleep before every data reply */
+    atomic_int err_part;         /* this partition gets ERROR(PS_ESTALE) (-1: none) */
+    atomic_int silent_part;      /* this partition is never answered (-1: none) */
+    atomic_int bad_weights;      /* next N WEIGHTS replies claim one element too many */
+
+    /* state: fp32 weights and version per partition (only owned ones used) */
+    float **w;
+    uint64_t *version;
+    int next_rank;
+
+    /* what arrived (under mu) */
+    pthread_mutex_t mu;
+    uint32_t order[FAKE_MAX_LOG];  /* partition of every data request, arrival order */
+    int norder;
+    int nhello, nspec, ninit_w, napplied, nbarrier, nstats, nckpt, nshutdown, nbye, nheartbeat;
+    int nbad;                      /* malformed messages */
+
+    char endpoint[128];            /* tcp://127.0.0.1:PORT, for the client */
+    void *ctx, *sock;
+    pthread_t th;
+    atomic_int stop;
+} fake_psd_t;
+
+/* Bind (port 0 = any free port) and start the thread. */
+int fake_psd_start(fake_psd_t *f, int server_id, const ps_partition_table_t *t, int port);
+void fake_psd_stop(fake_psd_t *f);
+#endif

@@ -1,0 +1,131 @@
+# shellcheck shell=bash
+# Sourced by tests/test_integration_*.sh: start psd servers and psworker
+# processes on loopback with free ports, compare model files, print TAP.
+# Every process started here is killed (by pid) when the test exits.
+
+top_builddir=${top_builddir:-.}
+top_srcdir=${top_srcdir:-.}
+PSD=$top_builddir/psd
+PSW=$top_builddir/psworker
+STC=$top_builddir/tests/st_compare
+for b in "$PSD" "$PSW" "$STC"; do
+    [ -x "$b" ] || { echo "1..0 # SKIP $b not built"; exit 77; }
+done
+
+T=$(mktemp -d "${TMPDIR:-/tmp}/ps-integ.XXXXXX")
+PIDS=()
+tap_n=0
+tap_fail=0
+
+it_cleanup() {
+    local p
+    for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
+    for p in "${PIDS[@]}"; do
+        # give each process a moment to checkpoint and exit, then insist
+        for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$p" 2>/dev/null
+        wait "$p" 2>/dev/null
+    done
+    if [ "$tap_fail" -gt 0 ] || [ -n "${KEEP_TMP:-}" ]; then
+        echo "# logs kept in $T"
+    else
+        rm -rf "$T"
+    fi
+}
+trap it_cleanup EXIT
+trap 'exit 130' INT TERM
+
+ok() {  # ok COND-EXIT-STATUS DESCRIPTION
+    tap_n=$((tap_n + 1))
+    if [ "$1" -eq 0 ]; then echo "ok $tap_n - $2"; else echo "not ok $tap_n - $2"; tap_fail=$((tap_fail + 1)); fi
+}
+diag() { echo "# $*"; }
+tap_done() { echo "1..$tap_n"; [ "$tap_fail" -eq 0 ]; exit $?; }
+# Show the end of a log file as TAP comments (on failure).
+show_log() { [ -f "$1" ] && { echo "# --- $1"; tail -n "${2:-15}" "$1" | sed 's/^/#   /'; }; }
+
+# start_psd ID NSERVERS NWORKERS [extra psd flags...]: sets PORT_<ID>, PID_<ID>.
+# With PS_PORT=N in the environment the port is fixed (restart case).
+start_psd() {
+    local id=$1 ns=$2 nw=$3; shift 3
+    local pf=$T/psd$id.port port=${PS_PORT:-0}
+    rm -f "$pf"
+    "$PSD" --port "$port" --port-file "$pf" --server-id "$id" --num-servers "$ns" \
+        --num-workers "$nw" --log-level "${PSD_LOG:-info}" "$@" >>"$T/psd$id.log" 2>&1 &
+    local pid=$!
+    PIDS+=("$pid")
+    eval "PID_$id=$pid"
+    for _ in $(seq 1 200); do
+        if [ -s "$pf" ]; then eval "PORT_$id=$(tr -dc 0-9 <"$pf")"; return 0; fi
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.05
+    done
+    echo "# psd $id did not start (no port file $pf)"
+    show_log "$T/psd$id.log"
+    return 1
+}
+
+# start_cluster NSERVERS NWORKERS [psd flags...]: sets SERVERS.
+start_cluster() {
+    local ns=$1 nw=$2 i; shift 2
+    SERVERS=
+    for ((i = 0; i < ns; i++)); do
+        start_psd "$i" "$ns" "$nw" "$@" || return 1
+        eval "SERVERS=\${SERVERS:+\$SERVERS,}tcp://127.0.0.1:\$PORT_$i"
+    done
+}
+
+# run_workers NWORKERS OUTDIR [psworker flags...]: runs all ranks, waits
+# (each bounded by WORKER_TIMEOUT seconds); returns non-zero if any failed.
+run_workers() {
+    local nw=$1 out=$2 r rc=0; shift 2
+    local wp=()
+    mkdir -p "$out"
+    for ((r = 0; r < nw; r++)); do
+        timeout -k 2 "${WORKER_TIMEOUT:-50}" "$PSW" --servers "$SERVERS" --rank "$r" \
+            --num-workers "$nw" --out "$out" --progress-every 0 --log-level warn "$@" \
+            >"$out/w$r.out" 2>"$out/w$r.err" &
+        wp+=($!)
+        PIDS+=($!)
+    done
+    for ((r = 0; r < nw; r++)); do
+        if ! wait "${wp[$r]}"; then
+            rc=1
+            echo "# worker $r failed"
+            show_log "$out/w$r.err"
+        fi
+    done
+    return $rc
+}
+
+# csv_rows FILE: data rows of a metrics CSV (0 if it does not exist yet).
+csv_rows() {
+    local n
+    n=$( { wc -l <"$1"; } 2>/dev/null) || n=1
+    echo $((n > 0 ? n - 1 : 0))
+}
+
+# final_value FILE KEY: a key=value from the "final:" line.
+final_value() {
+    grep '^final:' "$1" | tail -n 1 | tr ' ' '\n' | sed -n "s/^$2=//p"
+}
+
+# standalone OUTDIR [psworker flags...]
+standalone() {
+    local out=$1; shift
+    mkdir -p "$out"
+    timeout -k 2 "${WORKER_TIMEOUT:-50}" "$PSW" --standalone --out "$out" --progress-every 0 \
+        --log-level warn "$@" >"$out/w0.out" 2>"$out/w0.err" || { show_log "$out/w0.err"; return 1; }
+}
+
+# compare A REF TOL [FLOOR]: st_compare, printing its summary as a comment.
+compare() {
+    local out rc
+    out=$("$STC" "$1" "$2" --tol "$3" ${4:+--floor "$4"} 2>&1)
+    rc=$?
+    echo "$out" | sed 's/^/# /'
+    return $rc
+}
+
+# Compare floats: fcmp "A < B" (awk expression on numbers).
+fcmp() { awk "BEGIN { exit !($*) }"; }

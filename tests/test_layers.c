@@ -1,0 +1,455 @@
+/* Every CPU layer, forward and backward, against PyTorch's tensors
+ * (tests/golden/layers_golden.bin from tests/golden/gen_layers.py).
+ * Outputs are poisoned with NaN before each call so an element a layer
+ * forgot to write shows up; parameter gradients start from a non-zero
+ * value to check they are accumulated, not overwritten. */
+#include "tests/tap.h"
+#include "worker/engine/layers/cpu_layers.h"
+#include "worker/engine/ps_blas.h"
+#include "worker/engine/ps_engine.h"
+#include "ps_log.h"
+
+#include <stdint.h>
+#include <string.h>
+
+/* ---- golden file reader ------------------------------------------------- */
+
+typedef struct {
+    char name[64];
+    int dtype; /* 0 f32, 1 i32 */
+    int ndim, dims[8];
+    size_t numel;
+    void *data;
+} rec_t;
+
+static rec_t recs[512];
+static int nrecs;
+static uint8_t *gold;
+
+static int load_golden(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return diag("cannot open %s", path), -1;
+    fseek(f, 0, SEEK_END);
+    long sz = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    gold = malloc(sz > 0 ? (size_t)sz : 1);
+    if (!gold || sz < 8 || fread(gold, 1, (size_t)sz, f) != (size_t)sz) {
+        fclose(f);
+        return diag("%s: cannot read", path), -1;
+    }
+    fclose(f);
+    if (memcmp(gold, "PSGOLD1\n", 8)) return diag("%s: bad magic", path), -1;
+    size_t off = 8, end = (size_t)sz;
+#define NEED(n)                                                                      \
+    if ((n) > end - off) return diag("%s: truncated at byte %zu", path, off), -1
+    while (off < end) {
+        uint32_t u[3];
+        NEED(4);
+        memcpy(u, gold + off, 4), off += 4;
+        if (u[0] == 0 || u[0] >= 64 || nrecs == 512) return diag("%s: bad record", path), -1;
+        rec_t *r = &recs[nrecs++];
+        NEED(u[0]);
+        memcpy(r->name, gold + off, u[0]), off += u[0];
+        r->name[u[0]] = 0;
+        NEED(8);
+        memcpy(u, gold + off, 8), off += 8;
+        if (u[0] > 1 || u[1] > 8) return diag("%s: %s: bad dtype/ndim", path, r->name), -1;
+        r->dtype = (int)u[0], r->ndim = (int)u[1], r->numel = 1;
+        for (int i = 0; i < r->ndim; i++) {
+            NEED(4);
+            memcpy(u, gold + off, 4), off += 4;
+            r->dims[i] = (int)u[0];
+            r->numel *= u[0];
+        }
+        NEED(r->numel * 4);
+        r->data = gold + off; /* records are 4-byte aligned: all fields are */
+        off += r->numel * 4;
+    }
+    return 0;
+}
+
+static rec_t *find(const char *name)
+{
+    for (int i = 0; i < nrecs; i++)
+        if (!strcmp(recs[i].name, name)) return &recs[i];
+    return NULL;
+}
+
+/* A record that must exist; aborts the test run (not the library) if not. */
+static const float *F_(const char *prefix, const char *field, size_t want)
+{
+    char nm[96];
+    snprintf(nm, sizeof nm, "%s%s", prefix, field);
+    rec_t *r = find(nm);
+    if (!r || r->dtype != 0 || (want && r->numel != want)) {
+        printf("Bail out! golden record %s missing or of the wrong size\n", nm);
+        exit(1);
+    }
+    return r->data;
+}
+static const int32_t *I_(const char *prefix, const char *field)
+{
+    char nm[96];
+    snprintf(nm, sizeof nm, "%s%s", prefix, field);
+    rec_t *r = find(nm);
+    if (!r || r->dtype != 1) {
+        printf("Bail out! golden record %s missing\n", nm);
+        exit(1);
+    }
+    return r->data;
+}
+
+static float *nanbuf(size_t n)
+{
+    float *p = malloc((n ? n : 1) * sizeof(float));
+    for (size_t i = 0; i < n; i++) p[i] = NAN;
+    return p;
+}
+static float *constbuf(size_t n, float v)
+{
+    float *p = malloc((n ? n : 1) * sizeof(float));
+    for (size_t i = 0; i < n; i++) p[i] = v;
+    return p;
+}
+/* ref + v, for checking accumulation onto a buffer that started at v */
+static float *plus(const float *ref, size_t n, float v)
+{
+    float *p = malloc((n ? n : 1) * sizeof(float));
+    for (size_t i = 0; i < n; i++) p[i] = ref[i] + v;
+    return p;
+}
+
+#define ATOL 1e-4
+#define RTOL 1e-4
+#define PRIOR 0.25f /* parameter gradients start here: they must accumulate */
+#define GUARD 64    /* floats past the stated workspace size that must stay intact */
+
+static ps_ctx_t ctx;
+static const ps_backend_t *be = &ps_backend_cpu;
+
+/* ---- conv2d --------------------------------------------------------------- */
+
+/* mode 0: one image per GEMM; 1: two images per GEMM (last chunk may be
+ * partial); 2: the default batching */
+static void test_conv(int ci, int mode)
+{
+    char p[32], what[128];
+    snprintf(p, sizeof p, "conv.%d.", ci);
+    const int32_t *c = I_(p, "cfg");
+    const int N = c[0], H = c[2], W = c[3];
+    ps_conv2d_desc_t d = {.C = c[1], .K = c[4], .R = c[5], .S = c[6], .stride_h = c[7],
+                          .stride_w = c[8], .pad_h = c[9], .pad_w = c[10], .dil_h = c[11],
+                          .dil_w = c[12], .groups = c[13]};
+    const int bias = c[14];
+    const int P = ps_conv_out(H, d.R, d.stride_h, d.pad_h, d.dil_h);
+    const int Q = ps_conv_out(W, d.S, d.stride_w, d.pad_w, d.dil_w);
+    ps_conv2d_set_gemm_cols(mode == 0 ? 1 : mode == 1 ? (size_t)P * Q + 1 : 0);
+    const size_t nx = (size_t)N * d.C * H * W, ny = (size_t)N * d.K * P * Q;
+    const size_t nw = (size_t)d.K * (d.C / d.groups) * d.R * d.S;
+    const float *x = F_(p, "x", nx), *w = F_(p, "w", nw), *b = bias ? F_(p, "b", d.K) : NULL;
+    const float *dy = F_(p, "dout", ny);
+    snprintf(what, sizeof what, "conv %d (C%d K%d %dx%d s%d,%d p%d,%d d%d,%d g%d%s, %d img/GEMM)",
+             ci, d.C, d.K, d.R, d.S, d.stride_h, d.stride_w, d.pad_h, d.pad_w, d.dil_h,
+             d.dil_w, d.groups, bias ? " bias" : "", ps_conv2d_images_per_gemm(&d, N, H, W));
+
+    /* workspace sized exactly, with a guard band that must survive */
+    size_t ws = ps_conv2d_workspace(&d, N, H, W);
+    ps_ctx_free(&ctx);
+    ps_ctx_reserve(&ctx, ws + GUARD);
+    for (size_t i = 0; i < ws + GUARD; i++) ctx.workspace[i] = 12345.0f;
+
+    float *y = nanbuf(ny);
+    be->conv2d_forward(&ctx, y, x, w, b, &d, N, H, W);
+    char m[160];
+    snprintf(m, sizeof m, "%s forward", what);
+    allclose(y, F_(p, "out", ny), (long)ny, ATOL, RTOL, m);
+
+    float *dx = nanbuf(nx), *dw = constbuf(nw, PRIOR), *db = constbuf(d.K, PRIOR);
+    be->conv2d_backward(&ctx, dx, dw, bias ? db : NULL, dy, x, w, &d, N, H, W);
+    snprintf(m, sizeof m, "%s dinp", what);
+    allclose(dx, F_(p, "dx", nx), (long)nx, ATOL, RTOL, m);
+    float *rw = plus(F_(p, "dw", nw), nw, PRIOR);
+    snprintf(m, sizeof m, "%s dw (accumulated)", what);
+    allclose(dw, rw, (long)nw, 3 * ATOL, RTOL, m);
+    if (bias) {
+        float *rb = plus(F_(p, "db", d.K), d.K, PRIOR);
+        snprintf(m, sizeof m, "%s db (accumulated)", what);
+        allclose(db, rb, d.K, 3 * ATOL, RTOL, m);
+        free(rb);
+    }
+    /* dinp NULL (first layer): parameter gradients only */
+    for (size_t i = 0; i < nw; i++) dw[i] = 0;
+    be->conv2d_backward(&ctx, NULL, dw, NULL, dy, x, w, &d, N, H, W);
+    snprintf(m, sizeof m, "%s dw with dinp NULL", what);
+    allclose(dw, F_(p, "dw", nw), (long)nw, 3 * ATOL, RTOL, m);
+
+    int guard_ok = ctx.workspace_numel == ws + GUARD;
+    for (size_t i = ws; i < ws + GUARD && guard_ok; i++) guard_ok = ctx.workspace[i] == 12345.0f;
+    ok(guard_ok, "%s: stays inside its stated workspace of %zu floats", what, ws);
+    free(y), free(dx), free(dw), free(db), free(rw);
+}
+
+/* ---- batchnorm -------------------------------------------------------------- */
+
+static void test_bn(void)
+{
+    const char *p = "bn_train.";
+    const int32_t *c = I_(p, "cfg");
+    const int N = c[0], C = c[1], HW = c[2];
+    const size_t n = (size_t)N * C * HW;
+    const float eps = 1e-5f, mom = 0.1f;
+    float *y = nanbuf(n), *mean = nanbuf(C), *rstd = nanbuf(C);
+    float *rm = malloc(C * sizeof(float)), *rv = malloc(C * sizeof(float));
+    memcpy(rm, F_(p, "rm0", C), C * sizeof(float));
+    memcpy(rv, F_(p, "rv0", C), C * sizeof(float));
+    const float *x = F_(p, "x", n), *g = F_(p, "gamma", C), *bt = F_(p, "beta", C);
+    be->bn_forward_train(&ctx, y, mean, rstd, rm, rv, x, g, bt, eps, mom, N, C, HW);
+    allclose(y, F_(p, "out", n), (long)n, ATOL, RTOL, "bn train forward");
+    allclose(mean, F_(p, "mean", C), C, 1e-5, 1e-5, "bn train saved mean");
+    allclose(rstd, F_(p, "rstd", C), C, 1e-5, 1e-4, "bn train saved rstd");
+    allclose(rm, F_(p, "rm1", C), C, 1e-5, 1e-5, "bn train running mean update");
+    allclose(rv, F_(p, "rv1", C), C, 1e-5, 1e-4, "bn train running var update (unbiased)");
+    float *dx = nanbuf(n), *dg = constbuf(C, PRIOR), *db = constbuf(C, PRIOR);
+    be->bn_backward_train(&ctx, dx, dg, db, F_(p, "dout", n), x, g, mean, rstd, N, C, HW);
+    allclose(dx, F_(p, "dx", n), (long)n, ATOL, RTOL, "bn train dinp");
+    float *rg = plus(F_(p, "dgamma", C), C, PRIOR), *rb = plus(F_(p, "dbeta", C), C, PRIOR);
+    allclose(dg, rg, C, ATOL, RTOL, "bn train dgamma (accumulated)");
+    allclose(db, rb, C, ATOL, RTOL, "bn train dbeta (accumulated)");
+    free(y), free(mean), free(rstd), free(rm), free(rv), free(dx), free(dg), free(db);
+    free(rg), free(rb);
+
+    p = "bn_eval.";
+    x = F_(p, "x", n), g = F_(p, "gamma", C), bt = F_(p, "beta", C);
+    const float *erm = F_(p, "rm", C), *erv = F_(p, "rv", C), *edy = F_(p, "dout", n);
+    y = nanbuf(n);
+    be->bn_forward_eval(&ctx, y, x, g, bt, erm, erv, eps, N, C, HW);
+    allclose(y, F_(p, "out", n), (long)n, ATOL, RTOL, "bn eval forward");
+    dx = nanbuf(n), dg = constbuf(C, PRIOR), db = constbuf(C, PRIOR);
+    be->bn_backward_eval(&ctx, dx, dg, db, edy, x, g, erm, erv, eps, N, C, HW);
+    allclose(dx, F_(p, "dx", n), (long)n, ATOL, RTOL, "bn eval dinp");
+    rg = plus(F_(p, "dgamma", C), C, PRIOR), rb = plus(F_(p, "dbeta", C), C, PRIOR);
+    allclose(dg, rg, C, ATOL, RTOL, "bn eval dgamma (accumulated)");
+    allclose(db, rb, C, ATOL, RTOL, "bn eval dbeta (accumulated)");
+    /* frozen (TSM partial BN): no affine gradients, same input gradient */
+    float *dx2 = nanbuf(n);
+    be->bn_backward_eval(&ctx, dx2, NULL, NULL, edy, x, g, erm, erv, eps, N, C, HW);
+    allclose(dx2, F_(p, "dx", n), (long)n, ATOL, RTOL, "bn frozen dinp (dgamma/dbeta NULL)");
+    free(y), free(dx), free(dx2), free(dg), free(db), free(rg), free(rb);
+}
+
+/* ---- pointwise, pooling, linear, loss, shift, consensus ---------------------- */
+
+static void test_relu(void)
+{
+    const char *p = "relu.";
+    const size_t n = (size_t)I_(p, "cfg")[0];
+    const float *x = F_(p, "x", n);
+    float *y = nanbuf(n), *dx = nanbuf(n);
+    be->relu_forward(&ctx, y, x, n);
+    allclose(y, F_(p, "out", n), (long)n, 0, 0, "relu forward");
+    be->relu_backward(&ctx, dx, F_(p, "dout", n), y, n);
+    allclose(dx, F_(p, "dx", n), (long)n, 0, 0, "relu dinp");
+    /* in place, as the models use it */
+    memcpy(dx, x, n * sizeof(float));
+    be->relu_forward(&ctx, dx, dx, n);
+    allclose(dx, F_(p, "out", n), (long)n, 0, 0, "relu forward in place");
+    free(y), free(dx);
+}
+
+static void test_maxpool(int pi)
+{
+    char p[32], m[128];
+    snprintf(p, sizeof p, "maxpool.%d.", pi);
+    const int32_t *c = I_(p, "cfg");
+    const int N = c[0], C = c[1], H = c[2], W = c[3];
+    ps_pool_desc_t d = {.R = c[4], .S = c[5], .stride_h = c[6], .stride_w = c[7],
+                        .pad_h = c[8], .pad_w = c[9]};
+    const int P = ps_conv_out(H, d.R, d.stride_h, d.pad_h, 1);
+    const int Q = ps_conv_out(W, d.S, d.stride_w, d.pad_w, 1);
+    const size_t nx = (size_t)N * C * H * W, ny = (size_t)N * C * P * Q;
+    float *y = nanbuf(ny), *dx = nanbuf(nx);
+    int32_t *am = malloc(ny * sizeof(int32_t));
+    memset(am, 0xff, ny * sizeof(int32_t));
+    be->maxpool_forward(&ctx, y, am, F_(p, "x", nx), &d, N, C, H, W);
+    snprintf(m, sizeof m, "maxpool %dx%d/%d pad %d forward", d.R, d.S, d.stride_h, d.pad_h);
+    allclose(y, F_(p, "out", ny), (long)ny, 0, 0, m);
+    const int32_t *ri = I_(p, "idx");
+    size_t bad = 0;
+    for (size_t i = 0; i < ny; i++) bad += am[i] != ri[i];
+    ok(bad == 0, "maxpool %d: argmax equals PyTorch's indices (%zu differ)", pi, bad);
+    be->maxpool_backward(&ctx, dx, F_(p, "dout", ny), am, &d, N, C, H, W);
+    snprintf(m, sizeof m, "maxpool %dx%d/%d pad %d dinp", d.R, d.S, d.stride_h, d.pad_h);
+    allclose(dx, F_(p, "dx", nx), (long)nx, 1e-6, 1e-6, m);
+    free(y), free(dx), free(am);
+}
+
+static void test_avgpool(void)
+{
+    const char *p = "avgpool.";
+    const int32_t *c = I_(p, "cfg");
+    const int N = c[0], C = c[1], HW = c[2];
+    const size_t nx = (size_t)N * C * HW, ny = (size_t)N * C;
+    float *y = nanbuf(ny), *dx = nanbuf(nx);
+    be->avgpool_forward(&ctx, y, F_(p, "x", nx), N, C, HW);
+    allclose(y, F_(p, "out", ny), (long)ny, 1e-6, 1e-5, "global avgpool forward");
+    be->avgpool_backward(&ctx, dx, F_(p, "dout", ny), N, C, HW);
+    allclose(dx, F_(p, "dx", nx), (long)nx, 1e-6, 1e-5, "global avgpool dinp");
+    free(y), free(dx);
+}
+
+static void test_linear(void)
+{
+    const char *p = "linear.";
+    const int32_t *c = I_(p, "cfg");
+    const int N = c[0], C = c[1], K = c[2];
+    const float *x = F_(p, "x", (size_t)N * C), *w = F_(p, "w", (size_t)K * C);
+    float *y = nanbuf((size_t)N * K), *dx = nanbuf((size_t)N * C);
+    float *dw = constbuf((size_t)K * C, PRIOR), *db = constbuf(K, PRIOR);
+    be->linear_forward(&ctx, y, x, w, F_(p, "b", K), N, C, K);
+    allclose(y, F_(p, "out", (size_t)N * K), N * K, ATOL, RTOL, "linear forward");
+    be->linear_backward(&ctx, dx, dw, db, F_(p, "dout", (size_t)N * K), x, w, N, C, K);
+    allclose(dx, F_(p, "dx", (size_t)N * C), N * C, ATOL, RTOL, "linear dinp");
+    float *rw = plus(F_(p, "dw", (size_t)K * C), (size_t)K * C, PRIOR);
+    float *rb = plus(F_(p, "db", K), K, PRIOR);
+    allclose(dw, rw, K * C, ATOL, RTOL, "linear dw (accumulated)");
+    allclose(db, rb, K, ATOL, RTOL, "linear db (accumulated)");
+    free(y), free(dx), free(dw), free(db), free(rw), free(rb);
+}
+
+static void test_xent(void)
+{
+    const char *p = "xent.";
+    const int32_t *c = I_(p, "cfg");
+    const int N = c[0], K = c[1];
+    const size_t n = (size_t)N * K;
+    float *pr = nanbuf(n), *dx = nanbuf(n);
+    float loss = be->xent_forward(&ctx, pr, F_(p, "x", n), I_(p, "labels"), N, K);
+    is_close(loss, F_(p, "loss", 1)[0], 1e-5, 1e-5, "cross-entropy loss (mean over N)");
+    allclose(pr, F_(p, "probs", n), (long)n, 1e-6, 1e-5, "softmax probabilities");
+    be->xent_backward(&ctx, dx, pr, I_(p, "labels"), F_(p, "dloss", 1)[0], N, K);
+    allclose(dx, F_(p, "dx", n), (long)n, 1e-6, 1e-5, "cross-entropy dlogits");
+    /* a label out of range is reported (NaN), not a crash */
+    int32_t badlab[64];
+    for (int i = 0; i < N && i < 64; i++) badlab[i] = 0;
+    badlab[N - 1] = K;
+    int lvl = ps_log_level;
+    ps_log_level = -1; /* the error line is expected */
+    ok(isnan(be->xent_forward(&ctx, pr, F_(p, "x", n), badlab, N, K)),
+       "cross-entropy: out-of-range label gives NaN");
+    ps_log_level = lvl;
+    free(pr), free(dx);
+}
+
+static void test_tshift(int ti)
+{
+    char p[32], m[128];
+    snprintf(p, sizeof p, "tshift.%d.", ti);
+    const int32_t *c = I_(p, "cfg");
+    const int B = c[0], T = c[1], C = c[2], HW = c[3], fd = c[4];
+    const size_t n = (size_t)B * T * C * HW;
+    float *y = nanbuf(n), *dx = nanbuf(n);
+    be->tshift_forward(&ctx, y, F_(p, "x", n), B, T, C, HW, fd);
+    snprintf(m, sizeof m, "temporal shift B%d T%d C%d fold_div %d forward", B, T, C, fd);
+    allclose(y, F_(p, "out", n), (long)n, 0, 0, m);
+    be->tshift_backward(&ctx, dx, F_(p, "dout", n), B, T, C, HW, fd);
+    snprintf(m, sizeof m, "temporal shift B%d T%d C%d fold_div %d dinp", B, T, C, fd);
+    allclose(dx, F_(p, "dx", n), (long)n, 0, 0, m);
+    free(y), free(dx);
+}
+
+static void test_consensus(void)
+{
+    const char *p = "consensus.";
+    const int32_t *c = I_(p, "cfg");
+    const int B = c[0], T = c[1], K = c[2];
+    float *y = nanbuf((size_t)B * K), *dx = nanbuf((size_t)B * T * K);
+    be->consensus_forward(&ctx, y, F_(p, "x", (size_t)B * T * K), B, T, K);
+    allclose(y, F_(p, "out", (size_t)B * K), B * K, 1e-6, 1e-5, "segment consensus forward");
+    be->consensus_backward(&ctx, dx, F_(p, "dout", (size_t)B * K), B, T, K);
+    allclose(dx, F_(p, "dx", (size_t)B * T * K), B * T * K, 1e-6, 1e-5, "segment consensus dinp");
+    free(y), free(dx);
+}
+
+/* Dropout cannot come from torch (different generator): check it against
+ * its definition and its statistics instead. */
+static void test_dropout(void)
+{
+    const size_t n = 200000;
+    const float p = 0.3f;
+    const uint64_t seed = 0xC0FFEE;
+    float *x = malloc(n * sizeof(float)), *y = nanbuf(n), *dx = nanbuf(n);
+    uint8_t *mask = malloc(n);
+    for (size_t i = 0; i < n; i++) x[i] = 1.0f + (float)(i % 7);
+    be->dropout_forward(&ctx, y, mask, x, n, p, seed);
+    size_t wrong = 0, kept = 0;
+    double sum_in = 0, sum_out = 0;
+    for (size_t i = 0; i < n; i++) {
+        int keep = ps_rng_uniform(seed, i) >= p;
+        float want = keep ? x[i] / (1.0f - p) : 0.0f;
+        wrong += mask[i] != keep || fabsf(y[i] - want) > 1e-6f * fabsf(want);
+        kept += keep;
+        sum_in += x[i];
+        sum_out += y[i];
+    }
+    ok(wrong == 0, "dropout: mask and scaled output follow the definition (%zu wrong)", wrong);
+    /* binomial: sd of the kept fraction = sqrt(p(1-p)/n) ~ 0.001 */
+    is_close((double)kept / n, 1.0 - p, 0.005, 0, "dropout: kept fraction ~ 1-p");
+    is_close(sum_out / sum_in, 1.0, 0.01, 0, "dropout: expectation preserved (inverted scaling)");
+    be->dropout_backward(&ctx, dx, x, mask, n, p);
+    wrong = 0;
+    for (size_t i = 0; i < n; i++) wrong += dx[i] != y[i];
+    ok(wrong == 0, "dropout backward: same mask and scale as forward (%zu wrong)", wrong);
+    be->dropout_forward(&ctx, y, mask, x, n, p, seed + 1);
+    size_t same = 0;
+    for (size_t i = 0; i < n; i++) same += mask[i] == (ps_rng_uniform(seed, i) >= p);
+    ok(same < n * 0.7, "dropout: another seed draws another mask (%zu of %zu agree)", same, n);
+    free(x), free(y), free(dx), free(mask);
+}
+
+static void test_elementwise(void)
+{
+    float a[37], b[37], o[37], r[37];
+    for (int i = 0; i < 37; i++) a[i] = (float)i * 0.5f - 3, b[i] = (float)(i * i) * 0.01f;
+    for (int i = 0; i < 37; i++) r[i] = a[i] + b[i], o[i] = NAN;
+    be->add(&ctx, o, a, b, 37);
+    allclose(o, r, 37, 0, 0, "add");
+    be->add(&ctx, a, a, b, 37); /* aliasing as in a residual */
+    allclose(a, r, 37, 0, 0, "add in place");
+    for (int i = 0; i < 37; i++) r[i] = a[i] + b[i];
+    be->accumulate(&ctx, a, b, 37);
+    allclose(a, r, 37, 0, 0, "accumulate");
+}
+
+int main(int argc, char **argv)
+{
+    ps_blas_autoselect(argc, argv);
+    ps_engine_init(&ctx, 0);
+    diag("OpenBLAS core %s, %d threads", ps_blas_corename(), ctx.nthreads);
+    const char *top = getenv("top_srcdir");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tests/golden/layers_golden.bin", top ? top : ".");
+    if (load_golden(path)) {
+        printf("Bail out! cannot load %s\n", path);
+        return 1;
+    }
+    int nconv = 0;
+    for (char nm[32]; snprintf(nm, sizeof nm, "conv.%d.cfg", nconv), find(nm);) nconv++;
+    ok(nconv >= 8, "golden file holds %d conv cases", nconv);
+    for (int i = 0; i < nconv; i++)
+        for (int mode = 0; mode < 3; mode++) test_conv(i, mode);
+    ps_conv2d_set_gemm_cols(0);
+    test_bn();
+    test_relu();
+    for (int i = 0; i < 2; i++) test_maxpool(i);
+    test_avgpool();
+    test_linear();
+    test_xent();
+    for (int i = 0; i < 3; i++) test_tshift(i);
+    test_consensus();
+    test_dropout();
+    test_elementwise();
+    ps_ctx_free(&ctx);
+    free(gold);
+    return tap_done();
+}

@@ -1,0 +1,351 @@
+/* Whole-model check of the TSM / TSN ResNets against PyTorch (llm.c's
+ * debug-state approach): the same hash-generated weights and input on both
+ * sides (tests/golden/gen_resnet.py), then logits, loss, every parameter
+ * gradient (L2 norm + a deterministic sample of elements) and the updated
+ * BN statistics compared with the goldens.  Then a few SGD steps on a small
+ * generated batch must lower the loss.
+ *
+ * The reference is PyTorch in float64 on the same float32 weights and input.
+ * Tolerances (|got-ref| <= atol + rtol*|ref|), and why:
+ *   logits, loss: rtol 1e-3, atol 1e-4 -- float32 forward through ~20
+ *   conv+BN layers with another summation order (im2col+OpenBLAS vs oneDNN)
+ *   stays near 1e-5 relative;
+ *   gradients: some are ill-conditioned -- a max-pool or ReLU decision that
+ *   flips between float32 and float64 reroutes gradient, and BN over few
+ *   values (layer4 at 32x32 normalises 8 numbers) cancels -- so the golden
+ *   records, per tensor, how far PyTorch's OWN float32 run is from float64
+ *   (noise_e: max element error / rms, noise_n: relative norm error).  The
+ *   engine must be within 3x that plus a floor: norm 1e-3 + 3*noise_n,
+ *   element 1e-2*|ref| + (2e-3 + 3*noise_e)*rms;
+ *   BN running statistics: rtol 1e-3, atol 1e-4 (the batch variance over as
+ *   few as 8 values).
+ * An error in any layer (wrong stride, shift direction, BN mode, missing
+ * gradient term) moves these by orders of magnitude more. */
+#include "tests/tap.h"
+#include "worker/models/ps_model.h"
+
+#include "ps_error.h"
+#include "ps_log.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SEED 1234
+#define LINE_MAX_ 1000000
+
+static const char *srcdir(void)
+{
+    const char *s = getenv("top_srcdir");
+    return s && *s ? s : ".";
+}
+
+static uint64_t sample_index(const char *name, size_t numel, int j)
+{
+    uint64_t key = ps_model_fnv1a64(name) ^ 0x5A4D504C45ull;
+    uint64_t k = (uint64_t)(ps_rng_uniform(key, (uint64_t)j) * 16777216.0f);
+    return (k * numel) >> 24;
+}
+
+typedef struct variant {
+    const char *name;
+    int depth, shift, pbn, clips, H, K;
+} variant_t;
+
+static void hash_input(float *x, int clips, int T, int H)
+{
+    ps_model_hash_fill(x, (size_t)clips * T * 3 * H * H, "input", SEED, 1.0);
+}
+
+static double l2(const float *g, size_t n)
+{
+    double s = 0;
+    for (size_t i = 0; i < n; i++) s += (double)g[i] * g[i];
+    return sqrt(s);
+}
+
+static int find_buffer(const ps_model_t *m, const char *name)
+{
+    int n;
+    const ps_model_buffer_t *b = ps_model_buffers(m, &n);
+    for (int i = 0; i < n; i++)
+        if (!strcmp(b[i].name, name)) return i;
+    return -1;
+}
+
+static void check_variant(ps_ctx_t *ctx, const variant_t *v)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/tests/golden/resnet_%s.txt", srcdir(), v->name);
+    FILE *f = fopen(path, "r");
+    if (!ok(f != NULL, "%s: open %s", v->name, path)) return;
+
+    ps_model_config_t cfg;
+    ps_model_config_default(&cfg);
+    cfg.depth = v->depth;
+    cfg.shift = v->shift;
+    cfg.partial_bn = v->pbn;
+    cfg.num_classes = v->K;
+    cfg.dropout = 0.f; /* PyTorch's dropout RNG cannot be reproduced */
+    ps_model_t *m = NULL;
+    int r = ps_model_create(&m, &cfg, &ps_backend_cpu, ctx, v->clips, v->H, v->H);
+    is_int(r, 0, "%s: create", v->name);
+    if (r) {
+        fclose(f);
+        return;
+    }
+    ps_model_init(m, SEED, 1);
+    int T = cfg.n_segment;
+    float *x = malloc(sizeof(float) * v->clips * T * 3 * v->H * v->H);
+    int32_t labels[8];
+    for (int b = 0; b < v->clips; b++) labels[b] = (b * 7 + 3) % v->K;
+    hash_input(x, v->clips, T, v->H);
+    float loss = -1;
+    ps_model_zero_grad(m);
+    is_int(ps_model_forward(m, x, v->clips, labels, 1, &loss), 0, "%s: forward", v->name);
+    is_int(ps_model_backward(m), 0, "%s: backward", v->name);
+
+    char *line = malloc(LINE_MAX_);
+    int ngrad = 0, nbuf = 0, bad_grad = 0, bad_buf = 0, nparams;
+    double worst_norm = 0, worst_elem = 0;
+    const ps_model_param_t *P = ps_model_params(m, &nparams);
+    int *seen = calloc(nparams, sizeof *seen);
+    while (fgets(line, LINE_MAX_, f)) {
+        char name[128];
+        int off = 0;
+        if (line[0] == '#') continue;
+        if (!strncmp(line, "loss ", 5)) {
+            is_close(loss, strtod(line + 5, NULL), 1e-4, 1e-3, "%s: loss", v->name);
+        } else if (!strncmp(line, "logits ", 7)) {
+            char *p = line + 7, *e;
+            long n = strtol(p, &e, 10);
+            is_int(n, v->clips * v->K, "%s: logits count", v->name);
+            float *ref = malloc(sizeof(float) * (n > 0 ? n : 1));
+            for (long i = 0; i < n; i++) ref[i] = strtof(e, &e);
+            char what[64];
+            snprintf(what, sizeof what, "%s: logits", v->name);
+            allclose(ps_model_logits(m), ref, n, 1e-4, 1e-3, what);
+            free(ref);
+        } else if (sscanf(line, "grad %127s %*d %*f %*f %*f%n", name, &off) == 1 && off > 0) {
+            int pi = ps_model_find_param(m, name);
+            if (!ok(pi >= 0, "%s: gradient of %s exists in the model", v->name, name)) continue;
+            seen[pi] = 1;
+            ngrad++;
+            size_t numel;
+            double ref_norm, noise_e, noise_n;
+            sscanf(line, "grad %*s %zu %lf %lf %lf", &numel, &ref_norm, &noise_e, &noise_n);
+            double tol_n = 1e-3 + 3 * noise_n, tol_e = 2e-3 + 3 * noise_e;
+            const ps_model_param_t *p = &P[pi];
+            if (numel != p->numel) {
+                bad_grad++;
+                diag("%s: %s has %zu elements, golden %zu", v->name, name, p->numel, numel);
+                continue;
+            }
+            double norm = l2(p->g, p->numel);
+            double rel = fabs(norm - ref_norm) / (ref_norm > 0 ? ref_norm : 1);
+            if (ref_norm == 0 ? norm != 0 : rel > tol_n) {
+                bad_grad++;
+                diag("%s: |grad %s| = %.9g, PyTorch %.9g", v->name, name, norm, ref_norm);
+            }
+            if (rel > worst_norm) worst_norm = rel;
+            double rms = ref_norm / sqrt((double)numel);
+            char *s = line + off;
+            for (int j = 0;; j++) {
+                long idx;
+                float val;
+                int used = 0;
+                if (sscanf(s, " %ld:%f%n", &idx, &val, &used) != 2) break;
+                s += used;
+                if ((uint64_t)idx != sample_index(name, numel, j)) {
+                    bad_grad++;
+                    diag("%s: sample %d of %s: index %ld, C hash gives %llu", v->name, j, name,
+                         idx, (unsigned long long)sample_index(name, numel, j));
+                    break;
+                }
+                double d = fabs((double)p->g[idx] - val), lim = tol_e * rms + 1e-2 * fabs(val);
+                if (rms > 0 && d / rms > worst_elem) worst_elem = d / rms;
+                if (!(d <= lim)) {
+                    bad_grad++;
+                    diag("%s: %s[%ld] = %.9g, PyTorch %.9g (rms %.3g)", v->name, name, idx,
+                         p->g[idx], val, rms);
+                }
+            }
+        } else if (sscanf(line, "buf %127s %*d%n", name, &off) == 1 && off > 0) {
+            int bi = find_buffer(m, name);
+            const ps_model_buffer_t *b = bi >= 0 ? &ps_model_buffers(m, NULL)[bi] : NULL;
+            nbuf++;
+            if (!b || !b->f32) {
+                bad_buf++;
+                diag("%s: buffer %s missing", v->name, name);
+                continue;
+            }
+            char *s = line + off;
+            long idx;
+            float val;
+            int used;
+            while (sscanf(s, " %ld:%f%n", &idx, &val, &used) == 2) {
+                s += used;
+                if (idx < 0 || (size_t)idx >= b->numel ||
+                    !(fabs(b->f32[idx] - val) <= 1e-4 + 1e-3 * fabs(val))) {
+                    bad_buf++;
+                    diag("%s: %s[%ld] = %.9g, PyTorch %.9g", v->name, name, idx,
+                         idx >= 0 && (size_t)idx < b->numel ? b->f32[idx] : NAN, val);
+                }
+            }
+        } else if (sscanf(line, "count %127s", name) == 1) {
+            long long want = 0;
+            sscanf(line, "count %*s %lld", &want);
+            int bi = find_buffer(m, name);
+            nbuf++;
+            if (bi < 0 || !ps_model_buffers(m, NULL)[bi].i64 ||
+                *ps_model_buffers(m, NULL)[bi].i64 != want) {
+                bad_buf++;
+                diag("%s: %s differs from PyTorch's %lld", v->name, name, want);
+            }
+        }
+    }
+    int unseen = 0;
+    for (int i = 0; i < nparams; i++) unseen += !seen[i];
+    is_int(ngrad, nparams, "%s: golden has a gradient for all %d parameters", v->name, nparams);
+    is_int(unseen, 0, "%s: every model parameter compared", v->name);
+    ok(bad_grad == 0, "%s: %d gradients match PyTorch float64 (worst norm error %.2g, worst "
+       "element error %.2g rms)", v->name, ngrad, worst_norm, worst_elem);
+    ok(nbuf > 0 && bad_buf == 0, "%s: %d BN buffers match PyTorch after one step", v->name,
+       nbuf);
+    free(seen);
+    free(line);
+    free(x);
+    fclose(f);
+    ps_model_destroy(&m);
+}
+
+/* Loss falls: plain SGD (lr 0.05, momentum 0) on one small generated batch
+ * of a narrow TSM-ResNet-18 with dropout and partial BN as in training. */
+static void check_loss_falls(ps_ctx_t *ctx)
+{
+    ps_model_config_t cfg;
+    ps_model_config_default(&cfg);
+    cfg.depth = 18;
+    cfg.width = 16;
+    cfg.num_classes = 4;
+    cfg.dropout = 0.5f;
+    cfg.partial_bn = 1;
+    int clips = 4, H = 32, T = cfg.n_segment;
+    ps_model_t *m = NULL;
+    if (!ok(ps_model_create(&m, &cfg, &ps_backend_cpu, ctx, clips, H, H) == 0,
+            "loss-falls model created"))
+        return;
+    ps_model_init(m, 99, 0);
+    ps_model_set_seed(m, 5);
+    size_t nx = (size_t)clips * T * 3 * H * H;
+    float *x = malloc(nx * sizeof *x);
+    ps_model_hash_fill(x, nx, "batch", 3, 1.0);
+    int32_t labels[4] = {0, 1, 2, 3};
+    int np;
+    const ps_model_param_t *P = ps_model_params(m, &np);
+    float first = 0, last = 0;
+    int steps = 8, fails = 0;
+    for (int s = 0; s < steps; s++) {
+        float loss;
+        ps_model_zero_grad(m);
+        fails += ps_model_forward(m, x, clips, labels, 1, &loss) != 0;
+        fails += ps_model_backward(m) != 0;
+        if (s == 0) first = loss;
+        last = loss;
+        diag("step %d loss %.5f", s, loss);
+        for (int i = 0; i < np; i++)
+            if (P[i].trainable)
+                for (size_t k = 0; k < P[i].numel; k++) P[i].w[k] -= 0.05f * P[i].g[k];
+    }
+    is_int(fails, 0, "training steps ran");
+    ok(isfinite(last) && last < 0.75f * first, "loss falls: %.4f -> %.4f in %d SGD steps", first,
+       last, steps);
+    /* frozen BN (partial BN) must not have collected gradient */
+    int frozen_nonzero = 0, nfrozen = 0;
+    for (int i = 0; i < np; i++)
+        if (!P[i].trainable) {
+            nfrozen++;
+            frozen_nonzero += l2(P[i].g, P[i].numel) != 0;
+        }
+    ok(nfrozen > 0 && frozen_nonzero == 0, "partial BN: %d frozen tensors, no gradient", nfrozen);
+    free(x);
+    ps_model_destroy(&m);
+}
+
+/* Names, groups and layout facts that the PS side relies on. */
+static void check_tables(ps_ctx_t *ctx)
+{
+    ps_model_config_t cfg;
+    ps_model_config_default(&cfg);
+    cfg.depth = 50;
+    cfg.num_classes = 400;
+    cfg.partial_bn = 0;
+    ps_model_t *m = NULL;
+    if (!ok(ps_model_create(&m, &cfg, &ps_backend_cpu, ctx, 1, 32, 32) == 0, "R50 created"))
+        return;
+    int np, nb;
+    const ps_model_param_t *P = ps_model_params(m, &np);
+    ps_model_buffers(m, &nb);
+    size_t total = 0;
+    for (int i = 0; i < np; i++) total += P[i].numel;
+    /* torchvision resnet50(num_classes=400): 161 parameter tensors, 23,528,522
+     * elements (25,557,032 for 1000 classes minus 600*2049) */
+    is_int(np, 161, "R50: 161 parameter tensors");
+    is_int(total, 25557032 - 600 * 2049, "R50: element count equals torchvision's");
+    is_int(nb, 53 * 3, "R50: 53 BNs x 3 buffers");
+    ok(!strcmp(P[0].name, "conv1.weight") && !strcmp(P[np - 1].name, "fc.bias"),
+       "R50: model order starts at conv1.weight, ends at fc.bias");
+    int i = ps_model_find_param(m, "layer2.0.downsample.0.weight");
+    ok(i >= 0 && P[i].shape[0] == 512 && P[i].shape[1] == 256, "R50: downsample conv shape");
+    i = ps_model_find_param(m, "layer2.0.conv2.weight");
+    ok(i >= 0 && P[i].shape[2] == 3, "R50: v1.5 bottleneck (3x3 in conv2)");
+    is_int(P[ps_model_find_param(m, "fc.bias")].group, PS_MODEL_GROUP_BIAS, "fc.bias group");
+    is_int(P[ps_model_find_param(m, "bn1.weight")].group, PS_MODEL_GROUP_BN, "bn1 group");
+    is_int(P[0].group, PS_MODEL_GROUP_WEIGHT, "conv1.weight group");
+    ps_param_group_t g[PS_MODEL_NGROUPS];
+    is_int(ps_model_groups(m, g, PS_MODEL_NGROUPS), PS_MODEL_NGROUPS, "groups");
+    ok(g[1].lr_mult == 2 && g[1].wd_mult == 0 && g[2].wd_mult == 0 && g[3].lr_mult == 5 &&
+       g[4].lr_mult == 10 && g[4].wd_mult == 0 && g[0].wd_mult == 1, "TSM group multipliers");
+    ps_tensor_spec_t *specs = NULL;
+    int ns = ps_model_tensor_specs(m, &specs);
+    is_int(ns, np, "no partial BN: every tensor trainable");
+    free(specs);
+    double fwd, bwd;
+    ps_model_flops(m, 1, &fwd, &bwd);
+    /* ResNet-50 at 224: 4.09 GMAC per image; at 32x32 (1/49 of the pixels,
+     * rounding of the stem aside) ~8 frames * 2 * 4.09e9/49 */
+    ok(fwd > 1.0e9 && fwd < 1.8e9, "R50 32x32 x8 forward %.3g FLOP", fwd);
+    ps_model_destroy(&m);
+
+    cfg.partial_bn = 1;
+    is_int(ps_model_create(&m, &cfg, &ps_backend_cpu, ctx, 1, 32, 32), 0, "R50 pbn created");
+    ns = ps_model_tensor_specs(m, &specs);
+    is_int(ns, np - 2 * 52, "partial BN: 52 BNs frozen (2 tensors each)");
+    free(specs);
+    ps_model_destroy(&m);
+
+    cfg.depth = 20;
+    ok(ps_model_create(&m, &cfg, &ps_backend_cpu, ctx, 1, 32, 32) == PS_EINVAL && !m,
+       "depth 20 refused");
+    cfg.depth = 18;
+    ok(ps_model_create(&m, &cfg, &ps_backend_cpu, ctx, 1, 16, 32) == PS_EINVAL && !m,
+       "input under 32 pixels refused");
+}
+
+int main(void)
+{
+    ps_ctx_t ctx;
+    ps_log_level = PS_LOG_WARN;
+    ps_engine_init(&ctx, 0);
+    static const variant_t vs[] = {
+        {"r18_tsm", 18, 1, 0, 2, 64, 10},
+        {"r18_tsn", 18, 0, 0, 1, 32, 5},
+        {"r18_tsm_pbn", 18, 1, 1, 1, 32, 5},
+        {"r50_tsm", 50, 1, 0, 1, 32, 10},
+    };
+    for (size_t i = 0; i < sizeof vs / sizeof vs[0]; i++) check_variant(&ctx, &vs[i]);
+    check_tables(&ctx);
+    check_loss_falls(&ctx);
+    ps_ctx_free(&ctx);
+    return tap_done();
+}

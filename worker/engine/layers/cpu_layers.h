@@ -1,0 +1,99 @@
+/* CPU implementations of the layers in ps_engine.h's backend table.  Each
+ * has exactly the signature of its table slot (so a CUDA twin in
+ * layers/<name>.cu can have the same one); backend_cpu.c collects them.
+ * Private to the engine and its tests. */
+#ifndef PS_CPU_LAYERS_H
+#define PS_CPU_LAYERS_H
+#include "worker/engine/ps_engine.h"
+
+/* conv2d.c, conv2d_col.c */
+void ps_cpu_conv2d_forward(ps_ctx_t *ctx, float *out, const float *inp, const float *w,
+                           const float *b, const ps_conv2d_desc_t *d, int N, int H, int W);
+void ps_cpu_conv2d_backward(ps_ctx_t *ctx, float *dinp, float *dw, float *db,
+                            const float *dout, const float *inp, const float *w,
+                            const ps_conv2d_desc_t *d, int N, int H, int W);
+/* Columns targeted per GEMM: convolutions whose output plane (P*Q) is
+ * smaller than this process several images in one GEMM.  Changing it
+ * changes ps_conv2d_workspace(); 0 restores the default.  Process-wide,
+ * meant for tests and benchmarks (set it before sizing a model). */
+void ps_conv2d_set_gemm_cols(size_t cols);
+size_t ps_conv2d_get_gemm_cols(void);
+/* Images per GEMM for this shape (1 = one image at a time). */
+int ps_conv2d_images_per_gemm(const ps_conv2d_desc_t *d, int N, int H, int W);
+
+/* im2col / col2im for nc images of one group (conv2d_col.c).  col is
+ * (Cg*R*S) x (nc*P*Q); x / dx hold the group's first channel of the first
+ * image, consecutive images img_stride floats apart.  col2im ADDS into dx. */
+void ps_cpu_im2col(float *col, const float *x, size_t img_stride, int nc, int Cg, int H,
+                   int W, const ps_conv2d_desc_t *d, int P, int Q);
+void ps_cpu_col2im(float *dx, const float *col, size_t img_stride, int nc, int Cg, int H,
+                   int W, const ps_conv2d_desc_t *d, int P, int Q);
+
+/* batchnorm.c */
+void ps_cpu_bn_forward_train(ps_ctx_t *ctx, float *out, float *save_mean, float *save_rstd,
+                             float *run_mean, float *run_var, const float *inp,
+                             const float *gamma, const float *beta, float eps, float momentum,
+                             int N, int C, int HW);
+void ps_cpu_bn_backward_train(ps_ctx_t *ctx, float *dinp, float *dgamma, float *dbeta,
+                              const float *dout, const float *inp, const float *gamma,
+                              const float *save_mean, const float *save_rstd, int N, int C,
+                              int HW);
+void ps_cpu_bn_forward_eval(ps_ctx_t *ctx, float *out, const float *inp, const float *gamma,
+                            const float *beta, const float *run_mean, const float *run_var,
+                            float eps, int N, int C, int HW);
+void ps_cpu_bn_backward_eval(ps_ctx_t *ctx, float *dinp, float *dgamma, float *dbeta,
+                             const float *dout, const float *inp, const float *gamma,
+                             const float *run_mean, const float *run_var, float eps, int N,
+                             int C, int HW);
+
+/* relu.c */
+void ps_cpu_relu_forward(ps_ctx_t *ctx, float *out, const float *inp, size_t n);
+void ps_cpu_relu_backward(ps_ctx_t *ctx, float *dinp, const float *dout, const float *out,
+                          size_t n);
+
+/* pool.c */
+void ps_cpu_maxpool_forward(ps_ctx_t *ctx, float *out, int32_t *argmax, const float *inp,
+                            const ps_pool_desc_t *d, int N, int C, int H, int W);
+void ps_cpu_maxpool_backward(ps_ctx_t *ctx, float *dinp, const float *dout,
+                             const int32_t *argmax, const ps_pool_desc_t *d, int N, int C,
+                             int H, int W);
+void ps_cpu_avgpool_forward(ps_ctx_t *ctx, float *out, const float *inp, int N, int C, int HW);
+void ps_cpu_avgpool_backward(ps_ctx_t *ctx, float *dinp, const float *dout, int N, int C,
+                             int HW);
+
+/* linear.c */
+void ps_cpu_linear_forward(ps_ctx_t *ctx, float *out, const float *inp, const float *w,
+                           const float *b, int N, int C, int K);
+void ps_cpu_linear_backward(ps_ctx_t *ctx, float *dinp, float *dw, float *db,
+                            const float *dout, const float *inp, const float *w, int N, int C,
+                            int K);
+
+/* dropout.c */
+void ps_cpu_dropout_forward(ps_ctx_t *ctx, float *out, uint8_t *mask, const float *inp,
+                            size_t n, float p, uint64_t seed);
+void ps_cpu_dropout_backward(ps_ctx_t *ctx, float *dinp, const float *dout,
+                             const uint8_t *mask, size_t n, float p);
+
+/* xent.c */
+float ps_cpu_xent_forward(ps_ctx_t *ctx, float *probs, const float *logits,
+                          const int32_t *labels, int N, int K);
+void ps_cpu_xent_backward(ps_ctx_t *ctx, float *dlogits, const float *probs,
+                          const int32_t *labels, float dloss, int N, int K);
+
+/* tshift.c */
+void ps_cpu_tshift_forward(ps_ctx_t *ctx, float *out, const float *inp, int B, int T, int C,
+                           int HW, int fold_div);
+void ps_cpu_tshift_backward(ps_ctx_t *ctx, float *dinp, const float *dout, int B, int T,
+                            int C, int HW, int fold_div);
+
+/* consensus.c */
+void ps_cpu_consensus_forward(ps_ctx_t *ctx, float *out, const float *inp, int B, int T,
+                              int K);
+void ps_cpu_consensus_backward(ps_ctx_t *ctx, float *dinp, const float *dout, int B, int T,
+                               int K);
+
+/* elementwise.c */
+void ps_cpu_add(ps_ctx_t *ctx, float *out, const float *a, const float *b, size_t n);
+void ps_cpu_accumulate(ps_ctx_t *ctx, float *acc, const float *x, size_t n);
+
+#endif

@@ -1,0 +1,16 @@
+/* Residual add and gradient accumulation (element-wise, may alias). */
+#include "cpu_layers.h"
+
+void ps_cpu_add(ps_ctx_t *ctx, float *out, const float *a, const float *b, size_t n)
+{
+    (void)ctx;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+void ps_cpu_accumulate(ps_ctx_t *ctx, float *acc, const float *x, size_t n)
+{
+    (void)ctx;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) acc[i] += x[i];
+}

@@ -1,0 +1,76 @@
+/* Tensors and the per-model arena: one allocation for parameters, gradients
+ * and activations, so a model's memory is one number known before training
+ * starts, and pointers into it never move. */
+#include "ps_engine.h"
+#include "ps_error.h"
+#include "ps_log.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define ARENA_ALIGN 64 /* cache line and AVX-512 vector */
+
+size_t ps_tensor_numel(const ps_tensor_t *t)
+{
+    if (!t || t->ndim <= 0) return 0;
+    size_t n = 1;
+    for (int i = 0; i < t->ndim && i < PS_TENSOR_MAX_DIMS; i++)
+        n *= t->shape[i] > 0 ? (size_t)t->shape[i] : 0;
+    return n;
+}
+
+void ps_arena_begin_sizing(ps_arena_t *a)
+{
+    free(a->base);
+    memset(a, 0, sizeof *a);
+    a->sizing = 1;
+}
+
+int ps_arena_commit(ps_arena_t *a)
+{
+    if (!a->sizing) {
+        ps_error("ps_arena_commit called without ps_arena_begin_sizing");
+        return PS_ESTATE;
+    }
+    size_t size = a->used ? a->used : ARENA_ALIGN;
+    /* zeroed: gradients start at 0 and padding never holds NaN garbage */
+    void *p = NULL;
+    if (posix_memalign(&p, ARENA_ALIGN, size)) {
+        ps_error("arena: cannot allocate %zu bytes", size);
+        return PS_ENOMEM;
+    }
+    memset(p, 0, size);
+    a->base = p;
+    a->size = size;
+    a->used = 0;
+    a->sizing = 0;
+    return 0;
+}
+
+float *ps_arena_take(ps_arena_t *a, size_t numel)
+{
+    if (numel > (SIZE_MAX - ARENA_ALIGN) / sizeof(float)) {
+        ps_error("arena: request of %zu floats overflows", numel);
+        return NULL;
+    }
+    size_t bytes = (numel * sizeof(float) + ARENA_ALIGN - 1) & ~(size_t)(ARENA_ALIGN - 1);
+    if (a->sizing) {
+        a->used += bytes;
+        return NULL;
+    }
+    if (!a->base || bytes > a->size - a->used) {
+        ps_error("arena: request of %zu floats exceeds the sized arena (%zu of %zu bytes used)"
+                 " - pass 2 must take the same sizes as pass 1", numel, a->used, a->size);
+        return NULL;
+    }
+    float *p = (float *)(a->base + a->used);
+    a->used += bytes;
+    return p;
+}
+
+void ps_arena_free(ps_arena_t *a)
+{
+    if (!a) return;
+    free(a->base);
+    memset(a, 0, sizeof *a);
+}

@@ -1,0 +1,171 @@
+/* The worker's video models: ResNet-18/34/50 in torchvision's v1.5 layout
+ * (stride on the 3x3 conv of the bottleneck), as TSM (residual temporal
+ * shift, 'blockres') or as the TSN baseline (no shift), with TSM's head:
+ * dropout -> fc on every frame -> mean over the T segments.
+ *
+ * Every layer runs through a `const ps_backend_t *` (worker/engine/
+ * ps_engine.h), so the CUDA backend slots in without a line changing here.
+ * Parameters, gradients, BN statistics and activations live in ONE arena
+ * allocation per model; the tables below point into it.
+ *
+ * Legend: B clips, T = n_segment frames per clip, N = B*T images (frame-
+ * major within a clip: image b*T + t), 3 x H x W input, K classes.
+ *
+ * Names are exactly torchvision's (conv1.weight, bn1.running_mean,
+ * layer2.0.downsample.0.weight, fc.bias, ...), so a checkpoint written by
+ * ps_model_save() loads into torchvision.models.resnetXX(num_classes=K) with
+ * load_state_dict(strict=True), and a torchvision state dict converted to
+ * safetensors loads here.
+ *
+ * Deterministic initialisation (tests and goldens): element i of tensor
+ * `name` draws u = ps_rng_uniform(seed ^ fnv1a64(name), i) (ps_engine.h) and
+ * becomes (2u-1)*a computed in double and rounded to float, with a chosen so
+ * the variance matches torchvision's init (conv: Kaiming normal, fan_out,
+ * relu; fc: U(-1/sqrt(fan_in), 1/sqrt(fan_in))).  tests/golden/gen_resnet.py
+ * computes the same numbers bit for bit.
+ */
+#ifndef PS_MODEL_H
+#define PS_MODEL_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ps_optim.h"
+#include "ps_partition.h"
+#include "worker/engine/ps_engine.h"
+
+typedef struct ps_model_config {
+    int depth;         /* 18, 34 or 50 */
+    int num_classes;   /* K */
+    int n_segment;     /* T frames per clip (TSM: 8) */
+    int shift;         /* 1: TSM residual shift ('blockres'); 0: TSN baseline */
+    int shift_div;     /* 1/shift_div of the channels go each way (8) */
+    float dropout;     /* before fc (0.5); 0 disables */
+    int partial_bn;    /* TSM partialBN: only bn1 trains with batch stats */
+    int fc_lr5;        /* fc in the "new fc" groups (lr x5 / x10) from the start */
+    int width;         /* channels of the stem / layer1; 64 = torchvision.  Other
+                          widths exist only for small tests; they do not load
+                          into torchvision */
+    float bn_eps;      /* 1e-5 */
+    float bn_momentum; /* 0.1 (PyTorch convention) */
+} ps_model_config_t;
+
+/* Defaults: TSM-ResNet-50, 400 classes, T 8, shift_div 8, dropout 0.5,
+ * partial BN on, width 64, eps 1e-5, momentum 0.1. */
+void ps_model_config_default(ps_model_config_t *c);
+
+/* Optimizer groups of the TSM recipe (index = ps_model_param_t.group and
+ * ps_tensor_spec_t.group; multipliers from ps_model_groups()). */
+enum {
+    PS_MODEL_GROUP_WEIGHT = 0,      /* conv / fc weights: lr x1, decay */
+    PS_MODEL_GROUP_BIAS = 1,        /* biases: lr x2, no decay */
+    PS_MODEL_GROUP_BN = 2,          /* BN weight and bias: lr x1, no decay */
+    PS_MODEL_GROUP_NEWFC_WEIGHT = 3, /* newly initialised fc weight: lr x5, decay */
+    PS_MODEL_GROUP_NEWFC_BIAS = 4,  /* newly initialised fc bias: lr x10, no decay */
+    PS_MODEL_NGROUPS = 5
+};
+
+#define PS_MODEL_MAX_NDIM 4
+
+/* One learnable tensor, in model (= torchvision state-dict) order. */
+typedef struct ps_model_param {
+    const char *name;   /* "layer1.0.conv1.weight" (owned by the model) */
+    int ndim;
+    int shape[PS_MODEL_MAX_NDIM];
+    size_t numel;
+    float *w;           /* weights (arena) */
+    float *g;           /* gradient, same shape (arena); accumulated by backward */
+    int group;          /* PS_MODEL_GROUP_* */
+    int trainable;      /* 0: frozen (partial BN's frozen affine); g stays 0 */
+} ps_model_param_t;
+
+/* One non-trainable buffer (BN running statistics). */
+typedef struct ps_model_buffer {
+    const char *name;   /* "bn1.running_mean", "bn1.num_batches_tracked" */
+    int ndim;           /* 1, or 0 for num_batches_tracked (a scalar) */
+    size_t numel;
+    float *f32;         /* running_mean / running_var (arena), else NULL */
+    int64_t *i64;       /* num_batches_tracked, else NULL */
+} ps_model_buffer_t;
+
+typedef struct ps_model ps_model_t;
+
+/* Build the model for batches of at most max_clips clips of T frames of
+ * 3 x H x W (H, W >= 32 so layer4 is at least 1x1).  Weights start from
+ * ps_model_init(m, 0).  ctx's workspace is grown to what the convs need.
+ * Returns 0, PS_EINVAL (bad config, logged) or PS_ENOMEM. */
+int ps_model_create(ps_model_t **out, const ps_model_config_t *cfg, const ps_backend_t *be,
+                    ps_ctx_t *ctx, int max_clips, int H, int W);
+void ps_model_destroy(ps_model_t **m);
+const ps_model_config_t *ps_model_config(const ps_model_t *m);
+
+/* torchvision-like init from the counter hash (see the top of this file):
+ * conv Kaiming (fan_out), BN weight 1 / bias 0, running mean 0 / var 1, fc
+ * uniform.  random_bn != 0 also draws BN weight in [0.5,1.5), bias and
+ * running mean in [-0.25,0.25), running var in [0.5,1.5) so tests exercise
+ * every BN term.  Gradients are zeroed. */
+void ps_model_init(ps_model_t *m, uint64_t seed, int random_bn);
+
+/* FNV-1a 64 of a tensor name: the per-tensor key of the init hash. */
+uint64_t ps_model_fnv1a64(const char *s);
+
+/* The deterministic input for tests: element i of `name` is 2u-1 with u
+ * drawn as in the init (so both sides of a golden compute it). */
+void ps_model_hash_fill(float *dst, size_t n, const char *name, uint64_t seed, double scale);
+
+/* Forward pass over nclips clips (input (nclips*T, 3, H, W), NCHW fp32).
+ * training: BN batch statistics (all of them, or only bn1 with partial BN)
+ * and dropout; otherwise running statistics and no dropout.  labels
+ * (nclips) may be NULL (no loss: *loss is left alone); else the mean
+ * softmax cross-entropy is written to *loss.  The input is copied, so the
+ * caller's buffer may be reused at once.  Returns 0 or PS_EINVAL. */
+int ps_model_forward(ps_model_t *m, const float *input, int nclips, const int32_t *labels,
+                     int training, float *loss);
+/* (nclips, K) logits of the last forward (segment consensus). */
+const float *ps_model_logits(const ps_model_t *m);
+/* Backward of the last forward, which must have been a training forward
+ * with labels (else PS_ESTATE).  Gradients ACCUMULATE into param[i].g. */
+int ps_model_backward(ps_model_t *m);
+void ps_model_zero_grad(ps_model_t *m);
+
+/* The tables (owned by the model, valid until destroy). */
+const ps_model_param_t *ps_model_params(const ps_model_t *m, int *n);
+const ps_model_buffer_t *ps_model_buffers(const ps_model_t *m, int *n);
+/* Index of a parameter by name, or -1. */
+int ps_model_find_param(const ps_model_t *m, const char *name);
+/* Group multipliers of the TSM recipe into groups[0..PS_MODEL_NGROUPS);
+ * returns PS_MODEL_NGROUPS (or PS_EINVAL if max is smaller). */
+int ps_model_groups(const ps_model_t *m, ps_param_group_t *groups, int max);
+/* The trainable tensors in model order as partition specs (names point into
+ * the model).  *specs is malloc'd; returns the count or PS_ENOMEM. */
+int ps_model_tensor_specs(const ps_model_t *m, ps_tensor_spec_t **specs);
+
+/* Floating-point operations of one forward / backward over nclips clips,
+ * counted from the layer shapes (2 per multiply-add; convs and fc only). */
+void ps_model_flops(const ps_model_t *m, int nclips, double *fwd, double *bwd);
+/* Dropout masks are a pure function of (seed, forward counter). */
+void ps_model_set_seed(ps_model_t *m, uint64_t seed);
+
+/* ---- safetensors (model_io.c) ------------------------------------------- */
+
+/* Write every parameter and buffer under its torchvision name (F32, and I64
+ * for num_batches_tracked) plus metadata {"format": "pt", "ps.arch": ...},
+ * atomically.  Returns 0 or the ps_st_* error (logged). */
+int ps_model_save(const ps_model_t *m, const char *path);
+
+enum {
+    PS_MODEL_LOAD_STRICT = 0,
+    /* fc.weight / fc.bias whose class count differs from the model's are
+     * skipped: fc keeps a fresh init and moves to the new-fc groups (lr x5 /
+     * x10), as TSM does when fine-tuning from a pretrained net */
+    PS_MODEL_LOAD_REPLACE_FC = 1,
+};
+/* Load a safetensors file with torchvision names.  Every model tensor must
+ * be present with the same shape (num_batches_tracked may be missing: 0),
+ * and no unknown tensor may be present; on any error nothing is changed.
+ * Returns 0, PS_EIO, PS_ECORRUPT, PS_ENOTFOUND or PS_EMISMATCH with a
+ * message naming the file and tensor. */
+int ps_model_load(ps_model_t *m, const char *path, int flags);
+/* 1 if the last load replaced fc (class count differed). */
+int ps_model_fc_replaced(const ps_model_t *m);
+
+#endif

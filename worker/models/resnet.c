@@ -1,0 +1,332 @@
+/* TSM / TSN ResNet forward and backward over the backend table.  The
+ * architecture, names and memory layout are in resnet_params.c. */
+#include "resnet_internal.h"
+
+#include "ps_error.h"
+#include "ps_log.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int ps_model_create(ps_model_t **out, const ps_model_config_t *cfg, const ps_backend_t *be,
+                    ps_ctx_t *ctx, int max_clips, int H, int W)
+{
+    *out = NULL;
+    if (!cfg || !be || !ctx) return PS_EINVAL;
+    if (cfg->depth != 18 && cfg->depth != 34 && cfg->depth != 50) {
+        ps_error("model: depth %d not supported (18, 34 or 50)", cfg->depth);
+        return PS_EINVAL;
+    }
+    if (cfg->num_classes < 1 || cfg->n_segment < 1 || cfg->width < 1 || cfg->width > 4096 ||
+        (cfg->shift && (cfg->shift_div < 2 || cfg->width / cfg->shift_div < 1)) ||
+        !(cfg->dropout >= 0.f && cfg->dropout < 1.f) || !(cfg->bn_eps > 0.f) ||
+        !(cfg->bn_momentum >= 0.f && cfg->bn_momentum <= 1.f)) {
+        ps_error("model: bad config (classes %d, n_segment %d, width %d, shift_div %d, "
+                 "dropout %g, eps %g, momentum %g)", cfg->num_classes, cfg->n_segment,
+                 cfg->width, cfg->shift_div, cfg->dropout, cfg->bn_eps, cfg->bn_momentum);
+        return PS_EINVAL;
+    }
+    if (max_clips < 1 || H < 32 || W < 32 || H > 4096 || W > 4096 ||
+        (size_t)max_clips * cfg->n_segment > (1u << 20)) {
+        ps_error("model: bad batch geometry (max_clips %d, H %d, W %d; H, W >= 32)", max_clips,
+                 H, W);
+        return PS_EINVAL;
+    }
+    ps_model_t *m = calloc(1, sizeof *m);
+    if (!m) return PS_ENOMEM;
+    m->cfg = *cfg;
+    m->be = be;
+    m->ctx = ctx;
+    m->max_clips = max_clips;
+    m->H = H;
+    m->W = W;
+    m->max_n = (size_t)max_clips * cfg->n_segment;
+    int r = ps_resnet_build(m);
+    if (r) {
+        ps_error("model: cannot build ResNet-%d for %d clips of %dx%d: %s", cfg->depth,
+                 max_clips, H, W, ps_strerror(r));
+        ps_model_destroy(&m);
+        return r;
+    }
+    ps_model_init(m, 0, 0);
+    ps_debug("model: ResNet-%d (%s), %d params, arena %zu MiB", cfg->depth,
+             cfg->shift ? "TSM" : "TSN", m->nparams, m->arena.size >> 20);
+    *out = m;
+    return 0;
+}
+
+void ps_model_destroy(ps_model_t **mp)
+{
+    if (!mp || !*mp) return;
+    ps_model_t *m = *mp;
+    ps_resnet_free_tables(m);
+    free(m->blocks);
+    ps_arena_free(&m->arena);
+    free(m);
+    *mp = NULL;
+}
+
+const ps_model_config_t *ps_model_config(const ps_model_t *m) { return &m->cfg; }
+const float *ps_model_logits(const ps_model_t *m) { return m->logits; }
+int ps_model_fc_replaced(const ps_model_t *m) { return m->fc_replaced; }
+void ps_model_set_seed(ps_model_t *m, uint64_t seed) { m->seed = seed; m->step = 0; }
+
+const ps_model_param_t *ps_model_params(const ps_model_t *m, int *n)
+{
+    if (n) *n = m->nparams;
+    return m->params;
+}
+
+const ps_model_buffer_t *ps_model_buffers(const ps_model_t *m, int *n)
+{
+    if (n) *n = m->nbuffers;
+    return m->buffers;
+}
+
+int ps_model_find_param(const ps_model_t *m, const char *name)
+{
+    for (int i = 0; i < m->nparams; i++)
+        if (!strcmp(m->params[i].name, name)) return i;
+    return -1;
+}
+
+void ps_model_zero_grad(ps_model_t *m)
+{
+    for (int i = 0; i < m->nparams; i++)
+        memset(m->params[i].g, 0, m->params[i].numel * sizeof(float));
+}
+
+/* ---- layers ------------------------------------------------------------------ */
+
+static void conv_fwd(ps_model_t *m, const conv_t *c, float *out, const float *in, int N)
+{
+    m->be->conv2d_forward(m->ctx, out, in, c->w, NULL, &c->d, N, c->H, c->W);
+}
+
+static void conv_bwd(ps_model_t *m, const conv_t *c, float *din, const float *dout,
+                     const float *in, int N)
+{
+    m->be->conv2d_backward(m->ctx, din, c->g, NULL, dout, in, c->w, &c->d, N, c->H, c->W);
+}
+
+static void bn_fwd(ps_model_t *m, bn_t *b, float *out, const float *in, int N, int HW,
+                   int training)
+{
+    /* partial BN: only the first BN keeps batch statistics in training */
+    b->batch_stats = training && (!m->cfg.partial_bn || b->first);
+    if (b->batch_stats) {
+        m->be->bn_forward_train(m->ctx, out, b->save_mean, b->save_rstd, b->rm, b->rv, in,
+                                b->gamma, b->beta, m->cfg.bn_eps, m->cfg.bn_momentum, N, b->C,
+                                HW);
+        b->nbt++;
+    } else {
+        m->be->bn_forward_eval(m->ctx, out, in, b->gamma, b->beta, b->rm, b->rv,
+                               m->cfg.bn_eps, N, b->C, HW);
+    }
+}
+
+static void bn_bwd(ps_model_t *m, bn_t *b, float *din, const float *dout, const float *in,
+                   int N, int HW)
+{
+    if (b->batch_stats) {
+        m->be->bn_backward_train(m->ctx, din, b->dgamma, b->dbeta, dout, in, b->gamma,
+                                 b->save_mean, b->save_rstd, N, b->C, HW);
+    } else {
+        int frozen = m->cfg.partial_bn && !b->first;
+        m->be->bn_backward_eval(m->ctx, din, frozen ? NULL : b->dgamma,
+                                frozen ? NULL : b->dbeta, dout, in, b->gamma, b->rm, b->rv,
+                                m->cfg.bn_eps, N, b->C, HW);
+    }
+}
+
+static void block_fwd(ps_model_t *m, block_t *b, const float *x, int N, int training)
+{
+    const ps_backend_t *be = m->be;
+    int T = m->cfg.n_segment;
+    b->x = x;
+    const float *in = x;
+    if (b->shift) {
+        be->tshift_forward(m->ctx, b->xs, x, N / T, T, b->cin, b->H * b->W, m->cfg.shift_div);
+        in = b->xs;
+    }
+    for (int j = 0; j < b->nconv; j++) {
+        const conv_t *c = &b->conv[j];
+        int PQ = c->P * c->Q;
+        conv_fwd(m, c, b->co[j], in, N);
+        if (j < b->nconv - 1) {
+            bn_fwd(m, &b->bn[j], b->a[j], b->co[j], N, PQ, training);
+            be->relu_forward(m->ctx, b->a[j], b->a[j], (size_t)N * c->d.K * PQ);
+            in = b->a[j];
+        } else {
+            bn_fwd(m, &b->bn[j], b->y, b->co[j], N, PQ, training);
+        }
+    }
+    size_t n = (size_t)N * b->cout * b->P * b->Q;
+    if (b->has_ds) {
+        conv_fwd(m, &b->ds, b->dso, x, N);
+        bn_fwd(m, &b->dsbn, m->tmp, b->dso, N, b->P * b->Q, training);
+        be->add(m->ctx, b->y, b->y, m->tmp, n);
+    } else {
+        be->add(m->ctx, b->y, b->y, x, n);
+    }
+    be->relu_forward(m->ctx, b->y, b->y, n);
+}
+
+/* dy in g[0] (clobbered) -> dx in g[3]; g[1], g[2] scratch. */
+static void block_bwd(ps_model_t *m, block_t *b, float **g, int N)
+{
+    const ps_backend_t *be = m->be;
+    int T = m->cfg.n_segment;
+    float *A = g[0], *Bf = g[1], *C = g[2], *D = g[3];
+    size_t n = (size_t)N * b->cout * b->P * b->Q;
+    be->relu_backward(m->ctx, A, A, b->y, n);
+    int last = b->nconv - 1;
+    bn_bwd(m, &b->bn[last], Bf, A, b->co[last], N, b->P * b->Q);
+    for (int j = last; j >= 0; j--) {
+        const conv_t *c = &b->conv[j];
+        const float *in = j > 0 ? b->a[j - 1] : (b->shift ? b->xs : b->x);
+        float *din = (j > 0 || b->shift) ? C : D;
+        conv_bwd(m, c, din, Bf, in, N);
+        if (j > 0) {
+            const conv_t *p = &b->conv[j - 1];
+            size_t np = (size_t)N * p->d.K * p->P * p->Q;
+            be->relu_backward(m->ctx, C, C, b->a[j - 1], np);
+            bn_bwd(m, &b->bn[j - 1], Bf, C, b->co[j - 1], N, p->P * p->Q);
+        }
+    }
+    if (b->shift)
+        be->tshift_backward(m->ctx, D, C, N / T, T, b->cin, b->H * b->W, m->cfg.shift_div);
+    if (b->has_ds) {
+        bn_bwd(m, &b->dsbn, Bf, A, b->dso, N, b->P * b->Q);
+        conv_bwd(m, &b->ds, C, Bf, b->x, N);
+        be->accumulate(m->ctx, D, C, (size_t)N * b->cin * b->H * b->W);
+    } else {
+        be->accumulate(m->ctx, D, A, n);
+    }
+}
+
+int ps_model_forward(ps_model_t *m, const float *input, int nclips, const int32_t *labels,
+                     int training, float *loss)
+{
+    const ps_backend_t *be = m->be;
+    const ps_model_config_t *c = &m->cfg;
+    if (!input || nclips < 1 || nclips > m->max_clips || (labels && !loss)) {
+        ps_error("model forward: bad arguments (nclips %d, max %d)", nclips, m->max_clips);
+        return PS_EINVAL;
+    }
+    int T = c->n_segment, N = nclips * T, K = c->num_classes;
+    if (labels) {
+        for (int i = 0; i < nclips; i++)
+            if (labels[i] < 0 || labels[i] >= K) {
+                ps_error("model forward: label %d of clip %d outside [0,%d)", labels[i], i, K);
+                return PS_EINVAL;
+            }
+        memcpy(m->labels, labels, nclips * sizeof *labels);
+    }
+    memcpy(m->input, input, (size_t)N * 3 * m->H * m->W * sizeof(float));
+
+    /* stem */
+    const conv_t *c1 = &m->conv1;
+    size_t n0 = (size_t)N * c1->d.K * c1->P * c1->Q;
+    conv_fwd(m, c1, m->c0, m->input, N);
+    bn_fwd(m, &m->bn1, m->a0, m->c0, N, c1->P * c1->Q, training);
+    be->relu_forward(m->ctx, m->a0, m->a0, n0);
+    be->maxpool_forward(m->ctx, m->p0, m->argmax, m->a0, &m->pool, N, c1->d.K, c1->P, c1->Q);
+
+    const float *x = m->p0;
+    for (int bi = 0; bi < m->nblocks; bi++) {
+        block_fwd(m, &m->blocks[bi], x, N, training);
+        x = m->blocks[bi].y;
+    }
+
+    /* head: avgpool -> dropout -> fc per frame -> mean over segments */
+    size_t F = m->feat_C;
+    be->avgpool_forward(m->ctx, m->feat, x, N, (int)F, m->feat_HW);
+    const float *f = m->feat;
+    m->last_dropout = training && c->dropout > 0.f;
+    if (m->last_dropout) {
+        /* a fresh mask per forward, reproducible from (seed, step) */
+        uint64_t seed = m->seed ^ (0x9E3779B97F4A7C15ull * (m->step + 1));
+        be->dropout_forward(m->ctx, m->featd, m->mask, m->feat, N * F, c->dropout, seed);
+        f = m->featd;
+    }
+    m->step++;
+    const ps_model_param_t *fw = &m->params[m->fc_pw], *fb = &m->params[m->fc_pb];
+    be->linear_forward(m->ctx, m->lframe, f, fw->w, fb->w, N, (int)F, K);
+    be->consensus_forward(m->ctx, m->logits, m->lframe, nclips, T, K);
+    if (labels) *loss = be->xent_forward(m->ctx, m->probs, m->logits, m->labels, nclips, K);
+
+    m->last_nclips = nclips;
+    m->last_training = training;
+    m->last_has_labels = labels != NULL;
+    return 0;
+}
+
+int ps_model_backward(ps_model_t *m)
+{
+    const ps_backend_t *be = m->be;
+    if (!m->last_training || !m->last_has_labels) {
+        ps_error("model backward: needs a training forward with labels first");
+        return PS_ESTATE;
+    }
+    int B = m->last_nclips, T = m->cfg.n_segment, N = B * T, K = m->cfg.num_classes;
+    int F = m->feat_C;
+    be->xent_backward(m->ctx, m->dlogits, m->probs, m->labels, 1.f, B, K);
+    be->consensus_backward(m->ctx, m->dlframe, m->dlogits, B, T, K);
+    ps_model_param_t *fw = &m->params[m->fc_pw], *fb = &m->params[m->fc_pb];
+    const float *f = m->last_dropout ? m->featd : m->feat;
+    float *df = m->last_dropout ? m->dfeatd : m->dfeat;
+    be->linear_backward(m->ctx, df, fw->g, fb->g, m->dlframe, f, fw->w, N, F, K);
+    if (m->last_dropout)
+        be->dropout_backward(m->ctx, m->dfeat, m->dfeatd, m->mask, (size_t)N * F,
+                             m->cfg.dropout);
+
+    float *g[4] = {m->gbuf[0], m->gbuf[1], m->gbuf[2], m->gbuf[3]};
+    be->avgpool_backward(m->ctx, g[0], m->dfeat, N, F, m->feat_HW);
+    for (int bi = m->nblocks - 1; bi >= 0; bi--) {
+        block_bwd(m, &m->blocks[bi], g, N);
+        float *t = g[0]; /* dx becomes the next block's dy */
+        g[0] = g[3];
+        g[3] = t;
+    }
+
+    /* stem: the input image needs no gradient */
+    const conv_t *c1 = &m->conv1;
+    be->maxpool_backward(m->ctx, g[1], g[0], m->argmax, &m->pool, N, c1->d.K, c1->P, c1->Q);
+    be->relu_backward(m->ctx, g[1], g[1], m->a0, (size_t)N * c1->d.K * c1->P * c1->Q);
+    bn_bwd(m, &m->bn1, g[2], g[1], m->c0, N, c1->P * c1->Q);
+    conv_bwd(m, c1, NULL, g[2], m->input, N);
+    return 0;
+}
+
+static double conv_flops(const conv_t *c, int N)
+{
+    return 2.0 * N * c->d.K * (double)(c->d.C / c->d.groups) * c->d.R * c->d.S * c->P * c->Q;
+}
+
+void ps_model_flops(const ps_model_t *m, int nclips, double *fwd, double *bwd)
+{
+    int N = nclips * m->cfg.n_segment;
+    double f = 0, b = 0, x;
+    x = conv_flops(&m->conv1, N);
+    f += x;
+    b += x; /* weight gradient only: no input gradient for the image */
+    for (int bi = 0; bi < m->nblocks; bi++) {
+        const block_t *bl = &m->blocks[bi];
+        for (int j = 0; j < bl->nconv; j++) {
+            x = conv_flops(&bl->conv[j], N);
+            f += x;
+            b += 2 * x; /* input gradient + weight gradient */
+        }
+        if (bl->has_ds) {
+            x = conv_flops(&bl->ds, N);
+            f += x;
+            b += 2 * x;
+        }
+    }
+    x = 2.0 * N * m->feat_C * m->cfg.num_classes;
+    f += x;
+    b += 2 * x;
+    if (fwd) *fwd = f;
+    if (bwd) *bwd = b;
+}

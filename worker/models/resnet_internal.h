@@ -1,0 +1,95 @@
+/* Inside of ps_model_t, shared by resnet.c (forward/backward),
+ * resnet_params.c (layout, names, groups, init) and model_io.c. */
+#ifndef PS_RESNET_INTERNAL_H
+#define PS_RESNET_INTERNAL_H
+#include "ps_model.h"
+
+typedef struct conv {
+    ps_conv2d_desc_t d;
+    int pw;            /* index of the weight in m->params */
+    int H, W, P, Q;    /* input / output spatial size */
+    float *w, *g;      /* resolved from the table */
+} conv_t;
+
+typedef struct bn {
+    int C;
+    int pg, pb;        /* gamma / beta indices in m->params */
+    int brm, brv, bnt; /* running mean / var / count indices in m->buffers */
+    float *gamma, *beta, *dgamma, *dbeta, *rm, *rv;
+    int64_t nbt;
+    float *save_mean, *save_rstd; /* (C) for the training backward */
+    int batch_stats;   /* set by forward: 1 = used batch statistics */
+    int first;         /* the first BN of the net (partial BN keeps it training) */
+} bn_t;
+
+/* A residual block: 2 convs (BasicBlock) or 3 (Bottleneck), optional
+ * downsample (1x1 conv + BN) on the identity. */
+typedef struct block {
+    int nconv;
+    int shift;          /* temporal shift on the input of conv1 */
+    int cin, cout, H, W, P, Q;
+    conv_t conv[3];
+    bn_t bn[3];
+    int has_ds;
+    conv_t ds;
+    bn_t dsbn;
+    /* activations, per batch of max N images */
+    float *xs;          /* shifted input (N, cin, H, W) when shift */
+    float *co[3];       /* conv outputs = BN inputs */
+    float *a[2];        /* relu(bn(co[j])) for j < nconv-1 */
+    float *dso;         /* downsample conv output */
+    float *y;           /* block output (N, cout, P, Q) */
+    const float *x;     /* block input (previous y), set by forward */
+} block_t;
+
+struct ps_model {
+    ps_model_config_t cfg;
+    const ps_backend_t *be;
+    ps_ctx_t *ctx;
+    int max_clips, H, W;
+    size_t max_n;          /* max_clips * T */
+
+    ps_model_param_t *params;
+    int nparams, cap_params;
+    ps_model_buffer_t *buffers;
+    int nbuffers, cap_buffers;
+    int fc_new;            /* fc in the new-fc groups */
+    int fc_replaced;
+
+    ps_arena_t arena;
+
+    /* stem */
+    conv_t conv1;
+    bn_t bn1;
+    ps_pool_desc_t pool;
+    int pool_P, pool_Q;
+    float *input;          /* (N, 3, H, W) copy of the caller's input */
+    float *c0, *a0, *p0;   /* conv1 out, relu(bn1), maxpool out */
+    int32_t *argmax;       /* maxpool argmax (as floats' storage) */
+
+    block_t *blocks;
+    int nblocks;
+    int feat_C, feat_HW;   /* layer4 output channels, spatial size */
+
+    /* head */
+    int fc_pw, fc_pb;
+    float *feat, *featd;   /* avgpool out, after dropout (N, feat_C) */
+    uint8_t *mask;         /* dropout mask (N*feat_C) */
+    float *lframe;         /* per-frame logits (N, K) */
+    float *logits, *probs; /* (B, K) */
+    int32_t *labels;       /* (B) copy */
+    float *dlogits, *dlframe, *dfeatd, *dfeat; /* head gradients */
+    float *gbuf[4];        /* backward scratch, each max activation size */
+    float *tmp;            /* forward scratch for the downsample BN output */
+    size_t max_act;        /* floats of the largest activation */
+
+    uint64_t seed, step;
+    int last_nclips, last_training, last_has_labels, last_dropout;
+};
+
+/* resnet_params.c */
+int ps_resnet_build(ps_model_t *m); /* architecture + tables + arena */
+void ps_resnet_free_tables(ps_model_t *m);
+void ps_resnet_init_fc(ps_model_t *m, uint64_t seed);
+
+#endif

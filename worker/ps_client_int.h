@@ -1,0 +1,142 @@
+/* Internals of the psd client shared by ps_client.c (caller-side API, request
+ * pool) and ps_client_io.c (the I/O thread that owns the sockets).
+ *
+ * Threads and ownership:
+ *  - caller threads allocate a request from the pool, encode the payload
+ *    (so encoding runs beside the I/O thread), append it to submitq and wake
+ *    the I/O thread through an eventfd;
+ *  - the I/O thread alone touches the DEALER sockets, the per-server pending
+ *    (priority) and in-flight lists, and decodes replies into dst;
+ *  - c->mu protects the free list, submitq, request state/result fields
+ *    read by waiters, enc_busy and last_error; c->cv signals completions.
+ * A request's payload may be handed to ZeroMQ zero-copy; zrefs counts the
+ * frames ZeroMQ still holds, and a handle is only given back to the pool
+ * once zrefs is 0, so ZeroMQ never reads a buffer the caller reuses. */
+#ifndef PS_CLIENT_INT_H
+#define PS_CLIENT_INT_H
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "ps_client.h"
+#include "ps_wire.h"
+
+#define PS_PART_NONE 0xFFFFFFFFu  /* control messages: no partition */
+
+enum { RQ_FREE = 0, RQ_SUBMITTED, RQ_PENDING, RQ_SENT, RQ_DONE };
+
+struct ps_req {
+    ps_client_t *c;
+    uint32_t slot;          /* index in c->pool */
+    uint32_t gen;           /* bumped on every reuse: stale replies are dropped */
+    int state;              /* RQ_*; under c->mu once submitted */
+    int type;               /* Ps__MsgType of the request */
+    int server;
+    uint32_t part;          /* partition or PS_PART_NONE */
+    uint64_t iteration, min_version;
+    uint32_t flags;
+    uint64_t seq;           /* submission order, ties in the priority queue */
+    int no_reply;           /* PS_FLAG_NO_REPLY push: done once sent */
+
+    /* payload (encoded); points into the caller's buffer (raw fp32), the
+     * partition's encode buffer (enc_part >= 0) or tmp (a malloc'd fallback) */
+    const void *payload;
+    size_t payload_len;
+    uint32_t crc;
+    ps_dtype_t dtype;
+    ps_codec_t codec;
+    uint64_t numel;
+    int64_t enc_part;       /* partition whose encode buffer we hold, -1 none */
+    void *tmp;
+    char *body;             /* owned copy of a control body (JSON, hostname) */
+    size_t body_len;
+
+    /* where WEIGHTS go */
+    float *dst;
+    size_t dst_numel;
+
+    /* result (written by the I/O thread before state = RQ_DONE) */
+    int result;
+    uint64_t version;
+    uint32_t reply_flags;
+    int32_t reply_rank;
+    uint64_t reply_hash;
+    uint32_t reply_nworkers, reply_nservers;
+    int reply_has_hash;
+    char *reply_body;       /* malloc'd copy (STATS) */
+    size_t reply_body_len;
+
+    /* timers (I/O thread, monotonic ms) */
+    int64_t t_deadline;     /* 0 = never */
+    int64_t t_retry;        /* next resend, 0 = none */
+    int retry_delay;
+    int nsent;
+
+    atomic_int zrefs;       /* zero-copy frames ZeroMQ still holds */
+    struct ps_req *next;    /* submitq / pending / in-flight / free list link */
+};
+
+typedef struct ps_client_server {
+    void *sock;
+    char *endpoint;
+    ps_req_t *pending;      /* sorted: priority, then seq */
+    ps_req_t *inflight;     /* sent, awaiting reply */
+    int ninflight;
+    int blocked;            /* last send hit EAGAIN: poll for POLLOUT */
+    int reset;              /* reopen the socket to make ZeroMQ let go of frames */
+    int64_t next_heartbeat;
+} ps_client_server_t;
+
+struct ps_client {
+    ps_client_opts_t o;
+    const ps_partition_table_t *t;
+    char **endpoints;
+    void *zctx;
+    ps_client_server_t *srv;
+    int rank;
+    size_t maxmsg;
+
+    pthread_t io;
+    int io_started;
+    int efd;                /* eventfd: wakes the I/O thread */
+    atomic_int wake_pending;
+    atomic_int stop;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    ps_req_t *pool;
+    uint32_t npool;
+    ps_req_t *free_list;
+    ps_req_t *submitq, *submitq_tail;
+    uint64_t seq;
+
+    /* per-partition encode buffers, allocated (and prefaulted) at first use,
+     * then reused for every later request on that partition */
+    void **enc;
+    size_t *enc_cap;
+    void **enc_scratch;
+    size_t *enc_scratch_cap;
+    unsigned char *enc_busy;
+
+    /* I/O thread only: decode scratch, grown to the largest need and kept */
+    void *dec_scratch;
+    size_t dec_scratch_cap;
+
+    char last_error[512];
+    atomic_uint_fast64_t bytes_out, bytes_in, requests, retries, errors;
+};
+
+/* ps_client_io.c */
+void *ps_client_io_main(void *arg);
+int ps_client_io_open(ps_client_t *c, int s);
+void ps_client_io_close_all(ps_client_t *c, int send_bye);
+void ps_client_io_wake(ps_client_t *c);
+int64_t ps_client_now_ms(void);
+
+/* ps_client.c */
+void ps_client_set_error(ps_client_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Under c->mu: mark done, wake waiters (I/O thread). */
+void ps_client_complete_locked(ps_client_t *c, ps_req_t *r, int result);
+/* ZeroMQ free function for zero-copy frames (hint = request). */
+void ps_client_zc_free(void *data, void *hint);
+#endif

@@ -1,0 +1,109 @@
+/* psworker internals shared by its files: the run options, the per-process
+ * trainer state, and the pieces of a training run (model glue, the two
+ * training loops, metrics output).
+ *
+ *   psworker_main.c    options (flags / config file), validation, dispatch
+ *   psworker_model.c   model + data + partition table + optimizer config
+ *   psworker_train.c   the cluster loop (psd) and the standalone loop
+ *   psworker_output.c  CSV, progress lines, model file, final summary */
+#ifndef PS_PSWORKER_H
+#define PS_PSWORKER_H
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "ps_codec.h"
+#include "ps_optim.h"
+#include "ps_partition.h"
+#include "worker/smoke_data.h"
+#include "worker/smoke_model.h"
+
+/* Everything a run is configured with (flags / config keys of the same name). */
+typedef struct ps_worker_opts {
+    char *servers;          /* "tcp://h:p,tcp://h:p" (server 0 first) */
+    int rank;               /* -1: assigned by server 0 */
+    int num_workers;        /* W */
+    char *model;            /* "smoke" */
+    char *mode;             /* sync|async|ssp: what the servers run (checks only) */
+    uint64_t steps;
+    int batch;              /* B: samples per worker per step */
+    float lr, momentum, dampening, weight_decay, gamma, warmup_factor, min_lr;
+    int nesterov;
+    int ref_batch;          /* linear scaling rule reference batch (0 = off) */
+    uint64_t warmup_steps;
+    char *schedule;         /* const|step|cosine */
+    char *milestones;       /* "30,60" (steps) */
+    char *dtype;            /* wire dtype */
+    char *codec;            /* raw|lz4 */
+    uint64_t partition_bytes;
+    uint64_t seed;          /* weights init */
+    uint64_t data_seed;     /* generated dataset */
+    char *out;              /* run directory ("" = none) */
+    char *log_level;
+    int standalone;         /* no servers: same model, same ps_optim, one process */
+    int progress_every;     /* progress line every N steps (0 = off) */
+    int eval_samples;       /* held-out samples for eval loss/accuracy */
+    int timeout_ms, retry_ms, heartbeat_ms;
+    int shutdown_servers;   /* rank 0 sends SHUTDOWN to every psd at the end */
+    int step_sleep_ms;      /* extra "compute" per step: slows runs for demos and
+                               fault tests (a kill must land mid-run) */
+    /* derived */
+    ps_dtype_t dt;
+    ps_codec_t codec_id;
+} ps_worker_opts_t;
+
+/* Running sums for the summary and the CSV. */
+typedef struct ps_worker_stats {
+    double t_start;               /* seconds (monotonic) when training started */
+    double sum_step, sum_compute, sum_comm;  /* seconds over counted steps */
+    uint64_t counted;             /* steps in those sums */
+    uint64_t samples;             /* samples this process computed on */
+    double recent_loss[10];       /* last losses (ring) */
+    uint64_t nloss;
+    uint64_t stale_drops;         /* gradients refused as too stale (ssp) */
+} ps_worker_stats_t;
+
+typedef struct ps_worker {
+    const ps_worker_opts_t *o;
+    ps_smoke_dims_t dims;
+    ps_smoke_data_t data;
+    ps_smoke_work_t work;
+    ps_partition_table_t table;
+    ps_optim_config_t optim;
+    int rank, nworkers, batch;    /* this process's rank, W, samples per step */
+    size_t numel;
+    float *w;       /* (numel) current weights, model order */
+    float *grad;    /* (numel) this step's mean gradient */
+    float *mom;     /* (numel) momentum buffers (standalone only) */
+    double *wd, *gd;/* (numel) double scratch for the model */
+    float *x;       /* (max(batch, eval), D) inputs */
+    int *y;         /* (max(batch, eval)) labels */
+    int cap;        /* rows of x / y */
+    FILE *csv;
+    ps_worker_stats_t st;
+    double init_eval_loss, init_eval_acc;
+} ps_worker_t;
+
+/* psworker_model.c */
+int ps_worker_setup(ps_worker_t *p, const ps_worker_opts_t *o, uint32_t nservers);
+void ps_worker_teardown(ps_worker_t *p);
+/* Mean loss and gradient (into p->grad) of this rank's samples of `step`:
+ * global batch positions step*W*B + rank*B ... + B-1. */
+double ps_worker_compute(ps_worker_t *p, uint64_t step);
+/* Loss and accuracy of p->w over the held-out samples. */
+double ps_worker_eval(ps_worker_t *p, double *accuracy);
+/* The INIT spec JSON (docs/protocol.md); malloc'd, NULL on failure. */
+char *ps_worker_spec_json(const ps_worker_t *p);
+
+/* psworker_train.c: return 0 or a negative PS_E* (already reported). */
+int ps_worker_run_cluster(ps_worker_t *p);
+int ps_worker_run_standalone(ps_worker_t *p);
+
+/* psworker_output.c */
+double ps_worker_now(void);
+int ps_worker_output_open(ps_worker_t *p);
+void ps_worker_record_step(ps_worker_t *p, uint64_t step, double loss, double t_step,
+                           double t_compute, double t_comm);
+int ps_worker_save_model(ps_worker_t *p);
+void ps_worker_print_final(ps_worker_t *p, uint64_t steps_done);
+#endif

@@ -1,0 +1,193 @@
+/* psworker's model glue: the smoke model, its data, the partition table and
+ * the optimizer configuration, built the same way in every process so that
+ * the table hash and the update rule agree across the cluster. */
+#include "worker/psworker.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ps_error.h"
+#include "ps_log.h"
+
+static int parse_milestones(const char *s, ps_optim_config_t *c)
+{
+    c->nmilestones = 0;
+    if (!s || !*s)
+        return 0;
+    const char *q = s;
+    while (*q) {
+        char *end;
+        unsigned long long v = strtoull(q, &end, 10);
+        if (end == q || (*end && *end != ',')) {
+            ps_error("--milestones: expected comma-separated step numbers, got \"%s\"", s);
+            return PS_EINVAL;
+        }
+        if (c->nmilestones == PS_OPTIM_MAX_MILESTONES) {
+            ps_error("--milestones: at most %d milestones", PS_OPTIM_MAX_MILESTONES);
+            return PS_EINVAL;
+        }
+        c->milestones[c->nmilestones++] = v;
+        q = *end ? end + 1 : end;
+    }
+    return 0;
+}
+
+static int build_optim(ps_worker_t *p)
+{
+    const ps_worker_opts_t *o = p->o;
+    ps_optim_config_t *c = &p->optim;
+    char err[256] = "";
+
+    ps_optim_config_default(c);
+    c->lr = o->lr;
+    c->momentum = o->momentum;
+    c->dampening = o->dampening;
+    c->nesterov = o->nesterov;
+    c->weight_decay = o->weight_decay;
+    c->ref_batch = o->ref_batch;
+    c->global_batch = p->nworkers * p->batch;
+    c->warmup_steps = o->warmup_steps;
+    c->warmup_factor = o->warmup_factor;
+    c->gamma = o->gamma;
+    c->total_steps = o->steps;
+    c->min_lr = o->min_lr;
+    if (!strcmp(o->schedule, "const") || !strcmp(o->schedule, "constant"))
+        c->sched = PS_SCHED_CONST;
+    else if (!strcmp(o->schedule, "step"))
+        c->sched = PS_SCHED_STEP;
+    else if (!strcmp(o->schedule, "cosine"))
+        c->sched = PS_SCHED_COSINE;
+    else {
+        ps_error("--schedule: unknown schedule \"%s\" (const, step or cosine)", o->schedule);
+        return PS_EINVAL;
+    }
+    int rc = parse_milestones(o->milestones, c);
+    if (rc)
+        return rc;
+    /* Two groups: weights (0) and biases (1), both 1x by default; the
+     * split exists so the spec exercises per-group multipliers. */
+    c->ngroups = 2;
+    c->groups[0] = (ps_param_group_t){1.0f, 1.0f};
+    c->groups[1] = (ps_param_group_t){1.0f, 1.0f};
+    if (ps_optim_config_validate(c, err, sizeof err)) {
+        ps_error("optimizer settings: %s", err);
+        return PS_EINVAL;
+    }
+    return 0;
+}
+
+int ps_worker_setup(ps_worker_t *p, const ps_worker_opts_t *o, uint32_t nservers)
+{
+    ps_tensor_spec_t spec[PS_SMOKE_NTENSORS];
+    int rc;
+
+    memset(p, 0, sizeof *p);
+    p->o = o;
+    p->rank = o->standalone ? 0 : o->rank;
+    p->nworkers = o->standalone ? 1 : o->num_workers;
+    p->batch = o->batch;
+    if (strcmp(o->model, "smoke")) {
+        ps_error("--model: unknown model \"%s\" (available: smoke)", o->model);
+        return PS_EINVAL;
+    }
+    ps_smoke_dims_default(&p->dims);
+    p->numel = ps_smoke_numel(&p->dims);
+    ps_smoke_specs(&p->dims, spec);
+    rc = ps_partition_table_build(&p->table, spec, PS_SMOKE_NTENSORS,
+                                  (size_t)o->partition_bytes, nservers);
+    if (rc) {
+        ps_error("cannot build the partition table (partition_bytes=%llu, servers=%u): %s",
+                 (unsigned long long)o->partition_bytes, nservers, ps_strerror(rc));
+        return rc;
+    }
+    if ((rc = build_optim(p)))
+        goto fail;
+    if ((rc = ps_smoke_data_init(&p->data, o->data_seed, p->dims.in, p->dims.classes)))
+        goto fail;
+    p->cap = p->batch > o->eval_samples ? p->batch : o->eval_samples;
+    if ((rc = ps_smoke_work_init(&p->work, p->cap, &p->dims)))
+        goto fail;
+    p->w = calloc(p->numel, sizeof(float));
+    p->grad = calloc(p->numel, sizeof(float));
+    p->mom = o->standalone ? calloc(p->numel, sizeof(float)) : NULL;
+    p->wd = calloc(p->numel, sizeof(double));
+    p->gd = calloc(p->numel, sizeof(double));
+    p->x = calloc((size_t)p->cap * (size_t)p->dims.in, sizeof(float));
+    p->y = calloc((size_t)p->cap, sizeof(int));
+    if (!p->w || !p->grad || (o->standalone && !p->mom) || !p->wd || !p->gd || !p->x || !p->y) {
+        ps_error("out of memory for a %zu-parameter model", p->numel);
+        rc = PS_ENOMEM;
+        goto fail;
+    }
+    ps_smoke_init(&p->dims, o->seed, p->w);
+    ps_info("model smoke: %zu parameters, %u partitions of <= %llu bytes on %u server(s)",
+            p->numel, p->table.nparts, (unsigned long long)o->partition_bytes, nservers);
+    return 0;
+fail:
+    ps_worker_teardown(p);
+    return rc;
+}
+
+void ps_worker_teardown(ps_worker_t *p)
+{
+    if (p->csv)
+        fclose(p->csv);
+    ps_partition_table_free(&p->table);
+    ps_smoke_data_free(&p->data);
+    ps_smoke_work_free(&p->work);
+    free(p->w), free(p->grad), free(p->mom), free(p->wd), free(p->gd), free(p->x), free(p->y);
+    p->csv = NULL;
+    p->w = p->grad = p->mom = NULL;
+    p->wd = p->gd = NULL;
+    p->x = NULL;
+    p->y = NULL;
+}
+
+double ps_worker_compute(ps_worker_t *p, uint64_t step)
+{
+    if (p->o->step_sleep_ms > 0) {
+        struct timespec ts = {p->o->step_sleep_ms / 1000, (p->o->step_sleep_ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    uint64_t first = step * (uint64_t)p->nworkers * (uint64_t)p->batch +
+                     (uint64_t)p->rank * (uint64_t)p->batch;
+    ps_smoke_data_batch(&p->data, first, p->batch, p->x, p->y);
+    return ps_smoke_loss_grad(&p->dims, p->w, p->x, p->y, p->batch, p->grad, p->wd, p->gd,
+                              &p->work, NULL);
+}
+
+double ps_worker_eval(ps_worker_t *p, double *accuracy)
+{
+    int n = p->o->eval_samples, correct = 0;
+    ps_smoke_data_batch(&p->data, PS_SMOKE_EVAL_BASE, n, p->x, p->y);
+    double loss = ps_smoke_loss_grad(&p->dims, p->w, p->x, p->y, n, NULL, p->wd, NULL,
+                                     &p->work, &correct);
+    if (accuracy)
+        *accuracy = (double)correct / n;
+    return loss;
+}
+
+char *ps_worker_spec_json(const ps_worker_t *p)
+{
+    char *optim = ps_optim_config_to_json(&p->optim);
+    size_t cap = 256 + (optim ? strlen(optim) : 0);
+    for (uint32_t i = 0; i < p->table.ntensors; i++) cap += strlen(p->table.tensors[i].name) + 48;
+    char *s = malloc(cap);
+    if (!optim || !s) {
+        free(optim);
+        free(s);
+        return NULL;
+    }
+    size_t n = (size_t)snprintf(s, cap, "{\"tensors\":[");
+    for (uint32_t i = 0; i < p->table.ntensors; i++)
+        n += (size_t)snprintf(s + n, cap - n, "%s[\"%s\",%zu,%d]", i ? "," : "",
+                              p->table.tensors[i].name, p->table.tensors[i].numel,
+                              p->table.tensors[i].group);
+    snprintf(s + n, cap - n,
+             "],\"partition_bytes\":%zu,\"num_servers\":%u,\"num_workers\":%d,\"optim\":%s}",
+             p->table.partition_bytes, p->table.nservers, p->nworkers, optim);
+    free(optim);
+    return s;
+}
