@@ -1,5 +1,7 @@
 /* Codec throughput on a 16 MiB gradient-like fp32 tensor (N(0,1) * 1e-3):
- * encode / decode / decode-add for every dtype x codec, the fp16/bf16
+ * encode / decode / decode-add for every dtype x codec (top-k at 1% and 0.1%,
+ * sign with its fp32 scale; their decode is the dense zero-fill + scatter a
+ * server slot does, decode-add the sparse accumulate), the fp16/bf16
  * conversions with and without SIMD, the byte shuffle and CRC32C (hardware
  * and table).  Every figure is MB/s of fp32 input and its ratio to memcpy of
  * the same 16 MiB measured in the same run, so runs on different machines
@@ -52,13 +54,14 @@ typedef struct {
     size_t len, cap;
     ps_dtype_t dt;
     ps_codec_t c;
+    ps_codec_params_t prm;
 } ctx_t;
 
 static void op_memcpy(void *p) { ctx_t *c = p; memcpy(c->y, c->x, NUMEL * 4); }
 static void op_encode(void *p)
 {
     ctx_t *c = p;
-    if (ps_codec_encode(c->enc, c->cap, &c->len, c->x, NUMEL, c->dt, c->c, c->scratch)) abort();
+    if (ps_codec_encode_ex(c->enc, c->cap, &c->len, c->x, NUMEL, c->dt, c->c, &c->prm, c->scratch)) abort();
 }
 static void op_decode(void *p)
 {
@@ -86,7 +89,7 @@ int main(int argc, char **argv)
     c.x = malloc(NUMEL * 4);
     c.y = malloc(NUMEL * 4);
     c.h = malloc(NUMEL * 2);
-    c.cap = ps_codec_bound(PS_DT_FP32, PS_CODEC_LZ4, NUMEL);
+    c.cap = ps_codec_bound(PS_DT_FP32, PS_CODEC_TOPK, NUMEL); /* the largest bound of all codecs */
     c.enc = malloc(c.cap);
     c.scratch = malloc(ps_codec_scratch_size(PS_DT_FP32, PS_CODEC_LZ4, NUMEL));
     if (!c.x || !c.y || !c.h || !c.enc || !c.scratch) {
@@ -108,16 +111,24 @@ int main(int argc, char **argv)
            ps_crc32c_hw() ? "SSE4.2 (3-way)" : "table");
     double mc = measure(op_memcpy, &c, NUMEL * 4);
     printf("%-28s %9.0f MB/s  (1.00x memcpy)\n", "memcpy", mc);
-    printf("%-12s %-5s %10s %10s %10s %8s\n", "dtype", "codec", "enc MB/s", "dec MB/s", "add MB/s", "ratio");
+    printf("%-12s %-10s %10s %10s %10s %8s\n", "dtype", "codec", "enc MB/s", "dec MB/s", "add MB/s", "ratio");
+    static const struct {
+        ps_codec_t c;
+        float ratio;
+    } codecs[] = {{PS_CODEC_RAW, 0}, {PS_CODEC_LZ4, 0}, {PS_CODEC_TOPK, 0.01f}, {PS_CODEC_TOPK, 0.001f}, {PS_CODEC_SIGN, 0}};
     for (int dt = 0; dt < 3; dt++)
-        for (int k = 0; k < 2; k++) {
+        for (size_t k = 0; k < sizeof codecs / sizeof codecs[0]; k++) {
+            char name[32];
             c.dt = (ps_dtype_t)dt;
-            c.c = (ps_codec_t)k;
+            c.c = codecs[k].c;
+            c.prm.topk_ratio = codecs[k].ratio;
+            if (c.c == PS_CODEC_TOPK) snprintf(name, sizeof name, "topk %g%%", 100 * (double)c.prm.topk_ratio);
+            else snprintf(name, sizeof name, "%s", ps_codec_name(c.c));
             double e = measure(op_encode, &c, NUMEL * 4);
             double d = measure(op_decode, &c, NUMEL * 4);
             double a = measure(op_decode_add, &c, NUMEL * 4);
-            printf("%-12s %-5s %10.0f %10.0f %10.0f %8.3f   (enc %.2fx dec %.2fx memcpy)\n", ps_dtype_name(c.dt),
-                   ps_codec_name(c.c), e, d, a, (double)c.len / (NUMEL * 4), e / mc, d / mc);
+            printf("%-12s %-10s %10.0f %10.0f %10.0f %8.4f   (enc %.2fx dec %.2fx memcpy)\n", ps_dtype_name(c.dt),
+                   name, e, d, a, (double)c.len / (NUMEL * 4), e / mc, d / mc);
         }
     struct {
         const char *name;

@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <poll.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -69,6 +70,8 @@ static void usage(FILE *f)
             "  --pump-seconds S        loopback TCP ceiling duration (default 2; 0 = skip)\n"
             "  --timeout-s S           give up on the whole run after S seconds (default 900)\n"
             "  --log-level L           error|warn|info|debug (default warn)\n"
+            "  --check                 verify the final weights against the closed form\n"
+            "                          (uses lr 0.1 instead of 1e-4; for tests, not timing)\n"
             "  --help\n"
             "Output: one line per configuration, key=value; GB = 1e9 bytes; gbps_per_worker =\n"
             "bytes / median step time, a step being pushpull of every partition and the wait.\n");
@@ -171,6 +174,9 @@ static int start_psd(const char *psd, int s, const psbench_cfg_t *cfg, char *end
         usleep(10 * 1000);
     }
     ps_error("psd %d did not write %s within 10 s", s, portfile);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    forget_child(pid);
     return -1;
 }
 
@@ -221,17 +227,68 @@ static void pslite_ref(const psbench_cfg_t *c, double *plain, double *tuned)
     }
 }
 
-static int read_all(int fd, void *buf, size_t len)
+/* Read every worker's results as they come; the first worker that dies
+ * without them brings the others down at once (they would otherwise sit in
+ * a barrier or a sync step until their timeout). */
+static int collect(const psbench_cfg_t *cfg, int *fds, pid_t *wpids, double *times,
+                   psbench_result_t *sum)
 {
-    char *p = buf;
-    while (len) {
-        ssize_t n = read(fd, p, len);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return -1;
-        p += n;
-        len -= (size_t)n;
+    int W = cfg->workers, open_fds = W, rc = 0;
+    size_t per = (size_t)cfg->iters * sizeof(double) + sizeof(psbench_result_t);
+    char *buf = calloc((size_t)W, per);
+    size_t *got = calloc((size_t)W, sizeof *got);
+    struct pollfd *pf = calloc((size_t)W, sizeof *pf);
+    if (!buf || !got || !pf) {
+        rc = -1;
+        goto out;
     }
-    return 0;
+    for (int w = 0; w < W; w++) {
+        pf[w].fd = fds[w];
+        pf[w].events = POLLIN;
+    }
+    while (open_fds > 0 && rc == 0) {
+        if (poll(pf, (nfds_t)W, -1) < 0) {
+            if (errno == EINTR) continue;
+            ps_error("poll: %s", strerror(errno));
+            rc = -1;
+            break;
+        }
+        for (int w = 0; w < W; w++) {
+            if (pf[w].fd < 0 || !(pf[w].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+            ssize_t n = read(pf[w].fd, buf + (size_t)w * per + got[w], per - got[w]);
+            if (n < 0 && errno == EINTR) continue;
+            if (n > 0) got[w] += (size_t)n;
+            if (n <= 0 || got[w] == per) {
+                close(pf[w].fd);
+                pf[w].fd = -1;
+                open_fds--;
+                if (got[w] != per) {
+                    ps_error("worker %d died without results (see its log above); stopping the others", w);
+                    rc = -1;
+                }
+            }
+        }
+    }
+    if (rc < 0)
+        for (int w = 0; w < W; w++)
+            if (wpids[w] > 0) kill(wpids[w], SIGKILL);
+    for (int w = 0; w < W; w++) {
+        if (pf[w].fd >= 0) close(pf[w].fd);
+        if (rc == 0) {
+            const char *d = buf + (size_t)w * per;
+            psbench_result_t r;
+            memcpy(times + (size_t)w * cfg->iters, d, (size_t)cfg->iters * sizeof(double));
+            memcpy(&r, d + (size_t)cfg->iters * sizeof(double), sizeof r);
+            sum->wire_out += r.wire_out / W;
+            sum->wire_in += r.wire_in / W;
+            if (!(r.check_err <= sum->check_err)) sum->check_err = r.check_err;
+        }
+    }
+out:
+    free(buf);
+    free(got);
+    free(pf);
+    return rc;
 }
 
 static int run_config(const char *psd, const psbench_cfg_t *cfg, double loop_bps)
@@ -242,7 +299,7 @@ static int run_config(const char *psd, const psbench_cfg_t *cfg, double loop_bps
     int fds[MAXPROC], nw = 0, rc = 0;
     int S = cfg->servers, W = cfg->workers;
     double *times = calloc((size_t)W * cfg->iters, sizeof *times);
-    double wire_out = 0, wire_in = 0;
+    psbench_result_t res = {0, 0, 0};
     if (!times) return -1;
 
     for (int s = 0; s < S; s++) {
@@ -286,18 +343,7 @@ static int run_config(const char *psd, const psbench_cfg_t *cfg, double loop_bps
         wpids[w] = pid;
         fds[nw++] = p[0];
     }
-    for (int w = 0; w < W; w++) {
-        double wire[2];
-        if (read_all(fds[w], times + (size_t)w * cfg->iters, (size_t)cfg->iters * sizeof *times) < 0 ||
-            read_all(fds[w], wire, sizeof wire) < 0) {
-            ps_error("worker %d gave no results (see its log above)", w);
-            rc = -1;
-        } else {
-            wire_out += wire[0] / W;
-            wire_in += wire[1] / W;
-        }
-        close(fds[w]);
-    }
+    if (collect(cfg, fds, wpids, times, &res) < 0) rc = -1;
     for (int w = 0; w < W; w++) {
         int st;
         if (waitpid(wpids[w], &st, 0) == wpids[w] && !(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
@@ -325,13 +371,17 @@ out:
                "partition_bytes=%zu max_inflight=%d iters=%d median_s=%.6f p10_s=%.6f p90_s=%.6f "
                "gbps_per_worker=%.3f wire_out_per_iter=%.0f wire_in_per_iter=%.0f",
                S, W, cfg->bytes, ps_dtype_name(cfg->dtype), ps_codec_name(cfg->codec),
-               cfg->partition_bytes, cfg->max_inflight, cfg->iters, med, p10, p90, gbps, wire_out,
-               wire_in);
+               cfg->partition_bytes, cfg->max_inflight, cfg->iters, med, p10, p90, gbps,
+               res.wire_out, res.wire_in);
         if (lg > 0) printf(" loopback_gbps=%.3f ratio_loopback=%.3f", lg, gbps / lg);
         else printf(" loopback_gbps=NA ratio_loopback=NA");
         if (pl > 0) printf(" pslite_gbps=%.2f ratio_pslite=%.2f", pl, gbps / pl);
         else printf(" pslite_gbps=NA ratio_pslite=NA");
         if (pt > 0) printf(" pslite_tuned_gbps=%.2f ratio_pslite_tuned=%.2f", pt, gbps / pt);
+        if (cfg->check) {
+            printf(" check=%s check_err=%.3g", res.check_err <= 1 ? "ok" : "FAIL", res.check_err);
+            if (!(res.check_err <= 1)) rc = -1;
+        }
         printf("\n");
         fflush(stdout);
     } else {
@@ -368,6 +418,10 @@ int main(int argc, char **argv)
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             return 0;
+        }
+        if (!strcmp(a, "--check")) {
+            base.check = 1;
+            continue;
         }
         if (strncmp(a, "--", 2) || !v) {
             fprintf(stderr, "psbench: %s: %s (see --help)\n", a,

@@ -16,7 +16,14 @@ typedef struct psbench_cfg {
     int iters, warmup;
     int max_inflight;
     int timeout_ms;
+    int check;               /* verify the final weights against closed form */
 } psbench_cfg_t;
+
+/* What a worker sends back after its iters step times. */
+typedef struct psbench_result {
+    double wire_out, wire_in;  /* client bytes per timed iteration */
+    double check_err;          /* --check: worst |err| / tolerance (<= 1: pass), else 0 */
+} psbench_result_t;
 
 /* Worker process body: connects to `endpoints`, rank 0 initialises the
  * model, everybody barriers, then warmup + iters steps of pushpull over

@@ -30,6 +30,44 @@ static void fill_grad(float *g, size_t n, unsigned seed)
     }
 }
 
+/* --check needs updates large against the wire's rounding of w. */
+static double bench_lr(const psbench_cfg_t *cfg)
+{
+    return cfg->check ? 0.1 : 1e-4;
+}
+
+/* Closed form of `steps` sync SGD steps with the same gradient g_r from
+ * every rank r: w = w0 - steps * lr * mean_r(g_r).  Returns the worst
+ * |pulled - expected| / tolerance, the tolerance covering the wire dtype's
+ * rounding of the pulled weights and of every pushed gradient. */
+static double check_weights(const psbench_cfg_t *cfg, const float *w0, const float *got,
+                            size_t numel, int steps)
+{
+    double *mean = calloc(numel, sizeof *mean);
+    float *g = malloc(numel * sizeof *g);
+    double worst = 1e30, lr = bench_lr(cfg), gmax = 0;
+    if (!mean || !g) goto out;
+    for (int r = 0; r < cfg->workers; r++) {
+        fill_grad(g, numel, 100u + (unsigned)r);
+        for (size_t i = 0; i < numel; i++) {
+            mean[i] += (double)g[i] / cfg->workers;
+            if (fabs(g[i]) > gmax) gmax = fabs(g[i]);
+        }
+    }
+    double rq = cfg->dtype == PS_DT_BF16 ? 1.0 / 256 : cfg->dtype == PS_DT_FP16 ? 1.0 / 2048 : 1e-6;
+    worst = 0;
+    for (size_t i = 0; i < numel; i++) {
+        double want = (double)w0[i] - steps * lr * mean[i];
+        double tol = rq * fabs(want) + steps * lr * rq * gmax + 1e-7;
+        double e = fabs((double)got[i] - want) / tol;
+        if (!(e <= worst)) worst = e; /* NaN counts as the worst */
+    }
+out:
+    free(mean);
+    free(g);
+    return worst;
+}
+
 static int write_all(int fd, const void *buf, size_t len)
 {
     const char *p = buf;
@@ -95,8 +133,8 @@ int psbench_worker(const psbench_cfg_t *cfg, int rank, char **endpoints, int fd)
         snprintf(json, sizeof json,
                  "{\"tensors\":[[\"bench.weight\",%zu,0]],\"partition_bytes\":%zu,"
                  "\"num_servers\":%d,\"num_workers\":%d,"
-                 "\"optim\":{\"lr\":0.0001,\"momentum\":0}}",
-                 numel, cfg->partition_bytes, cfg->servers, cfg->workers);
+                 "\"optim\":{\"lr\":%g,\"momentum\":0}}",
+                 numel, cfg->partition_bytes, cfg->servers, cfg->workers, bench_lr(cfg));
         int ck = 0;
         if ((rc = ps_client_init(c, json, w, &ck)) < 0) {
             ps_error("worker 0: init: %s (%s)", ps_strerror(rc), ps_client_last_error(c));
@@ -140,10 +178,11 @@ int psbench_worker(const psbench_cfg_t *cfg, int rank, char **endpoints, int fd)
         if (it >= cfg->warmup) times[it - cfg->warmup] = psbench_now() - t0;
     }
     ps_client_counters(c, &k1);
-    double wire[2] = {(double)(k1.bytes_out - k0.bytes_out) / cfg->iters,
-                      (double)(k1.bytes_in - k0.bytes_in) / cfg->iters};
+    psbench_result_t res = {(double)(k1.bytes_out - k0.bytes_out) / cfg->iters,
+                            (double)(k1.bytes_in - k0.bytes_in) / cfg->iters, 0};
+    if (cfg->check) res.check_err = check_weights(cfg, w, dst, numel, cfg->warmup + cfg->iters);
     if (write_all(fd, times, (size_t)cfg->iters * sizeof *times) < 0 ||
-        write_all(fd, wire, sizeof wire) < 0) {
+        write_all(fd, &res, sizeof res) < 0) {
         ps_error("worker %d: writing results: %s", rank, strerror(errno));
         goto out;
     }

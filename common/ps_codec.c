@@ -15,14 +15,16 @@
  *
  * Decode validates everything and decompresses into scratch before it
  * writes a single element of dst, so a bad payload never leaves a partial
- * update behind. */
+ * update behind.  TOPK and SIGN live in ps_codec_sparse.c. */
 #include "ps_codec.h"
+#include "ps_codec_int.h"
 
 #include "ps_error.h"
 #include "ps_half.h"
 #include "ps_log.h"
 
 #include <lz4.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -97,13 +99,35 @@ size_t ps_codec_bound(ps_dtype_t dt, ps_codec_t c, size_t numel)
     switch (c) {
     case PS_CODEC_RAW: return numel * es;
     case PS_CODEC_LZ4: return LZ4_HDR + 4 * nchunks(numel) + numel * es;
-    default: return numel * 4; /* reserved codecs: never more than raw fp32 */
+    case PS_CODEC_TOPK: return PS_TOPK_HDR + numel * (4 + es);
+    case PS_CODEC_SIGN: return PS_SIGN_HDR + (numel + 7) / 8;
     }
+    return 0;
+}
+
+size_t ps_codec_topk_k(size_t numel, float ratio)
+{
+    if (!(ratio >= 0.f && ratio <= 1.f)) return 0;
+    if (ratio == 0.f) ratio = PS_CODEC_TOPK_DEFAULT_RATIO;
+    /* ratio * numel rounded up, but not by the float error of the ratio:
+     * 0.001f is 0.0010000000475, and 1000 elements at "0.1%" mean k = 1 */
+    double x = (double)ratio * (double)numel, k = ceil(x - x * 1e-6);
+    if (k < 1) k = 1;
+    return k >= (double)numel ? numel : (size_t)k;
+}
+
+size_t ps_codec_bound_ex(ps_dtype_t dt, ps_codec_t c, size_t numel, const ps_codec_params_t *params)
+{
+    size_t b = ps_codec_bound(dt, c, numel);
+    if (c != PS_CODEC_TOPK || !b) return b;
+    size_t k = ps_codec_topk_k(numel, params ? params->topk_ratio : 0.f);
+    return PS_TOPK_HDR + k * (4 + ps_dtype_size(dt));
 }
 
 size_t ps_codec_scratch_size(ps_dtype_t dt, ps_codec_t c, size_t numel)
 {
     size_t es = ps_dtype_size(dt);
+    /* TOPK selects by radix select in place and SIGN streams: neither needs any */
     if (c != PS_CODEC_LZ4 || !es || numel > (SIZE_MAX - 4096) / 8) return 0;
     /* encode: converted chunk + shuffled chunk; decode: the whole tensor in
      * the wire dtype + one decompressed chunk.  The decode need is larger. */
@@ -253,9 +277,19 @@ static void to_wire(void *dst, const float *src, size_t n, ps_dtype_t dt)
     }
 }
 
-/* wire dtype -> fp32 (or +=) for n elements at an aligned src */
-static void from_wire_aligned(float *dst, const void *src, size_t n, ps_dtype_t dt, int add)
+/* wire dtype -> fp32 (=, += or -=) for n elements at an aligned src */
+static void from_wire_aligned(float *dst, const void *src, size_t n, ps_dtype_t dt, int mode)
 {
+    if (mode == PS_DECODE_SUB) { /* rare (error feedback): convert aside, then subtract */
+        float tmp[1024];
+        for (size_t i = 0; i < n; i += 1024) {
+            size_t k = n - i < 1024 ? n - i : 1024;
+            from_wire_aligned(tmp, (const uint8_t *)src + i * ps_dtype_size(dt), k, dt, PS_DECODE_SET);
+            for (size_t j = 0; j < k; j++) dst[i + j] -= tmp[j];
+        }
+        return;
+    }
+    int add = mode == PS_DECODE_ADD;
     if (dt == PS_DT_FP32) {
         const float *s = src;
         if (add)
@@ -273,12 +307,12 @@ static void from_wire_aligned(float *dst, const void *src, size_t n, ps_dtype_t 
 
 /* Payloads arrive at whatever address the transport gives; bounce misaligned
  * ones through a small stack buffer rather than read them as typed arrays. */
-static void from_wire(float *dst, const void *src, size_t n, ps_dtype_t dt, int add)
+static void from_wire(float *dst, const void *src, size_t n, ps_dtype_t dt, int mode)
 {
     size_t es = ps_dtype_size(dt);
     if (!n) return;
     if (((uintptr_t)src & (es - 1)) == 0) {
-        from_wire_aligned(dst, src, n, dt, add);
+        from_wire_aligned(dst, src, n, dt, mode);
         return;
     }
     float bounce[1024];
@@ -286,7 +320,7 @@ static void from_wire(float *dst, const void *src, size_t n, ps_dtype_t dt, int 
     for (size_t i = 0; i < n; i += 1024) {
         size_t k = n - i < 1024 ? n - i : 1024;
         memcpy(bounce, p + i * es, k * es);
-        from_wire_aligned(dst + i, bounce, k, dt, add);
+        from_wire_aligned(dst + i, bounce, k, dt, mode);
     }
 }
 
@@ -332,7 +366,7 @@ static int lz4_encode(uint8_t *dst, size_t cap, size_t *out_len, const float *sr
 }
 
 static int lz4_decode(float *dst, size_t numel, const uint8_t *src, size_t len, ps_dtype_t dt,
-                      int add, uint8_t *scratch)
+                      int mode, uint8_t *scratch)
 {
     size_t es = ps_dtype_size(dt), pos = LZ4_HDR;
     uint8_t *whole = scratch, *chunkbuf = scratch + numel * es;
@@ -387,13 +421,13 @@ static int lz4_decode(float *dst, size_t numel, const uint8_t *src, size_t len, 
         ps_error("lz4 payload has %zu trailing bytes after %zu elements", len - pos, numel);
         return PS_EMISMATCH;
     }
-    from_wire(dst, whole, numel, dt, add);
+    from_wire(dst, whole, numel, dt, mode);
     return 0;
 }
 
 /* ---- entry points -------------------------------------------------------- */
 
-static int check_args(ps_dtype_t dt, ps_codec_t c, size_t numel)
+static int check_args(ps_dtype_t dt, ps_codec_t c, size_t numel, int mode)
 {
     if (!ps_dtype_size(dt) || (unsigned)c > PS_CODEC_SIGN) {
         ps_error("unknown dtype %d or codec %d", (int)dt, (int)c);
@@ -403,9 +437,13 @@ static int check_args(ps_dtype_t dt, ps_codec_t c, size_t numel)
         ps_error("tensor of %zu elements is too large to encode", numel);
         return PS_EINVAL;
     }
-    if (c == PS_CODEC_TOPK || c == PS_CODEC_SIGN) {
-        ps_error("codec %s is not implemented yet", ps_codec_name(c));
-        return PS_EUNSUPPORTED;
+    if (c == PS_CODEC_TOPK && numel > UINT32_MAX) {
+        ps_error("topk: %zu elements do not fit 32-bit indices", numel);
+        return PS_EINVAL;
+    }
+    if (mode < PS_DECODE_SET || mode > PS_DECODE_SUB) {
+        ps_error("unknown decode mode %d", mode);
+        return PS_EINVAL;
     }
     return 0;
 }
@@ -413,8 +451,24 @@ static int check_args(ps_dtype_t dt, ps_codec_t c, size_t numel)
 int ps_codec_encode(void *dst, size_t dst_cap, size_t *out_len, const float *src, size_t numel,
                     ps_dtype_t dt, ps_codec_t c, void *scratch)
 {
-    int rc = check_args(dt, c, numel);
+    return ps_codec_encode_ex(dst, dst_cap, out_len, src, numel, dt, c, NULL, scratch);
+}
+
+int ps_codec_encode_ex(void *dst, size_t dst_cap, size_t *out_len, const float *src, size_t numel,
+                       ps_dtype_t dt, ps_codec_t c, const ps_codec_params_t *params, void *scratch)
+{
+    int rc = check_args(dt, c, numel, PS_DECODE_SET);
     if (rc) return rc;
+    if (c == PS_CODEC_TOPK) {
+        float ratio = params ? params->topk_ratio : 0.f;
+        if (!(ratio >= 0.f && ratio <= 1.f)) {
+            ps_error("topk: ratio %g is not in (0, 1]", (double)ratio);
+            return PS_EINVAL;
+        }
+        return ps_codec_topk_encode_(dst, dst_cap, out_len, src, numel, dt,
+                                     ps_codec_topk_k(numel, ratio));
+    }
+    if (c == PS_CODEC_SIGN) return ps_codec_sign_encode_(dst, dst_cap, out_len, src, numel, dt);
     size_t es = ps_dtype_size(dt);
     if (c == PS_CODEC_RAW) {
         if (dst_cap < numel * es) {
@@ -442,8 +496,16 @@ int ps_codec_encode(void *dst, size_t dst_cap, size_t *out_len, const float *src
 int ps_codec_decode(float *dst, size_t numel, const void *src, size_t len, ps_dtype_t dt,
                     ps_codec_t c, int add, void *scratch)
 {
-    int rc = check_args(dt, c, numel);
+    return ps_codec_decode_ex(dst, numel, src, len, dt, c, add ? PS_DECODE_ADD : PS_DECODE_SET, scratch);
+}
+
+int ps_codec_decode_ex(float *dst, size_t numel, const void *src, size_t len, ps_dtype_t dt,
+                       ps_codec_t c, ps_decode_mode_t mode, void *scratch)
+{
+    int rc = check_args(dt, c, numel, (int)mode);
     if (rc) return rc;
+    if (c == PS_CODEC_TOPK) return ps_codec_topk_decode_(dst, numel, src, len, dt, mode);
+    if (c == PS_CODEC_SIGN) return ps_codec_sign_decode_(dst, numel, src, len, dt, mode);
     size_t es = ps_dtype_size(dt);
     if (c == PS_CODEC_RAW) {
         if (len != numel * es) {
@@ -451,7 +513,7 @@ int ps_codec_decode(float *dst, size_t numel, const void *src, size_t len, ps_dt
                      ps_dtype_name(dt), len, numel, numel * es);
             return PS_EMISMATCH;
         }
-        from_wire(dst, src, numel, dt, add);
+        from_wire(dst, src, numel, dt, mode);
         return 0;
     }
     void *own = NULL;
@@ -462,7 +524,7 @@ int ps_codec_decode(float *dst, size_t numel, const void *src, size_t len, ps_dt
             return PS_ENOMEM;
         }
     }
-    rc = lz4_decode(dst, numel, src, len, dt, add, scratch);
+    rc = lz4_decode(dst, numel, src, len, dt, mode, scratch);
     free(own);
     return rc;
 }

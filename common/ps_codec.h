@@ -1,7 +1,9 @@
 /* Tensor codecs for the wire (DESIGN.md section 5): a dtype (fp32/fp16/bf16)
- * and a compressor (raw, lz4 with byte-shuffle prefilter; top-k and sign are
- * reserved for the compression issue).  Every decode validates sizes against
- * what the header promised and never writes past numel. */
+ * and a compressor (raw, lz4 with byte-shuffle prefilter, top-k
+ * sparsification, 1-bit sign with a per-partition scale).  Every decode
+ * validates sizes against what the header promised and never writes past
+ * numel.  TOPK and SIGN are lossy beyond the dtype: use them for gradients
+ * (pushes) through ps_ef (error feedback), never for weights. */
 #ifndef PS_CODEC_H
 #define PS_CODEC_H
 #include <stddef.h>
@@ -17,7 +19,9 @@ const char *ps_codec_name(ps_codec_t c);             /* "raw", "lz4", ... */
 int ps_dtype_parse(const char *s, ps_dtype_t *dt);
 int ps_codec_parse(const char *s, ps_codec_t *c);
 
-/* Upper bound of encoded bytes for numel elements. */
+/* Upper bound of encoded bytes for numel elements: the largest payload any
+ * encoder can produce and a decoder accepts (for TOPK that is k = numel, so a
+ * receiver can size buffers without knowing the sender's ratio). */
 size_t ps_codec_bound(ps_dtype_t dt, ps_codec_t c, size_t numel);
 /* Scratch bytes encode/decode may need for numel elements (0 for raw). */
 size_t ps_codec_scratch_size(ps_dtype_t dt, ps_codec_t c, size_t numel);
@@ -37,7 +41,50 @@ int ps_codec_decode(float *dst, size_t numel, const void *src, size_t len, ps_dt
 
 /* Notes on the calls above: scratch may be NULL, in which case encode/decode
  * allocate (and free) what ps_codec_scratch_size() says for that call.
- * TOPK / SIGN return PS_EUNSUPPORTED from encode and decode. */
+ * ps_codec_encode() with TOPK uses PS_CODEC_TOPK_DEFAULT_RATIO.
+ *
+ * TOPK payload (integers little-endian; indices and values as two arrays):
+ *   u32 magic "PSK1" | u8 dtype | u8 0 | u16 0 | u64 numel | u64 k |
+ *   u32 index[k] (strictly increasing, < numel) | value[k] (wire dtype)
+ *   = 24 + k * (4 + dtype size) bytes exactly.
+ * The k elements of largest |x| are sent; among equal magnitudes at the
+ * threshold the lower indices win; NaN counts as larger than Inf.  Selection
+ * is a 3-pass radix select on |x|'s bit pattern: O(numel) always, no scratch.
+ * Decode SET zero-fills dst and scatters (the server decodes a sparse push
+ * into a zeroed slot); ADD/SUB touch only the k indices.  numel <= 2^32 - 1.
+ *
+ * SIGN payload: u32 magic "PSG1" | u8 dtype | u8 0 | u16 0 | u64 numel |
+ *   f32 scale | ceil(numel/8) bytes of sign bits (element i = bit i%8 of byte
+ *   i/8, 1 = negative, unused high bits of the last byte 0)
+ *   = 20 + ceil(numel/8) bytes exactly; the dtype is recorded and checked but
+ *   the scale is always fp32.  scale = mean |x| over the partition (the
+ *   scaled-sign / EF-signSGD choice: ||x||_1 / n keeps the step's L1 mass);
+ *   element i decodes to -scale if x's sign bit was set (so -0 -> -scale),
+ *   else +scale.  Encode returns PS_ENONFINITE if x holds NaN/Inf (the scale
+ *   would be meaningless); decode rejects a NaN/Inf/negative scale. */
+
+#define PS_CODEC_TOPK_DEFAULT_RATIO 0.01f
+typedef struct {
+    float topk_ratio; /* TOPK: fraction of elements sent, in (0, 1]; 0 = default.
+                         k = ceil(ratio * numel), at least 1 when numel > 0 */
+} ps_codec_params_t;
+
+/* What decode does with dst: overwrite, accumulate (server summation), or
+ * subtract (error feedback: residual -= what was sent). */
+typedef enum { PS_DECODE_SET = 0, PS_DECODE_ADD = 1, PS_DECODE_SUB = 2 } ps_decode_mode_t;
+
+/* k = ceil(ratio * numel) (ignoring the float error of ratio, relative 1e-6),
+ * at least 1 when numel > 0; ratio 0 = default; 0 if ratio is not in [0, 1]. */
+size_t ps_codec_topk_k(size_t numel, float ratio);
+/* Exact bound for an encode with these params (params may be NULL). */
+size_t ps_codec_bound_ex(ps_dtype_t dt, ps_codec_t c, size_t numel, const ps_codec_params_t *params);
+/* ps_codec_encode with parameters (NULL = defaults); PS_EINVAL for a ratio
+ * outside [0, 1] or a TOPK tensor of 2^32 elements or more. */
+int ps_codec_encode_ex(void *dst, size_t dst_cap, size_t *out_len, const float *src, size_t numel,
+                       ps_dtype_t dt, ps_codec_t c, const ps_codec_params_t *params, void *scratch);
+/* ps_codec_decode with an explicit mode; same validation and errors. */
+int ps_codec_decode_ex(float *dst, size_t numel, const void *src, size_t len, ps_dtype_t dt,
+                       ps_codec_t c, ps_decode_mode_t mode, void *scratch);
 
 /* Byte shuffle prefilter used by LZ4 (exposed for tests and benchmarks):
  * out[b*n + i] = in[i*es + b] for n elements of es bytes, and its inverse.

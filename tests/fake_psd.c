@@ -67,10 +67,7 @@ static void weights(fake_psd_t *f, ps_wire_msg_t *m, uint32_t p)
         h.iteration = f->version[p];
         h.has_numel = 1;
         h.numel = numel;
-        if (atomic_load(&f->bad_weights) > 0) {
-            atomic_fetch_sub(&f->bad_weights, 1);
-            h.numel = numel + 1;
-        }
+        if ((int)p == atomic_load(&f->bad_weights)) h.numel = numel + 1;
         h.has_dtype = 1;
         h.dtype = rq->dtype;
         h.has_codec = 1;
@@ -252,6 +249,10 @@ static void *run(void *arg)
     fake_psd_t *f = arg;
     char err[256];
     while (!atomic_load(&f->stop)) {
+        if (atomic_load(&f->stall)) {
+            usleep(5000);
+            continue;
+        }
         zmq_pollitem_t it = {f->sock, 0, ZMQ_POLLIN, 0};
         if (zmq_poll(&it, 1, 20) <= 0) continue;
         ps_wire_msg_t m;
@@ -276,6 +277,7 @@ int fake_psd_start(fake_psd_t *f, int server_id, const ps_partition_table_t *t, 
     f->table_hash = t->hash;
     atomic_init(&f->err_part, -1);
     atomic_init(&f->silent_part, -1);
+    atomic_init(&f->bad_weights, -1);
     pthread_mutex_init(&f->mu, NULL);
     f->w = calloc(t->nparts, sizeof *f->w);
     f->version = calloc(t->nparts, sizeof *f->version);
@@ -283,8 +285,10 @@ int fake_psd_start(fake_psd_t *f, int server_id, const ps_partition_table_t *t, 
 
     f->ctx = zmq_ctx_new();
     f->sock = zmq_socket(f->ctx, ZMQ_ROUTER);
-    int linger = 0, mandatory = 1;
+    int linger = 0, mandatory = 1, hwm = 2;
     zmq_setsockopt(f->sock, ZMQ_LINGER, &linger, sizeof linger);
+    /* a stalled fake then pushes back on the client within a few messages */
+    zmq_setsockopt(f->sock, ZMQ_RCVHWM, &hwm, sizeof hwm);
     zmq_setsockopt(f->sock, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof mandatory);
     char addr[64];
     if (port) snprintf(addr, sizeof addr, "tcp://127.0.0.1:%d", port);

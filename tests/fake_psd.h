@@ -26,7 +26,8 @@ typedef struct fake_psd {
     atomic_int delay_ms;         /* sleep before every data reply */
     atomic_int err_part;         /* this partition gets ERROR(PS_ESTALE) (-1: none) */
     atomic_int silent_part;      /* this partition is never answered (-1: none) */
-    atomic_int bad_weights;      /* next N WEIGHTS replies claim one element too many */
+    atomic_int stall;            /* stop reading the socket (a hung peer) */
+    atomic_int bad_weights;      /* WEIGHTS of this partition claim one element too many (-1: none) */
 
     /* state: fp32 weights and version per partition (only owned ones used) */
     float **w;

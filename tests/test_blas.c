@@ -88,6 +88,8 @@ int main(int argc, char **argv)
             check_gemm(ta, tb, 37, 301, 129); /* split along N */
             check_gemm(ta, tb, 301, 33, 120); /* split along M */
             check_gemm(ta, tb, 5, 7, 3);      /* too small to split */
+            check_gemm(ta, tb, 20, 1600, 40); /* several slices per thread */
+            check_gemm(ta, tb, 1600, 24, 30);
         }
     ps_ctx_free(&ctx);
     return tap_done();

@@ -288,12 +288,13 @@ static void test_faults(void)
     atomic_store(&f.err_part, -1);
 
     /* a reply that does not fit the request is refused, dst untouched */
-    atomic_store(&f.bad_weights, 1);
+    atomic_store(&f.bad_weights, 0);
     for (int i = 0; i < 1000; i++) dst[i] = 7.0f;
     rc = ps_client_pull(c, 0, 0, dst, &r[0]);
     rc |= ps_client_wait(c, r[0], -1, NULL);
     is_int(rc, PS_EMISMATCH, "WEIGHTS with the wrong numel refused");
     ok(dst[0] == 7.0f && dst[999] == 7.0f, "... and dst is untouched");
+    atomic_store(&f.bad_weights, -1);
 
     /* a partition nobody answers: retried, then PS_ETIMEOUT */
     ps_client_t *c2 = connect1(&t, &f, 1, PS_DT_FP32, PS_CODEC_RAW, 40, 400, 0);
@@ -467,8 +468,45 @@ static void test_restart(void)
     free_table(&t);
 }
 
+/* A server that accepted the connection and then stopped reading: frames
+ * stay inside ZeroMQ (zero-copy, pointing at the caller's gradient).  The
+ * requests must still time out and hand the buffers back, and the client
+ * must work again once the server does. */
+static void test_hung_server(void)
+{
+    static const size_t sizes[] = {(size_t)1 << 20};
+    ps_partition_table_t t;
+    make_table(&t, 1, 1, sizes);
+    fake_psd_t f;
+    fake_psd_start(&f, 0, &t, 0);
+    ps_client_t *c = connect1(&t, &f, 1, PS_DT_FP32, PS_CODEC_RAW, 0, 1500, 0);
+    float *g = calloc(sizes[0], sizeof *g);
+    ps_req_t *r[8];
+    int rc = ps_client_pull(c, 0, 0, g, &r[0]);
+    rc |= ps_client_wait(c, r[0], -1, NULL);
+    is_int(rc, 0, "hung server: connected");
+    atomic_store(&f.stall, 1);
+    usleep(50 * 1000);
+    int n = 0, timeouts = 0;
+    for (int i = 0; i < 8; i++) n += ps_client_push(c, 0, 0, g, 0, &r[i]) == 0;
+    double t0 = now_s();
+    for (int i = 0; i < n; i++) timeouts += ps_client_wait(c, r[i], -1, NULL) == PS_ETIMEOUT;
+    double el = now_s() - t0;
+    is_int(timeouts, 8, "hung server: all 8 pushes of 4 MiB time out");
+    ok(el < 20, "hung server: and their buffers come back (%.2f s)", el);
+    atomic_store(&f.stall, 0);
+    rc = ps_client_pull(c, 0, 0, g, &r[0]);
+    rc |= ps_client_wait(c, r[0], -1, NULL);
+    is_int(rc, 0, "hung server: works again after it recovers");
+    ps_client_destroy(&c);
+    fake_psd_stop(&f);
+    free(g);
+    free_table(&t);
+}
+
 int main(void)
 {
+    alarm(240); /* a hang is a failure, not a stuck CI job */
     ps_log_level = getenv("PS_LOG_LEVEL") ? atoi(getenv("PS_LOG_LEVEL")) : PS_LOG_ERROR - 1;
     static const ps_dtype_t dts[] = {PS_DT_FP32, PS_DT_FP16, PS_DT_BF16};
     static const ps_codec_t cs[] = {PS_CODEC_RAW, PS_CODEC_LZ4};
@@ -478,5 +516,6 @@ int main(void)
     test_faults();
     test_control();
     test_restart();
+    test_hung_server();
     return tap_done();
 }

@@ -10,13 +10,17 @@
  *   logits, loss: rtol 1e-3, atol 1e-4 -- float32 forward through ~20
  *   conv+BN layers with another summation order (im2col+OpenBLAS vs oneDNN)
  *   stays near 1e-5 relative;
- *   gradients: some are ill-conditioned -- a max-pool or ReLU decision that
- *   flips between float32 and float64 reroutes gradient, and BN over few
- *   values (layer4 at 32x32 normalises 8 numbers) cancels -- so the golden
- *   records, per tensor, how far PyTorch's OWN float32 run is from float64
- *   (noise_e: max element error / rms, noise_n: relative norm error).  The
- *   engine must be within 3x that plus a floor: norm 1e-3 + 3*noise_n,
- *   element 1e-2*|ref| + (2e-3 + 3*noise_e)*rms;
+ *   gradients are discontinuous: where a ReLU or max-pool input lies within
+ *   rounding of a decision, float32 and float64 route the gradient
+ *   differently, and training-mode BN spreads that over the channel (worst
+ *   when the batch is small; PyTorch's own float32 run is off by up to 0.2
+ *   rms in some tensors of the 2x8x64x64 ResNet-18).  The golden records per
+ *   tensor PyTorch's own float32 error (max and 90th percentile, in units
+ *   of the gradient's rms; relative norm error), and the engine must have:
+ *     norm within 2e-3 + 3*noise_norm (relative);
+ *     >= 80% of the sampled elements within 1e-2*|ref| + (2e-3 +
+ *     3*noise_p90)*rms  -- a flip touches a few channels, a bug all of them;
+ *     every sampled element within 1e-2*|ref| + (0.25 + 3*noise_max)*rms.
  *   BN running statistics: rtol 1e-3, atol 1e-4 (the batch variance over as
  *   few as 8 values).
  * An error in any layer (wrong stride, shift direction, BN mode, missing
@@ -126,15 +130,16 @@ static void check_variant(ps_ctx_t *ctx, const variant_t *v)
             snprintf(what, sizeof what, "%s: logits", v->name);
             allclose(ps_model_logits(m), ref, n, 1e-4, 1e-3, what);
             free(ref);
-        } else if (sscanf(line, "grad %127s %*d %*f %*f %*f%n", name, &off) == 1 && off > 0) {
+        } else if (sscanf(line, "grad %127s %*d %*f %*f %*f %*f%n", name, &off) == 1 &&
+                   off > 0) {
             int pi = ps_model_find_param(m, name);
             if (!ok(pi >= 0, "%s: gradient of %s exists in the model", v->name, name)) continue;
             seen[pi] = 1;
             ngrad++;
             size_t numel;
-            double ref_norm, noise_e, noise_n;
-            sscanf(line, "grad %*s %zu %lf %lf %lf", &numel, &ref_norm, &noise_e, &noise_n);
-            double tol_n = 1e-3 + 3 * noise_n, tol_e = 2e-3 + 3 * noise_e;
+            double ref_norm, noise_max, noise_p90, noise_n;
+            sscanf(line, "grad %*s %zu %lf %lf %lf %lf", &numel, &ref_norm, &noise_max,
+                   &noise_p90, &noise_n);
             const ps_model_param_t *p = &P[pi];
             if (numel != p->numel) {
                 bad_grad++;
@@ -143,12 +148,14 @@ static void check_variant(ps_ctx_t *ctx, const variant_t *v)
             }
             double norm = l2(p->g, p->numel);
             double rel = fabs(norm - ref_norm) / (ref_norm > 0 ? ref_norm : 1);
-            if (ref_norm == 0 ? norm != 0 : rel > tol_n) {
+            if (ref_norm == 0 ? norm != 0 : rel > 2e-3 + 3 * noise_n) {
                 bad_grad++;
                 diag("%s: |grad %s| = %.9g, PyTorch %.9g", v->name, name, norm, ref_norm);
             }
             if (rel > worst_norm) worst_norm = rel;
             double rms = ref_norm / sqrt((double)numel);
+            double tight = 2e-3 + 3 * noise_p90, loose = 0.25 + 3 * noise_max;
+            int nsamp = 0, ntight = 0;
             char *s = line + off;
             for (int j = 0;; j++) {
                 long idx;
@@ -162,13 +169,20 @@ static void check_variant(ps_ctx_t *ctx, const variant_t *v)
                          idx, (unsigned long long)sample_index(name, numel, j));
                     break;
                 }
-                double d = fabs((double)p->g[idx] - val), lim = tol_e * rms + 1e-2 * fabs(val);
+                double d = fabs((double)p->g[idx] - val), r = 1e-2 * fabs(val);
+                nsamp++;
+                ntight += d <= r + tight * rms;
                 if (rms > 0 && d / rms > worst_elem) worst_elem = d / rms;
-                if (!(d <= lim)) {
+                if (!(d <= r + loose * rms)) {
                     bad_grad++;
                     diag("%s: %s[%ld] = %.9g, PyTorch %.9g (rms %.3g)", v->name, name, idx,
                          p->g[idx], val, rms);
                 }
+            }
+            if (ntight < 0.8 * nsamp) {
+                bad_grad++;
+                diag("%s: %s: only %d of %d samples within %.2g rms", v->name, name, ntight,
+                     nsamp, tight);
             }
         } else if (sscanf(line, "buf %127s %*d%n", name, &off) == 1 && off > 0) {
             int bi = find_buffer(m, name);
@@ -341,7 +355,7 @@ int main(void)
         {"r18_tsm", 18, 1, 0, 2, 64, 10},
         {"r18_tsn", 18, 0, 0, 1, 32, 5},
         {"r18_tsm_pbn", 18, 1, 1, 1, 32, 5},
-        {"r50_tsm", 50, 1, 0, 1, 32, 10},
+        {"r50_tsm_pbn", 50, 1, 1, 1, 32, 10},
     };
     for (size_t i = 0; i < sizeof vs / sizeof vs[0]; i++) check_variant(&ctx, &vs[i]);
     check_tables(&ctx);

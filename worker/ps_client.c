@@ -91,9 +91,10 @@ void ps_client_complete_locked(ps_client_t *c, ps_req_t *r, int result)
 static void tune_malloc_once(void)
 {
     if (getenv("PS_NO_MALLOC_TUNE")) return;
-    /* Above 256 MiB a message is rare enough to pay for its page faults. */
-    mallopt(M_MMAP_THRESHOLD, 256 << 20);
-    mallopt(M_TRIM_THRESHOLD, 512 << 20);
+    /* 32 MiB is the largest threshold glibc accepts on 64-bit (HEAP_MAX/2);
+     * partitions are 4 MiB by default, so every message stays below it. */
+    if (!mallopt(M_MMAP_THRESHOLD, 32 << 20) || !mallopt(M_TRIM_THRESHOLD, 512 << 20))
+        ps_warn("mallopt refused the mmap / trim thresholds; large messages may page-fault");
 }
 
 static void tune_malloc(void)

@@ -27,12 +27,17 @@ typedef struct ps_client_opts {
     int num_workers;             /* expected cluster size (sent in HELLO) */
     ps_dtype_t dtype;            /* wire dtype of gradients and pulled weights */
     ps_codec_t codec;            /* raw or lz4 */
-    int timeout_ms;              /* give up on a request after this (0 = never) */
-    int retry_ms;                /* resend an unanswered request after this (0 = off) */
+    int timeout_ms;              /* give up on a request after this, counted from
+                                    submission, queueing included (0 = never) */
+    int retry_ms;                /* resend an unanswered request after this, then
+                                    after 2x, 4x ... up to 60 s (0 = off) */
     int heartbeat_ms;            /* HEARTBEAT period to every server (0 = off) */
     int max_inflight;            /* requests outstanding per server (default 8) */
 } ps_client_opts_t;
 
+/* Defaults: rank -1, num_workers 1, fp32/raw, timeout 300 s, retry 5 s (a
+ * sync PUSHPULL legitimately waits for the slowest worker, and every resend
+ * costs a whole gradient of bandwidth), heartbeat 1 s, max_inflight 8. */
 void ps_client_opts_default(ps_client_opts_t *o);
 
 /* Connect (does not block on the servers being up). t must outlive c.
@@ -40,7 +45,10 @@ void ps_client_opts_default(ps_client_opts_t *o);
  * receive buffers are then reused instead of page-faulted in per message;
  * set PS_NO_MALLOC_TUNE in the environment to keep glibc's defaults). */
 int ps_client_new(ps_client_t **c, const ps_client_opts_t *o, const ps_partition_table_t *t);
-/* Send BYE, stop the I/O thread, close sockets, free; NULLs *c. */
+/* Send BYE (waiting up to 300 ms for the ACKs), stop the I/O thread, close
+ * sockets, free; NULLs *c.  Requests still outstanding complete with
+ * PS_ESHUTDOWN and their handles die with the client: no thread may be
+ * waiting on c any more. */
 void ps_client_destroy(ps_client_t **c);
 
 /* HELLO to server 0: returns the rank (>= 0) or a negative PS_E*. */
@@ -56,7 +64,13 @@ int ps_client_init(ps_client_t *c, const char *spec_json, const float *flat_weig
 
 /* Asynchronous requests on partition `part`.  grad / dst point to that
  * partition's elements (t->parts[part].numel floats) and must stay valid
- * until the request completes.  *req receives a handle to wait on.
+ * until ps_client_wait returned for the request (with fp32/raw the gradient
+ * is sent zero-copy from grad; other wire formats encode it during the
+ * call, into a per-partition buffer that is reused).  *req receives a
+ * handle to wait on; every handle must be waited for exactly once (the pool
+ * holds 4 per partition plus 4*max_inflight per server; when it is empty
+ * the call fails with PS_EAGAIN).  Returns 0 or PS_ERANGE (partition),
+ * PS_EINVAL (NULL buffer), PS_EAGAIN, PS_ENOMEM, or an encode error.
  * push: gradient for `iteration`; flags = PS_FLAG_* (ps_wire.h).
  * pull: weights with version >= min_version into dst; *version is set.
  * pushpull: push, then the updated weights (version iteration+1) into dst. */

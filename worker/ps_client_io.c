@@ -420,8 +420,11 @@ static void run_timers(ps_client_t *c, int64_t now)
                              ps_wire_type_name(r->type), (int)r->part, r->nsent);
                     r->retry_delay = r->retry_delay * 2 > RETRY_CAP_MS ? RETRY_CAP_MS
                                                                       : r->retry_delay * 2;
+                    /* retries off: this was the one resend after a reconnect */
+                    r->t_retry = c->o.retry_ms > 0 ? now + r->retry_delay : 0;
+                } else {
+                    r->t_retry = now + BLOCKED_POLL_MS;
                 }
-                r->t_retry = now + (rc == 0 ? r->retry_delay : BLOCKED_POLL_MS);
             }
             pp = &r->next;
         }
@@ -467,9 +470,8 @@ static void reset_server(ps_client_t *c, int s, int64_t now)
         sv->reset = 1; /* try again on the next pass */
         return;
     }
-    /* Whatever was in flight on the old socket may be lost: resend now. */
-    for (ps_req_t *r = sv->inflight; r; r = r->next)
-        if (r->t_retry || c->o.retry_ms == 0) r->t_retry = now;
+    /* Whatever was in flight on the old socket is lost: resend it now. */
+    for (ps_req_t *r = sv->inflight; r; r = r->next) r->t_retry = now;
 }
 
 /* ---- main loop ---------------------------------------------------------- */

@@ -312,7 +312,7 @@ VARIANTS = [
     ("r18_tsm", 18, True, False, 2, 64, 10, 64),
     ("r18_tsn", 18, False, False, 1, 32, 5, 32),
     ("r18_tsm_pbn", 18, True, True, 1, 32, 5, 32),
-    ("r50_tsm", 50, True, False, 1, 32, 10, 32),
+    ("r50_tsm_pbn", 50, True, True, 1, 32, 10, 32),
 ]
 SEED = 1234
 T = 8
@@ -341,26 +341,30 @@ def run_variant(depth, shift, pbn, clips, H, K, dtype):
 def gen_variant(outdir, name, depth, shift, pbn, clips, H, K, nsamp):
     """The reference is PyTorch in float64 (same fp32 weights and input).
     PyTorch's own float32 run gives each tensor's noise floor: the largest
-    |g32 - g64| / rms(g64) and the relative error of the norm.  Some
-    gradients are ill-conditioned (a max-pool or ReLU decision that flips
-    between float32 and float64 reroutes gradient), so the test allows the
-    C engine a small multiple of PyTorch's own float32 error per tensor."""
+    and the 90th-percentile |g32 - g64| / rms(g64), and the relative error
+    of the norm.  Gradients are discontinuous where a ReLU or max-pool
+    decision flips between float32 and float64 (a pre-activation within
+    rounding of 0), and training-mode BN spreads such a flip over its
+    channel, so test_resnet.c judges elements by a majority rule on top of
+    these floors (see there)."""
     loss, logits, grads, bufs = run_variant(depth, shift, pbn, clips, H, K, torch.float64)
     _, _, g32, _ = run_variant(depth, shift, pbn, clips, H, K, torch.float32)
     lines = ["# %s: ResNet-%d %s partial_bn=%d clips=%d T=%d %dx%d K=%d seed=%d"
              % (name, depth, "TSM" if shift else "TSN", pbn, clips, T, H, H, K, SEED),
-             "# reference: PyTorch float64; grad NAME NUMEL NORM NOISE_ELEM NOISE_NORM "
-             "IDX:VAL...",
+             "# reference: PyTorch float64; grad NAME NUMEL NORM NOISE_MAX NOISE_P90 "
+             "NOISE_NORM IDX:VAL...",
              "loss %.12g" % loss,
              "logits %d %s" % (logits.numel(), " ".join("%.9g" % v for v in logits.tolist()))]
     for k, g in grads.items():
         n = g.norm().item()
         rms = n / math.sqrt(g.numel())
-        ne = ((g32[k] - g).abs().max().item() / rms) if rms > 0 else 0.0
+        e32 = (g32[k] - g).abs() / rms if rms > 0 else torch.zeros(1, dtype=torch.float64)
+        ne = e32.max().item()
+        np90 = torch.quantile(e32.float(), 0.9).item()
         nn_ = (abs(g32[k].norm().item() - n) / n) if n > 0 else 0.0
         idx = sample_indices(k, g.numel(), nsamp)
-        lines.append("grad %s %d %.12g %.3g %.3g %s" % (
-            k, g.numel(), n, ne, nn_, " ".join("%d:%.9g" % (i, g[i].item()) for i in idx)))
+        lines.append("grad %s %d %.12g %.3g %.3g %.3g %s" % (
+            k, g.numel(), n, ne, np90, nn_, " ".join("%d:%.9g" % (i, g[i].item()) for i in idx)))
     for k, b in bufs.items():
         if k.endswith("num_batches_tracked"):
             lines.append("count %s %d" % (k, int(b.item())))

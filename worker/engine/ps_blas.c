@@ -85,6 +85,7 @@ int ps_blas_get_threads(void)
 
 #define SPLIT_ALIGN 16            /* slice edges on kernel-unroll multiples */
 #define SPLIT_MIN_FLOPS (1 << 20) /* below this a team costs more than it saves */
+#define SPLIT_MIN_SLICE 128       /* rows/columns below which slices stop paying */
 
 void ps_blas_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,
                    int lda, const float *B, int ldb, float beta, float *C, int ldc)
@@ -103,10 +104,15 @@ void ps_blas_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha, c
      * slices write disjoint parts of C and need no reduction afterwards */
     const int split_n = N >= M;
     const int len = split_n ? N : M;
-    int chunk = (len + nt - 1) / nt;
+    /* a few slices per thread, handed out dynamically: a thread that loses
+     * its core for a while (a busy machine) does not hold the others at the
+     * barrier; each extra slice only re-packs the other operand once */
+    int per = len >= nt * 4 * SPLIT_MIN_SLICE ? 4 : len >= nt * 2 * SPLIT_MIN_SLICE ? 2 : 1;
+    int chunk = (len + nt * per - 1) / (nt * per);
     chunk = (chunk + SPLIT_ALIGN - 1) / SPLIT_ALIGN * SPLIT_ALIGN;
     const int parts = (len + chunk - 1) / chunk;
-#pragma omp parallel for num_threads(parts) schedule(static, 1)
+    const int team = parts < nt ? parts : nt;
+#pragma omp parallel for num_threads(team) schedule(dynamic, 1)
     for (int t = 0; t < parts; t++) {
         const int lo = t * chunk, n = len - lo < chunk ? len - lo : chunk;
         if (split_n) {

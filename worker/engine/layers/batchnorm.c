@@ -63,6 +63,7 @@ void ps_cpu_bn_forward_train(ps_ctx_t *ctx, float *out, float *save_mean, float 
         for (int n = 0; n < N; n++) {
             const float *x = inp + ((size_t)n * C + c) * HW;
             float *y = out + ((size_t)n * C + c) * HW;
+#pragma omp simd
             for (int i = 0; i < HW; i++) y[i] = x[i] * scale + shift;
         }
     }
@@ -113,6 +114,7 @@ void ps_cpu_bn_backward_train(ps_ctx_t *ctx, float *dinp, float *dgamma, float *
             const float *x = inp + ((size_t)n * C + c) * HW;
             const float *dy = dout + ((size_t)n * C + c) * HW;
             float *dx = dinp + ((size_t)n * C + c) * HW;
+#pragma omp simd
             for (int i = 0; i < HW; i++)
                 dx[i] = k * (dy[i] - mdy - (x[i] - mean) * rstd * mdyx);
         }
@@ -133,6 +135,7 @@ void ps_cpu_bn_forward_eval(ps_ctx_t *ctx, float *out, const float *inp, const f
             const float shift = (beta ? beta[c] : 0.0f) - run_mean[c] * scale;
             const float *x = inp + ((size_t)n * C + c) * HW;
             float *y = out + ((size_t)n * C + c) * HW;
+#pragma omp simd
             for (int i = 0; i < HW; i++) y[i] = x[i] * scale + shift;
         }
 }
@@ -158,6 +161,7 @@ void ps_cpu_bn_backward_eval(ps_ctx_t *ctx, float *dinp, float *dgamma, float *d
         for (int n = 0; n < N; n++) {
             const float *dy = dout + ((size_t)n * C + c) * HW;
             float *dx = dinp + ((size_t)n * C + c) * HW;
+#pragma omp simd
             for (int i = 0; i < HW; i++) dx[i] = k * dy[i];
         }
     }

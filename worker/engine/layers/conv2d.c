@@ -147,6 +147,7 @@ void ps_cpu_conv2d_forward(ps_ctx_t *ctx, float *out, const float *inp, const fl
         for (int n = 0; n < N; n++)
             for (int k = 0; k < K; k++) {
                 float *o = out + ((size_t)n * K + k) * PQ, bk = b[k];
+#pragma omp simd
                 for (size_t i = 0; i < PQ; i++) o[i] += bk;
             }
     }
@@ -172,6 +173,7 @@ void ps_cpu_conv2d_backward(ps_ctx_t *ctx, float *dinp, float *dw, float *db,
             for (int n = 0; n < N; n++) {
                 const float *o = dout + ((size_t)n * K + k) * PQ;
                 float sp = 0;
+#pragma omp simd reduction(+ : sp)
                 for (size_t i = 0; i < PQ; i++) sp += o[i];
                 s += sp;
             }

@@ -11,8 +11,9 @@ void ps_cpu_im2col(float *col, const float *x, size_t img_stride, int nc, int Cg
 {
     const int R = d->R, S = d->S, rows = Cg * R * S;
     const size_t PQ = (size_t)P * Q, cols = (size_t)nc * PQ, HW = (size_t)H * W;
-    /* rows are independent and write disjoint memory: one thread per row range */
-#pragma omp parallel for schedule(static)
+    /* rows are independent and write disjoint memory; dynamic chunks keep
+     * both threads busy even if one is preempted */
+#pragma omp parallel for schedule(dynamic, 4)
     for (int row = 0; row < rows; row++) {
         const int c = row / (R * S), r = (row / S) % R, s = row % S;
         const int w0 = s * d->dil_w - d->pad_w, sw = d->stride_w;
@@ -52,7 +53,7 @@ void ps_cpu_col2im(float *dx, const float *col, size_t img_stride, int nc, int C
     const size_t PQ = (size_t)P * Q, cols = (size_t)nc * PQ, HW = (size_t)H * W;
     /* Each (image, channel) plane of dx is written by exactly one thread
      * (all its R*S rows), so the scatter-add needs no atomics. */
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(dynamic, 1)
     for (int ic = 0; ic < nc * Cg; ic++) {
         const int i = ic / Cg, c = ic % Cg;
         float *xp = dx + (size_t)i * img_stride + (size_t)c * HW;
@@ -69,7 +70,12 @@ void ps_cpu_col2im(float *dx, const float *col, size_t img_stride, int nc, int C
                     const int h = p * d->stride_h - d->pad_h + r * d->dil_h;
                     if (h < 0 || h >= H) continue;
                     float *xr = xp + (size_t)h * W;
-                    for (int q = qlo; q < qhi; q++) xr[q * sw + w0] += src[q];
+                    if (sw == 1) {
+#pragma omp simd
+                        for (int q = qlo; q < qhi; q++) xr[q + w0] += src[q];
+                    } else {
+                        for (int q = qlo; q < qhi; q++) xr[q * sw + w0] += src[q];
+                    }
                 }
             }
     }

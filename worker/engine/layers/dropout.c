@@ -33,6 +33,6 @@ void ps_cpu_dropout_backward(ps_ctx_t *ctx, float *dinp, const float *dout,
     (void)ctx;
     if (!dinp || !p_valid(p)) return;
     const float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for simd schedule(static)
     for (size_t i = 0; i < n; i++) dinp[i] = mask[i] ? dout[i] * scale : 0.0f;
 }

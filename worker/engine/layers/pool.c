@@ -86,6 +86,7 @@ void ps_cpu_avgpool_forward(ps_ctx_t *ctx, float *out, const float *inp, int N, 
     for (int nc = 0; nc < N * C; nc++) {
         const float *x = inp + (size_t)nc * HW;
         float s = 0;
+#pragma omp simd reduction(+ : s)
         for (int i = 0; i < HW; i++) s += x[i];
         out[nc] = s * inv;
     }

@@ -1,0 +1,176 @@
+#!/usr/bin/python3
+"""PyTorch side of bench/engine_bench.sh: the same training step as
+bench/engine_bench.c -- TSM-ResNet-18/-50 (residual shift 1/8 each way,
+partial BN, dropout 0.5 before fc, 400 classes, mean over 8 segments),
+2 clips x 8 frames at 112x112, forward (+ loss) and backward timed
+separately, median of N steps -- with torch.set_num_threads(T).
+
+    /usr/bin/python3 bench/engine_bench_torch.py [--threads 2] [--steps 10]
+        [--warmup 2] [--clips 2] [--size 112] [--depth 0]
+
+Also times a 2048^3 sgemm (torch.mm) as PyTorch's GEMM peak.  FLOPs are
+counted from the conv / linear shapes by forward hooks (2 per multiply-add;
+backward = 2x forward except the stem's missing input gradient), the same
+rule as ps_model_flops().  Lines starting with RESULT are parsed by
+engine_bench.sh.
+"""
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+def tsm_shift(x, n_segment, fold_div):
+    """TSM's shift (ops/temporal_shift.py): channels [0, fold) take frame
+    t+1, [fold, 2*fold) frame t-1, zero past the clip ends."""
+    nt, c, h, w = x.size()
+    x = x.view(nt // n_segment, n_segment, c, h, w)
+    fold = c // fold_div
+    out = torch.zeros_like(x)
+    out[:, :-1, :fold] = x[:, 1:, :fold]
+    out[:, 1:, fold:2 * fold] = x[:, :-1, fold:2 * fold]
+    out[:, :, 2 * fold:] = x[:, :, 2 * fold:]
+    return out.view(nt, c, h, w)
+
+
+class TemporalShift(nn.Module):
+    def __init__(self, net, n_segment=8, n_div=8):
+        super().__init__()
+        self.net, self.n_segment, self.fold_div = net, n_segment, n_div
+
+    def forward(self, x):
+        return self.net(tsm_shift(x, self.n_segment, self.fold_div))
+
+
+def resnet(depth, num_classes):
+    try:
+        import torchvision
+        return getattr(torchvision.models, "resnet%d" % depth)(num_classes=num_classes), "torchvision"
+    except ImportError:
+        here = os.path.dirname(os.path.abspath(__file__))
+        sys.path.insert(0, os.path.join(here, "..", "tests", "golden"))
+        import gen_resnet
+        return gen_resnet.ResNetReplica(depth, num_classes), "replica (no torchvision)"
+
+
+def build_tsm(depth, num_classes=400, n_segment=8, dropout=0.5):
+    net, src = resnet(depth, num_classes)
+    n_round = 2 if len(list(net.layer3.children())) >= 23 else 1
+    for s in range(1, 5):
+        for i, b in enumerate(getattr(net, "layer%d" % s).children()):
+            if i % n_round == 0:
+                b.conv1 = TemporalShift(b.conv1, n_segment, 8)
+    net.fc = nn.Sequential(nn.Dropout(dropout), net.fc)
+    return net, src
+
+
+def partial_bn(net):
+    count = 0
+    for m in net.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            count += 1
+            if count >= 2:
+                m.eval()
+                m.weight.requires_grad_(False)
+                m.bias.requires_grad_(False)
+
+
+def count_flops(net, x):
+    """Forward FLOPs of convs and linears; backward from the same rule."""
+    fl = {"f": 0.0, "b": 0.0}
+    first = {"seen": False}
+
+    def conv_hook(m, inp, out):
+        f = 2.0 * out.numel() * (m.in_channels // m.groups) * m.kernel_size[0] * m.kernel_size[1]
+        fl["f"] += f
+        fl["b"] += f if not first["seen"] else 2 * f
+        first["seen"] = True
+
+    def lin_hook(m, inp, out):
+        f = 2.0 * out.numel() * m.in_features
+        fl["f"] += f
+        fl["b"] += 2 * f
+
+    hs = [m.register_forward_hook(conv_hook) for m in net.modules() if isinstance(m, nn.Conv2d)]
+    hs += [m.register_forward_hook(lin_hook) for m in net.modules() if isinstance(m, nn.Linear)]
+    with torch.no_grad():
+        net(x)
+    for h in hs:
+        h.remove()
+    return fl["f"], fl["b"]
+
+
+def sgemm_peak(n=2048, reps=3):
+    a, b = torch.rand(n, n), torch.rand(n, n)
+    torch.mm(a, b)
+    best = 1e30
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * n ** 3 / best * 1e-9
+
+
+def bench(depth, clips, size, steps, warmup, peak):
+    T = 8
+    torch.manual_seed(1)
+    net, src = build_tsm(depth)
+    net.train()
+    partial_bn(net)
+    x = torch.rand(clips * T, 3, size, size) * 2 - 1
+    y = torch.arange(clips) % 400
+    fl_f, fl_b = count_flops(net, x)
+    net.train()
+    partial_bn(net)
+    tf, tb, ts = [], [], []
+    loss = None
+    for s in range(-warmup, steps):
+        net.zero_grad(set_to_none=False)
+        t0 = time.perf_counter()
+        logits = net(x).view(clips, T, -1).mean(1)
+        loss = F.cross_entropy(logits, y)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        if s >= 0:
+            tf.append(t1 - t0)
+            tb.append(t2 - t1)
+            ts.append(t2 - t0)
+    mf, mb, ms = statistics.median(tf), statistics.median(tb), statistics.median(ts)
+    gf = (fl_f + fl_b) / ms * 1e-9
+    print("TSM-ResNet-%d (%s) %dx%dx3x%dx%d: fwd %.1f ms, bwd %.1f ms, step %.1f ms, "
+          "%.2f clips/s, %.1f GFLOP/step, %.1f GFLOP/s (%.0f%% of torch.mm peak), loss %.3f"
+          % (depth, src, clips, T, size, size, mf * 1e3, mb * 1e3, ms * 1e3, clips / ms,
+             (fl_f + fl_b) * 1e-9, gf, 100 * gf / peak, loss.item()))
+    print("RESULT impl=torch depth=%d fwd_ms=%.2f bwd_ms=%.2f step_ms=%.2f clips_per_s=%.3f "
+          "gflop_step=%.3f gflops=%.2f" % (depth, mf * 1e3, mb * 1e3, ms * 1e3, clips / ms,
+                                           (fl_f + fl_b) * 1e-9, gf))
+    sys.stdout.flush()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--clips", type=int, default=2)
+    ap.add_argument("--size", type=int, default=112)
+    ap.add_argument("--depth", type=int, default=0, help="0 = 18 and 50")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    peak = sgemm_peak()
+    print("PyTorch %s, %d threads, oneDNN %s; torch.mm 2048^3 %.1f GFLOP/s"
+          % (torch.__version__, torch.get_num_threads(),
+             torch.backends.mkldnn.is_available(), peak))
+    print("RESULT impl=torch sgemm_gflops=%.2f threads=%d" % (peak, torch.get_num_threads()))
+    for d in ([18, 50] if a.depth == 0 else [a.depth]):
+        bench(d, a.clips, a.size, a.steps, a.warmup, peak)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+#!/bin/sh
+# psbench end to end against real psd processes on loopback: every wire
+# dtype x codec, 1x1 and 2x2, with --check (each worker compares its final
+# weights with the closed-form sync SGD result), plus the key=value summary
+# format the performance notes are pasted from.  Small sizes: this checks
+# that the client and psd agree, it measures nothing.
+b=${top_builddir:-.}
+if [ ! -x "$b/psbench" ] || [ ! -x "$b/psd" ]; then
+    echo "1..0 # SKIP psbench or psd not built in $b"
+    exit 77
+fi
+out=${TMPDIR:-/tmp}/test_psbench.$$
+trap 'rm -f "$out"' EXIT INT TERM
+
+"$b/psbench" --psd "$b/psd" --servers 1,2 --workers 1,2 --bytes 1M --partition-bytes 256K \
+    --dtype fp32,fp16,bf16 --codec raw,lz4 --iters 3 --warmup 1 --pump-seconds 0.2 --check \
+    --timeout-s 240 >"$out" 2>&1
+rc=$?
+
+n=0
+fail=0
+t() { # t COND DESCRIPTION
+    n=$((n + 1))
+    if [ "$1" = 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; fail=1; fi
+}
+
+t "$rc" "psbench exits 0"
+grep -q '^psbench loopback_tcp_gbps=[0-9.]* ' "$out"
+t $? "loopback ceiling line"
+lines=$(grep -c '^psbench mode=ps ' "$out")
+[ "$lines" -eq 12 ]
+t $? "12 configuration lines (got $lines)"
+for sw in "servers=1 workers=1" "servers=2 workers=2"; do
+    for dt in fp32 fp16 bf16; do
+        for c in raw lz4; do
+            l=$(grep "^psbench mode=ps $sw bytes=1048576 dtype=$dt codec=$c " "$out")
+            echo "$l" | grep -q ' check=ok ' && echo "$l" | grep -Eq ' gbps_per_worker=[0-9]+\.[0-9]+ ' \
+                && echo "$l" | grep -Eq ' median_s=[0-9.]+ p10_s=[0-9.]+ p90_s=[0-9.]+ '
+            t $? "$sw $dt/$c: weights match the closed form, summary complete"
+        done
+    done
+done
+# fp16 / bf16 halve the bytes on the wire; lz4 must not grow them much
+w32=$(grep "servers=1 workers=1 bytes=1048576 dtype=fp32 codec=raw " "$out" | sed 's/.*wire_out_per_iter=\([0-9]*\).*/\1/')
+w16=$(grep "servers=1 workers=1 bytes=1048576 dtype=bf16 codec=raw " "$out" | sed 's/.*wire_out_per_iter=\([0-9]*\).*/\1/')
+[ -n "$w32" ] && [ -n "$w16" ] && [ $((w16 * 2)) -le $((w32 + 4096)) ] && [ "$w32" -ge 1048576 ]
+t $? "bf16 sends half the bytes of fp32 ($w16 vs $w32)"
+
+"$b/psbench" --bytes 3 --psd "$b/psd" >/dev/null 2>&1
+[ $? -eq 2 ]
+t $? "a size that is not a whole number of floats is refused"
+"$b/psbench" --help | grep -q -- '--servers'
+t $? "--help"
+
+if [ "$fail" != 0 ]; then
+    echo "# psbench output:"
+    sed 's/^/# /' "$out"
+fi
+echo "1..$n"
+exit $fail

@@ -1,0 +1,25 @@
+/* The four-direction moving-texture dataset (psdata gen-video). */
+#ifndef PS_VIDEO_GEN_H
+#define PS_VIDEO_GEN_H
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ps_video_gen_opts {
+    const char *out;       /* directory: vid_NNNNNN/img_%05d.jpg, train.txt, val.txt */
+    int videos;            /* total; the last round(videos*val_fraction) go to val.txt */
+    int frames;            /* frames per video */
+    int size;              /* frames are size x size */
+    uint64_t seed;
+    int classes;           /* 2 (left/right), 4 (up/down/left/right) or 8 (+diagonals) */
+    double val_fraction;
+    int quality;           /* JPEG quality */
+    double speed;          /* pixels per frame; 0 = size/32 (at least 1) */
+} ps_video_gen_opts_t;
+
+void ps_video_gen_opts_default(ps_video_gen_opts_t *o);
+/* Renders one frame (RGB8, size*size*3) of video v: a pure function of
+ * (opts, v, t).  *label gets the video's class. */
+int ps_video_gen_frame(const ps_video_gen_opts_t *o, int v, int t, uint8_t *rgb, int *label);
+int ps_video_gen(const ps_video_gen_opts_t *o, char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,163 @@
+/* psdata: dataset tools for the video pipeline.
+ *   psdata gen-video  writes the moving-texture direction dataset
+ *   psdata pack       packs a list's frames into shards for sequential reads
+ *   psdata check      loads a list (or a pack) and decodes every frame */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ps_error.h"
+#include "ps_log.h"
+#include "worker/data/ps_video.h"
+#include "worker/data/video_gen.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+"usage: psdata COMMAND [options]\n"
+"\n"
+"  gen-video   write a direction-of-motion video dataset in the TSM list format\n"
+"      --out DIR          output directory (default data/direction)\n"
+"      --videos N         number of videos, train + val (default 400)\n"
+"      --frames F         frames per video (default 16)\n"
+"      --size S           frame width and height in pixels (default 64)\n"
+"      --seed X           dataset seed (default 1)\n"
+"      --classes C        2 (left/right), 4 (up/down/left/right), 8 (+diagonals); default 4\n"
+"      --val-fraction V   share of videos in val.txt (default 0.2)\n"
+"      --quality Q        JPEG quality (default 90)\n"
+"      --speed P          pixels per frame (default size/32, +-25%% per video)\n"
+"    Writes DIR/vid_NNNNNN/img_00001.jpg ... and DIR/train.txt, DIR/val.txt\n"
+"    (lines 'vid_NNNNNN num_frames label'; use DIR as the root).\n"
+"\n"
+"  pack        pack a list's JPEG frames into shards (concatenated JPEGs + index)\n"
+"      --list L           TSM list file\n"
+"      --root R           directory the list's frame_dir entries are relative to\n"
+"      --tmpl T           frame file name template (default img_%%05d.jpg)\n"
+"      --out DIR          output directory for shard-NNNNN.bin / .idx\n"
+"      --shard-videos N   videos per shard (default 256)\n"
+"      --skip-bad         drop bad list entries (counted) instead of failing\n"
+"    psworker reads DIR with --packed; samples are identical to the folder reader.\n"
+"\n"
+"  check       load a list (or --packed DIR) and decode every frame; report counts\n"
+"      --list L | --packed DIR, --root R, --tmpl T, --skip-bad, --min-frames N\n"
+"\n"
+"  --help      this text\n");
+}
+
+enum { O_OUT = 256, O_VIDEOS, O_FRAMES, O_SIZE, O_SEED, O_CLASSES, O_VALF, O_QUALITY, O_SPEED,
+       O_LIST, O_ROOT, O_TMPL, O_SHARD, O_SKIP, O_PACKED, O_MINF, O_HELP };
+
+static const struct option OPTS[] = {
+    { "out", 1, 0, O_OUT }, { "videos", 1, 0, O_VIDEOS }, { "frames", 1, 0, O_FRAMES },
+    { "size", 1, 0, O_SIZE }, { "seed", 1, 0, O_SEED }, { "classes", 1, 0, O_CLASSES },
+    { "val-fraction", 1, 0, O_VALF }, { "quality", 1, 0, O_QUALITY }, { "speed", 1, 0, O_SPEED },
+    { "list", 1, 0, O_LIST }, { "root", 1, 0, O_ROOT }, { "tmpl", 1, 0, O_TMPL },
+    { "shard-videos", 1, 0, O_SHARD }, { "skip-bad", 0, 0, O_SKIP }, { "packed", 1, 0, O_PACKED },
+    { "min-frames", 1, 0, O_MINF }, { "help", 0, 0, O_HELP }, { 0, 0, 0, 0 }
+};
+
+static int num(const char *opt, const char *s, double lo, double hi, double *out)
+{
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || *end || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "psdata: --%s '%s': expected a number in [%g, %g]\n", opt, s, lo, hi);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    ps_log_set_prog("psdata");
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "gen-video") && strcmp(cmd, "pack") && strcmp(cmd, "check")) {
+        fprintf(stderr, "psdata: unknown command '%s' (gen-video, pack, check; --help)\n", cmd);
+        return 2;
+    }
+    ps_video_gen_opts_t g;
+    ps_video_gen_opts_default(&g);
+    ps_video_list_opts_t lo;
+    ps_video_list_opts_default(&lo);
+    const char *list = NULL, *out = NULL, *packed = NULL;
+    int shard_videos = 256;
+    double v;
+    int c;
+    optind = 2;
+    while ((c = getopt_long(argc, argv, "", OPTS, NULL)) != -1) {
+        switch (c) {
+        case O_OUT: out = optarg; break;
+        case O_VIDEOS: if (num("videos", optarg, 1, 1e7, &v)) return 2; g.videos = (int)v; break;
+        case O_FRAMES: if (num("frames", optarg, 1, 1e5, &v)) return 2; g.frames = (int)v; break;
+        case O_SIZE: if (num("size", optarg, 8, 4096, &v)) return 2; g.size = (int)v; break;
+        case O_SEED: if (num("seed", optarg, 0, 1.8e19, &v)) return 2; g.seed = strtoull(optarg, NULL, 10); break;
+        case O_CLASSES: if (num("classes", optarg, 2, 8, &v)) return 2; g.classes = (int)v; break;
+        case O_VALF: if (num("val-fraction", optarg, 0, 0.99, &v)) return 2; g.val_fraction = v; break;
+        case O_QUALITY: if (num("quality", optarg, 1, 100, &v)) return 2; g.quality = (int)v; break;
+        case O_SPEED: if (num("speed", optarg, 0, 1e4, &v)) return 2; g.speed = v; break;
+        case O_LIST: list = optarg; break;
+        case O_ROOT: lo.root = optarg; break;
+        case O_TMPL: lo.tmpl = optarg; break;
+        case O_SHARD: if (num("shard-videos", optarg, 1, 1e7, &v)) return 2; shard_videos = (int)v; break;
+        case O_SKIP: lo.skip_bad = 1; break;
+        case O_PACKED: packed = optarg; break;
+        case O_MINF: if (num("min-frames", optarg, 1, 1e6, &v)) return 2; lo.min_frames = (int)v; break;
+        case O_HELP: usage(stdout); return 0;
+        default: fprintf(stderr, "psdata: see psdata --help\n"); return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "psdata: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    char err[2048];
+    int rc;
+    if (!strcmp(cmd, "gen-video")) {
+        if (out) g.out = out;
+        rc = ps_video_gen(&g, err, sizeof err);
+        if (rc < 0) { fprintf(stderr, "psdata: gen-video: %s\n", err); return 1; }
+        printf("wrote %d videos of %d frames (%dx%d, %d classes) to %s: train.txt, val.txt\n", g.videos,
+               g.frames, g.size, g.size, g.classes, g.out);
+        return 0;
+    }
+    ps_video_list_t *l = NULL;
+    if (packed) {
+        rc = ps_video_list_load_packed(packed, &lo, &l, err, sizeof err);
+    } else {
+        if (!list) { fprintf(stderr, "psdata: %s needs --list (see --help)\n", cmd); return 2; }
+        rc = ps_video_list_load(list, &lo, &l, err, sizeof err);
+    }
+    if (rc < 0) { fprintf(stderr, "psdata: %s\n", err); return 1; }
+    if (!strcmp(cmd, "pack")) {
+        if (!out) { fprintf(stderr, "psdata: pack needs --out DIR\n"); ps_video_list_free(&l); return 2; }
+        rc = ps_video_pack(l, out, shard_videos, err, sizeof err);
+        if (rc < 0) fprintf(stderr, "psdata: pack: %s\n", err);
+        else printf("packed %zu videos (%zu skipped) into %s, %d per shard\n", ps_video_list_size(l),
+                    ps_video_list_skipped(l), out, shard_videos);
+    } else {
+        size_t frames = 0, bad = 0;
+        for (size_t i = 0; i < ps_video_list_size(l); i++)
+            for (int f = 1; f <= ps_video_list_frames(l, i); f++) {
+                uint8_t *px;
+                int w, h;
+                if (ps_video_read_frame(l, i, f, &px, &w, &h, err, sizeof err) < 0) {
+                    fprintf(stderr, "psdata: %s\n", err);
+                    bad++;
+                } else {
+                    free(px);
+                }
+                frames++;
+            }
+        printf("videos=%zu skipped=%zu classes=%d frames=%zu bad_frames=%zu\n", ps_video_list_size(l),
+               ps_video_list_skipped(l), ps_video_list_num_classes(l), frames, bad);
+        rc = bad ? PS_ECORRUPT : 0;
+    }
+    ps_video_list_free(&l);
+    return rc < 0 ? 1 : 0;
+}
