@@ -6,8 +6,11 @@
  * run.  bench/engine_bench_torch.py does the same in PyTorch and
  * bench/engine_bench.sh runs both and prints the ratio.
  *
- *   engine_bench [-t threads] [-s steps] [-w warmup] [-n clips] [-H size] [-d depth]
+ *   engine_bench [-t threads] [-s steps] [-w warmup] [-n clips] [-H size] [-d depth] [-p]
  *
+ * -p: run through a backend table that times every layer call and print
+ * the share of each layer kind (conv fwd/bwd, BN, ReLU, ...) - the profile
+ * behind any optimisation.
  * Lines starting with "RESULT" are for engine_bench.sh.  Figures mean
  * something only on an otherwise idle machine. */
 #include "worker/engine/ps_blas.h"
@@ -61,6 +64,100 @@ static double sgemm_peak(int M, int reps)
     return 2.0 * M * M * M / best * 1e-9;
 }
 
+/* ---- profile: a backend table that times every layer call ----------------- */
+
+enum { P_CONV_F, P_CONV_B, P_BN_F, P_BN_B, P_RELU, P_POOL, P_TSHIFT, P_ADD, P_HEAD, P_N };
+static const char *pname[P_N] = {"conv fwd", "conv bwd", "bn fwd", "bn bwd", "relu",
+                                 "pool", "tshift", "add/acc", "head"};
+static double ptime[P_N];
+static const ps_backend_t *real = &ps_backend_cpu;
+#define T0 double t0_ = now()
+#define T1(k) ptime[k] += now() - t0_
+
+static void w_conv_f(ps_ctx_t *c, float *o, const float *i, const float *w, const float *b,
+                     const ps_conv2d_desc_t *d, int N, int H, int W)
+{ T0; real->conv2d_forward(c, o, i, w, b, d, N, H, W); T1(P_CONV_F); }
+static void w_conv_b(ps_ctx_t *c, float *di, float *dw, float *db, const float *dout,
+                     const float *i, const float *w, const ps_conv2d_desc_t *d, int N, int H,
+                     int W)
+{ T0; real->conv2d_backward(c, di, dw, db, dout, i, w, d, N, H, W); T1(P_CONV_B); }
+static void w_bn_ft(ps_ctx_t *c, float *o, float *sm, float *sr, float *rm, float *rv,
+                    const float *i, const float *g, const float *b, float eps, float mom, int N,
+                    int C, int HW)
+{ T0; real->bn_forward_train(c, o, sm, sr, rm, rv, i, g, b, eps, mom, N, C, HW); T1(P_BN_F); }
+static void w_bn_bt(ps_ctx_t *c, float *di, float *dg, float *db, const float *dout,
+                    const float *i, const float *g, const float *sm, const float *sr, int N,
+                    int C, int HW)
+{ T0; real->bn_backward_train(c, di, dg, db, dout, i, g, sm, sr, N, C, HW); T1(P_BN_B); }
+static void w_bn_fe(ps_ctx_t *c, float *o, const float *i, const float *g, const float *b,
+                    const float *rm, const float *rv, float eps, int N, int C, int HW)
+{ T0; real->bn_forward_eval(c, o, i, g, b, rm, rv, eps, N, C, HW); T1(P_BN_F); }
+static void w_bn_be(ps_ctx_t *c, float *di, float *dg, float *db, const float *dout,
+                    const float *i, const float *g, const float *rm, const float *rv, float eps,
+                    int N, int C, int HW)
+{ T0; real->bn_backward_eval(c, di, dg, db, dout, i, g, rm, rv, eps, N, C, HW); T1(P_BN_B); }
+static void w_relu_f(ps_ctx_t *c, float *o, const float *i, size_t n)
+{ T0; real->relu_forward(c, o, i, n); T1(P_RELU); }
+static void w_relu_b(ps_ctx_t *c, float *di, const float *dout, const float *o, size_t n)
+{ T0; real->relu_backward(c, di, dout, o, n); T1(P_RELU); }
+static void w_mp_f(ps_ctx_t *c, float *o, int32_t *am, const float *i, const ps_pool_desc_t *d,
+                   int N, int C, int H, int W)
+{ T0; real->maxpool_forward(c, o, am, i, d, N, C, H, W); T1(P_POOL); }
+static void w_mp_b(ps_ctx_t *c, float *di, const float *dout, const int32_t *am,
+                   const ps_pool_desc_t *d, int N, int C, int H, int W)
+{ T0; real->maxpool_backward(c, di, dout, am, d, N, C, H, W); T1(P_POOL); }
+static void w_ap_f(ps_ctx_t *c, float *o, const float *i, int N, int C, int HW)
+{ T0; real->avgpool_forward(c, o, i, N, C, HW); T1(P_POOL); }
+static void w_ap_b(ps_ctx_t *c, float *di, const float *dout, int N, int C, int HW)
+{ T0; real->avgpool_backward(c, di, dout, N, C, HW); T1(P_POOL); }
+static void w_lin_f(ps_ctx_t *c, float *o, const float *i, const float *w, const float *b, int N,
+                    int C, int K)
+{ T0; real->linear_forward(c, o, i, w, b, N, C, K); T1(P_HEAD); }
+static void w_lin_b(ps_ctx_t *c, float *di, float *dw, float *db, const float *dout,
+                    const float *i, const float *w, int N, int C, int K)
+{ T0; real->linear_backward(c, di, dw, db, dout, i, w, N, C, K); T1(P_HEAD); }
+static void w_do_f(ps_ctx_t *c, float *o, uint8_t *mk, const float *i, size_t n, float p,
+                   uint64_t seed)
+{ T0; real->dropout_forward(c, o, mk, i, n, p, seed); T1(P_HEAD); }
+static void w_do_b(ps_ctx_t *c, float *di, const float *dout, const uint8_t *mk, size_t n,
+                   float p)
+{ T0; real->dropout_backward(c, di, dout, mk, n, p); T1(P_HEAD); }
+static float w_xe_f(ps_ctx_t *c, float *pr, const float *l, const int32_t *lab, int N, int K)
+{ T0; float r = real->xent_forward(c, pr, l, lab, N, K); T1(P_HEAD); return r; }
+static void w_xe_b(ps_ctx_t *c, float *dl, const float *pr, const int32_t *lab, float d, int N,
+                   int K)
+{ T0; real->xent_backward(c, dl, pr, lab, d, N, K); T1(P_HEAD); }
+static void w_ts_f(ps_ctx_t *c, float *o, const float *i, int B, int T, int C, int HW, int f)
+{ T0; real->tshift_forward(c, o, i, B, T, C, HW, f); T1(P_TSHIFT); }
+static void w_ts_b(ps_ctx_t *c, float *di, const float *dout, int B, int T, int C, int HW, int f)
+{ T0; real->tshift_backward(c, di, dout, B, T, C, HW, f); T1(P_TSHIFT); }
+static void w_cs_f(ps_ctx_t *c, float *o, const float *i, int B, int T, int K)
+{ T0; real->consensus_forward(c, o, i, B, T, K); T1(P_HEAD); }
+static void w_cs_b(ps_ctx_t *c, float *di, const float *dout, int B, int T, int K)
+{ T0; real->consensus_backward(c, di, dout, B, T, K); T1(P_HEAD); }
+static void w_add(ps_ctx_t *c, float *o, const float *a, const float *b, size_t n)
+{ T0; real->add(c, o, a, b, n); T1(P_ADD); }
+static void w_acc(ps_ctx_t *c, float *a, const float *x, size_t n)
+{ T0; real->accumulate(c, a, x, n); T1(P_ADD); }
+
+static const ps_backend_t profiled = {
+    .name = "cpu+profile",
+    .conv2d_forward = w_conv_f, .conv2d_backward = w_conv_b,
+    .bn_forward_train = w_bn_ft, .bn_backward_train = w_bn_bt,
+    .bn_forward_eval = w_bn_fe, .bn_backward_eval = w_bn_be,
+    .relu_forward = w_relu_f, .relu_backward = w_relu_b,
+    .maxpool_forward = w_mp_f, .maxpool_backward = w_mp_b,
+    .avgpool_forward = w_ap_f, .avgpool_backward = w_ap_b,
+    .linear_forward = w_lin_f, .linear_backward = w_lin_b,
+    .dropout_forward = w_do_f, .dropout_backward = w_do_b,
+    .xent_forward = w_xe_f, .xent_backward = w_xe_b,
+    .tshift_forward = w_ts_f, .tshift_backward = w_ts_b,
+    .consensus_forward = w_cs_f, .consensus_backward = w_cs_b,
+    .add = w_add, .accumulate = w_acc,
+};
+
+static int profile;
+
 static int bench(ps_ctx_t *ctx, int depth, int clips, int H, int steps, int warmup,
                  double peak)
 {
@@ -68,7 +165,9 @@ static int bench(ps_ctx_t *ctx, int depth, int clips, int H, int steps, int warm
     ps_model_config_default(&cfg); /* TSM: shift, partial BN, dropout 0.5, 400 classes */
     cfg.depth = depth;
     ps_model_t *m = NULL;
-    if (ps_model_create(&m, &cfg, &ps_backend_cpu, ctx, clips, H, H)) return 1;
+    if (ps_model_create(&m, &cfg, profile ? &profiled : &ps_backend_cpu, ctx, clips, H, H))
+        return 1;
+    memset(ptime, 0, sizeof ptime);
     ps_model_init(m, 1, 0);
     ps_model_set_seed(m, 1);
     size_t nx = (size_t)clips * cfg.n_segment * 3 * H * H;
@@ -104,6 +203,14 @@ static int bench(ps_ctx_t *ctx, int depth, int clips, int H, int steps, int warm
     printf("RESULT impl=c depth=%d fwd_ms=%.2f bwd_ms=%.2f step_ms=%.2f clips_per_s=%.3f "
            "gflop_step=%.3f gflops=%.2f\n", depth, mf * 1e3, mb * 1e3, ms * 1e3, clips / ms,
            (fl_f + fl_b) * 1e-9, gf);
+    if (profile) {
+        double all = 0;
+        for (int k = 0; k < P_N; k++) all += ptime[k];
+        printf("  where the time goes (all %d steps, %.2f s in layers):", steps + warmup, all);
+        for (int k = 0; k < P_N; k++)
+            printf("%s %s %.1f%%", k ? "," : "", pname[k], 100 * ptime[k] / (all > 0 ? all : 1));
+        printf("\n");
+    }
     fflush(stdout);
     free(x), free(labels), free(tf), free(tb), free(ts);
     ps_model_destroy(&m);
@@ -114,7 +221,7 @@ int main(int argc, char **argv)
 {
     ps_blas_autoselect(argc, argv); /* may re-exec with a better OpenBLAS core */
     int threads = 2, steps = 10, warmup = 2, clips = 2, H = 112, depth = 0, opt;
-    while ((opt = getopt(argc, argv, "t:s:w:n:H:d:")) != -1) {
+    while ((opt = getopt(argc, argv, "t:s:w:n:H:d:p")) != -1) {
         switch (opt) {
         case 't': threads = atoi(optarg); break;
         case 's': steps = atoi(optarg); break;
@@ -122,9 +229,10 @@ int main(int argc, char **argv)
         case 'n': clips = atoi(optarg); break;
         case 'H': H = atoi(optarg); break;
         case 'd': depth = atoi(optarg); break;
+        case 'p': profile = 1; break;
         default:
             fprintf(stderr, "usage: engine_bench [-t threads] [-s steps] [-w warmup] "
-                            "[-n clips] [-H size] [-d depth (0 = 18 and 50)]\n");
+                            "[-n clips] [-H size] [-d depth (0 = 18 and 50)] [-p]\n");
             return 2;
         }
     }

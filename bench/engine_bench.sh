@@ -9,6 +9,7 @@
 #
 # BUILDDIR holds bench/engine_bench (default: the current directory).
 # PS_PYTHON overrides the interpreter (Debian's python3-torch: /usr/bin/python3).
+# PS_BENCH_PROFILE=1 adds the engine's per-layer-kind time split (engine_bench -p).
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-.}
 steps=${2:-10}
@@ -20,7 +21,7 @@ out=$(mktemp "${TMPDIR:-/tmp}/engine_bench.XXXXXX") || exit 1
 trap 'rm -f "$out"' EXIT
 
 echo "== C engine ($exe)"
-"$exe" -t "$threads" -s "$steps" | tee -a "$out" || exit 1
+"$exe" -t "$threads" -s "$steps" ${PS_BENCH_PROFILE:+-p} | tee -a "$out" || exit 1
 echo
 if "$PY" -c "import torch" >/dev/null 2>&1; then
     echo "== PyTorch ($PY)"

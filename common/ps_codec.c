@@ -331,7 +331,7 @@ static int lz4_encode(uint8_t *dst, size_t cap, size_t *out_len, const float *sr
 {
     size_t es = ps_dtype_size(dt), pos = LZ4_HDR;
     size_t chunk = numel < CHUNK_ELEMS ? numel : CHUNK_ELEMS;
-    uint8_t *conv = scratch, *shuf = scratch + chunk * es;
+    uint8_t *conv = scratch, *shuf = scratch ? scratch + chunk * es : NULL; /* NULL: numel 0 */
 
     if (cap < LZ4_HDR) return PS_ERANGE;
     put32(dst, LZ4_MAGIC);
@@ -369,7 +369,7 @@ static int lz4_decode(float *dst, size_t numel, const uint8_t *src, size_t len, 
                       int mode, uint8_t *scratch)
 {
     size_t es = ps_dtype_size(dt), pos = LZ4_HDR;
-    uint8_t *whole = scratch, *chunkbuf = scratch + numel * es;
+    uint8_t *whole = scratch, *chunkbuf = scratch ? scratch + numel * es : NULL; /* NULL: numel 0 */
 
     if (len < LZ4_HDR) {
         ps_error("lz4 payload of %zu bytes is shorter than its %d-byte header", len, LZ4_HDR);

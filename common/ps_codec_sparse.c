@@ -113,9 +113,22 @@ static uint32_t radix_select(const float *src, size_t n, size_t k, size_t *take_
     for (int pass = 0; pass < 3; pass++) {
         size_t hist[2048] = {0};
         uint32_t m = (1u << bits[pass]) - 1;
-        for (size_t i = 0; i < n; i++) {
-            uint32_t key = key_of(src[i]);
-            if ((key & pmask) == prefix) hist[(key >> shift[pass]) & m]++;
+        if (pass == 0) {
+            /* Neighbouring gradients mostly share the top bits (sign-less
+             * exponent + 2 mantissa bits), so one histogram would serialise
+             * on the same counter: count into 4 and merge. */
+            uint32_t h4[4][1024];
+            memset(h4, 0, sizeof h4);
+            size_t i = 0;
+            for (; i + 4 <= n; i += 4)
+                for (int l = 0; l < 4; l++) h4[l][key_of(src[i + l]) >> 21]++;
+            for (; i < n; i++) h4[0][key_of(src[i]) >> 21]++;
+            for (int b = 0; b < 1024; b++) hist[b] = (size_t)h4[0][b] + h4[1][b] + h4[2][b] + h4[3][b];
+        } else {
+            for (size_t i = 0; i < n; i++) {
+                uint32_t key = key_of(src[i]);
+                if ((key & pmask) == prefix) hist[(key >> shift[pass]) & m]++;
+            }
         }
         uint32_t b = m;
         while (hist[b] < need) need -= hist[b--]; /* need <= candidates, so b stays >= 0 */

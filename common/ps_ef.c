@@ -83,7 +83,17 @@ int ps_ef_compress(ps_ef_t *ef, size_t part, const float *grad, size_t numel, ps
         return PS_EMISMATCH;
     }
     float *r = ef->residual[part], *w = ef->work;
-    for (size_t i = 0; i < numel; i++) w[i] = grad[i] + r[i];
+    /* An Inf/NaN (a loss-scale overflow) would poison the residual for good:
+     * refuse the step and keep the residual; the caller skips or flags it. */
+    int finite = 1;
+    for (size_t i = 0; i < numel; i++) {
+        w[i] = grad[i] + r[i];
+        finite &= (w[i] - w[i]) == 0.f; /* false for Inf and NaN; vectorises */
+    }
+    if (!finite) {
+        ps_error("ps_ef_compress: partition %zu: gradient holds NaN or Inf; step not compressed", part);
+        return PS_ENONFINITE;
+    }
     size_t n = 0;
     int rc = ps_codec_encode_ex(dst, cap, &n, w, numel, dt, c, params, NULL);
     if (rc) return rc;

@@ -36,8 +36,12 @@ void ps_ef_destroy(ps_ef_t **ef);
  * ps_codec_bound_ex), *len = bytes written, and update the residual.  numel
  * must match the partition.  Works with every codec (for RAW/LZ4 the residual
  * carries the fp16/bf16 rounding error; with fp32 it stays zero).  Returns 0
- * or the encode error (PS_ERANGE, PS_ENONFINITE, PS_EINVAL, ...) or
- * PS_EMISMATCH for a wrong numel; on any error the residual is unchanged. */
+ * or the encode error (PS_ERANGE, PS_EINVAL, ...), PS_EMISMATCH for a wrong
+ * numel, PS_ENONFINITE when grad + residual holds NaN/Inf (a loss-scale
+ * overflow: send that step flagged and uncompressed, or skip it); on any
+ * error the residual is unchanged.  Call it once per partition and step: a
+ * retried send must resend the same payload, not compress again (that would
+ * subtract what was sent twice). */
 int ps_ef_compress(ps_ef_t *ef, size_t part, const float *grad, size_t numel, ps_dtype_t dt,
                    ps_codec_t c, const ps_codec_params_t *params, void *dst, size_t cap,
                    size_t *len);

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define PS_HALF_X86 1
 #endif
@@ -192,8 +193,12 @@ static int half_have_simd, half_use_simd;
 static void half_detect(void)
 {
 #ifdef PS_HALF_X86
+    /* clang (used for the fuzz build) does not know "f16c" in
+     * __builtin_cpu_supports: read F16C from CPUID leaf 1 (ECX bit 29)
+     * directly; "avx2" covers the OS saving the AVX state. */
+    unsigned a, b, c, d;
     __builtin_cpu_init();
-    half_have_simd = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx2");
+    half_have_simd = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29)) && __builtin_cpu_supports("avx2");
 #endif
     half_use_simd = half_have_simd;
 }

@@ -2,15 +2,15 @@
  *
  * One thread runs a libuv loop around the ZMQ ROUTER socket; every message is
  * handled to completion on that thread, so the store needs no locks.  Only
- * the summation of worker slots fans out to OpenMP threads, and zero-copy
- * reply buffers are released from ZeroMQ's I/O thread (hence the atomic
- * reference count on psd_buf_t).
+ * the data-parallel loops (summing worker slots) fan out to psd_pool.c's
+ * threads, and zero-copy reply buffers are released from ZeroMQ's I/O
+ * thread (hence the atomic reference count on psd_buf_t).
  *
  * Files: psd_main.c (options), psd_loop.c (libuv + ZMQ fd, timers, signals),
- * psd_store.c (partitions, slots, versions, sum + apply, encoded replies),
- * psd_handlers.c (one function per message type), psd_members.c (ranks,
- * liveness, barrier), psd_checkpoint.c, psd_metrics.c (counters, STATS,
- * HTTP /metrics). */
+ * psd_pool.c (summation threads), psd_store.c (partitions, slots, versions,
+ * sum + apply, encoded replies), psd_handlers.c (one function per message
+ * type), psd_members.c (ranks, liveness, barrier), psd_checkpoint.c,
+ * psd_metrics.c (counters, STATS, HTTP /metrics). */
 #ifndef PSD_H
 #define PSD_H
 
@@ -26,6 +26,18 @@
 
 typedef enum { PSD_SYNC = 0, PSD_ASYNC = 1, PSD_SSP = 2 } psd_mode_t;
 
+/* ---- psd_pool.c: fork-join threads for the data-parallel loops ---- */
+typedef struct psd_pool psd_pool_t;
+typedef void psd_pool_fn(void *arg, size_t chunk);
+/* nthreads <= 0: one per CPU, at most 8 (the caller's thread counts). */
+int psd_pool_new(psd_pool_t **p, int nthreads);
+/* Call fn(arg, c) for every c in [0, nchunks) across the pool; returns when
+ * all are done.  Which thread runs a chunk varies, so fn must make each
+ * chunk's result independent of that (it is: chunks are disjoint). */
+void psd_pool_run(psd_pool_t *p, psd_pool_fn *fn, void *arg, size_t nchunks);
+int psd_pool_threads(const psd_pool_t *p);
+void psd_pool_destroy(psd_pool_t **p);
+
 /* Command line / config file (psd_main.c fills it through ps_config). */
 typedef struct psd_opts {
     int port;              /* 0: pick a free port */
@@ -36,7 +48,7 @@ typedef struct psd_opts {
     int num_workers;       /* 0: learn from HELLO / INIT */
     char *mode;            /* sync | async | ssp */
     int staleness;         /* ssp: refuse pushes older than version - staleness */
-    int threads;           /* OpenMP threads for summation (0: library default) */
+    int threads;           /* summation threads (0: one per CPU, at most 8) */
     char *checkpoint_dir;  /* NULL / "": no checkpoints */
     int checkpoint_every;  /* shard updates between checkpoints (0: only on demand) */
     int metrics_port;      /* 0: off */
@@ -153,6 +165,7 @@ typedef struct psd {
     int stopping;
     int exit_code;              /* process exit status once the loop ends */
     psd_store_t st;
+    psd_pool_t *pool;           /* summation threads */
     psd_worker_t *workers;      /* (nworkers) */
     int nworkers;               /* W, 0 until known */
     uint64_t table_hash_seen;   /* first hash from HELLO / INIT (server 0 check) */
@@ -181,6 +194,8 @@ int psd_send(psd_t *s, const void *id, size_t idlen, Ps__Header *h, const void *
              size_t len);
 void psd_send_error(psd_t *s, const void *id, size_t idlen, const Ps__Header *req, int code,
                     const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* Log how many ERROR lines the rate limit held back (timer, exit). */
+void psd_errors_log_flush(psd_t *s);
 /* Answer every waiter of p whose min_version has been reached. */
 void psd_part_notify(psd_t *s, psd_part_t *p);
 /* After a worker was lost: partitions whose remaining slots are complete. */
@@ -203,7 +218,7 @@ psd_buf_t *psd_store_encoded(psd_t *s, psd_part_t *p, int dtype, int codec, int 
 void psd_store_drop_cache(psd_part_t *p);
 /* Make sure the codec scratch holds n bytes; 0 or PS_ENOMEM. */
 int psd_store_scratch(psd_store_t *st, size_t n);
-int psd_store_nonfinite(const float *g, size_t n);
+int psd_store_nonfinite(psd_t *s, const float *g, size_t n);
 
 /* ---- psd_members.c ---- */
 int psd_members_set_count(psd_t *s, int nworkers, char *err, size_t errlen);

@@ -5,9 +5,15 @@
  *   server_id    this shard
  *   table_hash   hex; spec: the INIT spec JSON (rebuilds the table, optim)
  *   optim        the optimizer config JSON (informational)
- *   versions     JSON [[part, version, initialised], ...] in part order
+ *   versions     JSON [[part, version, initialised, overflow, [pending ranks],
+ *                [last iteration + 1 per rank]], ...] in part order
  *   updates      shard updates so far
- *   data_crc32c  hex CRC32C over w.p then m.p bytes in `versions` order
+ *   data_crc32c  hex CRC32C over w.p, m.p, then g.p.r of each pending rank,
+ *                in `versions` order
+ * "g.<part>.<rank>" are the sync gradients already received (and ACKed) for
+ * the current iteration, so a restart does not lose a push that a worker
+ * will not send again; the per-rank last iterations keep async retries
+ * idempotent across a restart.
  * The writer makes it durable (temp, fsync, rename, fsync dir); the last two
  * are kept, and at start the newest one that verifies is loaded. */
 #include "psd.h"
@@ -97,7 +103,15 @@ int psd_checkpoint_write(psd_t *s)
         return PS_EIO;
     }
     ps_st_writer_t *w = ps_st_writer_new();
-    char (*names)[2][24] = calloc(st->table.nparts, sizeof *names);
+    int W = st->nworkers;
+    size_t nnames = 0;
+    for (uint32_t i = 0; i < st->table.nparts; i++)
+        if (st->parts[i].owned) {
+            nnames += 2;
+            for (int r = 0; r < W; r++) nnames += st->parts[i].slots && st->parts[i].have[r];
+        }
+    char (*names)[24] = calloc(nnames ? nnames : 1, sizeof *names);
+    size_t ni = 0;
     cJSON *vers = cJSON_CreateArray();
     char *vjson = NULL;
     if (!w || !names || !vers) goto out;
@@ -107,18 +121,33 @@ int psd_checkpoint_write(psd_t *s)
         psd_part_t *p = &st->parts[i];
         if (!p->owned) continue;
         int64_t shape[1] = {(int64_t)p->numel};
-        snprintf(names[i][0], 24, "w.%u", i);
-        snprintf(names[i][1], 24, "m.%u", i);
-        if ((rc = ps_st_writer_add(w, names[i][0], PS_ST_F32, 1, shape, p->w)) ||
-            (rc = ps_st_writer_add(w, names[i][1], PS_ST_F32, 1, shape, p->m)))
+        snprintf(names[ni], 24, "w.%u", i);
+        snprintf(names[ni + 1], 24, "m.%u", i);
+        if ((rc = ps_st_writer_add(w, names[ni], PS_ST_F32, 1, shape, p->w)) ||
+            (rc = ps_st_writer_add(w, names[ni + 1], PS_ST_F32, 1, shape, p->m)))
             goto out;
+        ni += 2;
         crc = ps_crc32c(crc, p->w, p->numel * sizeof(float));
         crc = ps_crc32c(crc, p->m, p->numel * sizeof(float));
         bytes += 2 * p->numel * sizeof(float);
-        cJSON *e = cJSON_CreateArray();
+        cJSON *e = cJSON_CreateArray(), *pend = cJSON_CreateArray(), *last = cJSON_CreateArray();
         cJSON_AddItemToArray(e, cJSON_CreateNumber(i));
         cJSON_AddItemToArray(e, cJSON_CreateNumber((double)p->version));
         cJSON_AddItemToArray(e, cJSON_CreateNumber(p->initialised));
+        cJSON_AddItemToArray(e, cJSON_CreateNumber(p->overflow));
+        for (int r = 0; r < W; r++) {
+            cJSON_AddItemToArray(last, cJSON_CreateNumber((double)p->last_iter[r]));
+            if (!p->slots || !p->have[r]) continue;
+            const float *g = p->slots + (size_t)r * p->numel;
+            snprintf(names[ni], 24, "g.%u.%d", i, r);
+            if ((rc = ps_st_writer_add(w, names[ni], PS_ST_F32, 1, shape, g))) goto out;
+            ni++;
+            crc = ps_crc32c(crc, g, p->numel * sizeof(float));
+            bytes += p->numel * sizeof(float);
+            cJSON_AddItemToArray(pend, cJSON_CreateNumber(r));
+        }
+        cJSON_AddItemToArray(e, pend);
+        cJSON_AddItemToArray(e, last);
         cJSON_AddItemToArray(vers, e);
     }
     rc = PS_ENOMEM;
@@ -182,6 +211,44 @@ static int bad(char *err, size_t errlen, const char *fmt, const char *a)
     return PS_ECORRUPT;
 }
 
+/* The pending sync gradients and per-rank last iterations of one entry
+ * [part, version, init, overflow, [ranks], [last]] (absent in older files).
+ * Pending gradients only matter to a sync server; another mode drops them. */
+static int load_pending(psd_t *s, const ps_st_file_t *f, psd_part_t *p, const cJSON *e, char *err,
+                        size_t errlen)
+{
+    const cJSON *ovf = cJSON_GetArrayItem(e, 3), *pend = cJSON_GetArrayItem(e, 4),
+                *last = cJSON_GetArrayItem(e, 5), *x;
+    int W = s->st.nworkers;
+    if (cJSON_IsNumber(ovf) && p->slots) p->overflow = ovf->valuedouble != 0;
+    if (cJSON_IsArray(last)) {
+        int r = 0;
+        cJSON_ArrayForEach(x, last)
+        {
+            if (r < W && cJSON_IsNumber(x) && x->valuedouble >= 0) p->last_iter[r] = (uint64_t)x->valuedouble;
+            r++;
+        }
+    }
+    if (!cJSON_IsArray(pend) || !p->slots) return 0;
+    cJSON_ArrayForEach(x, pend)
+    {
+        int r = (int)x->valuedouble;
+        char nm[48], rerr[256];
+        if (r >= W) {
+            snprintf(err, errlen, "partition %u: pending gradient of rank %d but the cluster has %d", p->id,
+                     r, W);
+            return PS_ECORRUPT;
+        }
+        snprintf(nm, sizeof nm, "g.%u.%d", p->id, r);
+        if (ps_st_read_f32(f, nm, p->slots + (size_t)r * p->numel, p->numel, rerr, sizeof rerr)) {
+            snprintf(err, errlen, "%s", rerr);
+            return PS_ECORRUPT;
+        }
+        p->have[r] = 1;
+    }
+    return 0;
+}
+
 /* Verify and load one file; on failure the server state is left empty. */
 static int try_load(psd_t *s, const char *path, char *err, size_t errlen)
 {
@@ -221,9 +288,17 @@ static int try_load(psd_t *s, const char *path, char *err, size_t errlen)
             bad(err, errlen, "%sbad entry in metadata versions", "");
             goto out;
         }
-        for (int k = 0; k < 2; k++) {
-            char nm[32];
-            snprintf(nm, sizeof nm, "%c.%u", k ? 'm' : 'w', (unsigned)id->valuedouble);
+        const cJSON *pend = cJSON_GetArrayItem(e, 4);
+        int np = cJSON_IsArray(pend) ? cJSON_GetArraySize(pend) : 0;
+        for (int k = 0; k < 2 + np; k++) {
+            char nm[48];
+            const cJSON *r = k >= 2 ? cJSON_GetArrayItem(pend, k - 2) : NULL;
+            if (k >= 2 && (!cJSON_IsNumber(r) || r->valuedouble < 0 || r->valuedouble > 65535)) {
+                bad(err, errlen, "%sbad pending rank in metadata versions", "");
+                goto out;
+            }
+            if (k < 2) snprintf(nm, sizeof nm, "%c.%u", k ? 'm' : 'w', (unsigned)id->valuedouble);
+            else snprintf(nm, sizeof nm, "g.%u.%d", (unsigned)id->valuedouble, (int)r->valuedouble);
             const ps_st_tensor_t *t = ps_st_find(&f, nm);
             if (!t || t->dtype != PS_ST_F32) {
                 bad(err, errlen, "tensor %s missing or not F32", nm);
@@ -272,6 +347,10 @@ static int try_load(psd_t *s, const char *path, char *err, size_t errlen)
         }
         p->version = (uint64_t)v->valuedouble;
         p->initialised = ini->valuedouble != 0;
+        if ((rc = load_pending(s, &f, p, e, err, errlen))) {
+            reset_state(s);
+            goto out;
+        }
         loaded++;
     }
     if (loaded != st->nowned) {

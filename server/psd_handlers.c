@@ -29,6 +29,24 @@ int psd_send(psd_t *s, const void *id, size_t idlen, Ps__Header *h, const void *
     return 0;
 }
 
+/* Every error is counted, but a flood of bad messages must not flood the
+ * log: at most 20 lines a second, then one line saying how many were left
+ * out (flushed from here and from the heartbeat timer). */
+static uint64_t err_window_ms, err_suppressed;
+static int err_in_window;
+
+void psd_errors_log_flush(psd_t *s)
+{
+    uint64_t now = s->loop ? uv_now(s->loop) : 0;
+    if (!s->stopping && now - err_window_ms < 1000) return;
+    if (err_suppressed)
+        ps_warn("%llu more ERROR replies in the last %.1f s not logged (see psd_errors_total)",
+                (unsigned long long)err_suppressed, (now - err_window_ms) / 1000.0);
+    err_window_ms = now;
+    err_in_window = 0;
+    err_suppressed = 0;
+}
+
 void psd_send_error(psd_t *s, const void *id, size_t idlen, const Ps__Header *req, int code,
                     const char *fmt, ...)
 {
@@ -38,8 +56,12 @@ void psd_send_error(psd_t *s, const void *id, size_t idlen, const Ps__Header *re
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
     psd_metrics_error(s, code);
-    ps_warn("%s from rank %d: %s: %s", req ? ps_wire_type_name(req->type) : "message",
-            req && req->has_rank ? req->rank : -1, ps_errname(code), text);
+    psd_errors_log_flush(s);
+    if (err_in_window++ < 20)
+        ps_warn("%s from rank %d: %s: %s", req ? ps_wire_type_name(req->type) : "message",
+                req && req->has_rank ? req->rank : -1, ps_errname(code), text);
+    else
+        err_suppressed++;
     uint64_t rid = req ? req->request_id : 0;
     uint32_t part = req ? req->partition : 0;
     if (ps_wire_send_error(s->sock, id, idlen, rid, part, code, "%s", text) == 0) {
@@ -234,7 +256,7 @@ static int decode_into(psd_t *s, ps_wire_msg_t *m, psd_part_t *p, float *dst)
                        ps_dtype_name(dt), ps_codec_name(cc), ps_strerror(rc));
         return -1;
     }
-    if (s->o.reject_nonfinite && psd_store_nonfinite(dst, p->numel)) {
+    if (s->o.reject_nonfinite && psd_store_nonfinite(s, dst, p->numel)) {
         psd_send_error(s, ID_OF(m), h, PS_ENONFINITE, "%s: partition %u: NaN or Inf in the data", what,
                        p->id);
         return -1;

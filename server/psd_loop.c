@@ -81,6 +81,7 @@ static void on_hb(uv_timer_t *t)
 {
     psd_t *s = t->data;
     psd_members_check(s);
+    psd_errors_log_flush(s);
     psd_drain(s);
 }
 

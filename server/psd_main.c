@@ -9,9 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
+#include <malloc.h>
 
 #include "ps_config.h"
 #include "ps_error.h"
@@ -51,7 +49,7 @@ int main(int argc, char **argv)
         {"num-workers", PS_OPT_INT, &o->num_workers, "cluster size (0: from HELLO / INIT)"},
         {"mode", PS_OPT_STRING, &o->mode, "sync | async | ssp (bounded staleness)"},
         {"staleness", PS_OPT_INT, &o->staleness, "ssp: refuse pushes older than version - staleness"},
-        {"threads", PS_OPT_INT, &o->threads, "threads for gradient summation (0: all cores)"},
+        {"threads", PS_OPT_INT, &o->threads, "threads for gradient summation (0: one per CPU, at most 8)"},
         {"checkpoint-dir", PS_OPT_STRING, &o->checkpoint_dir, "checkpoint directory (empty: none)"},
         {"checkpoint-every", PS_OPT_INT, &o->checkpoint_every, "checkpoint every N shard updates (0: on demand)"},
         {"metrics-port", PS_OPT_INT, &o->metrics_port, "HTTP port for /metrics (0: off)"},
@@ -92,9 +90,14 @@ int main(int argc, char **argv)
     char prog[32];
     snprintf(prog, sizeof prog, "psd[%d]", o->server_id);
     ps_log_set_prog(prog);
-#ifdef _OPENMP
-    if (o->threads > 0) omp_set_num_threads(o->threads);
-#endif
+    /* Keep multi-MiB message buffers in the heap once freed: otherwise each
+     * one is a fresh mmap that ZeroMQ's I/O threads page-fault through. */
+    mallopt(M_MMAP_THRESHOLD, 64 << 20);
+    mallopt(M_TRIM_THRESHOLD, 256 << 20);
+    if ((rc = psd_pool_new(&s.pool, o->threads))) {
+        ps_error("cannot start the summation threads: %s", ps_strerror(rc));
+        return 1;
+    }
 
     s.loop = uv_default_loop();
     char err[256];
@@ -107,13 +110,16 @@ int main(int argc, char **argv)
         psd_store_free(&s.st);
         return 1;
     }
-    ps_info("psd %s: server %d of %d, mode %s%s, pid %d", PACKAGE_VERSION, o->server_id,
-            o->num_servers, o->mode, o->reject_nonfinite ? ", rejecting non-finite gradients" : "",
+    ps_info("psd %s: server %d of %d, mode %s%s, %d summation threads, pid %d", PACKAGE_VERSION,
+            o->server_id, o->num_servers, o->mode,
+            o->reject_nonfinite ? ", rejecting non-finite gradients" : "", psd_pool_threads(s.pool),
             (int)getpid());
     psd_loop_run(&s);
+    psd_errors_log_flush(&s);
     psd_stats_log(&s);
     psd_loop_close(&s);
     psd_store_free(&s.st);
+    psd_pool_destroy(&s.pool);
     free(s.workers);
     ps_info("exit (status %d)", s.exit_code);
     return s.exit_code;

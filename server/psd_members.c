@@ -1,6 +1,7 @@
 /* Worker membership: rank assignment at HELLO (server 0), liveness from any
  * message a worker sends (HEARTBEAT included), BARRIER and BYE.  A worker
- * silent for --worker-timeout-ms is marked lost: it no longer holds up
+ * that has spoken and then stays silent for --worker-timeout-ms is marked
+ * lost (one never heard from is waited for): it no longer holds up
  * barriers or sync updates (they proceed with the workers that remain), and
  * it is live again as soon as it sends anything. */
 #include "psd.h"
@@ -229,7 +230,9 @@ void psd_members_check(psd_t *s)
     int changed = 0;
     for (int r = 0; r < s->nworkers; r++) {
         psd_worker_t *w = &s->workers[r];
-        if (!psd_members_is_live(s, r) || now - w->last_seen_ms <= (uint64_t)s->o.worker_timeout_ms)
+        /* A rank never heard from is waited for (start-up is slow and
+         * uneven); only one that has spoken and then fell silent is lost. */
+        if (w->state != PSD_W_LIVE || now - w->last_seen_ms <= (uint64_t)s->o.worker_timeout_ms)
             continue;
         w->state = PSD_W_LOST;
         w->at_barrier = 0;

@@ -10,9 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include "ps_crc32c.h"
 #include "ps_error.h"
@@ -89,12 +86,32 @@ int psd_store_scratch(psd_store_t *st, size_t n)
     return 0;
 }
 
-int psd_store_nonfinite(const float *g, size_t n)
+/* Chunks small enough to stay in L1/L2 while every slot is added in. */
+#define SUM_CHUNK 8192
+
+static size_t nchunks_of(size_t n) { return (n + SUM_CHUNK - 1) / SUM_CHUNK; }
+
+typedef struct scan_job {
+    const float *g;
+    size_t n;
+    atomic_int bad;
+} scan_job_t;
+
+static void scan_chunk(void *arg, size_t c)
 {
+    scan_job_t *j = arg;
+    size_t lo = c * SUM_CHUNK, hi = lo + SUM_CHUNK < j->n ? lo + SUM_CHUNK : j->n;
     int bad = 0;
-#pragma omp parallel for reduction(| : bad) if (n > (1u << 18))
-    for (size_t i = 0; i < n; i++) bad |= !isfinite(g[i]);
-    return bad;
+    for (size_t i = lo; i < hi; i++) bad |= !isfinite(j->g[i]);
+    if (bad) atomic_store(&j->bad, 1);
+}
+
+int psd_store_nonfinite(psd_t *s, const float *g, size_t n)
+{
+    scan_job_t j = {.g = g, .n = n};
+    atomic_init(&j.bad, 0);
+    psd_pool_run(s->pool, scan_chunk, &j, nchunks_of(n));
+    return atomic_load(&j.bad);
 }
 
 static int errf(char *err, size_t errlen, int code, const char *fmt, ...)
@@ -338,8 +355,38 @@ static void bump_version(psd_t *s, psd_part_t *p)
     psd_store_drop_cache(p);
 }
 
-/* Chunks small enough to stay in L1/L2 while every slot is added in. */
-#define SUM_CHUNK 8192
+typedef struct sum_job {
+    const float *slots;  /* (W, numel) */
+    size_t numel;
+    const int *ranks;    /* contributing ranks, ascending */
+    int n;
+    float *g;            /* (numel) mean gradient out */
+    const float *src;    /* async: the one gradient to scale */
+} sum_job_t;
+
+/* Deterministic: every element is summed in rank order whichever thread
+ * runs the chunk, then divided by the contributor count. */
+static void sum_chunk(void *arg, size_t c)
+{
+    const sum_job_t *j = arg;
+    size_t lo = c * SUM_CHUNK, hi = lo + SUM_CHUNK < j->numel ? lo + SUM_CHUNK : j->numel;
+    float *g = j->g, div = (float)j->n;
+    const float *s0 = j->slots + (size_t)j->ranks[0] * j->numel;
+    for (size_t i = lo; i < hi; i++) g[i] = s0[i];
+    for (int k = 1; k < j->n; k++) {
+        const float *sk = j->slots + (size_t)j->ranks[k] * j->numel;
+        for (size_t i = lo; i < hi; i++) g[i] += sk[i];
+    }
+    for (size_t i = lo; i < hi; i++) g[i] /= div;
+}
+
+static void scale_chunk(void *arg, size_t c)
+{
+    const sum_job_t *j = arg;
+    size_t lo = c * SUM_CHUNK, hi = lo + SUM_CHUNK < j->numel ? lo + SUM_CHUNK : j->numel;
+    float div = (float)j->n;
+    for (size_t i = lo; i < hi; i++) j->g[i] = j->src[i] / div;
+}
 
 void psd_store_apply_sync(psd_t *s, psd_part_t *p)
 {
@@ -352,23 +399,9 @@ void psd_store_apply_sync(psd_t *s, psd_part_t *p)
         s->mx.skipped++;
     } else if (n > 0) {
         double t0 = psd_now_s();
+        sum_job_t j = {.slots = p->slots, .numel = p->numel, .ranks = ranks, .n = n, .g = s->st.gsum};
+        psd_pool_run(s->pool, sum_chunk, &j, nchunks_of(p->numel));
         float *g = s->st.gsum;
-        const float *slots = p->slots;
-        size_t numel = p->numel, nchunks = (numel + SUM_CHUNK - 1) / SUM_CHUNK;
-        float div = (float)n;
-        /* Deterministic: every element is summed in rank order whatever the
-         * thread split, then divided by the contributor count. */
-#pragma omp parallel for schedule(static) if (numel > 4 * SUM_CHUNK)
-        for (size_t c = 0; c < nchunks; c++) {
-            size_t lo = c * SUM_CHUNK, hi = lo + SUM_CHUNK < numel ? lo + SUM_CHUNK : numel;
-            const float *s0 = slots + (size_t)ranks[0] * numel;
-            for (size_t i = lo; i < hi; i++) g[i] = s0[i];
-            for (int k = 1; k < n; k++) {
-                const float *sk = slots + (size_t)ranks[k] * numel;
-                for (size_t i = lo; i < hi; i++) g[i] += sk[i];
-            }
-            for (size_t i = lo; i < hi; i++) g[i] /= div;
-        }
         s->mx.agg_seconds += psd_now_s() - t0;
         s->mx.agg_count++;
         apply_grad(s, p, g);
@@ -381,10 +414,9 @@ void psd_store_apply_sync(psd_t *s, psd_part_t *p)
 void psd_store_apply_async(psd_t *s, psd_part_t *p, const float *grad)
 {
     float *g = s->st.gsum;
-    float div = (float)s->st.nworkers;
     double t0 = psd_now_s();
-#pragma omp parallel for schedule(static) if (p->numel > 4 * SUM_CHUNK)
-    for (size_t i = 0; i < p->numel; i++) g[i] = grad[i] / div;
+    sum_job_t j = {.numel = p->numel, .n = s->st.nworkers, .g = g, .src = grad};
+    psd_pool_run(s->pool, scale_chunk, &j, nchunks_of(p->numel));
     s->mx.agg_seconds += psd_now_s() - t0;
     s->mx.agg_count++;
     apply_grad(s, p, g);

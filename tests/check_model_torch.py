@@ -112,9 +112,54 @@ def check(d):
     ok(counts == nbn, "%s: all %d num_batches_tracked are 1" % (tag, nbn))
 
 
+def check_convert(tmp, exe):
+    """PyTorch -> C through worker/models/torch2safetensors.py: a TSM-style
+    checkpoint ({"state_dict"}, "module.base_model." prefixes, TemporalShift's
+    ".net.", "new_fc") of a torch-initialised TSM-ResNet-18 with trained-ish
+    BN statistics, converted and loaded by the engine, gives PyTorch's eval
+    logits."""
+    import subprocess
+    T, K, clips, H = 8, 6, 1, 32
+    torch.manual_seed(3)
+    net = G.build(18, K, shift=True)
+    net.train()
+    with torch.no_grad():
+        for _ in range(2):
+            net(torch.randn(clips * T, 3, H, H))
+    net.eval()
+    x = G.hash_input(clips, T, H, H, 1234)
+    with torch.no_grad():
+        lt = G.tsm_forward(net, x, clips, T)
+    sd = {}
+    for k, v in net.state_dict().items():
+        k = "module.base_model." + k
+        sd[k.replace("module.base_model.fc.", "module.new_fc.")] = v
+    pth = os.path.join(tmp, "tsm_ckpt.pth")
+    torch.save({"epoch": 1, "state_dict": sd}, pth)
+    st = os.path.join(tmp, "tsm_ckpt.safetensors")
+    conv = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "worker", "models",
+                        "torch2safetensors.py")
+    r = subprocess.run([sys.executable, conv, pth, st], capture_output=True, text=True)
+    ok(r.returncode == 0, "torch2safetensors converts a TSM-style checkpoint", r.stderr[-300:])
+    out = os.path.join(tmp, "loaded")
+    r = subprocess.run([exe, "--load", st, out, "18", "1", str(K), str(clips), str(H)],
+                       capture_output=True, text=True)
+    ok(r.returncode == 0, "the engine loads the converted checkpoint", r.stderr[-300:])
+    if r.returncode:
+        return
+    lc = torch.from_numpy(np.fromfile(os.path.join(out, "logits_eval.bin"), dtype=np.float32))
+    good, msg = close(lc.view_as(lt), lt, 1e-4, 1e-3)
+    ok(good, "converted TSM checkpoint: eval logits equal PyTorch's", msg)
+
+
 def main():
     torch.set_num_threads(2)
-    for d in sys.argv[1:]:
+    args = sys.argv[1:]
+    if len(args) >= 2 and args[0] == "--convert":
+        tmp, exe = args[1], args[2]
+        args = args[3:]
+        check_convert(tmp, exe)
+    for d in args:
         check(d)
     print("1..%d" % n_test)
     if n_fail:

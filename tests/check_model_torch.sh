@@ -2,7 +2,9 @@
 # C-written checkpoints into torchvision (TAP; exit 77 = skipped without
 # torch).  tests/model_export writes a TSM-ResNet-18 and a TSN-ResNet-50
 # checkpoint plus the logits the C engine computes; check_model_torch.py
-# loads them with load_state_dict(strict=True) and compares.
+# loads them with load_state_dict(strict=True) and compares; and a
+# TSM-style PyTorch checkpoint goes through worker/models/torch2safetensors.py
+# into the engine.
 PY=${PS_PYTHON:-/usr/bin/python3}
 top_srcdir=${top_srcdir:-.}
 top_builddir=${top_builddir:-.}
@@ -20,7 +22,8 @@ if [ $rc -ne 0 ]; then
     rm -rf "$tmp"
     exit 1
 fi
-"$PY" "$top_srcdir/tests/check_model_torch.py" "$tmp/r18_tsm" "$tmp/r50_tsn"
+"$PY" "$top_srcdir/tests/check_model_torch.py" --convert "$tmp" "$top_builddir/tests/model_export" \
+    "$tmp/r18_tsm" "$tmp/r50_tsn"
 rc=$?
 rm -rf "$tmp"
 exit $rc

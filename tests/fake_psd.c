@@ -254,7 +254,7 @@ static void *run(void *arg)
             continue;
         }
         zmq_pollitem_t it = {f->sock, 0, ZMQ_POLLIN, 0};
-        if (zmq_poll(&it, 1, 20) <= 0) continue;
+        if (zmq_poll(&it, 1, 20) <= 0 || atomic_load(&f->stall)) continue;
         ps_wire_msg_t m;
         int rc = ps_wire_recv(f->sock, &m, 1, ZMQ_DONTWAIT, err, sizeof err);
         if (rc == 0) {

@@ -3,6 +3,11 @@
  * engine computes, for the Python side to load into torchvision.
  *
  *   model_export OUTDIR DEPTH SHIFT K CLIPS H
+ *   model_export --load FILE OUTDIR DEPTH SHIFT K CLIPS H
+ *
+ * With --load the weights come from FILE (ps_model_load, fc replaced if
+ * the class count differs) and only logits_eval.bin and config.txt are
+ * written.
  *
  * OUTDIR/model.safetensors   checkpoint before any step
  * OUTDIR/logits_eval.bin     (CLIPS, K) float32, eval mode
@@ -35,8 +40,14 @@ static int write_raw(const char *dir, const char *name, const float *p, size_t n
 
 int main(int argc, char **argv)
 {
+    const char *load = NULL;
+    if (argc == 9 && !strcmp(argv[1], "--load")) {
+        load = argv[2];
+        argv += 2;
+        argc -= 2;
+    }
     if (argc != 7) {
-        fprintf(stderr, "usage: model_export OUTDIR DEPTH SHIFT K CLIPS H\n");
+        fprintf(stderr, "usage: model_export [--load FILE] OUTDIR DEPTH SHIFT K CLIPS H\n");
         return 2;
     }
     const char *dir = argv[1];
@@ -59,8 +70,12 @@ int main(int argc, char **argv)
     if (ps_model_create(&m, &c, &ps_backend_cpu, &ctx, clips, H, H)) return 1;
     ps_model_init(m, SEED, 1);
     char path[1024];
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
-    if (ps_model_save(m, path)) return 1;
+    if (load) {
+        if (ps_model_load(m, load, PS_MODEL_LOAD_REPLACE_FC)) return 1;
+    } else {
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        if (ps_model_save(m, path)) return 1;
+    }
 
     size_t nx = (size_t)clips * c.n_segment * 3 * H * H;
     float *x = malloc(nx * sizeof *x);
@@ -71,10 +86,12 @@ int main(int argc, char **argv)
     float loss;
     if (ps_model_forward(m, x, clips, NULL, 0, NULL)) return 1;
     if (write_raw(dir, "logits_eval.bin", ps_model_logits(m), (size_t)clips * K)) return 1;
+    if (load) goto done;
     if (ps_model_forward(m, x, clips, labels, 1, &loss)) return 1;
     if (write_raw(dir, "logits_train.bin", ps_model_logits(m), (size_t)clips * K)) return 1;
     snprintf(path, sizeof path, "%s/model_after.safetensors", dir);
     if (ps_model_save(m, path)) return 1;
+done:
     snprintf(path, sizeof path, "%s/config.txt", dir);
     FILE *f = fopen(path, "w");
     if (!f) return 1;

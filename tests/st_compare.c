@@ -1,7 +1,8 @@
 /* st_compare A.safetensors REF.safetensors [--tol T] [--floor F]
  *
  * Compares two model files tensor by tensor (same names and shapes; any
- * float dtype, read as fp32) with REF as the reference, and prints
+ * float dtype, read as fp32; I64 tensors must be equal) with REF as the
+ * reference, and prints
  *   max_abs   = max_i |a_i - b_i|
  *   norm_rel  = worst over tensors of max_i |a_i - b_i| / max_i |b_i|
  *   max_rel   = max_i |a_i - b_i| / max(|b_i|, floor)
@@ -76,6 +77,16 @@ int main(int argc, char **argv)
             break;
         }
         size_t n = numel_of(tb);
+        if (tb->dtype == PS_ST_I64 || ta->dtype == PS_ST_I64) {
+            /* integer buffers (BN num_batches_tracked) must match exactly */
+            if (ta->dtype != tb->dtype ||
+                memcmp(ps_st_tensor_data(&a, ta), ps_st_tensor_data(&b, tb), n * 8)) {
+                fprintf(stderr, "st_compare: integer tensor %s differs\n", tb->name);
+                bad = 1;
+            }
+            total += n;
+            continue;
+        }
         float *va = malloc(n * sizeof(float) + 1), *vb = malloc(n * sizeof(float) + 1);
         if (!va || !vb || ps_st_read_f32(&a, tb->name, va, n, err, sizeof err) ||
             ps_st_read_f32(&b, tb->name, vb, n, err, sizeof err)) {

@@ -84,7 +84,7 @@ static void test_roundtrip(ps_dtype_t dt, ps_codec_t codec)
     make_table(&t, 4, 1, sizes);
     fake_psd_t f;
     fake_psd_start(&f, 0, &t, 0);
-    ps_client_t *c = connect1(&t, &f, 1, dt, codec, 0, 10000, 0);
+    ps_client_t *c = connect1(&t, &f, 1, dt, codec, 0, 60000, 0);
     const char *tag = ps_dtype_name(dt), *ctag = ps_codec_name(codec);
 
     is_int(ps_client_hello(c), 0, "%s/%s: hello assigns rank 0", tag, ctag);
@@ -180,16 +180,33 @@ static void test_priority(void)
     make_table(&t, 8, 1, sizes);
     fake_psd_t f;
     fake_psd_start(&f, 0, &t, 0);
-    atomic_store(&f.delay_ms, 30);
-    ps_client_t *c = connect1(&t, &f, 1, PS_DT_FP32, PS_CODEC_RAW, 0, 10000, 1);
+    ps_client_t *c = connect1(&t, &f, 1, PS_DT_FP32, PS_CODEC_RAW, 0, 60000, 1);
     float dst[8][256];
     ps_req_t *r[8];
     int rc = 0;
-    /* 7 goes out alone (max_inflight 1) and is answered 30 ms later; the
-     * rest, submitted back to front meanwhile, must leave front first. */
+    /* 7 goes out alone (max_inflight 1) to a server that does not answer
+     * yet; the rest, submitted back to front meanwhile, must then leave
+     * front first. */
+    ps_client_counters_t k;
+    int ready = 0;
+    rc |= ps_client_pull(c, 0, 0, dst[0], &r[0]); /* connect first */
+    rc |= ps_client_wait(c, r[0], -1, NULL);
+    pthread_mutex_lock(&f.mu);
+    f.norder = 0;
+    pthread_mutex_unlock(&f.mu);
+    atomic_store(&f.stall, 1);
+    ps_client_counters(c, &k);
+    uint64_t out0 = k.bytes_out; /* no heartbeats: only requests move it */
     rc |= ps_client_pull(c, 7, 0, dst[7], &r[7]);
-    usleep(10 * 1000);
+    for (int i = 0; i < 5000 && !ready; i++) { /* until 7 is on the wire */
+        ps_client_counters(c, &k);
+        ready = k.bytes_out > out0;
+        if (!ready) usleep(1000);
+    }
+    ok(ready, "priority: the first request went out alone");
     for (int p = 6; p >= 0; p--) rc |= ps_client_pull(c, (uint32_t)p, 0, dst[p], &r[p]);
+    usleep(20 * 1000);
+    atomic_store(&f.stall, 0);
     for (int p = 0; p < 8; p++) rc |= ps_client_wait(c, r[p], -1, NULL);
     is_int(rc, 0, "priority: all pulls done");
     is_int(f.norder, 8, "priority: 8 requests arrived");
@@ -400,7 +417,7 @@ static void test_control(void)
     free(js);
     is_int(ps_client_checkpoint(c, 1), 0, "checkpoint");
     is_int(f[1].nckpt, 1, "checkpoint reached server 1");
-    usleep(150 * 1000);
+    usleep(300 * 1000);
     ok(f[0].nheartbeat >= 2 && f[1].nheartbeat >= 2, "heartbeats to both servers (%d, %d)",
        f[0].nheartbeat, f[1].nheartbeat);
     is_int(ps_client_shutdown_servers(c), 0, "shutdown");
@@ -449,7 +466,7 @@ static void test_restart(void)
     fake_psd_t f2;
     memset(&f2, 0, sizeof f2);
     snprintf(f2.endpoint, sizeof f2.endpoint, "tcp://127.0.0.1:%d", port);
-    ps_client_t *c = connect1(&t, &f2, 1, PS_DT_BF16, PS_CODEC_RAW, 100, 10000, 0);
+    ps_client_t *c = connect1(&t, &f2, 1, PS_DT_BF16, PS_CODEC_RAW, 100, 60000, 0);
     float dst[5000];
     for (int i = 0; i < 5000; i++) dst[i] = 1.0f;
     ps_req_t *r;

@@ -424,6 +424,9 @@ static void test_ef_invariant(void)
     is_int(ps_ef_compress(ef, 0, g, 1000, PS_DT_FP32, PS_CODEC_TOPK, &prm, buf, cap - 1, &len), PS_ERANGE, "compress into cap-1 -> PS_ERANGE");
     g[5] = NAN;
     is_int(ps_ef_compress(ef, 0, g, 1000, PS_DT_FP32, PS_CODEC_SIGN, NULL, buf, 200, &len), PS_ENONFINITE, "sign of NaN grad -> PS_ENONFINITE");
+    is_int(ps_ef_compress(ef, 0, g, 1000, PS_DT_FP32, PS_CODEC_TOPK, &prm, buf, cap, &len), PS_ENONFINITE, "topk of NaN grad -> PS_ENONFINITE");
+    g[5] = -INFINITY;
+    is_int(ps_ef_compress(ef, 0, g, 1000, PS_DT_FP16, PS_CODEC_RAW, NULL, buf, 2000, &len), PS_ENONFINITE, "raw fp16 of -Inf grad -> PS_ENONFINITE");
     is_int(ps_ef_compress(ef, 0, g, 999, PS_DT_FP32, PS_CODEC_TOPK, &prm, buf, cap, &len), PS_EMISMATCH, "wrong numel -> PS_EMISMATCH");
     is_int(ps_ef_compress(ef, 1, g, 1000, PS_DT_FP32, PS_CODEC_TOPK, &prm, buf, cap, &len), PS_EINVAL, "bad partition -> PS_EINVAL");
     ok(!memcmp(before, r, 1000 * 4), "residual unchanged by the failed calls");

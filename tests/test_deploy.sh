@@ -62,6 +62,10 @@ check_flags() {
 
 # ---- make install ------------------------------------------------------------
 D=$T/dest
+# make check has built everything, so this only copies; were the tree out of
+# date, install would relink binaries other tests may be running.
+(unset MAKEFLAGS MFLAGS MAKELEVEL; make -q -C "$top_builddir" all >/dev/null 2>&1) ||
+    echo "# build tree not up to date: make install rebuilds first"
 ( unset MAKEFLAGS MFLAGS MAKELEVEL
   make -C "$top_builddir" install DESTDIR="$D" >"$T/install.log" 2>&1 )
 ok $? "make install DESTDIR=... succeeds" || show "$T/install.log"

@@ -82,6 +82,66 @@ static void file_of(char *p, size_t cap, uint64_t seq)
     snprintf(p, cap, "%s/psd-0-%012llu.safetensors", dir, (unsigned long long)seq);
 }
 
+/* Two workers: rank 0's PUSH is acknowledged, then the server is stopped
+ * before rank 1 pushes.  After the restart rank 1's push completes the
+ * iteration with rank 0's gradient, which came back from the checkpoint. */
+static void pending_push_survives(void)
+{
+    char spec2[4096];
+    t_spec_json(spec2, sizeof spec2, TS, NT, 512, 1, 2,
+                "{\"lr\":0.5,\"momentum\":0,\"groups\":[{\"lr_mult\":1,\"wd_mult\":1},"
+                "{\"lr_mult\":2,\"wd_mult\":0}]}");
+    char dir2[300];
+    snprintf(dir2, sizeof dir2, "%s-b", dir);
+    tpsd_t S;
+    void *d;
+    const char *args[] = {"--worker-timeout-ms", "0", "--checkpoint-dir", dir2, NULL};
+    if (tpsd_start(&S, "ckpt", args)) {
+        ok(0, "pending: psd started");
+        return;
+    }
+    d = t_dealer(S.port);
+    float w0[N], g0[N], g1[N], out[N], ref[N];
+    for (int i = 0; i < N; i++) w0[i] = 0.01f * i, g0[i] = grad_of(0, i), g1[i] = grad_of(1, i);
+    int good = t_init_spec(d, spec2, T.hash, NULL) == PS__MSG_TYPE__MSG_ACK;
+    for (uint32_t p = 0; p < T.nparts; p++)
+        good &= t_init_part(d, p, w0 + T.parts[p].offset, T.parts[p].numel) == PS__MSG_TYPE__MSG_ACK;
+    Ps__Header h;
+    t_hdr(&h, PS__MSG_TYPE__MSG_PUSH, 0, 1);
+    h.has_iteration = 1, h.has_numel = 1, h.numel = T.parts[1].numel;
+    good &= t_call(d, &h, g0 + T.parts[1].offset, h.numel * 4, NULL, 0, NULL, NULL, 0) == PS__MSG_TYPE__MSG_ACK;
+    ok(good, "pending: INIT and rank 0's PUSH acknowledged");
+    zmq_close(d);
+    is_int(tpsd_stop(&S, SIGTERM), 0, "pending: SIGTERM exit 0");
+    if (tpsd_start(&S, "ckpt", args)) {
+        ok(0, "pending: psd restarted");
+        return;
+    }
+    d = t_dealer(S.port);
+    t_hdr(&h, PS__MSG_TYPE__MSG_PUSHPULL, 1, 1);
+    h.has_iteration = 1, h.has_numel = 1, h.numel = T.parts[1].numel;
+    uint64_t v = 0;
+    is_int(t_call(d, &h, g1 + T.parts[1].offset, h.numel * 4, out, N, &v, NULL, 0),
+           PS__MSG_TYPE__MSG_WEIGHTS, "pending: rank 1's PUSHPULL completes the iteration");
+    is_int(v, 1, "pending: version 1");
+    size_t off = T.parts[1].offset;
+    for (size_t i = 0; i < T.parts[1].numel; i++) {
+        float g = (g0[off + i] + g1[off + i]) / 2.0f;
+        int grp = off + i >= 300;
+        ref[i] = w0[off + i] - 0.5f * (grp ? 2.0f : 1.0f) * g;
+    }
+    allclose(out, ref, (long)T.parts[1].numel, 1e-7, 1e-6, "pending: mean of the restored and the new gradient");
+    zmq_close(d);
+    is_int(tpsd_stop(&S, SIGTERM), 0, "pending: exit 0");
+    if (tap_failed_) tpsd_dump_log(&S, 30);
+    if (!getenv("PSD_KEEP_LOG")) {
+        unlink(S.log);
+        char cmd[512];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir2);
+        if (system(cmd) != 0) diag("cannot remove %s", dir2);
+    }
+}
+
 int main(void)
 {
     ps_log_level = PS_LOG_ERROR;
@@ -233,14 +293,15 @@ int main(void)
     t_hdr(&sd, PS__MSG_TYPE__MSG_SHUTDOWN, 0, 0);
     is_int(t_call(d, &sd, NULL, 0, NULL, 0, NULL, NULL, 0), PS__MSG_TYPE__MSG_ACK, "SHUTDOWN");
     is_int(tpsd_stop(&S, 0), 0, "exit 0");
+    zmq_close(d);
     if (tap_failed_) tpsd_dump_log(&S, 60);
+    pending_push_survives();
     if (!getenv("PSD_KEEP_LOG")) {
         unlink(S.log);
         char cmd[512];
         snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
         if (system(cmd) != 0) diag("cannot remove %s", dir);
     }
-    zmq_close(d);
     zmq_ctx_term(t_ctx);
     ps_partition_table_free(&T);
     return tap_done();

@@ -693,6 +693,7 @@ int ps_client_barrier(ps_client_t *c)
 static int read_body(ps_client_t *c, ps_req_t *r, void *arg)
 {
     char **json = arg;
+    (void)c;
     *json = malloc(r->reply_body_len + 1);
     if (!*json) return PS_ENOMEM;
     if (r->reply_body_len) memcpy(*json, r->reply_body, r->reply_body_len);

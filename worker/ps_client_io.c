@@ -376,7 +376,7 @@ static void drain_socket(ps_client_t *c, int s)
 
 /* ---- timers ------------------------------------------------------------- */
 
-static void fail_timeout(ps_client_t *c, int s, ps_req_t *r, int64_t now)
+static void fail_timeout(ps_client_t *c, int s, ps_req_t *r)
 {
     ps_client_set_error(c, "server %d: %s (partition %d) got no reply within %d ms (%d sends)", s,
                         ps_wire_type_name(r->type), r->part == PS_PART_NONE ? -1 : (int)r->part,
@@ -398,7 +398,7 @@ static void run_timers(ps_client_t *c, int64_t now)
             if (r->t_deadline && now >= r->t_deadline) {
                 *pp = r->next;
                 r->next = NULL;
-                fail_timeout(c, s, r, now);
+                fail_timeout(c, s, r);
             } else {
                 pp = &r->next;
             }
@@ -409,7 +409,7 @@ static void run_timers(ps_client_t *c, int64_t now)
                 *pp = r->next;
                 r->next = NULL;
                 sv->ninflight--;
-                fail_timeout(c, s, r, now);
+                fail_timeout(c, s, r);
                 continue;
             }
             if (r->t_retry && now >= r->t_retry) {

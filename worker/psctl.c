@@ -24,10 +24,14 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <netdb.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -288,16 +292,97 @@ static int cmd_checkpoint(psctl_t *p)
     return failed ? PS_EIO : 0;
 }
 
+/* 1: nothing listens at endpoint any more (connection refused / socket
+ * gone), 0: something accepts connections, -1: cannot tell. */
+static int endpoint_down(const char *ep)
+{
+    int fd = -1, res = -1;
+    if (!strncmp(ep, "ipc://", 6)) {
+        struct sockaddr_un ua = {.sun_family = AF_UNIX};
+        if (strlen(ep + 6) >= sizeof ua.sun_path) return -1;
+        strcpy(ua.sun_path, ep + 6);
+        if ((fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0) return -1;
+        res = connect(fd, (struct sockaddr *)&ua, sizeof ua) == 0 ? 0
+              : (errno == ECONNREFUSED || errno == ENOENT) ? 1 : -1;
+        close(fd);
+        return res;
+    }
+    char host[256], *colon;
+    if (strncmp(ep, "tcp://", 6) || snprintf(host, sizeof host, "%s", ep + 6) >= (int)sizeof host ||
+        !(colon = strrchr(host, ':')))
+        return -1;
+    *colon = 0;
+    const char *port = colon + 1;
+    if (host[0] == '[' && colon > host + 1 && colon[-1] == ']') { /* [v6]:port */
+        colon[-1] = 0;
+        memmove(host, host + 1, strlen(host));
+    }
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai = NULL;
+    if (getaddrinfo(host, port, &hints, &ai) || !ai) return -1;
+    if ((fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0)) >= 0) {
+        if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
+            res = 0;
+        } else if (errno == ECONNREFUSED) {
+            res = 1;
+        } else if (errno == EINPROGRESS) {
+            struct pollfd pf = {.fd = fd, .events = POLLOUT};
+            int err = 0;
+            socklen_t el = sizeof err;
+            if (poll(&pf, 1, 1000) == 1 && !getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el))
+                res = err == 0 ? 0 : err == ECONNREFUSED ? 1 : -1;
+        }
+        close(fd);
+    }
+    freeaddrinfo(ai);
+    return res;
+}
+
+/* SHUTDOWN server by server, each on its own connection.  A server closes
+ * its socket right after the ACK, and that ACK can be lost with the
+ * connection (seen with libzmq: the reply is dropped when the peer's
+ * disconnect is processed before it is read).  So an unanswered SHUTDOWN
+ * is checked by probing the endpoint: nothing listening = it stopped.
+ * Re-sending is harmless (a stopping server reads no further message). */
 static int cmd_shutdown(psctl_t *p)
 {
-    int rc = ps_client_shutdown_servers(p->c);
-    if (rc) {
-        fprintf(stderr, "psctl: SHUTDOWN failed on at least one server: %s: %s\n", ps_strerror(rc),
-                rc == PS_ETIMEOUT ? "no answer" : ps_client_last_error(p->c));
-        return rc;
+    int failed = 0, level = ps_log_level;
+    /* the client's "no reply" warning is expected here: judged below */
+    if (level < PS_LOG_INFO) ps_log_level = PS_LOG_ERROR;
+    for (int s = 0; s < p->nserv; s++) {
+        ps_tensor_spec_t one = {"psctl", 1, 0};
+        ps_partition_table_t t1;
+        ps_client_t *c = NULL;
+        ps_client_opts_t co;
+        ps_client_opts_default(&co);
+        co.servers = (const char *const *)&p->ep[s];
+        co.nservers = 1;
+        co.rank = -1;
+        co.heartbeat_ms = 0;
+        co.retry_ms = 0;
+        co.timeout_ms = p->o.timeout_ms < 1000 ? p->o.timeout_ms : 1000;
+        int rc = ps_partition_table_build(&t1, &one, 1, 4, 1);
+        if (!rc) rc = ps_client_new(&c, &co, &t1);
+        int state = rc ? -2 : -1; /* -2 error, -1 unknown, 0 acked, 1 gone */
+        double t_end = now_s() + p->o.timeout_ms / 1000.0;
+        while (state == -1) {
+            rc = ps_client_shutdown_servers(c);
+            if (rc == 0) state = 0;
+            else if (rc != PS_ETIMEOUT) state = -2;
+            else if (endpoint_down(p->ep[s]) == 1) state = 1;
+            else if (now_s() >= t_end) break;
+        }
+        if (state == 0) printf("server %d: SHUTDOWN acknowledged\n", s);
+        else if (state == 1) printf("server %d: stopped (no longer listening)\n", s);
+        else {
+            fprintf(stderr, "psctl: server %d (%s): SHUTDOWN failed: %s: %s\n", s, p->ep[s],
+                    ps_strerror(rc), rc == PS_ETIMEOUT ? "no answer" : ps_client_last_error(c));
+            failed++;
+        }
+        ps_client_destroy(&c);
+        ps_partition_table_free(&t1);
     }
-    printf("%d server(s) acknowledged SHUTDOWN\n", p->nserv);
-    return 0;
+    ps_log_level = level;
+    return failed ? PS_EIO : 0;
 }
 
 /* ---- export --------------------------------------------------------------- */
@@ -633,7 +718,10 @@ int main(int argc, char **argv)
         if (!(rc = connect_client(&p))) {
             if (!strcmp(verb, "status")) rc = cmd_status(&p);
             else if (!strcmp(verb, "checkpoint")) rc = cmd_checkpoint(&p);
-            else if (!strcmp(verb, "shutdown")) rc = cmd_shutdown(&p);
+            else if (!strcmp(verb, "shutdown")) {
+                ps_client_destroy(&p.c); /* one connection per server instead */
+                rc = cmd_shutdown(&p);
+            }
             else rc = cmd_export(&p, arg);
         }
         ps_client_destroy(&p.c);

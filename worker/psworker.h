@@ -5,7 +5,8 @@
  *   psworker_main.c    options (flags / config file), validation, dispatch
  *   psworker_model.c   model + data + partition table + optimizer config
  *   psworker_train.c   the cluster loop (psd) and the standalone loop
- *   psworker_output.c  CSV, progress lines, model file, final summary */
+ *   psworker_output.c  CSV, progress lines, model file, final summary
+ *   psworker_video.c   TSM / TSN models on the video data pipeline */
 #ifndef PS_PSWORKER_H
 #define PS_PSWORKER_H
 #include <stddef.h>
@@ -47,6 +48,27 @@ typedef struct ps_worker_opts {
     int shutdown_servers;   /* rank 0 sends SHUTDOWN to every psd at the end */
     int step_sleep_ms;      /* extra "compute" per step: slows runs for demos and
                                fault tests (a kill must land mid-run) */
+    /* video models (--model tsm-r18 ...) */
+    char *train_list, *val_list;   /* TSM list files (or pack dirs with --packed) */
+    char *root;             /* frame_dir prefix */
+    char *tmpl;             /* frame file name template */
+    int packed;             /* lists are psdata pack directories */
+    int frames;             /* T segments per clip */
+    int size;               /* crop H = W */
+    int scale_size;         /* test: shorter side before the centre crop (0 = size*256/224) */
+    int flip;               /* training horizontal flip (off for direction data) */
+    int loader_threads, prefetch;
+    int skip_bad;           /* skip bad list entries / frames (counted) */
+    int val_every;          /* validation every N steps (0 = at the end only) */
+    int val_batch;          /* clips per validation forward (0 = batch) */
+    int val_clips;          /* clips per validation video */
+    float dropout;
+    int partial_bn;
+    int width;              /* ResNet stem width (64 = torchvision) */
+    int num_classes;        /* 0 = from the lists */
+    int threads;            /* compute threads (0 = all cores) */
+    int eval;               /* --eval: evaluate --weights on --val-list and exit */
+    char *weights;          /* safetensors to start from / to evaluate */
     /* derived */
     ps_dtype_t dt;
     ps_codec_t codec_id;
@@ -56,6 +78,7 @@ typedef struct ps_worker_opts {
 typedef struct ps_worker_stats {
     double t_start;               /* seconds (monotonic) when training started */
     double sum_step, sum_compute, sum_comm;  /* seconds over counted steps */
+    double sum_data;              /* of which waiting for data (video) */
     uint64_t counted;             /* steps in those sums */
     uint64_t samples;             /* samples this process computed on */
     double recent_loss[10];       /* last losses (ring) */
@@ -63,8 +86,13 @@ typedef struct ps_worker_stats {
     uint64_t stale_drops;         /* gradients refused as too stale (ssp) */
 } ps_worker_stats_t;
 
+struct ps_worker_video;
+
 typedef struct ps_worker {
     const ps_worker_opts_t *o;
+    struct ps_worker_video *vid;  /* video model state (NULL for smoke) */
+    double t_data;  /* seconds the last ps_worker_compute waited for data */
+    double top1, top5, val_loss;  /* last validation (video) */
     ps_smoke_dims_t dims;
     ps_smoke_data_t data;
     ps_smoke_work_t work;
@@ -80,6 +108,7 @@ typedef struct ps_worker {
     int *y;         /* (max(batch, eval)) labels */
     int cap;        /* rows of x / y */
     FILE *csv;
+    FILE *val_csv;  /* rank 0, video: one row per validation */
     ps_worker_stats_t st;
     double init_eval_loss, init_eval_acc;
 } ps_worker_t;
@@ -94,6 +123,27 @@ double ps_worker_compute(ps_worker_t *p, uint64_t step);
 double ps_worker_eval(ps_worker_t *p, double *accuracy);
 /* The INIT spec JSON (docs/protocol.md); malloc'd, NULL on failure. */
 char *ps_worker_spec_json(const ps_worker_t *p);
+
+/* First evaluation before training (smoke: cheap; video: skipped). */
+void ps_worker_initial_eval(ps_worker_t *p);
+/* Periodic validation after `step` steps when --val-every says so. */
+void ps_worker_maybe_validate(ps_worker_t *p, uint64_t step);
+int ps_worker_build_optim(ps_worker_t *p);
+
+/* psworker_video.c */
+int ps_worker_is_video(const ps_worker_opts_t *o);
+int ps_worker_video_setup(ps_worker_t *p, uint32_t nservers);
+int ps_worker_video_groups(ps_worker_t *p);
+void ps_worker_video_teardown(ps_worker_t *p);
+double ps_worker_video_compute(ps_worker_t *p, uint64_t step);
+/* Validation over the whole --val-list: mean loss, top-1/top-5 accuracy. */
+double ps_worker_video_eval(ps_worker_t *p, double *top1, double *top5, size_t *videos);
+int ps_worker_video_save(ps_worker_t *p, const char *path);
+size_t ps_worker_video_clip_floats(const ps_worker_t *p);
+/* Fractional epoch after `steps` steps (0 before the loader exists). */
+double ps_worker_video_epoch(const ps_worker_t *p, uint64_t steps);
+/* --eval: evaluate --weights on --val-list, print a final: line. */
+int ps_worker_run_eval(ps_worker_t *p);
 
 /* psworker_train.c: return 0 or a negative PS_E* (already reported). */
 int ps_worker_run_cluster(ps_worker_t *p);

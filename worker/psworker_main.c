@@ -15,8 +15,11 @@
 
 static const char usage[] =
     "[--config FILE] (--servers tcp://H:P[,tcp://H:P...] | --standalone) [options]\n"
-    "Train the built-in smoke model (2-layer MLP on generated data) with sync\n"
-    "data-parallel SGD through psd servers, or alone with --standalone.\n"
+    "       psworker --eval --model tsm-r18 --weights model.safetensors --val-list L --root R\n"
+    "Train a model with sync data-parallel SGD through psd servers, or alone with\n"
+    "--standalone: the built-in smoke model (2-layer MLP on generated data), or a\n"
+    "video model (tsm-r18|34|50 with temporal shift, tsn-r18|34|50 without) on a\n"
+    "TSM-format dataset (--train-list/--val-list/--root; psdata gen-video makes one).\n"
     "Rank r of W trains on global batch positions r*B..r*B+B-1 of each step's\n"
     "W*B samples, so --standalone --batch W*B sees exactly the same data.\n"
     "Writes DIR/metrics-rankR.csv and (rank 0) DIR/model.safetensors with --out DIR;\n"
@@ -50,12 +53,26 @@ static void opts_default(ps_worker_opts_t *o)
     o->timeout_ms = 30000;
     o->retry_ms = 1000;
     o->heartbeat_ms = 1000;
+    o->train_list = strdup("");
+    o->val_list = strdup("");
+    o->root = strdup("");
+    o->tmpl = strdup("img_%05d.jpg");
+    o->weights = strdup("");
+    o->frames = 8;
+    o->size = 112;
+    o->flip = 1;
+    o->loader_threads = 2;
+    o->prefetch = 2;
+    o->val_clips = 1;
+    o->dropout = 0.5f;
+    o->width = 64;
 }
 
 static void opts_free(ps_worker_opts_t *o)
 {
     free(o->servers), free(o->model), free(o->mode), free(o->schedule), free(o->milestones);
     free(o->dtype), free(o->codec), free(o->out), free(o->log_level);
+    free(o->train_list), free(o->val_list), free(o->root), free(o->tmpl), free(o->weights);
 }
 
 /* Range checks the option table cannot express; messages name the flag. */
@@ -99,6 +116,17 @@ static int opts_check(ps_worker_opts_t *o)
         fprintf(stderr, "psworker: --step-sleep-ms must be in [0, 60000]\n");
         return PS_EINVAL;
     }
+    if (o->frames < 1 || o->frames > 256 || o->size < 32 || o->size > 1024 || o->val_clips < 1 ||
+        o->val_clips > 32 || o->loader_threads < 0 || o->loader_threads > 64 || o->prefetch < 1 ||
+        o->prefetch > 64 || o->val_every < 0 || o->val_batch < 0 || o->num_classes < 0 ||
+        o->threads < 0 || !(o->dropout >= 0 && o->dropout < 1) || o->width < 8 || o->width > 512) {
+        fprintf(stderr, "psworker: video options out of range: --frames 1..256, --size 32..1024, "
+                "--val-clips 1..32, --loader-threads 0..64, --prefetch 1..64, --dropout [0,1), "
+                "--width 8..512, counts >= 0\n");
+        return PS_EINVAL;
+    }
+    if (o->eval)
+        o->standalone = 1; /* evaluation needs no servers */
     if (o->standalone)
         return 0;
     if (!*o->servers) {
@@ -144,7 +172,7 @@ int main(int argc, char **argv)
         {"standalone", PS_OPT_BOOL, &o.standalone, "train alone, no servers (reference run)"},
         {"rank", PS_OPT_INT, &o.rank, "worker rank, -1 = assigned by server 0"},
         {"num-workers", PS_OPT_INT, &o.num_workers, "number of workers W in the cluster"},
-        {"model", PS_OPT_STRING, &o.model, "model to train: smoke"},
+        {"model", PS_OPT_STRING, &o.model, "smoke | tsm-r18|34|50 | tsn-r18|34|50"},
         {"mode", PS_OPT_STRING, &o.mode, "servers' mode sync|async|ssp (sync checks versions)"},
         {"steps", PS_OPT_UINT64, &o.steps, "training steps (iterations)"},
         {"batch", PS_OPT_INT, &o.batch, "samples per worker per step (B)"},
@@ -174,6 +202,28 @@ int main(int argc, char **argv)
         {"step-sleep-ms", PS_OPT_INT, &o.step_sleep_ms, "sleep this long per step (emulated compute, tests)"},
         {"shutdown-servers", PS_OPT_BOOL, &o.shutdown_servers, "rank 0 shuts the servers down at the end"},
         {"log-level", PS_OPT_STRING, &o.log_level, "error|warn|info|debug"},
+        {"train-list", PS_OPT_STRING, &o.train_list, "video: TSM list 'frame_dir num_frames label'"},
+        {"val-list", PS_OPT_STRING, &o.val_list, "video: validation list"},
+        {"root", PS_OPT_STRING, &o.root, "video: directory the lists' frame_dir are relative to"},
+        {"tmpl", PS_OPT_STRING, &o.tmpl, "video: frame file template (img_%05d.jpg)"},
+        {"packed", PS_OPT_BOOL, &o.packed, "video: the lists are psdata pack directories"},
+        {"frames", PS_OPT_INT, &o.frames, "video: segments T per clip"},
+        {"size", PS_OPT_INT, &o.size, "video: crop size (network input H = W)"},
+        {"scale-size", PS_OPT_INT, &o.scale_size, "video: test resize of the shorter side (0 = size*256/224)"},
+        {"flip", PS_OPT_INT, &o.flip, "video: random horizontal flip when training (0 for direction data)"},
+        {"loader-threads", PS_OPT_INT, &o.loader_threads, "video: JPEG decode threads (0 = in the step)"},
+        {"prefetch", PS_OPT_INT, &o.prefetch, "video: batches decoded ahead"},
+        {"skip-bad", PS_OPT_BOOL, &o.skip_bad, "video: skip bad list entries / frames (counted)"},
+        {"val-every", PS_OPT_INT, &o.val_every, "video: validate every N steps on rank 0 (0 = end only)"},
+        {"val-batch", PS_OPT_INT, &o.val_batch, "video: videos per validation forward (0 = --batch)"},
+        {"val-clips", PS_OPT_INT, &o.val_clips, "video: clips per validation video"},
+        {"dropout", PS_OPT_FLOAT, &o.dropout, "video: dropout before fc"},
+        {"partial-bn", PS_OPT_BOOL, &o.partial_bn, "video: TSM partial BN (only bn1 updates statistics)"},
+        {"width", PS_OPT_INT, &o.width, "video: ResNet stem width (64 = torchvision)"},
+        {"num-classes", PS_OPT_INT, &o.num_classes, "video: classes (0 = from the lists)"},
+        {"threads", PS_OPT_INT, &o.threads, "video: compute threads (0 = all cores)"},
+        {"eval", PS_OPT_BOOL, &o.eval, "evaluate --weights on --val-list and exit"},
+        {"weights", PS_OPT_STRING, &o.weights, "safetensors to start from (or to evaluate with --eval)"},
         {0},
     };
 
@@ -201,7 +251,8 @@ int main(int argc, char **argv)
         opts_free(&o);
         return rc == PS_EINVAL ? 2 : 1;
     }
-    rc = o.standalone ? ps_worker_run_standalone(&p) : ps_worker_run_cluster(&p);
+    rc = o.eval ? ps_worker_run_eval(&p)
+         : o.standalone ? ps_worker_run_standalone(&p) : ps_worker_run_cluster(&p);
     ps_worker_teardown(&p);
     opts_free(&o);
     if (rc)

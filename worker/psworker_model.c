@@ -34,7 +34,7 @@ static int parse_milestones(const char *s, ps_optim_config_t *c)
     return 0;
 }
 
-static int build_optim(ps_worker_t *p)
+int ps_worker_build_optim(ps_worker_t *p)
 {
     const ps_worker_opts_t *o = p->o;
     ps_optim_config_t *c = &p->optim;
@@ -88,9 +88,12 @@ int ps_worker_setup(ps_worker_t *p, const ps_worker_opts_t *o, uint32_t nservers
     p->rank = o->standalone ? 0 : o->rank;
     p->nworkers = o->standalone ? 1 : o->num_workers;
     p->batch = o->batch;
-    if (strcmp(o->model, "smoke")) {
-        ps_error("--model: unknown model \"%s\" (available: smoke)", o->model);
-        return PS_EINVAL;
+    p->top1 = p->top5 = p->val_loss = NAN;
+    if (ps_worker_is_video(o)) {
+        if ((rc = ps_worker_video_setup(p, nservers)) || (rc = ps_worker_build_optim(p)) ||
+            (rc = ps_worker_video_groups(p)))
+            goto fail;
+        return 0;
     }
     ps_smoke_dims_default(&p->dims);
     p->numel = ps_smoke_numel(&p->dims);
@@ -102,7 +105,7 @@ int ps_worker_setup(ps_worker_t *p, const ps_worker_opts_t *o, uint32_t nservers
                  (unsigned long long)o->partition_bytes, nservers, ps_strerror(rc));
         return rc;
     }
-    if ((rc = build_optim(p)))
+    if ((rc = ps_worker_build_optim(p)))
         goto fail;
     if ((rc = ps_smoke_data_init(&p->data, o->data_seed, p->dims.in, p->dims.classes)))
         goto fail;
@@ -132,8 +135,12 @@ fail:
 
 void ps_worker_teardown(ps_worker_t *p)
 {
+    ps_worker_video_teardown(p);
     if (p->csv)
         fclose(p->csv);
+    if (p->val_csv)
+        fclose(p->val_csv);
+    p->val_csv = NULL;
     ps_partition_table_free(&p->table);
     ps_smoke_data_free(&p->data);
     ps_smoke_work_free(&p->work);
@@ -151,6 +158,8 @@ double ps_worker_compute(ps_worker_t *p, uint64_t step)
         struct timespec ts = {p->o->step_sleep_ms / 1000, (p->o->step_sleep_ms % 1000) * 1000000L};
         nanosleep(&ts, NULL);
     }
+    if (p->vid)
+        return ps_worker_video_compute(p, step);
     uint64_t first = step * (uint64_t)p->nworkers * (uint64_t)p->batch +
                      (uint64_t)p->rank * (uint64_t)p->batch;
     ps_smoke_data_batch(&p->data, first, p->batch, p->x, p->y);
@@ -160,6 +169,12 @@ double ps_worker_compute(ps_worker_t *p, uint64_t step)
 
 double ps_worker_eval(ps_worker_t *p, double *accuracy)
 {
+    if (p->vid) {
+        p->val_loss = ps_worker_video_eval(p, &p->top1, &p->top5, NULL);
+        if (accuracy)
+            *accuracy = p->top1;
+        return p->val_loss;
+    }
     int n = p->o->eval_samples, correct = 0;
     ps_smoke_data_batch(&p->data, PS_SMOKE_EVAL_BASE, n, p->x, p->y);
     double loss = ps_smoke_loss_grad(&p->dims, p->w, p->x, p->y, n, NULL, p->wd, NULL,
@@ -167,6 +182,33 @@ double ps_worker_eval(ps_worker_t *p, double *accuracy)
     if (accuracy)
         *accuracy = (double)correct / n;
     return loss;
+}
+
+void ps_worker_initial_eval(ps_worker_t *p)
+{
+    /* A full validation pass before training costs minutes for a video
+     * model and says little (chance level); smoke's is instant. */
+    if (p->vid) {
+        p->init_eval_loss = p->init_eval_acc = NAN;
+        return;
+    }
+    p->init_eval_loss = ps_worker_eval(p, &p->init_eval_acc);
+}
+
+void ps_worker_maybe_validate(ps_worker_t *p, uint64_t step)
+{
+    int every = p->o->val_every;
+    if (!p->vid || every <= 0 || p->rank != 0 || step % (uint64_t)every != 0 || step >= p->o->steps)
+        return;
+    double t0 = ps_worker_now();
+    size_t n = 0;
+    p->val_loss = ps_worker_video_eval(p, &p->top1, &p->top5, &n);
+    printf("val: iter=%llu videos=%zu loss=%.4f top1=%.4f top5=%.4f eval_s=%.1f\n",
+           (unsigned long long)step, n, p->val_loss, p->top1, p->top5, ps_worker_now() - t0);
+    fflush(stdout);
+    if (p->val_csv)
+        fprintf(p->val_csv, "%llu,%.3f,%.6f,%.4f,%.4f\n", (unsigned long long)step,
+                ps_worker_video_epoch(p, step), p->val_loss, p->top1, p->top5);
 }
 
 char *ps_worker_spec_json(const ps_worker_t *p)

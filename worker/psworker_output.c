@@ -63,7 +63,16 @@ int ps_worker_output_open(ps_worker_t *p)
     }
     /* Line-buffered so progress can be followed (and tests can watch it) live. */
     setvbuf(p->csv, NULL, _IOLBF, 0);
-    fprintf(p->csv, "iteration,loss,lr,step_ms,compute_ms,comm_wait_ms\n");
+    fprintf(p->csv, "iteration,loss,lr,step_ms,compute_ms,comm_wait_ms,data_wait_ms\n");
+    if (p->vid && p->rank == 0) {
+        snprintf(path, sizeof path, "%s/val%s.csv", out, p->o->standalone ? "-standalone" : "");
+        if (!(p->val_csv = fopen(path, "w"))) {
+            ps_error("cannot create %s: %s", path, strerror(errno));
+            return PS_EIO;
+        }
+        setvbuf(p->val_csv, NULL, _IOLBF, 0);
+        fprintf(p->val_csv, "iteration,epoch,loss,top1,top5\n");
+    }
     return 0;
 }
 
@@ -72,22 +81,33 @@ void ps_worker_record_step(ps_worker_t *p, uint64_t step, double loss, double t_
 {
     ps_worker_stats_t *s = &p->st;
     float lr = ps_optim_lr(&p->optim, step);
+    /* compute as measured includes the wait for the batch: split it out */
+    double t_data = p->t_data;
+    t_compute -= t_data;
     /* The first step pays for connections and page faults: keep it out of
      * the throughput sums when there is more than one. */
     if (step > 0 || p->o->steps == 1) {
         s->sum_step += t_step;
         s->sum_compute += t_compute;
         s->sum_comm += t_comm;
+        s->sum_data += t_data;
         s->counted++;
     }
     s->samples += (uint64_t)p->batch;
     s->recent_loss[s->nloss++ % 10] = loss;
     if (p->csv)
-        fprintf(p->csv, "%llu,%.6f,%.6g,%.3f,%.3f,%.3f\n", (unsigned long long)step, loss,
-                (double)lr, t_step * 1e3, t_compute * 1e3, t_comm * 1e3);
+        fprintf(p->csv, "%llu,%.6f,%.6g,%.3f,%.3f,%.3f,%.3f\n", (unsigned long long)step, loss,
+                (double)lr, t_step * 1e3, t_compute * 1e3, t_comm * 1e3, t_data * 1e3);
     int every = p->o->progress_every;
     if (every > 0 && ((step + 1) % (uint64_t)every == 0 || step + 1 == p->o->steps)) {
         double sps = s->counted ? p->batch * s->counted / s->sum_step : 0;
+        if (p->vid)
+            printf("iter %llu/%llu epoch %.2f loss %.4f lr %.5g clips/s %.1f data-wait %.1f ms "
+                   "compute %.1f ms comm-wait %.1f ms\n",
+                   (unsigned long long)step + 1, (unsigned long long)p->o->steps,
+                   ps_worker_video_epoch(p, step + 1), loss, (double)lr, sps, t_data * 1e3,
+                   t_compute * 1e3, t_comm * 1e3);
+        else
         printf("iter %llu/%llu loss %.4f lr %.5g samples/s %.0f compute %.3f ms comm-wait %.3f ms\n",
                (unsigned long long)step + 1, (unsigned long long)p->o->steps, loss, (double)lr,
                sps, t_compute * 1e3, t_comm * 1e3);
@@ -102,6 +122,14 @@ int ps_worker_save_model(ps_worker_t *p)
     if (!out || !*out || p->rank != 0)
         return 0;
     snprintf(path, sizeof path, "%s/model.safetensors", out);
+    if (p->vid) {
+        int vrc = ps_worker_video_save(p, path);
+        if (vrc)
+            ps_error("cannot save the model to %s: %s", path, ps_strerror(vrc));
+        else
+            ps_info("model written to %s", path);
+        return vrc;
+    }
     ps_st_writer_t *w = ps_st_writer_new();
     if (!w) {
         ps_error("cannot save %s: out of memory", path);
@@ -135,6 +163,30 @@ void ps_worker_print_final(ps_worker_t *p, uint64_t steps_done)
     double loss = 0, acc = 0, ms = 1e3 / (s->counted ? (double)s->counted : 1.0);
     for (uint64_t i = 0; i < n; i++) loss += s->recent_loss[i];
     loss = n ? loss / n : NAN;
+    if (p->vid) {
+        /* Validation on rank 0 only: the others would repeat the same pass. */
+        double t0 = ps_worker_now();
+        if (p->rank == 0)
+            p->val_loss = ps_worker_video_eval(p, &p->top1, &p->top5, NULL);
+        double eval_s = ps_worker_now() - t0;
+        if (p->val_csv)
+            fprintf(p->val_csv, "%llu,%.3f,%.6f,%.4f,%.4f\n", (unsigned long long)steps_done,
+                    ps_worker_video_epoch(p, steps_done), p->val_loss, p->top1, p->top5);
+        double cps = s->sum_step > 0 ? (double)p->batch * s->counted / s->sum_step : 0;
+        printf("final: rank=%d workers=%d model=%s steps=%llu epochs=%.2f batch=%d loss=%.6f "
+               "top1=%.4f top5=%.4f val_loss=%.6f clips_per_s=%.2f cluster_clips_per_s=%.2f "
+               "step_ms=%.1f data_wait_ms=%.1f compute_ms=%.1f comm_wait_ms=%.1f eval_s=%.1f "
+               "wall_s=%.1f",
+               p->rank, p->nworkers, p->o->model, (unsigned long long)steps_done,
+               ps_worker_video_epoch(p, steps_done), p->batch, loss, p->top1, p->top5, p->val_loss,
+               cps, cps * p->nworkers, s->sum_step * ms, s->sum_data * ms, s->sum_compute * ms,
+               s->sum_comm * ms, eval_s, ps_worker_now() - s->t_start);
+        if (p->o->out && *p->o->out)
+            printf(" out=%s%s", p->o->out, p->rank == 0 ? " model=model.safetensors" : "");
+        printf("\n");
+        fflush(stdout);
+        return;
+    }
     double eval_loss = ps_worker_eval(p, &acc);
     double sps = s->sum_step > 0 ? (double)p->batch * s->counted / s->sum_step : 0;
     printf("final: rank=%d workers=%d steps=%llu batch=%d loss=%.6f eval_loss=%.6f "

@@ -35,7 +35,7 @@ int ps_worker_run_standalone(ps_worker_t *p)
     int rc = ps_worker_output_open(p);
     if (rc)
         return rc;
-    p->init_eval_loss = ps_worker_eval(p, &p->init_eval_acc);
+    ps_worker_initial_eval(p);
     p->st.t_start = ps_worker_now();
     for (uint64_t s = 0; s < o->steps; s++) {
         double t0 = ps_worker_now();
@@ -54,6 +54,7 @@ int ps_worker_run_standalone(ps_worker_t *p)
         }
         double t2 = ps_worker_now();
         ps_worker_record_step(p, s, loss, t2 - t0, t1 - t0, 0);
+        ps_worker_maybe_validate(p, s + 1);
     }
     if ((rc = ps_worker_save_model(p)))
         return rc;
@@ -202,7 +203,7 @@ static int cluster_train(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_
         ps_info("resuming at step %" PRIu64, start);
     if ((rc = ps_worker_output_open(p)))
         return rc;
-    p->init_eval_loss = ps_worker_eval(p, &p->init_eval_acc);
+    ps_worker_initial_eval(p);
     p->st.t_start = ps_worker_now();
     for (uint64_t s = start; s < o->steps; s++) {
         double t0 = ps_worker_now();
@@ -214,6 +215,7 @@ static int cluster_train(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_
             return rc;
         double t2 = ps_worker_now();
         ps_worker_record_step(p, s, loss, t2 - t0, t1 - t0, t2 - t1);
+        ps_worker_maybe_validate(p, s + 1);
     }
     /* Everyone finished: in async modes the newest weights are on the
      * servers, so every rank reads them back before evaluating / saving. */

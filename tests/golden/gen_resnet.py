@@ -308,17 +308,26 @@ def state_dict_numpy(net):
 # ---- goldens ------------------------------------------------------------------
 
 VARIANTS = [
-    # name, depth, shift, partial_bn, clips, H, K, samples
-    ("r18_tsm", 18, True, False, 2, 64, 10, 64),
-    ("r18_tsn", 18, False, False, 1, 32, 5, 32),
-    ("r18_tsm_pbn", 18, True, True, 1, 32, 5, 32),
-    ("r50_tsm_pbn", 50, True, True, 1, 32, 10, 32),
+    # name, depth, shift, partial_bn, clips, H, K, samples, dropout
+    ("r18_tsm", 18, True, False, 2, 64, 10, 64, 0.0),
+    ("r18_tsn", 18, False, False, 1, 32, 5, 32, 0.5),
+    ("r18_tsm_pbn", 18, True, True, 1, 32, 5, 32, 0.0),
+    ("r50_tsm_pbn", 50, True, True, 1, 32, 10, 32, 0.0),
 ]
+DROPOUT_SEED = 42
 SEED = 1234
 T = 8
 
 
-def run_variant(depth, shift, pbn, clips, H, K, dtype):
+def dropout_mask(n, p, seed, forward_index=0):
+    """The engine's dropout mask for forward number forward_index after
+    ps_model_set_seed(m, seed): keep where ps_rng_uniform(s, i) >= p with
+    s = seed ^ (0x9E3779B97F4A7C15 * (forward_index + 1))."""
+    s = (seed ^ ((0x9E3779B97F4A7C15 * (forward_index + 1)) & M64)) & M64
+    return torch.from_numpy(rng_uniform(s, n) >= p)
+
+
+def run_variant(depth, shift, pbn, clips, H, K, dtype, dropout=0.0):
     torch.manual_seed(0)
     net = build(depth, K, shift=shift)
     hash_init(net, SEED, True)
@@ -326,6 +335,12 @@ def run_variant(depth, shift, pbn, clips, H, K, dtype):
     net.train()
     if pbn:
         partial_bn(net)
+    if dropout > 0:
+        # TSM's head: dropout on the pooled features, then fc
+        n = clips * T * net.fc.in_features
+        keep = dropout_mask(n, dropout, DROPOUT_SEED).view(clips * T, -1).to(dtype)
+        scale = 1.0 / (1.0 - dropout)
+        net.fc.register_forward_pre_hook(lambda mod, inp: (inp[0] * keep * scale,))
     x = hash_input(clips, T, H, H, SEED).to(dtype)
     y = labels_for(clips, K)
     logits = tsm_forward(net, x, clips, T)
@@ -338,7 +353,7 @@ def run_variant(depth, shift, pbn, clips, H, K, dtype):
     return loss.item(), logits.detach().double().flatten(), grads, bufs
 
 
-def gen_variant(outdir, name, depth, shift, pbn, clips, H, K, nsamp):
+def gen_variant(outdir, name, depth, shift, pbn, clips, H, K, nsamp, dropout):
     """The reference is PyTorch in float64 (same fp32 weights and input).
     PyTorch's own float32 run gives each tensor's noise floor: the largest
     and the 90th-percentile |g32 - g64| / rms(g64), and the relative error
@@ -347,10 +362,12 @@ def gen_variant(outdir, name, depth, shift, pbn, clips, H, K, nsamp):
     rounding of 0), and training-mode BN spreads such a flip over its
     channel, so test_resnet.c judges elements by a majority rule on top of
     these floors (see there)."""
-    loss, logits, grads, bufs = run_variant(depth, shift, pbn, clips, H, K, torch.float64)
-    _, _, g32, _ = run_variant(depth, shift, pbn, clips, H, K, torch.float32)
-    lines = ["# %s: ResNet-%d %s partial_bn=%d clips=%d T=%d %dx%d K=%d seed=%d"
-             % (name, depth, "TSM" if shift else "TSN", pbn, clips, T, H, H, K, SEED),
+    loss, logits, grads, bufs = run_variant(depth, shift, pbn, clips, H, K, torch.float64,
+                                            dropout)
+    _, _, g32, _ = run_variant(depth, shift, pbn, clips, H, K, torch.float32, dropout)
+    lines = ["# %s: ResNet-%d %s partial_bn=%d clips=%d T=%d %dx%d K=%d seed=%d dropout=%g "
+             "(mask seed %d)" % (name, depth, "TSM" if shift else "TSN", pbn, clips, T, H, H, K,
+                                 SEED, dropout, DROPOUT_SEED),
              "# reference: PyTorch float64; grad NAME NUMEL NORM NOISE_MAX NOISE_P90 "
              "NOISE_NORM IDX:VAL...",
              "loss %.12g" % loss,

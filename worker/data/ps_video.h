@@ -154,6 +154,11 @@ int ps_video_loader_new(const ps_video_list_t *l, const ps_video_opts_t *o,
 /* Starts (and begins prefetching) epoch `epoch`; drops any batches already
  * decoded for the previous one. */
 int ps_video_loader_set_epoch(ps_video_loader_t *ld, uint64_t epoch);
+/* Starts epoch `epoch` at batch `batch` (resuming a run mid-epoch). */
+int ps_video_loader_seek(ps_video_loader_t *ld, uint64_t epoch, size_t batch);
+/* The epoch and the batch number next() returns next. */
+uint64_t ps_video_loader_epoch(const ps_video_loader_t *ld);
+size_t ps_video_loader_position(const ps_video_loader_t *ld);
 /* Next batch of the current epoch: clips (B*K*T*3*H*W floats), labels (B),
  * indices (B dataset indices, may be NULL); *wait_s (may be NULL) is how long
  * this call blocked for data.  Returns the number of samples (<= B), 0 at the

@@ -166,6 +166,11 @@ oom:
 
 int ps_video_loader_set_epoch(ps_video_loader_t *ld, uint64_t epoch)
 {
+    return ps_video_loader_seek(ld, epoch, 0);
+}
+
+int ps_video_loader_seek(ps_video_loader_t *ld, uint64_t epoch, size_t batch)
+{
     pthread_mutex_lock(&ld->mu);
     ld->generation++;
     /* In-flight batches belong to the old epoch; wait them out so no thread
@@ -177,7 +182,8 @@ int ps_video_loader_set_epoch(ps_video_loader_t *ld, uint64_t epoch)
                                            ld->shuffle, ld->drop_last, ld->order);
     size_t B = (size_t)ld->o.batch;
     ld->n_batches = ld->drop_last ? ld->n_order / B : (ld->n_order + B - 1) / B;
-    ld->next_claim = ld->next_consume = 0;
+    if (batch > ld->n_batches) batch = ld->n_batches;
+    ld->next_claim = ld->next_consume = batch;
     for (int i = 0; i < ld->o.prefetch; i++) ld->slots[i].ready = 0;
     ld->failed = 0;
     pthread_cond_broadcast(&ld->work);
@@ -235,6 +241,8 @@ int ps_video_loader_next(ps_video_loader_t *ld, float *clips, int32_t *labels, i
 }
 
 size_t ps_video_loader_batches(const ps_video_loader_t *ld) { return ld->n_batches; }
+uint64_t ps_video_loader_epoch(const ps_video_loader_t *ld) { return ld->epoch; }
+size_t ps_video_loader_position(const ps_video_loader_t *ld) { return ld->next_consume; }
 size_t ps_video_loader_samples(const ps_video_loader_t *ld) { return ld->n_order; }
 
 size_t ps_video_loader_skipped(const ps_video_loader_t *ld)

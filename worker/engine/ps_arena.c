@@ -10,6 +10,20 @@
 
 #define ARENA_ALIGN 64 /* cache line and AVX-512 vector */
 
+static ps_arena_allocator_t g_alloc; /* {NULL, NULL}: host memory */
+
+void ps_arena_set_allocator(const ps_arena_allocator_t *al)
+{
+    if (al && al->alloc && al->free) g_alloc = *al;
+    else memset(&g_alloc, 0, sizeof g_alloc);
+}
+
+static void arena_release(ps_arena_t *a)
+{
+    if (a->release) a->release(a->base);
+    else free(a->base);
+}
+
 size_t ps_tensor_numel(const ps_tensor_t *t)
 {
     if (!t || t->ndim <= 0) return 0;
@@ -21,7 +35,7 @@ size_t ps_tensor_numel(const ps_tensor_t *t)
 
 void ps_arena_begin_sizing(ps_arena_t *a)
 {
-    free(a->base);
+    arena_release(a);
     memset(a, 0, sizeof *a);
     a->sizing = 1;
 }
@@ -35,11 +49,21 @@ int ps_arena_commit(ps_arena_t *a)
     size_t size = a->used ? a->used : ARENA_ALIGN;
     /* zeroed: gradients start at 0 and padding never holds NaN garbage */
     void *p = NULL;
-    if (posix_memalign(&p, ARENA_ALIGN, size)) {
-        ps_error("arena: cannot allocate %zu bytes", size);
-        return PS_ENOMEM;
+    if (g_alloc.alloc) {
+        p = g_alloc.alloc(size);
+        if (!p) {
+            ps_error("arena: cannot allocate %zu bytes (backend allocator)", size);
+            return PS_ENOMEM;
+        }
+        a->release = g_alloc.free;
+    } else {
+        if (posix_memalign(&p, ARENA_ALIGN, size)) {
+            ps_error("arena: cannot allocate %zu bytes", size);
+            return PS_ENOMEM;
+        }
+        memset(p, 0, size);
+        a->release = NULL;
     }
-    memset(p, 0, size);
     a->base = p;
     a->size = size;
     a->used = 0;
@@ -71,6 +95,6 @@ float *ps_arena_take(ps_arena_t *a, size_t numel)
 void ps_arena_free(ps_arena_t *a)
 {
     if (!a) return;
-    free(a->base);
+    arena_release(a);
     memset(a, 0, sizeof *a);
 }

@@ -52,11 +52,23 @@ typedef struct ps_arena {
     uint8_t *base;
     size_t size, used;
     int sizing;        /* 1 while only counting */
+    void (*release)(void *p); /* frees base; NULL = free() (set by commit) */
 } ps_arena_t;
 void ps_arena_begin_sizing(ps_arena_t *a);
 int ps_arena_commit(ps_arena_t *a);            /* allocate after sizing; PS_ENOMEM */
 float *ps_arena_take(ps_arena_t *a, size_t numel); /* NULL while sizing */
 void ps_arena_free(ps_arena_t *a);
+/* Where ps_arena_commit() takes its one allocation from.  Default (NULL):
+ * host posix_memalign, zeroed.  The CUDA backend installs managed memory
+ * (ps_cuda_use_managed_arena(), worker/engine/cuda/ps_cuda_backend.h) so a
+ * model's arena is reachable from its kernels.  alloc must return zeroed,
+ * 64-byte aligned memory or NULL.  Process-wide: set it before creating
+ * models; each arena remembers the free function it was allocated with. */
+typedef struct ps_arena_allocator {
+    void *(*alloc)(size_t bytes);
+    void (*free)(void *p);
+} ps_arena_allocator_t;
+void ps_arena_set_allocator(const ps_arena_allocator_t *al);
 
 /* ---- execution context -------------------------------------------------- */
 

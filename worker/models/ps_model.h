@@ -142,7 +142,10 @@ int ps_model_tensor_specs(const ps_model_t *m, ps_tensor_spec_t **specs);
 /* Floating-point operations of one forward / backward over nclips clips,
  * counted from the layer shapes (2 per multiply-add; convs and fc only). */
 void ps_model_flops(const ps_model_t *m, int nclips, double *fwd, double *bwd);
-/* Dropout masks are a pure function of (seed, forward counter). */
+/* Dropout masks are a pure function of (seed, forward counter): forward
+ * number k (0-based, counted from this call; every forward counts) draws
+ * its mask with seed ^ (0x9E3779B97F4A7C15 * (k + 1)) through the backend's
+ * dropout (keep where ps_rng_uniform(that, i) >= p). */
 void ps_model_set_seed(ps_model_t *m, uint64_t seed);
 
 /* ---- safetensors (model_io.c) ------------------------------------------- */

@@ -1,0 +1,196 @@
+// conv2d on the GPU through cuDNN's descriptor API (why this API and not
+// the graph API: see the top of backend_cuda.cu and docs/cuda.md).
+//
+// Each distinct shape (N,C,H,W,K,R,S,stride,pad,dilation,groups) gets its
+// descriptors and three algorithms chosen ONCE from cuDNN's heuristics
+// (cudnnGet*Algorithm_v7, no timing runs: deterministic and cheap at model
+// build) and cached: the first algorithm in cuDNN's ranking that succeeds,
+// uses FP32 FMA math (no TF32, for parity with the CPU) and whose workspace
+// fits under the state's limit.  The one workspace buffer grows to the
+// largest chosen need, so device memory for convolutions is bounded.
+#include "cuda_int.h"
+
+#include <string.h>
+
+static int conv_valid(const ps_conv2d_desc_t *d, int N, int H, int W)
+{
+    if (!d || N <= 0 || H <= 0 || W <= 0 || d->C <= 0 || d->K <= 0 || d->R <= 0 ||
+        d->S <= 0 || d->stride_h <= 0 || d->stride_w <= 0 || d->pad_h < 0 || d->pad_w < 0 ||
+        d->dil_h <= 0 || d->dil_w <= 0 || d->groups <= 0 || d->C % d->groups ||
+        d->K % d->groups || ps_conv_out(H, d->R, d->stride_h, d->pad_h, d->dil_h) <= 0 ||
+        ps_conv_out(W, d->S, d->stride_w, d->pad_w, d->dil_w) <= 0) {
+        ps_error("conv2d (cuda): invalid descriptor or shape (N=%d H=%d W=%d C=%d K=%d "
+                 "R=%d S=%d groups=%d)", N, H, W, d ? d->C : 0, d ? d->K : 0, d ? d->R : 0,
+                 d ? d->S : 0, d ? d->groups : 0);
+        return 0;
+    }
+    return 1;
+}
+
+static int tensor_op(cudnnMathType_t m)
+{
+    return m == CUDNN_TENSOR_OP_MATH || m == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION;
+}
+
+// The first acceptable algorithm of a heuristic ranking; the workspace size
+// is re-queried for the algorithm (the ranking's figure is an estimate).
+#define PICK_ALGO(s, e, PERF_T, COUNT, GET_V7, GET_WS, FALLBACK, ALGO_OUT, WS_OUT, ...)      \
+    do {                                                                                \
+        PERF_T perf[COUNT];                                                             \
+        int got = 0, found = 0;                                                         \
+        CUDNN_CHECK(GET_V7(s->cudnn, __VA_ARGS__, COUNT, &got, perf));                   \
+        for (int i = 0; i < got && !found; i++) {                                       \
+            size_t ws = 0;                                                              \
+            if (perf[i].status != CUDNN_STATUS_SUCCESS || tensor_op(perf[i].mathType))  \
+                continue;                                                               \
+            if (GET_WS(s->cudnn, __VA_ARGS__, perf[i].algo, &ws) != CUDNN_STATUS_SUCCESS) \
+                continue;                                                               \
+            if (ws > s->ws_limit) continue;                                             \
+            ALGO_OUT = perf[i].algo;                                                    \
+            WS_OUT = ws;                                                                \
+            found = 1;                                                                  \
+        }                                                                               \
+        if (!found) { /* always supported, small or no workspace */                     \
+            ALGO_OUT = FALLBACK;                                                        \
+            CUDNN_CHECK(GET_WS(s->cudnn, __VA_ARGS__, FALLBACK, &WS_OUT));               \
+            ps_warn("conv2d (cuda): no heuristic algorithm within %zu MiB for N=%d C=%d " \
+                    "H=%d W=%d K=%d R=%d; using the fallback (%zu bytes)",              \
+                    s->ws_limit >> 20, e->key[0], e->key[1], e->key[2], e->key[3],      \
+                    e->key[4], e->key[5], WS_OUT);                                      \
+        }                                                                               \
+    } while (0)
+
+static ps_cu_conv_entry *conv_entry(ps_cu_state *s, const ps_conv2d_desc_t *d, int N, int H,
+                                    int W)
+{
+    const int key[14] = {N,          H,          W,        d->C,     d->K,
+                         d->R,       d->S,       d->stride_h, d->stride_w, d->pad_h,
+                         d->pad_w,   d->dil_h,   d->dil_w, d->groups};
+    for (int i = 0; i < s->nconv; i++)
+        if (!memcmp(s->conv[i].key, key, sizeof key)) return &s->conv[i];
+    if (s->nconv == s->capconv) {
+        int cap = s->capconv ? 2 * s->capconv : 32;
+        void *p = realloc(s->conv, (size_t)cap * sizeof *s->conv);
+        if (!p) {
+            ps_error("conv2d (cuda): out of host memory for the algorithm cache");
+            abort();
+        }
+        s->conv = (ps_cu_conv_entry *)p;
+        s->capconv = cap;
+    }
+    ps_cu_conv_entry *e = &s->conv[s->nconv];
+    memset(e, 0, sizeof *e);
+    memcpy(e->key, key, sizeof key);
+    const int P = ps_conv_out(H, d->R, d->stride_h, d->pad_h, d->dil_h);
+    const int Q = ps_conv_out(W, d->S, d->stride_w, d->pad_w, d->dil_w);
+    CUDNN_CHECK(cudnnCreateTensorDescriptor(&e->x));
+    CUDNN_CHECK(cudnnCreateTensorDescriptor(&e->y));
+    CUDNN_CHECK(cudnnCreateFilterDescriptor(&e->w));
+    CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&e->conv));
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(e->x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, N, d->C,
+                                           H, W));
+    CUDNN_CHECK(cudnnSetFilter4dDescriptor(e->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, d->K,
+                                           d->C / d->groups, d->R, d->S));
+    CUDNN_CHECK(cudnnSetConvolution2dDescriptor(e->conv, d->pad_h, d->pad_w, d->stride_h,
+                                                d->stride_w, d->dil_h, d->dil_w,
+                                                CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    CUDNN_CHECK(cudnnSetConvolutionGroupCount(e->conv, d->groups));
+    CUDNN_CHECK(cudnnSetConvolutionMathType(e->conv, CUDNN_FMA_MATH));
+    int on, oc, oh, ow;
+    CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(e->conv, e->x, e->w, &on, &oc, &oh, &ow));
+    if (on != N || oc != d->K || oh != P || ow != Q) {
+        // our size formula and cuDNN's disagree: a broken invariant
+        ps_error("conv2d (cuda): cuDNN output %dx%dx%dx%d, expected %dx%dx%dx%d", on, oc, oh,
+                 ow, N, d->K, P, Q);
+        abort();
+    }
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(e->y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, N, d->K,
+                                           P, Q));
+    PICK_ALGO(s, e, cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
+              cudnnGetConvolutionForwardAlgorithm_v7, cudnnGetConvolutionForwardWorkspaceSize,
+              CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, e->fwd, e->ws_fwd, e->x, e->w, e->conv,
+              e->y);
+    PICK_ALGO(s, e, cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT,
+              cudnnGetConvolutionBackwardDataAlgorithm_v7,
+              cudnnGetConvolutionBackwardDataWorkspaceSize, CUDNN_CONVOLUTION_BWD_DATA_ALGO_0,
+              e->bwd_data, e->ws_bwd_data, e->w, e->y, e->conv, e->x);
+    PICK_ALGO(s, e, cudnnConvolutionBwdFilterAlgoPerf_t,
+              CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT,
+              cudnnGetConvolutionBackwardFilterAlgorithm_v7,
+              cudnnGetConvolutionBackwardFilterWorkspaceSize,
+              CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0, e->bwd_filter, e->ws_bwd_filter, e->x, e->y,
+              e->conv, e->w);
+    ps_debug("conv2d (cuda): N=%d C=%d %dx%d K=%d %dx%d/%d g%d: fwd algo %d (%zu B), "
+             "bwd data %d (%zu B), bwd filter %d (%zu B)", N, d->C, H, W, d->K, d->R, d->S,
+             d->stride_h, d->groups, (int)e->fwd, e->ws_fwd, (int)e->bwd_data, e->ws_bwd_data,
+             (int)e->bwd_filter, e->ws_bwd_filter);
+    s->nconv++;
+    return e;
+}
+
+void ps_cu_conv_free(ps_cu_state *s)
+{
+    for (int i = 0; i < s->nconv; i++) {
+        cudnnDestroyTensorDescriptor(s->conv[i].x);
+        cudnnDestroyTensorDescriptor(s->conv[i].y);
+        cudnnDestroyFilterDescriptor(s->conv[i].w);
+        cudnnDestroyConvolutionDescriptor(s->conv[i].conv);
+    }
+    free(s->conv);
+    s->conv = NULL;
+    s->nconv = s->capconv = 0;
+}
+
+// out (N,K,PQ) += b[k]
+__global__ void k_bias_add(float *out, const float *b, size_t n, int K, int PQ)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        out[i] += b[(i / PQ) % K];
+}
+
+void ps_cu_conv2d_forward(ps_ctx_t *ctx, float *out, const float *inp, const float *w,
+                          const float *b, const ps_conv2d_desc_t *d, int N, int H, int W)
+{
+    ps_cu_state *s = cu_state(ctx);
+    if (!conv_valid(d, N, H, W)) return;
+    ps_cu_conv_entry *e = conv_entry(s, d, N, H, W);
+    const float one = 1.0f, zero = 0.0f;
+    void *ws = ps_cu_workspace(s, e->ws_fwd);
+    CUDNN_CHECK(cudnnConvolutionForward(s->cudnn, &one, e->x, inp, e->w, w, e->conv, e->fwd, ws,
+                                        e->ws_fwd, &zero, e->y, out));
+    if (b) {
+        const int PQ = ps_conv_out(H, d->R, d->stride_h, d->pad_h, d->dil_h) *
+                       ps_conv_out(W, d->S, d->stride_w, d->pad_w, d->dil_w);
+        const size_t n = (size_t)N * d->K * PQ;
+        k_bias_add<<<cu_grid(n, CU_BLOCK), CU_BLOCK, 0, s->stream>>>(out, b, n, d->K, PQ);
+        CU_LAUNCHED();
+    }
+}
+
+void ps_cu_conv2d_backward(ps_ctx_t *ctx, float *dinp, float *dw, float *db, const float *dout,
+                           const float *inp, const float *w, const ps_conv2d_desc_t *d, int N,
+                           int H, int W)
+{
+    ps_cu_state *s = cu_state(ctx);
+    if (!conv_valid(d, N, H, W)) return;
+    ps_cu_conv_entry *e = conv_entry(s, d, N, H, W);
+    const float one = 1.0f, zero = 0.0f;
+    if (dinp) { // input gradient: OVERWRITE (beta 0)
+        void *ws = ps_cu_workspace(s, e->ws_bwd_data);
+        CUDNN_CHECK(cudnnConvolutionBackwardData(s->cudnn, &one, e->w, w, e->y, dout, e->conv,
+                                                 e->bwd_data, ws, e->ws_bwd_data, &zero, e->x,
+                                                 dinp));
+    }
+    if (dw) { // parameter gradient: ACCUMULATE (beta 1)
+        void *ws = ps_cu_workspace(s, e->ws_bwd_filter);
+        CUDNN_CHECK(cudnnConvolutionBackwardFilter(s->cudnn, &one, e->x, inp, e->y, dout,
+                                                   e->conv, e->bwd_filter, ws,
+                                                   e->ws_bwd_filter, &one, e->w, dw));
+    }
+    if (db) {
+        const int PQ = ps_conv_out(H, d->R, d->stride_h, d->pad_h, d->dil_h) *
+                       ps_conv_out(W, d->S, d->stride_w, d->pad_w, d->dil_w);
+        ps_cu_channel_sum_acc(s, db, dout, N, d->K, PQ);
+    }
+}

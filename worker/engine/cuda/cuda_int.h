@@ -1,0 +1,185 @@
+// Private to the CUDA backend's .cu files: the state behind
+// ctx->backend_state, the call-site check macros, launch helpers and the
+// per-layer entry points collected by backend_cuda.cu.
+//
+// Legend as in ps_engine.h (N images, C/K channels, H,W / P,Q planes).
+#ifndef PS_CUDA_INT_H
+#define PS_CUDA_INT_H
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <cudnn.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+extern "C" {
+#include "ps_error.h"
+#include "ps_log.h"
+#include "worker/engine/cuda/ps_cuda_backend.h"
+}
+
+// Inside a layer (void functions) a failed CUDA / cuDNN / cuBLAS call is a
+// device fault: log it with the call site and abort (STYLE.md allows abort
+// only for this).  Outside layers (init, helpers returning int) the _RET
+// forms log and return PS_ECUDA instead.
+void ps_cu_fail_(const char *what, const char *err, const char *file, int line);
+#define CU_CHECK(call)                                                                  \
+    do {                                                                                \
+        cudaError_t e_ = (call);                                                        \
+        if (e_ != cudaSuccess) ps_cu_fail_(#call, cudaGetErrorString(e_), __FILE__, __LINE__); \
+    } while (0)
+#define CUDNN_CHECK(call)                                                               \
+    do {                                                                                \
+        cudnnStatus_t s_ = (call);                                                      \
+        if (s_ != CUDNN_STATUS_SUCCESS)                                                 \
+            ps_cu_fail_(#call, cudnnGetErrorString(s_), __FILE__, __LINE__);            \
+    } while (0)
+#define CUBLAS_CHECK(call)                                                              \
+    do {                                                                                \
+        cublasStatus_t s_ = (call);                                                     \
+        if (s_ != CUBLAS_STATUS_SUCCESS)                                                \
+            ps_cu_fail_(#call, cublasGetStatusString(s_), __FILE__, __LINE__);          \
+    } while (0)
+// After every kernel launch: catches bad launch configurations at once
+// (the kernel's own faults show at the next synchronising call).
+#define CU_LAUNCHED() CU_CHECK(cudaGetLastError())
+
+#define CU_RET(call)                                                                    \
+    do {                                                                                \
+        cudaError_t e_ = (call);                                                        \
+        if (e_ != cudaSuccess) {                                                        \
+            ps_error("%s:%d: %s: %s", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+            return PS_ECUDA;                                                            \
+        }                                                                               \
+    } while (0)
+#define CUDNN_RET(call)                                                                 \
+    do {                                                                                \
+        cudnnStatus_t s_ = (call);                                                      \
+        if (s_ != CUDNN_STATUS_SUCCESS) {                                               \
+            ps_error("%s:%d: %s: %s", __FILE__, __LINE__, #call, cudnnGetErrorString(s_)); \
+            return PS_ECUDA;                                                            \
+        }                                                                               \
+    } while (0)
+#define CUBLAS_RET(call)                                                                \
+    do {                                                                                \
+        cublasStatus_t s_ = (call);                                                     \
+        if (s_ != CUBLAS_STATUS_SUCCESS) {                                              \
+            ps_error("%s:%d: %s: %s", __FILE__, __LINE__, #call, cublasGetStatusString(s_)); \
+            return PS_ECUDA;                                                            \
+        }                                                                               \
+    } while (0)
+
+// One cached convolution shape: descriptors and the algorithms chosen once
+// (conv2d.cu).
+struct ps_cu_conv_entry {
+    int key[14]; // N C H W K R S stride_h stride_w pad_h pad_w dil_h dil_w groups
+    cudnnTensorDescriptor_t x, y;
+    cudnnFilterDescriptor_t w;
+    cudnnConvolutionDescriptor_t conv;
+    cudnnConvolutionFwdAlgo_t fwd;
+    cudnnConvolutionBwdDataAlgo_t bwd_data;
+    cudnnConvolutionBwdFilterAlgo_t bwd_filter;
+    size_t ws_fwd, ws_bwd_data, ws_bwd_filter; // bytes
+};
+
+struct ps_cu_state {
+    int device;
+    cudaStream_t stream;
+    cudnnHandle_t cudnn;
+    cublasHandle_t cublas;
+    // cuDNN workspace: grown to the largest need of a chosen algorithm, which
+    // is never above ws_limit (algorithms that need more are skipped).
+    void *ws;
+    size_t ws_bytes, ws_limit;
+    // small device scratch for reductions (xent's per-row loss, flags)
+    void *scratch;
+    size_t scratch_bytes;
+    // conv algorithm cache, linear search (a model has < ~60 shapes)
+    ps_cu_conv_entry *conv;
+    int nconv, capconv;
+};
+
+static inline ps_cu_state *cu_state(ps_ctx_t *ctx)
+{
+    ps_cu_state *s = ctx ? (ps_cu_state *)ctx->backend_state : NULL;
+    if (!s) {
+        ps_error("CUDA backend used without ps_cuda_backend_init()");
+        abort(); // a broken invariant: every layer would write nothing
+    }
+    return s;
+}
+
+// Device memory of at least `bytes` from the state's scratch / workspace.
+void *ps_cu_scratch(ps_cu_state *s, size_t bytes);
+void *ps_cu_workspace(ps_cu_state *s, size_t bytes);
+
+// Grid for a grid-stride loop over n elements.
+static inline unsigned cu_grid(size_t n, unsigned block)
+{
+    size_t g = (n + block - 1) / block;
+    return (unsigned)(g < 1 ? 1 : g > 65535u * 8 ? 65535u * 8 : g);
+}
+#define CU_BLOCK 256
+
+// ---- layer entry points (signatures of the ps_backend_t slots) ----------
+void ps_cu_conv2d_forward(ps_ctx_t *ctx, float *out, const float *inp, const float *w,
+                          const float *b, const ps_conv2d_desc_t *d, int N, int H, int W);
+void ps_cu_conv2d_backward(ps_ctx_t *ctx, float *dinp, float *dw, float *db, const float *dout,
+                           const float *inp, const float *w, const ps_conv2d_desc_t *d, int N,
+                           int H, int W);
+void ps_cu_conv_free(ps_cu_state *s);
+
+void ps_cu_bn_forward_train(ps_ctx_t *ctx, float *out, float *save_mean, float *save_rstd,
+                            float *run_mean, float *run_var, const float *inp,
+                            const float *gamma, const float *beta, float eps, float momentum,
+                            int N, int C, int HW);
+void ps_cu_bn_backward_train(ps_ctx_t *ctx, float *dinp, float *dgamma, float *dbeta,
+                             const float *dout, const float *inp, const float *gamma,
+                             const float *save_mean, const float *save_rstd, int N, int C,
+                             int HW);
+void ps_cu_bn_forward_eval(ps_ctx_t *ctx, float *out, const float *inp, const float *gamma,
+                           const float *beta, const float *run_mean, const float *run_var,
+                           float eps, int N, int C, int HW);
+void ps_cu_bn_backward_eval(ps_ctx_t *ctx, float *dinp, float *dgamma, float *dbeta,
+                            const float *dout, const float *inp, const float *gamma,
+                            const float *run_mean, const float *run_var, float eps, int N,
+                            int C, int HW);
+// Per-channel sum of x (N, C, HW) ADDED into acc[c] (conv bias gradient).
+void ps_cu_channel_sum_acc(ps_cu_state *s, float *acc, const float *x, int N, int C, int HW);
+
+void ps_cu_maxpool_forward(ps_ctx_t *ctx, float *out, int32_t *argmax, const float *inp,
+                           const ps_pool_desc_t *d, int N, int C, int H, int W);
+void ps_cu_maxpool_backward(ps_ctx_t *ctx, float *dinp, const float *dout,
+                            const int32_t *argmax, const ps_pool_desc_t *d, int N, int C,
+                            int H, int W);
+void ps_cu_avgpool_forward(ps_ctx_t *ctx, float *out, const float *inp, int N, int C, int HW);
+void ps_cu_avgpool_backward(ps_ctx_t *ctx, float *dinp, const float *dout, int N, int C,
+                            int HW);
+
+void ps_cu_linear_forward(ps_ctx_t *ctx, float *out, const float *inp, const float *w,
+                          const float *b, int N, int C, int K);
+void ps_cu_linear_backward(ps_ctx_t *ctx, float *dinp, float *dw, float *db,
+                           const float *dout, const float *inp, const float *w, int N, int C,
+                           int K);
+
+void ps_cu_relu_forward(ps_ctx_t *ctx, float *out, const float *inp, size_t n);
+void ps_cu_relu_backward(ps_ctx_t *ctx, float *dinp, const float *dout, const float *out,
+                         size_t n);
+void ps_cu_dropout_forward(ps_ctx_t *ctx, float *out, uint8_t *mask, const float *inp,
+                           size_t n, float p, uint64_t seed);
+void ps_cu_dropout_backward(ps_ctx_t *ctx, float *dinp, const float *dout,
+                            const uint8_t *mask, size_t n, float p);
+float ps_cu_xent_forward(ps_ctx_t *ctx, float *probs, const float *logits,
+                         const int32_t *labels, int N, int K);
+void ps_cu_xent_backward(ps_ctx_t *ctx, float *dlogits, const float *probs,
+                         const int32_t *labels, float dloss, int N, int K);
+void ps_cu_tshift_forward(ps_ctx_t *ctx, float *out, const float *inp, int B, int T, int C,
+                          int HW, int fold_div);
+void ps_cu_tshift_backward(ps_ctx_t *ctx, float *dinp, const float *dout, int B, int T, int C,
+                           int HW, int fold_div);
+void ps_cu_consensus_forward(ps_ctx_t *ctx, float *out, const float *inp, int B, int T,
+                             int K);
+void ps_cu_consensus_backward(ps_ctx_t *ctx, float *dinp, const float *dout, int B, int T,
+                              int K);
+void ps_cu_add(ps_ctx_t *ctx, float *out, const float *a, const float *b, size_t n);
+void ps_cu_accumulate(ps_ctx_t *ctx, float *acc, const float *x, size_t n);
+#endif

@@ -1,0 +1,78 @@
+/* The CUDA backend of the engine (ps_backend_cuda): the same table as the
+ * CPU reference (worker/engine/ps_engine.h), every pointer a DEVICE pointer
+ * (or managed memory), fp32 NCHW.  Compiled only when configure found the
+ * toolkit (Makefile.am "cuda" section); the design and the cuDNN API choice
+ * are written down in docs/cuda.md.
+ *
+ * Life cycle: ps_engine_init(ctx, n) (host threads for the CPU parts), then
+ * ps_cuda_backend_init(ctx, dev) puts a cudnnHandle_t, a cublasHandle_t, a
+ * stream and the convolution algorithm cache in ctx->backend_state.  Every
+ * layer call is queued on that stream and returns at once, except
+ * xent_forward (it returns the loss, so it waits).  Call
+ * ps_cuda_backend_sync() before the host reads or writes anything a layer
+ * touched.  A CUDA/cuDNN/cuBLAS failure inside a layer is a device fault:
+ * it is logged with the call site and aborts (STYLE.md); bad shapes are
+ * logged and the call does nothing, as on the CPU.
+ */
+#ifndef PS_CUDA_BACKEND_H
+#define PS_CUDA_BACKEND_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "worker/engine/ps_engine.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+extern const ps_backend_t ps_backend_cuda;
+
+/* Select device `dev`, create the handles and the stream.  Returns 0 or
+ * PS_ECUDA (logged).  ctx must have been through ps_engine_init(). */
+int ps_cuda_backend_init(ps_ctx_t *ctx, int dev);
+/* Destroy what ps_cuda_backend_init created (NULLs ctx->backend_state). */
+void ps_cuda_backend_free(ps_ctx_t *ctx);
+/* Wait for every queued layer; 0 or PS_ECUDA. */
+int ps_cuda_backend_sync(ps_ctx_t *ctx);
+/* The backend's stream (a cudaStream_t), e.g. to record events after a
+ * layer's backward and hand its gradient to the communication thread. */
+void *ps_cuda_backend_stream(ps_ctx_t *ctx);
+/* Upper bound of the cuDNN convolution workspace in bytes (default 512 MiB,
+ * or $PS_CUDNN_WORKSPACE_MB).  Algorithms needing more are not chosen.
+ * Takes effect for shapes not yet in the algorithm cache. */
+void ps_cuda_backend_set_workspace_limit(ps_ctx_t *ctx, size_t bytes);
+/* Number of distinct convolution shapes seen (algorithm cache entries). */
+int ps_cuda_backend_conv_shapes(ps_ctx_t *ctx);
+
+/* Make ps_arena_commit() take its one allocation from cudaMallocManaged, so
+ * a model written for host pointers (it memcpy's the input and labels into
+ * its arena, zeroes gradients with memset, reads logits) runs on the GPU
+ * unchanged.  Host touches then migrate pages; a device-aware model should
+ * use plain device memory instead (docs/cuda.md).  Returns 0 or PS_ECUDA. */
+int ps_cuda_use_managed_arena(void);
+/* Prefetch [p, p+bytes) of managed memory to the current device. */
+int ps_cuda_prefetch(const void *p, size_t bytes, void *stream);
+
+/* Wait for all work on the device (every stream, copies included). */
+int ps_cuda_device_sync(void);
+
+/* Device memory in use (total - free, from cudaMemGetInfo), in bytes. */
+size_t ps_cuda_mem_used(void);
+
+/* Loss-scale overflow check on the device: *found (host int) = 1 when any
+ * of grad[0..n) is Inf or NaN.  Waits on `stream` (NULL = default).
+ * Returns 0 or PS_ECUDA. */
+int ps_cuda_check_overflow(const float *grad, size_t n, int *found, void *stream);
+/* Multiply grad[0..n) by s on the device (unscaling by 1/loss_scale). */
+int ps_cuda_scale(float *grad, size_t n, float s, void *stream);
+
+/* Measured matrix peak: TFLOP/s of a large cuBLAS GEMM (m=n=k=8192 for
+ * fp32, 16384-ish for fp16) on the current device, averaged over `iters`.
+ * half != 0: fp16 inputs, fp32 accumulate (cublasGemmEx, tensor cores).
+ * Returns 0 or PS_ECUDA. */
+int ps_cuda_gemm_peak(int half, int iters, double *tflops);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
