@@ -110,6 +110,66 @@ static int apply_push(fake_psd_t *f, ps_wire_msg_t *m, uint32_t p)
     return rc;
 }
 
+/* Replies a broken or hostile server could send: each must be dropped (or
+ * fail only the request it names) without crashing the client. */
+static void send_garbage(fake_psd_t *f, ps_wire_msg_t *m)
+{
+    const void *id = zmq_msg_data(&m->identity);
+    size_t idlen = zmq_msg_size(&m->identity);
+    static const char junk[] = "\x08\xff\xff\xff\xff\x0f garbage";
+    Ps__Header h;
+
+    /* not a protobuf header */
+    zmq_send(f->sock, id, idlen, ZMQ_SNDMORE);
+    zmq_send(f->sock, junk, sizeof junk, 0);
+    /* empty header frame */
+    zmq_send(f->sock, id, idlen, ZMQ_SNDMORE);
+    zmq_send(f->sock, "", 0, 0);
+    /* three frames */
+    ps_wire_header_init(&h, PS__MSG_TYPE__MSG_ACK);
+    uint8_t hb[64];
+    size_t hl = ps__header__pack(&h, hb);
+    zmq_send(f->sock, id, idlen, ZMQ_SNDMORE);
+    zmq_send(f->sock, hb, hl, ZMQ_SNDMORE);
+    zmq_send(f->sock, "a", 1, ZMQ_SNDMORE);
+    zmq_send(f->sock, "b", 1, 0);
+    /* the right request id, but payload_len disagrees with the frame */
+    ps_wire_header_init(&h, PS__MSG_TYPE__MSG_WEIGHTS);
+    h.has_request_id = 1;
+    h.request_id = m->hdr->request_id;
+    h.has_payload_len = 1;
+    h.payload_len = 999;
+    hl = ps__header__pack(&h, hb);
+    zmq_send(f->sock, id, idlen, ZMQ_SNDMORE);
+    zmq_send(f->sock, hb, hl, ZMQ_SNDMORE);
+    zmq_send(f->sock, "12345678", 8, 0);
+    /* the right id, a checksum that does not match */
+    h.payload_len = 8;
+    h.has_checksum = 1;
+    h.checksum = 0xdeadbeef;
+    hl = ps__header__pack(&h, hb);
+    zmq_send(f->sock, id, idlen, ZMQ_SNDMORE);
+    zmq_send(f->sock, hb, hl, ZMQ_SNDMORE);
+    zmq_send(f->sock, "12345678", 8, 0);
+    /* wrong protocol version */
+    ps_wire_header_init(&h, PS__MSG_TYPE__MSG_ACK);
+    h.version = 99;
+    h.has_request_id = 1;
+    h.request_id = m->hdr->request_id;
+    hl = ps__header__pack(&h, hb);
+    zmq_send(f->sock, id, idlen, ZMQ_SNDMORE);
+    zmq_send(f->sock, hb, hl, 0);
+    /* ids that name no live request */
+    ps_wire_header_init(&h, PS__MSG_TYPE__MSG_ACK);
+    h.has_request_id = 1;
+    h.request_id = 0xFFFFFFFFFFFFFFFFull;
+    ps_wire_send(f->sock, id, idlen, &h, NULL, 0, NULL, NULL, 0);
+    h.request_id = m->hdr->request_id + (1ull << 32); /* right slot, other generation */
+    ps_wire_send(f->sock, id, idlen, &h, NULL, 0, NULL, NULL, 0);
+    /* an ERROR that names no request */
+    ps_wire_send_error(f->sock, id, idlen, 0, 0, PS_EPROTO, "fake: unsolicited error");
+}
+
 static void handle(fake_psd_t *f, ps_wire_msg_t *m)
 {
     Ps__Header *h = m->hdr;
@@ -140,6 +200,7 @@ static void handle(fake_psd_t *f, ps_wire_msg_t *m)
         }
         int d = atomic_load(&f->delay_ms);
         if (d > 0) usleep((useconds_t)d * 1000);
+        if (atomic_load(&f->garbage)) send_garbage(f, m);
     }
 
     switch (h->type) {

@@ -26,6 +26,7 @@ typedef struct fake_psd {
     atomic_int delay_ms;         /* sleep before every data reply */
     atomic_int err_part;         /* this partition gets ERROR(PS_ESTALE) (-1: none) */
     atomic_int silent_part;      /* this partition is never answered (-1: none) */
+    atomic_int garbage;          /* precede every data reply with malformed replies */
     atomic_int stall;            /* stop reading the socket (a hung peer) */
     atomic_int bad_weights;      /* WEIGHTS of this partition claim one element too many (-1: none) */
 

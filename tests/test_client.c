@@ -313,6 +313,35 @@ static void test_faults(void)
     ok(dst[0] == 7.0f && dst[999] == 7.0f, "... and dst is untouched");
     atomic_store(&f.bad_weights, -1);
 
+    /* malformed and unsolicited replies are dropped; the real one still counts */
+    ps_client_counters(c, &k);
+    uint64_t errors0 = k.errors;
+    atomic_store(&f.garbage, 1);
+    rc = 0;
+    for (uint32_t p = 0; p < 3; p++) rc |= ps_client_pull(c, p, 0, dst + t.parts[p].offset, &r[p]);
+    for (uint32_t p = 0; p < 3; p++) rc |= ps_client_wait(c, r[p], -1, NULL);
+    atomic_store(&f.garbage, 0);
+    is_int(rc, 0, "garbage replies: pulls still succeed");
+    int same = 1;
+    for (uint32_t p = 0; p < 3; p++)
+        same &= memcmp(dst + t.parts[p].offset, f.w[p], t.parts[p].numel * sizeof(float)) == 0;
+    ok(same, "garbage replies: the real weights arrive");
+    ps_client_counters(c, &k);
+    ok(k.errors - errors0 >= 3 * 6, "garbage replies: counted as errors (%llu)",
+       (unsigned long long)(k.errors - errors0));
+    {
+        /* retries off: a corrupt reply fails its request with the reason */
+        ps_client_t *c3 = connect1(&t, &f, 1, PS_DT_FP32, PS_CODEC_RAW, 0, 20000, 0);
+        atomic_store(&f.garbage, 1);
+        rc = ps_client_pull(c3, 0, 0, dst, &r[0]);
+        rc |= ps_client_wait(c3, r[0], -1, NULL);
+        atomic_store(&f.garbage, 0);
+        ok(rc == PS_EPROTO || rc == PS_ECORRUPT,
+           "garbage replies, no retries: the request fails at once (%s: %s)", ps_errname(rc),
+           ps_client_last_error(c3));
+        ps_client_destroy(&c3);
+    }
+
     /* a partition nobody answers: retried, then PS_ETIMEOUT */
     ps_client_t *c2 = connect1(&t, &f, 1, PS_DT_FP32, PS_CODEC_RAW, 40, 400, 0);
     atomic_store(&f.silent_part, 2);

@@ -295,11 +295,20 @@ static void handle_reply(ps_client_t *c, int s, ps_wire_msg_t *m, int rc, const 
     ps_client_server_t *sv = &c->srv[s];
     atomic_fetch_add(&c->bytes_in, m->wire_bytes);
     if (rc < 0) {
-        /* A damaged reply is dropped; the request's retry (or timeout)
-         * takes care of it, as for a lost one. */
+        /* A damaged reply is dropped.  If it still names a live request,
+         * that request is resent at once (retries on) or fails with the
+         * reason (retries off) instead of waiting for its timeout. */
         atomic_fetch_add(&c->errors, 1);
         ps_client_set_error(c, "server %d: bad reply dropped: %s", s, err);
         ps_warn("%s", c->last_error);
+        ps_req_t *r = m->hdr && m->hdr->version == PS_PROTO_VERSION ? lookup(c, s, m->hdr) : NULL;
+        if (r && c->o.retry_ms > 0) {
+            r->t_retry = ps_client_now_ms();
+        } else if (r) {
+            list_remove(&sv->inflight, r);
+            sv->ninflight--;
+            complete(c, r, rc);
+        }
         return;
     }
     const Ps__Header *h = m->hdr;

@@ -26,7 +26,7 @@ static void usage(FILE *f)
 "      --classes C        2 (left/right), 4 (up/down/left/right), 8 (+diagonals); default 4\n"
 "      --val-fraction V   share of videos in val.txt (default 0.2)\n"
 "      --quality Q        JPEG quality (default 90)\n"
-"      --speed P          pixels per frame (default size/32, +-25%% per video)\n"
+"      --speed P          pixels per frame (default size/16, +-25%% per video)\n"
 "    Writes DIR/vid_NNNNNN/img_00001.jpg ... and DIR/train.txt, DIR/val.txt\n"
 "    (lines 'vid_NNNNNN num_frames label'; use DIR as the root).\n"
 "\n"

@@ -92,6 +92,8 @@ typedef struct ps_worker {
     const ps_worker_opts_t *o;
     struct ps_worker_video *vid;  /* video model state (NULL for smoke) */
     double t_data;  /* seconds the last ps_worker_compute waited for data */
+    int compute_rc; /* PS_E* when the last compute failed for a reason other
+                       than divergence (already logged) */
     double top1, top5, val_loss;  /* last validation (video) */
     ps_smoke_dims_t dims;
     ps_smoke_data_t data;

@@ -21,10 +21,12 @@
 #include "ps_log.h"
 #include "worker/ps_client.h"
 
-static int check_loss(double loss, uint64_t step)
+static int check_loss(const ps_worker_t *p, double loss, uint64_t step)
 {
     if (isfinite(loss))
         return 0;
+    if (p->compute_rc) /* the cause (bad data, ...) is already logged */
+        return p->compute_rc;
     ps_error("loss is not finite at step %" PRIu64 " (diverged: try a lower --lr)", step);
     return PS_ENONFINITE;
 }
@@ -40,7 +42,7 @@ int ps_worker_run_standalone(ps_worker_t *p)
     for (uint64_t s = 0; s < o->steps; s++) {
         double t0 = ps_worker_now();
         double loss = ps_worker_compute(p, s);
-        if ((rc = check_loss(loss, s)))
+        if ((rc = check_loss(p, loss, s)))
             return rc;
         double t1 = ps_worker_now();
         for (uint32_t i = 0; i < p->table.nparts; i++) {
@@ -208,7 +210,7 @@ static int cluster_train(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_
     for (uint64_t s = start; s < o->steps; s++) {
         double t0 = ps_worker_now();
         double loss = ps_worker_compute(p, s);
-        if ((rc = check_loss(loss, s)))
+        if ((rc = check_loss(p, loss, s)))
             return rc;
         double t1 = ps_worker_now();
         if ((rc = cluster_step(p, c, req, ver, s, sync)))

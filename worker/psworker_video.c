@@ -241,11 +241,13 @@ double ps_worker_video_compute(ps_worker_t *p, uint64_t step)
         v->topt.world = p->nworkers;
         if (ps_video_loader_new(v->train, &v->topt, &v->tl, err, sizeof err)) {
             ps_error("training loader: %s", err);
+            p->compute_rc = PS_EINVAL;
             return NAN;
         }
         if (ps_video_loader_batches(v->tl) == 0) {
             ps_error("%s: %zu videos are fewer than one global batch of %d x %d", p->o->train_list,
                      ps_video_list_size(v->train), p->nworkers, p->batch);
+            p->compute_rc = PS_EINVAL;
             return NAN;
         }
         ps_info("epoch = %zu steps (%zu samples per rank)", ps_video_loader_batches(v->tl),
@@ -259,13 +261,20 @@ double ps_worker_video_compute(ps_worker_t *p, uint64_t step)
     int n = ps_video_loader_next(v->tl, v->clips, v->labels, v->idx, &p->t_data);
     if (n != p->batch) {
         ps_error("training data: %s", n < 0 ? ps_video_loader_error(v->tl) : "short batch");
+        p->compute_rc = n < 0 ? n : PS_ESTATE;
         return NAN;
     }
     scatter(p);
     float loss = NAN;
     ps_model_zero_grad(v->m);
-    if (ps_model_forward(v->m, v->clips, n, v->labels, 1, &loss) || ps_model_backward(v->m))
+    int rc = ps_model_forward(v->m, v->clips, n, v->labels, 1, &loss);
+    if (!rc)
+        rc = ps_model_backward(v->m);
+    if (rc) {
+        ps_error("forward/backward failed at step %llu: %s", (unsigned long long)step, ps_strerror(rc));
+        p->compute_rc = rc;
         return NAN;
+    }
     int np;
     const ps_model_param_t *par = ps_model_params(v->m, &np);
     size_t off = 0;

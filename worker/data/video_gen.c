@@ -96,13 +96,15 @@ int ps_video_gen_frame(const ps_video_gen_opts_t *o, int v, int t, uint8_t *rgb,
     if (!bg || !fg || !mask) { free(bg); free(fg); free(mask); return PS_ENOMEM; }
     ps_vrng_t r = ps_vrng_sample(o->seed, 0x67656E76ull /* "genv" */, (uint64_t)v);
     int lab = v % o->classes;
-    double speed = o->speed > 0 ? o->speed : (S / 32.0 < 1 ? 1 : S / 32.0);
+    /* default S/16 px per frame: at the ResNet stem's stride 4 a shape moves
+     * about one layer1 cell per frame, what a 3x3 conv after the shift sees */
+    double speed = o->speed > 0 ? o->speed : (S / 16.0 < 1 ? 1 : S / 16.0);
     /* +-25% per video so speed alone is no cue and the model sees a range. */
     speed *= 0.75 + 0.5 * (double)(ps_vrng_next(&r) >> 11) * 0x1.0p-53;
     uint8_t base[3];
     for (int c = 0; c < 3; c++) base[c] = (uint8_t)ps_vrng_below(&r, 256);
     for (size_t i = 0; i < np; i++) memcpy(bg + i * 3, base, 3);
-    int n_bg = 6 + S * S / 256, n_fg = 3 + S * S / 1024;
+    int n_bg = 6 + S * S / 256, n_fg = 4 + S * S / 512;
     shape_t sh;
     for (int i = 0; i < n_bg; i++) { rand_shape(&r, S, &sh); draw(&sh, S, bg, NULL); }
     for (int i = 0; i < n_fg; i++) { rand_shape(&r, S, &sh); draw(&sh, S, fg, mask); }

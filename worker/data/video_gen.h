@@ -13,7 +13,7 @@ typedef struct ps_video_gen_opts {
     int classes;           /* 2 (left/right), 4 (up/down/left/right) or 8 (+diagonals) */
     double val_fraction;
     int quality;           /* JPEG quality */
-    double speed;          /* pixels per frame; 0 = size/32 (at least 1) */
+    double speed;          /* pixels per frame; 0 = size/16 (at least 1) */
 } ps_video_gen_opts_t;
 
 void ps_video_gen_opts_default(ps_video_gen_opts_t *o);
