@@ -1,3 +1,4 @@
+#!/usr/bin/env bash
 # Sourced by the top-level commands: installs the Debian packages the build
 # needs (as root), or prints the exact apt-get line and stops (as a user).
 PS_DEBIAN_PACKAGES="build-essential autoconf automake libtool pkg-config \
@@ -27,3 +28,10 @@ ps_build() {
     [ -f Makefile ] || ./configure --quiet ${PS_CONFIGURE_FLAGS:-} || { echo "configure failed" >&2; exit 1; }
     make -j"$(nproc)" ${PS_MAKE_TARGETS:-} || { echo "build failed" >&2; exit 1; }
 }
+
+# Run directly (./deploy/deps.sh): just install the packages.
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+    set -eu
+    ps_ensure_packages "$@"
+    echo "all build dependencies are installed"
+fi

@@ -27,6 +27,8 @@ static void usage(FILE *f)
 "      --val-fraction V   share of videos in val.txt (default 0.2)\n"
 "      --quality Q        JPEG quality (default 90)\n"
 "      --speed P          pixels per frame (default size/16, +-25%% per video)\n"
+"      --clutter X        static background shapes, x the default density (default 1)\n"
+"      --movers X         moving shapes, x the default density (default 1)\n"
 "    Writes DIR/vid_NNNNNN/img_00001.jpg ... and DIR/train.txt, DIR/val.txt\n"
 "    (lines 'vid_NNNNNN num_frames label'; use DIR as the root).\n"
 "\n"
@@ -46,13 +48,13 @@ static void usage(FILE *f)
 }
 
 enum { O_OUT = 256, O_VIDEOS, O_FRAMES, O_SIZE, O_SEED, O_CLASSES, O_VALF, O_QUALITY, O_SPEED,
-       O_LIST, O_ROOT, O_TMPL, O_SHARD, O_SKIP, O_PACKED, O_MINF, O_HELP };
+       O_CLUTTER, O_MOVERS, O_LIST, O_ROOT, O_TMPL, O_SHARD, O_SKIP, O_PACKED, O_MINF, O_HELP };
 
 static const struct option OPTS[] = {
     { "out", 1, 0, O_OUT }, { "videos", 1, 0, O_VIDEOS }, { "frames", 1, 0, O_FRAMES },
     { "size", 1, 0, O_SIZE }, { "seed", 1, 0, O_SEED }, { "classes", 1, 0, O_CLASSES },
     { "val-fraction", 1, 0, O_VALF }, { "quality", 1, 0, O_QUALITY }, { "speed", 1, 0, O_SPEED },
-    { "list", 1, 0, O_LIST }, { "root", 1, 0, O_ROOT }, { "tmpl", 1, 0, O_TMPL },
+    { "clutter", 1, 0, O_CLUTTER }, { "movers", 1, 0, O_MOVERS }, { "list", 1, 0, O_LIST }, { "root", 1, 0, O_ROOT }, { "tmpl", 1, 0, O_TMPL },
     { "shard-videos", 1, 0, O_SHARD }, { "skip-bad", 0, 0, O_SKIP }, { "packed", 1, 0, O_PACKED },
     { "min-frames", 1, 0, O_MINF }, { "help", 0, 0, O_HELP }, { 0, 0, 0, 0 }
 };
@@ -101,6 +103,8 @@ int main(int argc, char **argv)
         case O_VALF: if (num("val-fraction", optarg, 0, 0.99, &v)) return 2; g.val_fraction = v; break;
         case O_QUALITY: if (num("quality", optarg, 1, 100, &v)) return 2; g.quality = (int)v; break;
         case O_SPEED: if (num("speed", optarg, 0, 1e4, &v)) return 2; g.speed = v; break;
+        case O_CLUTTER: if (num("clutter", optarg, 0, 100, &v)) return 2; g.clutter = v; break;
+        case O_MOVERS: if (num("movers", optarg, 0.01, 100, &v)) return 2; g.movers = v; break;
         case O_LIST: list = optarg; break;
         case O_ROOT: lo.root = optarg; break;
         case O_TMPL: lo.tmpl = optarg; break;

@@ -36,6 +36,8 @@ void ps_video_gen_opts_default(ps_video_gen_opts_t *o)
     o->classes = 4;
     o->val_fraction = 0.2;
     o->quality = 90;
+    o->clutter = 1;
+    o->movers = 1;
 }
 
 /* up, down, left, right, then the diagonals */
@@ -104,7 +106,8 @@ int ps_video_gen_frame(const ps_video_gen_opts_t *o, int v, int t, uint8_t *rgb,
     uint8_t base[3];
     for (int c = 0; c < 3; c++) base[c] = (uint8_t)ps_vrng_below(&r, 256);
     for (size_t i = 0; i < np; i++) memcpy(bg + i * 3, base, 3);
-    int n_bg = 6 + S * S / 256, n_fg = 4 + S * S / 512;
+    int n_bg = (int)lround(o->clutter * (6 + S * S / 256)), n_fg = (int)lround(o->movers * (4 + S * S / 512));
+    if (n_fg < 1) n_fg = 1;
     shape_t sh;
     for (int i = 0; i < n_bg; i++) { rand_shape(&r, S, &sh); draw(&sh, S, bg, NULL); }
     for (int i = 0; i < n_fg; i++) { rand_shape(&r, S, &sh); draw(&sh, S, fg, mask); }
@@ -140,9 +143,10 @@ int ps_video_gen(const ps_video_gen_opts_t *o, char *err, size_t errlen)
 {
     if (o->videos < 1 || o->frames < 1 || o->size < 8 || o->size > 4096 ||
         (o->classes != 2 && o->classes != 4 && o->classes != 8) || o->quality < 1 || o->quality > 100 ||
-        !(o->val_fraction >= 0 && o->val_fraction < 1) || o->frames > 100000) {
+        !(o->val_fraction >= 0 && o->val_fraction < 1) || o->frames > 100000 ||
+        !(o->clutter >= 0 && o->clutter <= 100) || !(o->movers > 0 && o->movers <= 100)) {
         ps_errf(err, errlen, "bad options: need videos >= 1, frames 1..100000, size 8..4096, "
-                 "classes 2|4|8, quality 1..100, 0 <= val fraction < 1");
+                 "classes 2|4|8, quality 1..100, 0 <= val fraction < 1, clutter 0..100, movers (0, 100]");
         return PS_EINVAL;
     }
     if (mkdir(o->out, 0755) < 0 && errno != EEXIST) {
