@@ -9,7 +9,8 @@
  * One output line per configuration (bench/ring_bench.sh parses them):
  *   RESULT ring n=W bytes=B nconn=C median_s=T busbw_GBps=X
  * Usage: ring_bench [-n 2,4] [-s 16,100 (MiB)] [-k iters] [-w warmup]
- *                   [-c nconn list] [-g segment KiB] [-d fp32|fp16|bf16] */
+ *                   [-c nconn list] [-g segment KiB] [-d fp32|fp16|bf16]
+ *                   [-x (payload checksums off)] */
 #include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -164,20 +165,21 @@ int main(int argc, char **argv)
     ps_ring_opts_default(&o);
     ps_dtype_t dt = PS_DT_FP32;
     ps_log_set_prog("ring_bench");
-    while ((opt = getopt(argc, argv, "n:s:k:w:c:g:d:h")) != -1) {
+    while ((opt = getopt(argc, argv, "n:s:k:w:c:g:d:xh")) != -1) {
         switch (opt) {
         case 'n': nn = parse_list(optarg, ns, MAXL); break;
         case 's': nsz = parse_list(optarg, sizes, MAXL); break;
         case 'c': nc = parse_list(optarg, conns, MAXL); break;
         case 'k': K = atoi(optarg); break;
         case 'w': warm = atoi(optarg); break;
+        case 'x': o.checksum = 0; break;
         case 'g': o.segment_bytes = (size_t)(atof(optarg) * 1024); break;
         case 'd':
             if (ps_dtype_parse(optarg, &dt)) nn = -1;
             break;
         default:
             fprintf(stderr, "usage: %s [-n 2,4] [-s 16,100 (MiB)] [-k iters] [-w warmup] "
-                            "[-c nconn,...] [-g segment KiB] [-d fp32|fp16|bf16]\n", argv[0]);
+                            "[-c nconn,...] [-g segment KiB] [-d fp32|fp16|bf16] [-x: no checksum]\n", argv[0]);
             return opt == 'h' ? 0 : 2;
         }
     }

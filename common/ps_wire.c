@@ -108,6 +108,9 @@ int ps_wire_recv(void *sock, ps_wire_msg_t *m, int router, int flags, char *err,
     }
     size_t hlen = zmq_msg_size(&hframe);
     m->wire_bytes = hlen;
+    /* Set by a ZAP handler (psd --curve: which key, admin or not). */
+    const char *uid = zmq_msg_gets(&hframe, "User-Id");
+    if (uid) snprintf(m->user_id, sizeof m->user_id, "%s", uid);
     more = zmq_msg_more(&hframe);
 
     if (more) {

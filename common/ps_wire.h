@@ -30,6 +30,7 @@ typedef struct ps_wire_msg {
     zmq_msg_t payload;   /* raw payload bytes (valid if has_payload) */
     int has_payload;
     size_t wire_bytes;   /* bytes of every frame received but the identity (counters) */
+    char user_id[96];    /* ZAP User-Id of the connection ("" if none): CURVE peers */
 } ps_wire_msg_t;
 
 /* Fill *h with defaults for a message of `type` (version set). */

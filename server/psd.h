@@ -59,6 +59,13 @@ typedef struct psd_opts {
     int max_msg_mb;        /* ZMQ_MAXMSGSIZE before the table is known */
     int stats_every_s;     /* periodic stats log line (0: off) */
     char *log_level;
+    char *on_worker_loss;  /* wait | continue (a lost worker no longer holds up steps) */
+    int loss_continue;     /* parsed on_worker_loss */
+    int max_peer_inflight; /* requests waiting for a reply per peer (0: no cap) */
+    int curve;             /* CURVE server + ZAP allow-list (psd_curve.c) */
+    char *curve_secret_key;/* file: Z85 secret key of this server */
+    char *curve_allow;     /* file or directory of allowed Z85 public keys */
+    char *curve_admin;     /* file of admin Z85 public keys (CHECKPOINT / SHUTDOWN) */
 } psd_opts_t;
 
 /* An encoded WEIGHTS payload shared by every reply of one version: one
@@ -106,6 +113,14 @@ typedef struct psd_part {
     psd_buf_t *cache[PSD_NDTYPE][PSD_NCODEC]; /* encoded weights at `version` */
 } psd_part_t;
 
+/* ---- psd_peers.c: requests waiting for a reply, counted per peer ---- */
+typedef struct psd_peers psd_peers_t;
+/* Count one more waiting request of peer id; 0, or PS_EAGAIN when the peer
+ * already has `cap` waiting (cap <= 0: no cap), PS_ENOMEM. */
+int psd_peers_acquire(psd_peers_t **pp, const void *id, size_t idlen, int cap);
+void psd_peers_release(psd_peers_t *p, const void *id, size_t idlen);
+void psd_peers_free(psd_peers_t **pp);
+
 typedef struct psd_store {
     int have_table;
     ps_partition_table_t table;
@@ -137,7 +152,19 @@ typedef struct psd_worker {
     uint8_t bid[256];           /* identity of its BARRIER */
     uint8_t bidlen;
     char host[64];
+    uint64_t lost_ms;           /* uv_now when it was declared lost */
 } psd_worker_t;
+
+/* A CHECKPOINT / SHUTDOWN requester waiting for the checkpoint in flight. */
+typedef struct psd_ackwait {
+    struct psd_ackwait *next;
+    uint8_t id[256];
+    uint8_t idlen;
+    uint64_t request_id;
+    int type;                   /* PS__MSG_TYPE__MSG_CHECKPOINT or _SHUTDOWN */
+} psd_ackwait_t;
+
+typedef struct psd_ckpt_job psd_ckpt_job_t; /* psd_checkpoint.c */
 
 /* Counters (psd_metrics.c). */
 #define PSD_NERR 20 /* PS_E* codes are -1..-19 */
@@ -173,6 +200,20 @@ typedef struct psd {
     psd_metrics_t mx;
     uint64_t updates_at_ckpt;
     uint64_t ckpt_seq;
+    /* Checkpoint writer (psd_checkpoint.c): at most one write in flight on
+     * libuv's thread pool; requests arriving meanwhile are coalesced. */
+    uv_work_t ckpt_work;
+    psd_ckpt_job_t *ckpt_job;   /* in flight, NULL when idle */
+    int ckpt_again;             /* another checkpoint wanted after this one */
+    psd_ackwait_t *ckpt_waiters;/* not yet in a snapshot: the next write answers them */
+    psd_ackwait_t *ckpt_waiters_done; /* covered by the write in flight */
+    /* Orderly stop: SHUTDOWN / signal refuse further updates, wait for the
+     * checkpoint, answer, then keep serving replies for a short linger. */
+    int shutting;               /* no more updates; exit once the checkpoint is out */
+    int shutdown_by_signal;     /* exit even if that checkpoint fails */
+    uv_timer_t linger_timer;
+    psd_peers_t *peers;         /* waiting requests per peer (--max-peer-inflight) */
+    void *zap;                  /* psd_curve.c: ZAP handler state, NULL without --curve */
 } psd_t;
 
 /* ---- psd_loop.c ---- */
@@ -225,6 +266,9 @@ int psd_members_set_count(psd_t *s, int nworkers, char *err, size_t errlen);
 void psd_members_seen(psd_t *s, int rank);
 int psd_members_is_live(const psd_t *s, int rank);
 int psd_members_live_count(const psd_t *s);
+/* Rank r's gradient / barrier is waited for (live, or lost under
+ * --on-worker-loss=wait). */
+int psd_members_required(const psd_t *s, int r);
 void psd_handle_hello(psd_t *s, ps_wire_msg_t *m);
 void psd_handle_barrier(psd_t *s, ps_wire_msg_t *m);
 void psd_handle_bye(psd_t *s, ps_wire_msg_t *m);
@@ -232,13 +276,34 @@ void psd_handle_bye(psd_t *s, ps_wire_msg_t *m);
 void psd_members_check(psd_t *s);
 
 /* ---- psd_checkpoint.c ---- */
-/* Write a checkpoint of the shard now (0 or PS_E*, logged). */
+/* Snapshot the shard now and write it on a pool thread (0 or PS_E*,
+ * logged); if a write is in flight, one more follows it.  w (may be NULL)
+ * is answered ACK / ERROR when the write that includes this state ends. */
+int psd_checkpoint_start(psd_t *s, psd_ackwait_t *w);
+/* Write synchronously on the loop thread (0 or PS_E*); tests of the format. */
 int psd_checkpoint_write(psd_t *s);
+/* Orderly stop (SHUTDOWN request w, or a signal with w NULL): refuse
+ * further updates, checkpoint when a directory is set, answer w once it is
+ * durable, keep serving for a short linger so replies get out, then stop
+ * the loop.  A failed checkpoint cancels a requested SHUTDOWN (w gets the
+ * ERROR), not a signal. */
+void psd_shutdown_begin(psd_t *s, const char *why, psd_ackwait_t *w);
+/* A malloc'd waiter for the request m (NULL when out of memory). */
+psd_ackwait_t *psd_ackwait_new(const ps_wire_msg_t *m);
 /* Load the newest good checkpoint of this server from the directory, if any:
  * 0 (loaded or nothing there) or PS_E* when the directory is unusable. */
 int psd_checkpoint_load(psd_t *s);
 /* Called after updates: checkpoint when checkpoint_every is reached. */
 void psd_checkpoint_maybe(psd_t *s);
+
+/* ---- psd_curve.c ---- */
+/* --curve: load keys, start the ZAP handler (before the ROUTER binds) and
+ * set CURVE server options on sock.  0 or PS_E* (logged): psd must not
+ * start without it. */
+int psd_curve_setup(psd_t *s, void *sock);
+void psd_curve_stop(psd_t *s);
+/* The peer of m authenticated with an admin key (always true without --curve). */
+int psd_curve_is_admin(const psd_t *s, const ps_wire_msg_t *m);
 
 /* ---- psd_metrics.c ---- */
 int psd_metrics_start(psd_t *s);

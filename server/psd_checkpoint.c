@@ -15,12 +15,15 @@
  * will not send again; the per-rank last iterations keep async retries
  * idempotent across a restart.
  * The writer makes it durable (temp, fsync, rename, fsync dir); the last two
- * are kept, and at start the newest one that verifies is loaded. */
+ * are kept, and at start the newest one that verifies is loaded.
+ * The state is copied on the loop thread (a memcpy, cheap next to fsync) and
+ * written on libuv's thread pool, at most one write in flight. */
 #include "psd.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -89,47 +92,67 @@ static void prune(psd_t *s)
     free(seqs);
 }
 
-int psd_checkpoint_write(psd_t *s)
+/* A checkpoint taken on the loop thread and written on a pool thread: the
+ * writer refers only to the job's own copies (`data`), so the loop may go
+ * on changing the live weights while the file is written and fsync'd. */
+struct psd_ckpt_job {
+    ps_st_writer_t *w;
+    float *data;            /* copies of every tensor in the writer */
+    char path[4096];
+    char err[512];
+    int rc;
+    uint64_t seq, updates;
+    uint32_t nparts;
+    size_t bytes;
+    double t0, t_snap;      /* start, end of the snapshot */
+};
+
+static void job_free(psd_ckpt_job_t *j)
+{
+    if (!j) return;
+    ps_st_writer_destroy(&j->w);
+    free(j->data);
+    free(j);
+}
+
+/* Copy the shard's state into a new job (loop thread).  NULL on failure (logged). */
+static psd_ckpt_job_t *snapshot(psd_t *s)
 {
     psd_store_t *st = &s->st;
-    const char *dir = s->o.checkpoint_dir;
-    char path[4096], err[512] = "", num[64];
+    char num[64], names[32];
     int rc = PS_ENOMEM;
-    double t0 = psd_now_s();
-
-    if (!st->have_table) return PS_ESTATE;
-    if (mkdir(dir, 0755) < 0 && errno != EEXIST) {
-        ps_error("checkpoint dir %s: %s", dir, strerror(errno));
-        return PS_EIO;
-    }
-    ps_st_writer_t *w = ps_st_writer_new();
     int W = st->nworkers;
-    size_t nnames = 0;
-    for (uint32_t i = 0; i < st->table.nparts; i++)
-        if (st->parts[i].owned) {
-            nnames += 2;
-            for (int r = 0; r < W; r++) nnames += st->parts[i].slots && st->parts[i].have[r];
-        }
-    char (*names)[24] = calloc(nnames ? nnames : 1, sizeof *names);
-    size_t ni = 0;
+    psd_ckpt_job_t *j = calloc(1, sizeof *j);
     cJSON *vers = cJSON_CreateArray();
     char *vjson = NULL;
-    if (!w || !names || !vers) goto out;
+    if (!j || !vers) goto out;
+    j->t0 = psd_now_s();
+    size_t total = 0;
+    for (uint32_t i = 0; i < st->table.nparts; i++) {
+        const psd_part_t *p = &st->parts[i];
+        if (!p->owned) continue;
+        size_t k = 2;
+        for (int r = 0; r < W; r++) k += p->slots && p->have[r];
+        total += k * p->numel;
+    }
+    j->w = ps_st_writer_new();
+    j->data = malloc((total ? total : 1) * sizeof(float));
+    if (!j->w || !j->data) goto out;
+    float *dst = j->data;
     uint32_t crc = 0;
-    size_t bytes = 0;
     for (uint32_t i = 0; i < st->table.nparts; i++) {
         psd_part_t *p = &st->parts[i];
         if (!p->owned) continue;
         int64_t shape[1] = {(int64_t)p->numel};
-        snprintf(names[ni], 24, "w.%u", i);
-        snprintf(names[ni + 1], 24, "m.%u", i);
-        if ((rc = ps_st_writer_add(w, names[ni], PS_ST_F32, 1, shape, p->w)) ||
-            (rc = ps_st_writer_add(w, names[ni + 1], PS_ST_F32, 1, shape, p->m)))
-            goto out;
-        ni += 2;
-        crc = ps_crc32c(crc, p->w, p->numel * sizeof(float));
-        crc = ps_crc32c(crc, p->m, p->numel * sizeof(float));
-        bytes += 2 * p->numel * sizeof(float);
+        size_t nb = p->numel * sizeof(float);
+        for (int k = 0; k < 2; k++) {
+            memcpy(dst, k ? p->m : p->w, nb);
+            snprintf(names, sizeof names, "%c.%u", k ? 'm' : 'w', i);
+            if ((rc = ps_st_writer_add(j->w, names, PS_ST_F32, 1, shape, dst))) goto out;
+            crc = ps_crc32c(crc, dst, nb);
+            dst += p->numel;
+            j->bytes += nb;
+        }
         cJSON *e = cJSON_CreateArray(), *pend = cJSON_CreateArray(), *last = cJSON_CreateArray();
         cJSON_AddItemToArray(e, cJSON_CreateNumber(i));
         cJSON_AddItemToArray(e, cJSON_CreateNumber((double)p->version));
@@ -138,12 +161,12 @@ int psd_checkpoint_write(psd_t *s)
         for (int r = 0; r < W; r++) {
             cJSON_AddItemToArray(last, cJSON_CreateNumber((double)p->last_iter[r]));
             if (!p->slots || !p->have[r]) continue;
-            const float *g = p->slots + (size_t)r * p->numel;
-            snprintf(names[ni], 24, "g.%u.%d", i, r);
-            if ((rc = ps_st_writer_add(w, names[ni], PS_ST_F32, 1, shape, g))) goto out;
-            ni++;
-            crc = ps_crc32c(crc, g, p->numel * sizeof(float));
-            bytes += p->numel * sizeof(float);
+            memcpy(dst, p->slots + (size_t)r * p->numel, nb);
+            snprintf(names, sizeof names, "g.%u.%d", i, r);
+            if ((rc = ps_st_writer_add(j->w, names, PS_ST_F32, 1, shape, dst))) goto out;
+            crc = ps_crc32c(crc, dst, nb);
+            dst += p->numel;
+            j->bytes += nb;
             cJSON_AddItemToArray(pend, cJSON_CreateNumber(r));
         }
         cJSON_AddItemToArray(e, pend);
@@ -153,45 +176,203 @@ int psd_checkpoint_write(psd_t *s)
     rc = PS_ENOMEM;
     if (!(vjson = cJSON_PrintUnformatted(vers))) goto out;
     snprintf(num, sizeof num, "%d", s->o.server_id);
-    if ((rc = ps_st_writer_meta(w, "format", CKPT_FORMAT)) ||
-        (rc = ps_st_writer_meta(w, "server_id", num)) ||
-        (rc = ps_st_writer_meta(w, "spec", st->spec_json)) ||
-        (rc = ps_st_writer_meta(w, "optim", st->optim_json ? st->optim_json : "{}")) ||
-        (rc = ps_st_writer_meta(w, "versions", vjson)))
+    if ((rc = ps_st_writer_meta(j->w, "format", CKPT_FORMAT)) ||
+        (rc = ps_st_writer_meta(j->w, "server_id", num)) ||
+        (rc = ps_st_writer_meta(j->w, "spec", st->spec_json)) ||
+        (rc = ps_st_writer_meta(j->w, "optim", st->optim_json ? st->optim_json : "{}")) ||
+        (rc = ps_st_writer_meta(j->w, "versions", vjson)))
         goto out;
     snprintf(num, sizeof num, "%016llx", (unsigned long long)st->table.hash);
-    if ((rc = ps_st_writer_meta(w, "table_hash", num))) goto out;
+    if ((rc = ps_st_writer_meta(j->w, "table_hash", num))) goto out;
     snprintf(num, sizeof num, "%llu", (unsigned long long)st->updates);
-    if ((rc = ps_st_writer_meta(w, "updates", num))) goto out;
+    if ((rc = ps_st_writer_meta(j->w, "updates", num))) goto out;
     snprintf(num, sizeof num, "%08x", crc);
-    if ((rc = ps_st_writer_meta(w, "data_crc32c", num))) goto out;
-
-    uint64_t seq = s->ckpt_seq + 1;
-    ckpt_path(path, sizeof path, dir, s->o.server_id, seq);
-    if ((rc = ps_st_writer_save(w, path, err, sizeof err))) {
-        ps_error("checkpoint %s failed: %s", path, err);
-        goto out;
-    }
-    s->ckpt_seq = seq;
-    s->updates_at_ckpt = st->updates;
-    ps_info("checkpoint written: %s (%u partitions, %.1f MiB, %.0f ms)", path, st->nowned,
-            bytes / 1048576.0, (psd_now_s() - t0) * 1e3);
-    prune(s);
+    if ((rc = ps_st_writer_meta(j->w, "data_crc32c", num))) goto out;
+    /* Sequence numbers are taken here, in snapshot order, so files sort
+     * by the state they hold. */
+    j->seq = ++s->ckpt_seq;
+    j->updates = st->updates;
+    j->nparts = st->nowned;
+    ckpt_path(j->path, sizeof j->path, s->o.checkpoint_dir, s->o.server_id, j->seq);
+    j->t_snap = psd_now_s();
     rc = 0;
 out:
-    if (rc == PS_ENOMEM) ps_error("checkpoint: out of memory");
-    else if (rc && !err[0]) ps_error("checkpoint: %s", ps_strerror(rc));
+    if (rc) {
+        ps_error("checkpoint snapshot failed: %s", ps_strerror(rc));
+        job_free(j);
+        j = NULL;
+    }
     free(vjson);
     cJSON_Delete(vers);
-    free(names);
-    ps_st_writer_destroy(&w);
+    return j;
+}
+
+/* The slow part, off the loop thread: write, fsync, rename, fsync dir. */
+static void job_save(psd_ckpt_job_t *j)
+{
+    j->rc = ps_st_writer_save(j->w, j->path, j->err, sizeof j->err);
+}
+
+/* Back on the loop thread: log, prune, remember. */
+static int job_finish(psd_t *s, psd_ckpt_job_t *j)
+{
+    int rc = j->rc;
+    if (rc) {
+        ps_error("checkpoint %s failed: %s", j->path, j->err);
+    } else {
+        ps_info("checkpoint written: %s (%u partitions, %.1f MiB, snapshot %.0f ms, write %.0f ms)",
+                j->path, j->nparts, j->bytes / 1048576.0, (j->t_snap - j->t0) * 1e3,
+                (psd_now_s() - j->t_snap) * 1e3);
+        prune(s);
+    }
+    return rc;
+}
+
+static int mkdir_ckpt(psd_t *s)
+{
+    if (mkdir(s->o.checkpoint_dir, 0755) < 0 && errno != EEXIST) {
+        ps_error("checkpoint dir %s: %s", s->o.checkpoint_dir, strerror(errno));
+        return PS_EIO;
+    }
+    return 0;
+}
+
+int psd_checkpoint_write(psd_t *s)
+{
+    if (!s->st.have_table) return PS_ESTATE;
+    int rc = mkdir_ckpt(s);
+    if (rc) return rc;
+    s->updates_at_ckpt = s->st.updates;
+    psd_ckpt_job_t *j = snapshot(s);
+    if (!j) return PS_ENOMEM;
+    job_save(j);
+    rc = job_finish(s, j);
+    job_free(j);
+    return rc;
+}
+
+static void answer_waiters(psd_t *s, psd_ackwait_t *list, int rc)
+{
+    while (list) {
+        psd_ackwait_t *w = list;
+        list = w->next;
+        if (rc == 0) {
+            Ps__Header h;
+            ps_wire_header_init(&h, PS__MSG_TYPE__MSG_ACK);
+            h.has_request_id = 1, h.request_id = w->request_id;
+            psd_send(s, w->id, w->idlen, &h, NULL, 0);
+        } else {
+            Ps__Header q;
+            ps_wire_header_init(&q, (Ps__MsgType)w->type);
+            q.request_id = w->request_id;
+            psd_send_error(s, w->id, w->idlen, &q, rc, "checkpoint failed: %s (see the server log)",
+                           ps_strerror(rc));
+        }
+        free(w);
+    }
+    psd_drain(s); /* sends from outside the poll callback: re-check the edge */
+}
+
+static void on_work(uv_work_t *req)
+{
+    job_save(req->data);
+}
+
+static int launch(psd_t *s);
+
+static void after_work(uv_work_t *req, int status)
+{
+    psd_t *s = (psd_t *)((char *)req - offsetof(psd_t, ckpt_work));
+    psd_ckpt_job_t *j = req->data;
+    int rc = status < 0 ? PS_EIO : job_finish(s, j);
+    job_free(j);
+    s->ckpt_job = NULL;
+    /* The waiters' state is in the file just written only if they were
+     * queued before its snapshot; later ones wait for the next write. */
+    psd_ackwait_t *done = s->ckpt_waiters_done;
+    s->ckpt_waiters_done = NULL;
+    if (s->stopping) { /* the loop is closing: nobody to answer */
+        while (done) {
+            psd_ackwait_t *n = done->next;
+            free(done);
+            done = n;
+        }
+        return;
+    }
+    answer_waiters(s, done, rc);
+    if (s->ckpt_again) {
+        s->ckpt_again = 0;
+        int rc2 = launch(s);
+        if (rc2 || !s->ckpt_job) {
+            done = s->ckpt_waiters;
+            s->ckpt_waiters = NULL;
+            answer_waiters(s, done, rc2);
+        }
+    }
+    if (!s->ckpt_job && s->shutting) {
+        if (rc && !s->shutdown_by_signal) {
+            ps_error("SHUTDOWN cancelled: the checkpoint failed; still serving");
+            s->shutting = 0;
+        } else {
+            psd_shutdown_begin(s, NULL, NULL);
+        }
+    }
+}
+
+static int launch(psd_t *s)
+{
+    int rc = mkdir_ckpt(s);
+    if (rc) return rc;
+    s->updates_at_ckpt = s->st.updates;
+    psd_ckpt_job_t *j = snapshot(s);
+    if (!j) return PS_ENOMEM;
+    s->ckpt_work.data = j;
+    if ((rc = uv_queue_work(s->loop, &s->ckpt_work, on_work, after_work)) < 0) {
+        /* No pool thread: write here rather than not at all. */
+        ps_warn("uv_queue_work: %s; writing the checkpoint on the loop thread", uv_strerror(rc));
+        job_save(j);
+        rc = job_finish(s, j);
+        job_free(j);
+        return rc;
+    }
+    s->ckpt_job = j;
+    /* Everyone waiting so far is covered by this snapshot. */
+    psd_ackwait_t **tail = &s->ckpt_waiters_done;
+    while (*tail) tail = &(*tail)->next;
+    *tail = s->ckpt_waiters;
+    s->ckpt_waiters = NULL;
+    return 0;
+}
+
+int psd_checkpoint_start(psd_t *s, psd_ackwait_t *w)
+{
+    if (!s->st.have_table) {
+        free(w);
+        return PS_ESTATE;
+    }
+    if (w) {
+        w->next = s->ckpt_waiters;
+        s->ckpt_waiters = w;
+    }
+    if (s->ckpt_job) { /* one write at a time: the next one follows it */
+        s->ckpt_again = 1;
+        return 0;
+    }
+    int rc = launch(s);
+    if (rc || !s->ckpt_job) {
+        /* Failed, or written synchronously: answer now. */
+        psd_ackwait_t *list = s->ckpt_waiters;
+        s->ckpt_waiters = NULL;
+        answer_waiters(s, list, rc);
+    }
     return rc;
 }
 
 void psd_checkpoint_maybe(psd_t *s)
 {
     if (s->o.checkpoint_every <= 0 || !s->o.checkpoint_dir || !s->o.checkpoint_dir[0]) return;
-    if (s->st.updates - s->updates_at_ckpt >= (uint64_t)s->o.checkpoint_every) psd_checkpoint_write(s);
+    if (s->st.updates - s->updates_at_ckpt >= (uint64_t)s->o.checkpoint_every)
+        psd_checkpoint_start(s, NULL);
 }
 
 /* Forget a half-loaded state so the next candidate (or INIT) starts clean. */
@@ -417,4 +598,58 @@ int psd_checkpoint_load(psd_t *s)
     if (n) ps_error("no usable checkpoint in %s: starting empty (INIT will set the weights)", dir);
     free(seqs);
     return 0;
+}
+
+psd_ackwait_t *psd_ackwait_new(const ps_wire_msg_t *m)
+{
+    psd_ackwait_t *w = calloc(1, sizeof *w);
+    if (!w) return NULL;
+    size_t n = zmq_msg_size((zmq_msg_t *)&m->identity);
+    w->idlen = (uint8_t)(n > 255 ? 255 : n);
+    memcpy(w->id, zmq_msg_data((zmq_msg_t *)&m->identity), w->idlen);
+    w->request_id = m->hdr->request_id;
+    w->type = m->hdr->type;
+    return w;
+}
+
+#define PSD_LINGER_MS 300
+
+static void on_linger(uv_timer_t *t)
+{
+    psd_stop(t->data, "shutdown complete");
+}
+
+void psd_shutdown_begin(psd_t *s, const char *why, psd_ackwait_t *w)
+{
+    if (s->stopping) {
+        free(w);
+        return;
+    }
+    if (why && !s->shutting) {
+        s->shutting = 1;
+        s->shutdown_by_signal = w == NULL;
+        ps_info("shutting down (%s): no further updates%s", why,
+                s->o.checkpoint_dir && s->o.checkpoint_dir[0] && s->st.have_table
+                    ? "; checkpointing first" : "");
+        if (s->o.checkpoint_dir && s->o.checkpoint_dir[0] && s->st.have_table) {
+            psd_checkpoint_start(s, w);
+            w = NULL;
+        }
+    } else if (why && s->ckpt_job) {
+        /* A repeated SHUTDOWN (a retry) while the checkpoint is written:
+         * answered with the others when it is durable. */
+        if (w) {
+            w->next = s->ckpt_waiters_done;
+            s->ckpt_waiters_done = w;
+        }
+        return;
+    } else if (why && !w && s->shutdown_by_signal == 0) {
+        s->shutdown_by_signal = 1; /* a signal during a requested shutdown */
+    }
+    if (w) answer_waiters(s, w, 0);
+    if (s->ckpt_job || !s->shutting) return; /* after_work calls back */
+    /* Keep the loop (and the socket) up a little, so the ACK just queued
+     * leaves before the socket closes, and retries still get an answer. */
+    if (!uv_is_active((uv_handle_t *)&s->linger_timer))
+        uv_timer_start(&s->linger_timer, on_linger, PSD_LINGER_MS, 0);
 }

@@ -126,13 +126,27 @@ static int add_waiter(psd_t *s, ps_wire_msg_t *m, psd_part_t *p, uint64_t min_ve
             w->idlen == zmq_msg_size(&m->identity) &&
             !memcmp(w->id, zmq_msg_data(&m->identity), w->idlen))
             return 0;
+    int rc = psd_peers_acquire(&s->peers, ID_OF(m), s->o.max_peer_inflight);
+    if (rc == PS_EAGAIN) {
+        /* One peer flooding must not starve the others or grow memory. */
+        psd_send_error(s, ID_OF(m), h, PS_EAGAIN,
+                       "%s refused: this peer has %d requests waiting already (--max-peer-inflight)",
+                       ps_wire_type_name(h->type), s->o.max_peer_inflight);
+        return -1;
+    }
+    if (rc) {
+        psd_send_error(s, ID_OF(m), h, PS_ENOMEM, "out of memory queueing a reply");
+        return -1;
+    }
     if (p->nwaiters >= PSD_MAX_WAITERS) {
+        psd_peers_release(s->peers, ID_OF(m));
         psd_send_error(s, ID_OF(m), h, PS_EAGAIN, "partition %u has %d requests waiting already",
                        p->id, p->nwaiters);
         return -1;
     }
     psd_waiter_t *w = calloc(1, sizeof *w);
     if (!w) {
+        psd_peers_release(s->peers, ID_OF(m));
         psd_send_error(s, ID_OF(m), h, PS_ENOMEM, "out of memory queueing a reply");
         return -1;
     }
@@ -162,6 +176,7 @@ void psd_part_notify(psd_t *s, psd_part_t *p)
         }
         *pp = w->next;
         p->nwaiters--;
+        psd_peers_release(s->peers, w->id, w->idlen);
         send_weights(s, w->id, w->idlen, w->request_id, p, w->dtype, w->codec);
         free(w);
     }
@@ -175,7 +190,7 @@ static void after_update(psd_t *s, psd_part_t *p)
 
 void psd_recheck_pending(psd_t *s)
 {
-    if (!s->st.have_table || s->mode != PSD_SYNC) return;
+    if (!s->st.have_table || s->mode != PSD_SYNC || s->shutting) return;
     for (uint32_t i = 0; i < s->st.table.nparts; i++) {
         psd_part_t *p = &s->st.parts[i];
         int n;
@@ -407,23 +422,42 @@ static void handle_stats(psd_t *s, ps_wire_msg_t *m)
     free(json);
 }
 
-static int checkpoint_now(psd_t *s, ps_wire_msg_t *m, int required)
+/* CHECKPOINT: answered ACK once the file is durable (the write runs off the
+ * loop thread), or ERROR. */
+static void handle_checkpoint(psd_t *s, ps_wire_msg_t *m)
 {
     if (!s->o.checkpoint_dir || !s->o.checkpoint_dir[0]) {
-        if (required)
-            psd_send_error(s, ID_OF(m), m->hdr, PS_EUNSUPPORTED, "CHECKPOINT: psd runs without --checkpoint-dir");
-        return required ? -1 : 0;
+        psd_send_error(s, ID_OF(m), m->hdr, PS_EUNSUPPORTED, "CHECKPOINT: psd runs without --checkpoint-dir");
+        return;
     }
     if (!s->st.have_table) {
-        if (required) psd_send_error(s, ID_OF(m), m->hdr, PS_ESTATE, "CHECKPOINT before INIT: nothing to save");
-        return required ? -1 : 0;
+        psd_send_error(s, ID_OF(m), m->hdr, PS_ESTATE, "CHECKPOINT before INIT: nothing to save");
+        return;
     }
-    int rc = psd_checkpoint_write(s);
-    if (rc) {
-        psd_send_error(s, ID_OF(m), m->hdr, rc, "checkpoint failed: %s (see the server log)",
-                       ps_strerror(rc));
-        return -1;
+    psd_ackwait_t *w = psd_ackwait_new(m);
+    if (!w) {
+        psd_send_error(s, ID_OF(m), m->hdr, PS_ENOMEM, "CHECKPOINT: out of memory");
+        return;
     }
+    psd_checkpoint_start(s, w); /* answers w, also on failure */
+}
+
+static void handle_shutdown(psd_t *s, ps_wire_msg_t *m)
+{
+    psd_ackwait_t *w = psd_ackwait_new(m);
+    if (!w) {
+        psd_send_error(s, ID_OF(m), m->hdr, PS_ENOMEM, "SHUTDOWN: out of memory");
+        return;
+    }
+    psd_shutdown_begin(s, "SHUTDOWN request", w);
+}
+
+/* Admin verbs need an admin key under --curve. */
+static int admin_ok(psd_t *s, ps_wire_msg_t *m)
+{
+    if (psd_curve_is_admin(s, m)) return 1;
+    psd_send_error(s, ID_OF(m), m->hdr, PS_EAUTH, "%s refused: key %s is not an admin key",
+                   ps_wire_type_name(m->hdr->type), m->user_id[0] ? m->user_id : "(none)");
     return 0;
 }
 
@@ -432,6 +466,19 @@ void psd_handle(psd_t *s, ps_wire_msg_t *m)
     const Ps__Header *h = m->hdr;
     s->mx.msgs_in++;
     if (h->has_rank && h->type != PS__MSG_TYPE__MSG_HELLO) psd_members_seen(s, h->rank);
+    if (s->shutting) {
+        /* The checkpoint of the final state is taken: nothing may change. */
+        switch (h->type) {
+        case PS__MSG_TYPE__MSG_INIT:
+        case PS__MSG_TYPE__MSG_PUSH:
+        case PS__MSG_TYPE__MSG_PUSHPULL:
+        case PS__MSG_TYPE__MSG_CHECKPOINT:
+            psd_send_error(s, ID_OF(m), h, PS_ESHUTDOWN, "%s refused: the server is shutting down",
+                           ps_wire_type_name(h->type));
+            return;
+        default: break;
+        }
+    }
     switch (h->type) {
     case PS__MSG_TYPE__MSG_HELLO: psd_handle_hello(s, m); break;
     case PS__MSG_TYPE__MSG_INIT: handle_init(s, m); break;
@@ -444,13 +491,10 @@ void psd_handle(psd_t *s, ps_wire_msg_t *m)
         break;
     case PS__MSG_TYPE__MSG_STATS: handle_stats(s, m); break;
     case PS__MSG_TYPE__MSG_CHECKPOINT:
-        if (checkpoint_now(s, m, 1) == 0) send_ack(s, m, 0);
+        if (admin_ok(s, m)) handle_checkpoint(s, m);
         break;
     case PS__MSG_TYPE__MSG_SHUTDOWN:
-        if (checkpoint_now(s, m, 0) == 0) {
-            send_ack(s, m, 0);
-            psd_stop(s, "SHUTDOWN request");
-        }
+        if (admin_ok(s, m)) handle_shutdown(s, m);
         break;
     case PS__MSG_TYPE__MSG_BYE: psd_handle_bye(s, m); break;
     default:

@@ -99,10 +99,8 @@ static void on_stats(uv_timer_t *t)
 static void on_signal(uv_signal_t *h, int signum)
 {
     psd_t *s = h->data;
-    ps_info("%s received", signum == SIGTERM ? "SIGTERM" : "SIGINT");
-    if (s->o.checkpoint_dir && s->o.checkpoint_dir[0] && s->st.have_table)
-        psd_checkpoint_write(s);
-    psd_stop(s, "signal");
+    /* Checkpoint first (the write in flight, if any, is waited for). */
+    psd_shutdown_begin(s, signum == SIGTERM ? "SIGTERM" : "SIGINT", NULL);
 }
 
 void psd_stop(psd_t *s, const char *why)
@@ -189,7 +187,7 @@ int psd_loop_open(psd_t *s)
         ps_error("zmq_setsockopt(ZMQ_MAXMSGSIZE): %s", zmq_strerror(errno));
         return PS_EZMQ;
     }
-    if ((rc = bind_socket(s))) return rc;
+    if ((rc = psd_curve_setup(s, s->sock)) || (rc = bind_socket(s))) return rc;
     ps_info("max message size %.2f MiB%s", maxmsg / 1048576.0,
             s->maxmsg > 0 ? " (largest partition of the checkpointed table)" : " (--max-msg-mb)");
 
@@ -218,6 +216,8 @@ int psd_loop_open(psd_t *s)
     if (s->o.stats_every_s > 0)
         uv_timer_start(&s->stats_timer, on_stats, s->o.stats_every_s * 1000ull,
                        s->o.stats_every_s * 1000ull);
+    uv_timer_init(s->loop, &s->linger_timer);
+    s->linger_timer.data = s;
     uv_signal_init(s->loop, &s->sigterm);
     uv_signal_init(s->loop, &s->sigint);
     s->sigterm.data = s->sigint.data = s;
@@ -250,6 +250,7 @@ void psd_loop_close(psd_t *s)
     }
     if (s->sock) zmq_close(s->sock);
     s->sock = NULL;
+    psd_curve_stop(s);
     if (s->zctx) zmq_ctx_term(s->zctx);
     s->zctx = NULL;
 }

@@ -39,6 +39,11 @@ int main(int argc, char **argv)
     o->max_msg_mb = 64;
     o->stats_every_s = 60;
     o->log_level = strdup("info");
+    o->on_worker_loss = strdup("continue");
+    o->max_peer_inflight = 1024;
+    o->curve_secret_key = strdup("");
+    o->curve_allow = strdup("");
+    o->curve_admin = strdup("");
 
     const ps_opt_t opts[] = {
         {"port", PS_OPT_INT, &o->port, "TCP port of the ROUTER socket (0: pick a free one)"},
@@ -60,6 +65,14 @@ int main(int argc, char **argv)
         {"max-msg-mb", PS_OPT_INT, &o->max_msg_mb, "ZMQ_MAXMSGSIZE in MiB (a table loaded from a checkpoint sets the exact bound)"},
         {"stats-every-s", PS_OPT_INT, &o->stats_every_s, "log a stats line every N seconds (0: off)"},
         {"log-level", PS_OPT_STRING, &o->log_level, "error | warn | info | debug"},
+        {"on-worker-loss", PS_OPT_STRING, &o->on_worker_loss,
+         "continue: a lost worker no longer holds up sync steps (averaged over those who pushed); wait: it does"},
+        {"max-peer-inflight", PS_OPT_INT, &o->max_peer_inflight,
+         "requests one peer may have waiting for a reply (more get PS_EAGAIN; 0: no cap)"},
+        {"curve", PS_OPT_BOOL, &o->curve, "CURVE encryption + ZAP allow-list (needs the two options below)"},
+        {"curve-secret-key", PS_OPT_STRING, &o->curve_secret_key, "file with this server's Z85 secret key (psctl keygen PREFIX.key)"},
+        {"curve-allow", PS_OPT_STRING, &o->curve_allow, "allowed Z85 public keys: a file (one per line) or a directory of *.pub"},
+        {"curve-admin", PS_OPT_STRING, &o->curve_admin, "admin public keys (CHECKPOINT / SHUTDOWN allowed), file or directory"},
         {0},
     };
     rc = ps_config_parse(opts, "psd", usage, argc, argv, &npos);
@@ -77,7 +90,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "psd: --mode %s: want sync|async|ssp\n", o->mode);
         return 2;
     }
-    if (o->port < 0 || o->port > 65535 || o->num_servers < 1 || o->server_id < 0 ||
+    if (!strcmp(o->on_worker_loss, "continue")) o->loss_continue = 1;
+    else if (strcmp(o->on_worker_loss, "wait")) {
+        fprintf(stderr, "psd: --on-worker-loss %s: want wait|continue\n", o->on_worker_loss);
+        return 2;
+    }
+    if (o->port < 0 || o->max_peer_inflight < 0 || o->port > 65535 || o->num_servers < 1 || o->server_id < 0 ||
         o->server_id >= o->num_servers || o->num_workers < 0 || o->staleness < 0 ||
         o->max_msg_mb < 1 || o->max_msg_mb > 4096 || o->metrics_port < 0 ||
         o->metrics_port > 65535 || o->heartbeat_ms < 0 || o->worker_timeout_ms < 0 ||
@@ -110,16 +128,17 @@ int main(int argc, char **argv)
         psd_store_free(&s.st);
         return 1;
     }
-    ps_info("psd %s: server %d of %d, mode %s%s, %d summation threads, pid %d", PACKAGE_VERSION,
-            o->server_id, o->num_servers, o->mode,
-            o->reject_nonfinite ? ", rejecting non-finite gradients" : "", psd_pool_threads(s.pool),
-            (int)getpid());
+    ps_info("psd %s: server %d of %d, mode %s%s, on worker loss: %s, %d summation threads, pid %d",
+            PACKAGE_VERSION, o->server_id, o->num_servers, o->mode,
+            o->reject_nonfinite ? ", rejecting non-finite gradients" : "", o->on_worker_loss,
+            psd_pool_threads(s.pool), (int)getpid());
     psd_loop_run(&s);
     psd_errors_log_flush(&s);
     psd_stats_log(&s);
     psd_loop_close(&s);
     psd_store_free(&s.st);
     psd_pool_destroy(&s.pool);
+    psd_peers_free(&s.peers);
     free(s.workers);
     ps_info("exit (status %d)", s.exit_code);
     return s.exit_code;

@@ -1,9 +1,11 @@
 /* Worker membership: rank assignment at HELLO (server 0), liveness from any
  * message a worker sends (HEARTBEAT included), BARRIER and BYE.  A worker
  * that has spoken and then stays silent for --worker-timeout-ms is marked
- * lost (one never heard from is waited for): it no longer holds up
- * barriers or sync updates (they proceed with the workers that remain), and
- * it is live again as soon as it sends anything. */
+ * lost (one never heard from is waited for).  With --on-worker-loss=continue
+ * (default) it no longer holds up barriers or sync updates (they proceed
+ * with the workers that remain, averaging over those who pushed); with wait
+ * they keep waiting for it.  Either way it is live again as soon as it
+ * sends anything (HELLO with its rank, a heartbeat, a push). */
 #include "psd.h"
 
 #include <stdio.h>
@@ -43,6 +45,13 @@ int psd_members_is_live(const psd_t *s, int r)
     return st == PSD_W_UNKNOWN || st == PSD_W_LIVE;
 }
 
+int psd_members_required(const psd_t *s, int r)
+{
+    if (psd_members_is_live(s, r)) return 1;
+    /* --on-worker-loss=wait: a lost (not departed) worker is waited for. */
+    return !s->o.loss_continue && r >= 0 && r < s->nworkers && s->workers[r].state == PSD_W_LOST;
+}
+
 int psd_members_live_count(const psd_t *s)
 {
     int n = 0;
@@ -65,7 +74,7 @@ static void barrier_try_release(psd_t *s)
     int arrived = 0;
     for (int r = 0; r < s->nworkers; r++) {
         if (s->workers[r].at_barrier) arrived++;
-        else if (psd_members_is_live(s, r)) return;
+        else if (psd_members_required(s, r)) return;
     }
     if (!arrived) return;
     ps_info("barrier released (%d workers)", arrived);
@@ -235,11 +244,15 @@ void psd_members_check(psd_t *s)
         if (w->state != PSD_W_LIVE || now - w->last_seen_ms <= (uint64_t)s->o.worker_timeout_ms)
             continue;
         w->state = PSD_W_LOST;
-        w->at_barrier = 0;
+        w->lost_ms = now;
+        /* wait: its BARRIER (if any) still counts when it is back. */
+        if (s->o.loss_continue) w->at_barrier = 0;
         changed = 1;
-        ps_warn("worker rank %d lost: silent for %llu ms (timeout %d ms); %d live workers remain", r,
-                (unsigned long long)(now - w->last_seen_ms), s->o.worker_timeout_ms,
-                psd_members_live_count(s));
+        ps_warn("worker rank %d lost: silent for %llu ms (timeout %d ms); %d live workers remain; %s",
+                r, (unsigned long long)(now - w->last_seen_ms), s->o.worker_timeout_ms,
+                psd_members_live_count(s),
+                s->o.loss_continue ? "steps go on without it (--on-worker-loss=continue)"
+                                   : "steps wait for it (--on-worker-loss=wait)");
     }
     if (!changed) return;
     barrier_try_release(s);

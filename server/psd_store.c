@@ -332,7 +332,7 @@ int psd_store_sync_ready(psd_t *s, psd_part_t *p, int *ncontrib)
     int n = 0;
     for (int r = 0; r < s->st.nworkers; r++) {
         if (p->have[r]) n++;
-        else if (psd_members_is_live(s, r)) return 0;
+        else if (psd_members_required(s, r)) return 0;
     }
     *ncontrib = n;
     return n > 0;

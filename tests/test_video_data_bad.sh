@@ -55,6 +55,8 @@ run "$PSDATA" check --list /nonexistent.txt
 check "missing list: exit 1 naming it" $([ $rc -eq 1 ] && grep -q "/nonexistent.txt" "$T/err"; echo $?)
 run "$PSDATA" gen-video --out "$T/x" --size 3
 check "bad option value: exit 2" $([ $rc -eq 2 ]; echo $?)
+run "$PSDATA" gen-video --out "$T/x" --movers 0
+check "--movers 0 refused: exit 2" $([ $rc -eq 2 ]; echo $?)
 run "$PSDATA" frobnicate
 check "unknown command: exit 2" $([ $rc -eq 2 ]; echo $?)
 head -c 3000 /dev/urandom > "$T/rand.txt"

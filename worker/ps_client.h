@@ -26,13 +26,32 @@ typedef struct ps_client_opts {
     int rank;                    /* -1: let server 0 assign */
     int num_workers;             /* expected cluster size (sent in HELLO) */
     ps_dtype_t dtype;            /* wire dtype of gradients and pulled weights */
-    ps_codec_t codec;            /* raw or lz4 */
+    ps_codec_t codec;            /* pushed gradients: raw, lz4, or the lossy topk /
+                                    sign, which go through error feedback (ps_ef.h) */
     int timeout_ms;              /* give up on a request after this, counted from
                                     submission, queueing included (0 = never) */
     int retry_ms;                /* resend an unanswered request after this, then
                                     after 2x, 4x ... up to 60 s (0 = off) */
     int heartbeat_ms;            /* HEARTBEAT period to every server (0 = off) */
     int max_inflight;            /* requests outstanding per server (default 8) */
+
+    /* Compressed pushes (issue 7).  Weights are never sent lossy: pulls and
+     * the WEIGHTS of a PUSHPULL use pull_codec. */
+    int pull_codec;              /* PS_CODEC_RAW or PS_CODEC_LZ4; -1 (default):
+                                    codec when that is raw/lz4, else raw */
+    float topk_ratio;            /* topk: fraction of elements sent, in (0, 1];
+                                    0 (default) = PS_CODEC_TOPK_DEFAULT_RATIO */
+    int ef_rounding;             /* fp16/bf16 raw/lz4 pushes: feed the rounding
+                                    error back too (default 0: plain rounding) */
+
+    /* CURVE (issue 9): all three set = encrypted, authenticated connections;
+     * all unset = plain TCP.  Files hold one Z85 key (40 characters), as
+     * `psctl keygen PREFIX` writes PREFIX.pub / PREFIX.key. */
+    const char *const *curve_server_keys; /* public key file(s) of the servers:
+                                    1 entry (shared by all) or nservers entries */
+    int ncurve_server_keys;
+    const char *curve_public_key;  /* this client's public key file */
+    const char *curve_secret_key;  /* this client's secret key file */
 } ps_client_opts_t;
 
 /* Defaults: rank -1, num_workers 1, fp32/raw, timeout 300 s, retry 5 s (a
@@ -102,6 +121,27 @@ int ps_client_barrier(ps_client_t *c);
 int ps_client_stats(ps_client_t *c, int server, char **json);
 int ps_client_checkpoint(ps_client_t *c, int server);
 int ps_client_shutdown_servers(ps_client_t *c);
+
+/* Error feedback of topk / sign (and ef_rounding) pushes: each partition's
+ * gradient is compressed once per iteration (a re-push of the same
+ * iteration resends the same bytes), what was not sent is carried into the
+ * next step.  A step whose gradient holds NaN/Inf (a loss-scale overflow)
+ * goes out flagged PS_FLAG_OVERFLOW with a raw fp32 payload the server does
+ * not read, and leaves the residuals alone; so does a push the caller flags
+ * PS_FLAG_OVERFLOW itself.
+ * ps_client_ef_reset: forget every residual (call it after the servers'
+ * weights were restored from a checkpoint; ps_client_init does it when any
+ * server says it restored one).  ps_client_ef_residual: partition part's
+ * residual (numel floats), NULL without error feedback or for a bad part;
+ * do not read it while a push of that partition is being submitted. */
+void ps_client_ef_reset(ps_client_t *c);
+const float *ps_client_ef_residual(const ps_client_t *c, uint32_t part);
+
+/* Read a Z85 CURVE key file (40 key characters, surrounding whitespace and a
+ * trailing newline allowed) into out (NUL-terminated).  Returns 0, PS_EIO
+ * (cannot open/read: the message names the file and errno) or PS_EINVAL
+ * (wrong length, a character outside Z85, more than one key); logged. */
+int ps_client_load_z85_key(const char *path, char out[41]);
 
 /* Wire counters of this client (bytes sent / received, requests, retries). */
 typedef struct ps_client_counters {

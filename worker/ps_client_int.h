@@ -8,7 +8,7 @@
  *  - the I/O thread alone touches the DEALER sockets, the per-server pending
  *    (priority) and in-flight lists, and decodes replies into dst;
  *  - c->mu protects the free list, submitq, request state/result fields
- *    read by waiters, enc_busy and last_error; c->cv signals completions.
+ *    read by waiters, enc_refs and last_error; c->cv signals completions.
  * A request's payload may be handed to ZeroMQ zero-copy; zrefs counts the
  * frames ZeroMQ still holds, and a handle is only given back to the pool
  * once zrefs is 0, so ZeroMQ never reads a buffer the caller reuses. */
@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "ps_client.h"
+#include "ps_ef.h"
 #include "ps_wire.h"
 
 #define PS_PART_NONE 0xFFFFFFFFu  /* control messages: no partition */
@@ -45,6 +46,7 @@ struct ps_req {
     uint32_t crc;
     ps_dtype_t dtype;
     ps_codec_t codec;
+    ps_codec_t reply_codec; /* PULL / PUSHPULL: codec wanted for the WEIGHTS */
     uint64_t numel;
     int64_t enc_part;       /* partition whose encode buffer we hold, -1 none */
     void *tmp;
@@ -116,7 +118,26 @@ struct ps_client {
     size_t *enc_cap;
     void **enc_scratch;
     size_t *enc_scratch_cap;
-    unsigned char *enc_busy;
+    int *enc_refs;          /* requests using enc[p] (under mu) */
+
+    /* error feedback (ef != NULL for topk/sign or ef_rounding): the last
+     * compressed payload of each partition stays in enc[p] and is resent as
+     * is for a re-push of the same iteration (ef_valid/ef_iter, under ef_mu,
+     * which also serialises ps_ef_compress: it has one work buffer) */
+    ps_ef_t *ef;
+    pthread_mutex_t ef_mu;
+    unsigned char *ef_valid;
+    uint64_t *ef_iter;
+    size_t *ef_len;
+    uint32_t *ef_crc;
+    ps_codec_params_t params;
+    ps_codec_t pull_codec;
+
+    /* CURVE keys (Z85), loaded at ps_client_new; curve = 0: plain TCP */
+    int curve;
+    char (*curve_server)[41]; /* (nservers) */
+    char curve_public[41], curve_secret[41];
+    int warned_reply_codec;   /* I/O thread: told once that a server ignores reply_codec */
 
     /* I/O thread only: decode scratch, grown to the largest need and kept */
     void *dec_scratch;

@@ -38,6 +38,11 @@
 #define RING_MAX_CONN 16
 #define RING_MAX_N ((size_t)1 << 40)
 
+/* A received message: header frame and payload frame. */
+typedef struct ring_msg {
+    zmq_msg_t hdr, pl;
+} ring_msg_t;
+
 struct ps_ring {
     int rank, world;
     ps_ring_opts_t o;
@@ -47,9 +52,10 @@ struct ps_ring {
     char *ep_self, *ep_left, *ep_right;
     uint32_t op;                 /* allreduces started so far */
     int broken;                  /* an allreduce failed: ring unusable */
-    zmq_msg_t *stash;            /* early messages of the next op */
+    ring_msg_t *stash;           /* early messages of the next op */
     size_t nstash, stash_cap;
     uint8_t *done;               /* per message index: received */
+    ring_msg_t *fwd;             /* per message index: all-gather payload to pass on */
     size_t done_cap;
     uint64_t bytes_sent, bytes_recv;
 };

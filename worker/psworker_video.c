@@ -126,6 +126,15 @@ int ps_worker_video_setup(ps_worker_t *p, uint32_t nservers)
         return PS_EINVAL;
     }
     v->K = ps_video_clips_per_sample(&v->vopt);
+    if (v->val) {
+        size_t shortv = 0;
+        for (size_t i = 0; i < ps_video_list_size(v->val); i++)
+            shortv += ps_video_list_frames(v->val, i) <= o->frames;
+        if (shortv)
+            ps_warn("%s: %zu of %zu videos have at most --frames %d frames: TSM's test sampling "
+                    "then takes frame 1 for every segment (no motion in those clips)",
+                    o->val_list, shortv, ps_video_list_size(v->val), o->frames);
+    }
     v->max_clips = p->batch > v->vopt.batch * v->K ? p->batch : v->vopt.batch * v->K;
 
     ps_model_config_t cfg;

@@ -17,6 +17,13 @@
  * load_state_dict(strict=True), and a torchvision state dict converted to
  * safetensors loads here.
  *
+ * Host access: the model touches its arena from the host (input copy,
+ * init, load/save, zero_grad, the tables' w/g, logits).  With an
+ * asynchronous backend (CUDA, managed arena: ps_cuda_use_managed_arena())
+ * the caller syncs the backend (ps_cuda_backend_sync) before any of these
+ * and before ps_model_forward overwrites the input the previous backward
+ * may still read.  The CPU backend is synchronous.
+ *
  * Deterministic initialisation (tests and goldens): element i of tensor
  * `name` draws u = ps_rng_uniform(seed ^ fnv1a64(name), i) (ps_engine.h) and
  * becomes (2u-1)*a computed in double and rounded to float, with a chosen so
@@ -37,7 +44,10 @@ typedef struct ps_model_config {
     int depth;         /* 18, 34 or 50 */
     int num_classes;   /* K */
     int n_segment;     /* T frames per clip (TSM: 8) */
-    int shift;         /* 1: TSM residual shift ('blockres'); 0: TSN baseline */
+    int shift;         /* 1: TSM residual shift ('blockres': the input of conv1 in
+                          every block, identity unshifted; every second block when
+                          layer3 has >= 23 blocks, as TSM's make_temporal_shift);
+                          0: TSN baseline */
     int shift_div;     /* 1/shift_div of the channels go each way (8) */
     float dropout;     /* before fc (0.5); 0 disables */
     int partial_bn;    /* TSM partialBN: only bn1 trains with batch stats */

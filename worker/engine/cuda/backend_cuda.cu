@@ -23,6 +23,10 @@
 //    one-line change per library, left for the precision option.
 #include "cuda_int.h"
 
+extern "C" {
+#include "worker/engine/cuda/ps_cuda.h"
+}
+
 #include <stdio.h>
 #include <string.h>
 
@@ -103,6 +107,39 @@ fail:
     if (s->stream) cudaStreamDestroy(s->stream);
     free(s);
     return rc;
+}
+
+extern "C" int ps_cuda_backend_select(const char *device, ps_ctx_t *ctx,
+                                      const ps_backend_t **be)
+{
+    if (!device || !ctx || !be) return PS_EINVAL;
+    if (!strcmp(device, "cpu")) {
+        *be = &ps_backend_cpu;
+        return 0;
+    }
+    int dev = 0;
+    if (!strncmp(device, "cuda", 4) && (device[4] == '\0' || device[4] == ':')) {
+        if (device[4] == ':') {
+            char *end = NULL;
+            long v = strtol(device + 5, &end, 10);
+            if (end == device + 5 || *end || v < 0 || v > 1023) {
+                ps_error("--device %s: expected cuda:N with N a device number", device);
+                return PS_EINVAL;
+            }
+            dev = (int)v;
+        }
+        const int n = ps_cuda_device_count();
+        if (dev >= n) {
+            ps_error("--device %s: only %d CUDA device(s) present", device, n);
+            return PS_EINVAL;
+        }
+        int r = ps_cuda_backend_init(ctx, dev);
+        if (r) return r;
+        *be = &ps_backend_cuda;
+        return 0;
+    }
+    ps_error("--device %s: expected cpu, cuda or cuda:N", device);
+    return PS_EINVAL;
 }
 
 extern "C" void ps_cuda_backend_free(ps_ctx_t *ctx)

@@ -184,9 +184,22 @@ void ps_cu_conv2d_backward(ps_ctx_t *ctx, float *dinp, float *dw, float *db, con
     }
     if (dw) { // parameter gradient: ACCUMULATE (beta 1)
         void *ws = ps_cu_workspace(s, e->ws_bwd_filter);
-        CUDNN_CHECK(cudnnConvolutionBackwardFilter(s->cudnn, &one, e->x, inp, e->y, dout,
-                                                   e->conv, e->bwd_filter, ws,
-                                                   e->ws_bwd_filter, &one, e->w, dw));
+        cudnnStatus_t st = cudnnConvolutionBackwardFilter(s->cudnn, &one, e->x, inp, e->y, dout,
+                                                          e->conv, e->bwd_filter, ws,
+                                                          e->ws_bwd_filter, &one, e->w, dw);
+        if (st == CUDNN_STATUS_NOT_SUPPORTED) {
+            // an algorithm that cannot blend (beta != 0): compute into
+            // scratch with beta 0, then accumulate
+            const size_t nw = (size_t)d->K * (d->C / d->groups) * d->R * d->S;
+            float *tmp = (float *)ps_cu_scratch(s, nw * sizeof(float));
+            ws = ps_cu_workspace(s, e->ws_bwd_filter);
+            CUDNN_CHECK(cudnnConvolutionBackwardFilter(s->cudnn, &one, e->x, inp, e->y, dout,
+                                                       e->conv, e->bwd_filter, ws,
+                                                       e->ws_bwd_filter, &zero, e->w, tmp));
+            ps_cu_accumulate(ctx, dw, tmp, nw);
+        } else {
+            CUDNN_CHECK(st);
+        }
     }
     if (db) {
         const int PQ = ps_conv_out(H, d->R, d->stride_h, d->pad_h, d->dil_h) *

@@ -216,20 +216,32 @@ void ps_cu_xent_backward(ps_ctx_t *ctx, float *dlogits, const float *probs,
 
 // ---- temporal shift -------------------------------------------------------
 
-// One pass over the output: element (bt, c, i) reads frame t+dir (first
-// fold channels) or t-dir (next fold), or itself; zero past the clip ends.
+// One thread per (clip, channel, pixel) column walks the T frames: a
+// channel that takes frame t+1 walks t upwards, one that takes t-1 walks
+// downwards, so every source value is read before it is overwritten - the
+// kernel is correct in place (dst == src) and reads/writes each element
+// once.  Consecutive threads touch consecutive pixels (coalesced).
 __global__ void k_tshift(float *dst, const float *src, size_t n, int T, int C, int HW,
                          int fold, int dir)
 {
     GRID_STRIDE(i, n)
     {
         const int c = (int)((i / HW) % C);
-        const size_t bt = i / ((size_t)HW * C);
-        const int t = (int)(bt % T);
-        int ts = t;
-        if (c < fold) ts = t + dir;
-        else if (c < 2 * fold) ts = t - dir;
-        dst[i] = (ts < 0 || ts >= T) ? 0.0f : src[i + (ptrdiff_t)(ts - t) * C * HW];
+        const size_t b = i / ((size_t)HW * C);
+        const size_t stride = (size_t)C * HW; // one frame
+        const size_t base = (b * T * C + c) * (size_t)HW + i % HW;
+        float *o = dst + base;
+        const float *x = src + base;
+        const int s = c < fold ? dir : c < 2 * fold ? -dir : 0; // frame offset read
+        if (s > 0) {
+            for (int t = 0; t < T - 1; t++) o[t * stride] = x[(t + 1) * stride];
+            o[(T - 1) * stride] = 0.0f;
+        } else if (s < 0) {
+            for (int t = T - 1; t > 0; t--) o[t * stride] = x[(t - 1) * stride];
+            o[0] = 0.0f;
+        } else if (o != x) {
+            for (int t = 0; t < T; t++) o[t * stride] = x[t * stride];
+        }
     }
 }
 
@@ -241,7 +253,7 @@ static void tshift(ps_cu_state *s, float *dst, const float *src, int B, int T, i
                  fold_div);
         return;
     }
-    const size_t n = (size_t)B * T * C * HW;
+    const size_t n = (size_t)B * C * HW; // columns
     LAUNCH(k_tshift, n, dst, src, n, T, C, HW, C / fold_div, dir);
 }
 

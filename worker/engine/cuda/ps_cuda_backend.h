@@ -30,6 +30,11 @@ extern const ps_backend_t ps_backend_cuda;
 /* Select device `dev`, create the handles and the stream.  Returns 0 or
  * PS_ECUDA (logged).  ctx must have been through ps_engine_init(). */
 int ps_cuda_backend_init(ps_ctx_t *ctx, int dev);
+/* The `--device` option: "cpu" -> *be = &ps_backend_cpu (ctx untouched);
+ * "cuda" or "cuda:N" -> ps_cuda_backend_init(ctx, N) and *be =
+ * &ps_backend_cuda.  Returns 0, PS_EINVAL (bad string, logged) or
+ * PS_ECUDA.  Callers build with PS_HAVE_CUDA (config.h) to link this. */
+int ps_cuda_backend_select(const char *device, ps_ctx_t *ctx, const ps_backend_t **be);
 /* Destroy what ps_cuda_backend_init created (NULLs ctx->backend_state). */
 void ps_cuda_backend_free(ps_ctx_t *ctx);
 /* Wait for every queued layer; 0 or PS_ECUDA. */
