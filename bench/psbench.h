@@ -13,6 +13,8 @@ typedef struct psbench_cfg {
     size_t partition_bytes;
     ps_dtype_t dtype;
     ps_codec_t codec;
+    float topk_ratio;        /* topk: fraction of elements pushed (0 = codec default) */
+    int pull_codec;          /* weights: PS_CODEC_RAW / _LZ4, -1 = client default */
     int iters, warmup;
     int max_inflight;
     int timeout_ms;
@@ -23,6 +25,7 @@ typedef struct psbench_cfg {
 typedef struct psbench_result {
     double wire_out, wire_in;  /* client bytes per timed iteration */
     double check_err;          /* --check: worst |err| / tolerance (<= 1: pass), else 0 */
+    int check_skipped;         /* --check not possible (lossy codec with several workers) */
 } psbench_result_t;
 
 /* Worker process body: connects to `endpoints`, rank 0 initialises the

@@ -39,9 +39,12 @@ static double bench_lr(const psbench_cfg_t *cfg)
 /* Closed form of `steps` sync SGD steps with the same gradient g_r from
  * every rank r: w = w0 - steps * lr * mean_r(g_r).  Returns the worst
  * |pulled - expected| / tolerance, the tolerance covering the wire dtype's
- * rounding of the pulled weights and of every pushed gradient. */
+ * rounding of the pulled weights and of every pushed gradient.
+ * With error feedback (one worker only: the residuals of other workers are
+ * not known here) what reached the server is steps * g - residual, exactly
+ * up to fp32 rounding: res is that residual (flat, numel), else NULL. */
 static double check_weights(const psbench_cfg_t *cfg, const float *w0, const float *got,
-                            size_t numel, int steps)
+                            size_t numel, int steps, const float *res)
 {
     double *mean = calloc(numel, sizeof *mean);
     float *g = malloc(numel * sizeof *g);
@@ -55,9 +58,10 @@ static double check_weights(const psbench_cfg_t *cfg, const float *w0, const flo
         }
     }
     double rq = cfg->dtype == PS_DT_BF16 ? 1.0 / 256 : cfg->dtype == PS_DT_FP16 ? 1.0 / 2048 : 1e-6;
+    if (res) rq = cfg->dtype == PS_DT_FP32 ? 1e-6 : rq; /* pushed values: EF keeps their rounding */
     worst = 0;
     for (size_t i = 0; i < numel; i++) {
-        double want = (double)w0[i] - steps * lr * mean[i];
+        double want = (double)w0[i] - steps * lr * mean[i] + (res ? lr * (double)res[i] : 0);
         double tol = rq * fabs(want) + steps * lr * rq * gmax + 1e-7;
         double e = fabs((double)got[i] - want) / tol;
         if (!(e <= worst)) worst = e; /* NaN counts as the worst */
@@ -105,6 +109,8 @@ int psbench_worker(const psbench_cfg_t *cfg, int rank, char **endpoints, int fd)
     o.num_workers = cfg->workers;
     o.dtype = cfg->dtype;
     o.codec = cfg->codec;
+    o.topk_ratio = cfg->topk_ratio;
+    o.pull_codec = cfg->pull_codec;
     o.timeout_ms = cfg->timeout_ms;
     o.retry_ms = 30000; /* a loopback benchmark loses nothing; never resend early */
     o.max_inflight = cfg->max_inflight;
@@ -179,8 +185,20 @@ int psbench_worker(const psbench_cfg_t *cfg, int rank, char **endpoints, int fd)
     }
     ps_client_counters(c, &k1);
     psbench_result_t res = {(double)(k1.bytes_out - k0.bytes_out) / cfg->iters,
-                            (double)(k1.bytes_in - k0.bytes_in) / cfg->iters, 0};
-    if (cfg->check) res.check_err = check_weights(cfg, w, dst, numel, cfg->warmup + cfg->iters);
+                            (double)(k1.bytes_in - k0.bytes_in) / cfg->iters, 0, 0};
+    int lossy = cfg->codec == PS_CODEC_TOPK || cfg->codec == PS_CODEC_SIGN;
+    if (cfg->check && lossy && cfg->workers > 1) {
+        res.check_skipped = 1;
+    } else if (cfg->check) {
+        float *flat_res = NULL;
+        if (lossy && (flat_res = malloc(numel * sizeof *flat_res)) != NULL)
+            for (uint32_t p = 0; p < t.nparts; p++)
+                memcpy(flat_res + t.parts[p].offset, ps_client_ef_residual(c, p),
+                       t.parts[p].numel * sizeof(float));
+        res.check_err = lossy && !flat_res ? 1e30
+                        : check_weights(cfg, w, dst, numel, cfg->warmup + cfg->iters, flat_res);
+        free(flat_res);
+    }
     if (write_all(fd, times, (size_t)cfg->iters * sizeof *times) < 0 ||
         write_all(fd, &res, sizeof res) < 0) {
         ps_error("worker %d: writing results: %s", rank, strerror(errno));

@@ -7,7 +7,8 @@
  * timed call does not include waiting for a late peer's previous iteration.
  *
  * One output line per configuration (bench/ring_bench.sh parses them):
- *   RESULT ring n=W bytes=B nconn=C median_s=T busbw_GBps=X
+ *   RESULT ring n=W bytes=B nconn=C dtype=D median_s=T busbw_GBps=X
+ * (ring_nocrc instead of ring with -x).
  * Usage: ring_bench [-n 2,4] [-s 16,100 (MiB)] [-k iters] [-w warmup]
  *                   [-c nconn list] [-g segment KiB] [-d fp32|fp16|bf16]
  *                   [-x (payload checksums off)] */
@@ -149,8 +150,9 @@ static int run_config(int W, size_t bytes, const ps_ring_opts_t *o, ps_dtype_t d
     qsort(tmax, (size_t)K, sizeof *tmax, cmp_d);
     double med = K % 2 ? tmax[K / 2] : 0.5 * (tmax[K / 2 - 1] + tmax[K / 2]);
     double busbw = 2.0 * (W - 1) / W * (double)(n * sizeof(float)) / med / 1e9;
-    printf("RESULT ring n=%d bytes=%zu nconn=%d dtype=%s median_s=%.6f busbw_GBps=%.3f\n", W,
-           n * sizeof(float), o->nconn, ps_dtype_name(dt), med, busbw);
+    printf("RESULT %s n=%d bytes=%zu nconn=%d dtype=%s median_s=%.6f busbw_GBps=%.3f\n",
+           o->checksum ? "ring" : "ring_nocrc", W, n * sizeof(float), o->nconn, ps_dtype_name(dt),
+           med, busbw);
     fflush(stdout);
     free(tmax);
     free(t);
@@ -165,6 +167,7 @@ int main(int argc, char **argv)
     ps_ring_opts_default(&o);
     ps_dtype_t dt = PS_DT_FP32;
     ps_log_set_prog("ring_bench");
+    ps_ring_tune_malloc(); /* as psworker should: keep message buffers mapped */
     while ((opt = getopt(argc, argv, "n:s:k:w:c:g:d:xh")) != -1) {
         switch (opt) {
         case 'n': nn = parse_list(optarg, ns, MAXL); break;

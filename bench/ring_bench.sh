@@ -1,6 +1,7 @@
 #!/bin/sh
 # Ring allreduce bus bandwidth against its peers on loopback, in one run:
-#   ours   bench/ring_bench (worker/ps_ring.c), 1 and 2 connections per neighbour
+#   ours   bench/ring_bench (worker/ps_ring.c), 1 and 2 connections per neighbour,
+#          CRC32C payload checksums on (the default); once more without them
 #   gloo   torch.distributed all_reduce, backend gloo, via /usr/bin/python3
 #   mpi    Open MPI MPI_Allreduce over TCP loopback (btl tcp,self), when
 #          mpicc and mpirun are installed -- this script never installs them
@@ -31,6 +32,9 @@ res=$tmp/results
 echo "# ring_bench: n=$N sizes=${SIZES} MiB iters=$K warmup=$WARM conns=$CONNS ($(nproc) CPUs)"
 "$bin" -n "$N" -s "$SIZES" -k "$K" -w "$WARM" -c "$CONNS" | tee -a "$res" ||
     echo "# ours: ring_bench failed (see above)"
+# the same without payload checksums (gloo and MPI have none), for reference
+"$bin" -n "$N" -s "$SIZES" -k "$K" -w "$WARM" -c 1 -x | tee -a "$res" ||
+    echo "# ours without checksums: ring_bench failed (see above)"
 
 if [ -x "$PY" ] && "$PY" -c 'import torch.distributed as d; assert d.is_gloo_available()' 2>/dev/null; then
     "$PY" "$here/ring_bench_gloo.py" -n "$N" -s "$SIZES" -k "$K" -w "$WARM" | tee -a "$res" ||
@@ -60,7 +64,8 @@ else
 fi
 
 echo
-echo "# busbw GB/s (2(n-1)/n * bytes / median time); ours = best over conns"
+echo "# busbw GB/s (2(n-1)/n * bytes / median time); ours = best over conns, with"
+echo "# checksums; nocrc = ours with checksums off (1 conn); ratios use ours"
 echo "# reference (issue 7, this machine type): gloo n=2 1.15/1.26, n=4 0.73/0.86;"
 echo "#   MPI-TCP n=2 2.6/1.03, n=4 1.2/0.7 (16 MiB / 100 MiB)"
 awk '
@@ -76,16 +81,18 @@ awk '
     if (!((impl, key) in best) || bw > best[impl, key]) { best[impl, key] = bw; conn[impl, key] = c }
 }
 END {
-    printf "%-3s %9s %12s %8s %8s %10s %10s\n", "n", "MiB", "ours(conns)", "gloo", "mpi", "ours/gloo", "ours/mpi";
+    printf "%-3s %7s %12s %8s %8s %8s %10s %10s\n", "n", "MiB", "ours(conns)", "nocrc", "gloo", "mpi", "ours/gloo", "ours/mpi";
     for (k = 0; k < nk; k++) {
         split(keys[k], p, " ");
         o = ((("ring", keys[k]) in best)) ? best["ring", keys[k]] : -1;
         g = ((("gloo", keys[k]) in best)) ? best["gloo", keys[k]] : -1;
         m = ((("mpi", keys[k]) in best)) ? best["mpi", keys[k]] : -1;
+        x = ((("ring_nocrc", keys[k]) in best)) ? best["ring_nocrc", keys[k]] : -1;
+        xs = x >= 0 ? sprintf("%.3f", x) : "-";
         os = o >= 0 ? sprintf("%.3f(%s)", o, conn["ring", keys[k]]) : "-";
         gs = g >= 0 ? sprintf("%.3f", g) : "-"; ms = m >= 0 ? sprintf("%.3f", m) : "-";
         rg = (o >= 0 && g > 0) ? sprintf("%.2fx", o / g) : "-";
         rm = (o >= 0 && m > 0) ? sprintf("%.2fx", o / m) : "-";
-        printf "%-3s %9.1f %12s %8s %8s %10s %10s\n", p[1], p[2] / 1048576, os, gs, ms, rg, rm;
+        printf "%-3s %7.1f %12s %8s %8s %8s %10s %10s\n", p[1], p[2] / 1048576, os, xs, gs, ms, rg, rm;
     }
 }' "$res"

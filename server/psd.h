@@ -10,7 +10,10 @@
  * psd_pool.c (summation threads), psd_store.c (partitions, slots, versions,
  * sum + apply, encoded replies), psd_handlers.c (one function per message
  * type), psd_members.c (ranks, liveness, barrier), psd_checkpoint.c,
- * psd_metrics.c (counters, STATS, HTTP /metrics). */
+ * psd_metrics.c (counters, STATS, HTTP /metrics), psd_curve.c (--curve:
+ * CURVE server + ZAP allow-list thread), psd_peers.c (waiting requests per
+ * peer).  Checkpoint files are written on libuv's thread pool from a copy
+ * of the shard taken on the loop thread. */
 #ifndef PSD_H
 #define PSD_H
 

@@ -117,6 +117,13 @@ static void send_weights(psd_t *s, const void *id, size_t idlen, uint64_t reques
     s->mx.bytes_out += b->len + 64;
 }
 
+/* Codec of the WEIGHTS reply: Header.reply_codec when present (a PUSHPULL
+ * whose gradient is TOPK / SIGN wants its weights exact), else the request's. */
+static int reply_codec(const Ps__Header *h)
+{
+    return h->has_reply_codec ? (int)h->reply_codec : (int)h->codec;
+}
+
 static int add_waiter(psd_t *s, ps_wire_msg_t *m, psd_part_t *p, uint64_t min_version)
 {
     const Ps__Header *h = m->hdr;
@@ -156,7 +163,7 @@ static int add_waiter(psd_t *s, ps_wire_msg_t *m, psd_part_t *p, uint64_t min_ve
     w->request_id = h->request_id;
     w->min_version = min_version;
     w->dtype = h->dtype;
-    w->codec = h->codec;
+    w->codec = reply_codec(h);
     /* Append: replies go out in arrival order. */
     psd_waiter_t **pp = &p->waiters;
     while (*pp) pp = &(*pp)->next;
@@ -232,6 +239,11 @@ static psd_part_t *check_part(psd_t *s, ps_wire_msg_t *m, int need_weights)
     if ((unsigned)h->dtype >= PSD_NDTYPE || (unsigned)h->codec >= PSD_NCODEC) {
         psd_send_error(s, ID_OF(m), h, PS_EINVAL, "%s: unknown dtype %d or codec %d", what, h->dtype,
                        h->codec);
+        return NULL;
+    }
+    if (h->has_reply_codec && h->reply_codec != PS__CODEC__CODEC_RAW && h->reply_codec != PS__CODEC__CODEC_LZ4) {
+        psd_send_error(s, ID_OF(m), h, PS_EINVAL, "%s: reply_codec %d: weights are sent raw or lz4 only",
+                       what, (int)h->reply_codec);
         return NULL;
     }
     if (need_weights && !p->initialised) {
@@ -317,7 +329,7 @@ static void handle_init(psd_t *s, ps_wire_msg_t *m)
 /* A retry of a push that is already applied: answer like the original. */
 static void reply_done(psd_t *s, ps_wire_msg_t *m, psd_part_t *p, int pushpull)
 {
-    if (pushpull) send_weights(s, ID_OF(m), m->hdr->request_id, p, m->hdr->dtype, m->hdr->codec);
+    if (pushpull) send_weights(s, ID_OF(m), m->hdr->request_id, p, m->hdr->dtype, reply_codec(m->hdr));
     else if (!(m->hdr->flags & PS_FLAG_NO_REPLY)) send_ack(s, m, 0);
 }
 
@@ -401,7 +413,8 @@ static void handle_pull(psd_t *s, ps_wire_msg_t *m)
     psd_part_t *p = check_part(s, m, 1);
     if (!p) return;
     uint64_t want = m->hdr->has_min_version ? m->hdr->min_version : 0;
-    if (p->version >= want) send_weights(s, ID_OF(m), m->hdr->request_id, p, m->hdr->dtype, m->hdr->codec);
+    if (p->version >= want)
+        send_weights(s, ID_OF(m), m->hdr->request_id, p, m->hdr->dtype, reply_codec(m->hdr));
     else add_waiter(s, m, p, want);
 }
 
@@ -467,11 +480,18 @@ void psd_handle(psd_t *s, ps_wire_msg_t *m)
     s->mx.msgs_in++;
     if (h->has_rank && h->type != PS__MSG_TYPE__MSG_HELLO) psd_members_seen(s, h->rank);
     if (s->shutting) {
-        /* The checkpoint of the final state is taken: nothing may change. */
+        /* The checkpoint of the final state is taken: nothing may change.
+         * Updates get no answer, as from a server that is already gone:
+         * the workers resend them to the restarted server (they are
+         * idempotent), where an ERROR would end their run. */
         switch (h->type) {
         case PS__MSG_TYPE__MSG_INIT:
         case PS__MSG_TYPE__MSG_PUSH:
         case PS__MSG_TYPE__MSG_PUSHPULL:
+            s->mx.dropped_replies++;
+            ps_debug("%s from rank %d dropped: shutting down", ps_wire_type_name(h->type),
+                     h->has_rank ? h->rank : -1);
+            return;
         case PS__MSG_TYPE__MSG_CHECKPOINT:
             psd_send_error(s, ID_OF(m), h, PS_ESHUTDOWN, "%s refused: the server is shutting down",
                            ps_wire_type_name(h->type));

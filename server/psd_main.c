@@ -1,7 +1,9 @@
 /* psd: one parameter-server shard (DESIGN.md section 2, docs/protocol.md).
  * Options come from flags and an INI file (ps_config); the loop runs until
- * SHUTDOWN or SIGTERM / SIGINT (both checkpoint first when a checkpoint
- * directory is set) and then exits 0. */
+ * SHUTDOWN or SIGTERM / SIGINT (both stop updates and checkpoint first when
+ * a checkpoint directory is set, then linger briefly so replies get out)
+ * and then exits 0.  With --curve it does not start unless its keys load
+ * and the ZAP handler runs. */
 #include "config.h"
 #include "psd.h"
 

@@ -71,6 +71,30 @@ char *psd_stats_json(const psd_t *s)
         snprintf(h, sizeof h, "%016llx", (unsigned long long)s->st.table.hash);
         cJSON_AddStringToObject(o, "table_hash", h);
     }
+    cJSON_AddStringToObject(o, "on_worker_loss", s->o.loss_continue ? "continue" : "wait");
+    cJSON_AddBoolToObject(o, "curve", s->o.curve != 0);
+    cJSON_AddBoolToObject(o, "shutting_down", s->shutting != 0);
+    cJSON_AddBoolToObject(o, "checkpoint_in_flight", s->ckpt_job != NULL);
+    /* Members as this server sees them (server 0 also knows hosts from
+     * HELLO); last_seen_ms_ago is -1 for a rank never heard from. */
+    cJSON *ws = cJSON_AddArrayToObject(o, "workers");
+    uint64_t now = s->loop ? uv_now(s->loop) : 0;
+    for (int r = 0; ws && r < s->nworkers; r++) {
+        const psd_worker_t *w = &s->workers[r];
+        static const char *const names[] = {"unknown", "live", "lost", "left"};
+        cJSON *e = cJSON_CreateObject();
+        if (!e) break;
+        cJSON_AddNumberToObject(e, "rank", r);
+        cJSON_AddStringToObject(e, "state", names[w->state]);
+        cJSON_AddStringToObject(e, "host", w->host);
+        cJSON_AddNumberToObject(e, "last_seen_ms_ago",
+                                w->state == PSD_W_UNKNOWN ? -1.0 : (double)(now - w->last_seen_ms));
+        cJSON_AddItemToArray(ws, e);
+    }
+    /* The INIT spec (psctl export rebuilds the table from it); left out if
+     * it would not fit in a reply header. */
+    if (s->st.spec_json && strlen(s->st.spec_json) < PS_WIRE_MAX_HEADER / 2)
+        cJSON_AddStringToObject(o, "spec", s->st.spec_json);
     cJSON_AddNumberToObject(o, "aggregation_seconds", s->mx.agg_seconds);
     cJSON_AddNumberToObject(o, "apply_seconds", s->mx.apply_seconds);
     char *txt = cJSON_PrintUnformatted(o);

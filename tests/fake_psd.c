@@ -51,6 +51,8 @@ static void weights(fake_psd_t *f, ps_wire_msg_t *m, uint32_t p)
     size_t numel = f->t->parts[p].numel;
     ps_dtype_t dt = (ps_dtype_t)rq->dtype;
     ps_codec_t codec = (ps_codec_t)rq->codec;
+    if (atomic_load(&f->honor_reply_codec) && rq->has_reply_codec) codec = (ps_codec_t)rq->reply_codec;
+    if (atomic_load(&f->force_codec) >= 0) codec = (ps_codec_t)atomic_load(&f->force_codec);
     size_t cap = ps_codec_bound(dt, codec, numel), len = 0;
     size_t sc = ps_codec_scratch_size(dt, codec, numel);
     void *buf = malloc(cap ? cap : 1), *scratch = sc ? malloc(sc) : NULL;
@@ -71,7 +73,7 @@ static void weights(fake_psd_t *f, ps_wire_msg_t *m, uint32_t p)
         h.has_dtype = 1;
         h.dtype = rq->dtype;
         h.has_codec = 1;
-        h.codec = rq->codec;
+        h.codec = (Ps__Codec)codec;
         reply(f, m, &h, buf, len);
     }
     free(buf);
@@ -96,10 +98,13 @@ static int apply_push(fake_psd_t *f, ps_wire_msg_t *m, uint32_t p)
                              m->has_payload ? zmq_msg_size(&m->payload) : 0,
                              (ps_dtype_t)h->dtype, (ps_codec_t)h->codec, 0, scratch);
     if (rc == 0) {
-        if (!(h->has_flags && (h->flags & PS_FLAG_OVERFLOW)))
+        int ovf = h->has_flags && (h->flags & PS_FLAG_OVERFLOW);
+        if (!ovf)
             for (size_t i = 0; i < numel; i++) f->w[p][i] -= g[i];
         f->version[p]++;
         pthread_mutex_lock(&f->mu);
+        f->noverflow += ovf;
+        if ((unsigned)h->codec < 4) f->push_codec[h->codec]++;
         f->napplied++;
         pthread_mutex_unlock(&f->mu);
     } else {
@@ -259,6 +264,9 @@ static void handle(fake_psd_t *f, ps_wire_msg_t *m)
         else weights(f, m, p);
         return;
     case PS__MSG_TYPE__MSG_PULL:
+        pthread_mutex_lock(&f->mu);
+        f->npull++;
+        pthread_mutex_unlock(&f->mu);
         if (f->version[p] < h->min_version) {
             error_reply(f, m, PS_ESTATE, "fake: version not reached");
             return;
@@ -332,6 +340,12 @@ static void *run(void *arg)
 
 int fake_psd_start(fake_psd_t *f, int server_id, const ps_partition_table_t *t, int port)
 {
+    return fake_psd_start_ex(f, server_id, t, port, NULL);
+}
+
+int fake_psd_start_ex(fake_psd_t *f, int server_id, const ps_partition_table_t *t, int port,
+                      const char *curve_secret)
+{
     memset(f, 0, sizeof *f);
     f->server_id = server_id;
     f->t = t;
@@ -339,6 +353,7 @@ int fake_psd_start(fake_psd_t *f, int server_id, const ps_partition_table_t *t, 
     atomic_init(&f->err_part, -1);
     atomic_init(&f->silent_part, -1);
     atomic_init(&f->bad_weights, -1);
+    atomic_init(&f->force_codec, -1);
     pthread_mutex_init(&f->mu, NULL);
     f->w = calloc(t->nparts, sizeof *f->w);
     f->version = calloc(t->nparts, sizeof *f->version);
@@ -351,6 +366,14 @@ int fake_psd_start(fake_psd_t *f, int server_id, const ps_partition_table_t *t, 
     /* a stalled fake then pushes back on the client within a few messages */
     zmq_setsockopt(f->sock, ZMQ_RCVHWM, &hwm, sizeof hwm);
     zmq_setsockopt(f->sock, ZMQ_ROUTER_MANDATORY, &mandatory, sizeof mandatory);
+    if (curve_secret) {
+        int one = 1;
+        if (zmq_setsockopt(f->sock, ZMQ_CURVE_SERVER, &one, sizeof one) < 0 ||
+            zmq_setsockopt(f->sock, ZMQ_CURVE_SECRETKEY, curve_secret, 40) < 0) {
+            fprintf(stderr, "fake_psd: CURVE: %s\n", zmq_strerror(errno));
+            return -1;
+        }
+    }
     char addr[64];
     if (port) snprintf(addr, sizeof addr, "tcp://127.0.0.1:%d", port);
     else snprintf(addr, sizeof addr, "tcp://127.0.0.1:*");

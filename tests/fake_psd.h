@@ -29,6 +29,9 @@ typedef struct fake_psd {
     atomic_int garbage;          /* precede every data reply with malformed replies */
     atomic_int stall;            /* stop reading the socket (a hung peer) */
     atomic_int bad_weights;      /* WEIGHTS of this partition claim one element too many (-1: none) */
+    atomic_int honor_reply_codec;/* encode WEIGHTS with Header.reply_codec (a fixed psd);
+                                    0: with the request's codec (psd before the fix) */
+    atomic_int force_codec;      /* >= 0: every WEIGHTS uses this codec (a broken server) */
 
     /* state: fp32 weights and version per partition (only owned ones used) */
     float **w;
@@ -41,6 +44,8 @@ typedef struct fake_psd {
     int norder;
     int nhello, nspec, ninit_w, napplied, nbarrier, nstats, nckpt, nshutdown, nbye, nheartbeat;
     int nbad;                      /* malformed messages */
+    int npull, noverflow;          /* PULLs; pushes flagged PS_FLAG_OVERFLOW */
+    int push_codec[4];             /* pushes applied, by codec of their payload */
 
     char endpoint[128];            /* tcp://127.0.0.1:PORT, for the client */
     void *ctx, *sock;
@@ -50,5 +55,9 @@ typedef struct fake_psd {
 
 /* Bind (port 0 = any free port) and start the thread. */
 int fake_psd_start(fake_psd_t *f, int server_id, const ps_partition_table_t *t, int port);
+/* The same as a CURVE server with this Z85 secret key (no ZAP handler:
+ * any client key is let in) when curve_secret is not NULL. */
+int fake_psd_start_ex(fake_psd_t *f, int server_id, const ps_partition_table_t *t, int port,
+                      const char *curve_secret);
 void fake_psd_stop(fake_psd_t *f);
 #endif

@@ -10,7 +10,7 @@ if [ ! -x "$b/psbench" ] || [ ! -x "$b/psd" ]; then
     exit 77
 fi
 out=${TMPDIR:-/tmp}/test_psbench.$$
-trap 'rm -f "$out"' EXIT INT TERM
+trap 'rm -f "$out" "$out.lossy"' EXIT INT TERM
 
 "$b/psbench" --psd "$b/psd" --servers 1,2 --workers 1,2 --bytes 1M --partition-bytes 256K \
     --dtype fp32,fp16,bf16 --codec raw,lz4 --iters 3 --warmup 1 --pump-seconds 0.2 --check \
@@ -45,6 +45,30 @@ w32=$(grep "servers=1 workers=1 bytes=1048576 dtype=fp32 codec=raw " "$out" | se
 w16=$(grep "servers=1 workers=1 bytes=1048576 dtype=bf16 codec=raw " "$out" | sed 's/.*wire_out_per_iter=\([0-9]*\).*/\1/')
 [ -n "$w32" ] && [ -n "$w16" ] && [ $((w16 * 2)) -le $((w32 + 4096)) ] && [ "$w32" -ge 1048576 ]
 t $? "bf16 sends half the bytes of fp32 ($w16 vs $w32)"
+
+# lossy pushes with error feedback: one worker checks exactly (its residual
+# accounts for what was not sent), two cannot (check=skipped)
+"$b/psbench" --psd "$b/psd" --servers 1,2 --workers 1,2 --bytes 1M --partition-bytes 256K \
+    --dtype fp32,bf16 --codec topk,sign --topk-ratio 0.05 --iters 3 --warmup 1 --pump-seconds 0 \
+    --check --timeout-s 240 --log-level error >"$out.lossy" 2>&1
+t $? "psbench --codec topk,sign exits 0"
+cat "$out.lossy" >>"$out"
+for dt in fp32 bf16; do
+    l=$(grep "^psbench mode=ps servers=1 workers=1 bytes=1048576 dtype=$dt codec=topk topk_ratio=0.05 " "$out.lossy")
+    echo "$l" | grep -q ' check=ok '
+    t $? "1x1 $dt/topk: weights == closed form with the residual"
+    l=$(grep "^psbench mode=ps servers=1 workers=1 bytes=1048576 dtype=$dt codec=sign " "$out.lossy")
+    echo "$l" | grep -q ' check=ok '
+    t $? "1x1 $dt/sign: weights == closed form with the residual"
+    n2=$(grep "^psbench mode=ps servers=2 workers=2 bytes=1048576 dtype=$dt codec=" "$out.lossy" | grep -c ' check=skipped')
+    [ "$n2" -eq 2 ]
+    t $? "2x2 $dt/topk,sign: ran, check skipped ($n2 lines)"
+done
+wk=$(grep "servers=1 workers=1 bytes=1048576 dtype=fp32 codec=topk " "$out.lossy" | sed 's/.*wire_out_per_iter=\([0-9]*\).*/\1/')
+ws=$(grep "servers=1 workers=1 bytes=1048576 dtype=fp32 codec=sign " "$out.lossy" | sed 's/.*wire_out_per_iter=\([0-9]*\).*/\1/')
+[ -n "$wk" ] && [ -n "$ws" ] && [ "$wk" -lt $((w32 / 5)) ] && [ "$ws" -lt $((w32 / 20)) ]
+t $? "topk 5% and sign push a fraction of fp32's bytes ($wk, $ws vs $w32)"
+rm -f "$out.lossy"
 
 "$b/psbench" --bytes 3 --psd "$b/psd" >/dev/null 2>&1
 [ $? -eq 2 ]

@@ -2,7 +2,9 @@
  * 1/W, retries not applied twice), bounded staleness (old pushes refused
  * with PS_ESTALE, PULL min_version waits), and a lost worker in sync mode
  * (after --worker-timeout-ms the pending update and the barrier proceed with
- * the workers that remain; the lost one is live again when it speaks). */
+ * the workers that remain, --on-worker-loss=continue; the lost one is live
+ * again when it speaks, e.g. a HELLO with its rank, and pulls the current
+ * weights), and --on-worker-loss=wait (the step waits for it). */
 #include <math.h>
 
 #include "psd_testlib.h"
@@ -130,32 +132,43 @@ static void test_lost_worker(void)
 {
     tpsd_t S;
     const char *args[] = {"--worker-timeout-ms", "300", "--heartbeat-ms", "50", NULL};
-    void *d0 = setup(&S, args, 2);
+    /* 3 workers: ranks 0 and 2 push (both through d0), rank 1 goes silent. */
+    void *d0 = setup(&S, args, 3);
     if (!ok(d0 != NULL, "loss: psd started and initialised")) return;
     void *d1 = t_dealer(S.port);
     Ps__Header hb;
     t_hdr(&hb, PS__MSG_TYPE__MSG_HEARTBEAT, 1, 0);
     is_int(t_call(d1, &hb, NULL, 0, NULL, 0, NULL, NULL, 0), PS__MSG_TYPE__MSG_ACK, "loss: rank 1 heartbeat ACK");
 
-    float g0[N], out[N], ref[N];
+    float g0[N], g2[N], out[N], ref[N];
     grad(g0, 0, 0);
+    grad(g2, 2, 0);
     Ps__Header h;
     t_hdr(&h, PS__MSG_TYPE__MSG_PUSHPULL, 0, 0);
     h.has_iteration = 1, h.has_numel = 1, h.numel = N;
     h.has_request_id = 1, h.request_id = 4000;
     ps_wire_send(d0, NULL, 0, &h, g0, N * 4, NULL, NULL, 0);
+    t_hdr(&h, PS__MSG_TYPE__MSG_PUSH, 2, 0);
+    h.has_iteration = 1, h.has_numel = 1, h.numel = N;
+    h.has_flags = 1, h.flags = PS_FLAG_NO_REPLY;
+    ps_wire_send(d0, NULL, 0, &h, g2, N * 4, NULL, NULL, 0);
     Ps__Header b;
     t_hdr(&b, PS__MSG_TYPE__MSG_BARRIER, 0, 0);
     b.has_request_id = 1, b.request_id = 4001;
     ps_wire_send(d0, NULL, 0, &b, NULL, 0, NULL, NULL, 0);
-    /* Rank 0 keeps heartbeating (no reply wanted); rank 1 stays silent. */
+    t_hdr(&b, PS__MSG_TYPE__MSG_BARRIER, 2, 0);
+    b.has_request_id = 1, b.request_id = 4002;
+    ps_wire_send(d0, NULL, 0, &b, NULL, 0, NULL, NULL, 0);
+    /* Ranks 0 and 2 keep heartbeating (no reply wanted); rank 1 stays silent. */
     int got_w = 0, got_b = 0;
     uint64_t v = 0;
     for (int k = 0; k < 60 && !(got_w && got_b); k++) {
-        Ps__Header hb0;
-        t_hdr(&hb0, PS__MSG_TYPE__MSG_HEARTBEAT, 0, 0);
-        hb0.has_flags = 1, hb0.flags = PS_FLAG_NO_REPLY;
-        ps_wire_send(d0, NULL, 0, &hb0, NULL, 0, NULL, NULL, 0);
+        for (int r = 0; r <= 2; r += 2) {
+            Ps__Header hb0;
+            t_hdr(&hb0, PS__MSG_TYPE__MSG_HEARTBEAT, r, 0);
+            hb0.has_flags = 1, hb0.flags = PS_FLAG_NO_REPLY;
+            ps_wire_send(d0, NULL, 0, &hb0, NULL, 0, NULL, NULL, 0);
+        }
         zmq_pollitem_t pi = {d0, 0, ZMQ_POLLIN, 0};
         if (zmq_poll(&pi, 1, 50) <= 0) continue;
         ps_wire_msg_t m;
@@ -171,13 +184,33 @@ static void test_lost_worker(void)
     }
     ok(got_w && v == 1, "loss: the update proceeds without the lost worker");
     ok(got_b, "loss: the barrier is released without it");
-    for (int i = 0; i < N; i++) ref[i] = W0[i] - 0.1f * g0[i];
-    allclose(out, ref, N, 1e-7, 1e-6, "loss: mean over the one gradient that arrived");
+    for (int i = 0; i < N; i++) ref[i] = W0[i] - 0.1f * ((g0[i] + g2[i]) / 2);
+    allclose(out, ref, N, 1e-7, 1e-6, "loss: mean over the two gradients that arrived (not / 3)");
     Ps__Header st;
     t_hdr(&st, PS__MSG_TYPE__MSG_STATS, 0, 0);
     char body[4096];
     t_call(d0, &st, NULL, 0, NULL, 0, NULL, body, sizeof body);
-    ok(strstr(body, "\"live_workers\":1") != NULL, "loss: STATS live_workers 1");
+    ok(strstr(body, "\"live_workers\":2") != NULL, "loss: STATS live_workers 2");
+    ok(strstr(body, "{\"rank\":1,\"state\":\"lost\"") != NULL, "loss: STATS workers[] says rank 1 lost");
+    ok(strstr(body, "\"spec\":\"{\\\"tensors\\\"") != NULL, "loss: STATS carries the INIT spec");
+    /* Rank 1 restarts: HELLO with its rank makes it live again, and a PULL
+     * gets the current weights (version 1). */
+    void *d2 = t_dealer(S.port);
+    Ps__Header he;
+    ps_wire_header_init(&he, PS__MSG_TYPE__MSG_HELLO);
+    he.has_rank = 1, he.rank = 1;
+    he.has_table_hash = 1, he.table_hash = T.hash;
+    he.has_body = 1, he.body.data = (uint8_t *)"node-b", he.body.len = 6;
+    is_int(t_call(d2, &he, NULL, 0, NULL, 0, NULL, NULL, 0), PS__MSG_TYPE__MSG_WELCOME, "loss: rejoining rank 1 welcomed");
+    t_call(d0, &st, NULL, 0, NULL, 0, NULL, body, sizeof body);
+    ok(strstr(body, "{\"rank\":1,\"state\":\"live\",\"host\":\"node-b\"") != NULL,
+       "loss: after HELLO rank 1 is live (host node-b)");
+    float cur[N];
+    uint64_t vc = 0;
+    is_int(t_pull(d2, 0, 0, cur, N, &vc), PS__MSG_TYPE__MSG_WEIGHTS, "loss: rejoined rank pulls");
+    ok(vc == 1, "loss: ... the current version 1");
+    allclose(cur, ref, N, 0, 0, "loss: ... and the current weights");
+    zmq_close(d2);
     /* Rank 1 returns: its push for the applied iteration is a retry. */
     float g1[N];
     grad(g1, 1, 0);
@@ -185,9 +218,63 @@ static void test_lost_worker(void)
     ok(v == 1, "loss: ... with the applied version, not applied again");
     allclose(out, ref, N, 0, 0, "loss: weights unchanged by the late push");
     t_call(d0, &st, NULL, 0, NULL, 0, NULL, body, sizeof body);
-    ok(strstr(body, "\"live_workers\":2") != NULL, "loss: live again (STATS live_workers 2)");
+    ok(strstr(body, "\"live_workers\":3") != NULL, "loss: live again (STATS live_workers 3)");
     zmq_close(d1);
     stop(&S, d0, "loss");
+}
+
+/* --on-worker-loss=wait: the step waits for the lost worker; when it comes
+ * back and pushes, the update is the mean over both. */
+static void test_wait(void)
+{
+    tpsd_t S;
+    const char *args[] = {"--worker-timeout-ms", "200", "--heartbeat-ms", "50", "--on-worker-loss",
+                          "wait", NULL};
+    void *d0 = setup(&S, args, 2);
+    if (!ok(d0 != NULL, "wait: psd started and initialised")) return;
+    void *d1 = t_dealer(S.port);
+    Ps__Header hb;
+    t_hdr(&hb, PS__MSG_TYPE__MSG_HEARTBEAT, 1, 0);
+    is_int(t_call(d1, &hb, NULL, 0, NULL, 0, NULL, NULL, 0), PS__MSG_TYPE__MSG_ACK, "wait: rank 1 heartbeat ACK");
+    float g0[N], g1[N], out[N], ref[N];
+    grad(g0, 0, 0);
+    grad(g1, 1, 0);
+    Ps__Header h;
+    t_hdr(&h, PS__MSG_TYPE__MSG_PUSHPULL, 0, 0);
+    h.has_iteration = 1, h.has_numel = 1, h.numel = N;
+    h.has_request_id = 1, h.request_id = 5000;
+    ps_wire_send(d0, NULL, 0, &h, g0, N * 4, NULL, NULL, 0);
+    /* Well past the timeout: rank 1 is lost, and the step still waits. */
+    int early = 0;
+    for (int k = 0; k < 12; k++) {
+        Ps__Header hb0;
+        t_hdr(&hb0, PS__MSG_TYPE__MSG_HEARTBEAT, 0, 0);
+        hb0.has_flags = 1, hb0.flags = PS_FLAG_NO_REPLY;
+        ps_wire_send(d0, NULL, 0, &hb0, NULL, 0, NULL, NULL, 0);
+        zmq_pollitem_t pi = {d0, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&pi, 1, 50) > 0) early = 1;
+    }
+    ok(!early, "wait: no update while rank 1 is lost");
+    Ps__Header st;
+    t_hdr(&st, PS__MSG_TYPE__MSG_STATS, -1, 0);
+    st.has_rank = 0;
+    char body[4096] = "";
+    void *d2 = t_dealer(S.port);
+    t_call(d2, &st, NULL, 0, NULL, 0, NULL, body, sizeof body);
+    ok(strstr(body, "{\"rank\":1,\"state\":\"lost\"") != NULL && strstr(body, "\"on_worker_loss\":\"wait\""),
+       "wait: STATS says rank 1 lost, policy wait");
+    uint64_t v = 0;
+    is_int(pushpull(d1, 1, 0, g1, out, &v, 1), PS__MSG_TYPE__MSG_WEIGHTS, "wait: rank 1 back, pushes");
+    for (int i = 0; i < N; i++) ref[i] = W0[i] - 0.1f * ((g0[i] + g1[i]) / 2);
+    ok(v == 1, "wait: version 1");
+    allclose(out, ref, N, 1e-7, 1e-6, "wait: the update is the mean over both workers");
+    ps_wire_msg_t m;
+    int got = t_recv(d0, &m) == 0 && m.hdr->request_id == 5000 && m.hdr->type == PS__MSG_TYPE__MSG_WEIGHTS;
+    ps_wire_msg_close(&m);
+    ok(got, "wait: rank 0's PUSHPULL answered once the step completes");
+    zmq_close(d1);
+    zmq_close(d2);
+    stop(&S, d0, "wait");
 }
 
 int main(void)
@@ -198,6 +285,7 @@ int main(void)
     test_async();
     test_ssp();
     test_lost_worker();
+    test_wait();
     if (t_ctx) zmq_ctx_term(t_ctx);
     ps_partition_table_free(&T);
     return tap_done();

@@ -227,6 +227,31 @@ int main(void)
     expect(0, 9200, NULL, NULL);
     is_int(expect(1, 9201, NULL, &v5), PS__MSG_TYPE__MSG_WEIGHTS, "after BYE two workers complete an update");
 
+    /* reply_codec: WEIGHTS in the codec asked for, not the request's;
+     * lossy codecs are refused for weights. */
+    {
+        float raw[N], viaz[N];
+        uint64_t vr = 0;
+        size_t n1 = T.parts[1].numel;
+        is_int(t_pull(D[0], 1, 0, raw, N, &vr), PS__MSG_TYPE__MSG_WEIGHTS, "PULL raw");
+        Ps__Header q2;
+        t_hdr(&q2, PS__MSG_TYPE__MSG_PULL, 0, 1);
+        q2.has_reply_codec = 1, q2.reply_codec = PS__CODEC__CODEC_LZ4;
+        q2.has_request_id = 1, q2.request_id = 9300;
+        ps_wire_send(D[0], NULL, 0, &q2, NULL, 0, NULL, NULL, 0);
+        ps_wire_msg_t m;
+        int got = t_recv(D[0], &m) == 0 && m.hdr->type == PS__MSG_TYPE__MSG_WEIGHTS &&
+                  m.hdr->codec == PS__CODEC__CODEC_LZ4 && m.has_payload &&
+                  ps_codec_decode(viaz, n1, zmq_msg_data(&m.payload), zmq_msg_size(&m.payload),
+                                  PS_DT_FP32, PS_CODEC_LZ4, 0, NULL) == 0;
+        ps_wire_msg_close(&m);
+        ok(got, "PULL reply_codec=lz4: WEIGHTS encoded lz4");
+        ok(got && !memcmp(raw, viaz, n1 * 4), "... and equal to the raw weights");
+        t_hdr(&q2, PS__MSG_TYPE__MSG_PULL, 0, 1);
+        q2.has_reply_codec = 1, q2.reply_codec = PS__CODEC__CODEC_TOPK;
+        is_int(t_call(D[0], &q2, NULL, 0, NULL, 0, NULL, NULL, 0), PS_EINVAL, "PULL reply_codec=topk refused");
+    }
+
     Ps__Header sd;
     t_hdr(&sd, PS__MSG_TYPE__MSG_SHUTDOWN, 0, 0);
     is_int(t_call(D[0], &sd, NULL, 0, NULL, 0, NULL, NULL, 0), PS__MSG_TYPE__MSG_ACK, "SHUTDOWN acknowledged");

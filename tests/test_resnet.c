@@ -7,8 +7,9 @@
  * with dropout 0.5 (the mask is a counter hash, so PyTorch applies the same
  * one); TSM-ResNet-18 and TSM-ResNet-50 (bottlenecks) with partial BN, the
  * last three at 1 clip x 8 x 32 x 32.  Then a few SGD steps on a small
- * generated batch must lower the loss, and the tables (names, groups,
- * counts) must be torchvision's.
+ * generated batch must lower the loss, the tables (names, groups,
+ * counts) must be torchvision's, and frozen BN (bn_mode FROZEN) must make
+ * a batch of 2 give the mean of two batch-1 gradients.
  *
  * Why ResNet-50 with partial BN: with one clip and training-mode BN, the
  * gradient reaching layer4 is nearly constant over the 8 frames, so BN's
@@ -317,6 +318,111 @@ static void check_loss_falls(ps_ctx_t *ctx)
     ps_model_destroy(&m);
 }
 
+/* bn_mode FROZEN (every BN, bn1 included, on running statistics with a
+ * frozen affine; dropout 0): the property data-parallel reproducibility
+ * needs -- one worker with batch 2 gets the mean of the gradients two
+ * workers with batch 1 get -- plus training forward == eval forward,
+ * running statistics untouched and no BN gradient.  Under TRAIN the same
+ * comparison must FAIL (batch statistics couple the clips), which shows the
+ * check can tell. */
+static double batch_split_error(ps_ctx_t *ctx, int bn_mode, int *frozen_ok, int *stats_ok,
+                                double *eval_err)
+{
+    ps_model_config_t cfg;
+    ps_model_config_default(&cfg);
+    cfg.depth = 18;
+    cfg.width = 8;
+    cfg.num_classes = 5;
+    cfg.dropout = 0.f;
+    cfg.partial_bn = 0;
+    cfg.bn_mode = bn_mode;
+    int T = cfg.n_segment, H = 32;
+    ps_model_t *m = NULL;
+    if (ps_model_create(&m, &cfg, &ps_backend_cpu, ctx, 2, H, H)) return INFINITY;
+    ps_model_init(m, 11, 1);
+    size_t per = (size_t)T * 3 * H * H;
+    float *x = malloc(2 * per * sizeof *x);
+    ps_model_hash_fill(x, 2 * per, "split", 5, 1.0);
+    int32_t lab[2] = {1, 4};
+    int np, nb;
+    const ps_model_param_t *P = ps_model_params(m, &np);
+    const ps_model_buffer_t *Bf = ps_model_buffers(m, &nb);
+    float **acc = calloc(np, sizeof *acc), loss;
+    for (int i = 0; i < np; i++) acc[i] = calloc(P[i].numel, sizeof(float));
+    /* two "workers": one clip each, mean of their gradients */
+    for (int w = 0; w < 2; w++) {
+        ps_model_zero_grad(m);
+        ps_model_forward(m, x + w * per, 1, lab + w, 1, &loss);
+        ps_model_backward(m);
+        for (int i = 0; i < np; i++)
+            for (size_t k = 0; k < P[i].numel; k++) acc[i][k] += 0.5f * P[i].g[k];
+    }
+    /* one worker, both clips */
+    float *rm0 = malloc(Bf[0].numel * sizeof(float));
+    memcpy(rm0, Bf[0].f32, Bf[0].numel * sizeof(float));
+    ps_model_zero_grad(m);
+    ps_model_forward(m, x, 2, lab, 1, &loss);
+    float train_logits[10];
+    memcpy(train_logits, ps_model_logits(m), sizeof train_logits);
+    ps_model_backward(m);
+    double worst = 0;
+    *frozen_ok = 1;
+    for (int i = 0; i < np; i++) {
+        double n = l2(acc[i], P[i].numel), d = 0;
+        for (size_t k = 0; k < P[i].numel; k++)
+            d += ((double)P[i].g[k] - acc[i][k]) * ((double)P[i].g[k] - acc[i][k]);
+        if (n > 0 && sqrt(d) / n > worst) worst = sqrt(d) / n;
+        if (strstr(P[i].name, "bn") || strstr(P[i].name, "downsample.1"))
+            *frozen_ok &= !P[i].trainable && l2(P[i].g, P[i].numel) == 0;
+    }
+    *stats_ok = !memcmp(rm0, Bf[0].f32, Bf[0].numel * sizeof(float));
+    ps_model_forward(m, x, 2, NULL, 0, NULL);
+    *eval_err = 0;
+    for (int i = 0; i < 10; i++) {
+        double e = fabs(train_logits[i] - ps_model_logits(m)[i]);
+        if (e > *eval_err) *eval_err = e;
+    }
+    for (int i = 0; i < np; i++) free(acc[i]);
+    free(acc);
+    free(rm0);
+    free(x);
+    ps_model_destroy(&m);
+    return worst;
+}
+
+static void check_frozen_bn(ps_ctx_t *ctx)
+{
+    int frozen_ok, stats_ok;
+    double eval_err;
+    double e = batch_split_error(ctx, PS_MODEL_BN_FROZEN, &frozen_ok, &stats_ok, &eval_err);
+    /* float32 sums in another order: ~1e-6 relative; 1e-4 leaves room */
+    ok(e < 1e-4, "frozen BN: batch-2 gradient == mean of two batch-1 gradients (worst %.2g "
+       "relative L2)", e);
+    ok(frozen_ok, "frozen BN: every BN affine frozen (trainable 0, no gradient)");
+    ok(stats_ok, "frozen BN: running statistics unchanged by a training step");
+    ok(eval_err == 0, "frozen BN: training forward == eval forward (dropout 0)");
+    e = batch_split_error(ctx, PS_MODEL_BN_TRAIN, &frozen_ok, &stats_ok, &eval_err);
+    ok(e > 1e-2, "train BN: the same comparison differs (%.2g): the check can fail", e);
+
+    ps_model_config_t cfg;
+    ps_model_config_default(&cfg);
+    cfg.depth = 18;
+    cfg.width = 8;
+    ps_model_t *m = NULL;
+    ps_model_create(&m, &cfg, &ps_backend_cpu, ctx, 1, 32, 32);
+    is_int(m ? ps_model_bn_mode(m) : -1, PS_MODEL_BN_PARTIAL, "default: partial_bn -> PARTIAL");
+    ps_model_destroy(&m);
+    cfg.partial_bn = 0;
+    ps_model_create(&m, &cfg, &ps_backend_cpu, ctx, 1, 32, 32);
+    is_int(m ? ps_model_bn_mode(m) : -1, PS_MODEL_BN_TRAIN, "partial_bn 0 -> TRAIN");
+    ps_model_destroy(&m);
+    cfg.bn_mode = 3;
+    ps_log_level = -1;
+    ok(ps_model_create(&m, &cfg, &ps_backend_cpu, ctx, 1, 32, 32) == PS_EINVAL,
+       "bn_mode 3 refused");
+    ps_log_level = PS_LOG_WARN;
+}
+
 /* Names, groups and layout facts that the PS side relies on. */
 static void check_tables(ps_ctx_t *ctx)
 {
@@ -420,6 +526,7 @@ int main(void)
     for (size_t i = 0; i < sizeof vs / sizeof vs[0]; i++) check_variant(&ctx, &vs[i]);
     check_tables(&ctx);
     check_loss_falls(&ctx);
+    check_frozen_bn(&ctx);
     ps_ctx_free(&ctx);
     return tap_done();
 }

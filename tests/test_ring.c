@@ -208,7 +208,7 @@ static void test_missing_rank(void)
 }
 
 /* A fake left neighbour (rank 1 of 2) sends rank 0 a hand-made message. */
-static int fake_left(uint32_t magic, uint64_t n_claimed, int corrupt_crc, uint32_t op)
+static int fake_left(uint32_t magic, uint64_t n_claimed, int corrupt_crc, uint32_t op, int frames)
 {
     char eps[2][64];
     free_endpoints(eps, 2);
@@ -236,7 +236,12 @@ static int fake_left(uint32_t magic, uint64_t n_claimed, int corrupt_crc, uint32
     memcpy(msg + 24, &cnt, 4);
     memcpy(msg + 28, &crc, 4);
     memcpy(msg + 32, vals, sizeof vals);
-    zmq_send(push, msg, sizeof msg, 0);
+    if (frames == 2) { /* [32-byte header][payload], as ps_ring.h documents */
+        zmq_send(push, msg, 32, ZMQ_SNDMORE);
+        zmq_send(push, msg + 32, sizeof vals, 0);
+    } else {
+        zmq_send(push, msg, sizeof msg, 0);
+    }
     float data[10] = {0};
     rc = ps_ring_allreduce(r, data, 10, PS_DT_FP32);
     ps_ring_destroy(&r);
@@ -248,14 +253,16 @@ static int fake_left(uint32_t magic, uint64_t n_claimed, int corrupt_crc, uint32
 
 static void test_bad_messages(void)
 {
-    diag("four ring errors expected below");
-    int rc = fake_left(0x31525350u, 10, 1, 1);
+    diag("five ring errors expected below");
+    int rc = fake_left(0x31525350u, 10, 1, 1, 2);
     is_int(rc, PS_ECORRUPT, "bad payload checksum -> PS_ECORRUPT (%s)", ps_errname(rc));
-    rc = fake_left(0x31525350u, 11, 0, 1);
+    rc = fake_left(0x31525350u, 11, 0, 1, 2);
     is_int(rc, PS_EMISMATCH, "neighbour with another n -> PS_EMISMATCH (%s)", ps_errname(rc));
-    rc = fake_left(0xdeadbeefu, 10, 0, 1);
+    rc = fake_left(0xdeadbeefu, 10, 0, 1, 2);
     is_int(rc, PS_EPROTO, "bad magic -> PS_EPROTO (%s)", ps_errname(rc));
-    rc = fake_left(0x31525350u, 10, 0, 7);
+    rc = fake_left(0x31525350u, 10, 0, 1, 1);
+    is_int(rc, PS_EPROTO, "header and payload in one frame -> PS_EPROTO (%s)", ps_errname(rc));
+    rc = fake_left(0x31525350u, 10, 0, 7, 2);
     is_int(rc, PS_EPROTO, "message of another call -> PS_EPROTO (%s)", ps_errname(rc));
 }
 

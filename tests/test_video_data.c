@@ -409,6 +409,27 @@ static void test_loader(const char *dir)
     float *one = malloc(sizeof(float) * sf);
     ps_video_load_sample(l, &o, 1, (size_t)ia[0][20], one, err, sizeof err);
     ok(!memcmp(one, a[0] + sf * 20, sizeof(float) * sf), "sample 20 == load_sample(epoch 1, its index)");
+    /* resuming mid-run: seek to epoch 1, batch 2 gives global samples 24..27 */
+    {
+        ps_video_loader_t *ld;
+        ps_video_opts_t os = o;
+        os.threads = 2;
+        float *bb = malloc(sizeof(float) * sf * 4);
+        int32_t lab[4];
+        int64_t ix[4];
+        int rc = ps_video_loader_new(l, &os, &ld, err, sizeof err);
+        if (rc == 0) {
+            ps_video_loader_seek(ld, 1, 2);
+            rc = ps_video_loader_next(ld, bb, lab, ix, NULL);
+            ok(rc == 4 && ix[0] == ia[0][24] && ix[3] == ia[0][27] &&
+               !memcmp(bb, a[0] + sf * 24, sizeof(float) * sf * 4) && ps_video_loader_position(ld) == 3,
+               "seek(epoch 1, batch 2) resumes exactly at samples 24..27");
+            ps_video_loader_destroy(&ld);
+        } else {
+            ok(0, "loader for seek: %s", err);
+        }
+        free(bb);
+    }
 
     /* rank r of W: DistributedSampler's indices, identical pixels */
     int W = 2, good = 1;

@@ -32,6 +32,7 @@ void ps_client_opts_default(ps_client_opts_t *o)
     o->retry_ms = 5000;
     o->heartbeat_ms = 1000;
     o->max_inflight = 8;
+    o->pull_codec = -1;
 }
 
 void ps_client_set_error(ps_client_t *c, const char *fmt, ...)
@@ -121,8 +122,18 @@ static int validate_opts(const ps_client_opts_t *o, const ps_partition_table_t *
             ps_error("ps_client_new: server %d has no address", s);
             return PS_EINVAL;
         }
-    if (ps_dtype_size(o->dtype) == 0 || !(o->codec == PS_CODEC_RAW || o->codec == PS_CODEC_LZ4)) {
+    if (ps_dtype_size(o->dtype) == 0 || (unsigned)o->codec > PS_CODEC_SIGN) {
         ps_error("ps_client_new: unsupported wire dtype %d / codec %d", (int)o->dtype, (int)o->codec);
+        return PS_EINVAL;
+    }
+    if (o->pull_codec != -1 && o->pull_codec != PS_CODEC_RAW && o->pull_codec != PS_CODEC_LZ4) {
+        ps_error("ps_client_new: pull codec %d: weights are pulled raw or lz4, never lossy",
+                 o->pull_codec);
+        return PS_EINVAL;
+    }
+    if (!(o->topk_ratio >= 0.f && o->topk_ratio <= 1.f)) {
+        ps_error("ps_client_new: topk_ratio %g not in (0, 1] (0 = default %g)", (double)o->topk_ratio,
+                 (double)PS_CODEC_TOPK_DEFAULT_RATIO);
         return PS_EINVAL;
     }
     if (o->num_workers <= 0 || o->timeout_ms < 0 || o->retry_ms < 0 || o->heartbeat_ms < 0) {
@@ -130,6 +141,25 @@ static int validate_opts(const ps_client_opts_t *o, const ps_partition_table_t *
         return PS_EINVAL;
     }
     return 0;
+}
+
+/* Error-feedback state: residuals sized by the partition table. */
+static int ef_new(ps_client_t *c)
+{
+    uint32_t n = c->t->nparts;
+    size_t *numel = calloc(n ? n : 1, sizeof *numel);
+    c->ef_valid = calloc(n ? n : 1, 1);
+    c->ef_iter = calloc(n ? n : 1, sizeof *c->ef_iter);
+    c->ef_len = calloc(n ? n : 1, sizeof *c->ef_len);
+    c->ef_crc = calloc(n ? n : 1, sizeof *c->ef_crc);
+    int rc = PS_ENOMEM;
+    if (numel && c->ef_valid && c->ef_iter && c->ef_len && c->ef_crc) {
+        for (uint32_t p = 0; p < n; p++) numel[p] = c->t->parts[p].numel;
+        rc = ps_ef_new(&c->ef, n, numel);
+    }
+    free(numel);
+    if (rc < 0) ps_error("ps_client_new: error-feedback state: %s", ps_strerror(rc));
+    return rc;
 }
 
 int ps_client_new(ps_client_t **cp, const ps_client_opts_t *o, const ps_partition_table_t *t)
@@ -145,7 +175,11 @@ int ps_client_new(ps_client_t **cp, const ps_client_opts_t *o, const ps_partitio
     c->t = t;
     c->rank = o->rank;
     c->efd = -1;
+    c->params.topk_ratio = o->topk_ratio;
+    c->pull_codec = o->pull_codec >= 0 ? (ps_codec_t)o->pull_codec
+                    : o->codec == PS_CODEC_LZ4 ? PS_CODEC_LZ4 : PS_CODEC_RAW;
     pthread_mutex_init(&c->mu, NULL);
+    pthread_mutex_init(&c->ef_mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -170,12 +204,14 @@ int ps_client_new(ps_client_t **cp, const ps_client_opts_t *o, const ps_partitio
     c->enc_cap = calloc(t->nparts, sizeof *c->enc_cap);
     c->enc_scratch = calloc(t->nparts, sizeof *c->enc_scratch);
     c->enc_scratch_cap = calloc(t->nparts, sizeof *c->enc_scratch_cap);
-    c->enc_busy = calloc(t->nparts, 1);
+    c->enc_refs = calloc(t->nparts, sizeof *c->enc_refs);
     if (!c->pool || !c->srv || !c->enc || !c->enc_cap || !c->enc_scratch ||
-        !c->enc_scratch_cap || !c->enc_busy) {
+        !c->enc_scratch_cap || !c->enc_refs) {
         rc = PS_ENOMEM;
         goto fail;
     }
+    if (ps_client_uses_ef(c, o->dtype, o->codec) && (rc = ef_new(c)) < 0) goto fail;
+    if ((rc = ps_client_curve_load(c)) < 0) goto fail;
     for (uint32_t i = c->npool; i-- > 0;) {
         ps_req_t *r = &c->pool[i];
         r->c = c;
@@ -257,12 +293,21 @@ void ps_client_destroy(ps_client_t **cp)
     free(c->enc_cap);
     free(c->enc_scratch);
     free(c->enc_scratch_cap);
-    free(c->enc_busy);
+    free(c->enc_refs);
+    ps_ef_destroy(&c->ef);
+    free(c->ef_valid);
+    free(c->ef_iter);
+    free(c->ef_len);
+    free(c->ef_crc);
+    if (c->curve_server) memset(c->curve_server, 0, (size_t)c->o.nservers * sizeof *c->curve_server);
+    free(c->curve_server);
+    memset(c->curve_secret, 0, sizeof c->curve_secret);
     free(c->dec_scratch);
     free(c->pool);
     free(c->srv);
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
+    pthread_mutex_destroy(&c->ef_mu);
     free(c);
     *cp = NULL;
 }
@@ -296,6 +341,7 @@ static ps_req_t *req_alloc(ps_client_t *c, int type, int server, uint32_t part)
     r->crc = 0;
     r->dtype = c->o.dtype;
     r->codec = c->o.codec;
+    r->reply_codec = c->pull_codec;
     r->numel = 0;
     r->enc_part = -1;
     r->dst = NULL;
@@ -316,7 +362,7 @@ static ps_req_t *req_alloc(ps_client_t *c, int type, int server, uint32_t part)
 /* Under c->mu.  Only once ZeroMQ has let go of every frame. */
 static void req_release_locked(ps_client_t *c, ps_req_t *r)
 {
-    if (r->enc_part >= 0) c->enc_busy[r->enc_part] = 0;
+    if (r->enc_part >= 0) c->enc_refs[r->enc_part]--;
     r->enc_part = -1;
     free(r->tmp);
     r->tmp = NULL;
@@ -354,78 +400,6 @@ static void req_submit(ps_client_t *c, ps_req_t *r)
     ps_client_io_wake(c);
 }
 
-static int grow(void **buf, size_t *cap, size_t need)
-{
-    if (*cap >= need) return 0;
-    void *p = malloc(need);
-    if (!p) return PS_ENOMEM;
-    /* Fault every page in now, once, rather than on the first messages. */
-    memset(p, 0, need);
-    free(*buf);
-    *buf = p;
-    *cap = need;
-    return 0;
-}
-
-/* Encode a partition's gradient in the caller's thread (so it overlaps with
- * the I/O thread's sends and decodes).  fp32/raw needs no encoding: the
- * caller's buffer itself goes out zero-copy. */
-static int encode_part(ps_client_t *c, ps_req_t *r, uint32_t part, const float *src,
-                       ps_dtype_t dt, ps_codec_t codec)
-{
-    size_t numel = c->t->parts[part].numel;
-    r->dtype = dt;
-    r->codec = codec;
-    r->numel = numel;
-    if (dt == PS_DT_FP32 && codec == PS_CODEC_RAW) {
-        r->payload = src;
-        r->payload_len = numel * sizeof(float);
-        r->crc = ps_crc32c(0, src, r->payload_len);
-        return 0;
-    }
-    size_t bound = ps_codec_bound(dt, codec, numel);
-    size_t sbytes = ps_codec_scratch_size(dt, codec, numel);
-    void *buf, *scratch;
-    int mine;
-
-    pthread_mutex_lock(&c->mu);
-    mine = !c->enc_busy[part];
-    if (mine) c->enc_busy[part] = 1;
-    pthread_mutex_unlock(&c->mu);
-    if (mine) {
-        r->enc_part = part;
-        if (grow(&c->enc[part], &c->enc_cap[part], bound) ||
-            (sbytes && grow(&c->enc_scratch[part], &c->enc_scratch_cap[part], sbytes))) {
-            ps_client_set_error(c, "partition %u: no memory for a %zu-byte encode buffer", part, bound);
-            return PS_ENOMEM;
-        }
-        buf = c->enc[part];
-        scratch = c->enc_scratch[part];
-    } else {
-        /* Two requests on one partition at once (e.g. a retry of the whole
-         * step): rare, so a temporary buffer is fine. */
-        r->tmp = malloc(bound + sbytes + 64);
-        if (!r->tmp) {
-            ps_client_set_error(c, "partition %u: no memory for %zu bytes", part, bound);
-            return PS_ENOMEM;
-        }
-        buf = r->tmp;
-        scratch = (char *)r->tmp + ((bound + 63) & ~(size_t)63);
-    }
-    size_t len = 0;
-    int rc = ps_codec_encode(buf, bound, &len, src, numel, dt, codec, sbytes ? scratch : NULL);
-    if (rc < 0) {
-        ps_client_set_error(c, "partition %u: encoding %zu elements as %s/%s failed: %s", part,
-                            numel, ps_dtype_name(dt), ps_codec_name(codec), ps_strerror(rc));
-        ps_error("%s", c->last_error);
-        return rc;
-    }
-    r->payload = buf;
-    r->payload_len = len;
-    r->crc = ps_crc32c(0, buf, len);
-    return 0;
-}
-
 static int check_part(ps_client_t *c, uint32_t part, const void *p1, const void *p2)
 {
     if (part >= c->t->nparts) {
@@ -457,8 +431,9 @@ static int data_req(ps_client_t *c, int type, uint32_t part, uint64_t iteration,
     r->flags = flags;
     r->numel = c->t->parts[part].numel;
     if (type == PS__MSG_TYPE__MSG_PUSH && (flags & PS_FLAG_NO_REPLY)) r->no_reply = 1;
-    if (type != PS__MSG_TYPE__MSG_PULL &&
-        (rc = encode_part(c, r, part, grad, c->o.dtype, c->o.codec)) < 0) {
+    if (type == PS__MSG_TYPE__MSG_PULL) {
+        r->codec = c->pull_codec; /* no payload: the header asks for the reply's codec */
+    } else if ((rc = ps_client_encode_part(c, r, part, grad, c->o.dtype, c->o.codec)) < 0) {
         req_abandon(c, r);
         return rc;
     }
@@ -655,6 +630,8 @@ int ps_client_init(ps_client_t *c, const char *spec_json, const float *flat_weig
     if (rc == 0 && nckpt > 0 && nckpt < S)
         ps_warn("%d of %d servers restored a checkpoint; sending initial weights to the others",
                 nckpt, S);
+    /* Residuals belong to the weights they were computed against. */
+    if (rc == 0 && nckpt > 0) ps_client_ef_reset(c);
 
     uint32_t n = 0;
     for (uint32_t p = 0; rc == 0 && p < c->t->nparts; p++) {
@@ -665,7 +642,7 @@ int ps_client_init(ps_client_t *c, const char *spec_json, const float *flat_weig
             rc = PS_EAGAIN;
             break;
         }
-        rc = encode_part(c, r, p, flat_weights + pt->offset, PS_DT_FP32, PS_CODEC_RAW);
+        rc = ps_client_encode_part(c, r, p, flat_weights + pt->offset, PS_DT_FP32, PS_CODEC_RAW);
         if (rc < 0) {
             req_abandon(c, r);
             break;

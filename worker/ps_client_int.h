@@ -154,6 +154,16 @@ void ps_client_io_close_all(ps_client_t *c, int send_bye);
 void ps_client_io_wake(ps_client_t *c);
 int64_t ps_client_now_ms(void);
 
+/* ps_client_enc.c: encode grad (partition part) into r's payload. */
+int ps_client_encode_part(ps_client_t *c, ps_req_t *r, uint32_t part, const float *src,
+                          ps_dtype_t dt, ps_codec_t codec);
+int ps_client_uses_ef(const ps_client_t *c, ps_dtype_t dt, ps_codec_t codec);
+
+/* ps_client_curve.c: load the key files of c->o (0 or PS_E*, logged), and
+ * set the CURVE client options on a DEALER before it connects. */
+int ps_client_curve_load(ps_client_t *c);
+int ps_client_curve_apply(ps_client_t *c, int s, void *sock);
+
 /* ps_client.c */
 void ps_client_set_error(ps_client_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Under c->mu: mark done, wake waiters (I/O thread). */

@@ -76,6 +76,8 @@ int ps_client_io_open(ps_client_t *c, int s)
         ps_error("zmq_setsockopt(MAXMSGSIZE): %s", zmq_strerror(errno));
         rc = PS_EZMQ;
     }
+    /* CURVE keys must be in place before connect starts the handshake. */
+    if (rc == 0) rc = ps_client_curve_apply(c, s, sock);
     if (rc == 0 && zmq_connect(sock, sv->endpoint) < 0) {
         ps_error("server %d: zmq_connect(%s): %s", s, sv->endpoint, zmq_strerror(errno));
         rc = PS_EZMQ;
@@ -118,6 +120,10 @@ static void fill_header(ps_client_t *c, ps_req_t *r, Ps__Header *h)
     if (r->type == PS__MSG_TYPE__MSG_PULL) {
         h->has_min_version = 1;
         h->min_version = r->min_version;
+    }
+    if (r->type == PS__MSG_TYPE__MSG_PULL || r->type == PS__MSG_TYPE__MSG_PUSHPULL) {
+        h->has_reply_codec = 1;
+        h->reply_codec = (Ps__Codec)r->reply_codec;
     }
     if (r->flags) {
         h->has_flags = 1;
@@ -257,6 +263,12 @@ static int decode_weights(ps_client_t *c, int s, ps_req_t *r, ps_wire_msg_t *m)
     }
     ps_dtype_t dt = (ps_dtype_t)h->dtype;
     ps_codec_t codec = (ps_codec_t)h->codec;
+    if (codec != PS_CODEC_RAW && codec != PS_CODEC_LZ4) {
+        ps_client_set_error(c, "server %d: partition %u WEIGHTS came %s-compressed: weights must "
+                            "not be lossy (asked for %s)", s, r->part, ps_codec_name(codec),
+                            ps_codec_name(r->reply_codec));
+        return PS_EPROTO;
+    }
     size_t need = ps_codec_scratch_size(dt, codec, r->dst_numel);
     if (need > c->dec_scratch_cap) {
         void *p = malloc(need);
@@ -276,6 +288,44 @@ static int decode_weights(ps_client_t *c, int s, ps_req_t *r, ps_wire_msg_t *m)
                             ps_strerror(rc));
     r->version = h->iteration;
     return rc;
+}
+
+/* A PUSHPULL answered with lossy (TOPK / SIGN) weights comes from a psd
+ * that ignores Header.reply_codec and encodes WEIGHTS with the push's
+ * codec.  The push is applied by then, so the request becomes a PULL of
+ * the version just reported, with the pull codec: one more round trip,
+ * exact weights.  A new generation drops the old request's duplicates. */
+static int repull_exact(ps_client_t *c, int s, ps_req_t *r, const Ps__Header *h)
+{
+    if (r->type != PS__MSG_TYPE__MSG_PUSHPULL || h->type != PS__MSG_TYPE__MSG_WEIGHTS ||
+        !h->has_codec || (h->codec != PS__CODEC__CODEC_TOPK && h->codec != PS__CODEC__CODEC_SIGN) ||
+        !h->has_iteration)
+        return 0;
+    if (!c->warned_reply_codec) {
+        c->warned_reply_codec = 1;
+        ps_warn("server %d answers PUSHPULL with %s weights (it ignores reply_codec): pulling "
+                "them again as %s, one more round trip per partition; update psd",
+                s, ps_codec_name((ps_codec_t)h->codec), ps_codec_name(r->reply_codec));
+    }
+    pthread_mutex_lock(&c->mu);
+    if (++r->gen == 0) r->gen = 1;
+    r->type = PS__MSG_TYPE__MSG_PULL;
+    r->min_version = h->iteration;
+    r->codec = r->reply_codec;
+    pthread_mutex_unlock(&c->mu);
+    /* No payload for a PULL: the frames ZeroMQ may still hold stay counted
+     * in zrefs, the encode buffer stays ours until the handle is released. */
+    r->payload = NULL;
+    r->payload_len = 0;
+    r->crc = 0;
+    int64_t now = ps_client_now_ms();
+    if (send_req(c, s, r) == 0) {
+        r->retry_delay = c->o.retry_ms;
+        r->t_retry = c->o.retry_ms > 0 ? now + c->o.retry_ms : 0;
+    } else {
+        r->t_retry = now + BLOCKED_POLL_MS;
+    }
+    return 1;
 }
 
 static int expected_reply(int req_type, int reply_type)
@@ -332,6 +382,7 @@ static void handle_reply(ps_client_t *c, int s, ps_wire_msg_t *m, int rc, const 
         return;
     }
 
+    if (repull_exact(c, s, r, h)) return; /* still in flight, as a PULL */
     int result = 0;
     if (h->type == PS__MSG_TYPE__MSG_ERROR) {
         result = h->has_error_code && h->error_code < 0 ? h->error_code : PS_EPROTO;

@@ -12,18 +12,29 @@
  * sent at step s is exactly what arrived at step s-1 (plus, during the
  * reduce-scatter, this rank's own values).  Nothing else orders the loop, so
  * segment k of step s+1 leaves while segment k+1 of step s is still on the
- * wire -- that is the pipelining.  Each chunk region is received at most
- * twice (reduce-scatter step s1, all-gather step s1+W... i.e. after the data
- * has travelled once round the ring), so a message can never land in a
- * region this rank still has to read: the ring's causality orders it.
+ * wire -- that is the pipelining.  A chunk region is received at most
+ * twice: at reduce-scatter step s1 and at global step W + s1 (all-gather
+ * t = s1 + 1).  The second message exists only after the data this rank sent
+ * at step s1 + 1 has gone once round the ring, so a message never lands in a
+ * region this rank has still to send: the ring's causality orders it, with
+ * any number of connections.
  *
  * With several connections per neighbour messages may arrive out of order,
  * which the index handles; the left neighbour may even start the next
  * allreduce (op + 1) before this rank has received its last segments of op,
- * so such messages are kept (stash) for the next call. */
+ * so such messages are kept (stash) for the next call.
+ *
+ * Passes over each byte: the kernel's two copies (send, receive), one
+ * checksum on each side, and the reduction or (all-gather) the decode into
+ * data; fp32 payloads are never copied in user
+ * space (see build_msg). */
 #include "ps_ring.h"
 
 #include <errno.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -54,10 +65,12 @@ struct ps_ring {
     int broken;                  /* an allreduce failed: ring unusable */
     ring_msg_t *stash;           /* early messages of the next op */
     size_t nstash, stash_cap;
-    uint8_t *done;               /* per message index: received */
+    uint8_t *done;               /* per message index: 0 not yet received, 1 received,
+                                    2 received and its payload held in fwd */
     ring_msg_t *fwd;             /* per message index: all-gather payload to pass on */
     size_t done_cap;
     uint64_t bytes_sent, bytes_recv;
+    atomic_int zc_out;           /* zero-copy payloads ZeroMQ still holds */
 };
 
 /* One allreduce in progress. */
@@ -80,6 +93,8 @@ void ps_ring_opts_default(ps_ring_opts_t *o)
     o->io_threads = 0;
     o->checksum = 1;
 }
+
+static void msg_close(ring_msg_t *m);
 
 static void put32(uint8_t *p, uint32_t v)
 {
@@ -133,6 +148,13 @@ static void msg_range(const ps_ring_t *r, const ring_job_t *j, uint32_t i, int r
     *off = coff + (lo < clen ? lo : clen);
     *len = lo < clen ? (clen - lo < j->seg ? clen - lo : j->seg) : 0;
     *chunk = c;
+}
+
+/* ZeroMQ is done with a zero-copy payload (called from its I/O thread). */
+static void zc_release(void *data, void *hint)
+{
+    (void)data;
+    atomic_fetch_sub(&((ps_ring_t *)hint)->zc_out, 1);
 }
 
 static int zmq_fail(const char *what, const char *ep)
@@ -241,6 +263,20 @@ fail:
     return rc;
 }
 
+int ps_ring_tune_malloc(void)
+{
+#if defined(__GLIBC__) && defined(M_MMAP_THRESHOLD) && defined(M_TRIM_THRESHOLD)
+    /* 32 MiB is glibc's largest mmap threshold on 64-bit hosts */
+    if (mallopt(M_MMAP_THRESHOLD, 32 << 20) != 1 || mallopt(M_TRIM_THRESHOLD, 512 << 20) != 1) {
+        ps_warn("ring: mallopt refused the buffer settings");
+        return PS_EUNSUPPORTED;
+    }
+    return 0;
+#else
+    return PS_EUNSUPPORTED;
+#endif
+}
+
 int ps_ring_rank(const ps_ring_t *r)
 {
     return r ? r->rank : -1;
@@ -261,13 +297,14 @@ void ps_ring_destroy(ps_ring_t **rp)
 {
     if (!rp || !*rp) return;
     ps_ring_t *r = *rp;
-    for (size_t i = 0; i < r->nstash; i++) zmq_msg_close(&r->stash[i]);
+    for (size_t i = 0; i < r->nstash; i++) msg_close(&r->stash[i]);
     free(r->stash);
     if (r->pull) zmq_close(r->pull);
     for (int c = 0; c < RING_MAX_CONN; c++)
         if (r->push[c]) zmq_close(r->push[c]);
     if (r->ctx) zmq_ctx_term(r->ctx);
     free(r->done);
+    free(r->fwd);
     free(r->ep_self);
     free(r->ep_left);
     free(r->ep_right);
@@ -275,144 +312,273 @@ void ps_ring_destroy(ps_ring_t **rp)
     *rp = NULL;
 }
 
-/* Build message i (header + encoded payload).  When it is the first
- * all-gather step with a narrow wire dtype, the finished chunk is also
- * rounded in place to what the other ranks will decode, so that every rank
- * ends with the same bits. */
-static int build_msg(ps_ring_t *r, ring_job_t *j, uint32_t i, zmq_msg_t *m)
+static void msg_close(ring_msg_t *m)
 {
-    size_t off, len, wlen = 0;
-    int chunk;
+    zmq_msg_close(&m->hdr);
+    zmq_msg_close(&m->pl);
+}
+
+/* After a failure: drop the sockets at once (linger 0).  A zero-copy
+ * reduce-scatter message may still point into the caller's data; once
+ * zmq_ctx_term returns no I/O thread reads it any more, so the caller may
+ * free its buffer as soon as ps_ring_allreduce returns. */
+static void ring_break(ps_ring_t *r)
+{
+    int zero = 0;
+    r->broken = 1;
+    for (int c = 0; c < RING_MAX_CONN; c++)
+        if (r->push[c]) {
+            zmq_setsockopt(r->push[c], ZMQ_LINGER, &zero, sizeof zero);
+            zmq_close(r->push[c]);
+            r->push[c] = NULL;
+        }
+    if (r->pull) zmq_close(r->pull);
+    r->pull = NULL;
+    if (r->ctx) zmq_ctx_term(r->ctx);
+    r->ctx = NULL;
+}
+
+/* Payload of message i:
+ *  - fp32, not forwarded: zero-copy from data.  The region is not written
+ *    again before ZeroMQ has sent it: a reduce-scatter chunk is next written
+ *    when it comes back in the all-gather, which needs the right neighbour
+ *    to have received this message first, and the first all-gather chunk is
+ *    never written again in this call.  Before returning, run() waits until
+ *    ZeroMQ has released every such payload (zc_release), so the caller may
+ *    change or free data afterwards;
+ *  - later all-gather steps: the payload frame received one step earlier,
+ *    forwarded as is (no copy, no re-encode, checksum reused);
+ *  - fp16 / bf16: an encoded copy; at the first all-gather step the finished
+ *    chunk is also rounded in place to what the other ranks will decode, so
+ *    that every rank ends with the same bits.
+ * The header frame is filled here too. */
+static int build_msg(ps_ring_t *r, ring_job_t *j, uint32_t i, zmq_msg_t *hdr, zmq_msg_t *pl)
+{
+    size_t off, len, wlen;
+    int chunk, s = (int)(i / j->K), W = r->world, rc = 0;
+    uint32_t crc = 0;
     msg_range(r, j, i, 0, &off, &len, &chunk);
-    if (zmq_msg_init_size(m, RING_HDR + len * j->es)) {
-        ps_error("ring: cannot allocate a %zu-byte message", RING_HDR + len * j->es);
+    wlen = len * j->es;
+    if (s >= W && len) {
+        ring_msg_t *f = &r->fwd[i - j->K];
+        crc = get32((const uint8_t *)zmq_msg_data(&f->hdr) + 28);
+        zmq_msg_init(pl);
+        zmq_msg_move(pl, &f->pl);
+        msg_close(f);
+        r->done[i - j->K] = 1; /* no longer holding a payload to pass on */
+    } else if (j->dt == PS_DT_FP32 && len) {
+        atomic_fetch_add(&r->zc_out, 1);
+        if (zmq_msg_init_data(pl, j->data + off, wlen, zc_release, r)) {
+            atomic_fetch_sub(&r->zc_out, 1);
+            return zmq_fail("zmq_msg_init_data", NULL);
+        }
+        if (r->o.checksum) crc = ps_crc32c(0, j->data + off, wlen);
+    } else {
+        if (zmq_msg_init_size(pl, wlen)) {
+            ps_error("ring: cannot allocate a %zu-byte message", wlen);
+            return PS_ENOMEM;
+        }
+        void *p = zmq_msg_data(pl);
+        size_t got = 0;
+        if (len) rc = ps_codec_encode(p, wlen, &got, j->data + off, len, j->dt, PS_CODEC_RAW, NULL);
+        if (!rc && len && j->dt != PS_DT_FP32 && s == W - 1)
+            rc = ps_codec_decode_ex(j->data + off, len, p, wlen, j->dt, PS_CODEC_RAW, PS_DECODE_SET, NULL);
+        if (rc) {
+            zmq_msg_close(pl);
+            return rc;
+        }
+        if (r->o.checksum) crc = ps_crc32c(0, p, wlen);
+    }
+    if (zmq_msg_init_size(hdr, RING_HDR)) {
+        zmq_msg_close(pl);
         return PS_ENOMEM;
     }
-    uint8_t *p = zmq_msg_data(m), *pl = p + RING_HDR;
-    int rc = len ? ps_codec_encode(pl, len * j->es, &wlen, j->data + off, len, j->dt, PS_CODEC_RAW, NULL)
-                 : 0;
-    if (!rc && len && j->dt != PS_DT_FP32 && i / j->K == (uint32_t)r->world - 1)
-        rc = ps_codec_decode_ex(j->data + off, len, pl, wlen, j->dt, PS_CODEC_RAW, PS_DECODE_SET, NULL);
-    if (rc) {
-        zmq_msg_close(m);
-        return rc;
-    }
-    put32(p, RING_MAGIC);
-    p[4] = (uint8_t)j->dt;
-    p[5] = 0;
-    p[6] = (uint8_t)(r->rank & 0xff);
-    p[7] = (uint8_t)(r->rank >> 8);
-    put32(p + 8, r->op);
-    put32(p + 12, i);
-    put64(p + 16, j->n);
-    put32(p + 24, (uint32_t)len);
-    put32(p + 28, r->o.checksum ? ps_crc32c(0, pl, wlen) : 0);
+    uint8_t *h = zmq_msg_data(hdr);
+    put32(h, RING_MAGIC);
+    h[4] = (uint8_t)j->dt;
+    h[5] = 0;
+    h[6] = (uint8_t)(r->rank & 0xff);
+    h[7] = (uint8_t)(r->rank >> 8);
+    put32(h + 8, r->op);
+    put32(h + 12, i);
+    put64(h + 16, j->n);
+    put32(h + 24, (uint32_t)len);
+    put32(h + 28, crc);
     return 0;
 }
 
-/* Check and apply one received message of the current op. */
-static int take_msg(ps_ring_t *r, ring_job_t *j, zmq_msg_t *m)
+/* Checksum and decode a payload in blocks that stay in cache between the
+ * two passes (one pass over memory instead of two).  A bad checksum is found
+ * only after the blocks were applied; the allreduce then fails and the data
+ * holds partial sums, as ps_ring.h says for every failure. */
+static int check_decode(ps_ring_t *r, ring_job_t *j, uint32_t i, size_t off, size_t len,
+                        const uint8_t *pl, uint32_t want, int add)
 {
-    const uint8_t *p = zmq_msg_data(m);
-    size_t sz = zmq_msg_size(m);
-    int left = mod(r->rank - 1, r->world);
+    const size_t blk = (64u << 10) / j->es;
+    uint32_t crc = 0;
+    for (size_t b = 0; b < len; b += blk) {
+        size_t m = len - b < blk ? len - b : blk;
+        if (r->o.checksum) crc = ps_crc32c(crc, pl + b * j->es, m * j->es);
+        int rc = ps_codec_decode_ex(j->data + off + b, m, pl + b * j->es, m * j->es, j->dt,
+                                    PS_CODEC_RAW, add ? PS_DECODE_ADD : PS_DECODE_SET, NULL);
+        if (rc) return rc;
+    }
+    if (r->o.checksum && crc != want) {
+        ps_error("ring: rank %d: checksum mismatch in message %u from rank %d (%s)", r->rank, i,
+                 mod(r->rank - 1, r->world), r->ep_left);
+        return PS_ECORRUPT;
+    }
+    return 0;
+}
+
+/* Check and apply one received message of the current op.  Takes *m: an
+ * all-gather message that will be passed on is kept in r->fwd. */
+static int take_msg(ps_ring_t *r, ring_job_t *j, ring_msg_t *m)
+{
+    const uint8_t *p = zmq_msg_data(&m->hdr);
+    size_t sz = zmq_msg_size(&m->pl);
+    int left = mod(r->rank - 1, r->world), W = r->world, rc = 0;
     uint32_t i = get32(p + 12), count = get32(p + 24);
     int sender = p[6] | p[7] << 8;
+    size_t off = 0, len = 0;
+    int chunk = 0;
     if (p[4] != (uint8_t)j->dt) {
         ps_error("ring: rank %d sent dtype %u, this rank %d reduces %s: every rank must use the same dtype",
                  left, p[4], r->rank, ps_dtype_name(j->dt));
-        return PS_EMISMATCH;
-    }
-    if (get64(p + 16) != j->n) {
+        rc = PS_EMISMATCH;
+    } else if (get64(p + 16) != j->n) {
         ps_error("ring: rank %d reduces %llu elements, this rank %d %zu: every rank must pass the same n",
                  left, (unsigned long long)get64(p + 16), r->rank, j->n);
-        return PS_EMISMATCH;
-    }
-    if (sender != left || i >= j->total || r->done[i]) {
+        rc = PS_EMISMATCH;
+    } else if (sender != left || i >= j->total || r->done[i]) {
         ps_error("ring: rank %d got message %u from rank %d (expected rank %d, index < %u, once)",
                  r->rank, i, sender, left, j->total);
-        return PS_EPROTO;
+        rc = PS_EPROTO;
     }
-    size_t off, len;
-    int chunk;
-    msg_range(r, j, i, 1, &off, &len, &chunk);
-    if (count != len || sz != RING_HDR + len * j->es) {
-        ps_error("ring: rank %d: message %u (chunk %d) carries %u elements in %zu bytes, expected %zu",
-                 r->rank, i, chunk, count, sz, len);
-        return PS_EMISMATCH;
+    if (!rc) {
+        msg_range(r, j, i, 1, &off, &len, &chunk);
+        if (count != len || sz != len * j->es) {
+            ps_error("ring: rank %d: message %u (chunk %d) carries %u elements in %zu bytes, expected %zu",
+                     r->rank, i, chunk, count, sz, len);
+            rc = PS_EMISMATCH;
+        }
     }
-    const uint8_t *pl = p + RING_HDR;
-    if (r->o.checksum && ps_crc32c(0, pl, sz - RING_HDR) != get32(p + 28)) {
-        ps_error("ring: rank %d: checksum mismatch in message %u from rank %d (%s)", r->rank, i, left,
-                 r->ep_left);
-        return PS_ECORRUPT;
+    const void *pl = zmq_msg_data(&m->pl);
+    int s = (int)(i / j->K);
+    if (!rc && len) rc = check_decode(r, j, i, off, len, pl, get32(p + 28), s < W - 1);
+    if (rc) {
+        msg_close(m);
+        return rc;
     }
-    int rs = i / j->K < (uint32_t)r->world - 1;
-    int rc = len ? ps_codec_decode_ex(j->data + off, len, pl, sz - RING_HDR, j->dt, PS_CODEC_RAW,
-                                      rs ? PS_DECODE_ADD : PS_DECODE_SET, NULL)
-                 : 0;
-    if (rc) return rc;
     r->done[i] = 1;
     j->nrecv++;
+    if (s >= W - 1 && s < 2 * W - 3 && len) { /* pass it on at the next step */
+        r->done[i] = 2;
+        zmq_msg_init(&r->fwd[i].hdr);
+        zmq_msg_init(&r->fwd[i].pl);
+        zmq_msg_move(&r->fwd[i].hdr, &m->hdr);
+        zmq_msg_move(&r->fwd[i].pl, &m->pl);
+    }
+    msg_close(m);
     return 0;
 }
 
 /* A message just received: apply it, keep it for the next op, or fail.
- * Takes ownership of *m. */
-static int on_msg(ps_ring_t *r, ring_job_t *j, zmq_msg_t *m)
+ * Takes *m. */
+static int on_msg(ps_ring_t *r, ring_job_t *j, ring_msg_t *m)
 {
-    int rc = 0;
-    size_t sz = zmq_msg_size(m);
-    const uint8_t *p = zmq_msg_data(m);
-    if (sz < RING_HDR || get32(p) != RING_MAGIC) {
-        ps_error("ring: rank %d: %zu-byte message from %s is not a ring message", r->rank, sz,
+    size_t sz = zmq_msg_size(&m->hdr);
+    const uint8_t *p = zmq_msg_data(&m->hdr);
+    if (sz != RING_HDR || get32(p) != RING_MAGIC) {
+        ps_error("ring: rank %d: a %zu-byte header from %s is not a ring message", r->rank, sz,
                  r->ep_left);
-        rc = PS_EPROTO;
-    } else if (get32(p + 8) == r->op + 1) {
+        msg_close(m);
+        return PS_EPROTO;
+    }
+    if (get32(p + 8) == r->op + 1) {
         if (r->nstash == r->stash_cap) {
             size_t cap = r->stash_cap ? 2 * r->stash_cap : 16;
-            zmq_msg_t *s = realloc(r->stash, cap * sizeof *s);
-            if (!s) {
-                zmq_msg_close(m);
+            ring_msg_t *st = realloc(r->stash, cap * sizeof *st);
+            if (!st) {
+                msg_close(m);
                 return PS_ENOMEM;
             }
-            r->stash = s;
+            r->stash = st;
             r->stash_cap = cap;
         }
-        zmq_msg_init(&r->stash[r->nstash]);
-        zmq_msg_move(&r->stash[r->nstash++], m);
-    } else if (get32(p + 8) != r->op) {
+        ring_msg_t *d = &r->stash[r->nstash++];
+        zmq_msg_init(&d->hdr);
+        zmq_msg_init(&d->pl);
+        zmq_msg_move(&d->hdr, &m->hdr);
+        zmq_msg_move(&d->pl, &m->pl);
+        msg_close(m);
+        return 0;
+    }
+    if (get32(p + 8) != r->op) {
         ps_error("ring: rank %d is in allreduce #%u but rank %d sent one of #%u: the ranks "
                  "disagree on the sequence of calls",
                  r->rank, r->op, mod(r->rank - 1, r->world), get32(p + 8));
-        rc = PS_EPROTO;
-    } else {
-        rc = take_msg(r, j, m);
+        msg_close(m);
+        return PS_EPROTO;
     }
-    zmq_msg_close(m);
-    return rc;
+    return take_msg(r, j, m);
+}
+
+/* Receive one two-frame message (DONTWAIT).  1 = got one, 0 = none waiting,
+ * < 0 = error. */
+static int recv_msg(ps_ring_t *r, ring_msg_t *m)
+{
+    zmq_msg_init(&m->hdr);
+    zmq_msg_init(&m->pl);
+    if (zmq_msg_recv(&m->hdr, r->pull, ZMQ_DONTWAIT) < 0) {
+        msg_close(m);
+        return zmq_errno() == EAGAIN ? 0 : zmq_fail("receive from", r->ep_left);
+    }
+    int bad = !zmq_msg_more(&m->hdr);
+    if (!bad) bad = zmq_msg_recv(&m->pl, r->pull, 0) < 0 || zmq_msg_more(&m->pl);
+    if (bad) {
+        ps_error("ring: rank %d: message from %s is not [header][payload]", r->rank, r->ep_left);
+        while (zmq_msg_more(&m->pl)) { /* the rest of an over-long message */
+            zmq_msg_close(&m->pl);
+            zmq_msg_init(&m->pl);
+            if (zmq_msg_recv(&m->pl, r->pull, 0) < 0) break;
+        }
+        msg_close(m);
+        return PS_EPROTO;
+    }
+    r->bytes_recv += zmq_msg_size(&m->hdr) + zmq_msg_size(&m->pl);
+    return 1;
 }
 
 static int run(ps_ring_t *r, ring_job_t *j)
 {
     int rc = 0, have = 0, W = r->world;
     uint32_t next = 0;
-    zmq_msg_t out;
+    zmq_msg_t oh, op;
     /* messages of this op that arrived during the previous call */
     size_t ns = r->nstash;
     r->nstash = 0;
     for (size_t s = 0; s < ns; s++)
         if (!rc) rc = on_msg(r, j, &r->stash[s]);
-        else zmq_msg_close(&r->stash[s]);
+        else msg_close(&r->stash[s]);
     double last = now_ms();
     while (!rc && (j->nrecv < j->total || next < j->total)) {
         while (next < j->total) {
             if (next >= j->K && !r->done[next - j->K]) break;
-            if (!have && (rc = build_msg(r, j, next, &out))) break;
+            if (!have && (rc = build_msg(r, j, next, &oh, &op))) break;
             have = 1;
-            size_t sz = zmq_msg_size(&out);
-            if (zmq_msg_send(&out, r->push[next % (uint32_t)r->o.nconn], ZMQ_DONTWAIT) < 0) {
+            void *sock = r->push[next % (uint32_t)r->o.nconn];
+            size_t sz = RING_HDR + zmq_msg_size(&op);
+            /* ZeroMQ queues a multipart message atomically: once the first
+             * frame is accepted, the second is too (no HWM is set) */
+            if (zmq_msg_send(&oh, sock, ZMQ_DONTWAIT | ZMQ_SNDMORE) < 0) {
                 if (zmq_errno() == EAGAIN) break;
+                rc = zmq_fail("send to", r->ep_right);
+                break;
+            }
+            if (zmq_msg_send(&op, sock, 0) < 0) {
+                zmq_msg_close(&op);
+                have = 0;
                 rc = zmq_fail("send to", r->ep_right);
                 break;
             }
@@ -427,39 +593,54 @@ static int run(ps_ring_t *r, ring_job_t *j)
         if (have) it[nit++].socket = r->push[next % (uint32_t)r->o.nconn];
         double left_ms = last + r->o.timeout_ms - now_ms();
         if (left_ms <= 0) {
-            int sending = have;
             ps_error("ring: rank %d/%d: no progress for %d ms in allreduce #%u of %zu %s elements "
                      "(received %u/%u segments from left rank %d at %s, sent %u/%u to right rank %d "
                      "at %s): %s",
                      r->rank, W, r->o.timeout_ms, r->op, j->n, ps_dtype_name(j->dt), j->nrecv,
                      j->total, mod(r->rank - 1, W), r->ep_left, next, j->total, (r->rank + 1) % W,
                      r->ep_right,
-                     sending ? "right neighbour not connected or not reading (dead or not started?)"
-                             : "left neighbour silent (dead, not started, or stuck?)");
+                     have ? "right neighbour not connected or not reading (dead or not started?)"
+                          : "left neighbour silent (dead, not started, or stuck?)");
             rc = PS_ETIMEOUT;
             break;
         }
-        int prc = zmq_poll(it, nit, (long)left_ms + 1);
-        if (prc < 0) {
+        if (zmq_poll(it, nit, (long)left_ms + 1) < 0) {
             if (zmq_errno() == EINTR) continue;
             rc = zmq_fail("poll", NULL);
             break;
         }
         if (!(it[0].revents & ZMQ_POLLIN)) continue;
-        for (;;) { /* drain: POLLIN is level-triggered here, but batching is cheaper */
-            zmq_msg_t m;
-            zmq_msg_init(&m);
-            if (zmq_msg_recv(&m, r->pull, ZMQ_DONTWAIT) < 0) {
-                zmq_msg_close(&m);
-                if (zmq_errno() != EAGAIN) rc = zmq_fail("receive from", r->ep_left);
+        for (;;) { /* drain what is waiting before sending again */
+            ring_msg_t m;
+            int got = recv_msg(r, &m);
+            if (got <= 0) {
+                rc = got;
                 break;
             }
-            r->bytes_recv += zmq_msg_size(&m);
             last = now_ms();
             if ((rc = on_msg(r, j, &m))) break;
         }
     }
-    if (have) zmq_msg_close(&out);
+    if (have) {
+        zmq_msg_close(&oh);
+        zmq_msg_close(&op);
+    }
+    for (uint32_t i = 0; i < j->total; i++) /* left over only after a failure */
+        if (r->done[i] == 2) msg_close(&r->fwd[i]);
+    /* The caller may change or free data once this returns: wait until
+     * ZeroMQ has handed every zero-copy payload to the kernel (quick: the
+     * right neighbour needs them all to finish, so it keeps reading). */
+    while (!rc && atomic_load(&r->zc_out) > 0) {
+        if (now_ms() - last > r->o.timeout_ms) {
+            ps_error("ring: rank %d: %d segments still unsent to rank %d (%s) after %d ms",
+                     r->rank, atomic_load(&r->zc_out), (r->rank + 1) % W, r->ep_right,
+                     r->o.timeout_ms);
+            rc = PS_ETIMEOUT;
+            break;
+        }
+        struct timespec ts = {0, 20000};
+        nanosleep(&ts, NULL);
+    }
     return rc;
 }
 
@@ -489,14 +670,16 @@ int ps_ring_allreduce(ps_ring_t *r, float *data, size_t n, ps_dtype_t dt)
     j.total = (uint32_t)total;
     if (r->done_cap < total) {
         uint8_t *d = realloc(r->done, total);
-        if (!d) return PS_ENOMEM;
-        r->done = d;
+        if (d) r->done = d;
+        ring_msg_t *f = realloc(r->fwd, total * sizeof *f);
+        if (f) r->fwd = f;
+        if (!d || !f) return PS_ENOMEM;
         r->done_cap = total;
     }
     memset(r->done, 0, total);
     r->op++;
     int rc = run(r, &j);
-    if (rc) r->broken = 1;
+    if (rc) ring_break(r);
     return rc;
 }
 

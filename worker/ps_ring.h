@@ -24,9 +24,14 @@
  * by sum_i |x_i|: |error| <= W * u * sum_i |x_i| (u = 2^-11 fp16, 2^-8 bf16),
  * plus fp16 overflow to Inf above 65504 (scale gradients first).
  *
- * Framing (one ZeroMQ frame per message, integers little-endian):
+ * Framing: each message is two ZeroMQ frames, a 32-byte header (integers
+ * little-endian)
  *   u32 magic "PSR1" | u8 dtype | u8 0 | u16 sender rank | u32 op | u32 index
- *   | u64 n | u32 count | u32 crc32c(payload) | payload (count elements)
+ *   | u64 n | u32 count | u32 crc32c(payload)
+ * and the payload (count elements of the wire dtype, possibly empty).
+ * fp32 reduce-scatter payloads are sent zero-copy from the caller's data and
+ * all-gather payloads are forwarded as received, so the only copies are the
+ * kernel's and the first all-gather step's.
  * op = number of this allreduce on the ring (low 32 bits), index = step * K
  * + segment.  Every field is checked against what this rank expects; a
  * mismatch is PS_EPROTO / PS_EMISMATCH, a bad checksum PS_ECORRUPT.
@@ -35,6 +40,10 @@
  * PS_ETIMEOUT with a log line naming the neighbour waited for -- a dead or
  * missing rank never hangs the others.  After any failure the ring is
  * broken (later calls return PS_ESTATE): destroy it and build a new one.
+ * Every rank must use the same options (segment_bytes, checksum): a
+ * neighbour with another segment size or checksum setting is refused
+ * (PS_EMISMATCH / PS_ECORRUPT, or PS_ETIMEOUT when its messages exceed
+ * this rank's ZMQ_MAXMSGSIZE).
  * Not thread-safe: one thread drives a ring. */
 #ifndef PS_RING_H
 #define PS_RING_H
@@ -88,6 +97,13 @@ int ps_ring_world(const ps_ring_t *r);
 
 /* Wire bytes this rank sent and received so far (headers included). */
 void ps_ring_bytes(const ps_ring_t *r, uint64_t *sent, uint64_t *received);
+
+/* Optional, process-wide (so the program decides, not the library): keep
+ * glibc malloc from returning segment-sized message buffers to the kernel
+ * after every message (M_MMAP_THRESHOLD 32 MiB, M_TRIM_THRESHOLD 512 MiB).
+ * Without it each received segment may be faulted in page by page again.
+ * Returns 0, or PS_EUNSUPPORTED where mallopt is not glibc's. */
+int ps_ring_tune_malloc(void);
 
 /* Close the sockets and free the ring; NULLs *r.  Waits at most timeout_ms
  * for queued messages to reach the right neighbour (ZMQ_LINGER), so the

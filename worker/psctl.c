@@ -55,6 +55,9 @@ typedef struct psctl_opts {
     char *like;         /* export: take shapes from this safetensors file */
     int force;          /* keygen: overwrite existing key files */
     char *log_level;
+    char *curve_server_key;  /* FILE (shared) or FILE,FILE,... (one per server) */
+    char *curve_public_key;  /* this client's Z85 public key file */
+    char *curve_secret_key;  /* this client's Z85 secret key file */
 } psctl_opts_t;
 
 typedef struct psctl {
@@ -63,6 +66,8 @@ typedef struct psctl {
     int nserv;
     ps_partition_table_t table;
     ps_client_t *c;
+    char **skeys;       /* (nskeys) server public key files, from --curve-server-key */
+    int nskeys;
 } psctl_t;
 
 static const char usage[] =
@@ -76,6 +81,8 @@ static const char usage[] =
     "  shutdown        every server checkpoints (when configured) and exits\n"
     "  keygen PREFIX   CURVE key pair: PREFIX.pub (Z85 public key), PREFIX.key\n"
     "                  (Z85 secret key, mode 0600)\n"
+    "CURVE (psd --curve): --curve-server-key FILE[,FILE...] (one shared, or one per\n"
+    "server) with --curve-public-key FILE --curve-secret-key FILE (psctl keygen).\n"
     "--servers defaults to $PSCTL_SERVERS.  Exit status: 0 ok, 1 a server failed\n"
     "or did not answer, 2 bad usage.";
 
@@ -119,6 +126,47 @@ static int split_servers(psctl_t *p)
     return 0;
 }
 
+/* --curve-server-key: one file for every server, or one per server. */
+static int split_keys(psctl_t *p)
+{
+    const psctl_opts_t *o = &p->o;
+    int any = *o->curve_server_key || *o->curve_public_key || *o->curve_secret_key;
+    if (!any) return 0;
+    if (!*o->curve_server_key || !*o->curve_public_key || !*o->curve_secret_key) {
+        fprintf(stderr, "psctl: CURVE needs --curve-server-key, --curve-public-key and "
+                        "--curve-secret-key together\n");
+        return PS_EINVAL;
+    }
+    char *copy = strdup(o->curve_server_key), *save = NULL;
+    p->skeys = calloc((size_t)p->nserv + 1, sizeof *p->skeys);
+    if (!copy || !p->skeys) {
+        free(copy);
+        return PS_ENOMEM;
+    }
+    int rc = 0;
+    for (char *tok = strtok_r(copy, ",", &save); tok && !rc; tok = strtok_r(NULL, ",", &save)) {
+        if (p->nskeys > p->nserv) break;
+        if (!(p->skeys[p->nskeys++] = strdup(tok))) rc = PS_ENOMEM;
+    }
+    free(copy);
+    if (!rc && p->nskeys != 1 && p->nskeys != p->nserv) {
+        fprintf(stderr, "psctl: --curve-server-key lists %d files for %d servers (give one shared "
+                        "file, or one per server)\n", p->nskeys, p->nserv);
+        rc = PS_EINVAL;
+    }
+    return rc;
+}
+
+/* CURVE options of a client for every server (s < 0) or server s alone. */
+static void set_curve(const psctl_t *p, ps_client_opts_t *co, int s)
+{
+    if (!p->nskeys) return;
+    co->curve_server_keys = (const char *const *)(s < 0 || p->nskeys == 1 ? p->skeys : p->skeys + s);
+    co->ncurve_server_keys = s < 0 ? p->nskeys : 1;
+    co->curve_public_key = p->o.curve_public_key;
+    co->curve_secret_key = p->o.curve_secret_key;
+}
+
 /* Connect with the current table (a one-element stand-in for control verbs:
  * the client needs a table, but control messages never name a partition). */
 static int connect_client(psctl_t *p)
@@ -138,6 +186,7 @@ static int connect_client(psctl_t *p)
     /* CHECKPOINT and SHUTDOWN are not idempotent enough to resend blindly;
      * ZeroMQ queues requests until the connection is up anyway. */
     co.retry_ms = 0;
+    set_curve(p, &co, -1);
     if ((rc = ps_client_new(&p->c, &co, &p->table))) {
         fprintf(stderr, "psctl: cannot set up the client: %s\n", ps_strerror(rc));
         return rc;
@@ -360,6 +409,7 @@ static int cmd_shutdown(psctl_t *p)
         co.heartbeat_ms = 0;
         co.retry_ms = 0;
         co.timeout_ms = p->o.timeout_ms < 1000 ? p->o.timeout_ms : 1000;
+        set_curve(p, &co, s);
         int rc = ps_partition_table_build(&t1, &one, 1, 4, 1);
         if (!rc) rc = ps_client_new(&c, &co, &t1);
         int state = rc ? -2 : -1; /* -2 error, -1 unknown, 0 acked, 1 gone */
@@ -668,6 +718,9 @@ int main(int argc, char **argv)
     o->spec = strdup("");
     o->like = strdup("");
     o->log_level = strdup("warn");
+    o->curve_server_key = strdup("");
+    o->curve_public_key = strdup("");
+    o->curve_secret_key = strdup("");
     const ps_opt_t opts[] = {
         {"servers", PS_OPT_STRING, &o->servers, "psd endpoints, server 0 first (default: $PSCTL_SERVERS)"},
         {"timeout-ms", PS_OPT_INT, &o->timeout_ms, "give up on a server after this long"},
@@ -678,6 +731,10 @@ int main(int argc, char **argv)
         {"like", PS_OPT_STRING, &o->like, "export: take tensor shapes from this safetensors file"},
         {"force", PS_OPT_BOOL, &o->force, "keygen: overwrite existing key files"},
         {"log-level", PS_OPT_STRING, &o->log_level, "error | warn | info | debug"},
+        {"curve-server-key", PS_OPT_STRING, &o->curve_server_key,
+         "CURVE: servers' public key file (one shared, or FILE,FILE,... per server)"},
+        {"curve-public-key", PS_OPT_STRING, &o->curve_public_key, "CURVE: this client's public key file"},
+        {"curve-secret-key", PS_OPT_STRING, &o->curve_secret_key, "CURVE: this client's secret key file"},
         {0},
     };
     ps_log_set_prog("psctl");
@@ -710,7 +767,7 @@ int main(int argc, char **argv)
     if (!strcmp(verb, "keygen")) {
         rc = cmd_keygen(&p, arg);
     } else {
-        if ((rc = split_servers(&p))) return 2;
+        if ((rc = split_servers(&p)) || (rc = split_keys(&p))) return 2;
         if (o->server >= p.nserv) {
             fprintf(stderr, "psctl: --server %d but only %d server(s) listed\n", o->server, p.nserv);
             return 2;
@@ -728,6 +785,9 @@ int main(int argc, char **argv)
         ps_partition_table_free(&p.table);
     }
     for (int s = 0; s < p.nserv; s++) free(p.ep[s]);
+    for (int k = 0; k < p.nskeys; k++) free(p.skeys[k]);
+    free(p.skeys);
+    free(o->curve_server_key), free(o->curve_public_key), free(o->curve_secret_key);
     free(p.ep);
     free(o->servers), free(o->spec), free(o->like), free(o->log_level);
     return rc == 0 ? 0 : rc == PS_EINVAL ? 2 : 1;

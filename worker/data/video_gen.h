@@ -14,8 +14,8 @@ typedef struct ps_video_gen_opts {
     double val_fraction;
     int quality;           /* JPEG quality */
     double speed;          /* pixels per frame; 0 = size/16 (at least 1) */
-    double clutter;        /* background shapes, x the default density (1) */
-    double movers;         /* moving shapes, x the default density (1) */
+    double clutter;        /* static shapes: clutter * (6 + size^2/256); default 0.5 */
+    double movers;         /* moving shapes: movers * (4 + size^2/512); default 3 */
 } ps_video_gen_opts_t;
 
 void ps_video_gen_opts_default(ps_video_gen_opts_t *o);

@@ -124,7 +124,9 @@ static int validate(ps_model_t *m, const ps_st_file_t *f, const char *path, int 
     /* strict, like load_state_dict(strict=True): nothing unknown either */
     for (size_t k = 0; k < f->ntensors; k++) {
         const char *name = f->tensors[k].name;
-        int known = ps_model_find_param(m, name) >= 0;
+        int known = ps_model_find_param(m, name) >= 0 ||
+                    ((flags & PS_MODEL_LOAD_IGNORE_FC) &&
+                     (!strcmp(name, "fc.weight") || !strcmp(name, "fc.bias")));
         for (int i = 0; i < m->nbuffers && !known; i++)
             known = !strcmp(m->buffers[i].name, name);
         if (!known) {

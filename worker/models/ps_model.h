@@ -50,7 +50,9 @@ typedef struct ps_model_config {
                           0: TSN baseline */
     int shift_div;     /* 1/shift_div of the channels go each way (8) */
     float dropout;     /* before fc (0.5); 0 disables */
-    int partial_bn;    /* TSM partialBN: only bn1 trains with batch stats */
+    int partial_bn;    /* TSM partialBN: only bn1 trains with batch stats.  Kept for
+                          compatibility: when set, bn_mode TRAIN reads as PARTIAL */
+    int bn_mode;       /* PS_MODEL_BN_*: TRAIN (0), PARTIAL or FROZEN; see below */
     int fc_lr5;        /* fc in the "new fc" groups (lr x5 / x10) from the start */
     int width;         /* channels of the stem / layer1; 64 = torchvision.  Other
                           widths exist only for small tests; they do not load
@@ -58,6 +60,21 @@ typedef struct ps_model_config {
     float bn_eps;      /* 1e-5 */
     float bn_momentum; /* 0.1 (PyTorch convention) */
 } ps_model_config_t;
+
+/* BatchNorm modes.  The effective mode is FROZEN if bn_mode says so, else
+ * PARTIAL if bn_mode is PARTIAL or partial_bn is set, else TRAIN.
+ *   TRAIN    every BN uses batch statistics in a training forward (and
+ *            updates its running statistics); affine trainable.
+ *   PARTIAL  TSM's partialBN: bn1 as TRAIN, every other BN uses its running
+ *            statistics and has a frozen affine.
+ *   FROZEN   every BN, bn1 included, uses its running statistics in training
+ *            too and its affine is frozen (trainable 0, gradient stays 0):
+ *            SimpleDet's / torchvision detection's FrozenBatchNorm2d (a fixed
+ *            per-channel scale and bias).  Each sample's loss then depends on
+ *            that sample alone, so with dropout 0 the mean gradient over W*B
+ *            clips equals the mean of W gradients over B clips (data-parallel
+ *            reproducibility); running statistics never change. */
+enum { PS_MODEL_BN_TRAIN = 0, PS_MODEL_BN_PARTIAL = 1, PS_MODEL_BN_FROZEN = 2 };
 
 /* Defaults: TSM-ResNet-50, 400 classes, T 8, shift_div 8, dropout 0.5,
  * partial BN on, width 64, eps 1e-5, momentum 0.1. */
@@ -88,7 +105,14 @@ typedef struct ps_model_param {
     int trainable;      /* 0: frozen (partial BN's frozen affine); g stays 0 */
 } ps_model_param_t;
 
-/* One non-trainable buffer (BN running statistics). */
+/* One non-trainable buffer (BN running statistics), in model order:
+ * per BN "<bn>.running_mean" (C floats), "<bn>.running_var" (C floats),
+ * "<bn>.num_batches_tracked" (one int64).  ps_model_buffers() is the table
+ * for averaging them across workers or exporting them: the f32 entries are
+ * plain float arrays in the arena that the caller may overwrite between
+ * steps (e.g. with the average over workers).  In TRAIN / PARTIAL mode a
+ * training forward updates the BNs it runs with batch statistics; in FROZEN
+ * mode nothing ever changes them. */
 typedef struct ps_model_buffer {
     const char *name;   /* "bn1.running_mean", "bn1.num_batches_tracked" */
     int ndim;           /* 1, or 0 for num_batches_tracked (a scalar) */
@@ -107,6 +131,8 @@ int ps_model_create(ps_model_t **out, const ps_model_config_t *cfg, const ps_bac
                     ps_ctx_t *ctx, int max_clips, int H, int W);
 void ps_model_destroy(ps_model_t **m);
 const ps_model_config_t *ps_model_config(const ps_model_t *m);
+/* The effective PS_MODEL_BN_* mode (see ps_model_config_t). */
+int ps_model_bn_mode(const ps_model_t *m);
 
 /* torchvision-like init from the counter hash (see the top of this file):
  * conv Kaiming (fan_out), BN weight 1 / bias 0, running mean 0 / var 1, fc
@@ -171,6 +197,9 @@ enum {
      * skipped: fc keeps a fresh init and moves to the new-fc groups (lr x5 /
      * x10), as TSM does when fine-tuning from a pretrained net */
     PS_MODEL_LOAD_REPLACE_FC = 1,
+    /* the file's fc.weight / fc.bias are ignored: an ImageNet classifier
+     * seeding a model without fc (a detector backbone, ps_retina_t) */
+    PS_MODEL_LOAD_IGNORE_FC = 2,
 };
 /* Load a safetensors file with torchvision names.  Every model tensor must
  * be present with the same shape (num_batches_tracked may be missing: 0),

@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-int ps_model_create(ps_model_t **out, const ps_model_config_t *cfg, const ps_backend_t *be,
-                    ps_ctx_t *ctx, int max_clips, int H, int W)
+static int create(ps_model_t **out, const ps_model_config_t *cfg, const ps_backend_t *be,
+                  ps_ctx_t *ctx, int max_clips, int H, int W, int features_only)
 {
     *out = NULL;
     if (!cfg || !be || !ctx) return PS_EINVAL;
@@ -20,10 +20,12 @@ int ps_model_create(ps_model_t **out, const ps_model_config_t *cfg, const ps_bac
     if (cfg->num_classes < 1 || cfg->n_segment < 1 || cfg->width < 1 || cfg->width > 4096 ||
         (cfg->shift && (cfg->shift_div < 2 || cfg->width / cfg->shift_div < 1)) ||
         !(cfg->dropout >= 0.f && cfg->dropout < 1.f) || !(cfg->bn_eps > 0.f) ||
-        !(cfg->bn_momentum >= 0.f && cfg->bn_momentum <= 1.f)) {
+        !(cfg->bn_momentum >= 0.f && cfg->bn_momentum <= 1.f) || cfg->bn_mode < 0 ||
+        cfg->bn_mode > PS_MODEL_BN_FROZEN) {
         ps_error("model: bad config (classes %d, n_segment %d, width %d, shift_div %d, "
-                 "dropout %g, eps %g, momentum %g)", cfg->num_classes, cfg->n_segment,
-                 cfg->width, cfg->shift_div, cfg->dropout, cfg->bn_eps, cfg->bn_momentum);
+                 "dropout %g, eps %g, momentum %g, bn_mode %d)", cfg->num_classes,
+                 cfg->n_segment, cfg->width, cfg->shift_div, cfg->dropout, cfg->bn_eps,
+                 cfg->bn_momentum, cfg->bn_mode);
         return PS_EINVAL;
     }
     if (max_clips < 1 || H < 32 || W < 32 || H > 4096 || W > 4096 ||
@@ -41,6 +43,10 @@ int ps_model_create(ps_model_t **out, const ps_model_config_t *cfg, const ps_bac
     m->H = H;
     m->W = W;
     m->max_n = (size_t)max_clips * cfg->n_segment;
+    m->features_only = features_only;
+    m->bn_mode = cfg->bn_mode == PS_MODEL_BN_FROZEN                      ? PS_MODEL_BN_FROZEN
+                 : cfg->bn_mode == PS_MODEL_BN_PARTIAL || cfg->partial_bn ? PS_MODEL_BN_PARTIAL
+                                                                          : PS_MODEL_BN_TRAIN;
     int r = ps_resnet_build(m);
     if (r) {
         ps_error("model: cannot build ResNet-%d for %d clips of %dx%d: %s", cfg->depth,
@@ -54,6 +60,26 @@ int ps_model_create(ps_model_t **out, const ps_model_config_t *cfg, const ps_bac
     *out = m;
     return 0;
 }
+
+int ps_model_create(ps_model_t **out, const ps_model_config_t *cfg, const ps_backend_t *be,
+                    ps_ctx_t *ctx, int max_clips, int H, int W)
+{
+    return create(out, cfg, be, ctx, max_clips, H, W, 0);
+}
+
+int ps_resnet_create_features(ps_model_t **out, const ps_model_config_t *cfg,
+                              const ps_backend_t *be, ps_ctx_t *ctx, int max_n, int H, int W)
+{
+    if (!cfg) return PS_EINVAL;
+    ps_model_config_t c = *cfg;
+    c.n_segment = 1;
+    c.shift = 0;
+    c.dropout = 0.f;
+    c.num_classes = 1;
+    return create(out, &c, be, ctx, max_n, H, W, 1);
+}
+
+int ps_model_bn_mode(const ps_model_t *m) { return m->bn_mode; }
 
 void ps_model_destroy(ps_model_t **mp)
 {
@@ -112,8 +138,10 @@ static void conv_bwd(ps_model_t *m, const conv_t *c, float *din, const float *do
 static void bn_fwd(ps_model_t *m, bn_t *b, float *out, const float *in, int N, int HW,
                    int training)
 {
-    /* partial BN: only the first BN keeps batch statistics in training */
-    b->batch_stats = training && (!m->cfg.partial_bn || b->first);
+    /* partial BN: only the first BN keeps batch statistics in training;
+     * frozen: none */
+    b->batch_stats = training && (m->bn_mode == PS_MODEL_BN_TRAIN ||
+                                  (m->bn_mode == PS_MODEL_BN_PARTIAL && b->first));
     if (b->batch_stats) {
         m->be->bn_forward_train(m->ctx, out, b->save_mean, b->save_rstd, b->rm, b->rv, in,
                                 b->gamma, b->beta, m->cfg.bn_eps, m->cfg.bn_momentum, N, b->C,
@@ -132,7 +160,8 @@ static void bn_bwd(ps_model_t *m, bn_t *b, float *din, const float *dout, const 
         m->be->bn_backward_train(m->ctx, din, b->dgamma, b->dbeta, dout, in, b->gamma,
                                  b->save_mean, b->save_rstd, N, b->C, HW);
     } else {
-        int frozen = m->cfg.partial_bn && !b->first;
+        int frozen = m->bn_mode == PS_MODEL_BN_FROZEN ||
+                     (m->bn_mode == PS_MODEL_BN_PARTIAL && !b->first);
         m->be->bn_backward_eval(m->ctx, din, frozen ? NULL : b->dgamma,
                                 frozen ? NULL : b->dbeta, dout, in, b->gamma, b->rm, b->rv,
                                 m->cfg.bn_eps, N, b->C, HW);
@@ -205,24 +234,10 @@ static void block_bwd(ps_model_t *m, block_t *b, float **g, int N)
     }
 }
 
-int ps_model_forward(ps_model_t *m, const float *input, int nclips, const int32_t *labels,
-                     int training, float *loss)
+void ps_resnet_forward_features(ps_model_t *m, const float *input, int N, int training)
 {
     const ps_backend_t *be = m->be;
-    const ps_model_config_t *c = &m->cfg;
-    if (!input || nclips < 1 || nclips > m->max_clips || (labels && !loss)) {
-        ps_error("model forward: bad arguments (nclips %d, max %d)", nclips, m->max_clips);
-        return PS_EINVAL;
-    }
-    int T = c->n_segment, N = nclips * T, K = c->num_classes;
-    if (labels) {
-        for (int i = 0; i < nclips; i++)
-            if (labels[i] < 0 || labels[i] >= K) {
-                ps_error("model forward: label %d of clip %d outside [0,%d)", labels[i], i, K);
-                return PS_EINVAL;
-            }
-        memcpy(m->labels, labels, nclips * sizeof *labels);
-    }
+    /* host copy: the caller's buffer may be reused at once (CUDA: managed) */
     memcpy(m->input, input, (size_t)N * 3 * m->H * m->W * sizeof(float));
 
     /* stem */
@@ -238,6 +253,43 @@ int ps_model_forward(ps_model_t *m, const float *input, int nclips, const int32_
         block_fwd(m, &m->blocks[bi], x, N, training);
         x = m->blocks[bi].y;
     }
+    m->last_nclips = N;
+    m->last_training = training;
+}
+
+const float *ps_resnet_stage_out(const ps_model_t *m, int s, int *C, int *P, int *Q)
+{
+    const block_t *b = &m->blocks[m->stage_end[s]];
+    if (C) *C = b->cout;
+    if (P) *P = b->P;
+    if (Q) *Q = b->Q;
+    return b->y;
+}
+
+int ps_model_forward(ps_model_t *m, const float *input, int nclips, const int32_t *labels,
+                     int training, float *loss)
+{
+    if (m->features_only) {
+        ps_error("model forward: a detector backbone has no classification head");
+        return PS_ESTATE;
+    }
+    const ps_backend_t *be = m->be;
+    const ps_model_config_t *c = &m->cfg;
+    if (!input || nclips < 1 || nclips > m->max_clips || (labels && !loss)) {
+        ps_error("model forward: bad arguments (nclips %d, max %d)", nclips, m->max_clips);
+        return PS_EINVAL;
+    }
+    int T = c->n_segment, N = nclips * T, K = c->num_classes;
+    if (labels) {
+        for (int i = 0; i < nclips; i++)
+            if (labels[i] < 0 || labels[i] >= K) {
+                ps_error("model forward: label %d of clip %d outside [0,%d)", labels[i], i, K);
+                return PS_EINVAL;
+            }
+        memcpy(m->labels, labels, nclips * sizeof *labels);
+    }
+    ps_resnet_forward_features(m, input, N, training);
+    const float *x = m->blocks[m->nblocks - 1].y;
 
     /* head: avgpool -> dropout -> fc per frame -> mean over segments */
     size_t F = m->feat_C;
@@ -262,6 +314,39 @@ int ps_model_forward(ps_model_t *m, const float *input, int nclips, const int32_
     return 0;
 }
 
+/* Blocks from the top down, then the stem; dy of the top block in
+ * m->gbuf[0].  dstage (may be NULL): extra gradients entering at the
+ * outputs of stages 0..2.  freeze_at: 0 all; 1 no stem; k: no stem and no
+ * stage < k-1 (frozen layers get no backward at all). */
+static void backward_trunk(ps_model_t *m, const float *const *dstage, int N, int freeze_at)
+{
+    const ps_backend_t *be = m->be;
+    float *g[4] = {m->gbuf[0], m->gbuf[1], m->gbuf[2], m->gbuf[3]};
+    int s = 3;
+    for (int bi = m->nblocks - 1; bi >= 0; bi--) {
+        while (s > 0 && bi <= m->stage_end[s - 1]) {
+            s--;
+            if (dstage && dstage[s]) { /* the block's output also feeds the FPN */
+                const block_t *b = &m->blocks[bi];
+                be->accumulate(m->ctx, g[0], dstage[s], (size_t)N * b->cout * b->P * b->Q);
+            }
+        }
+        if (s + 1 < freeze_at) return; /* stage s frozen */
+        block_bwd(m, &m->blocks[bi], g, N);
+        float *t = g[0]; /* dx becomes the next block's dy */
+        g[0] = g[3];
+        g[3] = t;
+    }
+    if (freeze_at > 0) return; /* stem frozen */
+
+    /* stem: the input image needs no gradient */
+    const conv_t *c1 = &m->conv1;
+    be->maxpool_backward(m->ctx, g[1], g[0], m->argmax, &m->pool, N, c1->d.K, c1->P, c1->Q);
+    be->relu_backward(m->ctx, g[1], g[1], m->a0, (size_t)N * c1->d.K * c1->P * c1->Q);
+    bn_bwd(m, &m->bn1, g[2], g[1], m->c0, N, c1->P * c1->Q);
+    conv_bwd(m, c1, NULL, g[2], m->input, N);
+}
+
 int ps_model_backward(ps_model_t *m)
 {
     const ps_backend_t *be = m->be;
@@ -281,22 +366,19 @@ int ps_model_backward(ps_model_t *m)
         be->dropout_backward(m->ctx, m->dfeat, m->dfeatd, m->mask, (size_t)N * F,
                              m->cfg.dropout);
 
-    float *g[4] = {m->gbuf[0], m->gbuf[1], m->gbuf[2], m->gbuf[3]};
-    be->avgpool_backward(m->ctx, g[0], m->dfeat, N, F, m->feat_HW);
-    for (int bi = m->nblocks - 1; bi >= 0; bi--) {
-        block_bwd(m, &m->blocks[bi], g, N);
-        float *t = g[0]; /* dx becomes the next block's dy */
-        g[0] = g[3];
-        g[3] = t;
-    }
-
-    /* stem: the input image needs no gradient */
-    const conv_t *c1 = &m->conv1;
-    be->maxpool_backward(m->ctx, g[1], g[0], m->argmax, &m->pool, N, c1->d.K, c1->P, c1->Q);
-    be->relu_backward(m->ctx, g[1], g[1], m->a0, (size_t)N * c1->d.K * c1->P * c1->Q);
-    bn_bwd(m, &m->bn1, g[2], g[1], m->c0, N, c1->P * c1->Q);
-    conv_bwd(m, c1, NULL, g[2], m->input, N);
+    be->avgpool_backward(m->ctx, m->gbuf[0], m->dfeat, N, F, m->feat_HW);
+    backward_trunk(m, NULL, N, 0);
     return 0;
+}
+
+void ps_resnet_backward_features(ps_model_t *m, const float *const dstage[4], int N,
+                                 int freeze_at)
+{
+    int C, P, Q;
+    ps_resnet_stage_out(m, 3, &C, &P, &Q);
+    /* host copy (managed memory on CUDA): block_bwd clobbers its dy */
+    memcpy(m->gbuf[0], dstage[3], (size_t)N * C * P * Q * sizeof(float));
+    backward_trunk(m, dstage, N, freeze_at);
 }
 
 static double conv_flops(const conv_t *c, int N)

@@ -54,6 +54,9 @@ struct ps_model {
     ps_model_buffer_t *buffers;
     int nbuffers, cap_buffers;
     int fc_new;            /* fc in the new-fc groups */
+    int bn_mode;           /* effective PS_MODEL_BN_* */
+    int features_only;     /* backbone of a detector: no avgpool / fc / loss */
+    int stage_end[4];      /* index of the last block of layer1..layer4 */
     int fc_replaced;
 
     ps_arena_t arena;
@@ -86,6 +89,24 @@ struct ps_model {
     uint64_t seed, step;
     int last_nclips, last_training, last_has_labels, last_dropout;
 };
+
+/* Backbone use (RetinaNet, retinanet.c): the same network without the
+ * head (no fc.* tensors), N images (n_segment forced to 1, no shift), and
+ * the outputs of the four stages.  bn_mode from cfg as usual (the detector
+ * uses FROZEN). */
+int ps_resnet_create_features(ps_model_t **out, const ps_model_config_t *cfg,
+                              const ps_backend_t *be, ps_ctx_t *ctx, int max_n, int H, int W);
+/* Stem + every block over N images; input (N,3,H,W) copied in. */
+void ps_resnet_forward_features(ps_model_t *m, const float *input, int N, int training);
+/* Output of stage s (0..3 = layer1..layer4): (N, *C, *P, *Q). */
+const float *ps_resnet_stage_out(const ps_model_t *m, int s, int *C, int *P, int *Q);
+/* Backward of the last ps_resnet_forward_features: dstage[s] is the
+ * gradient reaching stage s's output from outside (NULL = none; dstage[3]
+ * must be given).  freeze_at (ps_retina_config_t): 0 runs down through the
+ * stem; 1 stops above the stem; k stops above stage k-2 (layer(k-1)): the
+ * frozen part gets no backward.  Parameter gradients accumulate. */
+void ps_resnet_backward_features(ps_model_t *m, const float *const dstage[4], int N,
+                                 int freeze_at);
 
 /* resnet_params.c */
 int ps_resnet_build(ps_model_t *m); /* architecture + tables + arena */

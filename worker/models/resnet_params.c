@@ -122,8 +122,9 @@ static int def_bn(ps_model_t *m, bn_t *b, const char *name, int C, int first)
     b->C = C;
     b->first = first;
     /* TSM partialBN: every BN but the first is frozen (eval statistics and
-     * no gradient for its affine parameters) */
-    int trainable = !(m->cfg.partial_bn && !first);
+     * no gradient for its affine parameters); FROZEN: all of them */
+    int trainable = m->bn_mode == PS_MODEL_BN_TRAIN ||
+                    (m->bn_mode == PS_MODEL_BN_PARTIAL && first);
     char full[96];
     static const char *sfx[5] = {"weight", "bias", "running_mean", "running_var",
                                  "num_batches_tracked"};
@@ -203,9 +204,12 @@ static int define(ps_model_t *m)
             H = b->P;
             W = b->Q;
         }
+        m->stage_end[s] = bi - 1;
     }
     m->feat_C = inplanes;
     m->feat_HW = H * W;
+    m->fc_pw = m->fc_pb = -1;
+    if (m->features_only) return 0;
     int K = c->num_classes, fcw[2] = {K, inplanes};
     m->fc_new = c->fc_lr5;
     m->fc_pw = add_param(m, "fc.weight", 2, fcw,
@@ -379,6 +383,7 @@ static void fill_offset(float *p, size_t n, const char *name, uint64_t seed, dou
 
 void ps_resnet_init_fc(ps_model_t *m, uint64_t seed)
 {
+    if (m->fc_pw < 0) return;
     ps_model_param_t *w = &m->params[m->fc_pw], *b = &m->params[m->fc_pb];
     double bound = 1.0 / sqrt((double)m->feat_C); /* nn.Linear's default init */
     ps_model_hash_fill(w->w, w->numel, w->name, seed, bound);

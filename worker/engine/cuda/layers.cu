@@ -132,7 +132,7 @@ k_xent_fwd(float *probs, double *rowloss, const float *logits, const int32_t *la
     smax[threadIdx.x] = m;
     __syncthreads();
     for (int o = XENT_THREADS / 2; o > 0; o >>= 1) {
-        if (threadIdx.x < o) smax[threadIdx.x] = fmaxf(smax[threadIdx.x], smax[threadIdx.x + o]);
+        if ((int)threadIdx.x < o) smax[threadIdx.x] = fmaxf(smax[threadIdx.x], smax[threadIdx.x + o]);
         __syncthreads();
     }
     m = smax[0];
@@ -145,7 +145,7 @@ k_xent_fwd(float *probs, double *rowloss, const float *logits, const int32_t *la
     ssum[threadIdx.x] = sum;
     __syncthreads();
     for (int o = XENT_THREADS / 2; o > 0; o >>= 1) {
-        if (threadIdx.x < o) ssum[threadIdx.x] += ssum[threadIdx.x + o];
+        if ((int)threadIdx.x < o) ssum[threadIdx.x] += ssum[threadIdx.x + o];
         __syncthreads();
     }
     const double s = ssum[0];

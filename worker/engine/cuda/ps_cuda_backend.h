@@ -13,6 +13,10 @@
  * touched.  A CUDA/cuDNN/cuBLAS failure inside a layer is a device fault:
  * it is logged with the call site and aborts (STYLE.md); bad shapes are
  * logged and the call does nothing, as on the CPU.
+ *
+ * Beyond the table's contract: tshift_forward/backward also work in place
+ * (out == inp) on this backend.  Mixed precision (fp16/bf16, NHWC) is not
+ * here yet: every layer is fp32 NCHW; docs/cuda.md has the plan.
  */
 #ifndef PS_CUDA_BACKEND_H
 #define PS_CUDA_BACKEND_H

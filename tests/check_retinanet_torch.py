@@ -1,0 +1,70 @@
+#!/usr/bin/python3
+"""A C-written RetinaNet checkpoint in torchvision (run by
+tests/check_retinanet_torch.sh; TAP).
+
+tests/retina_export writes RetinaNet-ResNet-50-FPN (torchvision widths, P6
+on P5) and the outputs the C engine computes for the hash input; here the
+checkpoint goes into torchvision.models.detection.retinanet_resnet50_fpn
+(weights=None, num_classes=K) with load_state_dict(strict=True), and the
+backbone + head outputs in eval mode (no GeneralizedRCNNTransform: the C
+model takes the tensor as is) must match: rtol 1e-3, atol 1e-4 * max|ref|
+(float32 through ~60 layers, another summation order).
+"""
+import os
+import sys
+
+import numpy as np
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "golden"))
+import gen_resnet as G  # noqa: E402
+
+n_tests = 0
+failed = 0
+
+
+def ok(cond, msg):
+    global n_tests, failed
+    n_tests += 1
+    if not cond:
+        failed += 1
+    print("%s %d - %s" % ("ok" if cond else "not ok", n_tests, msg))
+    sys.stdout.flush()
+
+
+def main():
+    d = sys.argv[1]
+    torch.set_num_threads(2)
+    from torchvision.models.detection import retinanet_resnet50_fpn
+    K, H, seed, A = (int(v) for v in open(os.path.join(d, "config.txt")).read().split())
+    net = retinanet_resnet50_fpn(weights=None, weights_backbone=None, num_classes=K)
+    sd, meta = G.read_safetensors(os.path.join(d, "model.safetensors"))
+    ok(meta.get("ps.arch") == "retinanet-resnet50-fpn", "metadata ps.arch %s" % meta.get("ps.arch"))
+    try:
+        res = net.load_state_dict(sd, strict=True)
+        ok(not res.missing_keys and not res.unexpected_keys,
+           "load_state_dict(strict=True) into retinanet_resnet50_fpn (%d tensors)" % len(sd))
+    except RuntimeError as e:
+        ok(False, "load_state_dict(strict=True): %s" % str(e).splitlines()[0])
+        print("1..%d" % n_tests)
+        return 1
+    net.eval()
+    x = torch.from_numpy(G.hash_fill(3 * H * H, "input", seed, 1.0)).view(1, 3, H, H)
+    with torch.no_grad():
+        out = net.head(list(net.backbone(x).values()))
+    for key, fname, D in (("cls_logits", "cls.bin", K), ("bbox_regression", "box.bin", 4)):
+        ref = out[key].reshape(-1, D).numpy()
+        got = np.fromfile(os.path.join(d, fname), dtype=np.float32).reshape(-1, D)
+        if got.shape != ref.shape:
+            ok(False, "%s: shape %s, torchvision %s" % (key, got.shape, ref.shape))
+            continue
+        tol = 1e-4 * np.abs(ref).max() + 1e-3 * np.abs(ref)
+        err = np.abs(got - ref)
+        ok(bool((err <= tol).all()), "%s: %d values match torchvision (worst %.3g of max|ref| "
+           "%.3g)" % (key, ref.size, err.max(), np.abs(ref).max()))
+    print("1..%d" % n_tests)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+/* Helper of tests/check_retinanet_torch.sh (not a test by itself): builds
+ * RetinaNet-ResNet-50-FPN at torchvision's widths (64 / 256, P6 on P5 as
+ * retinanet_resnet50_fpn v1) from the hash init, writes its checkpoint and
+ * the outputs the C engine computes for the hash input, for
+ * check_retinanet_torch.py to load into torchvision with strict=True.
+ *
+ *   retina_export OUTDIR K H
+ *
+ * OUTDIR/model.safetensors  checkpoint
+ * OUTDIR/cls.bin            (A, K) float32 classification logits
+ * OUTDIR/box.bin            (A, 4) float32 box deltas
+ * OUTDIR/config.txt         "K H SEED A" */
+#include "worker/models/ps_retinanet.h"
+
+#include "ps_log.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define SEED 1234
+
+static int write_raw(const char *dir, const char *name, const float *p, size_t n)
+{
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(p, sizeof *p, n, f) != n || fclose(f)) {
+        fprintf(stderr, "retina_export: cannot write %s: %s\n", path, strerror(errno));
+        return 1;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 4) {
+        fprintf(stderr, "usage: retina_export OUTDIR K H\n");
+        return 2;
+    }
+    const char *dir = argv[1];
+    int K = atoi(argv[2]), H = atoi(argv[3]);
+    if (mkdir(dir, 0755) && errno != EEXIST) {
+        fprintf(stderr, "retina_export: mkdir %s: %s\n", dir, strerror(errno));
+        return 1;
+    }
+    ps_ctx_t ctx;
+    ps_engine_init(&ctx, 0);
+    ps_retina_config_t c;
+    ps_retina_config_default(&c);
+    c.depth = 50;
+    c.num_classes = K;
+    c.p6_from_p5 = 1;
+    ps_retina_t *m = NULL;
+    if (ps_retina_create(&m, &c, &ps_backend_cpu, &ctx, 1, H, H)) return 1;
+    ps_retina_init(m, SEED, 1);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    if (ps_retina_save(m, path)) return 1;
+    size_t nx = (size_t)3 * H * H;
+    float *x = malloc(nx * sizeof *x);
+    if (!x) return 1;
+    ps_model_hash_fill(x, nx, "input", SEED, 1.0);
+    if (ps_retina_forward(m, x, 1, NULL, NULL, 0, NULL, NULL)) return 1;
+    int A = ps_retina_num_anchors(m);
+    if (write_raw(dir, "cls.bin", ps_retina_cls_out(m), (size_t)A * K) ||
+        write_raw(dir, "box.bin", ps_retina_box_out(m), (size_t)A * 4))
+        return 1;
+    snprintf(path, sizeof path, "%s/config.txt", dir);
+    FILE *f = fopen(path, "w");
+    if (!f) return 1;
+    fprintf(f, "%d %d %d %d\n", K, H, SEED, A);
+    fclose(f);
+    free(x);
+    ps_retina_destroy(&m);
+    ps_ctx_free(&ctx);
+    return 0;
+}

@@ -1,0 +1,597 @@
+/* COCO JSON loading and saving through cJSON (contracts in coco_json.h). */
+#include "worker/det/coco_json.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ps_error.h"
+#include "ps_log.h"
+
+static int fail(char *err, size_t n, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int fail(char *err, size_t n, int code, const char *fmt, ...)
+{
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    if (err && n) snprintf(err, n, "%s", buf);
+    ps_error("%s", buf);
+    return code;
+}
+
+/* Parse with a line:column on error. */
+static cJSON *parse_json(const char *text, size_t len, const char *name, char *err, size_t n)
+{
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+    if (root) return root;
+    int line = 1, col = 1;
+    size_t pos = end && end >= text ? (size_t)(end - text) : 0;
+    for (size_t i = 0; i < pos && i < len; i++) {
+        if (text[i] == '\n') line++, col = 1;
+        else col++;
+    }
+    fail(err, n, PS_ECORRUPT, "%s:%d:%d: malformed JSON", name, line, col);
+    return NULL;
+}
+
+/* An integer-valued number field (ids, sizes). */
+static int get_int(const cJSON *obj, const char *key, int64_t *v, int required, int64_t dflt,
+                   const char *name, const char *where, int idx, char *err, size_t n)
+{
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!it) {
+        if (!required) {
+            *v = dflt;
+            return 0;
+        }
+        return fail(err, n, PS_ECORRUPT, "%s: %s[%d]: missing field '%s'", name, where, idx, key);
+    }
+    if (cJSON_IsBool(it)) {
+        *v = cJSON_IsTrue(it);
+        return 0;
+    }
+    double d = it->valuedouble;
+    if (!cJSON_IsNumber(it) || !isfinite(d) || d != floor(d) || fabs(d) > 9007199254740992.0)
+        return fail(err, n, PS_ECORRUPT, "%s: %s[%d].%s: not an integer", name, where, idx, key);
+    *v = (int64_t)d;
+    return 0;
+}
+
+static int get_num(const cJSON *obj, const char *key, double *v, int required, double dflt,
+                   const char *name, const char *where, int idx, char *err, size_t n)
+{
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
+    if (!it) {
+        if (!required) {
+            *v = dflt;
+            return 0;
+        }
+        return fail(err, n, PS_ECORRUPT, "%s: %s[%d]: missing field '%s'", name, where, idx, key);
+    }
+    if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble))
+        return fail(err, n, PS_ECORRUPT, "%s: %s[%d].%s: not a finite number", name, where, idx, key);
+    *v = it->valuedouble;
+    return 0;
+}
+
+static int get_bbox(const cJSON *obj, double bb[4], const char *name, const char *where, int idx,
+                    char *err, size_t n)
+{
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, "bbox");
+    if (!it) return fail(err, n, PS_ECORRUPT, "%s: %s[%d]: missing field 'bbox'", name, where, idx);
+    if (!cJSON_IsArray(it) || cJSON_GetArraySize(it) != 4)
+        return fail(err, n, PS_ECORRUPT, "%s: %s[%d].bbox: not an array of 4 numbers [x,y,w,h]",
+                    name, where, idx);
+    for (int i = 0; i < 4; i++) {
+        const cJSON *e = cJSON_GetArrayItem(it, i);
+        if (!cJSON_IsNumber(e) || !isfinite(e->valuedouble))
+            return fail(err, n, PS_ECORRUPT, "%s: %s[%d].bbox[%d]: not a finite number", name,
+                        where, idx, i);
+        bb[i] = e->valuedouble;
+    }
+    if (bb[2] < 0 || bb[3] < 0)
+        return fail(err, n, PS_ECORRUPT, "%s: %s[%d].bbox: negative width or height (%g x %g)",
+                    name, where, idx, bb[2], bb[3]);
+    return 0;
+}
+
+static const cJSON *get_array(const cJSON *root, const char *key, const char *name, char *err,
+                              size_t n)
+{
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(root, key);
+    if (!it || !cJSON_IsArray(it)) {
+        fail(err, n, PS_ECORRUPT, "%s: top-level '%s' %s", name, key,
+             it ? "is not an array" : "missing");
+        return NULL;
+    }
+    return it;
+}
+
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+void ps_coco_free(ps_coco_t *c)
+{
+    if (!c) return;
+    for (int i = 0; i < c->nimages; i++) free(c->images[i].file_name);
+    for (int i = 0; i < c->ncats; i++) free(c->cats[i].name);
+    free(c->images);
+    free(c->anns);
+    free(c->cats);
+    free(c->img_sorted_ids);
+    free(c->img_sorted_idx);
+    memset(c, 0, sizeof *c);
+}
+
+typedef struct {
+    int64_t id;
+    int idx;
+} idpair_t;
+
+static int cmp_pair(const void *a, const void *b)
+{
+    const idpair_t *x = a, *y = b;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+int ps_coco_index(ps_coco_t *c, char *err, size_t errlen)
+{
+    free(c->img_sorted_ids);
+    free(c->img_sorted_idx);
+    c->img_sorted_ids = NULL;
+    c->img_sorted_idx = NULL;
+    int n = c->nimages;
+    idpair_t *p = malloc((size_t)(n ? n : 1) * sizeof *p);
+    c->img_sorted_ids = malloc((size_t)(n ? n : 1) * sizeof(int64_t));
+    c->img_sorted_idx = malloc((size_t)(n ? n : 1) * sizeof(int));
+    if (!p || !c->img_sorted_ids || !c->img_sorted_idx) {
+        free(p);
+        return fail(err, errlen, PS_ENOMEM, "coco index: out of memory (%d images)", n);
+    }
+    for (int i = 0; i < n; i++) p[i].id = c->images[i].id, p[i].idx = i;
+    qsort(p, (size_t)n, sizeof *p, cmp_pair);
+    for (int i = 0; i < n; i++) {
+        if (i && p[i].id == p[i - 1].id) {
+            int64_t id = p[i].id;
+            free(p);
+            return fail(err, errlen, PS_EINVAL, "images: duplicate id %lld", (long long)id);
+        }
+        c->img_sorted_ids[i] = p[i].id;
+        c->img_sorted_idx[i] = p[i].idx;
+    }
+    free(p);
+    return 0;
+}
+
+int ps_coco_find_image(const ps_coco_t *c, int64_t id)
+{
+    int lo = 0, hi = c->nimages - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2;
+        if (c->img_sorted_ids[mid] == id) return c->img_sorted_idx[mid];
+        if (c->img_sorted_ids[mid] < id) lo = mid + 1;
+        else hi = mid - 1;
+    }
+    return -1;
+}
+
+int ps_coco_find_cat(const ps_coco_t *c, int64_t id)
+{
+    for (int i = 0; i < c->ncats; i++) /* a handful of categories: linear is fine */
+        if (c->cats[i].id == id) return i;
+    return -1;
+}
+
+static char *dup_str(const cJSON *obj, const char *key)
+{
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, key);
+    const char *s = cJSON_IsString(it) ? it->valuestring : "";
+    return strdup(s);
+}
+
+/* One image; 1 = skip (lenient), 0 = ok, <0 = error. */
+static int parse_image(ps_coco_image_t *im, const cJSON *o, int i, const char *name, char *err,
+                       size_t n)
+{
+    int64_t id, w, h;
+    int rc;
+    if (!cJSON_IsObject(o))
+        return fail(err, n, PS_ECORRUPT, "%s: images[%d]: not an object", name, i);
+    if ((rc = get_int(o, "id", &id, 1, 0, name, "images", i, err, n)) ||
+        (rc = get_int(o, "width", &w, 1, 0, name, "images", i, err, n)) ||
+        (rc = get_int(o, "height", &h, 1, 0, name, "images", i, err, n)))
+        return rc;
+    if (w <= 0 || h <= 0 || w > 1000000 || h > 1000000)
+        return fail(err, n, PS_ECORRUPT, "%s: images[%d]: width/height %lld x %lld out of range",
+                    name, i, (long long)w, (long long)h);
+    im->id = id;
+    im->width = (int)w;
+    im->height = (int)h;
+    return 0;
+}
+
+static int parse_ann(ps_coco_ann_t *a, const cJSON *o, int i, const ps_coco_t *c,
+                     const char *name, char *err, size_t n)
+{
+    int64_t crowd;
+    int rc;
+    if (!cJSON_IsObject(o))
+        return fail(err, n, PS_ECORRUPT, "%s: annotations[%d]: not an object", name, i);
+    if ((rc = get_int(o, "id", &a->id, 1, 0, name, "annotations", i, err, n)) ||
+        (rc = get_int(o, "image_id", &a->image_id, 1, 0, name, "annotations", i, err, n)) ||
+        (rc = get_int(o, "category_id", &a->category_id, 1, 0, name, "annotations", i, err, n)) ||
+        (rc = get_bbox(o, a->bbox, name, "annotations", i, err, n)) ||
+        (rc = get_num(o, "area", &a->area, 0, a->bbox[2] * a->bbox[3], name, "annotations", i,
+                      err, n)) ||
+        (rc = get_int(o, "iscrowd", &crowd, 0, 0, name, "annotations", i, err, n)))
+        return rc;
+    if (crowd != 0 && crowd != 1)
+        return fail(err, n, PS_ECORRUPT, "%s: annotations[%d].iscrowd: %lld is not 0 or 1", name,
+                    i, (long long)crowd);
+    a->iscrowd = (int)crowd;
+    if (a->area < 0)
+        return fail(err, n, PS_ECORRUPT, "%s: annotations[%d].area: negative (%g)", name, i, a->area);
+    int im = ps_coco_find_image(c, a->image_id);
+    if (im < 0)
+        return fail(err, n, PS_ECORRUPT, "%s: annotations[%d].image_id: unknown image %lld", name,
+                    i, (long long)a->image_id);
+    if (ps_coco_find_cat(c, a->category_id) < 0)
+        return fail(err, n, PS_ECORRUPT, "%s: annotations[%d].category_id: unknown category %lld",
+                    name, i, (long long)a->category_id);
+    const ps_coco_image_t *img = &c->images[im];
+    const double *b = a->bbox, s = PS_COCO_BOX_SLACK;
+    if (b[0] < -s || b[1] < -s || b[0] + b[2] > img->width + s || b[1] + b[3] > img->height + s)
+        return fail(err, n, PS_ECORRUPT,
+                    "%s: annotations[%d].bbox: [%g,%g,%g,%g] outside image %lld (%dx%d)", name, i,
+                    b[0], b[1], b[2], b[3], (long long)img->id, img->width, img->height);
+    return 0;
+}
+
+int ps_coco_parse(ps_coco_t *out, const char *text, size_t len, const char *name, int lenient,
+                  ps_coco_skips_t *skips, char *err, size_t errlen)
+{
+    ps_coco_skips_t sk = {0, 0, 0};
+    ps_coco_t c;
+    memset(&c, 0, sizeof c);
+    memset(out, 0, sizeof *out);
+    int rc = 0;
+    cJSON *root = parse_json(text, len, name, err, errlen);
+    if (!root) return PS_ECORRUPT;
+    const cJSON *jim, *jan, *jcat;
+    if (!cJSON_IsObject(root)) {
+        rc = fail(err, errlen, PS_ECORRUPT, "%s: top level is not an object", name);
+        goto out;
+    }
+    if (!(jim = get_array(root, "images", name, err, errlen)) ||
+        !(jan = get_array(root, "annotations", name, err, errlen)) ||
+        !(jcat = get_array(root, "categories", name, err, errlen))) {
+        rc = PS_ECORRUPT;
+        goto out;
+    }
+    int ni = cJSON_GetArraySize(jim), na = cJSON_GetArraySize(jan), nc = cJSON_GetArraySize(jcat);
+    c.images = calloc((size_t)ni + 1, sizeof *c.images);
+    c.anns = calloc((size_t)na + 1, sizeof *c.anns);
+    c.cats = calloc((size_t)nc + 1, sizeof *c.cats);
+    if (!c.images || !c.anns || !c.cats) {
+        rc = fail(err, errlen, PS_ENOMEM, "%s: out of memory", name);
+        goto out;
+    }
+    /* categories: always strict (a bad category makes every annotation doubtful) */
+    int i = 0;
+    const cJSON *o;
+    cJSON_ArrayForEach(o, jcat)
+    {
+        int64_t id;
+        if (!cJSON_IsObject(o)) {
+            rc = fail(err, errlen, PS_ECORRUPT, "%s: categories[%d]: not an object", name, i);
+            goto out;
+        }
+        if ((rc = get_int(o, "id", &id, 1, 0, name, "categories", i, err, errlen))) goto out;
+        if (ps_coco_find_cat(&c, id) >= 0) {
+            rc = fail(err, errlen, PS_ECORRUPT, "%s: categories[%d].id: duplicate id %lld", name, i,
+                      (long long)id);
+            goto out;
+        }
+        c.cats[c.ncats].id = id;
+        c.cats[c.ncats].name = dup_str(o, "name");
+        c.ncats++;
+        i++;
+    }
+    i = 0;
+    int64_t *ids = malloc((size_t)(ni + na + 1) * sizeof(int64_t));
+    if (!ids) {
+        rc = fail(err, errlen, PS_ENOMEM, "%s: out of memory", name);
+        goto out;
+    }
+    cJSON_ArrayForEach(o, jim)
+    {
+        rc = parse_image(&c.images[c.nimages], o, i, name, err, errlen);
+        if (rc == 0) {
+            c.images[c.nimages].file_name = dup_str(o, "file_name");
+            ids[c.nimages] = c.images[c.nimages].id;
+            c.nimages++;
+        } else if (lenient) {
+            ps_warn("%s: images[%d] skipped", name, i);
+            sk.images++;
+            rc = 0;
+        } else {
+            free(ids);
+            goto out;
+        }
+        i++;
+    }
+    /* duplicate image ids: an error even when lenient (which one would be right?) */
+    qsort(ids, (size_t)c.nimages, sizeof *ids, cmp_i64);
+    for (int k = 1; k < c.nimages; k++)
+        if (ids[k] == ids[k - 1]) {
+            rc = fail(err, errlen, PS_ECORRUPT, "%s: images: duplicate id %lld", name,
+                      (long long)ids[k]);
+            free(ids);
+            goto out;
+        }
+    if ((rc = ps_coco_index(&c, err, errlen))) {
+        free(ids);
+        goto out;
+    }
+    i = 0;
+    cJSON_ArrayForEach(o, jan)
+    {
+        rc = parse_ann(&c.anns[c.nanns], o, i, &c, name, err, errlen);
+        if (rc == 0) {
+            ids[c.nanns] = c.anns[c.nanns].id;
+            c.nanns++;
+        } else if (lenient) {
+            ps_warn("%s: annotations[%d] skipped", name, i);
+            sk.anns++;
+            rc = 0;
+        } else {
+            free(ids);
+            goto out;
+        }
+        i++;
+    }
+    qsort(ids, (size_t)c.nanns, sizeof *ids, cmp_i64);
+    for (int k = 1; k < c.nanns; k++)
+        if (ids[k] == ids[k - 1]) {
+            rc = fail(err, errlen, PS_ECORRUPT, "%s: annotations: duplicate id %lld", name,
+                      (long long)ids[k]);
+            break;
+        }
+    free(ids);
+out:
+    cJSON_Delete(root);
+    if (rc) {
+        ps_coco_free(&c);
+        return rc;
+    }
+    if (skips) *skips = sk;
+    *out = c;
+    return 0;
+}
+
+static int read_text(const char *path, char **text, size_t *len, char *err, size_t n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return fail(err, n, PS_EIO, "%s: cannot open: %s", path, strerror(errno));
+    size_t cap = 1 << 16, used = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        size_t got = fread(buf + used, 1, cap - used, f);
+        used += got;
+        if (used < cap) break;
+        char *nb = realloc(buf, cap * 2);
+        if (!nb) {
+            free(buf);
+            buf = NULL;
+            break;
+        }
+        buf = nb;
+        cap *= 2;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (!buf) return fail(err, n, PS_ENOMEM, "%s: out of memory", path);
+    if (bad) {
+        free(buf);
+        return fail(err, n, PS_EIO, "%s: read error", path);
+    }
+    *text = buf;
+    *len = used;
+    return 0;
+}
+
+static const char *base_name(const char *p)
+{
+    const char *s = strrchr(p, '/');
+    return s ? s + 1 : p;
+}
+
+int ps_coco_load(ps_coco_t *out, const char *path, int lenient, ps_coco_skips_t *skips,
+                 char *err, size_t errlen)
+{
+    char *text;
+    size_t len;
+    memset(out, 0, sizeof *out);
+    int rc = read_text(path, &text, &len, err, errlen);
+    if (rc) return rc;
+    rc = ps_coco_parse(out, text, len, base_name(path), lenient, skips, err, errlen);
+    free(text);
+    return rc;
+}
+
+int ps_coco_parse_dets(ps_coco_det_t **dets, int *ndets, const char *text, size_t len,
+                       const char *name, const ps_coco_t *gt, int lenient,
+                       ps_coco_skips_t *skips, char *err, size_t errlen)
+{
+    *dets = NULL;
+    *ndets = 0;
+    cJSON *root = parse_json(text, len, name, err, errlen);
+    if (!root) return PS_ECORRUPT;
+    int rc = 0, nd = 0, i = 0, nskip = 0;
+    ps_coco_det_t *d = NULL;
+    if (!cJSON_IsArray(root)) {
+        rc = fail(err, errlen, PS_ECORRUPT, "%s: top level is not an array of detections", name);
+        goto out;
+    }
+    d = malloc(((size_t)cJSON_GetArraySize(root) + 1) * sizeof *d);
+    if (!d) {
+        rc = fail(err, errlen, PS_ENOMEM, "%s: out of memory", name);
+        goto out;
+    }
+    const cJSON *o;
+    cJSON_ArrayForEach(o, root)
+    {
+        ps_coco_det_t *x = &d[nd];
+        if (!cJSON_IsObject(o))
+            rc = fail(err, errlen, PS_ECORRUPT, "%s: [%d]: not an object", name, i);
+        else if (!(rc = get_int(o, "image_id", &x->image_id, 1, 0, name, "", i, err, errlen)) &&
+                 !(rc = get_int(o, "category_id", &x->category_id, 1, 0, name, "", i, err, errlen)) &&
+                 !(rc = get_bbox(o, x->bbox, name, "", i, err, errlen)) &&
+                 !(rc = get_num(o, "score", &x->score, 1, 0, name, "", i, err, errlen))) {
+            if (ps_coco_find_image(gt, x->image_id) < 0)
+                rc = fail(err, errlen, PS_ECORRUPT, "%s: [%d].image_id: unknown image %lld", name,
+                          i, (long long)x->image_id);
+            else if (ps_coco_find_cat(gt, x->category_id) < 0)
+                rc = fail(err, errlen, PS_ECORRUPT, "%s: [%d].category_id: unknown category %lld",
+                          name, i, (long long)x->category_id);
+        }
+        if (rc == 0) {
+            nd++;
+        } else if (lenient) {
+            ps_warn("%s: detection [%d] skipped", name, i);
+            nskip++;
+            rc = 0;
+        } else {
+            goto out;
+        }
+        i++;
+    }
+out:
+    cJSON_Delete(root);
+    if (rc) {
+        free(d);
+        return rc;
+    }
+    if (skips) skips->dets = nskip;
+    *dets = d;
+    *ndets = nd;
+    return 0;
+}
+
+int ps_coco_load_dets(ps_coco_det_t **dets, int *ndets, const char *path, const ps_coco_t *gt,
+                      int lenient, ps_coco_skips_t *skips, char *err, size_t errlen)
+{
+    char *text;
+    size_t len;
+    *dets = NULL;
+    *ndets = 0;
+    int rc = read_text(path, &text, &len, err, errlen);
+    if (rc) return rc;
+    rc = ps_coco_parse_dets(dets, ndets, text, len, base_name(path), gt, lenient, skips, err,
+                            errlen);
+    free(text);
+    return rc;
+}
+
+/* ---- writers ------------------------------------------------------------------ */
+
+static cJSON *bbox_json(const double b[4])
+{
+    return cJSON_CreateDoubleArray(b, 4);
+}
+
+static int write_json(cJSON *root, const char *path, char *err, size_t n)
+{
+    if (!root) return fail(err, n, PS_ENOMEM, "%s: out of memory building JSON", path);
+    char *s = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    if (!s) return fail(err, n, PS_ENOMEM, "%s: out of memory printing JSON", path);
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        free(s);
+        return fail(err, n, PS_EIO, "%s: cannot create: %s", path, strerror(errno));
+    }
+    size_t len = strlen(s);
+    int bad = fwrite(s, 1, len, f) != len || fputc('\n', f) == EOF;
+    bad |= fclose(f) != 0;
+    free(s);
+    if (bad) return fail(err, n, PS_EIO, "%s: write error: %s", path, strerror(errno));
+    return 0;
+}
+
+int ps_coco_save(const ps_coco_t *c, const char *path, char *err, size_t errlen)
+{
+    cJSON *root = cJSON_CreateObject();
+    cJSON *im = cJSON_AddArrayToObject(root, "images");
+    cJSON *an = cJSON_AddArrayToObject(root, "annotations");
+    cJSON *ca = cJSON_AddArrayToObject(root, "categories");
+    if (!root || !im || !an || !ca) {
+        cJSON_Delete(root);
+        return fail(err, errlen, PS_ENOMEM, "%s: out of memory building JSON", path);
+    }
+    int oom = 0;
+    for (int i = 0; i < c->nimages && !oom; i++) {
+        cJSON *o = cJSON_CreateObject();
+        oom |= !o || !cJSON_AddItemToArray(im, o);
+        oom |= !cJSON_AddNumberToObject(o, "id", (double)c->images[i].id);
+        oom |= !cJSON_AddNumberToObject(o, "width", c->images[i].width);
+        oom |= !cJSON_AddNumberToObject(o, "height", c->images[i].height);
+        oom |= !cJSON_AddStringToObject(o, "file_name",
+                                        c->images[i].file_name ? c->images[i].file_name : "");
+    }
+    for (int i = 0; i < c->nanns && !oom; i++) {
+        const ps_coco_ann_t *a = &c->anns[i];
+        cJSON *o = cJSON_CreateObject();
+        oom |= !o || !cJSON_AddItemToArray(an, o);
+        oom |= !cJSON_AddNumberToObject(o, "id", (double)a->id);
+        oom |= !cJSON_AddNumberToObject(o, "image_id", (double)a->image_id);
+        oom |= !cJSON_AddNumberToObject(o, "category_id", (double)a->category_id);
+        cJSON *bb = bbox_json(a->bbox);
+        oom |= !bb || !cJSON_AddItemToObject(o, "bbox", bb);
+        oom |= !cJSON_AddNumberToObject(o, "area", a->area);
+        oom |= !cJSON_AddNumberToObject(o, "iscrowd", a->iscrowd);
+    }
+    for (int i = 0; i < c->ncats && !oom; i++) {
+        cJSON *o = cJSON_CreateObject();
+        oom |= !o || !cJSON_AddItemToArray(ca, o);
+        oom |= !cJSON_AddNumberToObject(o, "id", (double)c->cats[i].id);
+        oom |= !cJSON_AddStringToObject(o, "name", c->cats[i].name ? c->cats[i].name : "");
+    }
+    if (oom) {
+        cJSON_Delete(root);
+        return fail(err, errlen, PS_ENOMEM, "%s: out of memory building JSON", path);
+    }
+    return write_json(root, path, err, errlen);
+}
+
+int ps_coco_save_dets(const ps_coco_det_t *dets, int ndets, const char *path, char *err,
+                      size_t errlen)
+{
+    cJSON *root = cJSON_CreateArray();
+    int oom = !root;
+    for (int i = 0; i < ndets && !oom; i++) {
+        cJSON *o = cJSON_CreateObject();
+        oom |= !o || !cJSON_AddItemToArray(root, o);
+        oom |= !cJSON_AddNumberToObject(o, "image_id", (double)dets[i].image_id);
+        oom |= !cJSON_AddNumberToObject(o, "category_id", (double)dets[i].category_id);
+        cJSON *bb = bbox_json(dets[i].bbox);
+        oom |= !bb || !cJSON_AddItemToObject(o, "bbox", bb);
+        oom |= !cJSON_AddNumberToObject(o, "score", dets[i].score);
+    }
+    if (oom) {
+        cJSON_Delete(root);
+        return fail(err, errlen, PS_ENOMEM, "%s: out of memory building JSON", path);
+    }
+    return write_json(root, path, err, errlen);
+}

@@ -1,0 +1,139 @@
+/* RetinaNet-FPN (issue 6) on the engine: a ResNet-18/34/50 backbone with
+ * frozen BN (FrozenBatchNorm2d: running statistics, affine frozen), an FPN
+ * P3..P7 and the shared classification / box heads, with the training loss
+ * (sigmoid focal + smooth-L1, worker/det/det_layers.h) and the raw outputs
+ * for inference post-processing (ps_det_postprocess, det_boxes.h).
+ *
+ * Names are torchvision.models.detection.retinanet_resnet50_fpn's state
+ * dict (0.14): backbone.body.* (the ResNet, no fc), backbone.fpn.
+ * inner_blocks.{0,1,2}.0.{weight,bias} (1x1 laterals on C3..C5),
+ * backbone.fpn.layer_blocks.{0,1,2}.0.* (3x3 outputs), backbone.fpn.
+ * extra_blocks.p6.* / p7.*, head.classification_head.conv.{0..3}.0.*,
+ * head.classification_head.cls_logits.*, head.regression_head.conv.{0..3}.0.*,
+ * head.regression_head.bbox_reg.*.
+ *
+ * P6/P7 follow torchvision's LastLevelP6P7(in, out): P6 = conv3x3/2 on C5
+ * when in != out (the paper, SimpleDet, retinanet_resnet50_fpn_v2), on P5
+ * when in == out (retinanet_resnet50_fpn v1 passes (256, 256)): choose with
+ * p6_from_p5 (only the p6 weight's input channel count differs);
+ * P7 = conv3x3/2(relu(P6)).  Strides 8, 16, 32, 64, 128.
+ *
+ * Legend: N images of 3 x H x W; F = fpn_channels; K foreground classes;
+ * nA = 9 anchors per location; level l = 0..4 is P3..P7 with H_l x W_l
+ * locations; A = sum_l H_l*W_l*nA anchors per image.  Per-anchor rows are
+ * ordered image, then level, then location (row-major), then anchor
+ * (torchvision's order; ps_det_grid_anchors / ps_det_head_permute_forward).
+ *
+ * One arena for the FPN and heads (parameters, gradients, activations); the
+ * backbone is a ps_model_t in features mode with its own arena.  Tables name
+ * every tensor with its full torchvision name.
+ */
+#ifndef PS_RETINANET_H
+#define PS_RETINANET_H
+#include <stdint.h>
+
+#include "ps_model.h"
+
+#define PS_RETINA_LEVELS 5
+#define PS_RETINA_ANCHORS 9
+
+typedef struct ps_retina_config {
+    int depth;          /* backbone 18, 34 or 50 */
+    int num_classes;    /* K foreground classes (sigmoid, no background column) */
+    int width;          /* backbone stem width: 64 = torchvision; less for tests */
+    int fpn_channels;   /* F: 256; less for tests */
+    int p6_from_p5;     /* 0: P6 on C5 (paper / SimpleDet); 1: on P5 (torchvision v1) */
+    int freeze_at;      /* 0 nothing frozen; 1 stem (conv1, bn1); 2 stem + layer1
+                           (default: SimpleDet, torchvision trainable_layers=3); k:
+                           stem + layer1..layer(k-1), up to 5.  Frozen layers get
+                           no backward at all */
+    float bn_eps;       /* 1e-5 (FrozenBatchNorm2d) */
+    float focal_alpha;  /* 0.25 */
+    float focal_gamma;  /* 2 */
+    float smoothl1_beta; /* 1/9 */
+    float prior;        /* 0.01: cls_logits bias -log((1-prior)/prior) */
+} ps_retina_config_t;
+
+/* ResNet-50, 80 classes, width 64, F 256, P6 on C5, freeze_at 2, eps 1e-5,
+ * alpha 0.25, gamma 2, beta 1/9, prior 0.01. */
+void ps_retina_config_default(ps_retina_config_t *c);
+
+typedef struct ps_retina ps_retina_t;
+
+/* Build for batches of at most max_n images of 3 x H x W (H, W >= 32; a
+ * multiple of 128 keeps every level's stride exact).  Starts from
+ * ps_retina_init(m, 0, 0).  Returns 0, PS_EINVAL (logged) or PS_ENOMEM. */
+int ps_retina_create(ps_retina_t **out, const ps_retina_config_t *cfg, const ps_backend_t *be,
+                     ps_ctx_t *ctx, int max_n, int H, int W);
+void ps_retina_destroy(ps_retina_t **m);
+const ps_retina_config_t *ps_retina_config(const ps_retina_t *m);
+
+/* Deterministic init from the counter hash (ps_model.h).  Backbone:
+ * ps_model_init(body, seed, random) with the backbone's own names (no
+ * "backbone.body." prefix in the hash key).  FPN convs: uniform with
+ * torchvision's kaiming_uniform_(a=1) bound sqrt(3/fan_in), bias 0.  Heads:
+ * uniform with std 0.01 (bound 0.01*sqrt(3)), bias 0, cls_logits bias
+ * -log((1-prior)/prior).  random != 0 (tests): random BN as in
+ * ps_model_init, head weights with the FPN's bound and every bias
+ * (2u-1)*0.1 added, so each term carries signal. */
+void ps_retina_init(ps_retina_t *m, uint64_t seed, int random);
+
+/* Geometry: total anchors A per image; per level H_l, W_l, stride and the
+ * offset of its first row within an image's A rows (any may be NULL). */
+int ps_retina_num_anchors(const ps_retina_t *m);
+void ps_retina_level(const ps_retina_t *m, int l, int *H, int *W, int *stride, int *offset);
+/* The anchors (A, 4) for the model's input size, torchvision AnchorGenerator
+ * conventions with the issue's sizes (det_boxes.h), at the nominal strides
+ * 8..128 (owned by the model). */
+const float *ps_retina_anchors(const ps_retina_t *m);
+
+/* Forward over n images (n*3*H*W floats, copied).  labels (n*A; -1 ignore,
+ * 0 background, 1..K class) and box_targets (n*A*4, encoded deltas on
+ * positives) may both be NULL (inference); else the losses are written:
+ * focal over non-ignored anchors and smooth-L1 over positives, both divided
+ * by max(1, positives in the batch) (Detectron / SimpleDet; torchvision
+ * normalises per image, which is the same for n = 1).  The backbone always
+ * runs with frozen BN, so training only decides whether backward may
+ * follow.  Returns 0 or PS_EINVAL (bad label, logged). */
+int ps_retina_forward(ps_retina_t *m, const float *images, int n, const int32_t *labels,
+                      const float *box_targets, int training, float *cls_loss,
+                      float *box_loss);
+/* Outputs of the last forward: cls logits (n, A, K) and box deltas (n, A, 4)
+ * in the row order above.  For ps_det_postprocess on image i, level l:
+ * logits + (i*A + offset_l)*K, deltas + (i*A + offset_l)*4, anchors +
+ * offset_l*4, H_l*W_l*nA rows. */
+const float *ps_retina_cls_out(const ps_retina_t *m);
+const float *ps_retina_box_out(const ps_retina_t *m);
+/* Backward of the last training forward with targets (d(cls+box)/d.);
+ * gradients ACCUMULATE into the tables' g.  PS_ESTATE otherwise. */
+int ps_retina_backward(ps_retina_t *m);
+void ps_retina_zero_grad(ps_retina_t *m);
+
+/* Tables (owned by the model; names are full torchvision names).  Frozen
+ * tensors (backbone BN affine, frozen stages) have trainable 0 and keep a
+ * zero gradient.  Buffers: the backbone's BN running statistics. */
+const ps_model_param_t *ps_retina_params(const ps_retina_t *m, int *n);
+const ps_model_buffer_t *ps_retina_buffers(const ps_retina_t *m, int *n);
+int ps_retina_find_param(const ps_retina_t *m, const char *name);
+/* Optimizer groups: weights decay, biases lr x2 no decay (Detectron's
+ * BIAS_LR_FACTOR 2 / no bias decay), the 5 PS_MODEL_GROUP_* slots as the
+ * ResNet uses them.  Returns PS_MODEL_NGROUPS or PS_EINVAL. */
+int ps_retina_groups(const ps_retina_t *m, ps_param_group_t *groups, int max);
+/* Trainable tensors in model order as partition specs (malloc'd). */
+int ps_retina_tensor_specs(const ps_retina_t *m, ps_tensor_spec_t **specs);
+
+/* safetensors with the torchvision names (every parameter and buffer,
+ * num_batches_tracked as I64 0-dim: torchvision's FrozenBatchNorm2d drops it
+ * on load, BatchNorm2d keeps it), metadata ps.arch "retinanet-resnetD-fpn".
+ * Load is strict (everything present with the same shape, nothing unknown;
+ * num_batches_tracked optional); nothing changes on error. */
+int ps_retina_save(const ps_retina_t *m, const char *path);
+int ps_retina_load(ps_retina_t *m, const char *path);
+/* Seed the backbone from a torchvision ResNet state dict in safetensors
+ * (names conv1.weight, layer1.0.bn1.running_mean, ...; fc.* ignored), e.g.
+ * an ImageNet-pretrained resnet50 converted by worker/models/
+ * torch2safetensors.py.  Strict otherwise (ps_model_load); FPN and heads
+ * keep their init.  Returns as ps_model_load. */
+int ps_retina_load_backbone(ps_retina_t *m, const char *path);
+
+#endif
