@@ -208,6 +208,15 @@ static void test_anchors(void)
     }
 }
 
+static void test_anchor_ties(void)
+{
+    float cell[36], an[2 * 3 * 9 * 4];
+    ps_det_cell_anchors(cell, F32("anchors_tie.sizes"), 3, F32("anchors_tie.ratios"), 3);
+    ps_det_grid_anchors(an, cell, 9, 2, 3, 4);
+    allclose(an, F32("anchors_tie.out"), 2 * 3 * 9 * 4, 0, 0,
+             "anchors with .5 corners: round half to even as torch.round");
+}
+
 static void test_coding(void)
 {
     int n = NUMEL("code.anchors") / 4;
@@ -285,10 +294,10 @@ static void test_nms(void)
     free(keep);
 }
 
-static void test_post(int topk)
+static void test_post(const char *name, int min_det, int max_det)
 {
     char k[64], p[16];
-    snprintf(p, sizeof p, "post%d.", topk);
+    snprintf(p, sizeof p, "%s.", name);
 #define K(s) (snprintf(k, sizeof k, "%s%s", p, s), k)
     int32_t *cfg = I32(K("cfg"));
     int H = cfg[0], W = cfg[1], Kc = cfg[2], L = cfg[4];
@@ -311,13 +320,16 @@ static void test_post(int topk)
     int32_t labels[100];
     int n = ps_det_postprocess(boxes, scores, labels, lg, dl, an, A, L, Kc, H, W, &pp);
     int wn = NUMEL(K("scores"));
-    is_int(n, wn, "post-processing (topk %d): detections", topk);
+    is_int(n, wn, "post-processing (%s, topk %d): detections", name, cfg[3]);
     if (n == wn && n > 0) {
         allclose(scores, F32(K("scores")), n, 0, 1e-6, "post: scores");
         allclose(boxes, F32(K("boxes")), n * 4, 1e-4, 1e-5, "post: boxes");
         ok(!memcmp(labels, I32(K("labels")), (size_t)n * 4), "post: labels");
     }
-    ok(wn > 10, "post case non-trivial (%d detections)", wn);
+    ok(wn >= min_det && wn <= max_det, "post case non-trivial (%d detections)", wn);
+    float lo = 1;
+    for (int i = 0; i < wn; i++) lo = fminf(lo, F32(K("scores"))[i]);
+    diag("%s: lowest kept score %.3f", name, lo);
 #undef K
 }
 
@@ -348,11 +360,13 @@ int main(void)
     test_focal();
     test_smoothl1();
     test_anchors();
+    test_anchor_ties();
     test_coding();
     test_iou_assign();
     test_nms();
-    test_post(1000);
-    test_post(60);
+    test_post("post1000", 100, 100);
+    test_post("post60", 20, 100);
+    test_post("postlow", 5, 99); /* < max_det: the score threshold decides */
     test_permute();
     return tap_done();
 }

@@ -207,6 +207,35 @@ static void test_missing_rank(void)
     free_case(&cases[1], 3);
 }
 
+/* All three ranks finish one allreduce, then rank 2 exits: the next call
+ * on ranks 0 and 1 must time out, not hang. */
+static void test_dead_rank(void)
+{
+    ps_ring_opts_t o;
+    ps_ring_opts_default(&o);
+    o.timeout_ms = 300;
+    o.segment_bytes = 4096;
+    rcase_t cases[2];
+    fill_case(&cases[0], 3, 5000, PS_DT_FP32, 1, 11);
+    fill_case(&cases[1], 3, 5000, PS_DT_FP32, 1, 12);
+    char eps[3][64];
+    free_endpoints(eps, 3);
+    rank_arg_t args[3];
+    pthread_t th[3];
+    diag("two 'no progress' errors from ranks 0 and 1 expected below");
+    for (int r = 0; r < 3; r++) {
+        args[r] = (rank_arg_t){.rank = r, .world = 3, .opts = o, .cases = cases, .ncases = r == 2 ? 1 : 2};
+        for (int i = 0; i < 3; i++) args[r].eps[i] = eps[i];
+        pthread_create(&th[r], NULL, rank_main, &args[r]);
+    }
+    for (int r = 0; r < 3; r++) pthread_join(th[r], NULL);
+    check_case(&cases[0], 3, "dead rank: the call before rank 2 exits");
+    is_int(cases[1].rc[0], PS_ETIMEOUT, "rank 2 gone: rank 0 times out (%s)", ps_errname(cases[1].rc[0]));
+    is_int(cases[1].rc[1], PS_ETIMEOUT, "rank 2 gone: rank 1 times out (%s)", ps_errname(cases[1].rc[1]));
+    free_case(&cases[0], 3);
+    free_case(&cases[1], 3);
+}
+
 /* A fake left neighbour (rank 1 of 2) sends rank 0 a hand-made message. */
 static int fake_left(uint32_t magic, uint64_t n_claimed, int corrupt_crc, uint32_t op, int frames)
 {
@@ -437,6 +466,7 @@ int main(void)
     o.segment_bytes = 1u << 20;
     test_sums(2, &o, "1 MiB segments");
     test_missing_rank();
+    test_dead_rank();
     test_bad_messages();
     test_ring_vs_ps_sgd();
     return tap_done();

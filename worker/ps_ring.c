@@ -195,7 +195,7 @@ int ps_ring_new(ps_ring_t **out, int rank, int world, const char *const *endpoin
                  o.timeout_ms, o.segment_bytes, o.nconn, o.io_threads);
         return PS_EINVAL;
     }
-    if (!o.io_threads) o.io_threads = o.nconn;
+    if (!o.io_threads) o.io_threads = o.nconn + 1;
     ps_ring_t *r = calloc(1, sizeof *r);
     if (!r) return PS_ENOMEM;
     r->rank = rank;
@@ -318,10 +318,10 @@ static void msg_close(ring_msg_t *m)
     zmq_msg_close(&m->pl);
 }
 
-/* After a failure: drop the sockets at once (linger 0).  A zero-copy
- * reduce-scatter message may still point into the caller's data; once
- * zmq_ctx_term returns no I/O thread reads it any more, so the caller may
- * free its buffer as soon as ps_ring_allreduce returns. */
+/* After a failure: drop the sockets at once (linger 0).  Unsent zero-copy
+ * payloads still point into the caller's data; once zmq_ctx_term returns no
+ * I/O thread reads them any more, so the caller may free its buffer as soon
+ * as ps_ring_allreduce returns, failed or not. */
 static void ring_break(ps_ring_t *r)
 {
     int zero = 0;

@@ -23,6 +23,10 @@
  * identical.  Each element thus carries up to W roundings of a value bounded
  * by sum_i |x_i|: |error| <= W * u * sum_i |x_i| (u = 2^-11 fp16, 2^-8 bf16),
  * plus fp16 overflow to Inf above 65504 (scale gradients first).
+ * Compressors: dense wire dtypes only.  Top-k, sign and lz4 (ps_codec's
+ * TOPK / SIGN / LZ4) are NOT supported in ring mode -- a sparse or 1-bit
+ * partial sum is not closed under addition -- so a caller asked for ring
+ * mode with one of them must refuse with a clear error.
  *
  * Framing: each message is two ZeroMQ frames, a 32-byte header (integers
  * little-endian)
@@ -60,7 +64,9 @@ typedef struct ps_ring_opts {
                               default 1 MiB, at least 64 */
     int nconn;             /* connections to the right neighbour (bandwidth),
                               1..16, default 1; segments go round-robin */
-    int io_threads;        /* ZeroMQ I/O threads; 0 = nconn */
+    int io_threads;        /* ZeroMQ I/O threads; 0 = nconn + 1, so that receiving
+                              and each sending connection can have their own
+                              thread and the kernel copies both ways overlap */
     int checksum;          /* 1 = CRC32C over every payload (default), 0 = off
                               (the crc field is then 0 and not checked) */
 } ps_ring_opts_t;

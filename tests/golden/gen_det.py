@@ -122,6 +122,12 @@ for i, (s, g, a) in enumerate(zip(strides, grids, levels)):
     put("anchors%d.sizes" % i, torch.tensor(sizes[i]))
     put("anchors%d.out" % i, a)
 
+# round-half-even of the cell corners: odd integer sizes give exact .5 halves
+agt = AnchorGenerator(sizes=((33.0, 45.0, 27.0),), aspect_ratios=((1.0, 0.25, 4.0),))
+put("anchors_tie.sizes", torch.tensor([33.0, 45.0, 27.0]))
+put("anchors_tie.ratios", torch.tensor([1.0, 0.25, 4.0]))
+put("anchors_tie.out", agt.grid_anchors([[2, 3]], [[torch.tensor(4), torch.tensor(4)]])[0])
+
 # ---- box coding ----
 coder = det_utils.BoxCoder(weights=(1.0, 1.0, 1.0, 1.0))
 n = 40
@@ -149,7 +155,7 @@ put("iou.out", box_ops.box_iou(a, b))
 # ---- assignment: anchors of one level vs random GTs ----
 ag1 = AnchorGenerator(sizes=(sizes[0],), aspect_ratios=((0.5, 1.0, 2.0),))
 anc = ag1.grid_anchors([[8, 8]], [[torch.tensor(8), torch.tensor(8)]])[0]
-gt = rand_boxes(6, lo=0, hi=40, minwh=8, maxwh=30)
+gt = rand_boxes(6, lo=0, hi=40, minwh=16, maxwh=60)
 gt_cls = torch.randint(0, 4, (6,))
 matcher = det_utils.Matcher(0.5, 0.4, allow_low_quality_matches=True)
 matched = matcher(box_ops.box_iou(gt, anc))
@@ -187,16 +193,17 @@ pstrides, pgrids = [8, 16], [[8, 10], [4, 5]]
 psizes = tuple(tuple(float(np.float32(4 * s * 2 ** (i / 3))) for i in range(3)) for s in pstrides)
 agp = AnchorGenerator(sizes=psizes, aspect_ratios=((0.5, 1.0, 2.0),) * 2)
 panc = agp.grid_anchors(pgrids, [[torch.tensor(s), torch.tensor(s)] for s in pstrides])
-for topk in (1000, 60):
+# "low": few scores above 0.05, many in 0.05..0.1, fewer than 100 detections
+for topk, shift, name in ((1000, -2.0, "post1000."), (60, -2.0, "post60."), (1000, -4.5, "postlow.")):
     cls_l, reg_l = [], []
     for i, an in enumerate(panc):
-        cls_l.append((torch.randn(1, len(an), K) * 1.5 - 2.0).float())
+        cls_l.append((torch.randn(1, len(an), K) * 1.0 + shift).float())
         reg_l.append((torch.randn(1, len(an), 4) * 0.3).float())
     ns = types.SimpleNamespace(score_thresh=0.05, topk_candidates=topk, nms_thresh=0.5,
                                detections_per_img=100, box_coder=coder)
     det = RetinaNet.postprocess_detections(ns, {"cls_logits": cls_l, "bbox_regression": reg_l},
                                            [list(panc)], [(Himg, Wimg)])[0]
-    pre = "post%d." % topk
+    pre = name
     put(pre + "cfg", torch.tensor([Himg, Wimg, K, topk, len(panc)]))
     for i in range(len(panc)):
         put(pre + "anchors%d" % i, panc[i])

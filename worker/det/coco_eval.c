@@ -162,7 +162,7 @@ static void accumulate(elist_t *L, const double *rec_thr, double *prec, double *
                        double *rc, double *pr)
 {
     if (L->npig == 0) return; /* stays -1 */
-    qsort(L->e, (size_t)L->n, sizeof *L->e, cmp_entry);
+    if (L->n > 1) qsort(L->e, (size_t)L->n, sizeof *L->e, cmp_entry);
     for (int m = 0; m < NM; m++)
         for (int t = 0; t < NT; t++) {
             double tp = 0, fp = 0;

@@ -18,8 +18,10 @@
  *   - area optional (default w*h), >= 0; iscrowd optional (0/1 or bool).
  * Strict mode (lenient = 0): the first bad record is an error (PS_ECORRUPT,
  * PS_EINVAL for a bad argument).  Lenient mode: a bad image / annotation /
- * detection is skipped with a warning and counted in ps_coco_skips_t;
- * malformed JSON and bad categories or top-level structure stay errors.
+ * detection is skipped with a warning and counted in ps_coco_skips_t (an
+ * annotation of a skipped image is then skipped too, as unknown image);
+ * malformed JSON, a bad top-level structure, bad categories and duplicate
+ * ids stay errors (no way to tell which duplicate is right).
  */
 #ifndef PS_COCO_JSON_H
 #define PS_COCO_JSON_H
