@@ -3,6 +3,7 @@
  * measured in the same run and the ps-lite figures from the issue.
  *
  *   psbench --servers 1,2 --workers 1,2 --bytes 25M,100M --codec raw --dtype fp32
+ *   psbench --model tsm-r50 --compute-ms 200 --overlap on,off --netns psn42 ...
  *
  * starts S psd processes (the psd binary next to this one, --port 0 with
  * --port-file) and W worker processes for every configuration, and prints
@@ -12,6 +13,7 @@
 #include <libgen.h>
 #include <poll.h>
 #include <limits.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,6 +24,7 @@
 #include <unistd.h>
 
 #include "psbench.h"
+#include "model_sizes.h"
 #include "ps_error.h"
 #include "ps_log.h"
 
@@ -75,13 +78,25 @@ static void usage(FILE *f)
             "  --pump-seconds S        loopback TCP ceiling duration (default 2; 0 = skip)\n"
             "  --timeout-s S           give up on the whole run after S seconds (default 900)\n"
             "  --log-level L           error|warn|info|debug (default warn)\n"
+            "  --model NAME            push the real layout of NAME instead of --bytes: %s\n"
+            "  --compute-ms X          emulated forward+backward per step (a sleep, so many\n"
+            "                          workers fit on few cores; default 0)\n"
+            "  --overlap LIST          on|off (default off): on = forward takes X/3, then each\n"
+            "                          partition is pushed as its share of the backward (2X/3,\n"
+            "                          by size, last partition first) ends; off = all after X\n"
+            "  --netns PREFIX          run server s in namespace PREFIX-h<s> and worker w in\n"
+            "                          PREFIX-h<S+w> (made by deploy/netns/up.sh; needs root)\n"
+            "  --netns-net A.B.C       the hosts' /24 (default 10.213.0): host i is A.B.C.<i+1>\n"
             "  --check                 verify the final weights against the closed form\n"
             "                          (topk/sign: exact with the worker's residual for one\n"
             "                          worker, check=skipped with several)\n"
             "                          (uses lr 0.1 instead of 1e-4; for tests, not timing)\n"
             "  --help\n"
             "Output: one line per configuration, key=value; GB = 1e9 bytes; gbps_per_worker =\n"
-            "bytes / median step time, a step being pushpull of every partition and the wait.\n");
+            "bytes / median step time, a step being pushpull of every partition and the wait;\n"
+            "compute_s / comm_wait_s = medians of each step's emulated compute and of the rest\n"
+            "(waiting for the communication after the compute ended).\n",
+            psbench_model_names());
 }
 
 static int parse_size(const char *s, size_t *out)
@@ -135,9 +150,35 @@ static int parse_int_list(const char *arg, int *out, int lo, int hi, const char 
     return n;
 }
 
+/* Move the calling (child) process into host `host` of the emulated
+ * cluster.  The namespace file is the one `ip netns add` made. */
+static int enter_netns(const char *prefix, int host)
+{
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "/run/netns/%s-h%d", prefix, host);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        fprintf(stderr, "psbench: %s: %s (deploy/netns/up.sh made too few hosts?)\n", path,
+                strerror(errno));
+        return -1;
+    }
+    int rc = setns(fd, CLONE_NEWNET);
+    if (rc < 0) fprintf(stderr, "psbench: setns %s: %s\n", path, strerror(errno));
+    close(fd);
+    return rc;
+}
+
+static void host_addr(const psbench_cfg_t *cfg, int host, char *out, size_t len)
+{
+    if (cfg->netns) snprintf(out, len, "%s.%d", cfg->netns_net, host + 1);
+    else snprintf(out, len, "127.0.0.1");
+}
+
 static int start_psd(const char *psd, int s, const psbench_cfg_t *cfg, char *endpoint, size_t eplen)
 {
-    char portfile[PATH_MAX + 32], a_id[16], a_ns[16], a_nw[16];
+    char portfile[PATH_MAX + 32], a_id[16], a_ns[16], a_nw[16], addr[32], bind[48];
+    host_addr(cfg, s, addr, sizeof addr);
+    snprintf(bind, sizeof bind, "tcp://%s", addr);
     snprintf(portfile, sizeof portfile, "%s/port.%d", g_tmpdir, s);
     unlink(portfile);
     snprintf(a_id, sizeof a_id, "%d", s);
@@ -152,7 +193,8 @@ static int start_psd(const char *psd, int s, const psbench_cfg_t *cfg, char *end
     if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive psbench */
         if (getppid() != parent) _exit(1);
-        execl(psd, "psd", "--port", "0", "--bind", "tcp://127.0.0.1", "--port-file", portfile,
+        if (cfg->netns && enter_netns(cfg->netns, s) < 0) _exit(126);
+        execl(psd, "psd", "--port", "0", "--bind", bind, "--port-file", portfile,
               "--server-id", a_id, "--num-servers", a_ns, "--num-workers", a_nw,
               "--log-level", ps_log_level >= PS_LOG_INFO ? "info" : "warn", "--stats-every-s", "0",
               (char *)NULL);
@@ -168,7 +210,7 @@ static int start_psd(const char *psd, int s, const psbench_cfg_t *cfg, char *end
             int got = fscanf(f, "%d", &port);
             fclose(f);
             if (got == 1 && port > 0) {
-                snprintf(endpoint, eplen, "tcp://127.0.0.1:%d", port);
+                snprintf(endpoint, eplen, "tcp://%s:%d", addr, port);
                 return 0;
             }
         }
@@ -238,10 +280,10 @@ static void pslite_ref(const psbench_cfg_t *c, double *plain, double *tuned)
  * without them brings the others down at once (they would otherwise sit in
  * a barrier or a sync step until their timeout). */
 static int collect(const psbench_cfg_t *cfg, int *fds, pid_t *wpids, double *times,
-                   psbench_result_t *sum)
+                   double *ctimes, psbench_result_t *sum)
 {
     int W = cfg->workers, open_fds = W, rc = 0;
-    size_t per = (size_t)cfg->iters * sizeof(double) + sizeof(psbench_result_t);
+    size_t per = 2 * (size_t)cfg->iters * sizeof(double) + sizeof(psbench_result_t);
     char *buf = calloc((size_t)W, per);
     size_t *got = calloc((size_t)W, sizeof *got);
     struct pollfd *pf = calloc((size_t)W, sizeof *pf);
@@ -284,8 +326,10 @@ static int collect(const psbench_cfg_t *cfg, int *fds, pid_t *wpids, double *tim
         if (rc == 0) {
             const char *d = buf + (size_t)w * per;
             psbench_result_t r;
-            memcpy(times + (size_t)w * cfg->iters, d, (size_t)cfg->iters * sizeof(double));
-            memcpy(&r, d + (size_t)cfg->iters * sizeof(double), sizeof r);
+            size_t tb = (size_t)cfg->iters * sizeof(double);
+            memcpy(times + (size_t)w * cfg->iters, d, tb);
+            memcpy(ctimes + (size_t)w * cfg->iters, d + tb, tb);
+            memcpy(&r, d + 2 * tb, sizeof r);
             sum->wire_out += r.wire_out / W;
             sum->wire_in += r.wire_in / W;
             if (!(r.check_err <= sum->check_err)) sum->check_err = r.check_err;
@@ -307,8 +351,15 @@ static int run_config(const char *psd, const psbench_cfg_t *cfg, double loop_bps
     int fds[MAXPROC], nw = 0, rc = 0;
     int S = cfg->servers, W = cfg->workers;
     double *times = calloc((size_t)W * cfg->iters, sizeof *times);
+    double *ctimes = calloc((size_t)W * cfg->iters, sizeof *ctimes);
+    double *wtimes = calloc((size_t)W * cfg->iters, sizeof *wtimes);
     psbench_result_t res = {0, 0, 0, 0};
-    if (!times) return -1;
+    if (!times || !ctimes || !wtimes) {
+        free(times);
+        free(ctimes);
+        free(wtimes);
+        return -1;
+    }
 
     for (int s = 0; s < S; s++) {
         if (start_psd(psd, s, cfg, eps[s], sizeof eps[s]) < 0) {
@@ -344,6 +395,7 @@ static int run_config(const char *psd, const psbench_cfg_t *cfg, double loop_bps
             char tag[32];
             snprintf(tag, sizeof tag, "psbench-w%d", w);
             ps_log_set_prog(tag);
+            if (cfg->netns && enter_netns(cfg->netns, S + w) < 0) _exit(126);
             _exit(psbench_worker(cfg, w, epp, p[1]));
         }
         close(p[1]);
@@ -351,7 +403,7 @@ static int run_config(const char *psd, const psbench_cfg_t *cfg, double loop_bps
         wpids[w] = pid;
         fds[nw++] = p[0];
     }
-    if (collect(cfg, fds, wpids, times, &res) < 0) rc = -1;
+    if (collect(cfg, fds, wpids, times, ctimes, &res) < 0) rc = -1;
     for (int w = 0; w < W; w++) {
         int st;
         if (waitpid(wpids[w], &st, 0) == wpids[w] && !(WIFEXITED(st) && WEXITSTATUS(st) == 0)) {
@@ -371,7 +423,10 @@ out:
     stop_psd(spids, S);
     if (rc == 0) {
         int n = W * cfg->iters;
+        for (int i = 0; i < n; i++) wtimes[i] = times[i] - ctimes[i];
         qsort(times, (size_t)n, sizeof *times, cmp_double);
+        qsort(ctimes, (size_t)n, sizeof *ctimes, cmp_double);
+        qsort(wtimes, (size_t)n, sizeof *wtimes, cmp_double);
         double med = pct(times, n, 0.5), p10 = pct(times, n, 0.1), p90 = pct(times, n, 0.9);
         double gbps = (double)cfg->bytes / med / 1e9, lg = loop_bps / 1e9, pl, pt;
         pslite_ref(cfg, &pl, &pt);
@@ -388,6 +443,12 @@ out:
                S, W, cfg->bytes, ps_dtype_name(cfg->dtype), ps_codec_name(cfg->codec), ratio,
                cfg->partition_bytes, cfg->max_inflight, cfg->iters, med, p10, p90, gbps,
                res.wire_out, res.wire_in);
+        if (cfg->model || cfg->compute_ms > 0 || cfg->netns)
+            printf(" model=%s compute_ms=%g overlap=%s compute_s=%.6f comm_wait_s=%.6f "
+                   "comm_wait_p90_s=%.6f steps_per_s=%.3f netns=%s",
+                   cfg->model ? cfg->model : "none", cfg->compute_ms, cfg->overlap ? "on" : "off",
+                   pct(ctimes, n, 0.5), pct(wtimes, n, 0.5), pct(wtimes, n, 0.9), 1.0 / med,
+                   cfg->netns ? cfg->netns : "none");
         if (lg > 0) printf(" loopback_gbps=%.3f ratio_loopback=%.3f", lg, gbps / lg);
         else printf(" loopback_gbps=NA ratio_loopback=NA");
         if (pl > 0) printf(" pslite_gbps=%.2f ratio_pslite=%.2f", pl, gbps / pl);
@@ -407,12 +468,15 @@ out:
         fflush(stdout);
     }
     free(times);
+    free(ctimes);
+    free(wtimes);
     return rc;
 }
 
 int main(int argc, char **argv)
 {
     int servers[MAXLIST] = {1}, workers[MAXLIST] = {1}, ns = 1, nwk = 1, nb = 1, nd = 1, nc = 1;
+    int overlaps[MAXLIST] = {0}, no = 1, bytes_given = 0;
     size_t bytes[MAXLIST] = {(size_t)25 << 20};
     ps_dtype_t dts[MAXLIST] = {PS_DT_FP32};
     ps_codec_t cds[MAXLIST] = {PS_CODEC_RAW};
@@ -423,6 +487,7 @@ int main(int argc, char **argv)
     base.warmup = 3;
     base.max_inflight = 8;
     base.timeout_ms = 120000;
+    base.netns_net = "10.213.0";
     double pump_s = 2;
     int timeout_s = 900;
     const char *psd = NULL;
@@ -451,6 +516,7 @@ int main(int argc, char **argv)
         if (!strcmp(a, "--servers")) bad = (ns = parse_int_list(v, servers, 1, 16, "servers")) < 0;
         else if (!strcmp(a, "--workers")) bad = (nwk = parse_int_list(v, workers, 1, 32, "workers")) < 0;
         else if (!strcmp(a, "--bytes")) {
+            bytes_given = 1;
             nb = split(v, it);
             for (int k = 0; k < nb && !bad; k++)
                 bad = parse_size(it[k], &bytes[k]) < 0 || bytes[k] % 4 || bytes[k] < 4;
@@ -475,6 +541,34 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--partition-bytes")) bad = parse_size(v, &base.partition_bytes) < 0 || base.partition_bytes < 4;
         else if (!strcmp(a, "--max-inflight")) bad = (base.max_inflight = atoi(v)) < 1;
         else if (!strcmp(a, "--psd")) psd = v;
+        else if (!strcmp(a, "--model")) {
+            psbench_model_t m;
+            bad = psbench_model_build(&m, v) < 0;
+            if (!bad) {
+                base.model = v;
+                bytes[0] = m.total_numel * sizeof(float);
+                psbench_model_free(&m);
+            }
+        } else if (!strcmp(a, "--compute-ms")) {
+            char *end;
+            base.compute_ms = strtod(v, &end);
+            bad = *end || !(base.compute_ms >= 0 && base.compute_ms <= 3600e3);
+        } else if (!strcmp(a, "--overlap")) {
+            no = split(v, it);
+            for (int k = 0; k < no && !bad; k++) {
+                bad = strcmp(it[k], "on") && strcmp(it[k], "off");
+                overlaps[k] = !strcmp(it[k], "on");
+            }
+            bad |= no <= 0;
+        } else if (!strcmp(a, "--netns")) {
+            bad = !*v || strlen(v) > 40 || strspn(v, "abcdefghijklmnopqrstuvwxyz0123456789_-") != strlen(v);
+            base.netns = v;
+        } else if (!strcmp(a, "--netns-net")) {
+            unsigned o1, o2, o3;
+            char extra;
+            bad = sscanf(v, "%u.%u.%u%c", &o1, &o2, &o3, &extra) != 3 || o1 > 255 || o2 > 255 || o3 > 255;
+            base.netns_net = v;
+        }
         else if (!strcmp(a, "--mode")) bad = strcmp(v, "ps") != 0;
         else if (!strcmp(a, "--pump-seconds")) bad = (pump_s = atof(v)) < 0;
         else if (!strcmp(a, "--timeout-s")) bad = (timeout_s = atoi(v)) < 1;
@@ -487,6 +581,13 @@ int main(int argc, char **argv)
             fprintf(stderr, "psbench: bad value for %s: '%s' (see --help)\n", a, v);
             return 2;
         }
+    }
+    if (base.model) {
+        if (bytes_given) {
+            fprintf(stderr, "psbench: --model and --bytes exclude each other\n");
+            return 2;
+        }
+        nb = 1; /* bytes[0] = the model's size */
     }
     int zip = ns > 1 && nwk > 1;
     if (zip && ns != nwk) {
@@ -532,13 +633,14 @@ int main(int argc, char **argv)
     for (int i = 0; i < nsw; i++)
         for (int b = 0; b < nb; b++)
             for (int d = 0; d < nd; d++)
-                for (int k = 0; k < nc; k++) {
+                for (int k = 0; k < nc * no; k++) {
                     psbench_cfg_t c = base;
+                    c.overlap = overlaps[k % no];
                     c.servers = zip ? servers[i] : servers[i / nwk];
                     c.workers = zip ? workers[i] : workers[i % nwk];
                     c.bytes = bytes[b];
                     c.dtype = dts[d];
-                    c.codec = cds[k];
+                    c.codec = cds[k / no];
                     if (c.servers + c.workers > MAXPROC) {
                         fprintf(stderr, "psbench: too many processes\n");
                         return 2;

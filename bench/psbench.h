@@ -19,6 +19,11 @@ typedef struct psbench_cfg {
     int max_inflight;
     int timeout_ms;
     int check;               /* verify the final weights against closed form */
+    const char *model;       /* --model: real layout (bench/model_sizes.h), NULL: one tensor */
+    double compute_ms;       /* emulated forward+backward per step (sleep), 0 = none */
+    int overlap;             /* 1: push each partition as its backward ends */
+    const char *netns;       /* --netns PREFIX: run in PREFIX-h<i> namespaces, NULL = here */
+    const char *netns_net;   /* first three octets of the hosts' addresses */
 } psbench_cfg_t;
 
 /* What a worker sends back after its iters step times. */
@@ -29,8 +34,10 @@ typedef struct psbench_result {
 } psbench_result_t;
 
 /* Worker process body: connects to `endpoints`, rank 0 initialises the
- * model, everybody barriers, then warmup + iters steps of pushpull over
- * every partition.  Writes iters doubles (seconds per step) to fd.
+ * model, everybody barriers, then warmup + iters steps of (emulated compute
+ * and) pushpull over every partition.  Writes iters doubles (seconds per
+ * step), iters doubles (seconds of compute in that step: the rest is
+ * communication wait) and a psbench_result_t to fd.
  * Returns the process exit status. */
 int psbench_worker(const psbench_cfg_t *cfg, int rank, char **endpoints, int fd);
 

@@ -5,9 +5,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "psbench.h"
+#include "model_sizes.h"
 #include "ps_error.h"
 #include "ps_log.h"
 #include "ps_partition.h"
@@ -72,6 +74,71 @@ out:
     return worst;
 }
 
+/* Sleep until the absolute CLOCK_MONOTONIC time `until` (seconds, the
+ * psbench_now() clock): deadlines, not durations, so that many short
+ * per-partition sleeps do not drift. */
+static void sleep_until(double until)
+{
+    struct timespec ts;
+    ts.tv_sec = (time_t)until;
+    ts.tv_nsec = (long)((until - (double)ts.tv_sec) * 1e9);
+    if (ts.tv_nsec >= 1000000000L) ts.tv_nsec = 999999999L;
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR) {
+    }
+}
+
+/* Init spec JSON for the table's tensors (heap: a model has hundreds). */
+static char *spec_json(const psbench_cfg_t *cfg, const ps_partition_table_t *t)
+{
+    size_t cap = 256 + (size_t)t->ntensors * 160, len = 0;
+    char *j = malloc(cap);
+    if (!j) return NULL;
+    len += (size_t)snprintf(j + len, cap - len, "{\"tensors\":[");
+    for (uint32_t i = 0; i < t->ntensors; i++)
+        len += (size_t)snprintf(j + len, cap - len, "%s[\"%s\",%zu,0]", i ? "," : "",
+                                t->tensors[i].name, t->tensors[i].numel);
+    /* ps-lite's benchmark update: w -= lr * sum / N, no momentum */
+    snprintf(j + len, cap - len,
+             "],\"partition_bytes\":%zu,\"num_servers\":%d,\"num_workers\":%d,"
+             "\"optim\":{\"lr\":%g,\"momentum\":0}}",
+             cfg->partition_bytes, cfg->servers, cfg->workers, bench_lr(cfg));
+    return j;
+}
+
+/* One step's pushes.  Without compute emulation, or with overlap off: the
+ * forward+backward time first, then every partition in flight (the client
+ * sends the lowest id first).  With overlap: a third of the time as forward,
+ * then backward walks the partitions from the last to the first, each taking
+ * a share of the remaining two thirds proportional to its size (backward of
+ * a layer ~ 2x its forward; time ~ parameters is the simplification), and
+ * each partition's pushpull goes out as soon as its share ends, as a
+ * framework's gradient hook would.  Returns the client's error or 0;
+ * *compute_end = when the last share ended. */
+static int step_push(ps_client_t *c, const psbench_cfg_t *cfg, const ps_partition_table_t *t,
+                     uint64_t it, const float *g, float *dst, ps_req_t **rq, double t0,
+                     double *compute_end)
+{
+    double comp = cfg->compute_ms / 1e3;
+    int rc = 0;
+    if (!cfg->overlap || comp <= 0) {
+        if (comp > 0) sleep_until(t0 + comp);
+        *compute_end = psbench_now();
+        for (uint32_t p = 0; p < t->nparts && rc == 0; p++)
+            rc = ps_client_pushpull(c, p, it, g + t->parts[p].offset, dst + t->parts[p].offset, 0,
+                                    &rq[p]);
+        return rc;
+    }
+    double at = t0 + comp / 3, bwd = comp * 2 / 3;
+    for (uint32_t k = t->nparts; k-- > 0 && rc == 0;) {
+        at += bwd * (double)t->parts[k].numel / (double)t->total_numel;
+        sleep_until(at);
+        rc = ps_client_pushpull(c, k, it, g + t->parts[k].offset, dst + t->parts[k].offset, 0,
+                                &rq[k]);
+    }
+    *compute_end = psbench_now();
+    return rc;
+}
+
 static int write_all(int fd, const void *buf, size_t len)
 {
     const char *p = buf;
@@ -89,17 +156,28 @@ int psbench_worker(const psbench_cfg_t *cfg, int rank, char **endpoints, int fd)
 {
     size_t numel = cfg->bytes / sizeof(float);
     ps_tensor_spec_t spec = {"bench.weight", numel, 0};
-    ps_partition_table_t t;
+    psbench_model_t model = {0};
+    ps_partition_table_t t = {0};
     ps_client_t *c = NULL;
     float *w = NULL, *g = NULL, *dst = NULL;
     ps_req_t **rq = NULL;
-    double *times = NULL;
+    double *times = NULL, *ctimes = NULL;
+    char *json = NULL;
     int rc, status = 1;
 
-    if ((rc = ps_partition_table_build(&t, &spec, 1, cfg->partition_bytes,
-                                       (uint32_t)cfg->servers)) < 0) {
+    if (cfg->model && psbench_model_build(&model, cfg->model) < 0) return 1;
+    rc = cfg->model ? ps_partition_table_build(&t, model.tensors, model.ntensors,
+                                               cfg->partition_bytes, (uint32_t)cfg->servers)
+                    : ps_partition_table_build(&t, &spec, 1, cfg->partition_bytes,
+                                               (uint32_t)cfg->servers);
+    if (rc < 0) {
         ps_error("worker %d: partition table: %s", rank, ps_strerror(rc));
+        psbench_model_free(&model);
         return 1;
+    }
+    if (t.total_numel != numel) {
+        ps_error("worker %d: model has %zu floats, psbench said %zu", rank, t.total_numel, numel);
+        goto out;
     }
     ps_client_opts_t o;
     ps_client_opts_default(&o);
@@ -125,7 +203,8 @@ int psbench_worker(const psbench_cfg_t *cfg, int rank, char **endpoints, int fd)
     dst = malloc(numel * sizeof *dst);
     rq = calloc(t.nparts, sizeof *rq);
     times = calloc((size_t)cfg->iters, sizeof *times);
-    if (!w || !g || !dst || !rq || !times) {
+    ctimes = calloc((size_t)cfg->iters, sizeof *ctimes);
+    if (!w || !g || !dst || !rq || !times || !ctimes) {
         ps_error("worker %d: out of memory for %zu-byte buffers", rank, cfg->bytes);
         goto out;
     }
@@ -134,13 +213,10 @@ int psbench_worker(const psbench_cfg_t *cfg, int rank, char **endpoints, int fd)
     memset(dst, 0, numel * sizeof *dst); /* fault the pages in before timing */
 
     if (rank == 0) {
-        char json[512];
-        /* ps-lite's benchmark update: w -= lr * sum / N, no momentum */
-        snprintf(json, sizeof json,
-                 "{\"tensors\":[[\"bench.weight\",%zu,0]],\"partition_bytes\":%zu,"
-                 "\"num_servers\":%d,\"num_workers\":%d,"
-                 "\"optim\":{\"lr\":%g,\"momentum\":0}}",
-                 numel, cfg->partition_bytes, cfg->servers, cfg->workers, bench_lr(cfg));
+        if (!(json = spec_json(cfg, &t))) {
+            ps_error("worker 0: out of memory for the init spec");
+            goto out;
+        }
         int ck = 0;
         if ((rc = ps_client_init(c, json, w, &ck)) < 0) {
             ps_error("worker 0: init: %s (%s)", ps_strerror(rc), ps_client_last_error(c));
@@ -166,11 +242,9 @@ int psbench_worker(const psbench_cfg_t *cfg, int rank, char **endpoints, int fd)
     ps_client_counters_t k0, k1;
     for (int it = 0; it < cfg->warmup + cfg->iters; it++) {
         if (it == cfg->warmup) ps_client_counters(c, &k0);
-        double t0 = psbench_now();
+        double t0 = psbench_now(), tc = t0;
         memset(rq, 0, t.nparts * sizeof *rq);
-        for (uint32_t p = 0; p < t.nparts && rc == 0; p++)
-            rc = ps_client_pushpull(c, p, (uint64_t)it, g + t.parts[p].offset,
-                                    dst + t.parts[p].offset, 0, &rq[p]);
+        rc = step_push(c, cfg, &t, (uint64_t)it, g, dst, rq, t0, &tc);
         for (uint32_t p = 0; p < t.nparts; p++)
             if (rq[p]) {
                 int r1 = ps_client_wait(c, rq[p], -1, NULL);
@@ -181,7 +255,10 @@ int psbench_worker(const psbench_cfg_t *cfg, int rank, char **endpoints, int fd)
                      ps_client_last_error(c));
             goto out;
         }
-        if (it >= cfg->warmup) times[it - cfg->warmup] = psbench_now() - t0;
+        if (it >= cfg->warmup) {
+            times[it - cfg->warmup] = psbench_now() - t0;
+            ctimes[it - cfg->warmup] = tc - t0;
+        }
     }
     ps_client_counters(c, &k1);
     psbench_result_t res = {(double)(k1.bytes_out - k0.bytes_out) / cfg->iters,
@@ -200,6 +277,7 @@ int psbench_worker(const psbench_cfg_t *cfg, int rank, char **endpoints, int fd)
         free(flat_res);
     }
     if (write_all(fd, times, (size_t)cfg->iters * sizeof *times) < 0 ||
+        write_all(fd, ctimes, (size_t)cfg->iters * sizeof *ctimes) < 0 ||
         write_all(fd, &res, sizeof res) < 0) {
         ps_error("worker %d: writing results: %s", rank, strerror(errno));
         goto out;
@@ -208,6 +286,9 @@ int psbench_worker(const psbench_cfg_t *cfg, int rank, char **endpoints, int fd)
 out:
     ps_client_destroy(&c);
     ps_partition_table_free(&t);
+    psbench_model_free(&model);
+    free(json);
+    free(ctimes);
     free(w);
     free(g);
     free(dst);

@@ -19,7 +19,7 @@ cd "$(dirname "$0")/.." || exit 1
 SRC=$(pwd)
 
 STEPS= WORKERS=2 SERVERS_N=2 DTYPE=fp32 BATCH= MODE=sync MODEL=tsm-r18
-DATA= SIZE=64 FRAMES=8 GEN_VIDEOS=800 GEN_FRAMES=16 GEN_SIZE=64
+DATA= SIZE=48 FRAMES=8 GEN_VIDEOS=800 GEN_FRAMES=16 GEN_SIZE=48
 EXTRA=()
 usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
@@ -94,7 +94,7 @@ if [ $VIDEO = 1 ]; then
                  --warmup-steps $((STEPS / 20)) --val-every $((STEPS / 4 > 0 ? STEPS / 4 : 1))
                  --threads 1 --loader-threads 1)
     # the generated labels are directions of motion: a mirror image flips them
-    [ $GENERATED = 1 ] && MODEL_ARGS+=(--flip 0 --dropout 0.2)
+    [ $GENERATED = 1 ] && MODEL_ARGS+=(--flip 0 --dropout 0)
 fi
 
 RUN=${PS_RUN_ROOT:-$SRC/run}/local-$(date -u +%Y%m%d-%H%M%S)

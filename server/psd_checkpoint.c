@@ -74,6 +74,27 @@ static int list_ckpts(const char *dir, int sid, uint64_t **seqs, size_t *n)
     return 0;
 }
 
+/* A writer killed mid-write (SIGKILL, power loss) leaves its temporary file
+ * (ps_st_writer_save names it FINAL.tmp.PID) and never a partial FINAL:
+ * remove those of this server at start so they do not pile up.  Only one
+ * psd per server id uses a directory, so none of them is being written. */
+static void remove_stale_tmp(const char *dir, int sid)
+{
+    DIR *d = opendir(dir);
+    if (!d) return;
+    char prefix[32];
+    int plen = snprintf(prefix, sizeof prefix, "psd-%d-", sid);
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, prefix, plen) || !strstr(e->d_name, ".safetensors.tmp.")) continue;
+        char p[4096];
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        if (unlink(p) == 0) ps_warn("removed %s (an interrupted checkpoint write)", p);
+        else ps_warn("cannot remove stale %s: %s", p, strerror(errno));
+    }
+    closedir(d);
+}
+
 static void ckpt_path(char *buf, size_t cap, const char *dir, int sid, uint64_t seq)
 {
     snprintf(buf, cap, "%s/psd-%d-%012llu.safetensors", dir, sid, (unsigned long long)seq);
@@ -559,6 +580,7 @@ int psd_checkpoint_load(psd_t *s)
         ps_error("--checkpoint-dir %s: %s", dir, strerror(errno));
         return PS_EIO;
     }
+    remove_stale_tmp(dir, s->o.server_id);
     uint64_t *seqs;
     size_t n;
     if (list_ckpts(dir, s->o.server_id, &seqs, &n)) {

@@ -56,6 +56,7 @@ typedef struct fl_cfg {
     uint64_t steps;
     int same_grad;
     int hb_ms, retry_ms, deadline_s;
+    int pace_ms;            /* at least this long between a reply and the next push */
 } fl_cfg_t;
 
 static double fl_now(void)
@@ -256,15 +257,11 @@ static int fl_work(const fl_cfg_t *c, fl_result_t *res)
     void *d[FL_MAXS];
     for (int s = 0; s < c->nservers; s++) d[s] = fl_dealer(ctx, c->host, c->src, c->ports[s]);
     uint64_t it[FL_MAXP], rid[FL_MAXP];
-    double sent[FL_MAXP];
+    double sent[FL_MAXP], due[FL_MAXP];
+    int inflight[FL_MAXP];
     float g[FL_N];
     uint64_t seq = 0;
-    for (uint32_t p = 0; p < t.nparts; p++) {
-        it[p] = 0;
-        rid[p] = ((uint64_t)c->rank << 40) | ++seq;
-        fl_send_push(d[t.parts[p].server], c, &t.parts[p], 0, rid[p], g);
-        sent[p] = fl_now();
-    }
+    for (uint32_t p = 0; p < t.nparts; p++) it[p] = 0, due[p] = 0, inflight[p] = 0;
     double end = fl_now() + c->deadline_s, last_hb = 0;
     int rc = -1;
     for (;;) {
@@ -281,21 +278,30 @@ static int fl_work(const fl_cfg_t *c, fl_result_t *res)
             break;
         }
         if (now - last_hb >= c->hb_ms / 1000.0) fl_heartbeat(d, c), last_hb = now;
-        for (uint32_t p = 0; p < t.nparts; p++)
-            if (it[p] < c->steps && now - sent[p] > c->retry_ms / 1000.0) {
+        int tmo = c->hb_ms;
+        for (uint32_t p = 0; p < t.nparts; p++) {
+            if (it[p] >= c->steps) continue;
+            if (!inflight[p] && now >= due[p]) {
+                rid[p] = ((uint64_t)c->rank << 40) | ++seq;
+                fl_send_push(d[t.parts[p].server], c, &t.parts[p], it[p], rid[p], g);
+                sent[p] = now, inflight[p] = 1;
+            } else if (inflight[p] && now - sent[p] > c->retry_ms / 1000.0) {
                 fl_send_push(d[t.parts[p].server], c, &t.parts[p], it[p], rid[p], g);
                 sent[p] = now;
                 res->resends++;
+            } else if (!inflight[p]) {
+                tmo = 1;
             }
+        }
         zmq_pollitem_t pi[FL_MAXS];
         for (int s = 0; s < c->nservers; s++) pi[s] = (zmq_pollitem_t){d[s], 0, ZMQ_POLLIN, 0};
-        if (zmq_poll(pi, c->nservers, c->hb_ms) <= 0) continue;
+        if (zmq_poll(pi, c->nservers, tmo) <= 0) continue;
         for (int s = 0; s < c->nservers; s++) {
             if (!(pi[s].revents & ZMQ_POLLIN)) continue;
             for (;;) {
                 ps_wire_msg_t m;
                 char err[256];
-                int r = ps_wire_recv(d[s], &m, ZMQ_DONTWAIT, 0, err, sizeof err);
+                int r = ps_wire_recv(d[s], &m, 0, ZMQ_DONTWAIT, err, sizeof err);
                 if (r == PS_EAGAIN) {
                     ps_wire_msg_close(&m);
                     break;
@@ -306,11 +312,8 @@ static int fl_work(const fl_cfg_t *c, fl_result_t *res)
                         if (m.hdr->iteration > it[p] + 1) res->jumps++;
                         it[p] = m.hdr->iteration;
                         res->steps++;
-                        if (it[p] < c->steps) {
-                            rid[p] = ((uint64_t)c->rank << 40) | ++seq;
-                            fl_send_push(d[s], c, &t.parts[p], it[p], rid[p], g);
-                            sent[p] = fl_now();
-                        }
+                        inflight[p] = 0;
+                        due[p] = fl_now() + c->pace_ms / 1000.0;
                     } else if (m.hdr->type == PS__MSG_TYPE__MSG_ERROR) {
                         /* PS_EAGAIN (in-flight cap) and the like: the resend timer retries. */
                         fprintf(stderr, "rank %d part %u it %llu: error %d: %s\n", c->rank, p,

@@ -11,6 +11,9 @@
 
 #include <stdint.h>
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 /* ---- golden file reader ------------------------------------------------- */
 
@@ -439,8 +442,26 @@ int main(int argc, char **argv)
     int nconv = 0;
     for (char nm[32]; snprintf(nm, sizeof nm, "conv.%d.cfg", nconv), find(nm);) nconv++;
     ok(nconv >= 8, "golden file holds %d conv cases", nconv);
-    for (int i = 0; i < nconv; i++)
-        for (int mode = 0; mode < 3; mode++) test_conv(i, mode);
+    /* conv2d works differently with one thread (chunks in turn, each GEMM
+     * split) and with a team (whole chunks per thread, private dw copies
+     * summed at the end), and the team shrinks the images per GEMM: run
+     * every case both ways, whatever this machine's core count. */
+#ifdef _OPENMP
+    const int teams[2] = {1, ctx.nthreads > 1 ? ctx.nthreads : 2};
+#else
+    const int teams[2] = {1, 1};
+#endif
+    for (int tm = 0; tm < 2; tm++) {
+#ifdef _OPENMP
+        omp_set_num_threads(teams[tm]);
+#endif
+        diag("conv2d with %d thread(s)", teams[tm]);
+        for (int i = 0; i < nconv; i++)
+            for (int mode = 0; mode < 3; mode++) test_conv(i, mode);
+    }
+#ifdef _OPENMP
+    omp_set_num_threads(ctx.nthreads);
+#endif
     ps_conv2d_set_gemm_cols(0);
     test_bn();
     test_relu();

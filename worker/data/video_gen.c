@@ -24,6 +24,7 @@
 #include "ps_log.h"
 #include "worker/data/ps_image.h"
 #include "worker/data/ps_video.h"
+#include "worker/data/video_list.h"
 
 void ps_video_gen_opts_default(ps_video_gen_opts_t *o)
 {
@@ -152,7 +153,7 @@ int ps_video_gen(const ps_video_gen_opts_t *o, char *err, size_t errlen)
                  "classes 2|4|8, quality 1..100, 0 <= val fraction < 1, clutter 0..100, movers (0, 100]");
         return PS_EINVAL;
     }
-    if (mkdir(o->out, 0755) < 0 && errno != EEXIST) {
+    if (ps_mkdir_p(o->out) < 0) {
         ps_errf(err, errlen, "%s: %s", o->out, strerror(errno));
         return PS_EIO;
     }

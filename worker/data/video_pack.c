@@ -88,7 +88,7 @@ int ps_video_pack(const ps_video_list_t *l, const char *dir, int shard_videos, c
         ps_errf(err, errlen, "shard size %d videos must be >= 1", shard_videos);
         return PS_EINVAL;
     }
-    if (mkdir(dir, 0755) < 0 && errno != EEXIST) {
+    if (ps_mkdir_p(dir) < 0) {
         ps_errf(err, errlen, "%s: %s", dir, strerror(errno));
         return PS_EIO;
     }

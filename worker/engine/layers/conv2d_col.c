@@ -5,6 +5,9 @@
 #include "cpu_layers.h"
 
 #include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 void ps_cpu_im2col(float *col, const float *x, size_t img_stride, int nc, int Cg, int H,
                    int W, const ps_conv2d_desc_t *d, int P, int Q)
@@ -13,7 +16,8 @@ void ps_cpu_im2col(float *col, const float *x, size_t img_stride, int nc, int Cg
     const size_t PQ = (size_t)P * Q, cols = (size_t)nc * PQ, HW = (size_t)H * W;
     /* rows are independent and write disjoint memory; dynamic chunks keep
      * both threads busy even if one is preempted */
-#pragma omp parallel for schedule(dynamic, 4)
+/* inside conv2d's per-chunk threads: run on the calling thread */
+#pragma omp parallel for schedule(dynamic, 4) if (!omp_in_parallel())
     for (int row = 0; row < rows; row++) {
         const int c = row / (R * S), r = (row / S) % R, s = row % S;
         const int w0 = s * d->dil_w - d->pad_w, sw = d->stride_w;
@@ -53,7 +57,7 @@ void ps_cpu_col2im(float *dx, const float *col, size_t img_stride, int nc, int C
     const size_t PQ = (size_t)P * Q, cols = (size_t)nc * PQ, HW = (size_t)H * W;
     /* Each (image, channel) plane of dx is written by exactly one thread
      * (all its R*S rows), so the scatter-add needs no atomics. */
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for schedule(dynamic, 1) if (!omp_in_parallel())
     for (int ic = 0; ic < nc * Cg; ic++) {
         const int i = ic / Cg, c = ic % Cg;
         float *xp = dx + (size_t)i * img_stride + (size_t)c * HW;

@@ -1,0 +1,125 @@
+/* Training-step benchmark of RetinaNet-FPN on the CPU engine (issue 6's
+ * "throughput of the detector training step"): ResNet-18 / -50 backbone with
+ * frozen BN and conv1 + layer1 frozen, FPN 256, 9 anchors, 80 classes; a
+ * real per-anchor assignment (two GT boxes per image through
+ * ps_det_assign) so the losses see positives; forward and backward timed
+ * separately, median of N steps, images/s.
+ *
+ *   retina_bench [-t threads] [-s steps] [-w warmup] [-n images] [-H size] [-d depth] [-K classes]
+ *
+ * Lines starting with "RESULT" are machine-readable.  Figures mean
+ * something only on an otherwise idle machine. */
+#include "worker/det/det_boxes.h"
+#include "worker/engine/ps_blas.h"
+#include "worker/models/ps_retinanet.h"
+
+#include "ps_log.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int cmp_d(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, n, sizeof *v, cmp_d);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static int bench(ps_ctx_t *ctx, int depth, int n, int H, int K, int steps, int warmup)
+{
+    ps_retina_config_t cfg;
+    ps_retina_config_default(&cfg);
+    cfg.depth = depth;
+    cfg.num_classes = K;
+    ps_retina_t *m = NULL;
+    if (ps_retina_create(&m, &cfg, &ps_backend_cpu, ctx, n, H, H)) return 1;
+    ps_retina_init(m, 1, 0);
+    int A = ps_retina_num_anchors(m);
+    size_t nx = (size_t)n * 3 * H * H, rows = (size_t)n * A;
+    float *x = malloc(nx * sizeof *x), *box = calloc(rows * 4, sizeof *box);
+    int32_t *lab = malloc(rows * sizeof *lab), *matched = malloc(A * sizeof *matched);
+    double *tf = malloc(steps * sizeof *tf), *tb = malloc(steps * sizeof *tb);
+    double *ts = malloc(steps * sizeof *ts);
+    if (!x || !box || !lab || !matched || !tf || !tb || !ts) return 1;
+    ps_model_hash_fill(x, nx, "input", 1, 1.0);
+    float s = (float)H;
+    float gt[8] = {0.1f * s, 0.1f * s, 0.5f * s, 0.45f * s, 0.4f * s, 0.3f * s, 0.9f * s, 0.95f * s};
+    int32_t gcls[2] = {0, K > 1 ? 1 : 0};
+    for (int i = 0; i < n; i++) {
+        ps_det_assign(matched, ps_retina_anchors(m), A, gt, 2, 0.5f, 0.4f, NULL);
+        ps_det_make_targets(lab + (size_t)i * A, box + (size_t)i * A * 4, matched,
+                            ps_retina_anchors(m), A, gt, gcls, 2, K);
+    }
+    float lc = 0, lb = 0;
+    for (int st = -warmup; st < steps; st++) {
+        ps_retina_zero_grad(m);
+        double t0 = now();
+        ps_retina_forward(m, x, n, lab, box, 1, &lc, &lb);
+        double t1 = now();
+        ps_retina_backward(m);
+        double t2 = now();
+        if (st >= 0) {
+            tf[st] = t1 - t0;
+            tb[st] = t2 - t1;
+            ts[st] = t2 - t0;
+        }
+    }
+    double mf = median(tf, steps), mb = median(tb, steps), ms = median(ts, steps);
+    printf("RetinaNet-ResNet-%d-FPN %dx3x%dx%d, %d anchors/image, K %d: fwd %.1f ms, bwd %.1f "
+           "ms, step %.1f ms, %.2f images/s (loss %.3f + %.3f)\n", depth, n, H, H, A, K,
+           mf * 1e3, mb * 1e3, ms * 1e3, n / ms, lc, lb);
+    printf("RESULT impl=c model=retinanet depth=%d images=%d size=%d fwd_ms=%.2f bwd_ms=%.2f "
+           "step_ms=%.2f images_per_s=%.3f\n", depth, n, H, mf * 1e3, mb * 1e3, ms * 1e3,
+           n / ms);
+    fflush(stdout);
+    free(x), free(box), free(lab), free(matched), free(tf), free(tb), free(ts);
+    ps_retina_destroy(&m);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    ps_blas_autoselect(argc, argv); /* may re-exec with a better OpenBLAS core */
+    int threads = 2, steps = 5, warmup = 1, n = 2, H = 256, depth = 0, K = 80, opt;
+    while ((opt = getopt(argc, argv, "t:s:w:n:H:d:K:")) != -1) {
+        switch (opt) {
+        case 't': threads = atoi(optarg); break;
+        case 's': steps = atoi(optarg); break;
+        case 'w': warmup = atoi(optarg); break;
+        case 'n': n = atoi(optarg); break;
+        case 'H': H = atoi(optarg); break;
+        case 'd': depth = atoi(optarg); break;
+        case 'K': K = atoi(optarg); break;
+        default:
+            fprintf(stderr, "usage: retina_bench [-t threads] [-s steps] [-w warmup] "
+                            "[-n images] [-H size] [-d depth (0 = 18 and 50)] [-K classes]\n");
+            return 2;
+        }
+    }
+    if (steps < 1 || warmup < 0 || n < 1 || H < 32 || K < 1) return 2;
+    ps_log_level = PS_LOG_WARN;
+    ps_ctx_t ctx;
+    ps_engine_init(&ctx, threads);
+    printf("OpenBLAS core %s, %d threads\n", ps_blas_corename(), ctx.nthreads);
+    int rc = 0;
+    if (depth == 0 || depth == 18) rc |= bench(&ctx, 18, n, H, K, steps, warmup);
+    if (depth == 0 || depth == 50) rc |= bench(&ctx, 50, n, H, K, steps, warmup);
+    if (depth == 34) rc |= bench(&ctx, 34, n, H, K, steps, warmup);
+    ps_ctx_free(&ctx);
+    return rc;
+}
