@@ -589,6 +589,10 @@ int main(int argc, char **argv)
         }
         nb = 1; /* bytes[0] = the model's size */
     }
+    /* a request may take as long as the run is allowed to (slow emulated
+     * links), never less than the 120 s default */
+    if ((long long)timeout_s * 1000 > base.timeout_ms)
+        base.timeout_ms = timeout_s > INT_MAX / 1000 ? INT_MAX : timeout_s * 1000;
     int zip = ns > 1 && nwk > 1;
     if (zip && ns != nwk) {
         fprintf(stderr, "psbench: --servers and --workers lists differ in length (%d vs %d)\n", ns, nwk);

@@ -80,12 +80,15 @@ static int bench(ps_ctx_t *ctx, int depth, int n, int H, int K, int steps, int w
         }
     }
     double mf = median(tf, steps), mb = median(tb, steps), ms = median(ts, steps);
+    double ff, fb;
+    ps_retina_flops(m, n, &ff, &fb);
     printf("RetinaNet-ResNet-%d-FPN %dx3x%dx%d, %d anchors/image, K %d: fwd %.1f ms, bwd %.1f "
-           "ms, step %.1f ms, %.2f images/s (loss %.3f + %.3f)\n", depth, n, H, H, A, K,
-           mf * 1e3, mb * 1e3, ms * 1e3, n / ms, lc, lb);
+           "ms, step %.1f ms, %.2f images/s, %.1f GFLOP/step, %.1f GFLOP/s (loss %.3f + "
+           "%.3f)\n", depth, n, H, H, A, K, mf * 1e3, mb * 1e3, ms * 1e3, n / ms,
+           (ff + fb) * 1e-9, (ff + fb) / ms * 1e-9, lc, lb);
     printf("RESULT impl=c model=retinanet depth=%d images=%d size=%d fwd_ms=%.2f bwd_ms=%.2f "
-           "step_ms=%.2f images_per_s=%.3f\n", depth, n, H, mf * 1e3, mb * 1e3, ms * 1e3,
-           n / ms);
+           "step_ms=%.2f images_per_s=%.3f gflop_step=%.3f gflops=%.2f\n", depth, n, H,
+           mf * 1e3, mb * 1e3, ms * 1e3, n / ms, (ff + fb) * 1e-9, (ff + fb) / ms * 1e-9);
     fflush(stdout);
     free(x), free(box), free(lab), free(matched), free(tf), free(tb), free(ts);
     ps_retina_destroy(&m);

@@ -2,7 +2,7 @@
  * (tests/test_fault_netns.sh runs it inside a network namespace).
  *   fault_worker init   --host H --ports P0[,P1..] --workers W
  *   fault_worker work   --host H --ports .. --workers W --rank R --steps K [--src IP]
- *                       [--same-grad] [--retry-ms MS] [--hb-ms MS] [--deadline-s S]
+ *                       [--same-grad] [--retry-ms MS] [--hb-ms MS] [--deadline-s S] [--pace-ms MS]
  *   fault_worker verify --host H --ports .. --workers W --steps K [--same-grad]
  * Exit 0 on success; work prints "rank R: answers A, resends X, jumps J". */
 #include "tests/fault_lib.h"
@@ -11,7 +11,7 @@ static int usage(void)
 {
     fprintf(stderr, "usage: fault_worker init|work|verify --host H --ports P0[,P1] --workers W "
                     "[--rank R] [--steps K] [--src IP] [--same-grad] [--retry-ms MS] [--hb-ms MS] "
-                    "[--deadline-s S]\n");
+                    "[--deadline-s S] [--pace-ms MS]\n");
     return 2;
 }
 
@@ -35,6 +35,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--retry-ms")) c.retry_ms = atoi(v);
         else if (!strcmp(a, "--hb-ms")) c.hb_ms = atoi(v);
         else if (!strcmp(a, "--deadline-s")) c.deadline_s = atoi(v);
+        else if (!strcmp(a, "--pace-ms")) c.pace_ms = atoi(v);
         else if (!strcmp(a, "--ports")) {
             char *e;
             const char *p = v;

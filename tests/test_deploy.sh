@@ -244,7 +244,7 @@ else
     [ "$(grep -c '\["psd",' "$C")" = 2 ] && [ "$(grep -c '\["psworker",' "$C")" = 2 ] || res=1
     ok $res "docker-compose.yml structure (no PyYAML): 2 psd + 2 psworker commands"
     # shellcheck disable=SC2046
-    check_flags psd compose $(grep -o '"--[a-z0-9-]*"' "$C" | tr -d '"' | sort -u | while read -r f; do
+    check_flags psd compose $(grep -v '^[[:space:]]*#' "$C" | grep -o '"--[a-z0-9-]*"' | tr -d '"' | sort -u | while read -r f; do
         grep -qx -- "${f#--}" "$T/psd.flags" "$T/psworker.flags" "$T/psctl.flags" 2>/dev/null || echo "$f"; done)
     ok $? "every flag in the compose file is known to one of the programs"
 fi
@@ -323,6 +323,20 @@ PATH=$T/fakebin:$PATH PSD_DRY_RUN=1 PSD_NUM_SERVERS=2 SLURM_JOB_NODELIST='gpu-[a
 src=$?
 grep '^task ' "$T/slurm.out" >"$T/slurm.tasks"
 # expected: tasks 0 and 3 are psd 0 and 1; the other 7 are workers 0..6
+if ! "$PY" -c '' 2>/dev/null; then
+    # no Python here: the same checks in awk
+    awk -v FS=': ' '
+        function arg(f,   i) { for (i = 1; i < n; i++) if (c[i] == f) return c[i + 1]; return "" }
+        { split($1, h, " "); t = h[2]; n = split($2, c, " "); seen[t] = 1
+          if (c[1] ~ /psd$/) { ps[t] = arg("--server-id"); if (arg("--num-workers") != 7 || arg("--num-servers") != 2) bad = "psd sizes " t }
+          else { r[++nw] = arg("--rank"); if (arg("--servers") != "tcp://gpu-a:9100,tcp://gpu-b:9100" || arg("--num-workers") != 7 || c[n-1] " " c[n] != "--steps 10") bad = "worker " t
+                 for (i = 1; i <= n; i++) if (c[i] == "--shutdown-servers") sd++ } }
+        END { for (t = 0; t < 9; t++) if (!seen[t]) bad = "missing task " t
+              if (!(0 in ps) || !(3 in ps) || ps[0] != 0 || ps[3] != 1 || length(ps) != 2) bad = "psd tasks"
+              for (i = 1; i <= 7; i++) if (r[i] != i - 1) bad = "ranks"
+              if (sd != 1) bad = "shutdown-servers count"
+              if (bad) { print bad; exit 1 } }' "$T/slurm.tasks" >"$T/slurm.check" 2>&1 || src=1
+else
 "$PY" - "$T/slurm.tasks" >"$T/slurm.check" 2>&1 <<'PYEOF' || src=1
 import sys
 tasks = {}
@@ -344,6 +358,7 @@ for c in servers.values():
     assert int(arg(c, "--num-workers")) == 7 and int(arg(c, "--num-servers")) == 2
 assert sum("--shutdown-servers" in c for c in workers) == 1
 PYEOF
+fi
 [ $src = 0 ]
 ok $? "Slurm dry run: psd on task 0 of nodes 0-1, 7 workers ranked 0..6, server addresses from scontrol" ||
     { show "$T/slurm.out"; show "$T/slurm.check"; }

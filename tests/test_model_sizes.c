@@ -21,7 +21,7 @@ int main(void)
     }
     psbench_model_t m = {0};
     unsigned idx = 0, bad = 0, nmodels = 0, lineno = 0;
-    char cur[64] = "";
+    char cur[256] = "";
     int have = 0;
     while (fgets(line, sizeof line, f)) {
         char name[256];

@@ -49,8 +49,9 @@ class Retina(nn.Module):
         super().__init__()
         body = G.ResNetReplica(depth, 1, width)
         c5 = (width << 3) * (4 if depth == 50 else 1)
-        # LastLevelP6P7 takes P5 exactly when in_channels == out_channels
-        assert (c5 == fpn) == bool(p6_from_p5) or p6_from_p5
+        # LastLevelP6P7 takes P5 exactly when in_channels == out_channels, so
+        # P6 on C5 needs C5's width to differ from the FPN's
+        assert p6_from_p5 or c5 != fpn, "P6 on C5 needs C5 channels != fpn channels"
         extra = LastLevelP6P7(fpn if p6_from_p5 else c5, fpn)
         self.backbone = BackboneWithFPN(body, {"layer2": "0", "layer3": "1", "layer4": "2"},
                                         [c5 // 4, c5 // 2, c5], fpn, extra_blocks=extra)

@@ -108,6 +108,10 @@ const float *ps_retina_box_out(const ps_retina_t *m);
  * gradients ACCUMULATE into the tables' g.  PS_ESTATE otherwise. */
 int ps_retina_backward(ps_retina_t *m);
 void ps_retina_zero_grad(ps_retina_t *m);
+/* Floating-point operations of one forward / backward over n images from
+ * the conv shapes (2 per multiply-add; frozen stages get no backward, the
+ * image no input gradient). */
+void ps_retina_flops(const ps_retina_t *m, int n, double *fwd, double *bwd);
 
 /* Tables (owned by the model; names are full torchvision names).  Frozen
  * tensors (backbone BN affine, frozen stages) have trainable 0 and keep a

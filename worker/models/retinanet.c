@@ -359,3 +359,52 @@ int ps_retina_backward(ps_retina_t *m)
     ps_resnet_backward_features(m->body, dstage, n, m->cfg.freeze_at);
     return 0;
 }
+
+static double rconv_flops(const rconv_t *c, int N, int H, int W)
+{
+    int P = ps_conv_out(H, c->d.R, c->d.stride_h, c->d.pad_h, 1);
+    int Q = ps_conv_out(W, c->d.S, c->d.stride_w, c->d.pad_w, 1);
+    return 2.0 * N * c->d.K * (double)c->d.C * c->d.R * c->d.S * P * Q;
+}
+
+void ps_retina_flops(const ps_retina_t *m, int n, double *fwd, double *bwd)
+{
+    double f = 0, b = 0, x;
+    ps_model_flops(m->body, n, &f, &b); /* its 1-class "fc" is never run: noise */
+    if (m->cfg.freeze_at > 0) {
+        /* frozen stem / stages: forward only */
+        const ps_model_t *bd = m->body;
+        b -= 2.0 * n * bd->conv1.d.K * 3.0 * 49 * bd->conv1.P * bd->conv1.Q;
+        for (int bi = 0; bi < bd->nblocks; bi++) {
+            int s = 0;
+            while (s < 3 && bi > bd->stage_end[s]) s++;
+            if (s + 1 >= m->cfg.freeze_at) break;
+            const block_t *bl = &bd->blocks[bi];
+            for (int j = 0; j < bl->nconv; j++)
+                b -= 4.0 * n * bl->conv[j].d.K * bl->conv[j].d.C * bl->conv[j].d.R *
+                     bl->conv[j].d.S * bl->conv[j].P * bl->conv[j].Q;
+            if (bl->has_ds)
+                b -= 4.0 * n * bl->ds.d.K * bl->ds.d.C * bl->ds.P * bl->ds.Q;
+        }
+    }
+    for (int i = 0; i < 3; i++) {
+        x = rconv_flops(&m->inner[i], n, m->Hs[i], m->Ws[i]) +
+            rconv_flops(&m->layer[i], n, m->Hs[i], m->Ws[i]);
+        f += x;
+        b += 2 * x;
+    }
+    x = rconv_flops(&m->p6, n, m->Hs[2], m->Ws[2]) + rconv_flops(&m->p7, n, m->lh[3], m->lw[3]);
+    f += x;
+    b += 2 * x;
+    for (int l = 0; l < PS_RETINA_LEVELS; l++) {
+        x = rconv_flops(&m->cls_logits, n, m->lh[l], m->lw[l]) +
+            rconv_flops(&m->bbox_reg, n, m->lh[l], m->lw[l]);
+        for (int j = 0; j < 4; j++)
+            x += rconv_flops(&m->cls[j], n, m->lh[l], m->lw[l]) +
+                 rconv_flops(&m->box[j], n, m->lh[l], m->lw[l]);
+        f += x;
+        b += 2 * x;
+    }
+    if (fwd) *fwd = f;
+    if (bwd) *bwd = b;
+}

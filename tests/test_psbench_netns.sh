@@ -1,0 +1,72 @@
+#!/bin/sh
+# psbench --netns: psd and the workers in emulated hosts (deploy/netns) at
+# 200 Mbit/s.  1 server x 2 workers pushing 4 MiB of fp32 each: the server's
+# link carries 2 x 4 MiB each way per step, so a step cannot take less than
+# 2*4MiB*8/200e6 = 0.34 s (a step on loopback takes ~0.02 s): the traffic
+# went through the limited links.  The weights still match the closed form;
+# then a --model run with compute emulation and overlap reports its split.
+srcdir=${top_srcdir:-.}
+b=${top_builddir:-.}
+nd=$srcdir/deploy/netns
+if [ "$(id -u)" != 0 ]; then
+    echo "1..0 # SKIP needs root for network namespaces"
+    exit 77
+fi
+for t in ip tc; do
+    command -v $t >/dev/null 2>&1 || { echo "1..0 # SKIP $t not installed"; exit 77; }
+done
+if [ ! -x "$b/psbench" ] || [ ! -x "$b/psd" ]; then
+    echo "1..0 # SKIP psbench or psd not built in $b"
+    exit 77
+fi
+prefix=psnb$$
+out=${TMPDIR:-/tmp}/test_psbench_netns.$$
+trap '"$nd/down.sh" $prefix >/dev/null 2>&1; rm -f "$out" "$out".*' EXIT
+trap 'exit 1' INT TERM
+"$nd/up.sh" $prefix 3 200mbit >"$out.up" 2>&1
+rc=$?
+if [ $rc = 3 ]; then
+    echo "1..0 # SKIP network namespaces cannot be made here: $(cat "$out.up")"
+    exit 77
+fi
+n=0
+fail=0
+t() { # t STATUS DESCRIPTION
+    n=$((n + 1))
+    if [ "$1" = 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; fail=1; fi
+}
+t $rc "3 emulated hosts at 200mbit"
+
+"$b/psbench" --psd "$b/psd" --netns $prefix --servers 1 --workers 2 --bytes 4M \
+    --partition-bytes 1M --iters 3 --warmup 1 --pump-seconds 0 --check --timeout-s 120 >"$out" 2>&1
+t $? "psbench --netns 1 server x 2 workers exits 0"
+l=$(grep '^psbench mode=ps servers=1 workers=2 ' "$out")
+echo "$l" | grep -q ' check=ok ' && echo "$l" | grep -q " netns=$prefix "
+t $? "weights match the closed form, netns reported"
+med=$(echo "$l" | sed -n 's/.* median_s=\([0-9.]*\) .*/\1/p')
+awk -v m="${med:-0}" 'BEGIN { exit !(m >= 0.75 * 0.3355 && m <= 4 * 0.3355) }'
+t $? "step time ${med:-?} s is bandwidth-bound (0.34 s at 200 Mbit/s, within -25%/+300%)"
+
+"$b/psbench" --psd "$b/psd" --netns $prefix --servers 1 --workers 1 --model tsm-r18 \
+    --dtype fp16 --compute-ms 300 --overlap on,off --iters 2 --warmup 1 --pump-seconds 0 \
+    --timeout-s 120 >"$out.m" 2>&1
+t $? "psbench --model tsm-r18 --overlap on,off in the emulated cluster exits 0"
+for ov in on off; do
+    l=$(grep "^psbench mode=ps servers=1 workers=1 bytes=45526848 dtype=fp16 .* overlap=$ov " "$out.m")
+    c=$(echo "$l" | sed -n 's/.* compute_s=\([0-9.]*\) .*/\1/p')
+    w=$(echo "$l" | sed -n 's/.* comm_wait_s=\([0-9.]*\) .*/\1/p')
+    # fp16 tsm-r18: 22.8 MB each way at 25 MB/s = 0.91 s without overlap
+    awk -v c="${c:-0}" -v w="${w:-0}" -v ov=$ov 'BEGIN { lo = ov == "on" ? 0.3 : 0.68
+        exit !(c >= 0.29 && c <= 0.45 && w >= lo) }'
+    t $? "overlap=$ov: compute ${c:-?} s ~ 0.3 s, communication wait ${w:-?} s"
+done
+won=$(grep ' overlap=on ' "$out.m" | sed -n 's/.* comm_wait_s=\([0-9.]*\) .*/\1/p')
+woff=$(grep ' overlap=off ' "$out.m" | sed -n 's/.* comm_wait_s=\([0-9.]*\) .*/\1/p')
+awk -v a="${won:-9}" -v b="${woff:-0}" 'BEGIN { exit !(a < b - 0.1) }'
+t $? "overlap hides part of the communication (wait $won s vs $woff s)"
+
+if [ $fail != 0 ]; then
+    sed 's/^/# /' "$out" "$out.m"
+fi
+echo "1..$n"
+exit $fail
