@@ -388,10 +388,16 @@ static void check_training(ps_ctx_t *ctx)
     }
     ps_det_post_params_t pp;
     ps_det_post_defaults(&pp);
+    pp.score_thresh = 0.005f; /* the prior (0.01) sits under the default 0.05 */
     float ob[100 * 4], os[100];
     int32_t ol[100];
     int nd = ps_det_postprocess(ob, os, ol, lg, dl, an, Al, PS_RETINA_LEVELS, v.K, 64, 64, &pp);
-    ok(nd >= 0 && nd <= 100, "post-processing gives %d detections", nd);
+    int sane = nd > 0 && nd <= 100;
+    for (int i = 0; i < nd && sane; i++)
+        sane = ol[i] >= 0 && ol[i] < v.K && os[i] > 0.005f && ob[4 * i] >= 0 &&
+               ob[4 * i + 2] <= 64 && ob[4 * i] <= ob[4 * i + 2];
+    ok(sane, "post-processing of the outputs: %d detections, labels, scores and clipped boxes "
+       "in range", nd);
 
     /* safetensors round trip into a differently initialised model */
     char path[] = "/tmp/test_retinanet_XXXXXX";

@@ -35,7 +35,15 @@ typedef struct ps_worker_opts {
     char *schedule;         /* const|step|cosine */
     char *milestones;       /* "30,60" (steps) */
     char *dtype;            /* wire dtype */
-    char *codec;            /* raw|lz4 */
+    char *codec;            /* pushes: raw|lz4|topk|sign */
+    char *pull_codec;       /* pulls / weights: raw|lz4 ("" = follows codec) */
+    float topk_ratio;       /* topk: fraction of elements sent (0 = default) */
+    int ef_rounding;        /* fp16/bf16 pushes: feed the rounding error back */
+    char *curve_server_keys;/* CURVE: server public key file(s), comma-separated */
+    char *curve_public_key; /* CURVE: this worker's public key file */
+    char *curve_secret_key; /* CURVE: this worker's secret key file */
+    char *device;           /* cpu | cuda | cuda:N (video models) */
+    char *bn;               /* video: BN mode train|partial|frozen ("" = --partial-bn) */
     uint64_t partition_bytes;
     uint64_t seed;          /* weights init */
     uint64_t data_seed;     /* generated dataset */
@@ -72,6 +80,8 @@ typedef struct ps_worker_opts {
     /* derived */
     ps_dtype_t dt;
     ps_codec_t codec_id;
+    int pull_codec_id;      /* -1: follows codec_id */
+    int bn_mode;            /* PS_MODEL_BN_* value, -1 = from --partial-bn */
 } ps_worker_opts_t;
 
 /* Running sums for the summary and the CSV. */
