@@ -8,9 +8,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config.h"
 #include "ps_config.h"
 #include "ps_error.h"
 #include "ps_log.h"
+#include "worker/models/ps_model.h"
 #include "worker/psworker.h"
 
 static const char usage[] =
@@ -43,6 +45,12 @@ static void opts_default(ps_worker_opts_t *o)
     o->milestones = strdup("");
     o->dtype = strdup("fp32");
     o->codec = strdup("raw");
+    o->pull_codec = strdup("");
+    o->curve_server_keys = strdup("");
+    o->curve_public_key = strdup("");
+    o->curve_secret_key = strdup("");
+    o->device = strdup("cpu");
+    o->bn = strdup("");
     o->partition_bytes = 4u << 20;
     o->seed = 1;
     o->data_seed = 1;
@@ -71,7 +79,9 @@ static void opts_default(ps_worker_opts_t *o)
 static void opts_free(ps_worker_opts_t *o)
 {
     free(o->servers), free(o->model), free(o->mode), free(o->schedule), free(o->milestones);
-    free(o->dtype), free(o->codec), free(o->out), free(o->log_level);
+    free(o->dtype), free(o->codec), free(o->out), free(o->log_level), free(o->pull_codec);
+    free(o->curve_server_keys), free(o->curve_public_key), free(o->curve_secret_key);
+    free(o->device), free(o->bn);
     free(o->train_list), free(o->val_list), free(o->root), free(o->tmpl), free(o->weights);
 }
 
@@ -87,10 +97,60 @@ static int opts_check(ps_worker_opts_t *o)
         fprintf(stderr, "psworker: --dtype: expected fp32|fp16|bf16, got \"%s\"\n", o->dtype);
         return PS_EINVAL;
     }
-    if (ps_codec_parse(o->codec, &o->codec_id) ||
-        (o->codec_id != PS_CODEC_RAW && o->codec_id != PS_CODEC_LZ4)) {
-        fprintf(stderr, "psworker: --codec: expected raw|lz4, got \"%s\"\n", o->codec);
+    if (ps_codec_parse(o->codec, &o->codec_id)) {
+        fprintf(stderr, "psworker: --codec: expected raw|lz4|topk|sign, got \"%s\"\n", o->codec);
         return PS_EINVAL;
+    }
+    o->pull_codec_id = -1;
+    if (*o->pull_codec) {
+        ps_codec_t pc;
+        if (ps_codec_parse(o->pull_codec, &pc) || (pc != PS_CODEC_RAW && pc != PS_CODEC_LZ4)) {
+            fprintf(stderr, "psworker: --pull-codec: expected raw|lz4 (weights are never sent "
+                    "lossy), got \"%s\"\n", o->pull_codec);
+            return PS_EINVAL;
+        }
+        o->pull_codec_id = (int)pc;
+    }
+    if (!(o->topk_ratio >= 0 && o->topk_ratio <= 1)) {
+        fprintf(stderr, "psworker: --topk-ratio must be in (0, 1] (0 = default %g)\n",
+                (double)PS_CODEC_TOPK_DEFAULT_RATIO);
+        return PS_EINVAL;
+    }
+    {
+        int nk = !!*o->curve_server_keys + !!*o->curve_public_key + !!*o->curve_secret_key;
+        if (nk != 0 && nk != 3) {
+            fprintf(stderr, "psworker: CURVE needs all three of --curve-server-key, "
+                    "--curve-public-key and --curve-secret-key (or none)\n");
+            return PS_EINVAL;
+        }
+    }
+    if (!*o->bn)
+        o->bn_mode = -1;
+    else if (!strcmp(o->bn, "train"))
+        o->bn_mode = PS_MODEL_BN_TRAIN;
+    else if (!strcmp(o->bn, "partial"))
+        o->bn_mode = PS_MODEL_BN_PARTIAL;
+    else if (!strcmp(o->bn, "frozen"))
+        o->bn_mode = PS_MODEL_BN_FROZEN;
+    else {
+        fprintf(stderr, "psworker: --bn: expected train|partial|frozen, got \"%s\"\n", o->bn);
+        return PS_EINVAL;
+    }
+    if (o->bn_mode == PS_MODEL_BN_TRAIN && o->partial_bn) {
+        fprintf(stderr, "psworker: --bn train contradicts --partial-bn\n");
+        return PS_EINVAL;
+    }
+    if (strcmp(o->device, "cpu")) {
+        if (!ps_worker_is_video(o)) {
+            fprintf(stderr, "psworker: --device %s: the smoke model runs on the CPU only "
+                    "(--device applies to the video models)\n", o->device);
+            return PS_EINVAL;
+        }
+#ifndef PS_HAVE_CUDA
+        fprintf(stderr, "psworker: --device %s: this psworker was built without CUDA "
+                "(configure found no CUDA toolkit); only --device cpu is available\n", o->device);
+        return PS_EINVAL;
+#endif
     }
     if (strcmp(o->mode, "sync") && strcmp(o->mode, "async") && strcmp(o->mode, "ssp")) {
         fprintf(stderr, "psworker: --mode: expected sync|async|ssp, got \"%s\"\n", o->mode);
@@ -189,7 +249,14 @@ int main(int argc, char **argv)
         {"gamma", PS_OPT_FLOAT, &o.gamma, "step schedule: lr *= gamma at each milestone"},
         {"min-lr", PS_OPT_FLOAT, &o.min_lr, "cosine schedule: final lr"},
         {"dtype", PS_OPT_STRING, &o.dtype, "wire dtype fp32|fp16|bf16"},
-        {"codec", PS_OPT_STRING, &o.codec, "wire codec raw|lz4"},
+        {"codec", PS_OPT_STRING, &o.codec, "pushed gradients raw|lz4|topk|sign (topk/sign: error feedback)"},
+        {"pull-codec", PS_OPT_STRING, &o.pull_codec, "pulled weights raw|lz4 (\"\" = follows --codec)"},
+        {"topk-ratio", PS_OPT_FLOAT, &o.topk_ratio, "topk: fraction of elements sent (0 = default)"},
+        {"ef-rounding", PS_OPT_BOOL, &o.ef_rounding, "fp16/bf16 pushes: feed the rounding error back"},
+        {"curve-server-key", PS_OPT_STRING, &o.curve_server_keys, "CURVE: server public key file(s) FILE[,FILE...]"},
+        {"curve-public-key", PS_OPT_STRING, &o.curve_public_key, "CURVE: this worker's public key file"},
+        {"curve-secret-key", PS_OPT_STRING, &o.curve_secret_key, "CURVE: this worker's secret key file"},
+        {"device", PS_OPT_STRING, &o.device, "compute device cpu | cuda | cuda:N (video models)"},
         {"partition-bytes", PS_OPT_UINT64, &o.partition_bytes, "max bytes per partition"},
         {"seed", PS_OPT_UINT64, &o.seed, "weight initialisation seed"},
         {"data-seed", PS_OPT_UINT64, &o.data_seed, "generated dataset seed"},
@@ -219,6 +286,7 @@ int main(int argc, char **argv)
         {"val-clips", PS_OPT_INT, &o.val_clips, "video: clips per validation video"},
         {"dropout", PS_OPT_FLOAT, &o.dropout, "video: dropout before fc"},
         {"partial-bn", PS_OPT_BOOL, &o.partial_bn, "video: TSM partial BN (only bn1 updates statistics)"},
+        {"bn", PS_OPT_STRING, &o.bn, "video: BN mode train|partial|frozen (frozen: running stats, fixed affine)"},
         {"width", PS_OPT_INT, &o.width, "video: ResNet stem width (64 = torchvision)"},
         {"num-classes", PS_OPT_INT, &o.num_classes, "video: classes (0 = from the lists)"},
         {"threads", PS_OPT_INT, &o.threads, "video: compute threads (0 = all cores)"},

@@ -249,12 +249,13 @@ int ps_worker_run_cluster(ps_worker_t *p)
     const ps_worker_opts_t *o = p->o;
     ps_client_opts_t co;
     ps_client_t *c = NULL;
-    int nservers = 0, rc;
+    int nservers = 0, nkeys = 0, rc;
     char **servers = split_servers(o->servers, &nservers);
+    char **keys = *o->curve_server_keys ? split_servers(o->curve_server_keys, &nkeys) : NULL;
     ps_req_t **req = calloc(p->table.nparts, sizeof *req);
     uint64_t *ver = calloc(p->table.nparts, sizeof *ver);
 
-    if (!servers || !req || !ver) {
+    if (!servers || !req || !ver || (*o->curve_server_keys && !keys)) {
         rc = PS_ENOMEM;
         goto out;
     }
@@ -265,6 +266,21 @@ int ps_worker_run_cluster(ps_worker_t *p)
     co.num_workers = o->num_workers;
     co.dtype = o->dt;
     co.codec = o->codec_id;
+    co.pull_codec = o->pull_codec_id;
+    co.topk_ratio = o->topk_ratio;
+    co.ef_rounding = o->ef_rounding;
+    if (keys) {
+        if (nkeys != 1 && nkeys != nservers) {
+            ps_error("--curve-server-key: give 1 key file (shared by all servers) or one per "
+                     "server (%d), got %d", nservers, nkeys);
+            rc = PS_EINVAL;
+            goto out;
+        }
+        co.curve_server_keys = (const char *const *)keys;
+        co.ncurve_server_keys = nkeys;
+        co.curve_public_key = o->curve_public_key;
+        co.curve_secret_key = o->curve_secret_key;
+    }
     co.timeout_ms = o->timeout_ms;
     co.retry_ms = o->retry_ms;
     co.heartbeat_ms = o->heartbeat_ms;
@@ -294,14 +310,17 @@ int ps_worker_run_cluster(ps_worker_t *p)
         snprintf(tag, sizeof tag, "psworker[%d]", p->rank);
         ps_log_set_prog(tag);
     }
-    ps_info("rank %d of %d, %d server(s), wire %s/%s, mode %s", p->rank, o->num_workers,
-            nservers, ps_dtype_name(o->dt), ps_codec_name(o->codec_id), o->mode);
+    ps_info("rank %d of %d, %d server(s), wire %s/%s (pull %s)%s, mode %s", p->rank,
+            o->num_workers, nservers, ps_dtype_name(o->dt), ps_codec_name(o->codec_id),
+            o->pull_codec_id >= 0 ? ps_codec_name((ps_codec_t)o->pull_codec_id) : "auto",
+            keys ? ", CURVE" : "", o->mode);
     rc = cluster_train(p, c, req, ver);
 out:
     /* Destroying the client stops its I/O thread before the buffers that
      * in-flight requests point into (p->w, p->grad) are freed. */
     ps_client_destroy(&c);
     free(servers);
+    free(keys);
     free(req);
     free(ver);
     return rc;
