@@ -16,6 +16,7 @@
 #include "worker/engine/ps_blas.h"
 #include "worker/models/ps_model.h"
 
+#include "bench/bench_util.h"
 #include "ps_log.h"
 
 #include <stdio.h>
@@ -23,25 +24,6 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static double sgemm_peak(int M, int reps)
 {
@@ -55,9 +37,9 @@ static double sgemm_peak(int M, int reps)
     ps_blas_sgemm(0, 0, M, M, M, 1, a, M, b, M, 0, c, M);
     double best = 1e30;
     for (int r = 0; r < reps; r++) {
-        double t0 = now();
+        double t0 = bench_now();
         ps_blas_sgemm(0, 0, M, M, M, 1, a, M, b, M, 0, c, M);
-        double t = now() - t0;
+        double t = bench_now() - t0;
         if (t < best) best = t;
     }
     free(a), free(b), free(c);
@@ -71,8 +53,8 @@ static const char *pname[P_N] = {"conv fwd", "conv bwd", "bn fwd", "bn bwd", "re
                                  "pool", "tshift", "add/acc", "head"};
 static double ptime[P_N];
 static const ps_backend_t *real = &ps_backend_cpu;
-#define T0 double t0_ = now()
-#define T1(k) ptime[k] += now() - t0_
+#define T0 double t0_ = bench_now()
+#define T1(k) ptime[k] += bench_now() - t0_
 
 static void w_conv_f(ps_ctx_t *c, float *o, const float *i, const float *w, const float *b,
                      const ps_conv2d_desc_t *d, int N, int H, int W)
@@ -181,11 +163,11 @@ static int bench(ps_ctx_t *ctx, int depth, int clips, int H, int steps, int warm
     float loss = 0;
     for (int s = -warmup; s < steps; s++) {
         ps_model_zero_grad(m);
-        double t0 = now();
+        double t0 = bench_now();
         ps_model_forward(m, x, clips, labels, 1, &loss);
-        double t1 = now();
+        double t1 = bench_now();
         ps_model_backward(m);
-        double t2 = now();
+        double t2 = bench_now();
         if (s >= 0) {
             tf[s] = t1 - t0;
             tb[s] = t2 - t1;
@@ -194,7 +176,8 @@ static int bench(ps_ctx_t *ctx, int depth, int clips, int H, int steps, int warm
     }
     double fl_f, fl_b;
     ps_model_flops(m, clips, &fl_f, &fl_b);
-    double mf = median(tf, steps), mb = median(tb, steps), ms = median(ts, steps);
+    double mf = bench_median(tf, steps), mb = bench_median(tb, steps);
+    double ms = bench_median(ts, steps);
     double gf = (fl_f + fl_b) / ms * 1e-9;
     printf("TSM-ResNet-%d %dx%dx3x%dx%d: fwd %.1f ms, bwd %.1f ms, step %.1f ms, %.2f clips/s, "
            "%.1f GFLOP/step, %.1f GFLOP/s (%.0f%% of sgemm peak), loss %.3f\n",

@@ -26,6 +26,7 @@
 #include "worker/engine/cuda/ps_cuda_backend.h"
 #include "worker/models/ps_model.h"
 
+#include "bench/bench_util.h"
 #include "ps_log.h"
 
 #include <math.h>
@@ -35,25 +36,6 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static int nchecks, nfailed;
 static void check(int cond, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -211,18 +193,19 @@ static int run_time(int depth, int clips, int HW, int steps, int warm, int zero)
     float loss = NAN;
     for (int it = -warm; it < steps; it++) {
         if (zero) ps_model_zero_grad(m);
-        const double t0 = now();
+        const double t0 = bench_now();
         if (ps_model_forward(m, in, clips, lab, 1, &loss)) return 1; /* waits for the loss */
-        const double t1 = now();
+        const double t1 = bench_now();
         if (ps_model_backward(m) || ps_cuda_backend_sync(&ctx)) return 1;
-        const double t2 = now();
+        const double t2 = bench_now();
         if (it >= 0) {
             tf[it] = t1 - t0;
             tb[it] = t2 - t1;
             ts[it] = t2 - t0;
         }
     }
-    const double mf = median(tf, steps), mb = median(tb, steps), mstep = median(ts, steps);
+    const double mf = bench_median(tf, steps), mb = bench_median(tb, steps);
+    const double mstep = bench_median(ts, steps);
     double ffwd = 0, fbwd = 0;
     ps_model_flops(m, clips, &ffwd, &fbwd);
     const double flops = ffwd + fbwd, nominal = 194e9 * clips * (HW * HW) / (224.0 * 224.0);

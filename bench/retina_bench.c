@@ -13,6 +13,7 @@
 #include "worker/engine/ps_blas.h"
 #include "worker/models/ps_retinanet.h"
 
+#include "bench/bench_util.h"
 #include "ps_log.h"
 
 #include <stdio.h>
@@ -20,25 +21,6 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static int bench(ps_ctx_t *ctx, int depth, int n, int H, int K, int steps, int warmup)
 {
@@ -68,18 +50,19 @@ static int bench(ps_ctx_t *ctx, int depth, int n, int H, int K, int steps, int w
     float lc = 0, lb = 0;
     for (int st = -warmup; st < steps; st++) {
         ps_retina_zero_grad(m);
-        double t0 = now();
+        double t0 = bench_now();
         ps_retina_forward(m, x, n, lab, box, 1, &lc, &lb);
-        double t1 = now();
+        double t1 = bench_now();
         ps_retina_backward(m);
-        double t2 = now();
+        double t2 = bench_now();
         if (st >= 0) {
             tf[st] = t1 - t0;
             tb[st] = t2 - t1;
             ts[st] = t2 - t0;
         }
     }
-    double mf = median(tf, steps), mb = median(tb, steps), ms = median(ts, steps);
+    double mf = bench_median(tf, steps), mb = bench_median(tb, steps);
+    double ms = bench_median(ts, steps);
     double ff, fb;
     ps_retina_flops(m, n, &ff, &fb);
     printf("RetinaNet-ResNet-%d-FPN %dx3x%dx%d, %d anchors/image, K %d: fwd %.1f ms, bwd %.1f "

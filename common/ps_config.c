@@ -34,12 +34,8 @@ __attribute__((format(printf, 1, 2))) static int fail(const char *fmt, ...)
     return PS_EINVAL;
 }
 
-/* Strings this parse strdup'd, so a later setting of the same option frees
- * the earlier copy instead of leaking it (defaults may be literals: never
- * freed). */
 typedef struct cfg_ctx {
     const ps_opt_t *opts;
-    char **owned; /* per option: the string we allocated, or NULL */
 } cfg_ctx_t;
 
 /* '-' and '_' are the same in names: --partition-bytes == partition_bytes */
@@ -117,8 +113,9 @@ static int set_value(cfg_ctx_t *cx, int i, const char *v, const char *where)
     case PS_OPT_STRING: {
         char *s = strdup(v);
         if (!s) return fail("%s: out of memory", where), PS_ENOMEM;
-        free(cx->owned[i]);
-        cx->owned[i] = s;
+        /* the old value is the caller's strdup'd default or an earlier
+         * setting (file, then flag): replacing it must not leak it */
+        free(*(char **)o->dst);
         *(char **)o->dst = s;
         return 0;
     }
@@ -228,20 +225,15 @@ static int load_file(cfg_ctx_t *cx, const char *prog, const char *path)
 
 static int ctx_init(cfg_ctx_t *cx, const ps_opt_t *opts)
 {
-    int n = 0;
-    while (opts[n].name) n++;
     cx->opts = opts;
-    cx->owned = calloc(n + 1, sizeof *cx->owned);
-    return cx->owned ? 0 : PS_ENOMEM;
+    return 0;
 }
 
 int ps_config_load_file(const ps_opt_t *opts, const char *prog, const char *path)
 {
     cfg_ctx_t cx;
     if (ctx_init(&cx, opts)) return PS_ENOMEM;
-    int rc = load_file(&cx, prog, path);
-    free(cx.owned); /* the strings now belong to the caller's *dst */
-    return rc;
+    return load_file(&cx, prog, path);
 }
 
 static void print_default(FILE *fp, const ps_opt_t *o)
@@ -390,6 +382,5 @@ int ps_config_parse(const ps_opt_t *opts, const char *prog, const char *usage, i
     }
     free(pos);
     free(rest);
-    free(cx.owned);
     return rc;
 }

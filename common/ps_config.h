@@ -16,7 +16,7 @@ typedef enum { PS_OPT_INT, PS_OPT_UINT64, PS_OPT_FLOAT, PS_OPT_STRING, PS_OPT_BO
 typedef struct ps_opt {
     const char *name;     /* long flag name, e.g. "port" */
     ps_opt_type_t type;
-    void *dst;            /* int*, uint64_t*, float*, char** (strdup'd), int* */
+    void *dst;            /* int*, uint64_t*, float*, char** (NULL or malloc'd), int* */
     const char *help;     /* one line; the default is printed from *dst */
 } ps_opt_t;
 
@@ -47,6 +47,8 @@ const char *ps_config_last_error(void);
  *   otherwise '#' or ';' after whitespace starts a comment.  Unknown keys in
  *   the global part or in [prog] are errors; other sections are skipped
  *   unchecked.  Several --config flags load in order.
- * - Strings set by the parser are strdup'd and belong to the caller; one set
- *   twice in the same call (file, then flag) keeps only the last copy. */
+ * - Strings: *dst must be NULL or malloc'd (strdup the default, never a
+ *   literal): setting an option frees the old value and stores a strdup'd
+ *   copy, which belongs to the caller.  Nothing is leaked when a flag
+ *   overrides a default or a file value. */
 #endif

@@ -78,7 +78,8 @@ typedef struct psd_buf {
     uint64_t version;
     size_t len;
     uint32_t crc;
-    unsigned char data[];
+    /* 16-aligned: for fp32 raw replies this is the weights array itself. */
+    _Alignas(16) unsigned char data[];
 } psd_buf_t;
 
 void psd_buf_unref(psd_buf_t *b);
@@ -104,7 +105,14 @@ typedef struct psd_part {
     size_t numel;
     int owned;              /* this server holds it */
     int initialised;        /* weights arrived (INIT or checkpoint) */
-    float *w;               /* (numel) fp32 master weights */
+    float *w;               /* (numel) fp32 master weights = wbuf->data */
+    psd_buf_t *wbuf;        /* the weights, also sent zero-copy as the fp32 raw
+                             * WEIGHTS reply; replaced (copy on write) when an
+                             * update finds a send of it still in flight */
+    const float *direct;    /* sync: the completing push's raw fp32 payload,
+                             * summed straight from the ZMQ message (no slot
+                             * copy); only set while its handler runs */
+    int direct_rank;
     float *m;               /* (numel) momentum buffer */
     uint64_t version;       /* updates applied */
     float *slots;           /* (W, numel) sync: per-rank decoded gradients */
@@ -175,6 +183,7 @@ typedef struct psd_metrics {
     uint64_t bytes_in, bytes_out, msgs_in, msgs_out, updates, skipped;
     uint64_t errors[PSD_NERR];
     uint64_t dropped_replies;
+    uint64_t weights_cow;  /* updates that found the weights still being sent */
     double agg_seconds, apply_seconds;
     uint64_t agg_count, apply_count;
 } psd_metrics_t;
@@ -260,6 +269,10 @@ void psd_store_apply_async(psd_t *s, psd_part_t *p, const float *grad);
 /* Encoded weights of p at its current version (new reference) or NULL. */
 psd_buf_t *psd_store_encoded(psd_t *s, psd_part_t *p, int dtype, int codec, int *err);
 void psd_store_drop_cache(psd_part_t *p);
+/* Before writing p->w: drop the encoded replies and, when a zero-copy send
+ * of the weights is still in flight, move them to a fresh buffer.  0, or
+ * PS_ENOMEM (logged; the weights are then written in place). */
+int psd_store_weights_writable(psd_t *s, psd_part_t *p);
 /* Make sure the codec scratch holds n bytes; 0 or PS_ENOMEM. */
 int psd_store_scratch(psd_store_t *st, size_t n);
 int psd_store_nonfinite(psd_t *s, const float *g, size_t n);

@@ -537,6 +537,7 @@ static int try_load(psd_t *s, const char *path, char *err, size_t errlen)
         psd_part_t *p = &st->parts[i];
         char nm[32], rerr[256];
         snprintf(nm, sizeof nm, "w.%u", i);
+        psd_store_weights_writable(s, p);
         if ((rc = ps_st_read_f32(&f, nm, p->w, p->numel, rerr, sizeof rerr)) == 0) {
             nm[0] = 'm';
             rc = ps_st_read_f32(&f, nm, p->m, p->numel, rerr, sizeof rerr);

@@ -317,6 +317,7 @@ static void handle_init(psd_t *s, ps_wire_msg_t *m)
     }
     /* Decode aside so a bad payload cannot leave half-written weights. */
     if (decode_into(s, m, p, s->st.gsum)) return;
+    psd_store_weights_writable(s, p);
     memcpy(p->w, s->st.gsum, p->numel * sizeof(float));
     p->version = h->has_iteration ? h->iteration : 0;
     p->initialised = 1;
@@ -331,6 +332,34 @@ static void reply_done(psd_t *s, ps_wire_msg_t *m, psd_part_t *p, int pushpull)
 {
     if (pushpull) send_weights(s, ID_OF(m), m->hdr->request_id, p, m->hdr->dtype, reply_codec(m->hdr));
     else if (!(m->hdr->flags & PS_FLAG_NO_REPLY)) send_ack(s, m, 0);
+}
+
+/* The push of rank completes p's set and its payload is raw fp32 that can
+ * be read in place: then it is summed straight from the ZMQ message instead
+ * of being copied into its slot first (one pass over 4 bytes/element less).
+ * Returns 1 with p->direct set, 0 (decode normally), -1 (ERROR sent). */
+static int stage_direct(psd_t *s, ps_wire_msg_t *m, psd_part_t *p, int rank)
+{
+    const Ps__Header *h = m->hdr;
+    if (h->dtype != PS__DTYPE__DT_FP32 || h->codec != PS__CODEC__CODEC_RAW || !m->has_payload ||
+        !h->has_numel || h->numel != p->numel ||
+        zmq_msg_size(&m->payload) != p->numel * sizeof(float) ||
+        ((uintptr_t)zmq_msg_data(&m->payload) & (_Alignof(float) - 1)))
+        return 0;
+    int n;
+    p->have[rank] = 1;
+    int ready = psd_store_sync_ready(s, p, &n);
+    p->have[rank] = 0;
+    if (!ready) return 0;
+    const float *g = zmq_msg_data(&m->payload);
+    if (s->o.reject_nonfinite && psd_store_nonfinite(s, g, p->numel)) {
+        psd_send_error(s, ID_OF(m), h, PS_ENONFINITE, "%s: partition %u: NaN or Inf in the data",
+                       ps_wire_type_name(h->type), p->id);
+        return -1;
+    }
+    p->direct = g;
+    p->direct_rank = rank;
+    return 1;
 }
 
 static void push_sync(psd_t *s, ps_wire_msg_t *m, psd_part_t *p, int rank, int pushpull)
@@ -352,19 +381,30 @@ static void push_sync(psd_t *s, ps_wire_msg_t *m, psd_part_t *p, int rank, int p
     if (!p->have[rank]) {
         int ovf = (h->flags & PS_FLAG_OVERFLOW) != 0;
         /* An overflowed step is skipped anyway: its (Inf) gradient is not read. */
-        if (!ovf && decode_into(s, m, p, p->slots + (size_t)rank * p->numel)) return;
+        if (!ovf) {
+            int d = stage_direct(s, m, p, rank);
+            if (d < 0 || (d == 0 && decode_into(s, m, p, p->slots + (size_t)rank * p->numel)))
+                return;
+        }
         p->have[rank] = 1;
         p->overflow |= ovf;
     }
+    int n;
     if (pushpull) {
-        if (add_waiter(s, m, p, it + 1)) return;
+        if (add_waiter(s, m, p, it + 1)) goto out;
     } else if (!(h->flags & PS_FLAG_NO_REPLY)) {
         send_ack(s, m, 0);
     }
-    int n;
     if (psd_store_sync_ready(s, p, &n)) {
         psd_store_apply_sync(s, p);
         after_update(s, p);
+    }
+out:
+    /* Not applied now (the reply could not be queued): the payload dies
+     * with the message, so keep a copy in the rank's slot. */
+    if (p->direct) {
+        memcpy(p->slots + (size_t)rank * p->numel, p->direct, p->numel * sizeof(float));
+        p->direct = NULL;
     }
 }
 

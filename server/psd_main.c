@@ -111,9 +111,13 @@ int main(int argc, char **argv)
     snprintf(prog, sizeof prog, "psd[%d]", o->server_id);
     ps_log_set_prog(prog);
     /* Keep multi-MiB message buffers in the heap once freed: otherwise each
-     * one is a fresh mmap that ZeroMQ's I/O threads page-fault through. */
-    mallopt(M_MMAP_THRESHOLD, 64 << 20);
-    mallopt(M_TRIM_THRESHOLD, 256 << 20);
+     * one is a fresh mmap that ZeroMQ's I/O threads page-fault through (and
+     * the kernel zeroes) for every message.  glibc refuses thresholds above
+     * HEAP_MAX_SIZE / 2 = 32 MiB on 64-bit (mallopt returns 0 and, since
+     * M_TRIM_THRESHOLD turns the dynamic threshold off, every buffer over
+     * 128 KiB would be mmap'd); partitions are a few MiB, well below. */
+    if (!mallopt(M_MMAP_THRESHOLD, 32 << 20)) ps_warn("mallopt(M_MMAP_THRESHOLD, 32 MiB) refused");
+    if (!mallopt(M_TRIM_THRESHOLD, 256 << 20)) ps_warn("mallopt(M_TRIM_THRESHOLD, 256 MiB) refused");
     if ((rc = psd_pool_new(&s.pool, o->threads))) {
         ps_error("cannot start the summation threads: %s", ps_strerror(rc));
         return 1;

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "ps_error.h"
@@ -107,11 +108,20 @@ void psd_stats_log(psd_t *s)
     uint64_t errs = 0;
     for (int i = 0; i < PSD_NERR; i++) errs += s->mx.errors[i];
     ps_info("stats: %llu updates, in %.1f MiB, out %.1f MiB, %d/%d workers live, %llu errors, "
-            "sum %.3f s, apply %.3f s",
+            "sum %.3f s, apply %.3f s, weights copied %llu times (send in flight)",
             (unsigned long long)s->mx.updates, s->mx.bytes_in / 1048576.0,
             s->mx.bytes_out / 1048576.0, psd_members_live_count(s), s->nworkers,
             (unsigned long long)errs, s->mx.agg_seconds,
-            s->mx.apply_seconds);
+            s->mx.apply_seconds, (unsigned long long)s->mx.weights_cow);
+    /* Load-independent cost figures (wall clock is useless on a shared
+     * machine): CPU time and page faults of the whole process, all threads. */
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) == 0)
+        ps_info("rusage: user %.3f s, sys %.3f s, minflt %ld, majflt %ld, vcsw %ld, ivcsw %ld, "
+                "maxrss %ld KiB",
+                ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6,
+                ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6, ru.ru_minflt, ru.ru_majflt,
+                ru.ru_nvcsw, ru.ru_nivcsw, ru.ru_maxrss);
 }
 
 /* ---- HTTP ---- */

@@ -44,9 +44,46 @@ void psd_store_drop_cache(psd_part_t *p)
         }
 }
 
+/* A weights buffer of numel floats, one reference (the partition's). */
+static psd_buf_t *wbuf_new(size_t numel, int zero)
+{
+    size_t len = numel * sizeof(float);
+    psd_buf_t *b = zero ? calloc(1, sizeof *b + len) : malloc(sizeof *b + len);
+    if (!b) return NULL;
+    atomic_init(&b->refs, 1);
+    b->version = UINT64_MAX; /* no CRC computed yet */
+    b->len = len;
+    b->crc = 0;
+    return b;
+}
+
+int psd_store_weights_writable(psd_t *s, psd_part_t *p)
+{
+    psd_store_drop_cache(p);
+    if (!p->wbuf || atomic_load(&p->wbuf->refs) == 1) {
+        /* Only the partition holds it: no send in flight can see the write.
+         * (New references are only taken on this thread.) */
+        if (p->wbuf) p->wbuf->version = UINT64_MAX;
+        return 0;
+    }
+    s->mx.weights_cow++;
+    psd_buf_t *nb = wbuf_new(p->numel, 0);
+    if (!nb) {
+        ps_error("partition %u: out of memory for a copy of the weights while a reply is in "
+                 "flight; updating in place (that reply will fail its checksum and be retried)",
+                 p->id);
+        return PS_ENOMEM;
+    }
+    memcpy(nb->data, p->wbuf->data, p->numel * sizeof(float));
+    psd_buf_unref(p->wbuf);
+    p->wbuf = nb;
+    p->w = (float *)nb->data;
+    return 0;
+}
+
 static void part_free(psd_part_t *p)
 {
-    free(p->w);
+    psd_buf_unref(p->wbuf);
     free(p->m);
     free(p->slots);
     free(p->have);
@@ -194,7 +231,7 @@ static int alloc_shard(psd_t *s, char *err, size_t errlen)
         p->owned = 1;
         st->nowned++;
         if (p->numel > st->max_numel) st->max_numel = p->numel;
-        p->w = calloc(p->numel, sizeof(float));
+        if ((p->wbuf = wbuf_new(p->numel, 1))) p->w = (float *)p->wbuf->data;
         p->m = calloc(p->numel, sizeof(float));
         p->have = calloc(W, 1);
         p->last_iter = calloc(W, sizeof(uint64_t));
@@ -340,6 +377,7 @@ int psd_store_sync_ready(psd_t *s, psd_part_t *p, int *ncontrib)
 
 static void apply_grad(psd_t *s, psd_part_t *p, const float *g)
 {
+    psd_store_weights_writable(s, p);
     double t0 = psd_now_s();
     int rc = ps_optim_apply_partition(&s->st.optim, &s->st.table, p->id, p->w, p->m, g, p->version);
     if (rc) ps_error("partition %u: optimizer step failed: %s", p->id, ps_strerror(rc));
@@ -356,9 +394,8 @@ static void bump_version(psd_t *s, psd_part_t *p)
 }
 
 typedef struct sum_job {
-    const float *slots;  /* (W, numel) */
+    const float *const *src_of; /* (n) gradient of each contributor, rank order */
     size_t numel;
-    const int *ranks;    /* contributing ranks, ascending */
     int n;
     float *g;            /* (numel) mean gradient out */
     const float *src;    /* async: the one gradient to scale */
@@ -371,10 +408,15 @@ static void sum_chunk(void *arg, size_t c)
     const sum_job_t *j = arg;
     size_t lo = c * SUM_CHUNK, hi = lo + SUM_CHUNK < j->numel ? lo + SUM_CHUNK : j->numel;
     float *g = j->g, div = (float)j->n;
-    const float *s0 = j->slots + (size_t)j->ranks[0] * j->numel;
+    const float *s0 = j->src_of[0];
+    if (j->n == 2) { /* one pass over memory for the common two-worker case */
+        const float *s1 = j->src_of[1];
+        for (size_t i = lo; i < hi; i++) g[i] = (s0[i] + s1[i]) / div;
+        return;
+    }
     for (size_t i = lo; i < hi; i++) g[i] = s0[i];
     for (int k = 1; k < j->n; k++) {
-        const float *sk = j->slots + (size_t)j->ranks[k] * j->numel;
+        const float *sk = j->src_of[k];
         for (size_t i = lo; i < hi; i++) g[i] += sk[i];
     }
     for (size_t i = lo; i < hi; i++) g[i] /= div;
@@ -390,23 +432,32 @@ static void scale_chunk(void *arg, size_t c)
 
 void psd_store_apply_sync(psd_t *s, psd_part_t *p)
 {
-    int W = s->st.nworkers, ranks[W > 0 ? W : 1], n = 0;
+    int W = s->st.nworkers, n = 0;
+    const float *src_of[W > 0 ? W : 1];
     for (int r = 0; r < W; r++)
-        if (p->have[r]) ranks[n++] = r;
+        if (p->have[r])
+            src_of[n++] = p->direct && r == p->direct_rank ? p->direct
+                                                            : p->slots + (size_t)r * p->numel;
     if (p->overflow) {
         ps_debug("partition %u iteration %llu: overflow flagged, update skipped", p->id,
                 (unsigned long long)p->version);
         s->mx.skipped++;
     } else if (n > 0) {
         double t0 = psd_now_s();
-        sum_job_t j = {.slots = p->slots, .numel = p->numel, .ranks = ranks, .n = n, .g = s->st.gsum};
-        psd_pool_run(s->pool, sum_chunk, &j, nchunks_of(p->numel));
-        float *g = s->st.gsum;
+        /* One contributor: its gradient is the mean (x / 1 is exact), so
+         * the optimizer reads it where it lies, with no summation pass. */
+        const float *g = src_of[0];
+        if (n > 1) {
+            sum_job_t j = {.src_of = src_of, .numel = p->numel, .n = n, .g = s->st.gsum};
+            psd_pool_run(s->pool, sum_chunk, &j, nchunks_of(p->numel));
+            g = s->st.gsum;
+        }
         s->mx.agg_seconds += psd_now_s() - t0;
         s->mx.agg_count++;
         apply_grad(s, p, g);
     }
     memset(p->have, 0, W);
+    p->direct = NULL;
     p->overflow = 0;
     bump_version(s, p);
 }
@@ -432,6 +483,21 @@ psd_buf_t *psd_store_encoded(psd_t *s, psd_part_t *p, int dtype, int codec, int 
     psd_buf_t *b = p->cache[dtype][codec];
     if (b && b->version == p->version) {
         atomic_fetch_add(&b->refs, 1);
+        return b;
+    }
+    if (dtype == PS_DT_FP32 && codec == PS_CODEC_RAW && p->wbuf) {
+        /* Raw fp32 is the weights' own bytes (the codec's wire format is
+         * little-endian fp32, as this host): send the weights buffer itself,
+         * zero-copy; psd_store_weights_writable moves the weights to a new
+         * buffer if an update comes while such a send is in flight. */
+        b = p->wbuf;
+        if (b->version != p->version) {
+            b->crc = ps_crc32c(0, b->data, b->len);
+            b->version = p->version;
+        }
+        atomic_fetch_add(&b->refs, 2); /* the cache's and the caller's */
+        psd_buf_unref(p->cache[dtype][codec]);
+        p->cache[dtype][codec] = b;
         return b;
     }
     size_t cap = ps_codec_bound(dtype, codec, p->numel);

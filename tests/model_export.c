@@ -17,25 +17,17 @@
 #include "worker/models/ps_model.h"
 
 #include "ps_log.h"
+#include "tests/export_util.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #define SEED 1234
 
 static int write_raw(const char *dir, const char *name, const float *p, size_t n)
 {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "wb");
-    if (!f || fwrite(p, sizeof *p, n, f) != n || fclose(f)) {
-        fprintf(stderr, "model_export: cannot write %s: %s\n", path, strerror(errno));
-        return 1;
-    }
-    return 0;
+    return export_write_raw("model_export", dir, name, p, n);
 }
 
 int main(int argc, char **argv)
@@ -53,10 +45,7 @@ int main(int argc, char **argv)
     const char *dir = argv[1];
     int depth = atoi(argv[2]), shift = atoi(argv[3]), K = atoi(argv[4]);
     int clips = atoi(argv[5]), H = atoi(argv[6]);
-    if (mkdir(dir, 0755) && errno != EEXIST) {
-        fprintf(stderr, "model_export: mkdir %s: %s\n", dir, strerror(errno));
-        return 1;
-    }
+    if (export_mkdir("model_export", dir)) return 1;
     ps_ctx_t ctx;
     ps_engine_init(&ctx, 0);
     ps_model_config_t c;

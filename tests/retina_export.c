@@ -13,25 +13,17 @@
 #include "worker/models/ps_retinanet.h"
 
 #include "ps_log.h"
+#include "tests/export_util.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #define SEED 1234
 
 static int write_raw(const char *dir, const char *name, const float *p, size_t n)
 {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "wb");
-    if (!f || fwrite(p, sizeof *p, n, f) != n || fclose(f)) {
-        fprintf(stderr, "retina_export: cannot write %s: %s\n", path, strerror(errno));
-        return 1;
-    }
-    return 0;
+    return export_write_raw("retina_export", dir, name, p, n);
 }
 
 int main(int argc, char **argv)
@@ -42,10 +34,7 @@ int main(int argc, char **argv)
     }
     const char *dir = argv[1];
     int K = atoi(argv[2]), H = atoi(argv[3]);
-    if (mkdir(dir, 0755) && errno != EEXIST) {
-        fprintf(stderr, "retina_export: mkdir %s: %s\n", dir, strerror(errno));
-        return 1;
-    }
+    if (export_mkdir("retina_export", dir)) return 1;
     ps_ctx_t ctx;
     ps_engine_init(&ctx, 0);
     ps_retina_config_t c;

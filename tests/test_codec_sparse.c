@@ -166,9 +166,9 @@ static void test_topk_params(void)
     uint8_t enc[2000];
     size_t len;
     fill(x, 100, PAT_NORMAL);
-    is_int(ps_codec_topk_k(1000, 0.001f), 1, "k(1000, 0.1%) = 1");
-    is_int(ps_codec_topk_k(1000, 0.0f), 10, "k(1000, default) = 10 (1%)");
-    is_int(ps_codec_topk_k(1001, 0.01f), 11, "k(1001, 1%) = ceil(10.01) = 11");
+    is_int(ps_codec_topk_k(1000, 0.001f), 1, "k(1000, 0.1%%) = 1");
+    is_int(ps_codec_topk_k(1000, 0.0f), 10, "k(1000, default) = 10 (1%%)");
+    is_int(ps_codec_topk_k(1001, 0.01f), 11, "k(1001, 1%%) = ceil(10.01) = 11");
     is_int(ps_codec_topk_k(5, 1e-6f), 1, "k is at least 1");
     is_int(ps_codec_topk_k(0, 0.5f), 0, "k(0) = 0");
     is_int(ps_codec_topk_k(10, 1.5f), 0, "ratio > 1 -> 0");

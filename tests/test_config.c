@@ -28,10 +28,14 @@ static const ps_opt_t opts[] = {
 
 static char dir[] = "/tmp/test_config.XXXXXX";
 
+/* string options hold NULL or malloc'd text (the parser frees what it
+ * replaces); the last values are freed here before the next defaults */
 static void defaults(void)
 {
+    free(name);
+    free(mode);
     port = 5555; workers = 2; verbose = 0; fp16 = 1; pbytes = 4 << 20; lr = 0.1f;
-    name = "default-job"; mode = NULL;
+    name = strdup("default-job"); mode = NULL;
 }
 
 static const char *write_file(const char *base, const char *text)
@@ -259,6 +263,7 @@ int main(void)
     test_flag_errors();
     test_files();
     test_help();
+    defaults(); /* frees the last parse's strings (the sanitizer build checks leaks) */
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     if (system(cmd) != 0) diag("could not remove %s", dir);

@@ -5,9 +5,9 @@
 # psd (fp32 wire) equals --standalone; bad data is a clear error.
 #
 # The W workers x batch B == one worker x W*B weight property needs BN frozen
-# (per-worker batch statistics differ otherwise) which the model does not
-# offer yet; the data half of it (same samples, same pixels) is checked in
-# tests/test_video_data.c.
+# (per-worker batch statistics differ otherwise): tests/test_integration_bn_frozen.sh
+# checks it with --bn frozen; the data half of it (same samples, same pixels)
+# is checked in tests/test_video_data.c.
 . "$(dirname "$0")/test_integration_common.sh" || { echo "Bail out! cannot read test_integration_common.sh"; exit 99; }
 PSDATA=$top_builddir/psdata
 [ -x "$PSDATA" ] || { echo "1..0 # SKIP psdata not built"; exit 77; }

@@ -38,6 +38,7 @@
  *   few as 8 values).
  * An error in any layer (wrong stride, shift direction, BN mode, missing
  * gradient term) moves these by orders of magnitude more. */
+#include "tests/model_check.h"
 #include "tests/tap.h"
 #include "worker/models/ps_model.h"
 
@@ -52,19 +53,6 @@
 #define DROPOUT_SEED 42
 #define LINE_MAX_ 1000000
 
-static const char *srcdir(void)
-{
-    const char *s = getenv("top_srcdir");
-    return s && *s ? s : ".";
-}
-
-static uint64_t sample_index(const char *name, size_t numel, int j)
-{
-    uint64_t key = ps_model_fnv1a64(name) ^ 0x5A4D504C45ull;
-    uint64_t k = (uint64_t)(ps_rng_uniform(key, (uint64_t)j) * 16777216.0f);
-    return (k * numel) >> 24;
-}
-
 typedef struct variant {
     const char *name;
     int depth, shift, pbn, clips, H, K;
@@ -74,13 +62,6 @@ typedef struct variant {
 static void hash_input(float *x, int clips, int T, int H)
 {
     ps_model_hash_fill(x, (size_t)clips * T * 3 * H * H, "input", SEED, 1.0);
-}
-
-static double l2(const float *g, size_t n)
-{
-    double s = 0;
-    for (size_t i = 0; i < n; i++) s += (double)g[i] * g[i];
-    return sqrt(s);
 }
 
 static int find_buffer(const ps_model_t *m, const char *name)
@@ -152,54 +133,9 @@ static void check_variant(ps_ctx_t *ctx, const variant_t *v)
             if (!ok(pi >= 0, "%s: gradient of %s exists in the model", v->name, name)) continue;
             seen[pi] = 1;
             ngrad++;
-            size_t numel;
-            double ref_norm, noise_max, noise_p90, noise_n;
-            sscanf(line, "grad %*s %zu %lf %lf %lf %lf", &numel, &ref_norm, &noise_max,
-                   &noise_p90, &noise_n);
-            const ps_model_param_t *p = &P[pi];
-            if (numel != p->numel) {
-                bad_grad++;
-                diag("%s: %s has %zu elements, golden %zu", v->name, name, p->numel, numel);
-                continue;
-            }
-            double norm = l2(p->g, p->numel);
-            double rel = fabs(norm - ref_norm) / (ref_norm > 0 ? ref_norm : 1);
-            if (ref_norm == 0 ? norm != 0 : rel > 2e-3 + 3 * noise_n) {
-                bad_grad++;
-                diag("%s: |grad %s| = %.9g, PyTorch %.9g", v->name, name, norm, ref_norm);
-            }
-            if (rel > worst_norm) worst_norm = rel;
-            double rms = ref_norm / sqrt((double)numel);
-            double tight = 2e-3 + 3 * noise_p90, loose = 0.25 + 3 * noise_max;
-            int nsamp = 0, ntight = 0;
-            char *s = line + off;
-            for (int j = 0;; j++) {
-                long idx;
-                float val;
-                int used = 0;
-                if (sscanf(s, " %ld:%f%n", &idx, &val, &used) != 2) break;
-                s += used;
-                if ((uint64_t)idx != sample_index(name, numel, j)) {
-                    bad_grad++;
-                    diag("%s: sample %d of %s: index %ld, C hash gives %llu", v->name, j, name,
-                         idx, (unsigned long long)sample_index(name, numel, j));
-                    break;
-                }
-                double d = fabs((double)p->g[idx] - val), r = 1e-2 * fabs(val);
-                nsamp++;
-                ntight += d <= r + tight * rms;
-                if (rms > 0 && d / rms > worst_elem) worst_elem = d / rms;
-                if (!(d <= r + loose * rms)) {
-                    bad_grad++;
-                    diag("%s: %s[%ld] = %.9g, PyTorch %.9g (rms %.3g)", v->name, name, idx,
-                         p->g[idx], val, rms);
-                }
-            }
-            if (ntight < 0.8 * nsamp) {
-                bad_grad++;
-                diag("%s: %s: only %d of %d samples within %.2g rms", v->name, name, ntight,
-                     nsamp, tight);
-            }
+            double ref_norm;
+            bad_grad += check_grad_line(v->name, name, line, off, &P[pi], &ref_norm, &worst_norm,
+                                        &worst_elem);
         } else if (sscanf(line, "buf %127s %*d%n", name, &off) == 1 && off > 0) {
             int bi = find_buffer(m, name);
             const ps_model_buffer_t *b = bi >= 0 ? &ps_model_buffers(m, NULL)[bi] : NULL;
@@ -209,19 +145,7 @@ static void check_variant(ps_ctx_t *ctx, const variant_t *v)
                 diag("%s: buffer %s missing", v->name, name);
                 continue;
             }
-            char *s = line + off;
-            long idx;
-            float val;
-            int used;
-            while (sscanf(s, " %ld:%f%n", &idx, &val, &used) == 2) {
-                s += used;
-                if (idx < 0 || (size_t)idx >= b->numel ||
-                    !(fabs(b->f32[idx] - val) <= 1e-4 + 1e-3 * fabs(val))) {
-                    bad_buf++;
-                    diag("%s: %s[%ld] = %.9g, PyTorch %.9g", v->name, name, idx,
-                         idx >= 0 && (size_t)idx < b->numel ? b->f32[idx] : NAN, val);
-                }
-            }
+            bad_buf += check_sample_list(line + off, b->f32, b->numel, v->name, name, NULL);
         } else if (sscanf(line, "count %127s", name) == 1) {
             long long want = 0;
             sscanf(line, "count %*s %lld", &want);
@@ -281,8 +205,7 @@ static void check_loss_falls(ps_ctx_t *ctx)
     oc.momentum = 0.9f;
     oc.weight_decay = 1e-4f;
     oc.ngroups = ps_model_groups(m, oc.groups, PS_OPTIM_MAX_GROUPS);
-    float **buf = calloc(np, sizeof *buf);
-    for (int i = 0; i < np; i++) buf[i] = calloc(P[i].numel, sizeof(float));
+    float **buf = alloc_like(P, np);
     float first = 0, last = 0, tail = 0; /* tail: mean of the last 3 (dropout is noisy) */
     int steps = 10, fails = 0;
     for (int s = 0; s < steps; s++) {
@@ -294,12 +217,7 @@ static void check_loss_falls(ps_ctx_t *ctx)
         last = loss;
         if (s >= steps - 3) tail += loss / 3;
         diag("step %d loss %.5f", s, loss);
-        for (int i = 0; i < np; i++) {
-            if (!P[i].trainable) continue;
-            const ps_param_group_t *g = &oc.groups[P[i].group];
-            ps_optim_sgd(P[i].w, buf[i], P[i].g, P[i].numel, oc.lr * g->lr_mult,
-                         oc.weight_decay * g->wd_mult, &oc, s == 0);
-        }
+        sgd_step(P, np, buf, &oc, s == 0);
     }
     is_int(fails, 0, "training steps ran");
     ok(isfinite(last) && tail < 0.75f * first,
@@ -312,8 +230,7 @@ static void check_loss_falls(ps_ctx_t *ctx)
             frozen_nonzero += l2(P[i].g, P[i].numel) != 0;
         }
     ok(nfrozen > 0 && frozen_nonzero == 0, "partial BN: %d frozen tensors, no gradient", nfrozen);
-    for (int i = 0; i < np; i++) free(buf[i]);
-    free(buf);
+    free_like(buf, np);
     free(x);
     ps_model_destroy(&m);
 }
@@ -347,8 +264,7 @@ static double batch_split_error(ps_ctx_t *ctx, int bn_mode, int *frozen_ok, int 
     int np, nb;
     const ps_model_param_t *P = ps_model_params(m, &np);
     const ps_model_buffer_t *Bf = ps_model_buffers(m, &nb);
-    float **acc = calloc(np, sizeof *acc), loss;
-    for (int i = 0; i < np; i++) acc[i] = calloc(P[i].numel, sizeof(float));
+    float **acc = alloc_like(P, np), loss;
     /* two "workers": one clip each, mean of their gradients */
     for (int w = 0; w < 2; w++) {
         ps_model_zero_grad(m);
@@ -382,8 +298,7 @@ static double batch_split_error(ps_ctx_t *ctx, int bn_mode, int *frozen_ok, int 
         double e = fabs(train_logits[i] - ps_model_logits(m)[i]);
         if (e > *eval_err) *eval_err = e;
     }
-    for (int i = 0; i < np; i++) free(acc[i]);
-    free(acc);
+    free_like(acc, np);
     free(rm0);
     free(x);
     ps_model_destroy(&m);

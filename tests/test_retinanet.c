@@ -17,6 +17,7 @@
  * (0.25 + 3*noise_max)*rms, where noise_* is PyTorch's own float32 error
  * recorded in the golden.  BN is frozen here, so the float32 noise is far
  * below the ResNet's. */
+#include "tests/model_check.h"
 #include "tests/tap.h"
 #include "worker/det/det_boxes.h"
 #include "worker/models/ps_retinanet.h"
@@ -31,26 +32,6 @@
 
 #define SEED 1234
 #define LINE_MAX_ 1000000
-
-static const char *srcdir(void)
-{
-    const char *s = getenv("top_srcdir");
-    return s && *s ? s : ".";
-}
-
-static uint64_t sample_index(const char *name, size_t numel, int j)
-{
-    uint64_t key = ps_model_fnv1a64(name) ^ 0x5A4D504C45ull;
-    uint64_t k = (uint64_t)(ps_rng_uniform(key, (uint64_t)j) * 16777216.0f);
-    return (k * numel) >> 24;
-}
-
-static double l2(const float *g, size_t n)
-{
-    double s = 0;
-    for (size_t i = 0; i < n; i++) s += (double)g[i] * g[i];
-    return sqrt(s);
-}
 
 /* gen_retinanet.py targets(): u < 0.1 ignore, < 0.8 background, else a
  * class from a second hash; box targets (2u-1). */
@@ -93,19 +74,7 @@ static void check_samples(const char *line, const char *what, const float *out, 
     char *e;
     long n = strtol(line + strlen(what) + 1, &e, 10);
     is_int(n, (long)numel, "%s: %s count", vname, what);
-    int bad = 0, cnt = 0;
-    long idx;
-    float val;
-    int used;
-    while (sscanf(e, " %ld:%f%n", &idx, &val, &used) == 2) {
-        e += used;
-        cnt++;
-        if (idx < 0 || (size_t)idx >= numel || !(fabs(out[idx] - val) <= 1e-4 + 1e-3 * fabs(val))) {
-            bad++;
-            diag("%s: %s[%ld] = %.9g, PyTorch %.9g", vname, what, idx,
-                 idx >= 0 && (size_t)idx < numel ? out[idx] : NAN, val);
-        }
-    }
+    int cnt = 0, bad = check_sample_list(e, out, numel, vname, what, &cnt);
     ok(cnt > 0 && bad == 0, "%s: %d sampled %s match PyTorch", vname, cnt, what);
 }
 
@@ -160,58 +129,14 @@ static void check_variant(ps_ctx_t *ctx, const variant_t *v)
             }
             seen[pi] = 1;
             ngrad++;
-            size_t numel;
-            double ref_norm, noise_max, noise_p90, noise_n;
-            sscanf(line, "grad %*s %zu %lf %lf %lf %lf", &numel, &ref_norm, &noise_max,
-                   &noise_p90, &noise_n);
             const ps_model_param_t *p = &P[pi];
-            if (numel != p->numel) {
-                bad++;
-                diag("%s: %s has %zu elements, golden %zu", v->name, name, p->numel, numel);
-                continue;
-            }
-            double norm = l2(p->g, p->numel);
-            double rel = fabs(norm - ref_norm) / (ref_norm > 0 ? ref_norm : 1);
-            if (ref_norm == 0 ? norm != 0 : rel > 2e-3 + 3 * noise_n) {
-                bad++;
-                diag("%s: |grad %s| = %.9g, PyTorch %.9g", v->name, name, norm, ref_norm);
-            }
-            if ((ref_norm == 0) != !p->trainable) {
+            double ref_norm;
+            bad += check_grad_line(v->name, name, line, off, p, &ref_norm, &worst_norm,
+                                   &worst_elem);
+            if (ref_norm >= 0 && (ref_norm == 0) != !p->trainable) {
                 bad++;
                 diag("%s: %s trainable %d but PyTorch's gradient norm is %g", v->name, name,
                      p->trainable, ref_norm);
-            }
-            if (rel > worst_norm) worst_norm = rel;
-            double rms = ref_norm / sqrt((double)numel);
-            double tight = 2e-3 + 3 * noise_p90, loose = 0.25 + 3 * noise_max;
-            int nsamp = 0, ntight = 0;
-            char *s = line + off;
-            for (int j = 0;; j++) {
-                long idx;
-                float val;
-                int used = 0;
-                if (sscanf(s, " %ld:%f%n", &idx, &val, &used) != 2) break;
-                s += used;
-                if ((uint64_t)idx != sample_index(name, numel, j)) {
-                    bad++;
-                    diag("%s: sample %d of %s: index %ld differs from the C hash", v->name, j,
-                         name, idx);
-                    break;
-                }
-                double d = fabs((double)p->g[idx] - val), r = 1e-2 * fabs(val);
-                nsamp++;
-                ntight += d <= r + tight * rms;
-                if (rms > 0 && d / rms > worst_elem) worst_elem = d / rms;
-                if (!(d <= r + loose * rms)) {
-                    bad++;
-                    diag("%s: %s[%ld] = %.9g, PyTorch %.9g (rms %.3g)", v->name, name, idx,
-                         p->g[idx], val, rms);
-                }
-            }
-            if (ntight < 0.8 * nsamp) {
-                bad++;
-                diag("%s: %s: only %d of %d samples within %.2g rms", v->name, name, ntight,
-                     nsamp, tight);
             }
         }
     }
@@ -338,8 +263,7 @@ static void check_training(ps_ctx_t *ctx)
     oc.momentum = 0.9f;
     oc.weight_decay = 1e-4f;
     oc.ngroups = ps_retina_groups(m, oc.groups, PS_OPTIM_MAX_GROUPS);
-    float **mom = calloc(np, sizeof *mom);
-    for (int i = 0; i < np; i++) mom[i] = calloc(P[i].numel, sizeof(float));
+    float **mom = alloc_like(P, np);
     float first = 0, last = 0, fc0 = 0, fc1 = 0, fb0 = 0, fb1 = 0;
     int fails = 0, steps = 10;
     for (int s = 0; s < steps; s++) {
@@ -356,12 +280,7 @@ static void check_training(ps_ctx_t *ctx)
         fc1 = lc;
         fb1 = lb;
         diag("step %d focal %.5f smooth-l1 %.5f", s, lc, lb);
-        for (int i = 0; i < np; i++) {
-            if (!P[i].trainable) continue;
-            const ps_param_group_t *g = &oc.groups[P[i].group];
-            ps_optim_sgd(P[i].w, mom[i], P[i].g, P[i].numel, oc.lr * g->lr_mult,
-                         oc.weight_decay * g->wd_mult, &oc, s == 0);
-        }
+        sgd_step(P, np, mom, &oc, s == 0);
     }
     is_int(fails, 0, "training steps ran");
     /* from the default init (heads std 0.01, prior bias) the focal term
@@ -463,8 +382,7 @@ static void check_training(ps_ctx_t *ctx)
     is_int(ps_retina_forward(m, x, v.n, lab, NULL, 1, &lc, &lb), PS_EINVAL,
            "labels without box targets refused");
     ps_log_level = PS_LOG_WARN;
-    for (int i = 0; i < np; i++) free(mom[i]);
-    free(mom);
+    free_like(mom, np);
     free(matched);
     free(x);
     free(box);

@@ -463,8 +463,11 @@ int main(void)
     test_sums(3, &o, "3 conns");
     test_sums(4, &o, "3 conns");
     o.nconn = 1;
+    o.window = 1; /* tightest flow control must not deadlock */
+    test_sums(4, &o, "window 1");
+    o.window = 0; /* no flow control */
     o.segment_bytes = 1u << 20;
-    test_sums(2, &o, "1 MiB segments");
+    test_sums(2, &o, "1 MiB segments, no window");
     test_missing_rank();
     test_dead_rank();
     test_bad_messages();

@@ -88,10 +88,11 @@ typedef struct ring_job {
 void ps_ring_opts_default(ps_ring_opts_t *o)
 {
     o->timeout_ms = 30000;
-    o->segment_bytes = 1u << 20;
+    o->segment_bytes = 256u << 10;
     o->nconn = 1;
     o->io_threads = 0;
     o->checksum = 1;
+    o->window = 8;
 }
 
 static void msg_close(ring_msg_t *m);
@@ -190,9 +191,10 @@ int ps_ring_new(ps_ring_t **out, int rank, int world, const char *const *endpoin
     ps_ring_opts_default(&o);
     if (opts) o = *opts;
     if (o.timeout_ms <= 0 || o.segment_bytes < 64 || o.segment_bytes > ((size_t)1 << 30) ||
-        o.nconn < 1 || o.nconn > RING_MAX_CONN || o.io_threads < 0 || o.io_threads > 64) {
-        ps_error("ring: invalid options (timeout_ms %d, segment_bytes %zu, nconn %d, io_threads %d)",
-                 o.timeout_ms, o.segment_bytes, o.nconn, o.io_threads);
+        o.nconn < 1 || o.nconn > RING_MAX_CONN || o.io_threads < 0 || o.io_threads > 64 ||
+        o.window < 0) {
+        ps_error("ring: invalid options (timeout_ms %d, segment_bytes %zu, nconn %d, io_threads %d, "
+                 "window %d)", o.timeout_ms, o.segment_bytes, o.nconn, o.io_threads, o.window);
         return PS_EINVAL;
     }
     if (!o.io_threads) o.io_threads = o.nconn + 1;
@@ -565,6 +567,10 @@ static int run(ps_ring_t *r, ring_job_t *j)
     while (!rc && (j->nrecv < j->total || next < j->total)) {
         while (next < j->total) {
             if (next >= j->K && !r->done[next - j->K]) break;
+            /* window: no deadlock, the lowest message not yet received
+             * anywhere can always be sent (its sender has received every
+             * lower index, so it is not ahead of its receives) */
+            if (r->o.window && !have && next >= j->nrecv + (uint32_t)r->o.window) break;
             if (!have && (rc = build_msg(r, j, next, &oh, &op))) break;
             have = 1;
             void *sock = r->push[next % (uint32_t)r->o.nconn];

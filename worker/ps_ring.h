@@ -61,12 +61,15 @@ typedef struct ps_ring ps_ring_t;
 typedef struct ps_ring_opts {
     int timeout_ms;        /* longest time without progress; default 30000 */
     size_t segment_bytes;  /* wire payload bytes per message (pipelining unit);
-                              default 1 MiB, at least 64 */
+                              default 256 KiB, at least 64 */
     int nconn;             /* connections to the right neighbour (bandwidth),
                               1..16, default 1; segments go round-robin */
     int io_threads;        /* ZeroMQ I/O threads; 0 = nconn + 1, so that receiving
                               and each sending connection can have their own
                               thread and the kernel copies both ways overlap */
+    int window;            /* at most this many segments sent but not yet matched
+                              by segments received (flow control: keeps the
+                              buffers few and cache-warm); default 8, 0 = no limit */
     int checksum;          /* 1 = CRC32C over every payload (default), 0 = off
                               (the crc field is then 0 and not checked) */
 } ps_ring_opts_t;

@@ -158,6 +158,14 @@ static int cluster_step(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_t
                      "run --mode sync: give psworker the same --mode)", step, i, v, step + 1);
             rc = PS_ESTATE;
         }
+        if (!sync && v < ver[i]) {
+            /* The partition's version went backwards: its server restarted
+             * from an older checkpoint.  Residuals of lossy pushes were
+             * accumulated against weights that no longer exist. */
+            ps_warn("partition %u went back from version %" PRIu64 " to %" PRIu64
+                    " (server restored a checkpoint): resetting error feedback", i, ver[i], v);
+            ps_client_ef_reset(c);
+        }
         ver[i] = v;
     }
     return rc;

@@ -17,11 +17,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "config.h"
 #include "ps_error.h"
 #include "ps_log.h"
 #include "worker/data/ps_video.h"
 #include "worker/engine/ps_engine.h"
 #include "worker/models/ps_model.h"
+#ifdef PS_HAVE_CUDA
+#include "worker/engine/cuda/ps_cuda_backend.h"
+#endif
 
 struct ps_worker_video {
     ps_ctx_t ctx;
@@ -36,7 +40,49 @@ struct ps_worker_video {
     int32_t *labels;
     int64_t *idx;
     int max_clips, K;
+    int cuda;               /* the model runs on ps_backend_cuda (managed arena) */
 };
+
+/* With the CUDA backend every layer is queued on its stream: wait before
+ * the host touches the model's arena (weights, gradients, input, logits). */
+static int dev_sync(struct ps_worker_video *v)
+{
+#ifdef PS_HAVE_CUDA
+    if (v->cuda) return ps_cuda_backend_sync(&v->ctx);
+#else
+    (void)v;
+#endif
+    return 0;
+}
+
+/* --device: the CPU reference, or (CUDA builds) the CUDA backend with the
+ * model's arena in managed memory, so the model code runs unchanged
+ * (docs/cuda.md).  A missing GPU is an error here, never a crash. */
+static int select_device(struct ps_worker_video *v, const char *device, const ps_backend_t **be)
+{
+    *be = &ps_backend_cpu;
+    if (!strcmp(device, "cpu")) return 0;
+#ifdef PS_HAVE_CUDA
+    int rc = ps_cuda_backend_select(device, &v->ctx, be);
+    if (rc) {
+        ps_error("--device %s: cannot use it (%s); --device cpu runs on the CPU", device,
+                 ps_strerror(rc));
+        return rc;
+    }
+    if (*be == &ps_backend_cpu) return 0;
+    v->cuda = 1;
+    if ((rc = ps_cuda_use_managed_arena())) {
+        ps_error("--device %s: managed memory unavailable (%s)", device, ps_strerror(rc));
+        return rc;
+    }
+    ps_info("device %s: CUDA backend, model in managed memory", device);
+    return 0;
+#else
+    (void)v;
+    ps_error("--device %s: this psworker was built without CUDA", device);
+    return PS_EUNSUPPORTED;
+#endif
+}
 
 int ps_worker_is_video(const ps_worker_opts_t *o) { return strcmp(o->model, "smoke") != 0; }
 
@@ -145,14 +191,25 @@ int ps_worker_video_setup(ps_worker_t *p, uint32_t nservers)
     cfg.n_segment = o->frames;
     cfg.dropout = o->dropout;
     cfg.partial_bn = o->partial_bn;
+    if (o->bn_mode >= 0) {
+        cfg.bn_mode = o->bn_mode;
+        cfg.partial_bn = o->bn_mode == PS_MODEL_BN_PARTIAL;
+    }
     cfg.width = o->width;
     if ((rc = ps_engine_init(&v->ctx, o->threads)) < 0) {
         ps_error("engine init failed: %s", ps_strerror(rc));
         return rc;
     }
-    if ((rc = ps_model_create(&v->m, &cfg, &ps_backend_cpu, &v->ctx, v->max_clips, o->size, o->size)))
+    const ps_backend_t *be;
+    if ((rc = select_device(v, o->device, &be)))
+        return rc;
+    if ((rc = ps_model_create(&v->m, &cfg, be, &v->ctx, v->max_clips, o->size, o->size)))
+        return rc;
+    if ((rc = dev_sync(v)))
         return rc;
     ps_model_init(v->m, o->seed, 0);
+    static const char *const bn_names[] = {"train", "partial", "frozen"};
+    ps_info("BN mode %s", bn_names[ps_model_bn_mode(v->m)]);
     ps_model_set_seed(v->m, o->seed);
     if (*o->weights) {
         rc = ps_model_load(v->m, o->weights, o->eval ? PS_MODEL_LOAD_STRICT : PS_MODEL_LOAD_REPLACE_FC);
@@ -215,7 +272,11 @@ void ps_worker_video_teardown(ps_worker_t *p)
     ps_video_loader_destroy(&v->vl);
     ps_video_list_free(&v->train);
     ps_video_list_free(&v->val);
+    dev_sync(v);
     ps_model_destroy(&v->m);
+#ifdef PS_HAVE_CUDA
+    if (v->cuda) ps_cuda_backend_free(&v->ctx);
+#endif
     ps_ctx_free(&v->ctx);
     free(v->specs);
     free(v->param_of);
@@ -230,6 +291,7 @@ void ps_worker_video_teardown(ps_worker_t *p)
 static void scatter(ps_worker_t *p)
 {
     struct ps_worker_video *v = p->vid;
+    dev_sync(v);
     int np;
     const ps_model_param_t *par = ps_model_params(v->m, &np);
     size_t off = 0;
@@ -279,6 +341,8 @@ double ps_worker_video_compute(ps_worker_t *p, uint64_t step)
     int rc = ps_model_forward(v->m, v->clips, n, v->labels, 1, &loss);
     if (!rc)
         rc = ps_model_backward(v->m);
+    if (!rc)
+        rc = dev_sync(v);
     if (rc) {
         ps_error("forward/backward failed at step %llu: %s", (unsigned long long)step, ps_strerror(rc));
         p->compute_rc = rc;
@@ -312,7 +376,7 @@ double ps_worker_video_eval(ps_worker_t *p, double *top1, double *top5, size_t *
     double loss = 0;
     double *avg = malloc(sizeof(double) * (size_t)C);
     while (avg && (n = ps_video_loader_next(v->vl, v->clips, v->labels, v->idx, NULL)) > 0) {
-        if (ps_model_forward(v->m, v->clips, n * K, NULL, 0, NULL)) break;
+        if (ps_model_forward(v->m, v->clips, n * K, NULL, 0, NULL) || dev_sync(v)) break;
         const float *lg = ps_model_logits(v->m);
         for (int i = 0; i < n; i++) {
             /* multi-clip: mean of the clips' scores (TSM's test) */

@@ -17,7 +17,6 @@
 int PS_FUZZ_ENTRY(const uint8_t *data, size_t size);
 
 static char config_fz_path[64];
-static char config_fz_default[] = "default"; /* never freed: the parser must not free a default */
 
 int PS_FUZZ_ENTRY(const uint8_t *data, size_t size)
 {
@@ -25,7 +24,8 @@ int PS_FUZZ_ENTRY(const uint8_t *data, size_t size)
     int port = 7000, verbose = 0;
     float lr = 0.1f;
     uint64_t bytes = 4u << 20;
-    char *name = config_fz_default;
+    char *name = strdup("default"); /* the parser frees a replaced value */
+    if (!name) abort();
     const ps_opt_t opts[] = {
         {"port", PS_OPT_INT, &port, "port"},
         {"lr", PS_OPT_FLOAT, &lr, "learning rate"},
@@ -68,6 +68,6 @@ int PS_FUZZ_ENTRY(const uint8_t *data, size_t size)
     FUZZ_CHECK(isfinite(lr), "lr set to a non-finite value");
     FUZZ_CHECK(verbose == 0 || verbose == 1, "bool set to %d", verbose);
     FUZZ_CHECK(name != NULL, "string set to NULL");
-    if (name != config_fz_default) free(name); /* set by the parser: ours now */
+    free(name); /* the default or the parser's copy: ours either way */
     return 0;
 }

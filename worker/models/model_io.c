@@ -14,34 +14,9 @@
 
 int ps_model_save(const ps_model_t *m, const char *path)
 {
-    char err[256] = "";
-    ps_st_writer_t *w = ps_st_writer_new();
-    if (!w) return PS_ENOMEM;
-    int r = 0;
-    for (int i = 0; i < m->nparams && !r; i++) {
-        const ps_model_param_t *p = &m->params[i];
-        int64_t shape[PS_MODEL_MAX_NDIM];
-        for (int d = 0; d < p->ndim; d++) shape[d] = p->shape[d];
-        r = ps_st_writer_add(w, p->name, PS_ST_F32, p->ndim, shape, p->w);
-    }
-    for (int i = 0; i < m->nbuffers && !r; i++) {
-        const ps_model_buffer_t *b = &m->buffers[i];
-        int64_t shape[1] = {(int64_t)b->numel};
-        /* num_batches_tracked is a 0-dim int64 tensor in torchvision */
-        r = b->i64 ? ps_st_writer_add(w, b->name, PS_ST_I64, 0, shape, b->i64)
-                   : ps_st_writer_add(w, b->name, PS_ST_F32, 1, shape, b->f32);
-    }
     char arch[64];
     snprintf(arch, sizeof arch, "%s-resnet%d", m->cfg.shift ? "tsm" : "tsn", m->cfg.depth);
-    if (!r) r = ps_st_writer_meta(w, "format", "pt");
-    if (!r) r = ps_st_writer_meta(w, "ps.arch", arch);
-    if (r) {
-        ps_error("model save %s: cannot add tensors: %s", path, ps_strerror(r));
-    } else if ((r = ps_st_writer_save(w, path, err, sizeof err))) {
-        ps_error("model save %s: %s", path, err);
-    }
-    ps_st_writer_destroy(&w);
-    return r;
+    return ps_mtab_save(m->params, m->nparams, m->buffers, m->nbuffers, arch, "model", path);
 }
 
 static int shape_matches(const ps_st_tensor_t *t, int ndim, const int *shape)
@@ -158,18 +133,7 @@ int ps_model_load(ps_model_t *m, const char *path, int flags)
             goto out; /* cannot happen after validate() short of a broken reader */
         }
     }
-    for (int i = 0; i < m->nbuffers; i++) {
-        ps_model_buffer_t *b = &m->buffers[i];
-        if (b->i64) {
-            const ps_st_tensor_t *t = ps_st_find(&f, b->name);
-            int64_t v = 0;
-            if (t) memcpy(&v, ps_st_tensor_data(&f, t), 8); /* little-endian file, LE host */
-            *b->i64 = v;
-        } else if ((r = ps_st_read_f32(&f, b->name, b->f32, b->numel, err, sizeof err))) {
-            ps_error("model load %s: %s", path, err);
-            goto out;
-        }
-    }
+    if ((r = ps_mtab_read_buffers(&f, m->buffers, m->nbuffers, "model", path))) goto out;
     m->fc_replaced = replace_fc;
     if (replace_fc) {
         /* TSM fine-tuning: a fresh fc, trained faster (lr x5 weight, x10 bias) */

@@ -111,16 +111,10 @@ const ps_model_buffer_t *ps_model_buffers(const ps_model_t *m, int *n)
 
 int ps_model_find_param(const ps_model_t *m, const char *name)
 {
-    for (int i = 0; i < m->nparams; i++)
-        if (!strcmp(m->params[i].name, name)) return i;
-    return -1;
+    return ps_mtab_find(m->params, m->nparams, name);
 }
 
-void ps_model_zero_grad(ps_model_t *m)
-{
-    for (int i = 0; i < m->nparams; i++)
-        memset(m->params[i].g, 0, m->params[i].numel * sizeof(float));
-}
+void ps_model_zero_grad(ps_model_t *m) { ps_mtab_zero_grad(m->params, m->nparams); }
 
 /* ---- layers ------------------------------------------------------------------ */
 

@@ -3,6 +3,7 @@
 #ifndef PS_RESNET_INTERNAL_H
 #define PS_RESNET_INTERNAL_H
 #include "ps_model.h"
+#include "ps_safetensors.h"
 
 typedef struct conv {
     ps_conv2d_desc_t d;
@@ -112,5 +113,23 @@ void ps_resnet_backward_features(ps_model_t *m, const float *const dstage[4], in
 int ps_resnet_build(ps_model_t *m); /* architecture + tables + arena */
 void ps_resnet_free_tables(ps_model_t *m);
 void ps_resnet_init_fc(ps_model_t *m, uint64_t seed);
+
+/* model_tables.c: the parameter / buffer tables of every model (ResNet,
+ * RetinaNet).  add_param returns the new index or PS_ENOMEM; "what" names
+ * the model in log lines ("model", "retinanet"). */
+int ps_mtab_add_param(ps_model_param_t **params, int *n, int *cap, const char *name, int ndim,
+                      const int *shape, int group, int trainable);
+void ps_mtab_free(ps_model_param_t **params, int *np, ps_model_buffer_t **buffers, int *nb);
+int ps_mtab_find(const ps_model_param_t *params, int n, const char *name);
+void ps_mtab_zero_grad(ps_model_param_t *params, int n);
+int ps_mtab_tensor_specs(const ps_model_param_t *params, int n, ps_tensor_spec_t **specs);
+/* Every parameter (F32) and buffer (F32, num_batches_tracked as 0-dim I64)
+ * with metadata format=pt, ps.arch=arch. */
+int ps_mtab_save(const ps_model_param_t *params, int np, const ps_model_buffer_t *buffers,
+                 int nb, const char *arch, const char *what, const char *path);
+/* Pass 2 of a load, after validation: the buffers' values (an absent
+ * int64 counter reads as 0). */
+int ps_mtab_read_buffers(const ps_st_file_t *f, ps_model_buffer_t *buffers, int nb,
+                         const char *what, const char *path);
 
 #endif

@@ -49,25 +49,8 @@ void ps_model_config_default(ps_model_config_t *c)
 static int add_param(ps_model_t *m, const char *name, int ndim, const int *shape, int group,
                      int trainable)
 {
-    if (m->nparams == m->cap_params) {
-        int cap = m->cap_params ? 2 * m->cap_params : 64;
-        ps_model_param_t *p = realloc(m->params, cap * sizeof *p);
-        if (!p) return PS_ENOMEM;
-        m->params = p;
-        m->cap_params = cap;
-    }
-    ps_model_param_t *p = &m->params[m->nparams];
-    memset(p, 0, sizeof *p);
-    if (!(p->name = strdup(name))) return PS_ENOMEM;
-    p->ndim = ndim;
-    p->numel = 1;
-    for (int i = 0; i < ndim; i++) {
-        p->shape[i] = shape[i];
-        p->numel *= (size_t)shape[i];
-    }
-    p->group = group;
-    p->trainable = trainable;
-    return m->nparams++;
+    return ps_mtab_add_param(&m->params, &m->nparams, &m->cap_params, name, ndim, shape, group,
+                             trainable);
 }
 
 static int add_buffer(ps_model_t *m, const char *name, int ndim, size_t numel)
@@ -89,13 +72,8 @@ static int add_buffer(ps_model_t *m, const char *name, int ndim, size_t numel)
 
 void ps_resnet_free_tables(ps_model_t *m)
 {
-    for (int i = 0; i < m->nparams; i++) free((char *)m->params[i].name);
-    for (int i = 0; i < m->nbuffers; i++) free((char *)m->buffers[i].name);
-    free(m->params);
-    free(m->buffers);
-    m->params = NULL;
-    m->buffers = NULL;
-    m->nparams = m->nbuffers = m->cap_params = m->cap_buffers = 0;
+    ps_mtab_free(&m->params, &m->nparams, &m->buffers, &m->nbuffers);
+    m->cap_params = m->cap_buffers = 0;
 }
 
 static int def_conv(ps_model_t *m, conv_t *c, const char *name, int C, int K, int R, int stride,
@@ -355,18 +333,7 @@ int ps_model_groups(const ps_model_t *m, ps_param_group_t *groups, int max)
 
 int ps_model_tensor_specs(const ps_model_t *m, ps_tensor_spec_t **specs)
 {
-    ps_tensor_spec_t *s = calloc(m->nparams ? m->nparams : 1, sizeof *s);
-    if (!s) return PS_ENOMEM;
-    int n = 0;
-    for (int i = 0; i < m->nparams; i++) {
-        if (!m->params[i].trainable) continue;
-        s[n].name = m->params[i].name;
-        s[n].numel = m->params[i].numel;
-        s[n].group = m->params[i].group;
-        n++;
-    }
-    *specs = s;
-    return n;
+    return ps_mtab_tensor_specs(m->params, m->nparams, specs);
 }
 
 static void fill_const(float *p, size_t n, float v)

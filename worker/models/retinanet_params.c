@@ -31,25 +31,8 @@ void ps_retina_config_default(ps_retina_config_t *c)
 static int add_param(ps_retina_t *m, const char *name, int ndim, const int *shape, int group,
                      int trainable)
 {
-    if (m->nparams == m->cap_params) {
-        int cap = m->cap_params ? 2 * m->cap_params : 128;
-        ps_model_param_t *p = realloc(m->params, cap * sizeof *p);
-        if (!p) return PS_ENOMEM;
-        m->params = p;
-        m->cap_params = cap;
-    }
-    ps_model_param_t *p = &m->params[m->nparams];
-    memset(p, 0, sizeof *p);
-    if (!(p->name = strdup(name))) return PS_ENOMEM;
-    p->ndim = ndim;
-    p->numel = 1;
-    for (int i = 0; i < ndim; i++) {
-        p->shape[i] = shape[i];
-        p->numel *= (size_t)shape[i];
-    }
-    p->group = group;
-    p->trainable = trainable;
-    return m->nparams++;
+    return ps_mtab_add_param(&m->params, &m->nparams, &m->cap_params, name, ndim, shape, group,
+                             trainable);
 }
 
 static int def_conv(ps_retina_t *m, rconv_t *c, const char *name, int C, int K, int R, int stride)
@@ -133,13 +116,7 @@ int ps_retina_define(ps_retina_t *m)
 
 void ps_retina_free_tables(ps_retina_t *m)
 {
-    for (int i = 0; i < m->nparams; i++) free((char *)m->params[i].name);
-    for (int i = 0; i < m->nbuffers; i++) free((char *)m->buffers[i].name);
-    free(m->params);
-    free(m->buffers);
-    m->params = NULL;
-    m->buffers = NULL;
-    m->nparams = m->nbuffers = 0;
+    ps_mtab_free(&m->params, &m->nparams, &m->buffers, &m->nbuffers);
 }
 
 const ps_model_param_t *ps_retina_params(const ps_retina_t *m, int *n)
@@ -156,9 +133,7 @@ const ps_model_buffer_t *ps_retina_buffers(const ps_retina_t *m, int *n)
 
 int ps_retina_find_param(const ps_retina_t *m, const char *name)
 {
-    for (int i = 0; i < m->nparams; i++)
-        if (!strcmp(m->params[i].name, name)) return i;
-    return -1;
+    return ps_mtab_find(m->params, m->nparams, name);
 }
 
 int ps_retina_groups(const ps_retina_t *m, ps_param_group_t *groups, int max)
@@ -168,25 +143,10 @@ int ps_retina_groups(const ps_retina_t *m, ps_param_group_t *groups, int max)
 
 int ps_retina_tensor_specs(const ps_retina_t *m, ps_tensor_spec_t **specs)
 {
-    ps_tensor_spec_t *s = calloc(m->nparams ? m->nparams : 1, sizeof *s);
-    if (!s) return PS_ENOMEM;
-    int n = 0;
-    for (int i = 0; i < m->nparams; i++) {
-        if (!m->params[i].trainable) continue;
-        s[n].name = m->params[i].name;
-        s[n].numel = m->params[i].numel;
-        s[n].group = m->params[i].group;
-        n++;
-    }
-    *specs = s;
-    return n;
+    return ps_mtab_tensor_specs(m->params, m->nparams, specs);
 }
 
-void ps_retina_zero_grad(ps_retina_t *m)
-{
-    for (int i = 0; i < m->nparams; i++)
-        memset(m->params[i].g, 0, m->params[i].numel * sizeof(float));
-}
+void ps_retina_zero_grad(ps_retina_t *m) { ps_mtab_zero_grad(m->params, m->nparams); }
 
 static void init_conv(ps_retina_t *m, const rconv_t *c, uint64_t seed, double bound, int random,
                       float bias0)
@@ -222,31 +182,9 @@ void ps_retina_init(ps_retina_t *m, uint64_t seed, int random)
 
 int ps_retina_save(const ps_retina_t *m, const char *path)
 {
-    char err[256] = "";
-    ps_st_writer_t *w = ps_st_writer_new();
-    if (!w) return PS_ENOMEM;
-    int r = 0;
-    for (int i = 0; i < m->nparams && !r; i++) {
-        const ps_model_param_t *p = &m->params[i];
-        int64_t shape[PS_MODEL_MAX_NDIM];
-        for (int d = 0; d < p->ndim; d++) shape[d] = p->shape[d];
-        r = ps_st_writer_add(w, p->name, PS_ST_F32, p->ndim, shape, p->w);
-    }
-    for (int i = 0; i < m->nbuffers && !r; i++) {
-        const ps_model_buffer_t *b = &m->buffers[i];
-        int64_t shape[1] = {(int64_t)b->numel};
-        r = b->i64 ? ps_st_writer_add(w, b->name, PS_ST_I64, 0, shape, b->i64)
-                   : ps_st_writer_add(w, b->name, PS_ST_F32, 1, shape, b->f32);
-    }
     char arch[64];
     snprintf(arch, sizeof arch, "retinanet-resnet%d-fpn", m->cfg.depth);
-    if (!r) r = ps_st_writer_meta(w, "format", "pt");
-    if (!r) r = ps_st_writer_meta(w, "ps.arch", arch);
-    if (r) ps_error("retinanet save %s: cannot add tensors: %s", path, ps_strerror(r));
-    else if ((r = ps_st_writer_save(w, path, err, sizeof err)))
-        ps_error("retinanet save %s: %s", path, err);
-    ps_st_writer_destroy(&w);
-    return r;
+    return ps_mtab_save(m->params, m->nparams, m->buffers, m->nbuffers, arch, "retinanet", path);
 }
 
 static int is_float(ps_st_dtype_t t)
@@ -312,17 +250,7 @@ int ps_retina_load(ps_retina_t *m, const char *path)
         if ((r = ps_st_read_f32(&f, m->params[i].name, m->params[i].w, m->params[i].numel, err,
                                 sizeof err)))
             ps_error("retinanet load %s: %s", path, err);
-    for (int i = 0; i < m->nbuffers && !r; i++) {
-        ps_model_buffer_t *b = &m->buffers[i];
-        if (b->i64) {
-            const ps_st_tensor_t *t = ps_st_find(&f, b->name);
-            int64_t v = 0;
-            if (t) memcpy(&v, ps_st_tensor_data(&f, t), 8); /* LE file, LE host */
-            *b->i64 = v;
-        } else if ((r = ps_st_read_f32(&f, b->name, b->f32, b->numel, err, sizeof err))) {
-            ps_error("retinanet load %s: %s", path, err);
-        }
-    }
+    if (!r) r = ps_mtab_read_buffers(&f, m->buffers, m->nbuffers, "retinanet", path);
     if (!r) ps_retina_zero_grad(m);
     ps_st_close(&f);
     return r;

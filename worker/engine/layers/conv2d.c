@@ -343,9 +343,13 @@ static void bwd_chunk(const conv_plan_t *p, const ps_conv2d_desc_t *d, float *di
             const float *dyg = dout + ((size_t)n0 * K + (size_t)g * Kg) * PQ;
             ps_cpu_im2col(col, dyg, (size_t)K * PQ, nc, Kg, p->P, p->Q, &fd, H, W);
             float *dxg = dinp + ((size_t)n0 * C + (size_t)g * Cg) * HW;
-            if (p->nb == 1) {
-                ps_blas_sgemm(0, 0, Cg, (int)HW, KRS, 1.0f, wt + (size_t)g * Cg * KRS, KRS, col,
-                              (int)HW, 0.0f, dxg, (int)HW);
+            if (p->nb == 1 || HW * 4 >= gemm_cols) {
+                /* planes of a quarter of the GEMM target and more: one GEMM
+                 * per image straight into dinp, no scatter pass */
+                for (int i = 0; i < nc; i++)
+                    ps_blas_sgemm(0, 0, Cg, (int)HW, KRS, 1.0f, wt + (size_t)g * Cg * KRS, KRS,
+                                  col + (size_t)i * HW, (int)hcols, 0.0f,
+                                  dxg + (size_t)i * C * HW, (int)HW);
                 continue;
             }
             ps_blas_sgemm(0, 0, Cg, (int)hcols, KRS, 1.0f, wt + (size_t)g * Cg * KRS, KRS, col,
