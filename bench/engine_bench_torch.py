@@ -25,59 +25,28 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
-def tsm_shift(x, n_segment, fold_div):
-    """TSM's shift (ops/temporal_shift.py): channels [0, fold) take frame
-    t+1, [fold, 2*fold) frame t-1, zero past the clip ends."""
-    nt, c, h, w = x.size()
-    x = x.view(nt // n_segment, n_segment, c, h, w)
-    fold = c // fold_div
-    out = torch.zeros_like(x)
-    out[:, :-1, :fold] = x[:, 1:, :fold]
-    out[:, 1:, fold:2 * fold] = x[:, :-1, fold:2 * fold]
-    out[:, :, 2 * fold:] = x[:, :, 2 * fold:]
-    return out.view(nt, c, h, w)
+# The TSM model pieces (shift, blockres placement with TSM's n_round rule,
+# partial BN, the ResNet replica for machines without torchvision) are
+# tests/golden/gen_resnet.py's, the ones the whole-model goldens check.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
+                                "golden"))
+import gen_resnet as G  # noqa: E402
 
-
-class TemporalShift(nn.Module):
-    def __init__(self, net, n_segment=8, n_div=8):
-        super().__init__()
-        self.net, self.n_segment, self.fold_div = net, n_segment, n_div
-
-    def forward(self, x):
-        return self.net(tsm_shift(x, self.n_segment, self.fold_div))
+partial_bn = G.partial_bn
 
 
 def resnet(depth, num_classes):
-    try:
-        import torchvision
-        return getattr(torchvision.models, "resnet%d" % depth)(num_classes=num_classes), "torchvision"
-    except ImportError:
-        here = os.path.dirname(os.path.abspath(__file__))
-        sys.path.insert(0, os.path.join(here, "..", "tests", "golden"))
-        import gen_resnet
-        return gen_resnet.ResNetReplica(depth, num_classes), "replica (no torchvision)"
+    net = G.torchvision_resnet(depth, num_classes)
+    if net is not None:
+        return net, "torchvision"
+    return G.ResNetReplica(depth, num_classes), "replica (no torchvision)"
 
 
 def build_tsm(depth, num_classes=400, n_segment=8, dropout=0.5):
     net, src = resnet(depth, num_classes)
-    n_round = 2 if len(list(net.layer3.children())) >= 23 else 1
-    for s in range(1, 5):
-        for i, b in enumerate(getattr(net, "layer%d" % s).children()):
-            if i % n_round == 0:
-                b.conv1 = TemporalShift(b.conv1, n_segment, 8)
+    G.make_temporal_shift(net, n_segment, 8)
     net.fc = nn.Sequential(nn.Dropout(dropout), net.fc)
     return net, src
-
-
-def partial_bn(net):
-    count = 0
-    for m in net.modules():
-        if isinstance(m, nn.BatchNorm2d):
-            count += 1
-            if count >= 2:
-                m.eval()
-                m.weight.requires_grad_(False)
-                m.bias.requires_grad_(False)
 
 
 def count_flops(net, x):

@@ -86,6 +86,23 @@ else
     echo "PyTorch with CUDA not importable: skipped"
 fi
 
+# ---- optional: NCCL allreduce (B, issue 7) --------------------------------
+# tests/test_nccl (ps_nccl: rendezvous, failure paths, W=2 exact sum / mean
+# in fp32/fp16/bf16; with one GPU NCCL refuses two ranks on it and the W=2
+# case is a TAP skip, W=1 still runs).  ~1 min; PS_GPU_CHECK_NCCL=0 skips it.
+if [ "${PS_GPU_CHECK_NCCL:-1}" != 0 ]; then
+    stage "NCCL allreduce (tests/test_nccl, optional)"
+    if ! grep -q '^#define PS_HAVE_NCCL 1' config.h 2>/dev/null; then
+        echo "configure did not find libnccl: skipped"
+    elif ! timeout 120 make -s -j"$J" tests/test_nccl >nccl-build.out 2>&1; then
+        tail -20 nccl-build.out; fail "build tests/test_nccl"
+    else
+        timeout 120 ./tests/test_nccl >nccl.out 2>&1; rc=$?
+        grep -v '^ok' nccl.out | tail -25
+        [ $rc -eq 0 ] || [ $rc -eq 77 ] || fail "test_nccl (rc $rc)"
+    fi
+fi
+
 stage "done"
 echo "total $(( $(date +%s) - T0 )) s, status $status"
 exit $status

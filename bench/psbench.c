@@ -84,6 +84,7 @@ static void usage(FILE *f)
             "  --overlap LIST          on|off (default off): on = forward takes X/3, then each\n"
             "                          partition is pushed as its share of the backward (2X/3,\n"
             "                          by size, last partition first) ends; off = all after X\n"
+            "                          (on: every partition may be in flight, max_inflight=all)\n"
             "  --netns PREFIX          run server s in namespace PREFIX-h<s> and worker w in\n"
             "                          PREFIX-h<S+w> (made by deploy/netns/up.sh; needs root)\n"
             "  --netns-net A.B.C       the hosts' /24 (default 10.213.0): host i is A.B.C.<i+1>\n"
@@ -437,11 +438,13 @@ out:
         if (cfg->pull_codec >= 0)
             snprintf(ratio + strlen(ratio), sizeof ratio - strlen(ratio), " pull_codec=%s",
                      ps_codec_name((ps_codec_t)cfg->pull_codec));
+        char infl[16] = "all";
+        if (!(cfg->overlap && cfg->compute_ms > 0)) snprintf(infl, sizeof infl, "%d", cfg->max_inflight);
         printf("psbench mode=ps servers=%d workers=%d bytes=%zu dtype=%s codec=%s%s "
-               "partition_bytes=%zu max_inflight=%d iters=%d median_s=%.6f p10_s=%.6f p90_s=%.6f "
+               "partition_bytes=%zu max_inflight=%s iters=%d median_s=%.6f p10_s=%.6f p90_s=%.6f "
                "gbps_per_worker=%.3f wire_out_per_iter=%.0f wire_in_per_iter=%.0f",
                S, W, cfg->bytes, ps_dtype_name(cfg->dtype), ps_codec_name(cfg->codec), ratio,
-               cfg->partition_bytes, cfg->max_inflight, cfg->iters, med, p10, p90, gbps,
+               cfg->partition_bytes, infl, cfg->iters, med, p10, p90, gbps,
                res.wire_out, res.wire_in);
         if (cfg->model || cfg->compute_ms > 0 || cfg->netns)
             printf(" model=%s compute_ms=%g overlap=%s compute_s=%.6f comm_wait_s=%.6f "

@@ -4,10 +4,10 @@
 #include "ps_optim.h"
 #include "ps_error.h"
 #include "ps_log.h"
+#include "ps_util.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,18 +37,8 @@ void ps_optim_config_default(ps_optim_config_t *c)
     c->ngroups = 1;
 }
 
-static int bad(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int bad(char *err, size_t errlen, const char *fmt, ...)
-{
-    char msg[256];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    if (err && errlen) snprintf(err, errlen, "optim config: %s", msg);
-    ps_error("optim config: %s", msg);
-    return PS_EINVAL;
-}
+#define bad(err, errlen, ...) \
+    ps_fail_at(__FILE__, __LINE__, PS_EINVAL, (err), (errlen), "optim config: ", __VA_ARGS__)
 
 /* finite and >= lo (NaN fails every comparison, so test it explicitly) */
 static int fge(float v, float lo) { return isfinite(v) && v >= lo; }

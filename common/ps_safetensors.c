@@ -17,6 +17,7 @@
 #include "ps_error.h"
 #include "ps_half.h"
 #include "ps_log.h"
+#include "ps_util.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -65,19 +66,7 @@ static int dtype_from_name(const char *s, ps_st_dtype_t *dt)
 
 /* Format into the caller's buffer (may be NULL) and log at error level, so
  * the cause is recorded where it happens even when the caller drops err. */
-static int fail(int code, char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int fail(int code, char *err, size_t errlen, const char *fmt, ...)
-{
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    if (err && errlen) snprintf(err, errlen, "%s", msg);
-    ps_error("%s", msg);
-    return code;
-}
+#define fail(code, err, errlen, ...) ps_fail((code), (err), (errlen), __VA_ARGS__)
 
 /* ---- reader --------------------------------------------------------------- */
 

@@ -100,6 +100,14 @@ typedef struct psd_waiter {
 #define PSD_NCODEC 4
 #define PSD_MAX_WAITERS 4096 /* per partition: bounds memory against floods */
 
+/* One tensor's piece of a partition: the optimizer step of the fused
+ * sum + apply pass uses the tensor's group lr / weight decay. */
+typedef struct psd_seg {
+    size_t off, n;          /* elements [off, off + n) of the partition */
+    int group;
+    float lr, wd;           /* of the update in progress */
+} psd_seg_t;
+
 typedef struct psd_part {
     uint32_t id;
     size_t numel;
@@ -109,6 +117,9 @@ typedef struct psd_part {
     psd_buf_t *wbuf;        /* the weights, also sent zero-copy as the fp32 raw
                              * WEIGHTS reply; replaced (copy on write) when an
                              * update finds a send of it still in flight */
+    psd_seg_t *seg;         /* tensor pieces tiling the partition, in order
+                             * (NULL: use ps_optim_apply_partition) */
+    uint32_t nseg;
     const float *direct;    /* sync: the completing push's raw fp32 payload,
                              * summed straight from the ZMQ message (no slot
                              * copy); only set while its handler runs */

@@ -60,6 +60,7 @@ char *psd_stats_json(const psd_t *s)
     cJSON_AddNumberToObject(o, "msgs_in", (double)s->mx.msgs_in);
     cJSON_AddNumberToObject(o, "msgs_out", (double)s->mx.msgs_out);
     cJSON_AddNumberToObject(o, "dropped_replies", (double)s->mx.dropped_replies);
+    cJSON_AddNumberToObject(o, "weights_copied", (double)s->mx.weights_cow);
     uint64_t errs = 0;
     for (int i = 0; i < PSD_NERR; i++) errs += s->mx.errors[i];
     cJSON_AddNumberToObject(o, "errors", (double)errs);

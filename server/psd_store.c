@@ -84,6 +84,7 @@ int psd_store_weights_writable(psd_t *s, psd_part_t *p)
 static void part_free(psd_part_t *p)
 {
     psd_buf_unref(p->wbuf);
+    free(p->seg);
     free(p->m);
     free(p->slots);
     free(p->have);
@@ -216,6 +217,34 @@ static int parse_tensors(const cJSON *arr, ps_tensor_spec_t **out, uint32_t *n, 
     return 0;
 }
 
+/* The tensor segments of partition i, checked to tile it in order with
+ * valid groups; NULL (and the unfused optimizer path) otherwise. */
+static psd_seg_t *part_segments(const psd_store_t *st, uint32_t i, uint32_t *nseg)
+{
+    const ps_partition_table_t *t = &st->table;
+    uint32_t n = ps_partition_segments(t, i, NULL, 0);
+    ps_partition_segment_t *ps = n ? malloc(n * sizeof *ps) : NULL;
+    psd_seg_t *seg = n ? malloc(n * sizeof *seg) : NULL;
+    size_t covered = 0;
+    if (!ps || !seg || ps_partition_segments(t, i, ps, n) != n) goto bad;
+    for (uint32_t k = 0; k < n; k++) {
+        if (ps[k].tensor >= t->ntensors || ps[k].part_offset != covered) goto bad;
+        int g = t->tensors[ps[k].tensor].group;
+        if (g < 0 || g >= st->optim.ngroups) goto bad;
+        seg[k] = (psd_seg_t){.off = ps[k].part_offset, .n = ps[k].numel, .group = g};
+        covered += ps[k].numel;
+    }
+    if (covered != t->parts[i].numel) goto bad;
+    free(ps);
+    *nseg = n;
+    return seg;
+bad:
+    free(ps);
+    free(seg);
+    *nseg = 0;
+    return NULL;
+}
+
 static int alloc_shard(psd_t *s, char *err, size_t errlen)
 {
     psd_store_t *st = &s->st;
@@ -232,6 +261,7 @@ static int alloc_shard(psd_t *s, char *err, size_t errlen)
         st->nowned++;
         if (p->numel > st->max_numel) st->max_numel = p->numel;
         if ((p->wbuf = wbuf_new(p->numel, 1))) p->w = (float *)p->wbuf->data;
+        p->seg = part_segments(st, i, &p->nseg);
         p->m = calloc(p->numel, sizeof(float));
         p->have = calloc(W, 1);
         p->last_iter = calloc(W, sizeof(uint64_t));
@@ -430,6 +460,87 @@ static void scale_chunk(void *arg, size_t c)
     for (size_t i = lo; i < hi; i++) j->g[i] = j->src[i] / div;
 }
 
+/* Sum + optimizer in one pass: each chunk's mean gradient is formed in a
+ * buffer that stays in L1 and applied to the chunk's weights / momentum
+ * right away, so the mean never goes to memory and back.  Element for
+ * element the same operations as sum_chunk then ps_optim_apply_partition
+ * (ps_optim_sgd is element-wise), in rank order: deterministic. */
+typedef struct fuse_job {
+    const float *const *src_of; /* (n) sources in rank order */
+    int n;
+    float div;                  /* mean = sum / div */
+    const psd_part_t *p;
+    const ps_optim_config_t *c;
+    int first;
+} fuse_job_t;
+
+static void fuse_chunk(void *arg, size_t c)
+{
+    const fuse_job_t *j = arg;
+    const psd_part_t *p = j->p;
+    size_t lo = c * SUM_CHUNK, hi = lo + SUM_CHUNK < p->numel ? lo + SUM_CHUNK : p->numel;
+    float gch[SUM_CHUNK];
+    const float *g;
+    if (j->n == 1 && j->div == 1.0f) {
+        g = j->src_of[0] + lo; /* x / 1 == x: read the gradient where it lies */
+    } else {
+        size_t k = hi - lo;
+        const float *s0 = j->src_of[0] + lo;
+        if (j->n == 1) {
+            for (size_t i = 0; i < k; i++) gch[i] = s0[i] / j->div;
+        } else if (j->n == 2) {
+            const float *s1 = j->src_of[1] + lo;
+            for (size_t i = 0; i < k; i++) gch[i] = (s0[i] + s1[i]) / j->div;
+        } else {
+            for (size_t i = 0; i < k; i++) gch[i] = s0[i];
+            for (int r = 1; r < j->n; r++) {
+                const float *sr = j->src_of[r] + lo;
+                for (size_t i = 0; i < k; i++) gch[i] += sr[i];
+            }
+            for (size_t i = 0; i < k; i++) gch[i] /= j->div;
+        }
+        g = gch;
+    }
+    /* The segments overlapping [lo, hi): binary search for the first. */
+    uint32_t a = 0, b = p->nseg;
+    while (b - a > 1) {
+        uint32_t mid = (a + b) / 2;
+        if (p->seg[mid].off <= lo) a = mid;
+        else b = mid;
+    }
+    for (uint32_t k = a; k < p->nseg && p->seg[k].off < hi; k++) {
+        const psd_seg_t *sg = &p->seg[k];
+        size_t s0 = sg->off > lo ? sg->off : lo, e = sg->off + sg->n < hi ? sg->off + sg->n : hi;
+        if (s0 >= e) continue;
+        ps_optim_sgd(p->w + s0, p->m ? p->m + s0 : NULL, g + (s0 - lo), e - s0, sg->lr, sg->wd, j->c,
+                     j->first);
+    }
+}
+
+/* mean(src_of[0..n)) * n / div, then the optimizer step; 1 when done, 0
+ * when the partition needs the unfused path (no usable segment list). */
+static int fused_apply(psd_t *s, psd_part_t *p, const float *const *src_of, int n, float div)
+{
+    const ps_optim_config_t *c = &s->st.optim;
+    if (!p->seg || !p->nseg) return 0;
+    for (uint32_t k = 0; k < p->nseg; k++) {
+        if (p->seg[k].group >= c->ngroups) return 0;
+        const ps_param_group_t *g = &c->groups[p->seg[k].group];
+        /* As ps_optim_apply_partition computes them. */
+        p->seg[k].lr = ps_optim_lr_group(c, p->version, g->lr_mult);
+        p->seg[k].wd = (float)((double)c->weight_decay * g->wd_mult);
+    }
+    psd_store_weights_writable(s, p);
+    double t0 = psd_now_s();
+    fuse_job_t j = {.src_of = src_of, .n = n, .div = div, .p = p, .c = c, .first = p->version == 0};
+    psd_pool_run(s->pool, fuse_chunk, &j, nchunks_of(p->numel));
+    /* The aggregation is part of this pass: its time is in apply_seconds. */
+    s->mx.apply_seconds += psd_now_s() - t0;
+    s->mx.apply_count++;
+    s->mx.agg_count++;
+    return 1;
+}
+
 void psd_store_apply_sync(psd_t *s, psd_part_t *p)
 {
     int W = s->st.nworkers, n = 0;
@@ -442,6 +553,8 @@ void psd_store_apply_sync(psd_t *s, psd_part_t *p)
         ps_debug("partition %u iteration %llu: overflow flagged, update skipped", p->id,
                 (unsigned long long)p->version);
         s->mx.skipped++;
+    } else if (n > 0 && fused_apply(s, p, src_of, n, (float)n)) {
+        /* done in one pass */
     } else if (n > 0) {
         double t0 = psd_now_s();
         /* One contributor: its gradient is the mean (x / 1 is exact), so
@@ -464,6 +577,10 @@ void psd_store_apply_sync(psd_t *s, psd_part_t *p)
 
 void psd_store_apply_async(psd_t *s, psd_part_t *p, const float *grad)
 {
+    if (fused_apply(s, p, &grad, 1, (float)s->st.nworkers)) {
+        bump_version(s, p);
+        return;
+    }
     float *g = s->st.gsum;
     double t0 = psd_now_s();
     sum_job_t j = {.numel = p->numel, .n = s->st.nworkers, .g = g, .src = grad};

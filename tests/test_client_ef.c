@@ -23,27 +23,8 @@
 #include "ps_error.h"
 #include "ps_log.h"
 #include "ps_wire.h"
+#include "tests/client_testutil.h"
 #include "tests/tap.h"
-
-static void make_table(ps_partition_table_t *t, uint32_t nparts, const size_t *numel)
-{
-    memset(t, 0, sizeof *t);
-    t->parts = calloc(nparts, sizeof *t->parts);
-    t->nparts = nparts;
-    t->nservers = 1;
-    t->partition_bytes = 1 << 20;
-    size_t off = 0;
-    uint64_t h = 1469598103934665603ull;
-    for (uint32_t p = 0; p < nparts; p++) {
-        t->parts[p].id = p;
-        t->parts[p].offset = off;
-        t->parts[p].numel = numel[p];
-        off += numel[p];
-        h = (h ^ numel[p]) * 1099511628211ull;
-    }
-    t->total_numel = off;
-    t->hash = h;
-}
 
 static ps_client_t *connect_ef(const ps_partition_table_t *t, fake_psd_t *f, ps_dtype_t dt,
                                ps_codec_t codec, float ratio, int ef_rounding, int retry_ms,
@@ -82,7 +63,7 @@ static void test_ef_steps(ps_dtype_t dt, ps_codec_t codec, float ratio, int ef_r
     static const size_t sizes[] = {1000, 37, 4096};
     const int K = 6;
     ps_partition_table_t t;
-    make_table(&t, 3, sizes);
+    make_table(&t, 3, 1, sizes);
     fake_psd_t f;
     fake_psd_start(&f, 0, &t, 0);
     atomic_store(&f.honor_reply_codec, honor);
@@ -166,7 +147,7 @@ static void test_ef_steps(ps_dtype_t dt, ps_codec_t codec, float ratio, int ef_r
     ps_client_destroy(&c);
     fake_psd_stop(&f);
     free(w0), free(g), free(dst), free(gsum);
-    free(t.parts);
+    free_table(&t);
 }
 
 /* Re-push of one iteration, retried sends, overflow, lossy WEIGHTS. */
@@ -174,7 +155,7 @@ static void test_ef_edges(void)
 {
     static const size_t sizes[] = {2000, 500};
     ps_partition_table_t t;
-    make_table(&t, 2, sizes);
+    make_table(&t, 2, 1, sizes);
     fake_psd_t f;
     fake_psd_start(&f, 0, &t, 0);
     ps_client_t *c = connect_ef(&t, &f, PS_DT_FP32, PS_CODEC_TOPK, 0.05f, 0, 0, 400);
@@ -283,14 +264,14 @@ static void test_ef_edges(void)
     fake_psd_stop(&f);
 
     free(w0), free(g), free(dst), free(res1), free(gi), free(wbefore);
-    free(t.parts);
+    free_table(&t);
 }
 
 static void test_opts(void)
 {
     static const size_t sizes[] = {10};
     ps_partition_table_t t;
-    make_table(&t, 1, sizes);
+    make_table(&t, 1, 1, sizes);
     const char *eps[1] = {"tcp://127.0.0.1:1"};
     ps_client_opts_t o;
     ps_client_t *c = NULL;
@@ -320,7 +301,7 @@ static void test_opts(void)
     ps_client_new(&c, &o, &t);
     ok(c && ps_client_ef_residual(c, 0) == NULL, "fp32 raw: no error feedback even with ef_rounding");
     ps_client_destroy(&c);
-    free(t.parts);
+    free_table(&t);
 }
 
 static void write_file(const char *path, const char *text)
@@ -377,7 +358,7 @@ static void test_curve(void)
 
     static const size_t sizes[] = {10};
     ps_partition_table_t t;
-    make_table(&t, 1, sizes);
+    make_table(&t, 1, 1, sizes);
     fake_psd_t f;
     fake_psd_start_ex(&f, 0, &t, 0, ssec);
     const char *eps[1] = {f.endpoint};
@@ -411,7 +392,7 @@ static void test_curve(void)
     is_int(c ? ps_client_hello(c) : -1, PS_ETIMEOUT, "plain client to a CURVE server: no answer");
     ps_client_destroy(&c);
     fake_psd_stop(&f);
-    free(t.parts);
+    free_table(&t);
 out:
     for (int i = 0; i < 8; i++) unlink(p[i]);
     rmdir(dir);

@@ -6,37 +6,13 @@
 #include "ps_half.h"
 #include "ps_log.h"
 #include "tests/tap.h"
+#define CODEC_TEST_SEED 0x452821e638d01377ull
+#include "tests/codec_testutil.h"
 
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-
-static uint64_t rng_state = 0x452821e638d01377ull;
-static uint32_t rnd32(void)
-{
-    rng_state ^= rng_state << 13; rng_state ^= rng_state >> 7; rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 16);
-}
-static float rnd_normal(void)
-{
-    double u = (rnd32() + 1.0) / 4294967297.0, v = rnd32() / 4294967296.0;
-    return (float)(sqrt(-2 * log(u)) * cos(6.283185307179586 * v));
-}
-static uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-
-/* value the wire dtype should carry for x */
-static float through(float x, ps_dtype_t dt)
-{
-    if (dt == PS_DT_FP16) return ps_fp16_to_fp32_1(ps_fp32_to_fp16_1(x));
-    if (dt == PS_DT_BF16) return ps_bf16_to_fp32_1(ps_fp32_to_bf16_1(x));
-    return x;
-}
-static int same(float a, float b)
-{
-    return f2u(a) == f2u(b) || (isnan(a) && isnan(b));
-}
 
 enum { PAT_GRAD, PAT_SPECIAL, PAT_ZERO, PAT_NOISE, NPAT };
 static const char *pat_name[] = {"gradient", "special", "zeros", "random bits"};

@@ -12,6 +12,8 @@
 #include "ps_half.h"
 #include "ps_log.h"
 #include "tests/tap.h"
+#define CODEC_TEST_SEED 0x2545f4914f6cdd1dull
+#include "tests/codec_testutil.h"
 
 #include <float.h>
 #include <math.h>
@@ -19,26 +21,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static uint64_t rng_state = 0x2545f4914f6cdd1dull;
-static uint32_t rnd32(void)
-{
-    rng_state ^= rng_state << 13; rng_state ^= rng_state >> 7; rng_state ^= rng_state << 17;
-    return (uint32_t)(rng_state >> 16);
-}
-static float rnd_normal(void)
-{
-    double u = (rnd32() + 1.0) / 4294967297.0, v = rnd32() / 4294967296.0;
-    return (float)(sqrt(-2 * log(u)) * cos(6.283185307179586 * v));
-}
-static uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-static int same(float a, float b) { return f2u(a) == f2u(b) || (isnan(a) && isnan(b)); }
-static float through(float x, ps_dtype_t dt)
-{
-    if (dt == PS_DT_FP16) return ps_fp16_to_fp32_1(ps_fp32_to_fp16_1(x));
-    if (dt == PS_DT_BF16) return ps_bf16_to_fp32_1(ps_fp32_to_bf16_1(x));
-    return x;
-}
 static uint32_t rd32(const uint8_t *p) { return p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
 static uint64_t rd64(const uint8_t *p) { return rd32(p) | (uint64_t)rd32(p + 4) << 32; }
 static void wr32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }

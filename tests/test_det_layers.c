@@ -7,69 +7,17 @@
 #include <string.h>
 
 #include "ps_error.h"
+#include "tests/golden_io.h"
 #include "tests/tap.h"
 #include "worker/det/det_boxes.h"
 #include "worker/det/det_layers.h"
 
-typedef struct {
-    char name[64];
-    int dtype, ndim, dims[8];
-    size_t numel;
-    void *data;
-} rec_t;
-static rec_t recs[256];
-static int nrecs;
-
-static int load_golden(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return diag("%s: cannot open", path), -1;
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *gold = malloc((size_t)sz);
-    if (!gold || fread(gold, 1, (size_t)sz, f) != (size_t)sz) {
-        fclose(f);
-        return diag("%s: cannot read", path), -1;
-    }
-    fclose(f);
-    if (sz < 8 || memcmp(gold, "PSGOLD1\n", 8)) return diag("%s: bad magic", path), -1;
-    size_t off = 8, end = (size_t)sz;
-#define NEED(n) \
-    if ((n) > end - off) return diag("%s: truncated at byte %zu", path, off), -1
-    while (off < end) {
-        uint32_t u[2];
-        NEED(4);
-        memcpy(u, gold + off, 4), off += 4;
-        if (u[0] == 0 || u[0] >= 64 || nrecs == 256) return diag("%s: bad record", path), -1;
-        rec_t *r = &recs[nrecs++];
-        NEED(u[0]);
-        memcpy(r->name, gold + off, u[0]), off += u[0];
-        r->name[u[0]] = 0;
-        NEED(8);
-        memcpy(u, gold + off, 8), off += 8;
-        if (u[0] > 1 || u[1] > 8) return diag("%s: %s: bad dtype/ndim", path, r->name), -1;
-        r->dtype = (int)u[0], r->ndim = (int)u[1], r->numel = 1;
-        for (int i = 0; i < r->ndim; i++) {
-            NEED(4);
-            memcpy(u, gold + off, 4), off += 4;
-            r->dims[i] = (int)u[0];
-            r->numel *= u[0];
-        }
-        NEED(r->numel * 4);
-        r->data = malloc(r->numel ? r->numel * 4 : 4);
-        if (!r->data) return diag("out of memory"), -1;
-        memcpy(r->data, gold + off, r->numel * 4);
-        off += r->numel * 4;
-    }
-    free(gold);
-    return 0;
-}
+typedef golden_rec_t rec_t;
 
 static rec_t *need(const char *name)
 {
-    for (int i = 0; i < nrecs; i++)
-        if (!strcmp(recs[i].name, name)) return &recs[i];
+    rec_t *r = golden_find(name);
+    if (r) return r;
     printf("Bail out! golden record %s missing\n", name);
     exit(1);
 }
@@ -348,13 +296,7 @@ static void test_permute(void)
 
 int main(void)
 {
-    const char *top = getenv("top_srcdir");
-    char path[4096];
-    snprintf(path, sizeof path, "%s/tests/golden/det_golden.bin", top ? top : ".");
-    if (load_golden(path)) {
-        printf("Bail out! cannot load %s\n", path);
-        return 1;
-    }
+    golden_load_or_bail("tests/golden/det_golden.bin", 256);
     test_upsample("up2x");
     test_upsample("upodd");
     test_focal();

@@ -3,6 +3,7 @@
  * Outputs are poisoned with NaN before each call so an element a layer
  * forgot to write shows up; parameter gradients start from a non-zero
  * value to check they are accumulated, not overwritten. */
+#include "tests/golden_io.h"
 #include "tests/tap.h"
 #include "worker/engine/layers/cpu_layers.h"
 #include "worker/engine/ps_blas.h"
@@ -15,72 +16,11 @@
 #include <omp.h>
 #endif
 
-/* ---- golden file reader ------------------------------------------------- */
+/* ---- golden file (tests/golden_io.h) ---------------------------------- */
 
-typedef struct {
-    char name[64];
-    int dtype; /* 0 f32, 1 i32 */
-    int ndim, dims[8];
-    size_t numel;
-    void *data;
-} rec_t;
+typedef golden_rec_t rec_t;
 
-static rec_t recs[512];
-static int nrecs;
-static uint8_t *gold;
-
-static int load_golden(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) return diag("cannot open %s", path), -1;
-    fseek(f, 0, SEEK_END);
-    long sz = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    gold = malloc(sz > 0 ? (size_t)sz : 1);
-    if (!gold || sz < 8 || fread(gold, 1, (size_t)sz, f) != (size_t)sz) {
-        fclose(f);
-        return diag("%s: cannot read", path), -1;
-    }
-    fclose(f);
-    if (memcmp(gold, "PSGOLD1\n", 8)) return diag("%s: bad magic", path), -1;
-    size_t off = 8, end = (size_t)sz;
-#define NEED(n)                                                                      \
-    if ((n) > end - off) return diag("%s: truncated at byte %zu", path, off), -1
-    while (off < end) {
-        uint32_t u[3];
-        NEED(4);
-        memcpy(u, gold + off, 4), off += 4;
-        if (u[0] == 0 || u[0] >= 64 || nrecs == 512) return diag("%s: bad record", path), -1;
-        rec_t *r = &recs[nrecs++];
-        NEED(u[0]);
-        memcpy(r->name, gold + off, u[0]), off += u[0];
-        r->name[u[0]] = 0;
-        NEED(8);
-        memcpy(u, gold + off, 8), off += 8;
-        if (u[0] > 1 || u[1] > 8) return diag("%s: %s: bad dtype/ndim", path, r->name), -1;
-        r->dtype = (int)u[0], r->ndim = (int)u[1], r->numel = 1;
-        for (int i = 0; i < r->ndim; i++) {
-            NEED(4);
-            memcpy(u, gold + off, 4), off += 4;
-            r->dims[i] = (int)u[0];
-            r->numel *= u[0];
-        }
-        NEED(r->numel * 4);
-        /* names have any length, so the data is not aligned in the file */
-        r->data = malloc(r->numel ? r->numel * 4 : 4);
-        if (!r->data) return diag("out of memory"), -1;
-        memcpy(r->data, gold + off, r->numel * 4);
-        off += r->numel * 4;
-    }
-    return 0;
-}
-
-static rec_t *find(const char *name)
-{
-    for (int i = 0; i < nrecs; i++)
-        if (!strcmp(recs[i].name, name)) return &recs[i];
-    return NULL;
-}
+static rec_t *find(const char *name) { return golden_find(name); }
 
 /* A record that must exist; aborts the test run (not the library) if not. */
 static const float *F_(const char *prefix, const char *field, size_t want)
@@ -432,13 +372,7 @@ int main(int argc, char **argv)
     ps_blas_autoselect(argc, argv);
     ps_engine_init(&ctx, 0);
     diag("OpenBLAS core %s, %d threads", ps_blas_corename(), ctx.nthreads);
-    const char *top = getenv("top_srcdir");
-    char path[4096];
-    snprintf(path, sizeof path, "%s/tests/golden/layers_golden.bin", top ? top : ".");
-    if (load_golden(path)) {
-        printf("Bail out! cannot load %s\n", path);
-        return 1;
-    }
+    golden_load_or_bail("tests/golden/layers_golden.bin", 512);
     int nconv = 0;
     for (char nm[32]; snprintf(nm, sizeof nm, "conv.%d.cfg", nconv), find(nm);) nconv++;
     ok(nconv >= 8, "golden file holds %d conv cases", nconv);
@@ -474,7 +408,6 @@ int main(int argc, char **argv)
     test_dropout();
     test_elementwise();
     ps_ctx_free(&ctx);
-    for (int i = 0; i < nrecs; i++) free(recs[i].data);
-    free(gold);
+    golden_free();
     return tap_done();
 }

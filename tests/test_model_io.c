@@ -4,6 +4,7 @@
  * fc replacement when the class count differs (TSM fine-tuning), and
  * refusal of bad files without touching the model.  The other direction
  * (C-written file into torchvision) is tests/check_model_torch.sh. */
+#include "tests/model_check.h" /* srcdir() */
 #include "tests/tap.h"
 #include "worker/models/ps_model.h"
 
@@ -19,12 +20,6 @@
 #define SEED 1234
 
 static char tmpdir[256];
-
-static const char *srcdir(void)
-{
-    const char *s = getenv("top_srcdir");
-    return s && *s ? s : ".";
-}
 
 static ps_model_t *make(ps_ctx_t *ctx, int depth, int width, int K, int clips, int H)
 {

@@ -33,7 +33,16 @@ typedef struct ps_client_opts {
     int retry_ms;                /* resend an unanswered request after this, then
                                     after 2x, 4x ... up to 60 s (0 = off) */
     int heartbeat_ms;            /* HEARTBEAT period to every server (0 = off) */
-    int max_inflight;            /* requests outstanding per server (default 8) */
+    int max_inflight;            /* requests outstanding per server (default 8).
+                                    With a sync server, a worker that submits its
+                                    pushes one by one (overlapping backward) must
+                                    allow every partition of a server in flight:
+                                    queued requests go out lowest id first, so
+                                    two workers' windows can hold different
+                                    partitions, each waiting in the server for the
+                                    other worker's: deadlock.  Submitting a whole
+                                    step at once (same queue in every worker) is
+                                    safe with any window. */
 
     /* Compressed pushes (issue 7).  Weights are never sent lossy: pulls and
      * the WEIGHTS of a PUSHPULL use pull_codec. */

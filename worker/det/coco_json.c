@@ -4,27 +4,16 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ps_error.h"
 #include "ps_log.h"
+#include "ps_util.h"
 
-static int fail(char *err, size_t n, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int fail(char *err, size_t n, int code, const char *fmt, ...)
-{
-    char buf[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    if (err && n) snprintf(err, n, "%s", buf);
-    ps_error("%s", buf);
-    return code;
-}
+/* ps_fail (ps_util.h) with this file's argument order */
+#define fail(err, n, code, ...) ps_fail((code), (err), (n), __VA_ARGS__)
 
 /* Parse with a line:column on error. */
 static cJSON *parse_json(const char *text, size_t len, const char *name, char *err, size_t n)

@@ -4,7 +4,6 @@
 #include <errno.h>
 #include <math.h>
 #include <setjmp.h>
-#include <stdarg.h>
 #include <stdio.h> /* before jpeglib.h, which needs FILE and size_t */
 #include <jpeglib.h>
 #include <stdlib.h>
@@ -13,24 +12,14 @@
 
 #include "ps_error.h"
 #include "ps_log.h"
+#include "ps_util.h"
 #include "worker/det/coco_json.h"
 
 const char *const ps_det_gen_class_names[PS_DET_GEN_NCLASSES] = {"circle", "square", "triangle",
                                                                  "diamond", "cross"};
 
-static int fail(char *err, size_t n, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int fail(char *err, size_t n, int code, const char *fmt, ...)
-{
-    char buf[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    if (err && n) snprintf(err, n, "%s", buf);
-    ps_error("%s", buf);
-    return code;
-}
+/* ps_fail (ps_util.h) with this file's argument order */
+#define fail(err, n, code, ...) ps_fail((code), (err), (n), __VA_ARGS__)
 
 /* splitmix64: tiny, seedable, identical on every platform */
 static uint64_t rnd_next(uint64_t *s)

@@ -1,0 +1,19 @@
+/* Small helpers shared by the library modules. */
+#ifndef PS_UTIL_H
+#define PS_UTIL_H
+
+#include <stdarg.h>
+#include <stddef.h>
+
+/* The "fail with a message" idiom of the parsers and validators: format
+ * the message (prefix, may be NULL, then fmt) into the caller's buffer
+ * err[errlen] (err may be NULL) and log it at error level with the
+ * caller's file:line, so the cause is recorded where it happens even when
+ * the caller drops err.  Returns code (a negative PS_E*).  Messages are
+ * cut at 511 characters. */
+int ps_fail_at(const char *file, int line, int code, char *err, size_t errlen,
+               const char *prefix, const char *fmt, ...) __attribute__((format(printf, 7, 8)));
+#define ps_fail(code, err, errlen, ...) \
+    ps_fail_at(__FILE__, __LINE__, (code), (err), (errlen), NULL, __VA_ARGS__)
+
+#endif
