@@ -201,7 +201,7 @@ int psbench_worker(const psbench_cfg_t *cfg, int rank, char **endpoints, int fd)
      * different partitions in different workers, each waiting in the sync
      * server for the others': deadlock.  Let every partition be in flight
      * (see max_inflight in ps_client.h). */
-    if (getenv("PSB_NOFIX")==NULL && cfg->overlap && cfg->compute_ms > 0 && o.max_inflight < (int)t.nparts)
+    if (cfg->overlap && cfg->compute_ms > 0 && o.max_inflight < (int)t.nparts)
         o.max_inflight = (int)t.nparts;
     if ((rc = ps_client_new(&c, &o, &t)) < 0) goto out;
     if ((rc = ps_client_hello(c)) < 0) {

@@ -65,6 +65,8 @@ typedef struct psd_opts {
     char *on_worker_loss;  /* wait | continue (a lost worker no longer holds up steps) */
     int loss_continue;     /* parsed on_worker_loss */
     int max_peer_inflight; /* requests waiting for a reply per peer (0: no cap) */
+    int io_threads;        /* ZMQ I/O threads (one connection uses one) */
+    int sock_buf_kb;       /* SO_SNDBUF / SO_RCVBUF (0: kernel autotuning) */
     int curve;             /* CURVE server + ZAP allow-list (psd_curve.c) */
     char *curve_secret_key;/* file: Z85 secret key of this server */
     char *curve_allow;     /* file or directory of allowed Z85 public keys */

@@ -161,8 +161,9 @@ int psd_loop_open(psd_t *s)
         ps_error("zmq_ctx_new: %s", zmq_strerror(errno));
         return PS_EZMQ;
     }
-    /* One I/O thread moves ~1 GB/s; two keep a 25 GbE link busy. */
-    zmq_ctx_set(s->zctx, ZMQ_IO_THREADS, 2);
+    /* A connection is served by one I/O thread; with several workers more
+     * than one lets their receives run in parallel (--io-threads). */
+    zmq_ctx_set(s->zctx, ZMQ_IO_THREADS, s->o.io_threads > 0 ? s->o.io_threads : 2);
     s->sock = zmq_socket(s->zctx, ZMQ_ROUTER);
     if (!s->sock) {
         ps_error("zmq_socket(ROUTER): %s", zmq_strerror(errno));
@@ -176,8 +177,9 @@ int psd_loop_open(psd_t *s)
          * HWM only has to stay clear of that for every worker. */
         (rc = set_int(s->sock, ZMQ_SNDHWM, 10000, "ZMQ_SNDHWM")) ||
         (rc = set_int(s->sock, ZMQ_RCVHWM, 10000, "ZMQ_RCVHWM")) ||
-        (rc = set_int(s->sock, ZMQ_SNDBUF, 4 << 20, "ZMQ_SNDBUF")) ||
-        (rc = set_int(s->sock, ZMQ_RCVBUF, 4 << 20, "ZMQ_RCVBUF")) ||
+        (s->o.sock_buf_kb > 0 &&
+         ((rc = set_int(s->sock, ZMQ_SNDBUF, s->o.sock_buf_kb << 10, "ZMQ_SNDBUF")) ||
+          (rc = set_int(s->sock, ZMQ_RCVBUF, s->o.sock_buf_kb << 10, "ZMQ_RCVBUF")))) ||
         /* Replies queued at SHUTDOWN still get out before the process ends. */
         (rc = set_int(s->sock, ZMQ_LINGER, 2000, "ZMQ_LINGER")) ||
         (hb && (rc = set_int(s->sock, ZMQ_HEARTBEAT_IVL, hb, "ZMQ_HEARTBEAT_IVL"))) ||

@@ -43,6 +43,8 @@ int main(int argc, char **argv)
     o->log_level = strdup("info");
     o->on_worker_loss = strdup("continue");
     o->max_peer_inflight = 1024;
+    o->io_threads = 2;
+    o->sock_buf_kb = 4096;
     o->curve_secret_key = strdup("");
     o->curve_allow = strdup("");
     o->curve_admin = strdup("");
@@ -71,6 +73,11 @@ int main(int argc, char **argv)
          "continue: a lost worker no longer holds up sync steps (averaged over those who pushed); wait: it does"},
         {"max-peer-inflight", PS_OPT_INT, &o->max_peer_inflight,
          "requests one peer may have waiting for a reply (more get PS_EAGAIN; 0: no cap)"},
+        {"io-threads", PS_OPT_INT, &o->io_threads,
+         "ZMQ I/O threads (each worker connection is served by one; 1..16)"},
+        {"sock-buf-kb", PS_OPT_INT, &o->sock_buf_kb,
+         "TCP send / receive buffer per connection in KiB (0: kernel autotuning; capped by "
+         "net.core.[rw]mem_max)"},
         {"curve", PS_OPT_BOOL, &o->curve, "CURVE encryption + ZAP allow-list (needs the two options below)"},
         {"curve-secret-key", PS_OPT_STRING, &o->curve_secret_key, "file with this server's Z85 secret key (psctl keygen PREFIX.key)"},
         {"curve-allow", PS_OPT_STRING, &o->curve_allow, "allowed Z85 public keys: a file (one per line) or a directory of *.pub"},
@@ -101,10 +108,11 @@ int main(int argc, char **argv)
         o->server_id >= o->num_servers || o->num_workers < 0 || o->staleness < 0 ||
         o->max_msg_mb < 1 || o->max_msg_mb > 4096 || o->metrics_port < 0 ||
         o->metrics_port > 65535 || o->heartbeat_ms < 0 || o->worker_timeout_ms < 0 ||
-        o->checkpoint_every < 0 || o->threads < 0) {
+        o->checkpoint_every < 0 || o->threads < 0 || o->io_threads < 1 || o->io_threads > 16 ||
+        o->sock_buf_kb < 0 || o->sock_buf_kb > 1048576) {
         fprintf(stderr, "psd: option out of range: need 0 <= port <= 65535, 0 <= server-id < "
                         "num-servers, num-workers >= 0, staleness >= 0, 1 <= max-msg-mb <= 4096, "
-                        "non-negative times and counts\n");
+                        "non-negative times and counts, 1 <= io-threads <= 16, 0 <= sock-buf-kb <= 1048576\n");
         return 2;
     }
     char prog[32];
@@ -112,11 +120,12 @@ int main(int argc, char **argv)
     ps_log_set_prog(prog);
     /* Keep multi-MiB message buffers in the heap once freed: otherwise each
      * one is a fresh mmap that ZeroMQ's I/O threads page-fault through (and
-     * the kernel zeroes) for every message.  glibc refuses thresholds above
-     * HEAP_MAX_SIZE / 2 = 32 MiB on 64-bit (mallopt returns 0 and, since
-     * M_TRIM_THRESHOLD turns the dynamic threshold off, every buffer over
-     * 128 KiB would be mmap'd); partitions are a few MiB, well below. */
-    if (!mallopt(M_MMAP_THRESHOLD, 32 << 20)) ps_warn("mallopt(M_MMAP_THRESHOLD, 32 MiB) refused");
+     * the kernel zeroes) for every message.  Setting M_TRIM_THRESHOLD turns
+     * glibc's dynamic threshold off, so a refused M_MMAP_THRESHOLD would
+     * leave every buffer over 128 KiB mmap'd: some glibc versions cap it at
+     * HEAP_MAX_SIZE / 2 = 32 MiB (2.36 accepts 64 MiB), hence the fallback. */
+    if (!mallopt(M_MMAP_THRESHOLD, 64 << 20) && !mallopt(M_MMAP_THRESHOLD, 32 << 20))
+        ps_warn("mallopt(M_MMAP_THRESHOLD) refused: large message buffers will be mmap'd");
     if (!mallopt(M_TRIM_THRESHOLD, 256 << 20)) ps_warn("mallopt(M_TRIM_THRESHOLD, 256 MiB) refused");
     if ((rc = psd_pool_new(&s.pool, o->threads))) {
         ps_error("cannot start the summation threads: %s", ps_strerror(rc));

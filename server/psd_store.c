@@ -465,6 +465,57 @@ static void scale_chunk(void *arg, size_t c)
  * right away, so the mean never goes to memory and back.  Element for
  * element the same operations as sum_chunk then ps_optim_apply_partition
  * (ps_optim_sgd is element-wise), in rank order: deterministic. */
+/* ---- CRC32C of the new weights, one chunk at a time ----
+ * The fused pass also checksums each chunk of new weights while it is in L1;
+ * the chunk CRCs are joined in order with the GF(2) "append len zero bytes"
+ * operator (as zlib's crc32_combine), so the zero-copy fp32 reply needs no
+ * separate pass over the partition. */
+#define CRC_POLY 0x82f63b78u
+
+static uint32_t gf2_times(const uint32_t *mat, uint32_t vec)
+{
+    uint32_t sum = 0;
+    for (; vec; vec >>= 1, mat++)
+        if (vec & 1) sum ^= *mat;
+    return sum;
+}
+
+static void gf2_square(uint32_t *sq, const uint32_t *mat)
+{
+    for (int n = 0; n < 32; n++) sq[n] = gf2_times(mat, mat[n]);
+}
+
+/* op: the operator that advances a CRC over len zero bytes (len > 0). */
+static void crc_zeros_op(uint32_t op[32], size_t len)
+{
+    uint32_t a[32], b[32], t[32], *cur = a, *nxt = b;
+    int have = 0;
+    a[0] = CRC_POLY; /* one zero bit */
+    for (int n = 1; n < 32; n++) a[n] = 1u << (n - 1);
+    gf2_square(b, a); /* 2 bits */
+    gf2_square(a, b); /* 4 bits */
+    for (; len; len >>= 1) {
+        gf2_square(nxt, cur); /* 8, 16, ... bits = 1, 2, ... bytes */
+        uint32_t *x = cur;
+        cur = nxt;
+        nxt = x;
+        if (len & 1) {
+            if (!have) memcpy(op, cur, sizeof t);
+            else {
+                for (int n = 0; n < 32; n++) t[n] = gf2_times(cur, op[n]);
+                memcpy(op, t, sizeof t);
+            }
+            have = 1;
+        }
+    }
+}
+
+/* CRC of A || B from crc(A), crc(B) and |B| (zeros operator of |B|). */
+static uint32_t crc_join(uint32_t crc_a, uint32_t crc_b, const uint32_t op_b[32])
+{
+    return gf2_times(op_b, crc_a) ^ crc_b;
+}
+
 typedef struct fuse_job {
     const float *const *src_of; /* (n) sources in rank order */
     int n;
@@ -472,6 +523,7 @@ typedef struct fuse_job {
     const psd_part_t *p;
     const ps_optim_config_t *c;
     int first;
+    uint32_t *crc;              /* (nchunks) CRC32C of each chunk's new weights */
 } fuse_job_t;
 
 static void fuse_chunk(void *arg, size_t c)
@@ -515,6 +567,7 @@ static void fuse_chunk(void *arg, size_t c)
         ps_optim_sgd(p->w + s0, p->m ? p->m + s0 : NULL, g + (s0 - lo), e - s0, sg->lr, sg->wd, j->c,
                      j->first);
     }
+    if (j->crc) j->crc[c] = ps_crc32c(0, p->w + lo, (hi - lo) * sizeof(float));
 }
 
 /* mean(src_of[0..n)) * n / div, then the optimizer step; 1 when done, 0
@@ -532,8 +585,25 @@ static int fused_apply(psd_t *s, psd_part_t *p, const float *const *src_of, int 
     }
     psd_store_weights_writable(s, p);
     double t0 = psd_now_s();
-    fuse_job_t j = {.src_of = src_of, .n = n, .div = div, .p = p, .c = c, .first = p->version == 0};
-    psd_pool_run(s->pool, fuse_chunk, &j, nchunks_of(p->numel));
+    size_t nch = nchunks_of(p->numel);
+    fuse_job_t j = {.src_of = src_of, .n = n, .div = div, .p = p, .c = c, .first = p->version == 0,
+                    .crc = malloc(nch * sizeof(uint32_t))};
+    psd_pool_run(s->pool, fuse_chunk, &j, nch);
+    if (j.crc && p->wbuf) {
+        static uint32_t op_full[32];
+        static int have_op;
+        uint32_t op_last[32];
+        if (!have_op) crc_zeros_op(op_full, SUM_CHUNK * sizeof(float)), have_op = 1;
+        size_t last = (p->numel - (nch - 1) * SUM_CHUNK) * sizeof(float);
+        if (last != SUM_CHUNK * sizeof(float)) crc_zeros_op(op_last, last);
+        uint32_t crc = j.crc[0];
+        for (size_t k = 1; k < nch; k++)
+            crc = crc_join(crc, j.crc[k], k == nch - 1 && last != SUM_CHUNK * sizeof(float) ? op_last : op_full);
+        /* Valid for the version this update produces (bump_version follows). */
+        p->wbuf->crc = crc;
+        p->wbuf->version = p->version + 1;
+    }
+    free(j.crc);
     /* The aggregation is part of this pass: its time is in apply_seconds. */
     s->mx.apply_seconds += psd_now_s() - t0;
     s->mx.apply_count++;

@@ -10,7 +10,7 @@ if [ ! -x "$b/psbench" ] || [ ! -x "$b/psd" ]; then
     exit 77
 fi
 out=${TMPDIR:-/tmp}/test_psbench.$$
-trap 'rm -f "$out" "$out.lossy"' EXIT INT TERM
+trap 'rm -f "$out" "$out.lossy" "$out.model"' EXIT INT TERM
 
 "$b/psbench" --psd "$b/psd" --servers 1,2 --workers 1,2 --bytes 1M --partition-bytes 256K \
     --dtype fp32,fp16,bf16 --codec raw,lz4 --iters 3 --warmup 1 --pump-seconds 0.2 --check \
@@ -69,6 +69,28 @@ ws=$(grep "servers=1 workers=1 bytes=1048576 dtype=fp32 codec=sign " "$out.lossy
 [ -n "$wk" ] && [ -n "$ws" ] && [ "$wk" -lt $((w32 / 5)) ] && [ "$ws" -lt $((w32 / 20)) ]
 t $? "topk 5% and sign push a fraction of fp32's bytes ($wk, $ws vs $w32)"
 rm -f "$out.lossy"
+
+# --model with overlap: pushes submitted one by one during the emulated
+# backward, 2 x 2, partitions small enough that each server owns more than
+# the default window of 8.  Ran into a deadlock (the two workers' windows
+# holding different partitions) before psbench let every partition in flight.
+"$b/psbench" --psd "$b/psd" --model retinanet-r50 --servers 2 --workers 2 --partition-bytes 2M \
+    --compute-ms 20 --overlap on,off --iters 2 --warmup 1 --pump-seconds 0 --check \
+    --timeout-s 240 >"$out.model" 2>&1
+t $? "psbench --model retinanet-r50 --overlap on,off 2x2 exits 0"
+for ov in on off; do
+    l=$(grep "^psbench mode=ps servers=2 workers=2 bytes=136059996 dtype=fp32 .* overlap=$ov " "$out.model")
+    c=$(echo "$l" | sed -n 's/.* compute_s=\([0-9.]*\) .*/\1/p')
+    echo "$l" | grep -q ' check=ok ' && echo "$l" | grep -q ' model=retinanet-r50 compute_ms=20 ' &&
+        echo "$l" | grep -Eq ' comm_wait_s=[0-9.]+ ' &&
+        awk -v c="${c:-0}" 'BEGIN { exit !(c >= 0.019 && c < 0.5) }'
+    t $? "retinanet-r50 layout (34.0M floats) overlap=$ov: weights == closed form, compute ${c:-?} s"
+done
+cat "$out.model" >>"$out"
+rm -f "$out.model"
+"$b/psbench" --model nosuch --psd "$b/psd" >/dev/null 2>&1
+[ $? -eq 2 ]
+t $? "an unknown --model is refused"
 
 "$b/psbench" --bytes 3 --psd "$b/psd" >/dev/null 2>&1
 [ $? -eq 2 ]

@@ -11,7 +11,8 @@
 #include "psd_testlib.h"
 #include "tests/tap.h"
 
-#define N (1u << 20) /* 4 MiB partition: large enough to stay queued */
+#define N ((1u << 20) + 1000) /* 4 MiB partition: large enough to stay queued;
+                                  * not a multiple of psd's 8192-element chunks */
 #define NSLOW 6
 static const char *OPTIM = "{\"lr\":0.5,\"momentum\":0}";
 

@@ -110,6 +110,18 @@ static int cmp_i64(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+/* ids[0..n) must be distinct (sorts them); what: "images" / "annotations" */
+static int check_unique_ids(int64_t *ids, int n, const char *name, const char *what, char *err,
+                            size_t errlen)
+{
+    qsort(ids, (size_t)n, sizeof *ids, cmp_i64);
+    for (int k = 1; k < n; k++)
+        if (ids[k] == ids[k - 1])
+            return fail(err, errlen, PS_ECORRUPT, "%s: %s: duplicate id %lld", name, what,
+                        (long long)ids[k]);
+    return 0;
+}
+
 void ps_coco_free(ps_coco_t *c)
 {
     if (!c) return;
@@ -321,15 +333,8 @@ int ps_coco_parse(ps_coco_t *out, const char *text, size_t len, const char *name
         i++;
     }
     /* duplicate image ids: an error even when lenient (which one would be right?) */
-    qsort(ids, (size_t)c.nimages, sizeof *ids, cmp_i64);
-    for (int k = 1; k < c.nimages; k++)
-        if (ids[k] == ids[k - 1]) {
-            rc = fail(err, errlen, PS_ECORRUPT, "%s: images: duplicate id %lld", name,
-                      (long long)ids[k]);
-            free(ids);
-            goto out;
-        }
-    if ((rc = ps_coco_index(&c, err, errlen))) {
+    if ((rc = check_unique_ids(ids, c.nimages, name, "images", err, errlen)) ||
+        (rc = ps_coco_index(&c, err, errlen))) {
         free(ids);
         goto out;
     }
@@ -350,13 +355,7 @@ int ps_coco_parse(ps_coco_t *out, const char *text, size_t len, const char *name
         }
         i++;
     }
-    qsort(ids, (size_t)c.nanns, sizeof *ids, cmp_i64);
-    for (int k = 1; k < c.nanns; k++)
-        if (ids[k] == ids[k - 1]) {
-            rc = fail(err, errlen, PS_ECORRUPT, "%s: annotations: duplicate id %lld", name,
-                      (long long)ids[k]);
-            break;
-        }
+    rc = check_unique_ids(ids, c.nanns, name, "annotations", err, errlen);
     free(ids);
 out:
     cJSON_Delete(root);

@@ -118,7 +118,10 @@ static void conv_plan(conv_plan_t *p, const ps_conv2d_desc_t *d, int N, int H, i
     p->Kg = d->K / d->groups, p->CRS = p->Cg * d->R * d->S;
     p->HW = (size_t)H * W, p->PQ = (size_t)p->P * p->Q, p->nw = (size_t)d->K * p->CRS;
     int nb = 1;
-    if (p->PQ < gemm_cols) {
+    /* a 1x1 convolution with a plane of a quarter of the GEMM target or
+     * more stays one image per GEMM: batching would cost a copy of its
+     * input (im2col) and of its output (scatter) for a small gain in width */
+    if (p->PQ < gemm_cols && !(is_pointwise(d) && p->PQ * 4 >= gemm_cols)) {
         size_t want = (gemm_cols + p->PQ - 1) / p->PQ;
         nb = want > (size_t)N ? N : (int)want;
     }
