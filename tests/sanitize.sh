@@ -26,16 +26,24 @@ mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
 
 # Left out, with the reason (CPU seconds measured under ASan on this
-# machine; the whole run below is about 170 s of test CPU): the PyTorch comparisons spend their time in torch,
-# which is not instrumented, re-running what test_resnet/test_retinanet
-# already cover under the sanitizers; the emulated CUDA kernels are C++ built
-# by the test itself with its own flags, so this build adds nothing to them.
-# test_resnet compares gradients with PyTorch's at a tolerance the -O2 build
-# meets (worst norm error 0.00098) and this -O1 build does not (0.0019: other
-# ReLU decisions flip), and costs the most CPU here (26 s); its model code
-# still runs sanitized in test_model_io, test_retinanet and the video
-# integration test.
-PS_ASAN_SKIP=${PS_ASAN_SKIP-tests/check_model_torch.sh tests/check_retinanet_torch.sh tests/test_cuda_emu.sh tests/test_resnet}
+# machine; the tests that run take about 120 s of CPU in all):
+# - check_model_torch.sh, check_retinanet_torch.sh: their time goes into
+#   PyTorch, which is not instrumented; the C side runs sanitized in
+#   test_model_io and test_retinanet.
+# - test_cuda_emu.sh: builds its own C++ program with its own flags.
+# - test_resnet: compares gradients with PyTorch's at a tolerance the -O2
+#   build meets (worst norm error 0.00098) and this -O1 build does not
+#   (0.0019: other ReLU decisions flip); also the costliest here (26 s).  Its
+#   model code still runs sanitized in test_model_io, test_retinanet and the
+#   video integration test.
+# - test_deploy.sh: checks that the Dockerfile installs every library the
+#   binaries link, and these link libasan/libubsan.
+# - test_psctl.sh: parses psctl's stdout+stderr as JSON, and under ASan
+#   ps_client.c logs a warning that mallopt() is refused (ASan's allocator
+#   refuses it).
+# Put one back once its owner has made it independent of the build.
+PS_ASAN_SKIP=${PS_ASAN_SKIP-tests/check_model_torch.sh tests/check_retinanet_torch.sh \
+tests/test_cuda_emu.sh tests/test_resnet tests/test_deploy.sh tests/test_psctl.sh}
 
 SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 

@@ -58,8 +58,11 @@ static void opts_default(ps_worker_opts_t *o)
     o->log_level = strdup("info");
     o->progress_every = 10;
     o->eval_samples = 1024;
-    o->timeout_ms = 30000;
-    o->retry_ms = 1000;
+    /* The client's defaults: a sync PUSHPULL waits for the slowest worker,
+     * which may be rank 0 validating a video model for minutes on a busy
+     * machine, and every resend costs a whole gradient (45 MB for R18). */
+    o->timeout_ms = 300000;
+    o->retry_ms = 5000;
     o->heartbeat_ms = 1000;
     o->train_list = strdup("");
     o->val_list = strdup("");

@@ -87,8 +87,7 @@ if [ $dry = 0 ]; then
     trap 'exit 1' INT TERM HUP
     "$nd/up.sh" $prefix $hosts ${mbit}mbit || exit 3
 fi
-: >"$raw"
-echo "model,servers,workers,dtype,overlap,link_mbit,scale,gpu_step_ms,compute_ms,median_s,p10_s,p90_s,compute_s,comm_wait_s,steps_per_s,wire_out_per_iter,status" >"$raw"
+[ $dry = 1 ] || echo "model,servers,workers,dtype,overlap,link_mbit,scale,gpu_step_ms,compute_ms,median_s,p10_s,p90_s,compute_s,comm_wait_s,steps_per_s,wire_out_per_iter,status" >"$raw"
 # model bytes, for a generous time limit: (warmup+iters) steps of compute +
 # every worker's gradient through one server link both ways, x3, + 60 s
 mb=$(awk -v m="$model" 'BEGIN { n["tsm-r50"] = 97.3; n["tsm-r18"] = 45.5; n["i3d-r50"] = 188; n["retinanet-r50"] = 136; print n[m] }')

@@ -8,7 +8,8 @@
 #   deploy/netns/up.sh PREFIX N RATE [NET]     RATE in tc units: 200mbit, 1gbit
 #
 # On any failure everything made so far is removed (deploy/netns/down.sh).
-# Exit 0 = up; 2 = bad arguments; 3 = namespaces cannot be made here.
+# Exit 0 = up; 2 = bad arguments; 3 = namespaces, bridge, veth or tbf cannot
+# be made here at all; 1 = a failure on the way.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/common.sh"
@@ -52,23 +53,31 @@ if ! ip netns add "$sw" 2>/dev/null; then
     exit 3
 fi
 die() { echo "up.sh: $*" >&2; exit 1; }
+# The first bridge, veth and tbf tell whether this kernel/container has them
+# at all (exit 3, a skip for tests) from a failure on the way (exit 1).
+missing() { echo "up.sh: $* not available here" >&2; exit 3; }
 ip -n "$sw" link set lo up || die "lo in $sw"
-ip -n "$sw" link add br0 type bridge || die "bridge in $sw"
+ip -n "$sw" link add br0 type bridge || missing "a bridge (in $sw)"
 ip -n "$sw" link set br0 up || die "br0 up"
 i=0
 while [ $i -lt "$n" ]; do
     h=$prefix-h$i
     ip netns add "$h" || die "netns $h"
     ip -n "$h" link set lo up || die "lo in $h"
-    ip -n "$sw" link add "p$i" type veth peer name eth0 netns "$h" || die "veth for $h"
+    if ! ip -n "$sw" link add "p$i" type veth peer name eth0 netns "$h"; then
+        [ $i = 0 ] && missing "veth"
+        die "veth for $h"
+    fi
     ip -n "$sw" link set "p$i" master br0 || die "p$i to br0"
     ip -n "$sw" link set "p$i" up || die "p$i up"
     ip -n "$h" addr add "$net.$((i + 1))/24" dev eth0 || die "address of $h"
     ip -n "$h" link set eth0 up || die "eth0 of $h up"
     for side in "$h eth0" "$sw p$i"; do
         set -- $side
-        tc -n "$1" qdisc add dev "$2" root tbf rate "$rate" burst "$burst" latency 20ms ||
+        if ! tc -n "$1" qdisc add dev "$2" root tbf rate "$rate" burst "$burst" latency 20ms; then
+            [ $i = 0 ] && missing "tc tbf"
             die "tbf on $2 in $1"
+        fi
     done
     i=$((i + 1))
 done

@@ -92,7 +92,7 @@ static int team_max(void)
 /* How one call is cut: nb images per GEMM, team threads over the chunks. */
 typedef struct conv_plan {
     int P, Q, G, C, K, Cg, Kg, CRS, nb, nchunks, team, direct;
-    int flip;          /* dinp as a forward conv of dout (see bwd_dgrad_flip) */
+    int flip;          /* dinp as a forward conv of dout (see can_flip) */
     size_t HW, PQ, nw;
     size_t per_thread; /* workspace floats per team member */
     size_t shared;     /* after the team's slices: dw copies, flipped weights */

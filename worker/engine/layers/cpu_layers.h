@@ -18,7 +18,9 @@ void ps_cpu_conv2d_backward(ps_ctx_t *ctx, float *dinp, float *dw, float *db,
  * meant for tests and benchmarks (set it before sizing a model). */
 void ps_conv2d_set_gemm_cols(size_t cols);
 size_t ps_conv2d_get_gemm_cols(void);
-/* Images per GEMM for this shape (1 = one image at a time). */
+/* Images per GEMM for this shape (1 = one image at a time).  Depends on
+ * the OpenMP thread count as well (chunks are balanced over the team), as
+ * does ps_conv2d_workspace(): size workspaces after ps_engine_init(). */
 int ps_conv2d_images_per_gemm(const ps_conv2d_desc_t *d, int N, int H, int W);
 
 /* im2col / col2im for nc images of one group (conv2d_col.c).  col is
