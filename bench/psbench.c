@@ -72,7 +72,9 @@ static void usage(FILE *f)
             "  --iters K               timed iterations (default 20)\n"
             "  --warmup K              untimed iterations first (default 3)\n"
             "  --partition-bytes N     partition size (default 4M)\n"
-            "  --max-inflight N        requests in flight per server (default 8)\n"
+            "  --max-inflight N        client window per server (default 8); bounds only\n"
+            "                          requests answered without other workers (initial\n"
+            "                          pulls), never pushes (see ps_client.h)\n"
             "  --psd PATH              psd binary (default: next to psbench)\n"
             "  --mode ps               only parameter-server mode is measured\n"
             "  --pump-seconds S        loopback TCP ceiling duration (default 2; 0 = skip)\n"
@@ -84,7 +86,6 @@ static void usage(FILE *f)
             "  --overlap LIST          on|off (default off): on = forward takes X/3, then each\n"
             "                          partition is pushed as its share of the backward (2X/3,\n"
             "                          by size, last partition first) ends; off = all after X\n"
-            "                          (on: every partition may be in flight, max_inflight=all)\n"
             "  --netns PREFIX          run server s in namespace PREFIX-h<s> and worker w in\n"
             "                          PREFIX-h<S+w> (made by deploy/netns/up.sh; needs root)\n"
             "  --netns-net A.B.C       the hosts' /24 (default 10.213.0): host i is A.B.C.<i+1>\n"
@@ -438,8 +439,8 @@ out:
         if (cfg->pull_codec >= 0)
             snprintf(ratio + strlen(ratio), sizeof ratio - strlen(ratio), " pull_codec=%s",
                      ps_codec_name((ps_codec_t)cfg->pull_codec));
-        char infl[16] = "all";
-        if (!(cfg->overlap && cfg->compute_ms > 0)) snprintf(infl, sizeof infl, "%d", cfg->max_inflight);
+        char infl[16];
+        snprintf(infl, sizeof infl, "%d", cfg->max_inflight);
         printf("psbench mode=ps servers=%d workers=%d bytes=%zu dtype=%s codec=%s%s "
                "partition_bytes=%zu max_inflight=%s iters=%d median_s=%.6f p10_s=%.6f p90_s=%.6f "
                "gbps_per_worker=%.3f wire_out_per_iter=%.0f wire_in_per_iter=%.0f",

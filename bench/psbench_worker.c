@@ -195,14 +195,10 @@ int psbench_worker(const psbench_cfg_t *cfg, int rank, char **endpoints, int fd)
      * link takes longer than 30 s, and a resent 100 MB gradient would only
      * add to the queue: wait the whole timeout there. */
     o.retry_ms = cfg->netns ? cfg->timeout_ms : 30000;
+    /* Pushes issued one by one during backward (--overlap on) are safe with
+     * any window: the client never holds a push back for a reply that
+     * depends on another worker (ps_client.h, "Flow control"). */
     o.max_inflight = cfg->max_inflight;
-    /* Pushes issued one by one during backward reach the priority queue at
-     * different times in each worker, so a small window can fill with
-     * different partitions in different workers, each waiting in the sync
-     * server for the others': deadlock.  Let every partition be in flight
-     * (see max_inflight in ps_client.h). */
-    if (cfg->overlap && cfg->compute_ms > 0 && o.max_inflight < (int)t.nparts)
-        o.max_inflight = (int)t.nparts;
     if ((rc = ps_client_new(&c, &o, &t)) < 0) goto out;
     if ((rc = ps_client_hello(c)) < 0) {
         ps_error("worker %d: hello: %s (%s)", rank, ps_strerror(rc), ps_client_last_error(c));

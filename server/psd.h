@@ -126,6 +126,10 @@ typedef struct psd_part {
                              * summed straight from the ZMQ message (no slot
                              * copy); only set while its handler runs */
     int direct_rank;
+    zmq_msg_t *held;        /* (W) sync: a rank's raw fp32 push kept as the
+                             * received message instead of copied to its slot */
+    uint8_t *held_on;       /* (W) held[r] is in use */
+    int nheld;              /* W (entries of held) */
     float *m;               /* (numel) momentum buffer */
     uint64_t version;       /* updates applied */
     float *slots;           /* (W, numel) sync: per-rank decoded gradients */
@@ -286,6 +290,11 @@ void psd_store_drop_cache(psd_part_t *p);
  * of the weights is still in flight, move them to a fresh buffer.  0, or
  * PS_ENOMEM (logged; the weights are then written in place). */
 int psd_store_weights_writable(psd_t *s, psd_part_t *p);
+/* Rank r's gradient for p's pending update (p->have[r] set): the message
+ * held or being handled, else its slot. */
+const float *psd_store_slot(const psd_part_t *p, int r);
+/* Close the held messages (after an update, at exit). */
+void psd_store_release_held(psd_part_t *p);
 /* Make sure the codec scratch holds n bytes; 0 or PS_ENOMEM. */
 int psd_store_scratch(psd_store_t *st, size_t n);
 int psd_store_nonfinite(psd_t *s, const float *g, size_t n);

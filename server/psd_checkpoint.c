@@ -182,7 +182,7 @@ static psd_ckpt_job_t *snapshot(psd_t *s)
         for (int r = 0; r < W; r++) {
             cJSON_AddItemToArray(last, cJSON_CreateNumber((double)p->last_iter[r]));
             if (!p->slots || !p->have[r]) continue;
-            memcpy(dst, p->slots + (size_t)r * p->numel, nb);
+            memcpy(dst, psd_store_slot(p, r), nb);
             snprintf(names, sizeof names, "g.%u.%d", i, r);
             if ((rc = ps_st_writer_add(j->w, names, PS_ST_F32, 1, shape, dst))) goto out;
             crc = ps_crc32c(crc, dst, nb);

@@ -334,10 +334,11 @@ static void reply_done(psd_t *s, ps_wire_msg_t *m, psd_part_t *p, int pushpull)
     else if (!(m->hdr->flags & PS_FLAG_NO_REPLY)) send_ack(s, m, 0);
 }
 
-/* The push of rank completes p's set and its payload is raw fp32 that can
- * be read in place: then it is summed straight from the ZMQ message instead
- * of being copied into its slot first (one pass over 4 bytes/element less).
- * Returns 1 with p->direct set, 0 (decode normally), -1 (ERROR sent). */
+/* A raw fp32 payload that can be read in place is not copied into the
+ * rank's slot (one pass over 4 bytes/element less): the push that completes
+ * p's set is summed straight from the message being handled (p->direct),
+ * an earlier one is kept as the received ZMQ message until the update
+ * (p->held[rank]).  Returns 1 (staged), 0 (decode normally), -1 (ERROR sent). */
 static int stage_direct(psd_t *s, ps_wire_msg_t *m, psd_part_t *p, int rank)
 {
     const Ps__Header *h = m->hdr;
@@ -350,15 +351,26 @@ static int stage_direct(psd_t *s, ps_wire_msg_t *m, psd_part_t *p, int rank)
     p->have[rank] = 1;
     int ready = psd_store_sync_ready(s, p, &n);
     p->have[rank] = 0;
-    if (!ready) return 0;
+    if (!ready && (!p->held || p->held_on[rank])) return 0;
     const float *g = zmq_msg_data(&m->payload);
     if (s->o.reject_nonfinite && psd_store_nonfinite(s, g, p->numel)) {
         psd_send_error(s, ID_OF(m), h, PS_ENONFINITE, "%s: partition %u: NaN or Inf in the data",
                        ps_wire_type_name(h->type), p->id);
         return -1;
     }
-    p->direct = g;
-    p->direct_rank = rank;
+    if (ready) {
+        p->direct = g;
+        p->direct_rank = rank;
+        return 1;
+    }
+    /* Keep the message: m's payload frame is left empty (closing it is a no-op). */
+    zmq_msg_init(&p->held[rank]);
+    if (zmq_msg_move(&p->held[rank], &m->payload) < 0) {
+        zmq_msg_close(&p->held[rank]);
+        return 0;
+    }
+    m->has_payload = 0;
+    p->held_on[rank] = 1;
     return 1;
 }
 

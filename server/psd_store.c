@@ -81,8 +81,27 @@ int psd_store_weights_writable(psd_t *s, psd_part_t *p)
     return 0;
 }
 
+const float *psd_store_slot(const psd_part_t *p, int r)
+{
+    if (p->direct && r == p->direct_rank) return p->direct;
+    if (p->held_on && p->held_on[r]) return zmq_msg_data(&p->held[r]);
+    return p->slots + (size_t)r * p->numel;
+}
+
+void psd_store_release_held(psd_part_t *p)
+{
+    for (int r = 0; p->held_on && r < p->nheld; r++)
+        if (p->held_on[r]) {
+            zmq_msg_close(&p->held[r]);
+            p->held_on[r] = 0;
+        }
+}
+
 static void part_free(psd_part_t *p)
 {
+    psd_store_release_held(p);
+    free(p->held);
+    free(p->held_on);
     psd_buf_unref(p->wbuf);
     free(p->seg);
     free(p->m);
@@ -265,7 +284,14 @@ static int alloc_shard(psd_t *s, char *err, size_t errlen)
         p->m = calloc(p->numel, sizeof(float));
         p->have = calloc(W, 1);
         p->last_iter = calloc(W, sizeof(uint64_t));
-        if (s->mode == PSD_SYNC) p->slots = malloc((size_t)W * p->numel * sizeof(float));
+        if (s->mode == PSD_SYNC) {
+            p->slots = malloc((size_t)W * p->numel * sizeof(float));
+            p->held = calloc(W, sizeof *p->held);
+            p->held_on = calloc(W, 1);
+            p->nheld = W;
+            if (!p->held || !p->held_on)
+                return errf(err, errlen, PS_ENOMEM, "out of memory allocating partition %u", i);
+        }
         if (!p->w || !p->m || !p->have || !p->last_iter || (s->mode == PSD_SYNC && !p->slots))
             return errf(err, errlen, PS_ENOMEM, "out of memory allocating partition %u (%zu floats x %d slots)",
                         i, p->numel, W);
@@ -616,9 +642,7 @@ void psd_store_apply_sync(psd_t *s, psd_part_t *p)
     int W = s->st.nworkers, n = 0;
     const float *src_of[W > 0 ? W : 1];
     for (int r = 0; r < W; r++)
-        if (p->have[r])
-            src_of[n++] = p->direct && r == p->direct_rank ? p->direct
-                                                            : p->slots + (size_t)r * p->numel;
+        if (p->have[r]) src_of[n++] = psd_store_slot(p, r);
     if (p->overflow) {
         ps_debug("partition %u iteration %llu: overflow flagged, update skipped", p->id,
                 (unsigned long long)p->version);
@@ -640,6 +664,7 @@ void psd_store_apply_sync(psd_t *s, psd_part_t *p)
         apply_grad(s, p, g);
     }
     memset(p->have, 0, W);
+    psd_store_release_held(p);
     p->direct = NULL;
     p->overflow = 0;
     bump_version(s, p);

@@ -45,9 +45,10 @@ static void error_reply(fake_psd_t *f, ps_wire_msg_t *m, int code, const char *t
                            m->hdr->request_id, m->hdr->partition, code, "%s", text);
 }
 
-static void weights(fake_psd_t *f, ps_wire_msg_t *m, uint32_t p)
+/* WEIGHTS of partition p to the request rq from identity id. */
+static void weights_to(fake_psd_t *f, const void *id, size_t idlen, const Ps__Header *rq,
+                       uint32_t p)
 {
-    const Ps__Header *rq = m->hdr;
     size_t numel = f->t->parts[p].numel;
     ps_dtype_t dt = (ps_dtype_t)rq->dtype;
     ps_codec_t codec = (ps_codec_t)rq->codec;
@@ -57,7 +58,7 @@ static void weights(fake_psd_t *f, ps_wire_msg_t *m, uint32_t p)
     size_t sc = ps_codec_scratch_size(dt, codec, numel);
     void *buf = malloc(cap ? cap : 1), *scratch = sc ? malloc(sc) : NULL;
     if (ps_codec_encode(buf, cap, &len, f->w[p], numel, dt, codec, scratch) < 0) {
-        error_reply(f, m, PS_EINVAL, "fake: cannot encode");
+        ps_wire_send_error(f->sock, id, idlen, rq->request_id, p, PS_EINVAL, "fake: cannot encode");
     } else {
         Ps__Header h;
         ps_wire_header_init(&h, PS__MSG_TYPE__MSG_WEIGHTS);
@@ -74,10 +75,95 @@ static void weights(fake_psd_t *f, ps_wire_msg_t *m, uint32_t p)
         h.dtype = rq->dtype;
         h.has_codec = 1;
         h.codec = (Ps__Codec)codec;
-        reply(f, m, &h, buf, len);
+        int n = atomic_load(&f->dup_replies) ? 2 : 1;
+        for (int i = 0; i < n; i++) ps_wire_send(f->sock, id, idlen, &h, buf, len, NULL, NULL, 0);
     }
     free(buf);
     free(scratch);
+}
+
+static void weights(fake_psd_t *f, ps_wire_msg_t *m, uint32_t p)
+{
+    weights_to(f, zmq_msg_data(&m->identity), zmq_msg_size(&m->identity), m->hdr, p);
+}
+
+/* A reply a sync fake holds back until every worker pushed. */
+typedef struct fake_waiter {
+    struct fake_waiter *next;
+    uint32_t part;
+    Ps__Header hdr;      /* the request's scalar fields (no body) */
+    size_t idlen;
+    unsigned char id[256];
+} fake_waiter_t;
+
+static void sync_push(fake_psd_t *f, ps_wire_msg_t *m, uint32_t p)
+{
+    const Ps__Header *h = m->hdr;
+    size_t numel = f->t->parts[p].numel;
+    int rank = h->has_rank ? h->rank : -1;
+    if (rank < 0 || rank >= f->sync_workers || rank >= 32 || zmq_msg_size(&m->identity) > 256) {
+        error_reply(f, m, PS_EINVAL, "fake sync: bad rank");
+        return;
+    }
+    if (h->iteration > f->version[p]) {
+        error_reply(f, m, PS_ESTATE, "fake sync: push from the future");
+        return;
+    }
+    if (h->iteration == f->version[p] && !(f->pushed[p] & (1u << rank))) {
+        float *g = malloc(numel * sizeof *g);
+        int rc = ps_codec_decode(g, numel, m->has_payload ? zmq_msg_data(&m->payload) : "",
+                                 m->has_payload ? zmq_msg_size(&m->payload) : 0,
+                                 (ps_dtype_t)h->dtype, (ps_codec_t)h->codec, 0, NULL);
+        if (rc < 0) {
+            free(g);
+            error_reply(f, m, rc, "fake sync: gradient does not decode");
+            return;
+        }
+        for (size_t i = 0; i < numel; i++) f->acc[p][i] += g[i];
+        free(g);
+        f->pushed[p] |= 1u << rank;
+    }
+    if (h->iteration < f->version[p]) { /* a retry of an applied step */
+        if (h->type == PS__MSG_TYPE__MSG_PUSH) ack(f, m, 0, NULL);
+        else weights(f, m, p);
+        return;
+    }
+    fake_waiter_t *w = calloc(1, sizeof *w);
+    w->part = p;
+    w->hdr = *h;
+    w->hdr.has_body = 0;
+    w->idlen = zmq_msg_size(&m->identity);
+    memcpy(w->id, zmq_msg_data(&m->identity), w->idlen);
+    w->next = f->waiters;
+    f->waiters = w;
+    if (f->pushed[p] != (1u << f->sync_workers) - 1) return;
+    for (size_t i = 0; i < numel; i++) {
+        f->w[p][i] -= f->acc[p][i];
+        f->acc[p][i] = 0;
+    }
+    f->version[p]++;
+    f->pushed[p] = 0;
+    pthread_mutex_lock(&f->mu);
+    f->napplied++;
+    pthread_mutex_unlock(&f->mu);
+    for (fake_waiter_t **pp = &f->waiters; *pp;) {
+        fake_waiter_t *x = *pp;
+        if (x->part != p) {
+            pp = &x->next;
+            continue;
+        }
+        *pp = x->next;
+        if (x->hdr.type == PS__MSG_TYPE__MSG_PUSHPULL) {
+            weights_to(f, x->id, x->idlen, &x->hdr, p);
+        } else {
+            Ps__Header a;
+            ps_wire_header_init(&a, PS__MSG_TYPE__MSG_ACK);
+            a.has_request_id = 1;
+            a.request_id = x->hdr.request_id;
+            ps_wire_send(f->sock, x->id, x->idlen, &a, NULL, 0, NULL, NULL, 0);
+        }
+        free(x);
+    }
 }
 
 /* PUSH / PUSHPULL: decode the gradient and apply w -= g once per iteration;
@@ -254,6 +340,10 @@ static void handle(fake_psd_t *f, ps_wire_msg_t *m)
         return;
     case PS__MSG_TYPE__MSG_PUSH:
     case PS__MSG_TYPE__MSG_PUSHPULL:
+        if (f->sync_workers > 1) {
+            sync_push(f, m, p);
+            return;
+        }
         if (apply_push(f, m, p) < 0) return;
         if (h->has_flags && (h->flags & PS_FLAG_NO_REPLY)) return;
         if (atomic_load(&f->drop_replies) > 0) {
@@ -338,6 +428,9 @@ static void *run(void *arg)
     return NULL;
 }
 
+static int start_impl(fake_psd_t *f, int server_id, const ps_partition_table_t *t, int port,
+                      const char *curve_secret, int sync_workers);
+
 int fake_psd_start(fake_psd_t *f, int server_id, const ps_partition_table_t *t, int port)
 {
     return fake_psd_start_ex(f, server_id, t, port, NULL);
@@ -346,7 +439,20 @@ int fake_psd_start(fake_psd_t *f, int server_id, const ps_partition_table_t *t, 
 int fake_psd_start_ex(fake_psd_t *f, int server_id, const ps_partition_table_t *t, int port,
                       const char *curve_secret)
 {
+    return start_impl(f, server_id, t, port, curve_secret, 1);
+}
+
+int fake_psd_start_sync(fake_psd_t *f, int server_id, const ps_partition_table_t *t, int port,
+                        int nworkers)
+{
+    return start_impl(f, server_id, t, port, NULL, nworkers);
+}
+
+static int start_impl(fake_psd_t *f, int server_id, const ps_partition_table_t *t, int port,
+                      const char *curve_secret, int sync_workers)
+{
     memset(f, 0, sizeof *f);
+    f->sync_workers = sync_workers;
     f->server_id = server_id;
     f->t = t;
     f->table_hash = t->hash;
@@ -357,7 +463,12 @@ int fake_psd_start_ex(fake_psd_t *f, int server_id, const ps_partition_table_t *
     pthread_mutex_init(&f->mu, NULL);
     f->w = calloc(t->nparts, sizeof *f->w);
     f->version = calloc(t->nparts, sizeof *f->version);
-    for (uint32_t p = 0; p < t->nparts; p++) f->w[p] = calloc(t->parts[p].numel, sizeof(float));
+    f->acc = calloc(t->nparts, sizeof *f->acc);
+    f->pushed = calloc(t->nparts, sizeof *f->pushed);
+    for (uint32_t p = 0; p < t->nparts; p++) {
+        f->w[p] = calloc(t->parts[p].numel, sizeof(float));
+        f->acc[p] = calloc(t->parts[p].numel, sizeof(float));
+    }
 
     f->ctx = zmq_ctx_new();
     f->sock = zmq_socket(f->ctx, ZMQ_ROUTER);
@@ -395,8 +506,18 @@ void fake_psd_stop(fake_psd_t *f)
     zmq_close(f->sock);
     zmq_ctx_term(f->ctx);
     f->ctx = NULL;
-    for (uint32_t p = 0; p < f->t->nparts; p++) free(f->w[p]);
+    for (uint32_t p = 0; p < f->t->nparts; p++) {
+        free(f->w[p]);
+        free(f->acc[p]);
+    }
     free(f->w);
+    free(f->acc);
+    free(f->pushed);
+    while (f->waiters) {
+        struct fake_waiter *x = f->waiters;
+        f->waiters = x->next;
+        free(x);
+    }
     free(f->version);
     pthread_mutex_destroy(&f->mu);
 }

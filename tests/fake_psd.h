@@ -32,10 +32,15 @@ typedef struct fake_psd {
     atomic_int honor_reply_codec;/* encode WEIGHTS with Header.reply_codec (a fixed psd);
                                     0: with the request's codec (psd before the fix) */
     atomic_int force_codec;      /* >= 0: every WEIGHTS uses this codec (a broken server) */
+    int sync_workers;            /* > 1: a sync server for that many workers
+                                    (fake_psd_start_sync) */
 
     /* state: fp32 weights and version per partition (only owned ones used) */
     float **w;
     uint64_t *version;
+    float **acc;                   /* sync: gradient sum of the current version */
+    unsigned *pushed;              /* sync: bit r = rank r pushed (ranks < 32) */
+    struct fake_waiter *waiters;   /* sync: replies held back */
     int next_rank;
 
     /* what arrived (under mu) */
@@ -59,5 +64,10 @@ int fake_psd_start(fake_psd_t *f, int server_id, const ps_partition_table_t *t, 
  * any client key is let in) when curve_secret is not NULL. */
 int fake_psd_start_ex(fake_psd_t *f, int server_id, const ps_partition_table_t *t, int port,
                       const char *curve_secret);
+/* A sync server for nworkers (ranks 0..nworkers-1, at most 32): a PUSH /
+ * PUSHPULL of partition p is answered only once every rank pushed p for the
+ * current version; then w -= the sum of their gradients. */
+int fake_psd_start_sync(fake_psd_t *f, int server_id, const ps_partition_table_t *t, int port,
+                        int nworkers);
 void fake_psd_stop(fake_psd_t *f);
 #endif

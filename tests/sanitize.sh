@@ -41,9 +41,13 @@ dir=$(cd "$dir" && pwd)
 # - test_psctl.sh: parses psctl's stdout+stderr as JSON, and under ASan
 #   ps_client.c logs a warning that mallopt() is refused (ASan's allocator
 #   refuses it).
+# - test_fault_load: asserts psd's RSS stays within 10% over a load run, and
+#   ASan's quarantine and allocator caches grow it (51.8 -> 57.2 MB even with
+#   a 32 MB quarantine); psd's bad-input and fault paths still run sanitized
+#   in test_psd_badinput, test_fault_sigstop and test_fault_checkpoint_kill.
 # Put one back once its owner has made it independent of the build.
 PS_ASAN_SKIP=${PS_ASAN_SKIP-tests/check_model_torch.sh tests/check_retinanet_torch.sh \
-tests/test_cuda_emu.sh tests/test_resnet tests/test_deploy.sh tests/test_psctl.sh}
+tests/test_cuda_emu.sh tests/test_resnet tests/test_deploy.sh tests/test_psctl.sh tests/test_fault_load}
 
 SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 
@@ -89,11 +93,9 @@ run=""
 for t in $tests; do
     case " $PS_ASAN_SKIP " in *" $t "*) ;; *) run="$run $t" ;; esac
 done
-rm -rf reports && mkdir reports
-# quarantine 32 MB (default 256): freed memory is still poisoned long enough
-# for these tests, and psd's RSS levels off early enough for
-# test_fault_load's RSS-flat check to measure psd rather than the quarantine
-export ASAN_OPTIONS="halt_on_error=1:abort_on_error=1:detect_leaks=1:quarantine_size_mb=32:log_path=$dir/build/reports/asan:log_exe_name=1"
+# no stale results: a left-out test's old log must not be reported below
+rm -rf reports test-suite.log tests/*.log tests/*.trs && mkdir reports
+export ASAN_OPTIONS="halt_on_error=1:abort_on_error=1:detect_leaks=1:log_path=$dir/build/reports/asan:log_exe_name=1"
 export UBSAN_OPTIONS="halt_on_error=1:abort_on_error=1:print_stacktrace=1:log_path=$dir/build/reports/ubsan:log_exe_name=1"
 export LSAN_OPTIONS="suppressions=$top/tests/lsan.supp:print_suppressions=0"
 stage "make check ($(echo $run | wc -w) tests; left out: ${PS_ASAN_SKIP:-none})"

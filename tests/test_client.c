@@ -2,8 +2,10 @@
  * arrives intact for every dtype x codec, front-of-model priority, retries
  * of lost requests and lost replies (no doubled update), duplicate replies
  * ignored, ERROR replies, timeouts, handle reuse, reconnect to a restarted
- * server, control messages.  The fake applies w -= g (lr 1, one worker), so
- * every expected value is computed independently here in fp32. */
+ * server, control messages, and no cross-worker deadlock against a sync
+ * fake for two workers however pushes are submitted.  The fake applies
+ * w -= g (lr 1, one worker; the sync fake w -= the sum), so every expected
+ * value is computed independently here in fp32. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -524,6 +526,103 @@ static void test_hung_server(void)
     free_table(&t);
 }
 
+/* The cross-worker deadlock of a reply-bounded push window (ps_client.h,
+ * "Flow control"): against a sync server for 2 workers, A pushes the back
+ * half of the model one partition at a time (as backward produces it), then
+ * B submits the whole step at once, then A the front half.  With at most
+ * max_inflight pushes awaiting replies, A's window would hold the back
+ * partitions and B's (lowest id first) the front ones, each waiting in the
+ * server for the other's copy: nothing completes until timeout_ms.  The
+ * client must finish the step, for any max_inflight and send queue. */
+static ps_client_t *connect_sync(const ps_partition_table_t *t, fake_psd_t *f, int max_inflight,
+                                 size_t sendq)
+{
+    const char *eps[1] = {f->endpoint};
+    ps_client_opts_t o;
+    ps_client_opts_default(&o);
+    o.servers = eps;
+    o.nservers = 1;
+    o.num_workers = 2;
+    o.retry_ms = 0;         /* a resend would not free a window anyway */
+    o.timeout_ms = 10000;   /* a deadlock fails the waits instead of hanging */
+    o.heartbeat_ms = 0;
+    if (max_inflight) o.max_inflight = max_inflight;
+    if (sendq) o.send_queue_bytes = sendq;
+    ps_client_t *c = NULL;
+    int rc = ps_client_new(&c, &o, t);
+    if (rc) diag("ps_client_new: %s", ps_strerror(rc));
+    return c;
+}
+
+static void test_sync_no_deadlock(int max_inflight, size_t sendq, const char *tag)
+{
+    enum { NP = 24, NE = 1000 };  /* 24 partitions > 2 x the default window */
+    size_t sizes[NP];
+    for (int i = 0; i < NP; i++) sizes[i] = NE;
+    ps_partition_table_t t;
+    make_table(&t, NP, 1, sizes);
+    fake_psd_t f;
+    fake_psd_start_sync(&f, 0, &t, 0, 2);
+    ps_client_t *a = connect_sync(&t, &f, max_inflight, sendq);
+    ps_client_t *b = connect_sync(&t, &f, max_inflight, sendq);
+    int ra = ps_client_hello(a), rb = ps_client_hello(b);
+    ok(ra >= 0 && rb >= 0 && ra != rb, "%s: two workers, ranks %d and %d", tag, ra, rb);
+    static float ga[NP * NE], gb[NP * NE], da[NP * NE], db[NP * NE], want[NP * NE];
+    for (size_t i = 0; i < NP * NE; i++) {
+        ga[i] = (float)((int)(i % 13) - 6) / 4.0f; /* exact sums */
+        gb[i] = (float)((int)(i % 7) - 3) / 8.0f;
+        want[i] = 0.0f - (ga[i] + gb[i]);          /* the fake starts from w = 0 */
+        da[i] = db[i] = -999.0f;
+    }
+    ps_req_t *qa[NP] = {0}, *qb[NP] = {0};
+    int rc = 0;
+    double t0 = now_s();
+    for (int p = NP - 1; p >= NP / 2; p--) { /* A: back half, one by one */
+        rc |= ps_client_pushpull(a, (uint32_t)p, 0, ga + (size_t)p * NE, da + (size_t)p * NE, 0,
+                                 &qa[p]);
+        usleep(2000);
+    }
+    for (int i = 0; i < 2000; i++) { /* until A's pushes reached the server */
+        pthread_mutex_lock(&f.mu);
+        int n = f.norder;
+        pthread_mutex_unlock(&f.mu);
+        if (n >= (max_inflight ? max_inflight : 8)) break;
+        usleep(1000);
+    }
+    usleep(20000);
+    for (int p = 0; p < NP; p++) /* B: the whole step at once */
+        rc |= ps_client_pushpull(b, (uint32_t)p, 0, gb + (size_t)p * NE, db + (size_t)p * NE, 0,
+                                 &qb[p]);
+    for (int p = NP / 2 - 1; p >= 0; p--) { /* A: front half, one by one */
+        usleep(2000);
+        rc |= ps_client_pushpull(a, (uint32_t)p, 0, ga + (size_t)p * NE, da + (size_t)p * NE, 0,
+                                 &qa[p]);
+    }
+    is_int(rc, 0, "%s: all pushpulls submitted", tag);
+    int fa = 0, fb = 0, vok = 1;
+    for (int p = 0; p < NP; p++) {
+        uint64_t v = 0;
+        int r1 = qa[p] ? ps_client_wait(a, qa[p], -1, &v) : PS_EINVAL;
+        fa += r1 != 0;
+        vok &= r1 != 0 || v == 1;
+        int r2 = qb[p] ? ps_client_wait(b, qb[p], -1, &v) : PS_EINVAL;
+        fb += r2 != 0;
+        vok &= r2 != 0 || v == 1;
+    }
+    double dt = now_s() - t0;
+    ok(fa == 0 && fb == 0, "%s: every pushpull of both workers completed (failed: A %d, B %d)", tag,
+       fa, fb);
+    ok(dt < 8.0, "%s: no wait for the timeout (%.2f s)", tag, dt);
+    ok(vok, "%s: weights of version 1", tag);
+    ok(memcmp(da, want, sizeof da) == 0 && memcmp(db, want, sizeof db) == 0,
+       "%s: both workers got w0 - (gA + gB) exactly", tag);
+    is_int(f.napplied, NP, "%s: one sync update per partition", tag);
+    ps_client_destroy(&a);
+    ps_client_destroy(&b);
+    fake_psd_stop(&f);
+    free_table(&t);
+}
+
 int main(void)
 {
     alarm(240); /* a hang is a failure, not a stuck CI job */
@@ -537,5 +636,7 @@ int main(void)
     test_control();
     test_restart();
     test_hung_server();
+    test_sync_no_deadlock(0, 0, "sync, default options");
+    test_sync_no_deadlock(1, 1, "sync, max_inflight 1, 1-byte send queue");
     return tap_done();
 }

@@ -184,6 +184,47 @@ static void test_bn(void)
     free(y), free(dx), free(dx2), free(dg), free(db), free(rg), free(rb);
 }
 
+/* fused eval BN + relu (optional table entries) against the two layers
+ * above in turn, on the bn_eval golden inputs; in place as a model uses it */
+static void test_bn_relu(void)
+{
+    if (!be->bn_relu_forward_eval || !be->bn_relu_backward_eval) {
+        ok(0, "the CPU backend has the fused bn_relu entries");
+        return;
+    }
+    const char *p = "bn_eval.";
+    const int32_t *c = I_(p, "cfg");
+    const int N = c[0], C = c[1], HW = c[2];
+    const size_t n = (size_t)N * C * HW;
+    const float eps = 1e-5f;
+    const float *x = F_(p, "x", n), *g = F_(p, "gamma", C), *bt = F_(p, "beta", C);
+    const float *rm = F_(p, "rm", C), *rv = F_(p, "rv", C), *dy = F_(p, "dout", n);
+    float *ry = nanbuf(n), *y = nanbuf(n);
+    be->bn_forward_eval(&ctx, ry, x, g, bt, rm, rv, eps, N, C, HW);
+    be->relu_forward(&ctx, ry, ry, n);
+    memcpy(y, x, n * sizeof(float));
+    be->bn_relu_forward_eval(&ctx, y, y, g, bt, rm, rv, eps, N, C, HW);
+    allclose(y, ry, (long)n, 0, 0, "bn_relu eval forward (in place) == bn eval, relu");
+    size_t pos = 0;
+    for (size_t i = 0; i < n; i++) pos += ry[i] > 0;
+    ok(pos > n / 5 && pos < n - n / 5, "bn_relu: relu mask is non-trivial (%zu of %zu pass)",
+       pos, n);
+
+    float *rdx = nanbuf(n), *rg = constbuf(C, PRIOR), *rb = constbuf(C, PRIOR);
+    be->relu_backward(&ctx, rdx, dy, ry, n);
+    be->bn_backward_eval(&ctx, rdx, rg, rb, rdx, x, g, rm, rv, eps, N, C, HW);
+    float *dx = nanbuf(n), *dg = constbuf(C, PRIOR), *db = constbuf(C, PRIOR);
+    memcpy(dx, dy, n * sizeof(float));
+    be->bn_relu_backward_eval(&ctx, dx, dg, db, dx, y, x, g, rm, rv, eps, N, C, HW);
+    allclose(dx, rdx, (long)n, 1e-6, 1e-6, "bn_relu eval dinp (in place) == relu, bn eval");
+    allclose(dg, rg, C, 1e-5, 1e-5, "bn_relu eval dgamma (accumulated)");
+    allclose(db, rb, C, 1e-5, 1e-5, "bn_relu eval dbeta (accumulated)");
+    float *dx2 = nanbuf(n);
+    be->bn_relu_backward_eval(&ctx, dx2, NULL, NULL, dy, y, x, g, rm, rv, eps, N, C, HW);
+    allclose(dx2, rdx, (long)n, 1e-6, 1e-6, "bn_relu frozen dinp (dgamma/dbeta NULL)");
+    free(ry), free(y), free(rdx), free(rg), free(rb), free(dx), free(dg), free(db), free(dx2);
+}
+
 /* ---- pointwise, pooling, linear, loss, shift, consensus ---------------------- */
 
 static void test_relu(void)
@@ -399,6 +440,7 @@ int main(int argc, char **argv)
     ps_conv2d_set_gemm_cols(0);
     test_bn();
     test_relu();
+    test_bn_relu();
     for (int i = 0; i < 2; i++) test_maxpool(i);
     test_avgpool();
     test_linear();

@@ -32,6 +32,7 @@ void ps_client_opts_default(ps_client_opts_t *o)
     o->retry_ms = 5000;
     o->heartbeat_ms = 1000;
     o->max_inflight = 8;
+    o->send_queue_bytes = PS_CLIENT_SEND_QUEUE_DEFAULT;
     o->pull_codec = -1;
 }
 
@@ -69,6 +70,10 @@ void ps_client_zc_free(void *data, void *hint)
     ps_req_t *r = hint;
     ps_client_t *c = r->c;
     (void)data;
+    /* ZeroMQ has written (or dropped) the payload: its bytes leave the send
+     * queue bound, and the I/O thread may hand the next push over. */
+    atomic_fetch_sub(&c->srv[r->server].unsent, (long long)r->payload_len);
+    ps_client_io_wake(c);
     /* After the decrement r may be released by a waiter: only touch c. */
     if (atomic_fetch_sub(&r->zrefs, 1) == 1) {
         pthread_mutex_lock(&c->mu);
@@ -172,6 +177,7 @@ int ps_client_new(ps_client_t **cp, const ps_client_opts_t *o, const ps_partitio
     if (!c) return PS_ENOMEM;
     c->o = *o;
     if (c->o.max_inflight <= 0) c->o.max_inflight = 8;
+    if (c->o.send_queue_bytes == 0) c->o.send_queue_bytes = PS_CLIENT_SEND_QUEUE_DEFAULT;
     c->t = t;
     c->rank = o->rank;
     c->efd = -1;

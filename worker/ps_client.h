@@ -9,6 +9,32 @@
  * Requests are idempotent (keyed by rank, partition and iteration), so a
  * request unanswered after retry_ms is sent again (a restarted server or a
  * lost connection costs a retry, never a doubled update). */
+/* Flow control, and why it cannot deadlock a sync cluster.
+ *
+ * A sync server answers a worker's PUSH / PUSHPULL of partition p only once
+ * every worker pushed p; a PULL with min_version > 0 and a BARRIER also wait
+ * for the others.  Were such requests held back until earlier replies came
+ * (a window of N requests awaiting replies), two workers could fill their
+ * windows with different partitions (priority sends the lowest queued id
+ * first, and workers that push one by one during backward queue them at
+ * different times): each server then waits for a copy the other worker
+ * never sends, and no window ever frees.  So the rule is:
+ *  - a request whose reply may depend on another worker (PUSH, PUSHPULL,
+ *    PULL with min_version > 0, BARRIER, HELLO, and all control messages)
+ *    is never held back by an outstanding reply;
+ *  - pushes are bounded instead by send_queue_bytes: payload bytes handed
+ *    to ZeroMQ and not yet written to the socket.  That frees as soon as
+ *    ZeroMQ has sent the bytes (psd reads its socket whatever it waits
+ *    for), never by a reply, and keeps the send queue short so a
+ *    front-of-model partition submitted later still overtakes queued
+ *    back-of-model ones; ZMQ_SNDHWM and a full TCP buffer push back the
+ *    same way;
+ *  - max_inflight bounds only requests the server answers by itself
+ *    (PULL with min_version 0, INIT weights), to cap the replies arriving
+ *    at once.
+ * Every wait of the client is thus on the server's own progress, never on
+ * another worker's, for any max_inflight, send_queue_bytes and order of
+ * submission. */
 #ifndef PS_CLIENT_H
 #define PS_CLIENT_H
 #include <stddef.h>
@@ -16,6 +42,8 @@
 
 #include "ps_codec.h"
 #include "ps_partition.h"
+
+#define PS_CLIENT_SEND_QUEUE_DEFAULT ((size_t)16 << 20)
 
 typedef struct ps_client ps_client_t;
 typedef struct ps_req ps_req_t;   /* completion handle; owned by the client */
@@ -33,16 +61,15 @@ typedef struct ps_client_opts {
     int retry_ms;                /* resend an unanswered request after this, then
                                     after 2x, 4x ... up to 60 s (0 = off) */
     int heartbeat_ms;            /* HEARTBEAT period to every server (0 = off) */
-    int max_inflight;            /* requests outstanding per server (default 8).
-                                    With a sync server, a worker that submits its
-                                    pushes one by one (overlapping backward) must
-                                    allow every partition of a server in flight:
-                                    queued requests go out lowest id first, so
-                                    two workers' windows can hold different
-                                    partitions, each waiting in the server for the
-                                    other worker's: deadlock.  Submitting a whole
-                                    step at once (same queue in every worker) is
-                                    safe with any window. */
+    int max_inflight;            /* PULLs of the current weights (min_version 0) and INIT
+                                    weights outstanding per server (default 8);
+                                    these are answered by the server on its own.
+                                    Never bounds requests whose reply may wait
+                                    on other workers (see "Flow control") */
+    size_t send_queue_bytes;     /* per server: PUSH / PUSHPULL payload bytes
+                                    handed to ZeroMQ but not yet written to the
+                                    socket (default 16 MiB; 0 = default); a
+                                    larger payload still goes out alone */
 
     /* Compressed pushes (issue 7).  Weights are never sent lossy: pulls and
      * the WEIGHTS of a PUSHPULL use pull_codec. */
@@ -65,7 +92,7 @@ typedef struct ps_client_opts {
 
 /* Defaults: rank -1, num_workers 1, fp32/raw, timeout 300 s, retry 5 s (a
  * sync PUSHPULL legitimately waits for the slowest worker, and every resend
- * costs a whole gradient of bandwidth), heartbeat 1 s, max_inflight 8. */
+ * costs a whole gradient of bandwidth), heartbeat 1 s, max_inflight 8, send_queue_bytes 16 MiB. */
 void ps_client_opts_default(ps_client_opts_t *o);
 
 /* Connect (does not block on the servers being up). t must outlive c.

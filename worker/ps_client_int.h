@@ -83,7 +83,13 @@ typedef struct ps_client_server {
     char *endpoint;
     ps_req_t *pending;      /* sorted: priority, then seq */
     ps_req_t *inflight;     /* sent, awaiting reply */
-    int ninflight;
+    int ninflight;          /* of those, the ones max_inflight bounds (windowed()
+                               in ps_client_io.c: answered without waiting on
+                               any other worker) */
+    atomic_llong unsent;    /* payload bytes handed to ZeroMQ and not yet
+                               released by it (written to the kernel, or
+                               dropped): bounds PUSH / PUSHPULL by
+                               send_queue_bytes, freed without any reply */
     int blocked;            /* last send hit EAGAIN: poll for POLLOUT */
     int reset;              /* reopen the socket to make ZeroMQ let go of frames */
     int64_t next_heartbeat;

@@ -1,5 +1,6 @@
 /* psd client, I/O thread: owns one DEALER per server, sends queued requests
- * in priority order with at most max_inflight outstanding per server,
+ * in priority order (flow control: see ps_client.h; never waits for a reply
+ * that may depend on another worker before sending the next request),
  * matches replies by request_id, decodes weights into the caller's buffer,
  * resends unanswered requests with exponential backoff, fails them after
  * timeout_ms, and sends heartbeats. */
@@ -153,9 +154,15 @@ static int send_req(ps_client_t *c, int s, ps_req_t *r)
         /* Zero-copy: ZeroMQ reads the payload straight from our (or the
          * caller's) buffer; zrefs keeps the handle alive until it is done. */
         atomic_fetch_add(&r->zrefs, 1);
+        /* counted before the send: ZeroMQ may write and release the frame
+         * (ps_client_zc_free) before zmq_msg_send returns */
+        atomic_fetch_add(&c->srv[s].unsent, (long long)r->payload_len);
         rc = ps_wire_send_crc(c->srv[s].sock, NULL, 0, &h, r->payload, r->payload_len, r->crc,
                               ps_client_zc_free, r, ZMQ_DONTWAIT);
-        if (rc < 0) atomic_fetch_sub(&r->zrefs, 1); /* ownership did not pass */
+        if (rc < 0) { /* ownership did not pass */
+            atomic_fetch_sub(&c->srv[s].unsent, (long long)r->payload_len);
+            atomic_fetch_sub(&r->zrefs, 1);
+        }
     } else {
         rc = ps_wire_send(c->srv[s].sock, NULL, 0, &h, NULL, 0, NULL, NULL, ZMQ_DONTWAIT);
     }
@@ -199,17 +206,45 @@ static void pending_insert(ps_client_server_t *sv, ps_req_t *r)
     *pp = r;
 }
 
+/* Whether max_inflight bounds r: only requests the server answers on its
+ * own (INIT weights, a PULL of whatever version it holds).  Anything whose
+ * reply may wait on another worker (PUSH / PUSHPULL in sync mode, a PULL of
+ * a future version, BARRIER, HELLO's rendezvous) must never hold back the
+ * requests queued behind it: that is the cross-worker deadlock described in
+ * ps_client.h. */
+static int windowed(const ps_req_t *r)
+{
+    if (r->type == PS__MSG_TYPE__MSG_PULL) return r->min_version == 0;
+    return r->type == PS__MSG_TYPE__MSG_INIT && r->payload != NULL;
+}
+
 static void dispatch(ps_client_t *c, int s, int64_t now)
 {
     ps_client_server_t *sv = &c->srv[s];
-    while (sv->pending && !sv->blocked && sv->ninflight < c->o.max_inflight) {
-        ps_req_t *r = sv->pending;
+    long long qmax = (long long)c->o.send_queue_bytes;
+    int bytes_full = 0; /* a push waits for ZeroMQ to write: so do lower-priority ones */
+    ps_req_t **pp = &sv->pending;
+    while (*pp && !sv->blocked) {
+        ps_req_t *r = *pp;
+        int win = windowed(r);
+        if (win && sv->ninflight >= c->o.max_inflight) {
+            pp = &r->next; /* a reply will free the window; others may go */
+            continue;
+        }
+        if (!win && r->payload_len > 0) {
+            long long q = atomic_load(&sv->unsent);
+            if (bytes_full || (q > 0 && q + (long long)r->payload_len > qmax)) {
+                bytes_full = 1; /* ps_client_zc_free wakes us when bytes leave */
+                pp = &r->next;
+                continue;
+            }
+        }
         int rc = send_req(c, s, r);
         if (rc == PS_EAGAIN) {
             sv->blocked = 1;
             break;
         }
-        sv->pending = r->next;
+        *pp = r->next;
         r->next = NULL;
         if (rc < 0) {
             ps_client_set_error(c, "server %d: sending %s failed: %s", s,
@@ -228,7 +263,7 @@ static void dispatch(ps_client_t *c, int s, int64_t now)
         r->t_retry = c->o.retry_ms > 0 ? now + c->o.retry_ms : 0;
         r->next = sv->inflight;
         sv->inflight = r;
-        sv->ninflight++;
+        sv->ninflight += win;
     }
 }
 
@@ -356,7 +391,7 @@ static void handle_reply(ps_client_t *c, int s, ps_wire_msg_t *m, int rc, const 
             r->t_retry = ps_client_now_ms();
         } else if (r) {
             list_remove(&sv->inflight, r);
-            sv->ninflight--;
+            sv->ninflight -= windowed(r);
             complete(c, r, rc);
         }
         return;
@@ -411,7 +446,7 @@ static void handle_reply(ps_client_t *c, int s, ps_wire_msg_t *m, int rc, const 
         }
     }
     list_remove(&sv->inflight, r);
-    sv->ninflight--;
+    sv->ninflight -= windowed(r);
     complete(c, r, result);
 }
 
@@ -468,7 +503,7 @@ static void run_timers(ps_client_t *c, int64_t now)
             if (r->t_deadline && now >= r->t_deadline) {
                 *pp = r->next;
                 r->next = NULL;
-                sv->ninflight--;
+                sv->ninflight -= windowed(r);
                 fail_timeout(c, s, r);
                 continue;
             }

@@ -29,4 +29,6 @@ const ps_backend_t ps_backend_cpu = {
     .consensus_backward = ps_cpu_consensus_backward,
     .add = ps_cpu_add,
     .accumulate = ps_cpu_accumulate,
+    .bn_relu_forward_eval = ps_cpu_bn_relu_forward_eval,
+    .bn_relu_backward_eval = ps_cpu_bn_relu_backward_eval,
 };

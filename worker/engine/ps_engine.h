@@ -198,6 +198,22 @@ typedef struct ps_backend {
     void (*add)(ps_ctx_t *ctx, float *out, const float *a, const float *b, size_t n);
     /* acc += x (gradient of a value used twice) */
     void (*accumulate)(ps_ctx_t *ctx, float *acc, const float *x, size_t n);
+
+    /* ---- optional fused entries: NULL in a backend that lacks them, so a
+     * caller checks and falls back to the two separate layers ----------- */
+    /* batchnorm (eval / frozen) then relu, one pass over memory instead of
+     * two: out = max(0, gamma*(x-run_mean)/sqrt(run_var+eps) + beta); out
+     * may alias inp.  Backward takes the gradient w.r.t. the relu output
+     * and the relu output itself (as relu_backward) and produces what
+     * relu_backward followed by bn_backward_eval would; dinp may alias
+     * dout; dgamma/dbeta may be NULL (frozen affine, TSM partial BN). */
+    void (*bn_relu_forward_eval)(ps_ctx_t *ctx, float *out, const float *inp,
+                                 const float *gamma, const float *beta, const float *run_mean,
+                                 const float *run_var, float eps, int N, int C, int HW);
+    void (*bn_relu_backward_eval)(ps_ctx_t *ctx, float *dinp, float *dgamma, float *dbeta,
+                                  const float *dout, const float *out, const float *inp,
+                                  const float *gamma, const float *run_mean,
+                                  const float *run_var, float eps, int N, int C, int HW);
 } ps_backend_t;
 
 extern const ps_backend_t ps_backend_cpu;

@@ -278,4 +278,6 @@ extern "C" const ps_backend_t ps_backend_cuda = {
     ps_cu_consensus_backward,
     ps_cu_add,
     ps_cu_accumulate,
+    NULL, // bn_relu_forward_eval: optional fused entry, not on CUDA yet (callers fall back)
+    NULL, // bn_relu_backward_eval
 };

@@ -48,6 +48,15 @@ void ps_cpu_bn_backward_eval(ps_ctx_t *ctx, float *dinp, float *dgamma, float *d
                              const float *run_mean, const float *run_var, float eps, int N,
                              int C, int HW);
 
+/* batchnorm.c: fused eval batchnorm + relu (optional table entries) */
+void ps_cpu_bn_relu_forward_eval(ps_ctx_t *ctx, float *out, const float *inp,
+                                 const float *gamma, const float *beta, const float *run_mean,
+                                 const float *run_var, float eps, int N, int C, int HW);
+void ps_cpu_bn_relu_backward_eval(ps_ctx_t *ctx, float *dinp, float *dgamma, float *dbeta,
+                                  const float *dout, const float *out, const float *inp,
+                                  const float *gamma, const float *run_mean,
+                                  const float *run_var, float eps, int N, int C, int HW);
+
 /* relu.c */
 void ps_cpu_relu_forward(ps_ctx_t *ctx, float *out, const float *inp, size_t n);
 void ps_cpu_relu_backward(ps_ctx_t *ctx, float *dinp, const float *dout, const float *out,
