@@ -43,6 +43,8 @@ for p in psd psworker psctl; do
     "$top_builddir/$p" --help 2>&1 | sed -n 's/^  --\(\[no-\]\)\{0,1\}\([a-z0-9-]*\).*/\2/p' | sort -u >"$T/$p.flags"
     echo config >>"$T/$p.flags"
 done
+# psdata's help lists each command's flags indented under it
+"$top_builddir/psdata" --help 2>&1 | sed -n 's/^ *--\([a-z0-9-]*\).*/\1/p' | sort -u >"$T/psdata.flags"
 [ "$(wc -l <"$T/psd.flags")" -gt 10 ] && grep -qx checkpoint-dir "$T/psd.flags" &&
     grep -qx servers "$T/psworker.flags" && grep -qx servers "$T/psctl.flags"
 ok $? "flag lists read from psd / psworker / psctl --help"
@@ -226,7 +228,7 @@ with open(os.path.join(tmp, "compose.flags"), "w") as out:
         hc = (v.get("healthcheck") or {}).get("test")
         if isinstance(hc, list) and hc and hc[0] in ("CMD", "CMD-SHELL"): lists.append(hc[1:])
         for c in lists:
-            if c and c[0] in ("psd", "psworker", "psctl"):
+            if c and c[0] in ("psd", "psworker", "psctl", "psdata"):
                 for x in c[1:]:
                     if x.startswith("--"): out.write("%s %s %s\n" % (c[0], k, x))
 print("compose ok: psd %s, psworker %s" % (sorted(psd), sorted(psw)))
@@ -245,7 +247,7 @@ else
     ok $res "docker-compose.yml structure (no PyYAML): 2 psd + 2 psworker commands"
     # shellcheck disable=SC2046
     check_flags psd compose $(grep -v '^[[:space:]]*#' "$C" | grep -o '"--[a-z0-9-]*"' | tr -d '"' | sort -u | while read -r f; do
-        grep -qx -- "${f#--}" "$T/psd.flags" "$T/psworker.flags" "$T/psctl.flags" 2>/dev/null || echo "$f"; done)
+        grep -qx -- "${f#--}" "$T/psd.flags" "$T/psworker.flags" "$T/psctl.flags" "$T/psdata.flags" 2>/dev/null || echo "$f"; done)
     ok $? "every flag in the compose file is known to one of the programs"
 fi
 
