@@ -71,6 +71,9 @@ int main(int argc, char **argv)
         const char *a0 = getenv("TEST_BLAS_ARGV0"), *ac = getenv("TEST_BLAS_ARGC");
         ok(a0 && ac && !strcmp(a0, argv[0]) && atoi(ac) == argc,
            "argv survived the re-exec (%s, argc %d)", argv[0], argc);
+        const char *sc = getenv("GOMP_SPINCOUNT");
+        ok(getenv("OMP_WAIT_POLICY") || (sc && atoi(sc) > 0 && atoi(sc) <= 100000),
+           "re-exec bounded OpenMP spinning (GOMP_SPINCOUNT=%s)", sc ? sc : "(unset)");
     } else {
         diag("re-exec path not exercised (OPENBLAS_CORETYPE set by the user, or no AVX2 CPU)");
     }

@@ -47,19 +47,32 @@ const char *ps_blas_best_coretype(void)
     return NULL;
 }
 
+/* libgomp spins up to GOMP_SPINCOUNT (300,000 by default) before a thread
+ * sleeps.  On a node shared with other processes (psd, other workers,
+ * loader threads: the local cluster runs 4 processes on 2 cores) a spinning
+ * thread steals the core its partner needs, and the engine's step got 5-15x
+ * slower under load in our measurements.  A short spin keeps the benefit on
+ * an idle node.  libgomp reads it before main(), hence the re-exec. */
+#define PS_GOMP_SPINCOUNT "10000"
+
 int ps_blas_autoselect(int argc, char **argv)
 {
     (void)argc;
-    if (getenv("OPENBLAS_CORETYPE") || getenv(REEXEC_GUARD)) return 0;
+    if (getenv(REEXEC_GUARD)) return 0;
     const char *best = ps_blas_best_coretype();
     /* test hook: pretend OpenBLAS picked this core (tests/test_blas.c) */
     const char *cur = getenv("PS_BLAS_FAKE_CORENAME");
     if (!cur) cur = ps_blas_corename();
-    if (!best || core_rank(cur) >= core_rank(best)) return 0;
+    int need_core = !getenv("OPENBLAS_CORETYPE") && best && core_rank(cur) < core_rank(best);
+    int need_spin = !getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT");
+    if (!need_core && !need_spin) return 0;
 
-    ps_info("OpenBLAS chose core %s on a CPU that supports %s: re-executing with "
-            "OPENBLAS_CORETYPE=%s", cur, best, best);
-    if (setenv("OPENBLAS_CORETYPE", best, 1) || setenv(REEXEC_GUARD, "1", 1)) {
+    if (need_core)
+        ps_info("OpenBLAS chose core %s on a CPU that supports %s: re-executing with "
+                "OPENBLAS_CORETYPE=%s", cur, best, best);
+    if ((need_core && setenv("OPENBLAS_CORETYPE", best, 1)) ||
+        (need_spin && setenv("GOMP_SPINCOUNT", PS_GOMP_SPINCOUNT, 1)) ||
+        setenv(REEXEC_GUARD, "1", 1)) {
         ps_error("setenv: %s", strerror(errno));
         return PS_EIO;
     }

@@ -12,7 +12,9 @@
  * threads exist).  If OPENBLAS_CORETYPE is unset and openblas_get_corename()
  * names a core weaker than the CPU supports (AVX-512 F/BW/VL/DQ ->
  * SKYLAKEX; AVX2+FMA -> HASWELL, or ZEN on AMD), sets OPENBLAS_CORETYPE and
- * re-executes /proc/self/exe with the same argv (an environment guard,
+ * re-executes /proc/self/exe with the same argv; it also bounds OpenMP
+ * spin-waiting (GOMP_SPINCOUNT=10000 unless OMP_WAIT_POLICY or
+ * GOMP_SPINCOUNT is set), which libgomp reads before main() (an environment guard,
  * PS_BLAS_REEXEC, prevents loops; one info line is logged).  Returns 0 when
  * nothing had to be done (or the guard was already set); does not return on
  * a successful re-exec; returns PS_EIO if the re-exec failed (the program
