@@ -91,10 +91,13 @@ static void test_data(void)
     for (int i = 0; i < 4000; i++) hist[ps_smoke_data_sample(&a, (uint64_t)i, x1)]++;
     ok(hist[0] > 850 && hist[1] > 850 && hist[2] > 850 && hist[3] > 850,
        "labels balanced (%d %d %d %d of 4000)", hist[0], hist[1], hist[2], hist[3]);
-    ok(ps_smoke_data_init(&c, 1, 1, 4) != 0, "in < 2 rejected");
+    ps_smoke_data_free(&c);
+    ps_smoke_data_t bad;
+    memset(&bad, 0, sizeof bad);
+    ok(ps_smoke_data_init(&bad, 1, 1, 4) != 0, "in < 2 rejected");
+    ps_smoke_data_free(&bad);
     ps_smoke_data_free(&a);
     ps_smoke_data_free(&b);
-    ps_smoke_data_free(&c);
 }
 
 /* Mean eval loss of a model over 512 held-out samples. */
