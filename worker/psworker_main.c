@@ -12,6 +12,7 @@
 #include "ps_config.h"
 #include "ps_error.h"
 #include "ps_log.h"
+#include "worker/engine/ps_blas.h"
 #include "worker/models/ps_model.h"
 #include "worker/psworker.h"
 
@@ -229,6 +230,9 @@ int main(int argc, char **argv)
     ps_worker_t p;
     int npos = 0, rc;
 
+    /* Before any thread exists: a fast OpenBLAS core for this CPU and bounded
+     * OpenMP spinning (both read by the libraries before main; may re-exec). */
+    ps_blas_autoselect(argc, argv);
     opts_default(&o);
     const ps_opt_t table[] = {
         {"servers", PS_OPT_STRING, &o.servers, "comma-separated psd endpoints, server 0 first"},
