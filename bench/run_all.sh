@@ -1,0 +1,21 @@
+#!/bin/bash
+# The benchmark session recorded in docs/performance.md.  Run it alone (no
+# build, test or other benchmark at the same time) from a build directory:
+#   sh /path/to/src/bench/run_all.sh [BUILDDIR]
+B=${1:-.}
+SRC=$(cd "$(dirname "$0")/.." && pwd)
+cd "$B" || exit 1
+echo "### uptime: $(uptime)"
+echo "### psbench fp32 raw (ps-lite comparison)"
+timeout 600 ./psbench --servers 1,2 --workers 1,2 --bytes 25M,100M --dtype fp32 --codec raw --iters 20
+echo "### psbench fp16/bf16/lz4/topk/sign"
+timeout 600 ./psbench --servers 1,2 --workers 1,2 --bytes 25M --dtype fp16,bf16 --codec raw --iters 15 --pump-seconds 0
+timeout 600 ./psbench --servers 1,2 --workers 1,2 --bytes 25M --dtype fp32,fp16 --codec lz4 --iters 15 --pump-seconds 0
+timeout 600 ./psbench --servers 1,2 --workers 1,2 --bytes 25M --dtype fp32 --codec topk,sign --iters 15 --pump-seconds 0
+echo "### codec_bench"
+timeout 300 ./bench/codec_bench
+echo "### engine_bench"
+timeout 900 sh "$SRC/bench/engine_bench.sh" . 10
+echo "### ring_bench"
+timeout 600 sh "$SRC/bench/ring_bench.sh" .
+echo "### uptime: $(uptime)"
