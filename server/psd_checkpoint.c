@@ -321,7 +321,7 @@ static void after_work(uv_work_t *req, int status)
         return;
     }
     answer_waiters(s, done, rc);
-    if (s->ckpt_again) {
+    if (s->ckpt_again && !s->ckpt_job) {
         s->ckpt_again = 0;
         int rc2 = launch(s);
         if (rc2 || !s->ckpt_job) {
@@ -342,6 +342,15 @@ static void after_work(uv_work_t *req, int status)
 
 static int launch(psd_t *s)
 {
+    /* answer_waiters() drains the socket, and a drained push can reach
+     * psd_checkpoint_start() from inside after_work(): the work request may
+     * then be queued already.  Queueing it twice would hand one job to two
+     * completions (a use-after-free found by the ASan CI stage), so follow
+     * the write in flight instead. */
+    if (s->ckpt_job) {
+        s->ckpt_again = 1;
+        return 0;
+    }
     int rc = mkdir_ckpt(s);
     if (rc) return rc;
     s->updates_at_ckpt = s->st.updates;
