@@ -15,29 +15,8 @@ for b in "$PSD" "$PSW" "$PSCTL" "$STC"; do
     [ -x "$b" ] || { echo "1..0 # SKIP $b not built"; exit 77; }
 done
 
-T=$(mktemp -d "${TMPDIR:-/tmp}/ps-psctl.XXXXXX")
-PIDS=()
-n=0 fails=0
-cleanup() {
-    local p
-    for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
-    for p in "${PIDS[@]}"; do
-        for _ in $(seq 1 30); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$p" 2>/dev/null
-        wait "$p" 2>/dev/null
-    done
-    if [ "$fails" -gt 0 ] || [ -n "${KEEP_TMP:-}" ]; then echo "# logs kept in $T"; else rm -rf "$T"; fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-ok() { # ok STATUS DESCRIPTION
-    n=$((n + 1))
-    if [ "$1" -eq 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; fails=$((fails + 1)); fi
-    [ "$1" -eq 0 ]
-}
-show() { [ -f "$1" ] && { echo "# --- $1"; tail -n "${2:-12}" "$1" | sed 's/^/#   /'; }; }
-# run NAME CMD...: stdout+stderr to $T/NAME.out, status in $rc
-run() { local name=$1; shift; "$@" >"$T/$name.out" 2>&1; rc=$?; }
+. "$(dirname "$0")/tap_lib.sh" || { echo "Bail out! cannot read tap_lib.sh"; exit 99; }
+tap_lib_init psctl
 
 # ---- keygen ---------------------------------------------------------------
 run keygen "$PSCTL" keygen "$T/w0"
