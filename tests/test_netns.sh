@@ -7,13 +7,8 @@ srcdir=${top_srcdir:-.}
 b=${top_builddir:-.}
 nd=$srcdir/deploy/netns
 pump=$b/tests/netns_pump
-if [ "$(id -u)" != 0 ]; then
-    echo "1..0 # SKIP needs root for network namespaces"
-    exit 77
-fi
-for t in ip tc nft; do
-    command -v $t >/dev/null 2>&1 || { echo "1..0 # SKIP $t not installed"; exit 77; }
-done
+. "$srcdir/tests/netns_lib.sh" || { echo "Bail out! cannot read netns_lib.sh"; exit 99; }
+netns_require ip tc nft
 [ -x "$pump" ] || { echo "1..0 # SKIP $pump not built"; exit 77; }
 prefix=psnt$$
 links_before=$(ip -o link | wc -l)
@@ -21,18 +16,7 @@ out=${TMPDIR:-/tmp}/test_netns.$$
 trap '"$nd/down.sh" $prefix >/dev/null 2>&1; "$nd/down.sh" ${prefix}x >/dev/null 2>&1; rm -f "$out".*' EXIT
 trap 'exit 1' INT TERM
 
-"$nd/up.sh" $prefix 3 200mbit >"$out.up" 2>&1
-rc=$?
-if [ $rc = 3 ]; then
-    echo "1..0 # SKIP network namespaces cannot be made here: $(cat "$out.up")"
-    exit 77
-fi
-n=0
-fail=0
-t() { # t STATUS DESCRIPTION
-    n=$((n + 1))
-    if [ "$1" = 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; fail=1; fi
-}
+netns_up $prefix 3 200mbit "$out.up"
 t $rc "up.sh: 3 hosts at 200mbit ($(tail -n 1 "$out.up"))"
 [ "$(ip netns list | grep -c "^$prefix-")" = 4 ]
 t $? "4 namespaces (3 hosts + the bridge's)"

@@ -8,13 +8,8 @@
 srcdir=${top_srcdir:-.}
 b=${top_builddir:-.}
 nd=$srcdir/deploy/netns
-if [ "$(id -u)" != 0 ]; then
-    echo "1..0 # SKIP needs root for network namespaces"
-    exit 77
-fi
-for t in ip tc; do
-    command -v $t >/dev/null 2>&1 || { echo "1..0 # SKIP $t not installed"; exit 77; }
-done
+. "$srcdir/tests/netns_lib.sh" || { echo "Bail out! cannot read netns_lib.sh"; exit 99; }
+netns_require ip tc
 if [ ! -x "$b/psbench" ] || [ ! -x "$b/psd" ]; then
     echo "1..0 # SKIP psbench or psd not built in $b"
     exit 77
@@ -23,18 +18,7 @@ prefix=psnb$$
 out=${TMPDIR:-/tmp}/test_psbench_netns.$$
 trap '"$nd/down.sh" $prefix >/dev/null 2>&1; rm -f "$out" "$out".*' EXIT
 trap 'exit 1' INT TERM
-"$nd/up.sh" $prefix 3 200mbit >"$out.up" 2>&1
-rc=$?
-if [ $rc = 3 ]; then
-    echo "1..0 # SKIP network namespaces cannot be made here: $(cat "$out.up")"
-    exit 77
-fi
-n=0
-fail=0
-t() { # t STATUS DESCRIPTION
-    n=$((n + 1))
-    if [ "$1" = 0 ]; then echo "ok $n - $2"; else echo "not ok $n - $2"; fail=1; fi
-}
+netns_up $prefix 3 200mbit "$out.up"
 t $rc "3 emulated hosts at 200mbit"
 
 "$b/psbench" --psd "$b/psd" --netns $prefix --servers 1 --workers 2 --bytes 4M \
