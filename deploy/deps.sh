@@ -26,6 +26,11 @@ ps_ensure_packages() {
 ps_build() {
     [ -x ./configure ] || autoreconf -fi >/dev/null || { echo "autoreconf failed" >&2; exit 1; }
     [ -f Makefile ] || ./configure --quiet ${PS_CONFIGURE_FLAGS:-} || { echo "configure failed" >&2; exit 1; }
+    # BUILT_SOURCES (the protobuf-c code) is made first only by `make all`:
+    # named targets built in parallel would race its header.
+    if [ -n "${PS_MAKE_TARGETS:-}" ]; then
+        make proto/ps.pb-c.h || { echo "build failed (protobuf-c code)" >&2; exit 1; }
+    fi
     make -j"$(nproc)" ${PS_MAKE_TARGETS:-} || { echo "build failed" >&2; exit 1; }
 }
 
