@@ -4,6 +4,7 @@
  *
  *   psbench --servers 1,2 --workers 1,2 --bytes 25M,100M --codec raw --dtype fp32
  *   psbench --model tsm-r50 --compute-ms 200 --overlap on,off --netns psn42 ...
+ *   psbench --mode ring --workers 2,4 --model tsm-r50 --dtype fp16 ...
  *
  * starts S psd processes (the psd binary next to this one, --port 0 with
  * --port-file) and W worker processes for every configuration, and prints
@@ -18,7 +19,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netinet/in.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -76,7 +79,9 @@ static void usage(FILE *f)
             "                          requests answered without other workers (initial\n"
             "                          pulls), never pushes (see ps_client.h)\n"
             "  --psd PATH              psd binary (default: next to psbench)\n"
-            "  --mode ps               only parameter-server mode is measured\n"
+            "  --mode ps|ring          ps (default): psd servers; ring: no servers, the\n"
+            "                          workers allreduce over a ZeroMQ ring (worker/ps_ring.h;\n"
+            "                          dense dtypes only, --servers ignored, servers=0)\n"
             "  --pump-seconds S        loopback TCP ceiling duration (default 2; 0 = skip)\n"
             "  --timeout-s S           give up on the whole run after S seconds (default 900)\n"
             "  --log-level L           error|warn|info|debug (default warn)\n"
@@ -186,6 +191,9 @@ static int start_psd(const char *psd, int s, const psbench_cfg_t *cfg, char *end
     snprintf(a_id, sizeof a_id, "%d", s);
     snprintf(a_ns, sizeof a_ns, "%d", cfg->servers);
     snprintf(a_nw, sizeof a_nw, "%d", cfg->workers);
+    /* psd bounds its messages by the largest partition it will accept */
+    char a_pb[32];
+    snprintf(a_pb, sizeof a_pb, "%zu", cfg->partition_bytes);
     pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0) {
@@ -198,7 +206,7 @@ static int start_psd(const char *psd, int s, const psbench_cfg_t *cfg, char *end
         if (cfg->netns && enter_netns(cfg->netns, s) < 0) _exit(126);
         execl(psd, "psd", "--port", "0", "--bind", bind, "--port-file", portfile,
               "--server-id", a_id, "--num-servers", a_ns, "--num-workers", a_nw,
-              "--log-level", ps_log_level >= PS_LOG_INFO ? "info" : "warn", "--stats-every-s", "0",
+              "--max-partition-bytes", a_pb, "--log-level", ps_log_level >= PS_LOG_INFO ? "info" : "warn", "--stats-every-s", "0",
               (char *)NULL);
         fprintf(stderr, "psbench: exec %s: %s\n", psd, strerror(errno));
         _exit(127);
@@ -345,6 +353,38 @@ out:
     return rc;
 }
 
+/* --mode ring: W endpoints, one per worker.  Loopback: ports the kernel
+ * hands out now (bound and released; another process taking one in
+ * between makes that worker fail to bind, reported).  Emulated cluster:
+ * worker w is host w, and every host has its own port space. */
+static int ring_endpoints(const psbench_cfg_t *cfg, char eps[][64], char **epp)
+{
+    int fds[MAXPROC], nfd = 0, rc = 0;
+    for (int w = 0; w < cfg->workers && !rc; w++) {
+        epp[w] = eps[w];
+        if (cfg->netns) {
+            char host[32];
+            host_addr(cfg, w, host, sizeof host);
+            snprintf(eps[w], 64, "tcp://%s:29500", host);
+            continue;
+        }
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        socklen_t len = sizeof a;
+        if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) < 0 ||
+            getsockname(fd, (struct sockaddr *)&a, &len) < 0) {
+            ps_error("ring: no free loopback port: %s", strerror(errno));
+            if (fd >= 0) close(fd);
+            rc = -1;
+            break;
+        }
+        snprintf(eps[w], 64, "tcp://127.0.0.1:%d", ntohs(a.sin_port));
+        fds[nfd++] = fd; /* held until all are chosen, so none comes twice */
+    }
+    for (int i = 0; i < nfd; i++) close(fds[i]);
+    return rc;
+}
+
 static int run_config(const char *psd, const psbench_cfg_t *cfg, double loop_bps)
 {
     char eps[MAXPROC][64];
@@ -363,6 +403,13 @@ static int run_config(const char *psd, const psbench_cfg_t *cfg, double loop_bps
         return -1;
     }
 
+    if (cfg->ring) {
+        S = 0;
+        if (ring_endpoints(cfg, eps, epp) < 0) {
+            rc = -1;
+            goto out;
+        }
+    }
     for (int s = 0; s < S; s++) {
         if (start_psd(psd, s, cfg, eps[s], sizeof eps[s]) < 0) {
             rc = -1;
@@ -398,7 +445,8 @@ static int run_config(const char *psd, const psbench_cfg_t *cfg, double loop_bps
             snprintf(tag, sizeof tag, "psbench-w%d", w);
             ps_log_set_prog(tag);
             if (cfg->netns && enter_netns(cfg->netns, S + w) < 0) _exit(126);
-            _exit(psbench_worker(cfg, w, epp, p[1]));
+            _exit(cfg->ring ? psbench_ring_worker(cfg, w, epp, p[1])
+                            : psbench_worker(cfg, w, epp, p[1]));
         }
         close(p[1]);
         g_children[g_nchildren++] = pid;
@@ -441,11 +489,11 @@ out:
                      ps_codec_name((ps_codec_t)cfg->pull_codec));
         char infl[16];
         snprintf(infl, sizeof infl, "%d", cfg->max_inflight);
-        printf("psbench mode=ps servers=%d workers=%d bytes=%zu dtype=%s codec=%s%s "
+        printf("psbench mode=%s servers=%d workers=%d bytes=%zu dtype=%s codec=%s%s "
                "partition_bytes=%zu max_inflight=%s iters=%d median_s=%.6f p10_s=%.6f p90_s=%.6f "
                "gbps_per_worker=%.3f wire_out_per_iter=%.0f wire_in_per_iter=%.0f",
-               S, W, cfg->bytes, ps_dtype_name(cfg->dtype), ps_codec_name(cfg->codec), ratio,
-               cfg->partition_bytes, infl, cfg->iters, med, p10, p90, gbps,
+               cfg->ring ? "ring" : "ps", S, W, cfg->bytes, ps_dtype_name(cfg->dtype),
+               ps_codec_name(cfg->codec), ratio, cfg->partition_bytes, infl, cfg->iters, med, p10, p90, gbps,
                res.wire_out, res.wire_in);
         if (cfg->model || cfg->compute_ms > 0 || cfg->netns)
             printf(" model=%s compute_ms=%g overlap=%s compute_s=%.6f comm_wait_s=%.6f "
@@ -467,8 +515,8 @@ out:
         printf("\n");
         fflush(stdout);
     } else {
-        printf("psbench mode=ps servers=%d workers=%d bytes=%zu dtype=%s codec=%s status=FAILED\n", S,
-               W, cfg->bytes, ps_dtype_name(cfg->dtype), ps_codec_name(cfg->codec));
+        printf("psbench mode=%s servers=%d workers=%d bytes=%zu dtype=%s codec=%s status=FAILED\n",
+               cfg->ring ? "ring" : "ps", S, W, cfg->bytes, ps_dtype_name(cfg->dtype), ps_codec_name(cfg->codec));
         fflush(stdout);
     }
     free(times);
@@ -573,7 +621,10 @@ int main(int argc, char **argv)
             bad = sscanf(v, "%u.%u.%u%c", &o1, &o2, &o3, &extra) != 3 || o1 > 255 || o2 > 255 || o3 > 255;
             base.netns_net = v;
         }
-        else if (!strcmp(a, "--mode")) bad = strcmp(v, "ps") != 0;
+        else if (!strcmp(a, "--mode")) {
+            bad = strcmp(v, "ps") && strcmp(v, "ring");
+            base.ring = !strcmp(v, "ring");
+        }
         else if (!strcmp(a, "--pump-seconds")) bad = (pump_s = atof(v)) < 0;
         else if (!strcmp(a, "--timeout-s")) bad = (timeout_s = atoi(v)) < 1;
         else if (!strcmp(a, "--log-level")) bad = ps_log_set_level_str(v) < 0;
@@ -586,6 +637,13 @@ int main(int argc, char **argv)
             return 2;
         }
     }
+    for (int k = 0; k < nc && base.ring; k++)
+        if (cds[k] != PS_CODEC_RAW) {
+            fprintf(stderr, "psbench: --mode ring carries dense fp32/fp16/bf16 partial sums only; "
+                    "--codec %s (a sparse, 1-bit or lz4 partial sum is not closed under "
+                    "addition) is a parameter-server codec\n", ps_codec_name(cds[k]));
+            return 2;
+        }
     if (base.model) {
         if (bytes_given) {
             fprintf(stderr, "psbench: --model and --bytes exclude each other\n");

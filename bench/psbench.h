@@ -24,6 +24,7 @@ typedef struct psbench_cfg {
     int overlap;             /* 1: push each partition as its backward ends */
     const char *netns;       /* --netns PREFIX: run in PREFIX-h<i> namespaces, NULL = here */
     const char *netns_net;   /* first three octets of the hosts' addresses */
+    int ring;                /* --mode ring: no servers, workers allreduce (ps_ring) */
 } psbench_cfg_t;
 
 /* What a worker sends back after its iters step times. */
@@ -40,6 +41,11 @@ typedef struct psbench_result {
  * communication wait) and a psbench_result_t to fd.
  * Returns the process exit status. */
 int psbench_worker(const psbench_cfg_t *cfg, int rank, char **endpoints, int fd);
+
+/* The same for --mode ring (psbench_ring.c): endpoints are the W ring
+ * endpoints (rank r binds the r-th); a step is the emulated compute and the
+ * mean gradient over the ring (bucketed and overlapped with --overlap on). */
+int psbench_ring_worker(const psbench_cfg_t *cfg, int rank, char **endpoints, int fd);
 
 /* Loopback TCP ceiling: one connection over 127.0.0.1, a writer thread
  * pushing chunk-byte writes for `seconds`, a reader draining.  Returns bytes

@@ -6,6 +6,10 @@
  * separately, median of N steps, images/s.
  *
  *   retina_bench [-t threads] [-s steps] [-w warmup] [-n images] [-H size] [-d depth] [-K classes]
+ *                [-W width] [-F fpn_channels] [-z freeze_at]
+ *
+ * -W / -F / -z: the narrow from-scratch configuration of the acceptance run
+ * (docs/detection.md) instead of torchvision's 64 / 256 / 2.
  *
  * Lines starting with "RESULT" are machine-readable.  Figures mean
  * something only on an otherwise idle machine. */
@@ -22,12 +26,17 @@
 #include <time.h>
 #include <unistd.h>
 
+static int g_width = 64, g_fpn = 256, g_freeze = 2;
+
 static int bench(ps_ctx_t *ctx, int depth, int n, int H, int K, int steps, int warmup)
 {
     ps_retina_config_t cfg;
     ps_retina_config_default(&cfg);
     cfg.depth = depth;
     cfg.num_classes = K;
+    cfg.width = g_width;
+    cfg.fpn_channels = g_fpn;
+    cfg.freeze_at = g_freeze;
     ps_retina_t *m = NULL;
     if (ps_retina_create(&m, &cfg, &ps_backend_cpu, ctx, n, H, H)) return 1;
     ps_retina_init(m, 1, 0);
@@ -65,12 +74,12 @@ static int bench(ps_ctx_t *ctx, int depth, int n, int H, int K, int steps, int w
     double ms = bench_median(ts, steps);
     double ff, fb;
     ps_retina_flops(m, n, &ff, &fb);
-    printf("RetinaNet-ResNet-%d-FPN %dx3x%dx%d, %d anchors/image, K %d: fwd %.1f ms, bwd %.1f "
+    printf("RetinaNet-ResNet-%d-FPN (width %d, FPN %d, freeze_at %d) %dx3x%dx%d, %d anchors/image, K %d: fwd %.1f ms, bwd %.1f "
            "ms, step %.1f ms, %.2f images/s, %.1f GFLOP/step, %.1f GFLOP/s (loss %.3f + "
-           "%.3f)\n", depth, n, H, H, A, K, mf * 1e3, mb * 1e3, ms * 1e3, n / ms,
+           "%.3f)\n", depth, g_width, g_fpn, g_freeze, n, H, H, A, K, mf * 1e3, mb * 1e3, ms * 1e3, n / ms,
            (ff + fb) * 1e-9, (ff + fb) / ms * 1e-9, lc, lb);
-    printf("RESULT impl=c model=retinanet depth=%d images=%d size=%d fwd_ms=%.2f bwd_ms=%.2f "
-           "step_ms=%.2f images_per_s=%.3f gflop_step=%.3f gflops=%.2f\n", depth, n, H,
+    printf("RESULT impl=c model=retinanet depth=%d width=%d fpn=%d images=%d size=%d fwd_ms=%.2f bwd_ms=%.2f "
+           "step_ms=%.2f images_per_s=%.3f gflop_step=%.3f gflops=%.2f\n", depth, g_width, g_fpn, n, H,
            mf * 1e3, mb * 1e3, ms * 1e3, n / ms, (ff + fb) * 1e-9, (ff + fb) / ms * 1e-9);
     fflush(stdout);
     free(x), free(box), free(lab), free(matched), free(tf), free(tb), free(ts);
@@ -82,7 +91,7 @@ int main(int argc, char **argv)
 {
     ps_blas_autoselect(argc, argv); /* may re-exec with a better OpenBLAS core */
     int threads = 2, steps = 5, warmup = 1, n = 2, H = 256, depth = 0, K = 80, opt;
-    while ((opt = getopt(argc, argv, "t:s:w:n:H:d:K:")) != -1) {
+    while ((opt = getopt(argc, argv, "t:s:w:n:H:d:K:W:F:z:")) != -1) {
         switch (opt) {
         case 't': threads = atoi(optarg); break;
         case 's': steps = atoi(optarg); break;
@@ -91,13 +100,17 @@ int main(int argc, char **argv)
         case 'H': H = atoi(optarg); break;
         case 'd': depth = atoi(optarg); break;
         case 'K': K = atoi(optarg); break;
+        case 'W': g_width = atoi(optarg); break;
+        case 'F': g_fpn = atoi(optarg); break;
+        case 'z': g_freeze = atoi(optarg); break;
         default:
             fprintf(stderr, "usage: retina_bench [-t threads] [-s steps] [-w warmup] "
-                            "[-n images] [-H size] [-d depth (0 = 18 and 50)] [-K classes]\n");
+                            "[-n images] [-H size] [-d depth (0 = 18 and 50)] [-K classes] "
+                            "[-W width] [-F fpn] [-z freeze_at]\n");
             return 2;
         }
     }
-    if (steps < 1 || warmup < 0 || n < 1 || H < 32 || K < 1) return 2;
+    if (steps < 1 || warmup < 0 || n < 1 || H < 32 || K < 1 || g_width < 8 || g_fpn < 8 || g_freeze < 0 || g_freeze > 5) return 2;
     ps_log_level = PS_LOG_WARN;
     ps_ctx_t ctx;
     ps_engine_init(&ctx, threads);

@@ -110,8 +110,10 @@ size_t ps_codec_topk_k(size_t numel, float ratio)
     if (!(ratio >= 0.f && ratio <= 1.f)) return 0;
     if (ratio == 0.f) ratio = PS_CODEC_TOPK_DEFAULT_RATIO;
     /* ratio * numel rounded up, but not by the float error of the ratio:
-     * 0.001f is 0.0010000000475, and 1000 elements at "0.1%" mean k = 1 */
-    double x = (double)ratio * (double)numel, k = ceil(x - x * 1e-6);
+     * 0.001f is 0.0010000000475, and 1000 elements at "0.1%" mean k = 1.
+     * The slack is capped below one element: uncapped, x * 1e-6 exceeds 1
+     * from a million elements on and ratio 1 gave numel - 1. */
+    double x = (double)ratio * (double)numel, k = ceil(x - fmin(x * 1e-6, 0.25));
     if (k < 1) k = 1;
     return k >= (double)numel ? numel : (size_t)k;
 }

@@ -24,6 +24,14 @@
 /* Steps travel through JSON as doubles: keep them exactly representable. */
 #define MAX_STEP 9007199254740992.0 /* 2^53 */
 
+uint32_t ps_optim_exact_groups(const ps_optim_config_t *c)
+{
+    uint32_t m = 0;
+    for (int i = 0; c && i < c->ngroups && i < PS_OPTIM_MAX_GROUPS; i++)
+        if (c->group_kind[i] == PS_GROUP_AVERAGE) m |= 1u << i;
+    return m;
+}
+
 void ps_optim_config_default(ps_optim_config_t *c)
 {
     memset(c, 0, sizeof *c);
@@ -95,6 +103,10 @@ int ps_optim_config_validate(const ps_optim_config_t *c, char *err, size_t errle
         if (!fge(c->groups[i].lr_mult, 0) || !fge(c->groups[i].wd_mult, 0))
             return bad(err, errlen, "groups[%d]: lr_mult %g / wd_mult %g must be finite and >= 0", i,
                        c->groups[i].lr_mult, c->groups[i].wd_mult);
+    for (int i = 0; i < c->ngroups; i++)
+        if (c->group_kind[i] != PS_GROUP_SGD && c->group_kind[i] != PS_GROUP_AVERAGE)
+            return bad(err, errlen, "groups[%d]: kind %d is not sgd (0) or average (1)", i,
+                       c->group_kind[i]);
     return 0;
 }
 
@@ -225,7 +237,11 @@ int ps_optim_apply_partition(const ps_optim_config_t *c, const ps_partition_tabl
     for (uint32_t i = 0; i < nseg && !rc; i++) {
         const ps_partition_segment_t *s = &seg[i];
         int grp = s->tensor < t->ntensors ? t->tensors[s->tensor].group : -1;
-        if (s->tensor >= t->ntensors || grp < 0 || grp >= c->ngroups) {
+        if (grp >= 0 && grp < c->ngroups && c->group_kind[grp] != PS_GROUP_SGD &&
+            c->group_kind[grp] != PS_GROUP_AVERAGE) {
+            ps_error("optim: partition %u: group %d has unknown kind %d", part, grp, c->group_kind[grp]);
+            rc = PS_EINVAL;
+        } else if (s->tensor >= t->ntensors || grp < 0 || grp >= c->ngroups) {
             ps_error("optim: partition %u: tensor %u (%s) has group %d, config has %d groups", part,
                      s->tensor, s->tensor < t->ntensors ? t->tensors[s->tensor].name : "?", grp,
                      c->ngroups);
@@ -245,6 +261,13 @@ int ps_optim_apply_partition(const ps_optim_config_t *c, const ps_partition_tabl
     for (uint32_t i = 0; i < nseg && !rc; i++) {
         const ps_partition_segment_t *s = &seg[i];
         const ps_param_group_t *g = &c->groups[t->tensors[s->tensor].group];
+        if (c->group_kind[t->tensors[s->tensor].group] == PS_GROUP_AVERAGE) {
+            float *ws = w + s->part_offset;
+            const float *gs = grad + s->part_offset;
+            PS_SIMD
+            for (size_t k = 0; k < s->numel; k++) ws[k] -= gs[k];
+            continue;
+        }
         float lr = ps_optim_lr_group(c, step, g->lr_mult);
         float wd = (float)((double)c->weight_decay * g->wd_mult);
         ps_optim_sgd(w + s->part_offset, buf ? buf + s->part_offset : NULL, grad + s->part_offset,
@@ -313,6 +336,7 @@ char *ps_optim_config_to_json(const ps_optim_config_t *c)
         cJSON *g = cJSON_CreateObject();
         cJSON_AddItemToObject(g, "lr_mult", num_f(c->groups[i].lr_mult));
         cJSON_AddItemToObject(g, "wd_mult", num_f(c->groups[i].wd_mult));
+        if (c->group_kind[i] == PS_GROUP_AVERAGE) cJSON_AddStringToObject(g, "kind", "average");
         cJSON_AddItemToArray(gs, g);
     }
     char *txt = cJSON_PrintUnformatted(o);
@@ -365,7 +389,7 @@ static int check_keys(const cJSON *o, const char *what, const char *const *known
 
 static int parse_groups(ps_optim_config_t *c, const cJSON *v, char *err, size_t errlen)
 {
-    static const char *const gkeys[] = {"lr_mult", "wd_mult", NULL};
+    static const char *const gkeys[] = {"lr_mult", "wd_mult", "kind", NULL};
     if (!cJSON_IsArray(v)) return bad(err, errlen, "key \"groups\": expected an array");
     int n = cJSON_GetArraySize(v);
     if (n < 1 || n > PS_OPTIM_MAX_GROUPS)
@@ -378,8 +402,17 @@ static int parse_groups(ps_optim_config_t *c, const cJSON *v, char *err, size_t 
         int rc = check_keys(g, what, gkeys, err, errlen);
         if (rc) return rc;
         c->groups[i].lr_mult = c->groups[i].wd_mult = 1.0f;
+        c->group_kind[i] = PS_GROUP_SGD;
         for (const cJSON *kv = g->child; kv; kv = kv->next) {
             snprintf(key, sizeof key, "groups[%d].%s", i, kv->string);
+            if (!strcmp(kv->string, "kind")) {
+                if (cJSON_IsString(kv) && !strcmp(kv->valuestring, "sgd")) continue;
+                if (cJSON_IsString(kv) && !strcmp(kv->valuestring, "average")) {
+                    c->group_kind[i] = PS_GROUP_AVERAGE;
+                    continue;
+                }
+                return bad(err, errlen, "key \"%s\": expected \"sgd\" or \"average\"", key);
+            }
             rc = get_float(kv, key, !strcmp(kv->string, "lr_mult") ? &c->groups[i].lr_mult
                                                                     : &c->groups[i].wd_mult,
                            err, errlen);

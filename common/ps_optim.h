@@ -14,6 +14,20 @@ typedef enum { PS_SCHED_CONST = 0, PS_SCHED_STEP = 1, PS_SCHED_COSINE = 2 } ps_s
 #define PS_OPTIM_MAX_MILESTONES 16
 #define PS_OPTIM_MAX_GROUPS 16
 
+/* What the update does to a group's elements.
+ *   SGD      torch.optim.SGD with the group's multipliers (the default).
+ *   AVERAGE  non-trainable state kept equal on every worker (BN running
+ *            statistics): w -= g, with no learning rate, schedule, warmup,
+ *            weight decay or momentum (the momentum buffer is left alone).
+ *            A worker sends g = w_pulled - local, where local is its own new
+ *            value computed from w_pulled; the servers' mean over W workers
+ *            makes w = mean(local) -- the average of the workers' values,
+ *            exact up to one rounding of w.  Sent as a difference (not the
+ *            value) so fp16/bf16 wire rounds only the small change, and an
+ *            async server that applies each push scaled by 1/W moves w
+ *            a 1/W step towards each worker's value. */
+typedef enum { PS_GROUP_SGD = 0, PS_GROUP_AVERAGE = 1 } ps_group_kind_t;
+
 typedef struct ps_param_group {
     float lr_mult;  /* TSM: biases 2, new fc weight 5 / bias 10 */
     float wd_mult;  /* TSM: 0 for biases and BN */
@@ -36,8 +50,19 @@ typedef struct ps_optim_config {
     uint64_t total_steps;       /* cosine: decays to min_lr at total_steps */
     float min_lr;
     ps_param_group_t groups[PS_OPTIM_MAX_GROUPS]; /* group 0 = default */
+    /* ps_group_kind_t of groups[i] (0 = SGD; AVERAGE ignores the multipliers).
+     * Beside groups[] rather than in it so existing {lr_mult, wd_mult}
+     * initialisers stay complete. */
+    int group_kind[PS_OPTIM_MAX_GROUPS];
     int ngroups;
 } ps_optim_config_t;
+
+/* Groups whose values must travel exactly, as a bitmask for
+ * ps_partition_table_build_ex: the AVERAGE groups (BN running statistics
+ * would be broken by sign / top-k and rounded by fp16 / bf16, and they are
+ * few: raw fp32 costs nothing).  Worker and server derive the table from
+ * it, so both cut the same partitions. */
+uint32_t ps_optim_exact_groups(const ps_optim_config_t *c);
 
 /* Defaults: lr 0.01, momentum 0.9, no decay, constant schedule, one group 1/1. */
 void ps_optim_config_default(ps_optim_config_t *c);
@@ -91,7 +116,9 @@ float ps_optim_clip_factor(double sqnorm, float max_norm);
  * to_json returns a malloc'd string (NULL on out of memory); from_json
  * returns 0 or PS_EINVAL.  Keys are the field names above, except sched is
  * "const" | "step" | "cosine", nesterov is a bool, milestones an array and
- * groups an array of {"lr_mult": x, "wd_mult": y}; nmilestones / ngroups come
+ * groups an array of {"lr_mult": x, "wd_mult": y} (plus "kind": "average" for
+ * an AVERAGE group; absent = "sgd", so SGD-only configs print as before);
+ * nmilestones / ngroups come
  * from the array lengths.  from_json starts from ps_optim_config_default, so
  * absent keys take default values; unknown or duplicate keys, wrong types and
  * a result that fails ps_optim_config_validate are errors naming the key.

@@ -4,14 +4,17 @@
  * wants to reproduce the hash) must apply them identically:
  *  - cap = partition_bytes / 4 elements.  Tensors are walked in model order;
  *    when the open partition is non-empty and the next tensor would take it
- *    past cap, the open partition is closed.  A tensor larger than cap is cut
+ *    past cap, or the next tensor is exact (its group's bit is set in
+ *    exact_groups) and the open partition's tensors are not or vice versa,
+ *    the open partition is closed.  A tensor larger than cap is cut
  *    into cap-sized partitions of its own; its remainder opens a partition
  *    that later tensors may join.
  *  - Partitions are taken in descending size (ties: lower id first), each
  *    going to the server with the fewest bytes so far (ties: lower index).
  *  - hash = FNV-1a 64 over, in order: for each tensor its name bytes plus a
  *    0 byte, numel as u64 LE, group as i32 LE; then partition_bytes as u64 LE,
- *    nservers as u32 LE; then for each partition offset u64 LE, numel u64 LE,
+ *    nservers as u32 LE; then, only when exact_groups is not 0, exact_groups
+ *    as u32 LE; then for each partition offset u64 LE, numel u64 LE,
  *    server u32 LE. */
 #include "ps_partition.h"
 
@@ -37,39 +40,49 @@ static uint64_t fnv_le(uint64_t h, uint64_t v, int bytes)
     return h;
 }
 
+static int is_exact(const ps_tensor_spec_t *ts, uint32_t exact_groups)
+{
+    return ts->group >= 0 && ts->group < 32 && (exact_groups >> ts->group & 1u);
+}
+
 /* Walk the tensors and cut partitions; with parts == NULL only count. */
-static size_t pack(const ps_tensor_spec_t *ts, uint32_t nt, size_t cap, ps_partition_t *parts)
+static size_t pack(const ps_tensor_spec_t *ts, uint32_t nt, size_t cap, uint32_t exact_groups,
+                   ps_partition_t *parts)
 {
     size_t np = 0, off = 0, open_off = 0, open_n = 0;
-#define EMIT(o, n)                                                          \
+    int open_exact = 0, ex = 0;
+#define EMIT(o, n, e)                                                       \
     do {                                                                    \
         if (parts) {                                                        \
             parts[np].id = (uint32_t)np;                                    \
             parts[np].offset = (o);                                         \
             parts[np].numel = (n);                                          \
+            parts[np].flags = (e) ? PS_PART_EXACT : 0;                      \
         }                                                                   \
         np++;                                                               \
     } while (0)
     for (uint32_t i = 0; i < nt; i++) {
         size_t n = ts[i].numel;
-        if (open_n && open_n + n > cap) {
-            EMIT(open_off, open_n);
+        ex = is_exact(&ts[i], exact_groups);
+        if (open_n && (open_n + n > cap || ex != open_exact)) {
+            EMIT(open_off, open_n, open_exact);
             open_n = 0;
         }
         if (n > cap) {
             size_t full = n / cap;
-            for (size_t k = 0; k < full; k++) EMIT(off + k * cap, cap);
+            for (size_t k = 0; k < full; k++) EMIT(off + k * cap, cap, ex);
             if (n % cap) {
                 open_off = off + full * cap;
                 open_n = n % cap;
+                open_exact = ex;
             }
         } else {
-            if (!open_n) open_off = off;
+            if (!open_n) open_off = off, open_exact = ex;
             open_n += n;
         }
         off += n;
     }
-    if (open_n) EMIT(open_off, open_n);
+    if (open_n) EMIT(open_off, open_n, open_exact);
 #undef EMIT
     return np;
 }
@@ -134,11 +147,18 @@ static int validate(const ps_tensor_spec_t *ts, uint32_t nt, size_t partition_by
 int ps_partition_table_build(ps_partition_table_t *t, const ps_tensor_spec_t *tensors,
                              uint32_t ntensors, size_t partition_bytes, uint32_t nservers)
 {
+    return ps_partition_table_build_ex(t, tensors, ntensors, partition_bytes, nservers, 0);
+}
+
+int ps_partition_table_build_ex(ps_partition_table_t *t, const ps_tensor_spec_t *tensors,
+                                uint32_t ntensors, size_t partition_bytes, uint32_t nservers,
+                                uint32_t exact_groups)
+{
     memset(t, 0, sizeof *t);
     int rc = validate(tensors, ntensors, partition_bytes, nservers);
     if (rc) return rc;
     size_t cap = partition_bytes / 4;
-    size_t np = pack(tensors, ntensors, cap, NULL);
+    size_t np = pack(tensors, ntensors, cap, exact_groups, NULL);
     if (np > UINT32_MAX) {
         ps_error("partition table: %zu partitions of %zu bytes is too many", np, partition_bytes);
         return PS_EINVAL;
@@ -157,8 +177,9 @@ int ps_partition_table_build(ps_partition_table_t *t, const ps_tensor_spec_t *te
         t->tensor_offset[i] = t->total_numel;
         t->total_numel += tensors[i].numel;
     }
-    t->nparts = (uint32_t)pack(tensors, ntensors, cap, t->parts);
+    t->nparts = (uint32_t)pack(tensors, ntensors, cap, exact_groups, t->parts);
     t->nservers = nservers;
+    t->exact_groups = exact_groups;
     t->partition_bytes = partition_bytes;
 
     for (size_t i = 0; i < np; i++) order[i] = &t->parts[i];
@@ -179,6 +200,7 @@ int ps_partition_table_build(ps_partition_table_t *t, const ps_tensor_spec_t *te
     }
     h = fnv_le(h, partition_bytes, 8);
     h = fnv_le(h, nservers, 4);
+    if (exact_groups) h = fnv_le(h, exact_groups, 4); /* tables without stay as they were */
     for (uint32_t p = 0; p < t->nparts; p++) {
         h = fnv_le(h, t->parts[p].offset, 8);
         h = fnv_le(h, t->parts[p].numel, 8);

@@ -14,11 +14,16 @@ typedef struct ps_tensor_spec {
     int group;         /* optimizer parameter group (ps_optim.h), 0 = default */
 } ps_tensor_spec_t;
 
+/* ps_partition_t.flags */
+#define PS_PART_EXACT 1u  /* holds only tensors of an exact group: sent raw fp32
+                             both ways, whatever the wire dtype / codec */
+
 typedef struct ps_partition {
     uint32_t id;
     uint32_t server;        /* owning server index */
     size_t offset;          /* first element in the flat model vector */
     size_t numel;
+    uint32_t flags;         /* PS_PART_* */
 } ps_partition_t;
 
 typedef struct ps_partition_table {
@@ -30,6 +35,7 @@ typedef struct ps_partition_table {
     uint32_t nservers;
     size_t partition_bytes;
     size_t total_numel;
+    uint32_t exact_groups;     /* bit g: group g's tensors are exact (build_ex) */
     uint64_t hash;             /* FNV-1a over names, sizes, groups, cuts and owners */
 } ps_partition_table_t;
 
@@ -37,6 +43,15 @@ typedef struct ps_partition_table {
  * partition_bytes < 4) or PS_ENOMEM. */
 int ps_partition_table_build(ps_partition_table_t *t, const ps_tensor_spec_t *tensors,
                              uint32_t ntensors, size_t partition_bytes, uint32_t nservers);
+/* The same, where bit g of exact_groups (g < 32) marks the tensors of group g
+ * as state that must travel exactly (BN running statistics: an AVERAGE
+ * group, ps_optim_exact_groups): a partition never mixes them with other
+ * tensors, and theirs get PS_PART_EXACT, which the client sends and asks
+ * back as raw fp32 whatever its dtype / codec.  exact_groups 0 is
+ * ps_partition_table_build (same cuts, same hash). */
+int ps_partition_table_build_ex(ps_partition_table_t *t, const ps_tensor_spec_t *tensors,
+                                uint32_t ntensors, size_t partition_bytes, uint32_t nservers,
+                                uint32_t exact_groups);
 void ps_partition_table_free(ps_partition_table_t *t);
 
 /* A piece of one tensor inside one partition (for per-group optimizer math). */

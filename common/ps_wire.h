@@ -14,9 +14,15 @@
 #define PS_PROTO_VERSION 1u
 
 /* Header.flags bits */
-#define PS_FLAG_OVERFLOW   0x1u  /* PUSH: loss-scale overflow, skip this step everywhere */
+#define PS_FLAG_OVERFLOW   0x1u  /* PUSH: loss-scale overflow, skip this step everywhere;
+                                    WEIGHTS: the update to this version was skipped */
 #define PS_FLAG_NO_REPLY   0x2u  /* PUSH: no ACK wanted (errors are still reported) */
 #define PS_FLAG_FROM_CKPT  0x4u  /* WELCOME: server state came from a checkpoint */
+#define PS_FLAG_ROLLBACK   0x8u  /* ERROR PS_ESTATE to a sync push for a future
+                                    iteration (the server restarted from an
+                                    older checkpoint), or to a request that a
+                                    rollback cancelled: `iteration` = the
+                                    version to roll back to (MSG_ROLLBACK) */
 
 /* Largest header frame accepted.  Headers are small except INIT's body, the
  * JSON model spec (ResNet-50: ~160 tensors, RetinaNet ~300, ~20-30 KB), so

@@ -6,7 +6,8 @@
  * threads, and zero-copy reply buffers are released from ZeroMQ's I/O
  * thread (hence the atomic reference count on psd_buf_t).
  *
- * Files: psd_main.c (options), psd_loop.c (libuv + ZMQ fd, timers, signals),
+ * Files: psd_main.c (options), psd_loop.c (libuv + ZMQ fd, timers, signals,
+ * ZMQ_MAXMSGSIZE, socket monitor logging disconnects),
  * psd_pool.c (summation threads), psd_store.c (partitions, slots, versions,
  * sum + apply, encoded replies), psd_handlers.c (one function per message
  * type), psd_members.c (ranks, liveness, barrier), psd_checkpoint.c,
@@ -54,12 +55,19 @@ typedef struct psd_opts {
     int threads;           /* summation threads (0: one per CPU, at most 8) */
     char *checkpoint_dir;  /* NULL / "": no checkpoints */
     int checkpoint_every;  /* shard updates between checkpoints (0: only on demand) */
+    int checkpoint_every_steps; /* sync: aligned checkpoints when every owned
+                             * partition reaches version k*N (0: off); what a
+                             * rollback (MSG_ROLLBACK) restores */
     int metrics_port;      /* 0: off */
     char *metrics_bind;
     int heartbeat_ms;
     int worker_timeout_ms; /* 0: never declare a worker lost */
     int reject_nonfinite;
-    int max_msg_mb;        /* ZMQ_MAXMSGSIZE before the table is known */
+    int max_msg_mb;        /* explicit ZMQ_MAXMSGSIZE in MiB: wins over the two
+                            * bounds below (0: derived, the default) */
+    uint64_t max_partition_bytes; /* fresh start: largest partition an INIT may
+                            * bring; sizes ZMQ_MAXMSGSIZE before the bind (a
+                            * table loaded from a checkpoint gives the exact one) */
     int stats_every_s;     /* periodic stats log line (0: off) */
     char *log_level;
     char *on_worker_loss;  /* wait | continue (a lost worker no longer holds up steps) */
@@ -135,6 +143,10 @@ typedef struct psd_part {
     float *slots;           /* (W, numel) sync: per-rank decoded gradients */
     uint8_t *have;          /* (W) sync: rank's gradient for `version` is in */
     int overflow;           /* a push for `version` carried PS_FLAG_OVERFLOW */
+    uint64_t skipped_ver;   /* sync: the version an overflow-skipped update
+                             * produced (0: none); WEIGHTS of exactly that
+                             * version carry PS_FLAG_OVERFLOW so every worker
+                             * learns the step was skipped (not checkpointed) */
     uint64_t *last_iter;    /* (W) async/ssp: last iteration applied per rank + 1 (0: none) */
     psd_waiter_t *waiters;  /* PULL / PUSHPULL replies pending on a version */
     int nwaiters;
@@ -201,6 +213,8 @@ typedef struct psd_metrics {
     uint64_t errors[PSD_NERR];
     uint64_t dropped_replies;
     uint64_t weights_cow;  /* updates that found the weights still being sent */
+    uint64_t disconnects;  /* peer connections closed (a message over
+                            * ZMQ_MAXMSGSIZE ends its connection this way) */
     double agg_seconds, apply_seconds;
     uint64_t agg_count, apply_count;
 } psd_metrics_t;
@@ -217,7 +231,13 @@ typedef struct psd {
     int http_on;
     int port;                   /* bound port */
     char endpoint[512];         /* bound endpoint (ZMQ_LAST_ENDPOINT) */
-    int64_t maxmsg;             /* ZMQ_MAXMSGSIZE from the table (0: --max-msg-mb) */
+    int64_t maxmsg_table;       /* psd_msg_bound of a table loaded before the bind (0: none) */
+    int64_t maxmsg;             /* ZMQ_MAXMSGSIZE in force (set at the bind) */
+    const char *maxmsg_from;    /* the flag (or table) that set it, for errors */
+    void *monitor;              /* PAIR end of zmq_socket_monitor (disconnect log) */
+    uv_poll_t monpoll;
+    struct psd_conn *conns;     /* accepted connections: fd -> peer address */
+    size_t nconns, conns_cap;
     int stopping;
     int exit_code;              /* process exit status once the loop ends */
     psd_store_t st;
@@ -228,11 +248,16 @@ typedef struct psd {
     int have_hash_seen;
     psd_metrics_t mx;
     uint64_t updates_at_ckpt;
+    uint64_t aligned_v;         /* version of the last aligned checkpoint taken (0: none) */
+    uint64_t rollbacks;         /* MSG_ROLLBACKs that restored partitions */
     uint64_t ckpt_seq;
     /* Checkpoint writer (psd_checkpoint.c): at most one write in flight on
      * libuv's thread pool; requests arriving meanwhile are coalesced. */
     uv_work_t ckpt_work;
     psd_ckpt_job_t *ckpt_job;   /* in flight, NULL when idle */
+    psd_ckpt_job_t *ckpt_next;  /* aligned snapshot taken while a write was in
+                                 * flight: written next (it cannot wait to be
+                                 * taken, the versions move on) */
     int ckpt_again;             /* another checkpoint wanted after this one */
     psd_ackwait_t *ckpt_waiters;/* not yet in a snapshot: the next write answers them */
     psd_ackwait_t *ckpt_waiters_done; /* covered by the write in flight */
@@ -253,9 +278,17 @@ void psd_loop_close(psd_t *s);
  * outside the poll callback (ZMQ_FD is edge-triggered). */
 void psd_drain(psd_t *s);
 void psd_stop(psd_t *s, const char *why);
-/* The largest valid message once the table is known: becomes
- * ZMQ_MAXMSGSIZE if the socket is not bound yet (checkpoint at start). */
-void psd_loop_set_maxmsg(psd_t *s, int64_t bytes);
+/* Largest frame of any valid message about a partition of numel elements:
+ * the header bound plus the worst case of every dtype x codec (top-k fp32
+ * with k = numel: 8 bytes an element).  ZMQ_MAXMSGSIZE is checked per frame,
+ * so the sum is an upper bound for each. */
+int64_t psd_msg_bound(size_t numel);
+/* A table whose largest owned partition has max_numel elements is about to
+ * be held.  Before the bind (checkpoint at start) its bound becomes
+ * ZMQ_MAXMSGSIZE (unless --max-msg-mb is set); returns 0.  Once bound:
+ * 0 if its messages fit ZMQ_MAXMSGSIZE, else PS_ERANGE with the cause
+ * (naming the flag to raise) in err: the INIT is refused. */
+int psd_loop_set_maxmsg(psd_t *s, size_t max_numel, char *err, size_t errlen);
 
 /* ---- psd_handlers.c ---- */
 void psd_handle(psd_t *s, ps_wire_msg_t *m);
@@ -333,6 +366,21 @@ psd_ackwait_t *psd_ackwait_new(const ps_wire_msg_t *m);
 int psd_checkpoint_load(psd_t *s);
 /* Called after updates: checkpoint when checkpoint_every is reached. */
 void psd_checkpoint_maybe(psd_t *s);
+/* Sequence numbers of server sid's checkpoint files, newest first
+ * (*seqs malloc'd); path of one of them. */
+int psd_checkpoint_list(const char *dir, int sid, uint64_t **seqs, size_t *n);
+void psd_checkpoint_path(char *buf, size_t cap, const char *dir, int sid, uint64_t seq);
+
+/* ---- psd_rollback.c ---- */
+/* MSG_ROLLBACK(V), sync mode: restore every owned partition above version V
+ * from this server's aligned checkpoint of version V (weights, momentum;
+ * the schedule follows the version), clear its pending gradients and
+ * answer its waiters ERROR(PS_ESTATE, PS_FLAG_ROLLBACK, V).  Partitions at
+ * V are kept as they are (a repeated ROLLBACK is a no-op). */
+void psd_handle_rollback(psd_t *s, ps_wire_msg_t *m);
+/* ERROR(PS_ESTATE) with PS_FLAG_ROLLBACK and iteration = v. */
+void psd_send_rollback_error(psd_t *s, const void *id, size_t idlen, const Ps__Header *req,
+                             uint64_t v, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 
 /* ---- psd_curve.c ---- */
 /* --curve: load keys, start the ZAP handler (before the ROUTER binds) and

@@ -100,6 +100,16 @@ static void ckpt_path(char *buf, size_t cap, const char *dir, int sid, uint64_t 
     snprintf(buf, cap, "%s/psd-%d-%012llu.safetensors", dir, sid, (unsigned long long)seq);
 }
 
+int psd_checkpoint_list(const char *dir, int sid, uint64_t **seqs, size_t *n)
+{
+    return list_ckpts(dir, sid, seqs, n);
+}
+
+void psd_checkpoint_path(char *buf, size_t cap, const char *dir, int sid, uint64_t seq)
+{
+    ckpt_path(buf, cap, dir, sid, seq);
+}
+
 static void prune(psd_t *s)
 {
     uint64_t *seqs;
@@ -300,6 +310,23 @@ static void on_work(uv_work_t *req)
 }
 
 static int launch(psd_t *s);
+static void after_work(uv_work_t *req, int status);
+
+/* Write j on the pool (or here when no pool thread can take it). */
+static int queue_job(psd_t *s, psd_ckpt_job_t *j)
+{
+    s->ckpt_work.data = j;
+    int rc = uv_queue_work(s->loop, &s->ckpt_work, on_work, after_work);
+    if (rc < 0) {
+        ps_warn("uv_queue_work: %s; writing the checkpoint on the loop thread", uv_strerror(rc));
+        job_save(j);
+        rc = job_finish(s, j);
+        job_free(j);
+        return rc;
+    }
+    s->ckpt_job = j;
+    return 0;
+}
 
 static void after_work(uv_work_t *req, int status)
 {
@@ -308,6 +335,15 @@ static void after_work(uv_work_t *req, int status)
     int rc = status < 0 ? PS_EIO : job_finish(s, j);
     job_free(j);
     s->ckpt_job = NULL;
+    if (s->ckpt_next && s->stopping) {
+        job_free(s->ckpt_next);
+        s->ckpt_next = NULL;
+    }
+    if (s->ckpt_next) { /* an aligned snapshot waited for this write */
+        psd_ckpt_job_t *nj = s->ckpt_next;
+        s->ckpt_next = NULL;
+        queue_job(s, nj);
+    }
     /* The waiters' state is in the file just written only if they were
      * queued before its snapshot; later ones wait for the next write. */
     psd_ackwait_t *done = s->ckpt_waiters_done;
@@ -398,9 +434,43 @@ int psd_checkpoint_start(psd_t *s, psd_ackwait_t *w)
     return rc;
 }
 
+/* Sync mode, --checkpoint-every-steps N: every server snapshots when all
+ * its partitions are at the same version k*N.  A sync partition can only
+ * go past k*N once every worker got every partition at k*N (a worker pushes
+ * step k*N after its whole step k*N-1 came back), so the moment the last
+ * owned partition reaches k*N none is beyond it: the snapshot is exactly
+ * version k*N on every server, and a rollback to it is consistent. */
+static void maybe_aligned(psd_t *s)
+{
+    uint64_t n = (uint64_t)s->o.checkpoint_every_steps, v = UINT64_MAX;
+    for (uint32_t i = 0; i < s->st.table.nparts; i++) {
+        const psd_part_t *p = &s->st.parts[i];
+        if (!p->owned) continue;
+        if (!p->initialised || (v != UINT64_MAX && p->version != v)) return;
+        v = p->version;
+    }
+    if (v == UINT64_MAX || v == 0 || v % n || v <= s->aligned_v || s->shutting) return;
+    s->aligned_v = v;
+    if (mkdir_ckpt(s)) return;
+    psd_ckpt_job_t *j = snapshot(s);
+    if (!j) return;
+    ps_info("aligned checkpoint of version %llu", (unsigned long long)v);
+    if (s->ckpt_job) {
+        /* Only the newest one waits: an older one still queued is dropped
+         * (the write in flight keeps the previous version restorable). */
+        if (s->ckpt_next) ps_warn("checkpoint writes lag behind --checkpoint-every-steps: one skipped");
+        job_free(s->ckpt_next);
+        s->ckpt_next = j;
+        return;
+    }
+    queue_job(s, j);
+}
+
 void psd_checkpoint_maybe(psd_t *s)
 {
-    if (s->o.checkpoint_every <= 0 || !s->o.checkpoint_dir || !s->o.checkpoint_dir[0]) return;
+    if (!s->o.checkpoint_dir || !s->o.checkpoint_dir[0]) return;
+    if (s->o.checkpoint_every_steps > 0 && s->mode == PSD_SYNC && s->st.have_table) maybe_aligned(s);
+    if (s->o.checkpoint_every <= 0) return;
     if (s->st.updates - s->updates_at_ckpt >= (uint64_t)s->o.checkpoint_every)
         psd_checkpoint_start(s, NULL);
 }

@@ -104,6 +104,9 @@ static void send_weights(psd_t *s, const void *id, size_t idlen, uint64_t reques
     h.has_dtype = 1, h.dtype = dtype;
     h.has_codec = 1, h.codec = codec;
     h.has_numel = 1, h.numel = p->numel;
+    /* The update that made this version was skipped for a loss-scale
+     * overflow: say so, every worker's scaler must see the same verdict. */
+    if (p->skipped_ver && p->skipped_ver == p->version) h.has_flags = 1, h.flags = PS_FLAG_OVERFLOW;
     /* Zero-copy: every reply of this version shares the one encoded buffer. */
     int rc = ps_wire_send_crc(s->sock, id, idlen, &h, b->data, b->len, b->crc, psd_buf_zmq_free, b,
                               ZMQ_DONTWAIT);
@@ -383,11 +386,14 @@ static void push_sync(psd_t *s, ps_wire_msg_t *m, psd_part_t *p, int rank, int p
         return;
     }
     if (it > p->version) {
-        psd_send_error(s, ID_OF(m), h, PS_ESTATE,
-                       "%s for iteration %llu but partition %u is at version %llu (sync mode: "
-                       "push the current version)",
-                       ps_wire_type_name(h->type), (unsigned long long)it, p->id,
-                       (unsigned long long)p->version);
+        /* Only a server that lost state (restarted from an older
+         * checkpoint) sees a sync push from the future: tell the worker,
+         * machine-readably, which version to roll everyone back to. */
+        psd_send_rollback_error(s, ID_OF(m), h, p->version,
+                                "%s for iteration %llu but partition %u is at version %llu (sync "
+                                "mode: this server restarted from a checkpoint; roll back)",
+                                ps_wire_type_name(h->type), (unsigned long long)it, p->id,
+                                (unsigned long long)p->version);
         return;
     }
     if (!p->have[rank]) {
@@ -540,6 +546,7 @@ void psd_handle(psd_t *s, ps_wire_msg_t *m)
         case PS__MSG_TYPE__MSG_INIT:
         case PS__MSG_TYPE__MSG_PUSH:
         case PS__MSG_TYPE__MSG_PUSHPULL:
+        case PS__MSG_TYPE__MSG_ROLLBACK:
             s->mx.dropped_replies++;
             ps_debug("%s from rank %d dropped: shutting down", ps_wire_type_name(h->type),
                      h->has_rank ? h->rank : -1);
@@ -569,6 +576,7 @@ void psd_handle(psd_t *s, ps_wire_msg_t *m)
         if (admin_ok(s, m)) handle_shutdown(s, m);
         break;
     case PS__MSG_TYPE__MSG_BYE: psd_handle_bye(s, m); break;
+    case PS__MSG_TYPE__MSG_ROLLBACK: psd_handle_rollback(s, m); break;
     default:
         psd_send_error(s, ID_OF(m), h, PS_EPROTO, "unexpected message type %d (%s) for a server",
                        (int)h->type, ps_wire_type_name(h->type));

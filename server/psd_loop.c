@@ -9,6 +9,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <netdb.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "ps_error.h"
@@ -23,19 +25,161 @@ static int set_int(void *sock, int opt, int v, const char *name)
     return 0;
 }
 
-void psd_loop_set_maxmsg(psd_t *s, int64_t bytes)
+int64_t psd_msg_bound(size_t numel)
 {
-    int64_t cap = (int64_t)s->o.max_msg_mb << 20;
-    /* A listener copies the socket options when it is bound, and unbinding
-     * it would drop every connected worker, so the limit derived from the
-     * table only applies when the table is known before the bind (state
-     * loaded from a checkpoint); otherwise --max-msg-mb stays in force. */
-    if (s->sock) {
-        ps_debug("largest valid message %.2f MiB; ZMQ_MAXMSGSIZE stays %d MiB (already bound)",
-                 bytes / 1048576.0, s->o.max_msg_mb);
+    size_t worst = 0;
+    for (int dt = 0; dt < PSD_NDTYPE; dt++)
+        for (int c = 0; c < PSD_NCODEC; c++) {
+            size_t b = ps_codec_bound((ps_dtype_t)dt, (ps_codec_t)c, numel);
+            if (b > worst) worst = b;
+        }
+    return (int64_t)worst + PS_WIRE_MAX_HEADER;
+}
+
+int psd_loop_set_maxmsg(psd_t *s, size_t max_numel, char *err, size_t errlen)
+{
+    int64_t need = psd_msg_bound(max_numel);
+    /* A listener copies the socket options when it is bound, and re-binding
+     * drops every connected worker (and requests in flight), so the limit
+     * is fixed at the bind: from a checkpointed table when one is loaded
+     * first, else from --max-partition-bytes; a later table must fit it. */
+    if (!s->sock) {
+        s->maxmsg_table = need;
+        return 0;
+    }
+    if (need <= s->maxmsg) return 0;
+    if (s->o.max_msg_mb > 0)
+        snprintf(err, errlen,
+                 "INIT spec: this server's largest partition has %zu elements; its messages can "
+                 "reach %lld bytes, over --max-msg-mb %d (ZMQ_MAXMSGSIZE): restart psd with a "
+                 "larger --max-msg-mb, or without it (then --max-partition-bytes sizes the limit)",
+                 max_numel, (long long)need, s->o.max_msg_mb);
+    else
+        snprintf(err, errlen,
+                 "INIT spec: partition of %zu bytes is larger than --max-partition-bytes %llu, "
+                 "which sized ZMQ_MAXMSGSIZE (%lld bytes) at start: restart psd with "
+                 "--max-partition-bytes >= psworker's --partition-bytes",
+                 max_numel * sizeof(float), (unsigned long long)s->o.max_partition_bytes,
+                 (long long)s->maxmsg);
+    return PS_ERANGE;
+}
+
+/* ---- connection log (zmq_socket_monitor) ----
+ * ZeroMQ closes a connection by itself when a frame is over ZMQ_MAXMSGSIZE
+ * (or the peer breaks the protocol); the monitor is the only place psd
+ * hears of it.  Events name the connection by its fd, so the peer address
+ * is read with getpeername when the ACCEPTED event is handled (best
+ * effort: a connection already gone by then is logged without it). */
+struct psd_conn {
+    int fd;
+    char addr[64];
+};
+
+static void conn_accepted(psd_t *s, int fd)
+{
+    struct sockaddr_storage a;
+    socklen_t al = sizeof a;
+    char host[48], port[8], addr[64];
+    if (getpeername(fd, (struct sockaddr *)&a, &al) == 0 &&
+        getnameinfo((struct sockaddr *)&a, al, host, sizeof host, port, sizeof port,
+                    NI_NUMERICHOST | NI_NUMERICSERV) == 0)
+        snprintf(addr, sizeof addr, "%s:%s", host, port);
+    else
+        snprintf(addr, sizeof addr, "fd %d (gone before psd read its address)", fd);
+    size_t i = 0;
+    while (i < s->nconns && s->conns[i].fd != fd) i++;
+    if (i == s->nconns) {
+        if (s->nconns == s->conns_cap) {
+            size_t cap = s->conns_cap ? 2 * s->conns_cap : 64;
+            struct psd_conn *c = realloc(s->conns, cap * sizeof *c);
+            if (!c) return; /* only the log line loses the address */
+            s->conns = c, s->conns_cap = cap;
+        }
+        s->nconns++;
+    }
+    s->conns[i].fd = fd;
+    snprintf(s->conns[i].addr, sizeof s->conns[i].addr, "%s", addr);
+}
+
+static void conn_closed(psd_t *s, int fd)
+{
+    char addr[64] = "an unknown peer";
+    for (size_t i = 0; i < s->nconns; i++)
+        if (s->conns[i].fd == fd) {
+            snprintf(addr, sizeof addr, "%s", s->conns[i].addr);
+            s->conns[i] = s->conns[--s->nconns];
+            break;
+        }
+    s->mx.disconnects++;
+    ps_info("connection from %s closed (the peer went away, or ZeroMQ dropped it for a protocol "
+            "error such as a frame over ZMQ_MAXMSGSIZE %lld bytes)",
+            addr, (long long)s->maxmsg);
+}
+
+static void monitor_drain(psd_t *s)
+{
+    while (s->monitor) {
+        int ev = 0;
+        size_t sz = sizeof ev;
+        if (zmq_getsockopt(s->monitor, ZMQ_EVENTS, &ev, &sz) < 0 || !(ev & ZMQ_POLLIN)) break;
+        zmq_msg_t f;
+        uint8_t head[6] = {0};
+        size_t hl = 0;
+        char where[256] = "";
+        /* Frames: u16 event + u32 value (host order), then the endpoint. */
+        for (int k = 0;; k++) {
+            zmq_msg_init(&f);
+            if (zmq_msg_recv(&f, s->monitor, ZMQ_DONTWAIT) < 0) {
+                zmq_msg_close(&f);
+                break;
+            }
+            size_t n = zmq_msg_size(&f);
+            if (k == 0) memcpy(head, zmq_msg_data(&f), hl = n < 6 ? n : 6);
+            else if (k == 1)
+                snprintf(where, sizeof where, "%.*s", (int)(n < 255 ? n : 255), (char *)zmq_msg_data(&f));
+            int more = zmq_msg_more(&f);
+            zmq_msg_close(&f);
+            if (!more) break;
+        }
+        if (hl < 6) continue;
+        uint16_t event;
+        uint32_t value;
+        memcpy(&event, head, 2);
+        memcpy(&value, head + 2, 4);
+        if (event == ZMQ_EVENT_ACCEPTED) conn_accepted(s, (int)value);
+        else if (event == ZMQ_EVENT_DISCONNECTED) conn_closed(s, (int)value);
+        else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)
+            ps_warn("ZMTP handshake on %s failed: protocol error 0x%x (not a ZeroMQ peer, or an "
+                    "incompatible one)", where, value);
+    }
+}
+
+static void on_monitor(uv_poll_t *h, int status, int events)
+{
+    monitor_drain(h->data);
+}
+
+/* Before the bind, so that no accepted connection goes unseen.  Failure
+ * only costs the log lines: psd serves without them. */
+static void monitor_open(psd_t *s)
+{
+    char ep[64];
+    int fd, zero = 0;
+    size_t fsz = sizeof fd;
+    snprintf(ep, sizeof ep, "inproc://psd-monitor-%p", (void *)s);
+    if (zmq_socket_monitor(s->sock, ep, ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED |
+                                            ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL) < 0 ||
+        !(s->monitor = zmq_socket(s->zctx, ZMQ_PAIR)) ||
+        zmq_setsockopt(s->monitor, ZMQ_LINGER, &zero, sizeof zero) < 0 ||
+        zmq_connect(s->monitor, ep) < 0 || zmq_getsockopt(s->monitor, ZMQ_FD, &fd, &fsz) < 0 ||
+        uv_poll_init(s->loop, &s->monpoll, fd) < 0) {
+        ps_warn("zmq_socket_monitor: %s: disconnects will not be logged", zmq_strerror(errno));
+        if (s->monitor) zmq_close(s->monitor);
+        s->monitor = NULL;
         return;
     }
-    s->maxmsg = bytes < cap ? bytes : cap;
+    s->monpoll.data = s;
+    uv_poll_start(&s->monpoll, UV_READABLE, on_monitor);
 }
 
 static void handle_bad(psd_t *s, ps_wire_msg_t *m, int rc, const char *err)
@@ -89,6 +233,7 @@ static void on_drain_timer(uv_timer_t *t)
 {
     /* Safety net for a missed edge; costs one getsockopt every 100 ms. */
     psd_drain(t->data);
+    monitor_drain(t->data);
 }
 
 static void on_stats(uv_timer_t *t)
@@ -169,7 +314,27 @@ int psd_loop_open(psd_t *s)
         ps_error("zmq_socket(ROUTER): %s", zmq_strerror(errno));
         return PS_EZMQ;
     }
-    int64_t maxmsg = s->maxmsg > 0 ? s->maxmsg : (int64_t)s->o.max_msg_mb << 20;
+    /* ZMQ_MAXMSGSIZE is fixed here, for the life of the listener (see
+     * psd_loop_set_maxmsg).  An explicit --max-msg-mb wins; else the exact
+     * bound of a table loaded from a checkpoint; else --max-partition-bytes. */
+    int64_t maxmsg;
+    if (s->o.max_msg_mb > 0) {
+        maxmsg = (int64_t)s->o.max_msg_mb << 20;
+        s->maxmsg_from = "--max-msg-mb";
+        if (s->st.have_table && s->maxmsg_table > maxmsg) {
+            ps_error("--max-msg-mb %d is below the largest message of the checkpointed table "
+                     "(%lld bytes): its workers would be disconnected; raise it or leave it unset",
+                     s->o.max_msg_mb, (long long)s->maxmsg_table);
+            return PS_ERANGE;
+        }
+    } else if (s->st.have_table && s->maxmsg_table > 0) {
+        maxmsg = s->maxmsg_table;
+        s->maxmsg_from = "the checkpointed table's largest partition";
+    } else {
+        maxmsg = psd_msg_bound((size_t)(s->o.max_partition_bytes / sizeof(float)));
+        s->maxmsg_from = "--max-partition-bytes";
+    }
+    s->maxmsg = maxmsg;
     int hb = s->o.heartbeat_ms > 0 ? s->o.heartbeat_ms : 0;
     int hb_tmo = hb ? (s->o.worker_timeout_ms > 3 * hb ? s->o.worker_timeout_ms : 3 * hb) : 0;
     if ((rc = set_int(s->sock, ZMQ_ROUTER_MANDATORY, 1, "ZMQ_ROUTER_MANDATORY")) ||
@@ -189,9 +354,10 @@ int psd_loop_open(psd_t *s)
         ps_error("zmq_setsockopt(ZMQ_MAXMSGSIZE): %s", zmq_strerror(errno));
         return PS_EZMQ;
     }
+    monitor_open(s);
     if ((rc = psd_curve_setup(s, s->sock)) || (rc = bind_socket(s))) return rc;
-    ps_info("max message size %.2f MiB%s", maxmsg / 1048576.0,
-            s->maxmsg > 0 ? " (largest partition of the checkpointed table)" : " (--max-msg-mb)");
+    ps_info("max message size %lld bytes (%.2f MiB, set by %s)", (long long)maxmsg,
+            maxmsg / 1048576.0, s->maxmsg_from);
 
     int fd;
     size_t fsz = sizeof fd;
@@ -250,6 +416,14 @@ void psd_loop_close(psd_t *s)
         uv_loop_close(s->loop);
         s->loop = NULL;
     }
+    if (s->monitor) {
+        zmq_socket_monitor(s->sock, NULL, 0);
+        zmq_close(s->monitor);
+        s->monitor = NULL;
+    }
+    free(s->conns);
+    s->conns = NULL;
+    s->nconns = s->conns_cap = 0;
     if (s->sock) zmq_close(s->sock);
     s->sock = NULL;
     psd_curve_stop(s);

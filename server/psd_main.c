@@ -38,7 +38,8 @@ int main(int argc, char **argv)
     o->metrics_bind = strdup("127.0.0.1");
     o->heartbeat_ms = 1000;
     o->worker_timeout_ms = 30000;
-    o->max_msg_mb = 64;
+    o->max_msg_mb = 0;
+    o->max_partition_bytes = 4u << 20; /* psworker's default --partition-bytes */
     o->stats_every_s = 60;
     o->log_level = strdup("info");
     o->on_worker_loss = strdup("continue");
@@ -61,12 +62,17 @@ int main(int argc, char **argv)
         {"threads", PS_OPT_INT, &o->threads, "threads for gradient summation (0: one per CPU, at most 8)"},
         {"checkpoint-dir", PS_OPT_STRING, &o->checkpoint_dir, "checkpoint directory (empty: none)"},
         {"checkpoint-every", PS_OPT_INT, &o->checkpoint_every, "checkpoint every N shard updates (0: on demand)"},
+        {"checkpoint-every-steps", PS_OPT_INT, &o->checkpoint_every_steps, "sync: aligned checkpoint when every partition reaches version k*N, what MSG_ROLLBACK restores after a server restart (0: off)"},
         {"metrics-port", PS_OPT_INT, &o->metrics_port, "HTTP port for /metrics (0: off)"},
         {"metrics-bind", PS_OPT_STRING, &o->metrics_bind, "address of the /metrics listener"},
         {"heartbeat-ms", PS_OPT_INT, &o->heartbeat_ms, "heartbeat interval (ZMQ and liveness checks)"},
         {"worker-timeout-ms", PS_OPT_INT, &o->worker_timeout_ms, "declare a silent worker lost (0: never)"},
         {"reject-nonfinite", PS_OPT_BOOL, &o->reject_nonfinite, "refuse gradients with NaN / Inf"},
-        {"max-msg-mb", PS_OPT_INT, &o->max_msg_mb, "ZMQ_MAXMSGSIZE in MiB (a table loaded from a checkpoint sets the exact bound)"},
+        {"max-partition-bytes", PS_OPT_UINT64, &o->max_partition_bytes,
+         "largest partition an INIT may bring (>= psworker's --partition-bytes); sizes ZMQ_MAXMSGSIZE "
+         "on a fresh start (a table loaded from a checkpoint sets the exact bound)"},
+        {"max-msg-mb", PS_OPT_INT, &o->max_msg_mb,
+         "explicit ZMQ_MAXMSGSIZE in MiB, wins over the derived bound (0: derive it)"},
         {"stats-every-s", PS_OPT_INT, &o->stats_every_s, "log a stats line every N seconds (0: off)"},
         {"log-level", PS_OPT_STRING, &o->log_level, "error | warn | info | debug"},
         {"on-worker-loss", PS_OPT_STRING, &o->on_worker_loss,
@@ -106,12 +112,14 @@ int main(int argc, char **argv)
     }
     if (o->port < 0 || o->max_peer_inflight < 0 || o->port > 65535 || o->num_servers < 1 || o->server_id < 0 ||
         o->server_id >= o->num_servers || o->num_workers < 0 || o->staleness < 0 ||
-        o->max_msg_mb < 1 || o->max_msg_mb > 4096 || o->metrics_port < 0 ||
+        o->max_msg_mb < 0 || o->max_msg_mb > 4096 || o->max_partition_bytes < 4 ||
+        o->max_partition_bytes > (UINT64_C(1) << 32) || o->metrics_port < 0 ||
         o->metrics_port > 65535 || o->heartbeat_ms < 0 || o->worker_timeout_ms < 0 ||
-        o->checkpoint_every < 0 || o->threads < 0 || o->io_threads < 1 || o->io_threads > 16 ||
+        o->checkpoint_every < 0 || o->checkpoint_every_steps < 0 || o->threads < 0 || o->io_threads < 1 || o->io_threads > 16 ||
         o->sock_buf_kb < 0 || o->sock_buf_kb > 1048576) {
         fprintf(stderr, "psd: option out of range: need 0 <= port <= 65535, 0 <= server-id < "
-                        "num-servers, num-workers >= 0, staleness >= 0, 1 <= max-msg-mb <= 4096, "
+                        "num-servers, num-workers >= 0, staleness >= 0, 0 <= max-msg-mb <= 4096, "
+                        "4 <= max-partition-bytes <= 4 GiB, "
                         "non-negative times and counts, 1 <= io-threads <= 16, 0 <= sock-buf-kb <= 1048576\n");
         return 2;
     }

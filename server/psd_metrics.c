@@ -53,6 +53,8 @@ char *psd_stats_json(const psd_t *s)
     cJSON_AddStringToObject(o, "mode", mode_name(s->mode));
     cJSON_AddNumberToObject(o, "version", (double)vmin); /* the shard's slowest partition */
     cJSON_AddNumberToObject(o, "version_max", (double)vmax);
+    cJSON_AddNumberToObject(o, "rollbacks", (double)s->rollbacks);
+    cJSON_AddNumberToObject(o, "aligned_checkpoint_version", (double)s->aligned_v);
     cJSON_AddNumberToObject(o, "updates", (double)s->mx.updates);
     cJSON_AddNumberToObject(o, "skipped_updates", (double)s->mx.skipped);
     cJSON_AddNumberToObject(o, "bytes_in", (double)s->mx.bytes_in);
@@ -61,6 +63,8 @@ char *psd_stats_json(const psd_t *s)
     cJSON_AddNumberToObject(o, "msgs_out", (double)s->mx.msgs_out);
     cJSON_AddNumberToObject(o, "dropped_replies", (double)s->mx.dropped_replies);
     cJSON_AddNumberToObject(o, "weights_copied", (double)s->mx.weights_cow);
+    cJSON_AddNumberToObject(o, "peer_disconnects", (double)s->mx.disconnects);
+    cJSON_AddNumberToObject(o, "max_msg_bytes", (double)s->maxmsg);
     uint64_t errs = 0;
     for (int i = 0; i < PSD_NERR; i++) errs += s->mx.errors[i];
     cJSON_AddNumberToObject(o, "errors", (double)errs);
@@ -167,6 +171,12 @@ static size_t render(const psd_t *s, char *buf, size_t cap)
     P("# HELP psd_dropped_replies_total Replies dropped (peer gone or not reading).\n"
       "# TYPE psd_dropped_replies_total counter\npsd_dropped_replies_total %llu\n",
       (unsigned long long)s->mx.dropped_replies);
+    P("# HELP psd_peer_disconnects_total Peer connections closed (gone, or dropped by ZeroMQ for "
+      "a message over psd_max_message_bytes).\n"
+      "# TYPE psd_peer_disconnects_total counter\npsd_peer_disconnects_total %llu\n",
+      (unsigned long long)s->mx.disconnects);
+    P("# HELP psd_max_message_bytes ZMQ_MAXMSGSIZE: larger frames end the sender's connection.\n"
+      "# TYPE psd_max_message_bytes gauge\npsd_max_message_bytes %lld\n", (long long)s->maxmsg);
     P("# HELP psd_errors_total ERROR replies sent, by code.\n# TYPE psd_errors_total counter\n");
     for (int i = 1; i < PSD_NERR; i++)
         if (s->mx.errors[i]) P("psd_errors_total{code=\"%s\"} %llu\n", ps_errname(-i),

@@ -364,7 +364,10 @@ int psd_store_set_spec(psd_t *s, const char *json, size_t len, const uint64_t *w
                       specs[i].name, specs[i].group, oc.ngroups);
             goto out;
         }
-    rc = ps_partition_table_build(&t, specs, nt, (size_t)pbytes, (uint32_t)nserv);
+    /* AVERAGE groups (BN statistics) get partitions of their own that the
+     * workers send raw fp32: the same cuts as theirs (ps_optim_exact_groups) */
+    rc = ps_partition_table_build_ex(&t, specs, nt, (size_t)pbytes, (uint32_t)nserv,
+                                     ps_optim_exact_groups(&oc));
     if (rc) {
         errf(err, errlen, rc, "INIT spec: cannot build the partition table: %s", ps_strerror(rc));
         goto out;
@@ -388,7 +391,11 @@ int psd_store_set_spec(psd_t *s, const char *json, size_t len, const uint64_t *w
         ps_partition_table_free(&t);
         goto out;
     }
-    if ((rc = psd_members_set_count(s, (int)nwork, err, errlen))) {
+    size_t big = 0; /* largest partition this server will receive */
+    for (uint32_t i = 0; i < t.nparts; i++)
+        if (t.parts[i].server == (uint32_t)s->o.server_id && t.parts[i].numel > big) big = t.parts[i].numel;
+    if ((rc = psd_loop_set_maxmsg(s, big, err, errlen)) ||
+        (rc = psd_members_set_count(s, (int)nwork, err, errlen))) {
         ps_partition_table_free(&t);
         goto out;
     }
@@ -409,9 +416,6 @@ int psd_store_set_spec(psd_t *s, const char *json, size_t len, const uint64_t *w
             (unsigned long long)st->table.hash, st->table.ntensors, st->table.nparts, st->nowned,
             bytes / 1048576.0, st->nworkers);
     if (st->nowned == 0) ps_warn("this server owns no partition of the table");
-    /* Largest valid message: an lz4 fp32 partition, plus the header. */
-    psd_loop_set_maxmsg(s, (int64_t)ps_codec_bound(PS_DT_FP32, PS_CODEC_LZ4, st->max_numel) +
-                               PS_WIRE_MAX_HEADER + 4096);
     rc = 0;
 out:
     free(ojson);
@@ -604,6 +608,8 @@ static int fused_apply(psd_t *s, psd_part_t *p, const float *const *src_of, int 
     if (!p->seg || !p->nseg) return 0;
     for (uint32_t k = 0; k < p->nseg; k++) {
         if (p->seg[k].group >= c->ngroups) return 0;
+        /* AVERAGE groups (BN statistics, ps_optim.h) are not SGD: unfused path */
+        if (c->group_kind[p->seg[k].group] != PS_GROUP_SGD) return 0;
         const ps_param_group_t *g = &c->groups[p->seg[k].group];
         /* As ps_optim_apply_partition computes them. */
         p->seg[k].lr = ps_optim_lr_group(c, p->version, g->lr_mult);
@@ -644,8 +650,9 @@ void psd_store_apply_sync(psd_t *s, psd_part_t *p)
     for (int r = 0; r < W; r++)
         if (p->have[r]) src_of[n++] = psd_store_slot(p, r);
     if (p->overflow) {
-        ps_debug("partition %u iteration %llu: overflow flagged, update skipped", p->id,
-                (unsigned long long)p->version);
+        /* info, not debug: rare, and the one trace of a skipped step here */
+        ps_info("partition %u iteration %llu: loss-scale overflow flagged, update skipped",
+                p->id, (unsigned long long)p->version);
         s->mx.skipped++;
     } else if (n > 0 && fused_apply(s, p, src_of, n, (float)n)) {
         /* done in one pass */
@@ -666,8 +673,10 @@ void psd_store_apply_sync(psd_t *s, psd_part_t *p)
     memset(p->have, 0, W);
     psd_store_release_held(p);
     p->direct = NULL;
+    int skipped = p->overflow;
     p->overflow = 0;
     bump_version(s, p);
+    p->skipped_ver = skipped ? p->version : 0;
 }
 
 void psd_store_apply_async(psd_t *s, psd_part_t *p, const float *grad)

@@ -32,18 +32,43 @@ def ok(cond, msg):
     sys.stdout.flush()
 
 
+def build_retinanet(depth, fpn, p6_from_p5, K):
+    """torchvision's RetinaNet on another ResNet and FPN width: what
+    retinanet_resnet50_fpn builds (BackboneWithFPN on layer2..4, 1x1
+    laterals, LastLevelP6P7, RetinaNetHead), with resnet{depth}
+    (FrozenBatchNorm2d) and FPN width fpn."""
+    import torchvision
+    from torchvision.models.detection.retinanet import RetinaNet, RetinaNetHead
+    from torchvision.models.detection.backbone_utils import BackboneWithFPN
+    from torchvision.ops.feature_pyramid_network import LastLevelP6P7
+    from torchvision.ops import misc
+    body = getattr(torchvision.models, "resnet%d" % depth)(weights=None,
+                                                           norm_layer=misc.FrozenBatchNorm2d)
+    c3 = body.inplanes // 4  # 128 (BasicBlock) or 512 (Bottleneck)
+    extra = LastLevelP6P7(fpn if p6_from_p5 else 4 * c3, fpn)
+    backbone = BackboneWithFPN(body, {"layer2": "0", "layer3": "1", "layer4": "2"},
+                               [c3, 2 * c3, 4 * c3], fpn, extra_blocks=extra)
+    return RetinaNet(backbone, K, head=RetinaNetHead(fpn, 9, K))
+
+
 def main():
     d = sys.argv[1]
     torch.set_num_threads(2)
     from torchvision.models.detection import retinanet_resnet50_fpn
-    K, H, seed, A = (int(v) for v in open(os.path.join(d, "config.txt")).read().split())
-    net = retinanet_resnet50_fpn(weights=None, weights_backbone=None, num_classes=K)
+    cfg = [int(v) for v in open(os.path.join(d, "config.txt")).read().split()]
+    K, H, seed, A = cfg[:4]
+    depth, fpn, p6_from_p5 = cfg[4:7] if len(cfg) >= 7 else (50, 256, 1)
+    if (depth, fpn, p6_from_p5) == (50, 256, 1):
+        net = retinanet_resnet50_fpn(weights=None, weights_backbone=None, num_classes=K)
+    else:
+        net = build_retinanet(depth, fpn, p6_from_p5, K)
     sd, meta = G.read_safetensors(os.path.join(d, "model.safetensors"))
-    ok(meta.get("ps.arch") == "retinanet-resnet50-fpn", "metadata ps.arch %s" % meta.get("ps.arch"))
+    arch = "retinanet-resnet%d-fpn" % depth
+    ok(meta.get("ps.arch") == arch, "metadata ps.arch %s (want %s)" % (meta.get("ps.arch"), arch))
     try:
         res = net.load_state_dict(sd, strict=True)
         ok(not res.missing_keys and not res.unexpected_keys,
-           "load_state_dict(strict=True) into retinanet_resnet50_fpn (%d tensors)" % len(sd))
+           "load_state_dict(strict=True) into torchvision %s (%d tensors)" % (arch, len(sd)))
     except RuntimeError as e:
         ok(False, "load_state_dict(strict=True): %s" % str(e).splitlines()[0])
         print("1..%d" % n_tests)

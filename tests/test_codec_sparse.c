@@ -152,6 +152,10 @@ static void test_topk_params(void)
     is_int(ps_codec_topk_k(1000, 0.0f), 10, "k(1000, default) = 10 (1%%)");
     is_int(ps_codec_topk_k(1001, 0.01f), 11, "k(1001, 1%%) = ceil(10.01) = 11");
     is_int(ps_codec_topk_k(5, 1e-6f), 1, "k is at least 1");
+    /* large tensors: the float slack must stay below one element */
+    is_int(ps_codec_topk_k(3000000, 1.0f), 3000000, "k(3M, 100%%) = 3M");
+    is_int(ps_codec_topk_k(16777217, 0.5f), 8388609, "k(2^24+1, 50%%) = ceil(8388608.5)");
+    is_int(ps_codec_topk_k(10000000, 0.001f), 10000, "k(10M, 0.1%%) = 10000");
     is_int(ps_codec_topk_k(0, 0.5f), 0, "k(0) = 0");
     is_int(ps_codec_topk_k(10, 1.5f), 0, "ratio > 1 -> 0");
     ps_codec_params_t bad[] = {{-0.1f}, {1.01f}, {NAN}, {INFINITY}};

@@ -17,6 +17,7 @@
  * session can see how much headroom there is. */
 #include "tests/tap.h"
 #include "worker/engine/cuda/ps_cuda.h"
+#include "ps_error.h"
 #include "worker/engine/cuda/ps_cuda_backend.h"
 #include "worker/engine/ps_engine.h"
 #include "ps_log.h"
@@ -99,6 +100,9 @@ static double maxabs(const float *x, size_t n)
     for (size_t i = 0; i < n; i++) m = fabs(x[i]) > m ? fabs(x[i]) : m;
     return m;
 }
+/* Worst |err| / max|ref| of the last cmp (the mixed-precision section
+ * checks that the half path was really taken). */
+static double last_rel_worst;
 /* Compare a device tensor with a host reference; prints the worst error. */
 static void cmp(const float *dgot, const float *want, size_t n, double atol, double rtol,
                 const char *what)
@@ -111,9 +115,13 @@ static void cmp(const float *dgot, const float *want, size_t n, double atol, dou
     }
     allclose(got, want, (long)n, atol, rtol, what);
     diag("  %s: max |err| %.3g (max |ref| %.3g)", what, worst, maxabs(want, n));
+    last_rel_worst = worst / (maxabs(want, n) + 1e-30);
     free(got);
 }
-#define RED(ref, n) (2e-5 * maxabs((ref), (n)) + 1e-30), 1e-5
+/* red_tol: 2e-5 for the fp32 backend; the mixed-precision section raises it
+ * to its fp16 / bf16 tolerance for conv2d and linear. */
+static double red_tol = 2e-5, red_rtol = 1e-5;
+#define RED(ref, n) (red_tol * maxabs((ref), (n)) + 1e-30), red_rtol
 
 /* ---- conv2d --------------------------------------------------------------- */
 
@@ -510,6 +518,97 @@ static void test_small_layers(void)
 }
 
 
+/* ---- mixed precision: conv2d / linear on fp16 / bf16 operands ------------
+ * Tolerance (atol = tol * max|ref|, rtol = tol) from the rounding of the
+ * operands and of the result: fp16 has a unit roundoff of 2^-11 = 4.9e-4,
+ * bf16 2^-9 = 2e-3; a K-term dot product of rounded inputs is off by about
+ * 2u * |term| * sqrt(K), well under u * max|out|, plus one rounding of the
+ * result (u of the value; dw is rounded before it is added in fp32).  So
+ * fp16: 2e-3, bf16: 1e-2 leave a margin of ~4x; the fp32 reference is the
+ * CPU backend. */
+static void test_mixed(int prec, const char *name, double tol)
+{
+    int rc = ps_cuda_backend_set_precision(&gctx, prec);
+    if (rc == PS_EUNSUPPORTED) {
+        ok(1, "%s # SKIP not supported on this device", name);
+        return;
+    }
+    ok(rc == 0, "%s: precision set", name);
+    if (rc) return;
+    red_tol = red_rtol = tol;
+    diag("---- %s operands, fp32 accumulation: tolerance %g of max|ref|", name, tol);
+    /*        N  C   H   W   K  R  S sh sw ph pw dil g bias */
+    test_conv(2, 8, 9, 9, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1);
+    ok(last_rel_worst > 1e-6, "%s: the half path is taken (conv error %.3g of max|ref| is "
+       "above fp32 rounding)", name, last_rel_worst);
+    test_conv(2, 8, 10, 10, 12, 3, 3, 2, 2, 1, 1, 1, 1, 0);
+    test_conv(3, 16, 14, 14, 32, 1, 1, 2, 2, 0, 0, 1, 1, 0);
+    test_conv(2, 3, 23, 23, 8, 7, 7, 2, 2, 3, 3, 1, 1, 1);  /* stem: C = 3 */
+    /* (no grouped convolution: ResNets have none, and a cuDNN refusal of
+     * grouped NHWC half would abort the whole run on a short GPU lease) */
+    test_conv(1, 4, 8, 12, 6, 3, 5, 2, 1, 1, 2, 1, 1, 1);   /* asymmetric */
+    test_conv(4, 64, 28, 28, 64, 3, 3, 1, 1, 1, 1, 1, 1, 0); /* ResNet-sized */
+    test_conv(2, 64, 14, 14, 256, 1, 1, 1, 1, 0, 0, 1, 1, 0);
+    test_linear(6, 32, 10, 1);
+    test_linear(64, 2048, 400, 1);
+    ok(last_rel_worst > 1e-6, "%s: the half path is taken (linear error %.3g)", name,
+       last_rel_worst);
+    red_tol = 2e-5, red_rtol = 1e-5;
+    ok(ps_cuda_backend_set_precision(&gctx, PS_CUDA_FP32) == 0, "%s: back to fp32", name);
+}
+
+/* The loss scale is applied in xent's backward: dlogits = scale * the
+ * unscaled ones, exactly (a power of two). */
+static void test_xent_scale(void)
+{
+    const int N = 5, K = 7;
+    const size_t n = (size_t)N * K;
+    float *z = hrand(n, 3, 0);
+    int32_t lab[5] = {0, 6, 3, 3, 1};
+    float *gz = dev(z, n), *gp = dev_nan(n), *gdz = dev_nan(n);
+    int32_t *glab = (int32_t *)dup_dev(lab, sizeof lab);
+    uploaded();
+    G_->xent_forward(&gctx, gp, gz, glab, N, K);
+    G_->xent_backward(&gctx, gdz, gp, glab, 1.0f, N, K);
+    float *unscaled = down(gdz, n);
+    ok(ps_cuda_backend_set_loss_scale(&gctx, 1024.0f) == 0, "loss scale 1024 set");
+    repoison(gdz, n);
+    G_->xent_backward(&gctx, gdz, gp, glab, 1.0f, N, K);
+    for (size_t i = 0; i < n; i++) unscaled[i] *= 1024.0f;
+    cmp(gdz, unscaled, n, 0, 0, "xent backward with loss scale 1024 = 1024 x unscaled, exactly");
+    is_int(ps_cuda_backend_set_loss_scale(&gctx, 0.0f), PS_EINVAL, "loss scale 0 refused");
+    ps_cuda_backend_set_loss_scale(&gctx, 1.0f);
+    free(z); free(unscaled);
+    ps_cuda_free(gz); ps_cuda_free(gp); ps_cuda_free(gdz); ps_cuda_free(glab);
+}
+
+/* Gradient-ready events: a slot recorded after a layer completes once that
+ * layer's output is written, while later work is still queued. */
+static void test_events(void)
+{
+    const size_t n = (size_t)1 << 22;
+    float *x = hrand(n, 1, 0), *y = hnan(n);
+    float *gx = dev(x, n), *gy = dev_nan(n), *acc = dev_nan(n);
+    uploaded();
+    ok(ps_cuda_backend_events(&gctx, 2) == 0, "2 event slots made");
+    is_int(ps_cuda_backend_event_record(&gctx, 2), PS_EINVAL, "slot 2 of 2: refused");
+    G_->relu_forward(&gctx, gy, gx, n);
+    ok(ps_cuda_backend_event_record(&gctx, 0) == 0, "slot 0 recorded after relu");
+    for (int i = 0; i < 20; i++) G_->add(&gctx, acc, gx, gx, n); /* later work */
+    ok(ps_cuda_backend_event_record(&gctx, 1) == 0, "slot 1 recorded after 20 adds");
+    ok(ps_cuda_backend_event_wait(&gctx, 0) == 0, "wait for slot 0");
+    is_int(ps_cuda_backend_event_query(&gctx, 0), 1, "slot 0 reports done after its wait");
+    int q1 = ps_cuda_backend_event_query(&gctx, 1);
+    ok(q1 == 0 || q1 == 1, "slot 1 query answers pending or done (%d)", q1);
+    ok(ps_cuda_backend_event_wait(&gctx, 1) == 0, "wait for slot 1");
+    is_int(ps_cuda_backend_event_query(&gctx, 1), 1, "slot 1 done");
+    C_->relu_forward(&cctx, y, x, n);
+    cmp(gy, y, n, 0, 0, "the output before slot 0 is complete");
+    ok(ps_cuda_backend_events(&gctx, 0) == 0, "slots freed");
+    free(x); free(y);
+    ps_cuda_free(gx); ps_cuda_free(gy); ps_cuda_free(acc);
+}
+
 int main(void)
 {
     if (ps_cuda_device_count() == 0) tap_skip_all("no CUDA device");
@@ -553,6 +652,11 @@ int main(void)
     test_linear(64, 2048, 400, 1);       /* TSM-R50 head: N*T frames x 2048 -> 400 */
 
     test_small_layers();
+    test_xent_scale();
+    test_events();
+
+    test_mixed(PS_CUDA_FP16, "fp16", 2e-3);
+    test_mixed(PS_CUDA_BF16, "bf16", 1e-2);
 
     ps_cuda_backend_free(&gctx);
     ps_ctx_free(&cctx);

@@ -19,6 +19,13 @@
 #define PS_FUZZ_ENTRY ps_fuzz_config
 #include "tests/fuzz/fuzz_config.c"
 #undef PS_FUZZ_ENTRY
+/* The dataset list reader lives in libps_data (built only with libjpeg):
+ * Makefile.am defines PS_FUZZ_VIDEO_LIST and links it then. */
+#ifdef PS_FUZZ_VIDEO_LIST
+#define PS_FUZZ_ENTRY ps_fuzz_video_list
+#include "tests/fuzz/fuzz_video_list.c"
+#undef PS_FUZZ_ENTRY
+#endif
 
 #include "tests/tap.h"
 
@@ -126,7 +133,11 @@ int main(void)
     static const target_t targets[] = {{"codec", ps_fuzz_codec},
                                        {"wire", ps_fuzz_wire},
                                        {"safetensors", ps_fuzz_safetensors},
-                                       {"config", ps_fuzz_config}};
+                                       {"config", ps_fuzz_config},
+#ifdef PS_FUZZ_VIDEO_LIST
+                                       {"video_list", ps_fuzz_video_list},
+#endif
+    };
     fuzz_report_file = fdopen(dup(2), "w"); /* invariant failures stay visible */
     for (size_t i = 0; i < sizeof targets / sizeof *targets; i++) {
         long runs = 0;

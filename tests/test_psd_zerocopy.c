@@ -58,7 +58,8 @@ static void run(int W)
     tpsd_t S;
     char tag[16], spec[512], what[64];
     snprintf(tag, sizeof tag, "zc%d", W);
-    const char *args[] = {"--worker-timeout-ms", "0", NULL};
+    /* The partition is just over psd's default --max-partition-bytes (4 MiB). */
+    const char *args[] = {"--worker-timeout-ms", "0", "--max-partition-bytes", "8388608", NULL};
     ps_tensor_spec_t ts[1] = {{"w", N, 0}};
     ps_partition_table_t t;
     if (!ok(ps_partition_table_build(&t, ts, 1, (size_t)N * 4, 1) == 0 && t.nparts == 1,

@@ -505,10 +505,11 @@ static int wait_done_locked(ps_client_t *c, ps_req_t *r, int timeout_ms)
     return 0;
 }
 
-int ps_client_wait_ex(ps_client_t *c, ps_req_t *r, int timeout_ms, uint64_t *version,
-                      int *still_pending)
+static int wait_impl(ps_client_t *c, ps_req_t *r, int timeout_ms, uint64_t *version,
+                     int *still_pending, uint32_t *flags)
 {
     if (still_pending) *still_pending = 0;
+    if (flags) *flags = 0;
     if (!valid_req(c, r)) {
         if (c) ps_client_set_error(c, "ps_client_wait: not a live request handle");
         return PS_EINVAL;
@@ -519,9 +520,22 @@ int ps_client_wait_ex(ps_client_t *c, ps_req_t *r, int timeout_ms, uint64_t *ver
     }
     int rc = r->result;
     if (version) *version = r->version;
+    if (flags) *flags = r->reply_flags;
     req_release_locked(c, r);
     pthread_mutex_unlock(&c->mu);
     return rc;
+}
+
+int ps_client_wait_ex(ps_client_t *c, ps_req_t *r, int timeout_ms, uint64_t *version,
+                      int *still_pending)
+{
+    return wait_impl(c, r, timeout_ms, version, still_pending, NULL);
+}
+
+int ps_client_wait_flags(ps_client_t *c, ps_req_t *r, int timeout_ms, uint64_t *version,
+                         uint32_t *flags)
+{
+    return wait_impl(c, r, timeout_ms, version, NULL, flags);
 }
 
 int ps_client_wait(ps_client_t *c, ps_req_t *req, int timeout_ms, uint64_t *version)
@@ -682,6 +696,39 @@ static int read_body(ps_client_t *c, ps_req_t *r, void *arg)
     if (r->reply_body_len) memcpy(*json, r->reply_body, r->reply_body_len);
     (*json)[r->reply_body_len] = 0;
     return 0;
+}
+
+int ps_client_rollback(ps_client_t *c, uint64_t *version)
+{
+    if (!c || !version) return PS_EINVAL;
+    /* Each round either succeeds on every server or lowers the target to
+     * the version of a server that is behind it; versions only go down, and
+     * a server's own version is always restorable by it, so this ends. */
+    for (int round = 0; round < 16; round++) {
+        uint64_t v = *version, lower = v;
+        int rc = 0;
+        for (int s = 0; s < c->o.nservers && !rc && lower == v; s++) {
+            ps_req_t *r = ctl_req(c, PS__MSG_TYPE__MSG_ROLLBACK, s, NULL, 0);
+            if (!r) return PS_EAGAIN;
+            r->iteration = v;
+            req_submit(c, r);
+            wait_done_locked(c, r, -1);
+            rc = r->result;
+            if (rc == PS_ESTATE && (r->reply_flags & PS_FLAG_ROLLBACK) && r->version < v) {
+                lower = r->version;
+                rc = 0;
+            }
+            req_release_locked(c, r);
+            pthread_mutex_unlock(&c->mu);
+        }
+        if (rc) return rc;
+        if (lower == v) return 0;
+        ps_warn("a server is at version %llu, below %llu: rolling back to %llu",
+                (unsigned long long)lower, (unsigned long long)v, (unsigned long long)lower);
+        *version = lower;
+    }
+    ps_client_set_error(c, "rollback: the servers' versions kept changing");
+    return PS_ESTATE;
 }
 
 int ps_client_stats(ps_client_t *c, int server, char **json)

@@ -148,6 +148,14 @@ int ps_client_wait(ps_client_t *c, ps_req_t *req, int timeout_ms, uint64_t *vers
  * possibly with PS_ETIMEOUT after opts.timeout_ms). */
 int ps_client_wait_ex(ps_client_t *c, ps_req_t *req, int timeout_ms, uint64_t *version,
                       int *still_pending);
+/* ps_client_wait that also returns the reply's Header.flags in *flags (may
+ * be NULL; 0 when the reply had none or the request failed locally): on the
+ * WEIGHTS of a PUSHPULL / PULL, PS_FLAG_OVERFLOW means the update that
+ * produced that version was skipped for a loss-scale overflow on some
+ * worker; on a PS_ESTATE ERROR, PS_FLAG_ROLLBACK means the server restarted
+ * from an older checkpoint and *version is its version (ps_client_rollback). */
+int ps_client_wait_flags(ps_client_t *c, ps_req_t *req, int timeout_ms, uint64_t *version,
+                         uint32_t *flags);
 /* Text of the last error of the client (server's ERROR text or local cause). */
 const char *ps_client_last_error(const ps_client_t *c);
 
@@ -156,6 +164,16 @@ int ps_client_barrier(ps_client_t *c);
 /* STATS of one server: *json is malloc'd (caller frees). */
 int ps_client_stats(ps_client_t *c, int server, char **json);
 int ps_client_checkpoint(ps_client_t *c, int server);
+/* Sync mode, after a server restarted from an older checkpoint: a push or
+ * pushpull then fails with PS_ESTATE and reply flag PS_FLAG_ROLLBACK
+ * (ps_client_wait_flags), its *version being the server's version V.  This
+ * sends ROLLBACK(*version) to every server in turn: each restores its
+ * aligned checkpoint of that version (psd --checkpoint-every-steps);  a
+ * server that is further behind makes *version its own and all are asked
+ * again.  Returns 0 once every server is at *version (then pull every
+ * partition and recompute from step *version), or PS_E* (e.g. PS_ENOTFOUND:
+ * a server has no checkpoint of that version; text in last_error). */
+int ps_client_rollback(ps_client_t *c, uint64_t *version);
 int ps_client_shutdown_servers(ps_client_t *c);
 
 /* Error feedback of topk / sign (and ef_rounding) pushes: each partition's

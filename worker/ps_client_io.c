@@ -114,7 +114,8 @@ static void fill_header(ps_client_t *c, ps_req_t *r, Ps__Header *h)
         h->has_partition = 1;
         h->partition = PS_PART_NONE;
     }
-    if (r->type == PS__MSG_TYPE__MSG_PUSH || r->type == PS__MSG_TYPE__MSG_PUSHPULL) {
+    if (r->type == PS__MSG_TYPE__MSG_PUSH || r->type == PS__MSG_TYPE__MSG_PUSHPULL ||
+        r->type == PS__MSG_TYPE__MSG_ROLLBACK) {
         h->has_iteration = 1;
         h->iteration = r->iteration;
     }
@@ -421,12 +422,16 @@ static void handle_reply(ps_client_t *c, int s, ps_wire_msg_t *m, int rc, const 
     int result = 0;
     if (h->type == PS__MSG_TYPE__MSG_ERROR) {
         result = h->has_error_code && h->error_code < 0 ? h->error_code : PS_EPROTO;
+        /* PS_FLAG_ROLLBACK: `iteration` is the version to roll back to. */
+        r->reply_flags = h->has_flags ? h->flags : 0;
+        if (h->has_iteration) r->version = h->iteration;
     } else if (!expected_reply(r->type, h->type)) {
         ps_client_set_error(c, "server %d: %s reply to a %s request", s,
                             ps_wire_type_name(h->type), ps_wire_type_name(r->type));
         ps_warn("%s", c->last_error);
         result = PS_EPROTO;
     } else if (h->type == PS__MSG_TYPE__MSG_WEIGHTS) {
+        r->reply_flags = h->has_flags ? h->flags : 0; /* PS_FLAG_OVERFLOW: step skipped */
         result = decode_weights(c, s, r, m);
     } else {
         r->reply_flags = h->has_flags ? h->flags : 0;

@@ -40,6 +40,7 @@
 #include "ps_config.h"
 #include "ps_error.h"
 #include "ps_log.h"
+#include "ps_optim.h"
 #include "ps_partition.h"
 #include "ps_safetensors.h"
 
@@ -524,9 +525,17 @@ static int table_from_spec(psctl_t *p, const char *json)
         spec[i].numel = (size_t)ne->valuedouble;
         spec[i].group = gr ? (int)gr->valuedouble : 0;
     }
+    /* AVERAGE groups cut partitions of their own, as in psd (ps_optim_exact_groups) */
+    uint32_t exact = 0;
+    const cJSON *oj = cJSON_GetObjectItemCaseSensitive(j, "optim");
+    char *otxt = cJSON_IsObject(oj) ? cJSON_PrintUnformatted(oj) : NULL;
+    ps_optim_config_t oc;
+    char oerr[256];
+    if (otxt && !ps_optim_config_from_json(&oc, otxt, oerr, sizeof oerr)) exact = ps_optim_exact_groups(&oc);
+    free(otxt);
     ps_partition_table_free(&p->table);
-    rc = ps_partition_table_build(&p->table, spec, (uint32_t)n, (size_t)pb->valuedouble,
-                                  (uint32_t)p->nserv);
+    rc = ps_partition_table_build_ex(&p->table, spec, (uint32_t)n, (size_t)pb->valuedouble,
+                                     (uint32_t)p->nserv, exact);
     if (rc) fprintf(stderr, "psctl: spec: cannot build the partition table: %s\n", ps_strerror(rc));
 out:
     free(spec);

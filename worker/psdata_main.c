@@ -1,5 +1,6 @@
-/* psdata: dataset tools for the video pipeline.
+/* psdata: dataset tools for the video and detection pipelines.
  *   psdata gen-video  writes the moving-texture direction dataset
+ *   psdata gen-det    writes the shapes-on-clutter detection dataset (COCO)
  *   psdata pack       packs a list's frames into shards for sequential reads
  *   psdata check      loads a list (or a pack) and decodes every frame */
 #include <getopt.h>
@@ -11,6 +12,7 @@
 #include "ps_log.h"
 #include "worker/data/ps_video.h"
 #include "worker/data/video_gen.h"
+#include "worker/det/gen_det.h"
 
 static void usage(FILE *f)
 {
@@ -32,6 +34,20 @@ static void usage(FILE *f)
 "    Writes DIR/vid_NNNNNN/img_00001.jpg ... and DIR/train.txt, DIR/val.txt\n"
 "    (lines 'vid_NNNNNN num_frames label'; use DIR as the root).\n"
 "\n"
+"  gen-det     write a shapes-on-clutter detection dataset: JPEGs + COCO JSON\n"
+"      --out DIR          output directory (default data/det)\n"
+"      --images N         training images (default 2000)\n"
+"      --val-images N     validation images (default max(1, N/5))\n"
+"      --size S           image width and height in pixels (default 128)\n"
+"      --classes C        shape classes 1..5 (circle, square, triangle, diamond,\n"
+"                         cross; default 5)\n"
+"      --min-objects N, --max-objects N   objects per image (default 2..6)\n"
+"      --min-size F, --max-size F         object side / image side (0.12..0.40)\n"
+"      --seed X           dataset seed (default 1)\n"
+"      --quality Q        JPEG quality (default 90)\n"
+"    Writes DIR/train/NNNNNN.jpg, DIR/val/NNNNNN.jpg and\n"
+"    DIR/annotations/instances_{train,val}.json (COCO's layout).\n"
+"\n"
 "  pack        pack a list's JPEG frames into shards (concatenated JPEGs + index)\n"
 "      --list L           TSM list file\n"
 "      --root R           directory the list's frame_dir entries are relative to\n"
@@ -48,7 +64,8 @@ static void usage(FILE *f)
 }
 
 enum { O_OUT = 256, O_VIDEOS, O_FRAMES, O_SIZE, O_SEED, O_CLASSES, O_VALF, O_QUALITY, O_SPEED,
-       O_CLUTTER, O_MOVERS, O_LIST, O_ROOT, O_TMPL, O_SHARD, O_SKIP, O_PACKED, O_MINF, O_HELP };
+       O_CLUTTER, O_MOVERS, O_LIST, O_ROOT, O_TMPL, O_SHARD, O_SKIP, O_PACKED, O_MINF, O_HELP,
+       O_IMAGES, O_VALIMG, O_MINOBJ, O_MAXOBJ, O_MINSZ, O_MAXSZ };
 
 static const struct option OPTS[] = {
     { "out", 1, 0, O_OUT }, { "videos", 1, 0, O_VIDEOS }, { "frames", 1, 0, O_FRAMES },
@@ -56,7 +73,10 @@ static const struct option OPTS[] = {
     { "val-fraction", 1, 0, O_VALF }, { "quality", 1, 0, O_QUALITY }, { "speed", 1, 0, O_SPEED },
     { "clutter", 1, 0, O_CLUTTER }, { "movers", 1, 0, O_MOVERS }, { "list", 1, 0, O_LIST }, { "root", 1, 0, O_ROOT }, { "tmpl", 1, 0, O_TMPL },
     { "shard-videos", 1, 0, O_SHARD }, { "skip-bad", 0, 0, O_SKIP }, { "packed", 1, 0, O_PACKED },
-    { "min-frames", 1, 0, O_MINF }, { "help", 0, 0, O_HELP }, { 0, 0, 0, 0 }
+    { "min-frames", 1, 0, O_MINF }, { "help", 0, 0, O_HELP },
+    { "images", 1, 0, O_IMAGES }, { "val-images", 1, 0, O_VALIMG },
+    { "min-objects", 1, 0, O_MINOBJ }, { "max-objects", 1, 0, O_MAXOBJ },
+    { "min-size", 1, 0, O_MINSZ }, { "max-size", 1, 0, O_MAXSZ }, { 0, 0, 0, 0 }
 };
 
 static int num(const char *opt, const char *s, double lo, double hi, double *out)
@@ -79,10 +99,18 @@ int main(int argc, char **argv)
         return argc < 2 ? 2 : 0;
     }
     const char *cmd = argv[1];
-    if (strcmp(cmd, "gen-video") && strcmp(cmd, "pack") && strcmp(cmd, "check")) {
-        fprintf(stderr, "psdata: unknown command '%s' (gen-video, pack, check; --help)\n", cmd);
+    if (strcmp(cmd, "gen-video") && strcmp(cmd, "gen-det") && strcmp(cmd, "pack") &&
+        strcmp(cmd, "check")) {
+        fprintf(stderr, "psdata: unknown command '%s' (gen-video, gen-det, pack, check; --help)\n",
+                cmd);
         return 2;
     }
+    int is_det = !strcmp(cmd, "gen-det");
+    /* gen-det: -1 = the generator's default; its size defaults to 128 */
+    int det_images = 2000, det_val = -1, det_size = 128, det_classes = -1, det_quality = -1;
+    int det_minobj = -1, det_maxobj = -1;
+    double det_minsz = -1, det_maxsz = -1;
+    uint64_t det_seed = 1;
     ps_video_gen_opts_t g;
     ps_video_gen_opts_default(&g);
     ps_video_list_opts_t lo;
@@ -97,11 +125,23 @@ int main(int argc, char **argv)
         case O_OUT: out = optarg; break;
         case O_VIDEOS: if (num("videos", optarg, 1, 1e7, &v)) return 2; g.videos = (int)v; break;
         case O_FRAMES: if (num("frames", optarg, 1, 1e5, &v)) return 2; g.frames = (int)v; break;
-        case O_SIZE: if (num("size", optarg, 8, 4096, &v)) return 2; g.size = (int)v; break;
-        case O_SEED: if (num("seed", optarg, 0, 1.8e19, &v)) return 2; g.seed = strtoull(optarg, NULL, 10); break;
-        case O_CLASSES: if (num("classes", optarg, 2, 8, &v)) return 2; g.classes = (int)v; break;
+        case O_SIZE: if (num("size", optarg, 8, 4096, &v)) return 2; g.size = det_size = (int)v; break;
+        case O_SEED:
+            if (num("seed", optarg, 0, 1.8e19, &v)) return 2;
+            g.seed = det_seed = strtoull(optarg, NULL, 10);
+            break;
+        case O_CLASSES:
+            if (num("classes", optarg, is_det ? 1 : 2, is_det ? PS_DET_GEN_NCLASSES : 8, &v)) return 2;
+            g.classes = det_classes = (int)v;
+            break;
+        case O_IMAGES: if (num("images", optarg, 1, 1e7, &v)) return 2; det_images = (int)v; break;
+        case O_VALIMG: if (num("val-images", optarg, 0, 1e7, &v)) return 2; det_val = (int)v; break;
+        case O_MINOBJ: if (num("min-objects", optarg, 1, 100, &v)) return 2; det_minobj = (int)v; break;
+        case O_MAXOBJ: if (num("max-objects", optarg, 1, 100, &v)) return 2; det_maxobj = (int)v; break;
+        case O_MINSZ: if (num("min-size", optarg, 0.001, 0.9, &v)) return 2; det_minsz = v; break;
+        case O_MAXSZ: if (num("max-size", optarg, 0.001, 0.9, &v)) return 2; det_maxsz = v; break;
         case O_VALF: if (num("val-fraction", optarg, 0, 0.99, &v)) return 2; g.val_fraction = v; break;
-        case O_QUALITY: if (num("quality", optarg, 1, 100, &v)) return 2; g.quality = (int)v; break;
+        case O_QUALITY: if (num("quality", optarg, 1, 100, &v)) return 2; g.quality = det_quality = (int)v; break;
         case O_SPEED: if (num("speed", optarg, 0, 1e4, &v)) return 2; g.speed = v; break;
         case O_CLUTTER: if (num("clutter", optarg, 0, 100, &v)) return 2; g.clutter = v; break;
         case O_MOVERS: if (num("movers", optarg, 0.01, 100, &v)) return 2; g.movers = v; break;
@@ -122,6 +162,24 @@ int main(int argc, char **argv)
     }
     char err[2048];
     int rc;
+    if (is_det) {
+        ps_det_gen_opts_t d;
+        ps_det_gen_defaults(&d, det_images);
+        if (det_val >= 0) d.n_val = det_val;
+        if (det_classes > 0) d.classes = det_classes;
+        if (det_quality > 0) d.quality = det_quality;
+        if (det_minobj > 0) d.min_objects = det_minobj;
+        if (det_maxobj > 0) d.max_objects = det_maxobj;
+        if (det_minsz > 0) d.min_size = (float)det_minsz;
+        if (det_maxsz > 0) d.max_size = (float)det_maxsz;
+        if (!out) out = "data/det";
+        rc = ps_det_gen(out, det_images, det_size, det_seed, &d, err, sizeof err);
+        if (rc < 0) { fprintf(stderr, "psdata: %s\n", err); return rc == PS_EINVAL ? 2 : 1; }
+        printf("wrote %d train + %d val images (%dx%d, %d classes, %d..%d objects) to %s: "
+               "annotations/instances_train.json, annotations/instances_val.json\n", det_images,
+               d.n_val, det_size, det_size, d.classes, d.min_objects, d.max_objects, out);
+        return 0;
+    }
     if (!strcmp(cmd, "gen-video")) {
         if (out) g.out = out;
         rc = ps_video_gen(&g, err, sizeof err);

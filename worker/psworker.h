@@ -18,6 +18,7 @@
 #include "ps_partition.h"
 #include "worker/smoke_data.h"
 #include "worker/smoke_model.h"
+#include "worker/engine/ps_loss_scale.h"
 
 /* Everything a run is configured with (flags / config keys of the same name). */
 typedef struct ps_worker_opts {
@@ -77,11 +78,35 @@ typedef struct ps_worker_opts {
     int threads;            /* compute threads (0 = all cores) */
     int eval;               /* --eval: evaluate --weights on --val-list and exit */
     char *weights;          /* safetensors to start from / to evaluate */
+    /* detector (--model retinanet-r18|34|50, psworker_det.c) */
+    char *train_json, *val_json;  /* COCO annotations */
+    char *val_root;         /* val images ("" = --root) */
+    int fpn_channels;       /* FPN / head width (256 = torchvision) */
+    int freeze_at;          /* frozen backbone stages (ps_retina_config_t) */
+    float clip_grad;        /* clip this worker's gradient to this L2 norm (0 = off) */
+    float score_thresh;     /* detector post-processing: keep scores above (0.05) */
+    int bn_sync;            /* video: average BN running statistics over the workers
+                               through the servers (1, default) or keep each
+                               worker's own (0) */
+    int save_all_ranks;     /* every rank r > 0 also writes model-rank<r>.safetensors */
+    char *predictions;      /* --eval: per-video CSV (video,label,pred,logits...) */
+    /* mixed precision / loss scaling (issue 5; docs/cuda.md) */
+    char *precision;        /* compute precision fp32|fp16|bf16 */
+    char *loss_scale;       /* dynamic | static:<S> | off | "" (= dynamic for fp16, else off) */
+    int loss_scale_window;  /* dynamic: clean steps before the scale doubles */
+    int debug_overflow_at;  /* tests: this worker's gradient of that step is Inf (-1 = off) */
+    /* ring mode and synthetic compute (worker/psworker_allreduce.c, _synth.c) */
+    char *peers;            /* --mode allreduce: "tcp://h:p,..." rank r binds the r-th */
+    char *allreduce;        /* ring | nccl */
+    int ring_conns;         /* ring: connections to the right neighbour */
+    char *compute;          /* "" = the model; "synthetic:<model>:<ms>" */
     /* derived */
     ps_dtype_t dt;
     ps_codec_t codec_id;
     int pull_codec_id;      /* -1: follows codec_id */
     int bn_mode;            /* PS_MODEL_BN_* value, -1 = from --partial-bn */
+    int ls_on;              /* loss scaling on (dynamic or static) */
+    ps_loss_scale_config_t ls_cfg; /* static:S = init = min = max = S */
 } ps_worker_opts_t;
 
 /* Running sums for the summary and the CSV. */
@@ -94,17 +119,22 @@ typedef struct ps_worker_stats {
     double recent_loss[10];       /* last losses (ring) */
     uint64_t nloss;
     uint64_t stale_drops;         /* gradients refused as too stale (ssp) */
+    uint64_t wire_sent, wire_recv;/* ring mode: bytes this rank sent / received */
 } ps_worker_stats_t;
 
 struct ps_worker_video;
+struct ps_worker_det;
 
 typedef struct ps_worker {
     const ps_worker_opts_t *o;
     struct ps_worker_video *vid;  /* video model state (NULL for smoke) */
+    struct ps_worker_det *det;    /* detector state (NULL otherwise) */
     double t_data;  /* seconds the last ps_worker_compute waited for data */
     int compute_rc; /* PS_E* when the last compute failed for a reason other
                        than divergence (already logged) */
     double top1, top5, val_loss;  /* last validation (video) */
+    size_t val_nonfinite;  /* videos of the last validation whose logits were
+                              NaN/Inf: counted wrong, val_loss NaN */
     ps_smoke_dims_t dims;
     ps_smoke_data_t data;
     ps_smoke_work_t work;
@@ -123,6 +153,10 @@ typedef struct ps_worker {
     FILE *val_csv;  /* rank 0, video: one row per validation */
     ps_worker_stats_t st;
     double init_eval_loss, init_eval_acc;
+    int rollback;           /* sync: a server asked to roll back (restarted from a checkpoint) */
+    uint64_t rollback_to;   /* the lowest version asked for this step */
+    ps_loss_scale_t ls;   /* the loss scaler (o->ls_on); identical on every
+                             worker: each feeds it the cluster's verdict */
 } ps_worker_t;
 
 /* psworker_model.c */
@@ -139,27 +173,69 @@ char *ps_worker_spec_json(const ps_worker_t *p);
 /* First evaluation before training (smoke: cheap; video: skipped). */
 void ps_worker_initial_eval(ps_worker_t *p);
 /* Periodic validation after `step` steps when --val-every says so. */
-void ps_worker_maybe_validate(ps_worker_t *p, uint64_t step);
+/* Returns 1 when `step` is a validation step (on every rank: the cluster
+ * loop then meets the others at a barrier), else 0. */
+int ps_worker_maybe_validate(ps_worker_t *p, uint64_t step);
 int ps_worker_build_optim(ps_worker_t *p);
 
 /* psworker_video.c */
 int ps_worker_is_video(const ps_worker_opts_t *o);
+/* --precision fp32|fp16|bf16 on the model's backend (0 or PS_E*, logged). */
+int ps_worker_video_precision(ps_worker_t *p, const char *precision);
+/* 1 when the backend applies the loss scale itself (CUDA), else 0;
+ * *scaled: elements of p->grad[0..) that come out scaled (parameters). */
+int ps_worker_video_loss_scale(ps_worker_t *p, float scale, size_t *scaled);
 int ps_worker_video_setup(ps_worker_t *p, uint32_t nservers);
 int ps_worker_video_groups(ps_worker_t *p);
 void ps_worker_video_teardown(ps_worker_t *p);
 double ps_worker_video_compute(ps_worker_t *p, uint64_t step);
-/* Validation over the whole --val-list: mean loss, top-1/top-5 accuracy. */
+/* Validation over the whole --val-list: mean loss, top-1/top-5 accuracy.
+ * Videos with non-finite logits count as wrong and make the loss NaN; their
+ * number goes to p->val_nonfinite. */
 double ps_worker_video_eval(ps_worker_t *p, double *top1, double *top5, size_t *videos);
 int ps_worker_video_save(ps_worker_t *p, const char *path);
+/* CRC32C of this worker's BN running statistics (the AVERAGE tensors of
+ * p->w; 0 when there are none): equal on every rank when they agree. */
+uint32_t ps_worker_video_bn_crc(const ps_worker_t *p, int *ntensors);
 size_t ps_worker_video_clip_floats(const ps_worker_t *p);
 /* Fractional epoch after `steps` steps (0 before the loader exists). */
 double ps_worker_video_epoch(const ps_worker_t *p, uint64_t steps);
 /* --eval: evaluate --weights on --val-list, print a final: line. */
 int ps_worker_run_eval(ps_worker_t *p);
 
+/* psworker_det.c (RetinaNet; worker/det/det_stub.c without libjpeg) */
+int ps_worker_is_det(const ps_worker_opts_t *o);
+int ps_worker_det_setup(ps_worker_t *p, uint32_t nservers);
+int ps_worker_det_groups(ps_worker_t *p);
+void ps_worker_det_teardown(ps_worker_t *p);
+double ps_worker_det_compute(ps_worker_t *p, uint64_t step);
+/* As ps_worker_maybe_validate: 1 when this step validates (rank 0 runs it). */
+int ps_worker_det_maybe_validate(ps_worker_t *p, uint64_t step);
+int ps_worker_det_save(ps_worker_t *p, const char *path);
+/* The final: line with map= ap50= ap75= (rank 0 validates first). */
+void ps_worker_det_print_final(ps_worker_t *p, uint64_t steps_done);
+/* --eval: COCO evaluation of --weights on --val-json, a final: line. */
+int ps_worker_det_run_eval(ps_worker_t *p);
+
 /* psworker_train.c: return 0 or a negative PS_E* (already reported). */
 int ps_worker_run_cluster(ps_worker_t *p);
 int ps_worker_run_standalone(ps_worker_t *p);
+
+/* psworker_allreduce.c: --mode allreduce (no servers).  The loop calls
+ * `compute` (ps_worker_compute for real models) for this rank's mean
+ * gradient, averages it over the ring (or NCCL) and applies ps_optim to the
+ * local fp32 master copy (local_update 0: skip it, synthetic runs).
+ * run_allreduce also saves the model and prints the final line. */
+typedef double (*ps_worker_compute_fn)(ps_worker_t *p, uint64_t step);
+int ps_worker_allreduce_check(ps_worker_opts_t *o);
+int ps_worker_allreduce_train(ps_worker_t *p, ps_worker_compute_fn compute, int local_update);
+int ps_worker_run_allreduce(ps_worker_t *p);
+
+/* psworker_synth.c: --compute synthetic:<model>:<ms> (a whole run: setup,
+ * PS or ring loop, final line).  Returns 0, PS_EINVAL for a bad spec, or
+ * the run's PS_E* (already reported). */
+int ps_worker_is_synthetic(const ps_worker_opts_t *o);
+int ps_worker_run_synthetic(const ps_worker_opts_t *o);
 
 /* psworker_output.c */
 double ps_worker_now(void);

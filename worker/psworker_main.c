@@ -4,6 +4,7 @@
  * same optimizer code alone, the single-process reference the cluster run is
  * compared with.  Exit status: 0 on success, 1 on a training or connection
  * error, 2 on bad options. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,7 @@
 static const char usage[] =
     "[--config FILE] (--servers tcp://H:P[,tcp://H:P...] | --standalone) [options]\n"
     "       psworker --eval --model tsm-r18 --weights model.safetensors --val-list L --root R\n"
+    "       psworker --eval --model retinanet-r18 --weights W --val-json J --val-root R\n"
     "Train a model with sync data-parallel SGD through psd servers, or alone with\n"
     "--standalone: the built-in smoke model (2-layer MLP on generated data), or a\n"
     "video model (tsm-r18|34|50 with temporal shift, tsn-r18|34|50 without) on a\n"
@@ -26,7 +28,9 @@ static const char usage[] =
     "Rank r of W trains on global batch positions r*B..r*B+B-1 of each step's\n"
     "W*B samples, so --standalone --batch W*B sees exactly the same data.\n"
     "Writes DIR/metrics-rankR.csv and (rank 0) DIR/model.safetensors with --out DIR;\n"
-    "the last stdout line starts with \"final:\" and holds key=value results.";
+    "the last stdout line starts with \"final:\" and holds key=value results.\n"
+    "--mode allreduce --peers tcp://H:P,... --rank R: no servers, the workers average\n"
+    "gradients over a ring (or NCCL) and each applies the same optimizer locally.";
 
 static void opts_default(ps_worker_opts_t *o)
 {
@@ -44,7 +48,7 @@ static void opts_default(ps_worker_opts_t *o)
     o->warmup_factor = 0.1f;
     o->schedule = strdup("const");
     o->milestones = strdup("");
-    o->dtype = strdup("fp32");
+    o->dtype = strdup(""); /* follows --precision */
     o->codec = strdup("raw");
     o->pull_codec = strdup("");
     o->curve_server_keys = strdup("");
@@ -70,6 +74,14 @@ static void opts_default(ps_worker_opts_t *o)
     o->root = strdup("");
     o->tmpl = strdup("img_%05d.jpg");
     o->weights = strdup("");
+    o->train_json = strdup("");
+    o->val_json = strdup("");
+    o->val_root = strdup("");
+    o->fpn_channels = 256;
+    o->freeze_at = 2;
+    o->score_thresh = 0.05f;
+    o->bn_sync = 1;
+    o->predictions = strdup("");
     o->frames = 8;
     o->size = 112;
     o->flip = 1;
@@ -78,6 +90,14 @@ static void opts_default(ps_worker_opts_t *o)
     o->val_clips = 1;
     o->dropout = 0.5f;
     o->width = 64;
+    o->peers = strdup("");
+    o->allreduce = strdup("ring");
+    o->ring_conns = 1;
+    o->compute = strdup("");
+    o->precision = strdup("fp32");
+    o->loss_scale = strdup("");
+    o->loss_scale_window = 2000;
+    o->debug_overflow_at = -1;
 }
 
 static void opts_free(ps_worker_opts_t *o)
@@ -85,8 +105,67 @@ static void opts_free(ps_worker_opts_t *o)
     free(o->servers), free(o->model), free(o->mode), free(o->schedule), free(o->milestones);
     free(o->dtype), free(o->codec), free(o->out), free(o->log_level), free(o->pull_codec);
     free(o->curve_server_keys), free(o->curve_public_key), free(o->curve_secret_key);
-    free(o->device), free(o->bn);
+    free(o->device), free(o->bn), free(o->precision), free(o->loss_scale);
     free(o->train_list), free(o->val_list), free(o->root), free(o->tmpl), free(o->weights);
+    free(o->train_json), free(o->val_json), free(o->val_root);
+    free(o->predictions);
+    free(o->peers), free(o->allreduce), free(o->compute);
+}
+
+/* --precision / --loss-scale / --loss-scale-window / --debug-overflow-at. */
+static int loss_scale_check(ps_worker_opts_t *o)
+{
+    if (strcmp(o->precision, "fp32") && strcmp(o->precision, "fp16") &&
+        strcmp(o->precision, "bf16")) {
+        fprintf(stderr, "psworker: --precision: expected fp32|fp16|bf16, got \"%s\"\n",
+                o->precision);
+        return PS_EINVAL;
+    }
+    if (strcmp(o->precision, "fp32") && (!ps_worker_is_video(o) || !strcmp(o->device, "cpu"))) {
+        /* fp16/bf16 compute is the CUDA backend's (docs/cuda.md): refuse
+         * rather than train in fp32 while the user believes it is fp16. */
+        fprintf(stderr, "psworker: --precision %s needs a video model on --device cuda[:N] "
+                "(the CPU engine computes in fp32)\n", o->precision);
+        return PS_EINVAL;
+    }
+    ps_loss_scale_config_default(&o->ls_cfg);
+    const char *ls = *o->loss_scale ? o->loss_scale
+                     : !strcmp(o->precision, "fp16") ? "dynamic" : "off";
+    if (!strcmp(ls, "off")) {
+        o->ls_on = 0;
+    } else if (!strcmp(ls, "dynamic")) {
+        o->ls_on = 1;
+        o->ls_cfg.growth_interval = o->loss_scale_window;
+    } else if (!strncmp(ls, "static:", 7)) {
+        char *end;
+        double v = strtod(ls + 7, &end);
+        int e;
+        if (end == ls + 7 || *end || !(v >= 1 && v <= 16777216.0) || frexp(v, &e) != 0.5) {
+            fprintf(stderr, "psworker: --loss-scale static:S: S must be a power of two in "
+                    "[1, 2^24], got \"%s\"\n", ls + 7);
+            return PS_EINVAL;
+        }
+        o->ls_on = 1;
+        /* min = init = max: overflows still skip the step, the scale stays. */
+        o->ls_cfg.init_scale = o->ls_cfg.min_scale = o->ls_cfg.max_scale = (float)v;
+    } else {
+        fprintf(stderr, "psworker: --loss-scale: expected dynamic|static:S|off, got \"%s\"\n", ls);
+        return PS_EINVAL;
+    }
+    if (o->loss_scale_window < 1 || o->loss_scale_window > 1000000) {
+        fprintf(stderr, "psworker: --loss-scale-window must be in [1, 1000000]\n");
+        return PS_EINVAL;
+    }
+    if (o->debug_overflow_at < -1) {
+        fprintf(stderr, "psworker: --debug-overflow-at must be a step >= 0 (or -1 = off)\n");
+        return PS_EINVAL;
+    }
+    if (o->debug_overflow_at >= 0 && !o->ls_on) {
+        fprintf(stderr, "psworker: --debug-overflow-at needs loss scaling (--loss-scale "
+                "dynamic|static:S): without it an Inf gradient is a divergence, not a skip\n");
+        return PS_EINVAL;
+    }
+    return 0;
 }
 
 /* Range checks the option table cannot express; messages name the flag. */
@@ -97,7 +176,18 @@ static int opts_check(ps_worker_opts_t *o)
                 o->log_level);
         return PS_EINVAL;
     }
-    if (ps_dtype_parse(o->dtype, &o->dt)) {
+    /* --dtype "" (default): the wire follows --precision (fp16 compute sends
+     * fp16 gradients and gets fp16 weights back; the masters stay fp32 on
+     * the servers); an invalid --precision is reported below. */
+    if (!*o->dtype) {
+        if (ps_dtype_parse(o->precision, &o->dt))
+            o->dt = PS_DT_FP32;
+        char *name = strdup(ps_dtype_name(o->dt)); /* the name other code prints */
+        if (!name)
+            return PS_ENOMEM;
+        free(o->dtype);
+        o->dtype = name;
+    } else if (*o->dtype && ps_dtype_parse(o->dtype, &o->dt)) {
         fprintf(stderr, "psworker: --dtype: expected fp32|fp16|bf16, got \"%s\"\n", o->dtype);
         return PS_EINVAL;
     }
@@ -156,8 +246,12 @@ static int opts_check(ps_worker_opts_t *o)
         return PS_EINVAL;
 #endif
     }
-    if (strcmp(o->mode, "sync") && strcmp(o->mode, "async") && strcmp(o->mode, "ssp")) {
-        fprintf(stderr, "psworker: --mode: expected sync|async|ssp, got \"%s\"\n", o->mode);
+    if (loss_scale_check(o))
+        return PS_EINVAL;
+    if (strcmp(o->mode, "sync") && strcmp(o->mode, "async") && strcmp(o->mode, "ssp") &&
+        strcmp(o->mode, "allreduce")) {
+        fprintf(stderr, "psworker: --mode: expected sync|async|ssp|allreduce, got \"%s\"\n",
+                o->mode);
         return PS_EINVAL;
     }
     if (o->steps < 1 || o->steps > (UINT64_C(1) << 40)) {
@@ -189,10 +283,20 @@ static int opts_check(ps_worker_opts_t *o)
                 "--width 8..512, counts >= 0\n");
         return PS_EINVAL;
     }
+    if (o->bn_sync != 0 && o->bn_sync != 1) {
+        fprintf(stderr, "psworker: --bn-sync must be 0 or 1\n");
+        return PS_EINVAL;
+    }
+    if (*o->predictions && !o->eval) {
+        fprintf(stderr, "psworker: --predictions goes with --eval (per-video rows of that evaluation)\n");
+        return PS_EINVAL;
+    }
     if (o->eval)
         o->standalone = 1; /* evaluation needs no servers */
     if (o->standalone)
         return 0;
+    if (!strcmp(o->mode, "allreduce"))
+        return ps_worker_allreduce_check(o);
     if (!*o->servers) {
         fprintf(stderr, "psworker: give --servers tcp://HOST:PORT[,...] or --standalone\n");
         return PS_EINVAL;
@@ -239,7 +343,7 @@ int main(int argc, char **argv)
         {"standalone", PS_OPT_BOOL, &o.standalone, "train alone, no servers (reference run)"},
         {"rank", PS_OPT_INT, &o.rank, "worker rank, -1 = assigned by server 0"},
         {"num-workers", PS_OPT_INT, &o.num_workers, "number of workers W in the cluster"},
-        {"model", PS_OPT_STRING, &o.model, "smoke | tsm-r18|34|50 | tsn-r18|34|50"},
+        {"model", PS_OPT_STRING, &o.model, "smoke | tsm-r18|34|50 | tsn-r18|34|50 | retinanet-r18|34|50"},
         {"mode", PS_OPT_STRING, &o.mode, "servers' mode sync|async|ssp (sync checks versions)"},
         {"steps", PS_OPT_UINT64, &o.steps, "training steps (iterations)"},
         {"batch", PS_OPT_INT, &o.batch, "samples per worker per step (B)"},
@@ -255,7 +359,7 @@ int main(int argc, char **argv)
         {"milestones", PS_OPT_STRING, &o.milestones, "step schedule: steps \"30,60\""},
         {"gamma", PS_OPT_FLOAT, &o.gamma, "step schedule: lr *= gamma at each milestone"},
         {"min-lr", PS_OPT_FLOAT, &o.min_lr, "cosine schedule: final lr"},
-        {"dtype", PS_OPT_STRING, &o.dtype, "wire dtype fp32|fp16|bf16"},
+        {"dtype", PS_OPT_STRING, &o.dtype, "wire dtype fp32|fp16|bf16 (\"\" = --precision)"},
         {"codec", PS_OPT_STRING, &o.codec, "pushed gradients raw|lz4|topk|sign (topk/sign: error feedback)"},
         {"pull-codec", PS_OPT_STRING, &o.pull_codec, "pulled weights raw|lz4 (\"\" = follows --codec)"},
         {"topk-ratio", PS_OPT_FLOAT, &o.topk_ratio, "topk: fraction of elements sent (0 = default)"},
@@ -299,6 +403,24 @@ int main(int argc, char **argv)
         {"threads", PS_OPT_INT, &o.threads, "video: compute threads (0 = all cores)"},
         {"eval", PS_OPT_BOOL, &o.eval, "evaluate --weights on --val-list and exit"},
         {"weights", PS_OPT_STRING, &o.weights, "safetensors to start from (or to evaluate with --eval)"},
+        {"train-json", PS_OPT_STRING, &o.train_json, "detector: COCO training annotations (images under --root)"},
+        {"val-json", PS_OPT_STRING, &o.val_json, "detector: COCO validation annotations"},
+        {"val-root", PS_OPT_STRING, &o.val_root, "detector: validation image folder (\"\" = --root)"},
+        {"fpn-channels", PS_OPT_INT, &o.fpn_channels, "detector: FPN and head channels (256 = torchvision)"},
+        {"freeze-at", PS_OPT_INT, &o.freeze_at, "detector: frozen backbone stages (0 none, 2 = stem + layer1)"},
+        {"score-thresh", PS_OPT_FLOAT, &o.score_thresh, "detector: validation keeps detections scoring above this (0.05)"},
+        {"clip-grad", PS_OPT_FLOAT, &o.clip_grad, "detector: clip each worker's gradient to this L2 norm (0 = off)"},
+        {"bn-sync", PS_OPT_INT, &o.bn_sync, "video: average BN running statistics over the workers (1) or not (0)"},
+        {"save-all-ranks", PS_OPT_BOOL, &o.save_all_ranks, "every rank r > 0 also writes model-rank<r>.safetensors"},
+        {"predictions", PS_OPT_STRING, &o.predictions, "--eval: write per-video predictions and logits to this CSV"},
+        {"peers", PS_OPT_STRING, &o.peers, "--mode allreduce: every rank's endpoint tcp://H:P,... (rank r binds the r-th)"},
+        {"allreduce", PS_OPT_STRING, &o.allreduce, "--mode allreduce: ring (ZeroMQ) | nccl (CUDA builds)"},
+        {"ring-conns", PS_OPT_INT, &o.ring_conns, "--mode allreduce: connections to the right neighbour"},
+        {"compute", PS_OPT_STRING, &o.compute, "synthetic:<model>:<ms>: real partition layout, sleep for compute"},
+        {"precision", PS_OPT_STRING, &o.precision, "compute precision fp32|fp16|bf16 (fp16/bf16: --device cuda)"},
+        {"loss-scale", PS_OPT_STRING, &o.loss_scale, "dynamic | static:S | off (\"\" = dynamic for fp16, else off)"},
+        {"loss-scale-window", PS_OPT_INT, &o.loss_scale_window, "dynamic loss scale: clean steps before it doubles"},
+        {"debug-overflow-at", PS_OPT_INT, &o.debug_overflow_at, "testing: make this worker's gradient of step N Inf (-1 = off)"},
         {0},
     };
 
@@ -321,13 +443,20 @@ int main(int argc, char **argv)
         opts_free(&o);
         return 2;
     }
-    uint32_t nservers = o.standalone ? 1 : count_servers(o.servers);
+    if (ps_worker_is_synthetic(&o)) {
+        rc = ps_worker_run_synthetic(&o);
+        opts_free(&o);
+        return rc == PS_EINVAL ? 2 : rc ? 1 : 0;
+    }
+    int ring = !o.standalone && !strcmp(o.mode, "allreduce");
+    uint32_t nservers = o.standalone || ring ? 1 : count_servers(o.servers);
     if ((rc = ps_worker_setup(&p, &o, nservers))) {
         opts_free(&o);
         return rc == PS_EINVAL ? 2 : 1;
     }
-    rc = o.eval ? ps_worker_run_eval(&p)
-         : o.standalone ? ps_worker_run_standalone(&p) : ps_worker_run_cluster(&p);
+    rc = o.eval ? (p.det ? ps_worker_det_run_eval(&p) : ps_worker_run_eval(&p))
+         : o.standalone ? ps_worker_run_standalone(&p)
+         : ring ? ps_worker_run_allreduce(&p) : ps_worker_run_cluster(&p);
     ps_worker_teardown(&p);
     opts_free(&o);
     if (rc)

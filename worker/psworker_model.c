@@ -89,6 +89,12 @@ int ps_worker_setup(ps_worker_t *p, const ps_worker_opts_t *o, uint32_t nservers
     p->nworkers = o->standalone ? 1 : o->num_workers;
     p->batch = o->batch;
     p->top1 = p->top5 = p->val_loss = NAN;
+    if (ps_worker_is_det(o)) {
+        if ((rc = ps_worker_det_setup(p, nservers)) || (rc = ps_worker_build_optim(p)) ||
+            (rc = ps_worker_det_groups(p)))
+            goto fail;
+        return 0;
+    }
     if (ps_worker_is_video(o)) {
         if ((rc = ps_worker_video_setup(p, nservers)) || (rc = ps_worker_build_optim(p)) ||
             (rc = ps_worker_video_groups(p)))
@@ -136,6 +142,7 @@ fail:
 void ps_worker_teardown(ps_worker_t *p)
 {
     ps_worker_video_teardown(p);
+    ps_worker_det_teardown(p);
     if (p->csv)
         fclose(p->csv);
     if (p->val_csv)
@@ -160,6 +167,8 @@ double ps_worker_compute(ps_worker_t *p, uint64_t step)
     }
     if (p->vid)
         return ps_worker_video_compute(p, step);
+    if (p->det)
+        return ps_worker_det_compute(p, step);
     uint64_t first = step * (uint64_t)p->nworkers * (uint64_t)p->batch +
                      (uint64_t)p->rank * (uint64_t)p->batch;
     ps_smoke_data_batch(&p->data, first, p->batch, p->x, p->y);
@@ -188,27 +197,37 @@ void ps_worker_initial_eval(ps_worker_t *p)
 {
     /* A full validation pass before training costs minutes for a video
      * model and says little (chance level); smoke's is instant. */
-    if (p->vid) {
+    if (p->vid || p->det) {
         p->init_eval_loss = p->init_eval_acc = NAN;
         return;
     }
     p->init_eval_loss = ps_worker_eval(p, &p->init_eval_acc);
 }
 
-void ps_worker_maybe_validate(ps_worker_t *p, uint64_t step)
+int ps_worker_maybe_validate(ps_worker_t *p, uint64_t step)
 {
     int every = p->o->val_every;
-    if (!p->vid || every <= 0 || p->rank != 0 || step % (uint64_t)every != 0 || step >= p->o->steps)
-        return;
+    if (p->det)
+        return ps_worker_det_maybe_validate(p, step);
+    if (!p->vid || every <= 0 || step % (uint64_t)every != 0 || step >= p->o->steps)
+        return 0;
+    /* Rank 0 alone validates; the others meet it at the caller's barrier
+     * (a small message, cheap to resend) rather than sit in the next
+     * step's PUSHPULL, whose 5 s retries would resend whole gradients. */
+    if (p->rank != 0)
+        return 1;
     double t0 = ps_worker_now();
     size_t n = 0;
     p->val_loss = ps_worker_video_eval(p, &p->top1, &p->top5, &n);
-    printf("val: iter=%llu videos=%zu loss=%.4f top1=%.4f top5=%.4f eval_s=%.1f\n",
+    printf("val: iter=%llu videos=%zu loss=%.4f top1=%.4f top5=%.4f eval_s=%.1f",
            (unsigned long long)step, n, p->val_loss, p->top1, p->top5, ps_worker_now() - t0);
+    if (p->val_nonfinite) printf(" nonfinite=%zu", p->val_nonfinite);
+    printf("\n");
     fflush(stdout);
     if (p->val_csv)
-        fprintf(p->val_csv, "%llu,%.3f,%.6f,%.4f,%.4f\n", (unsigned long long)step,
-                ps_worker_video_epoch(p, step), p->val_loss, p->top1, p->top5);
+        fprintf(p->val_csv, "%llu,%.3f,%.6f,%.4f,%.4f,%zu\n", (unsigned long long)step,
+                ps_worker_video_epoch(p, step), p->val_loss, p->top1, p->top5, p->val_nonfinite);
+    return 1;
 }
 
 char *ps_worker_spec_json(const ps_worker_t *p)

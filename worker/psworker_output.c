@@ -71,7 +71,7 @@ int ps_worker_output_open(ps_worker_t *p)
             return PS_EIO;
         }
         setvbuf(p->val_csv, NULL, _IOLBF, 0);
-        fprintf(p->val_csv, "iteration,epoch,loss,top1,top5\n");
+        fprintf(p->val_csv, "iteration,epoch,loss,top1,top5,nonfinite\n");
     }
     return 0;
 }
@@ -119,11 +119,14 @@ int ps_worker_save_model(ps_worker_t *p)
 {
     char path[4200], err[256] = "", buf[64];
     const char *out = p->o->out;
-    if (!out || !*out || p->rank != 0)
+    if (!out || !*out || (p->rank != 0 && !(p->vid && p->o->save_all_ranks)))
         return 0;
-    snprintf(path, sizeof path, "%s/model.safetensors", out);
-    if (p->vid) {
-        int vrc = ps_worker_video_save(p, path);
+    if (p->rank == 0)
+        snprintf(path, sizeof path, "%s/model.safetensors", out);
+    else /* --save-all-ranks: each worker's own copy (BN statistics tests) */
+        snprintf(path, sizeof path, "%s/model-rank%d.safetensors", out, p->rank);
+    if (p->vid || p->det) {
+        int vrc = p->det ? ps_worker_det_save(p, path) : ps_worker_video_save(p, path);
         if (vrc)
             ps_error("cannot save the model to %s: %s", path, ps_strerror(vrc));
         else
@@ -158,20 +161,27 @@ int ps_worker_save_model(ps_worker_t *p)
 
 void ps_worker_print_final(ps_worker_t *p, uint64_t steps_done)
 {
+    if (p->det) {
+        ps_worker_det_print_final(p, steps_done);
+        return;
+    }
     const ps_worker_stats_t *s = &p->st;
     uint64_t n = s->nloss < 10 ? s->nloss : 10;
     double loss = 0, acc = 0, ms = 1e3 / (s->counted ? (double)s->counted : 1.0);
     for (uint64_t i = 0; i < n; i++) loss += s->recent_loss[i];
     loss = n ? loss / n : NAN;
     if (p->vid) {
-        /* Validation on rank 0 only: the others would repeat the same pass. */
+        /* Validation on rank 0 only: the others would repeat the same pass
+         * (with the same BN statistics, --bn-sync) and print nan, with
+         * val=rank0 saying where the numbers are. */
         double t0 = ps_worker_now();
         if (p->rank == 0)
             p->val_loss = ps_worker_video_eval(p, &p->top1, &p->top5, NULL);
         double eval_s = ps_worker_now() - t0;
         if (p->val_csv)
-            fprintf(p->val_csv, "%llu,%.3f,%.6f,%.4f,%.4f\n", (unsigned long long)steps_done,
-                    ps_worker_video_epoch(p, steps_done), p->val_loss, p->top1, p->top5);
+            fprintf(p->val_csv, "%llu,%.3f,%.6f,%.4f,%.4f,%zu\n", (unsigned long long)steps_done,
+                    ps_worker_video_epoch(p, steps_done), p->val_loss, p->top1, p->top5,
+                    p->val_nonfinite);
         double cps = s->sum_step > 0 ? (double)p->batch * s->counted / s->sum_step : 0;
         printf("final: rank=%d workers=%d model=%s steps=%llu epochs=%.2f batch=%d loss=%.6f "
                "top1=%.4f top5=%.4f val_loss=%.6f clips_per_s=%.2f cluster_clips_per_s=%.2f "
@@ -181,6 +191,11 @@ void ps_worker_print_final(ps_worker_t *p, uint64_t steps_done)
                ps_worker_video_epoch(p, steps_done), p->batch, loss, p->top1, p->top5, p->val_loss,
                cps, cps * p->nworkers, s->sum_step * ms, s->sum_data * ms, s->sum_compute * ms,
                s->sum_comm * ms, eval_s, ps_worker_now() - s->t_start);
+        int nbn = 0;
+        uint32_t bn_crc = ps_worker_video_bn_crc(p, &nbn);
+        printf(" val=%s bn_sync=%d bn_stats=%d bn_crc=%08x", p->rank == 0 ? "here" : "rank0",
+               nbn > 0, nbn, (unsigned)bn_crc);
+        if (p->val_nonfinite) printf(" nonfinite=%zu", p->val_nonfinite);
         if (p->o->out && *p->o->out)
             printf(" out=%s%s", p->o->out, p->rank == 0 ? " model=model.safetensors" : "");
         printf("\n");

@@ -9,7 +9,15 @@
  * the server uses it to measure staleness.
  *
  * Standalone step: the same gradient over the whole global batch, then the
- * same ps_optim_apply_partition the servers run, partition by partition. */
+ * same ps_optim_apply_partition the servers run, partition by partition.
+ *
+ * Loss scaling (--loss-scale, contract in worker/engine/ps_loss_scale.h):
+ * the step's gradient is the backward of scale*loss; it is checked for
+ * Inf/NaN and unscaled before the push.  A worker that overflowed flags
+ * every PUSH of the step PS_FLAG_OVERFLOW; psd skips the update and echoes
+ * the flag on the WEIGHTS of that version, so every worker feeds the same
+ * verdict to its scaler and all scales stay identical. */
+#include "config.h"
 #include "worker/psworker.h"
 
 #include <inttypes.h>
@@ -19,7 +27,120 @@
 
 #include "ps_error.h"
 #include "ps_log.h"
+#include "ps_wire.h"
 #include "worker/ps_client.h"
+#ifdef PS_HAVE_CUDA
+#include "worker/engine/cuda/ps_cuda_backend.h"
+#endif
+
+/* Loss scaling, before the push: turn p->grad (this step's gradient, from a
+ * backward with dloss = 1) into the backward of scale*loss, check it, and
+ * unscale it if it is clean.  Returns 1 when this worker overflowed.
+ * On the fp32 CPU path, multiplying by a power of two commutes exactly with
+ * every operation of backward (barring overflow / underflow, which is what
+ * the check is for), so scaling the result is the scaled backward bit for
+ * bit; the fp16 CUDA path passes the scale as the loss gradient instead. */
+static int ls_in_backend;    /* the CUDA backend scaled this step's loss itself */
+static size_t ls_scaled_numel; /* ... which scaled p->grad[0..this) */
+
+/* Before the step's backward: hand the current scale to a backend that
+ * applies it in the loss gradient (CUDA: fp16 backward needs the scaled
+ * values), else ls_prepare scales afterwards. */
+static void ls_begin(ps_worker_t *p)
+{
+    ls_in_backend = p->o->ls_on && p->vid &&
+                    ps_worker_video_loss_scale(p, ps_loss_scale_get(&p->ls), &ls_scaled_numel);
+}
+
+static int ls_prepare(ps_worker_t *p, uint64_t step)
+{
+    const ps_worker_opts_t *o = p->o;
+    if (!o->ls_on)
+        return 0;
+    const float s = ps_loss_scale_get(&p->ls);
+    float *g = p->grad;
+    /* what the backend did not scale (all of it on the CPU; BN statistics
+     * after the parameters on CUDA), scaled here: one exact unscale below */
+    for (size_t i = ls_in_backend ? ls_scaled_numel : 0; i < p->numel; i++) g[i] *= s;
+    if (o->debug_overflow_at >= 0 && step == (uint64_t)o->debug_overflow_at && p->numel) {
+        ps_warn("step %" PRIu64 ": --debug-overflow-at: gradient set to Inf", step);
+        g[0] = INFINITY;
+    }
+    int ovf = ps_loss_scale_has_overflow(g, p->numel);
+    if (!ovf)
+        ps_loss_scale_unscale(&p->ls, g, p->numel);
+    return ovf;
+}
+
+/* Feed the step's cluster-wide verdict to the scaler; logs every change of
+ * the scale (one line per event, the sequence tests compare across
+ * workers).  Returns 1 when the step was applied, 0 when it was skipped. */
+static int ls_finish(ps_worker_t *p, uint64_t step, int local, int verdict)
+{
+    if (!p->o->ls_on)
+        return 1;
+    float before = ps_loss_scale_get(&p->ls);
+    int applied = ps_loss_scale_update(&p->ls, verdict);
+    float after = ps_loss_scale_get(&p->ls);
+    if (!applied)
+        ps_info("loss scale: step %" PRIu64 " skipped (overflow %s), scale %.0f -> %.0f", step,
+                local ? "on this worker" : "on another worker", (double)before, (double)after);
+    else if (after != before)
+        ps_info("loss scale: step %" PRIu64 " clean, scale %.0f -> %.0f", step, (double)before,
+                (double)after);
+    return applied;
+}
+
+static void ls_report(const ps_worker_t *p)
+{
+    if (p->o->ls_on)
+        ps_info("loss scale: final %.0f, %" PRIu64 " of %" PRIu64 " steps skipped for overflow",
+                (double)ps_loss_scale_get(&p->ls), p->ls.skipped, p->ls.steps);
+}
+
+/* Peak device memory (--device cuda, issue 5): sampled after each step's
+ * backward (the backend frees nothing inside a step, so usage is at its
+ * highest there), printed every --progress-every steps and at the end. */
+static struct {
+    size_t alloc_peak, used_peak, total; /* bytes, over the run */
+} devmem;
+
+static int on_cuda(const ps_worker_t *p)
+{
+    return p->vid && !strncmp(p->o->device, "cuda", 4);
+}
+
+static void devmem_step(const ps_worker_t *p, uint64_t step)
+{
+#ifdef PS_HAVE_CUDA
+    if (!on_cuda(p))
+        return;
+    ps_cuda_mem_t m;
+    ps_cuda_mem_stats(&m);
+    ps_cuda_mem_reset_peak();
+    if (m.alloc_peak > devmem.alloc_peak) devmem.alloc_peak = m.alloc_peak;
+    if (m.dev_used_peak > devmem.used_peak) devmem.used_peak = m.dev_used_peak;
+    devmem.total = m.dev_total;
+    int every = p->o->progress_every;
+    if (every > 0 && (step + 1) % (uint64_t)every == 0)
+        ps_info("device memory, step %" PRIu64 ": peak %.0f MiB allocated by the backend, "
+                "%.0f of %.0f MiB in use on the device", step, m.alloc_peak / 1048576.0,
+                m.dev_used_peak / 1048576.0, m.dev_total / 1048576.0);
+#else
+    (void)p, (void)step;
+#endif
+}
+
+/* One stdout line before "final:" (bench/gpu_check.sh reads it). */
+static void devmem_report(const ps_worker_t *p)
+{
+    if (!on_cuda(p) || !devmem.total)
+        return;
+    printf("device_memory: peak_alloc_mib=%.1f peak_used_mib=%.1f total_mib=%.1f\n",
+           devmem.alloc_peak / 1048576.0, devmem.used_peak / 1048576.0,
+           devmem.total / 1048576.0);
+    fflush(stdout);
+}
 
 static int check_loss(const ps_worker_t *p, double loss, uint64_t step)
 {
@@ -37,15 +158,23 @@ int ps_worker_run_standalone(ps_worker_t *p)
     int rc = ps_worker_output_open(p);
     if (rc)
         return rc;
+    if (o->ls_on && (rc = ps_loss_scale_init(&p->ls, &o->ls_cfg)))
+        return rc;
     ps_worker_initial_eval(p);
     p->st.t_start = ps_worker_now();
     for (uint64_t s = 0; s < o->steps; s++) {
         double t0 = ps_worker_now();
+        ls_begin(p);
         double loss = ps_worker_compute(p, s);
         if ((rc = check_loss(p, loss, s)))
             return rc;
+        devmem_step(p, s);
+        int ovf = ls_prepare(p, s);
         double t1 = ps_worker_now();
-        for (uint32_t i = 0; i < p->table.nparts; i++) {
+        /* Skipped: no update at all (weights, momentum), as on the servers;
+         * the schedule still counts the step. */
+        int apply = ls_finish(p, s, ovf, ovf);
+        for (uint32_t i = 0; apply && i < p->table.nparts; i++) {
             size_t off = p->table.parts[i].offset;
             rc = ps_optim_apply_partition(&p->optim, &p->table, i, p->w + off, p->mom + off,
                                           p->grad + off, s);
@@ -58,8 +187,10 @@ int ps_worker_run_standalone(ps_worker_t *p)
         ps_worker_record_step(p, s, loss, t2 - t0, t1 - t0, 0);
         ps_worker_maybe_validate(p, s + 1);
     }
+    ls_report(p);
     if ((rc = ps_worker_save_model(p)))
         return rc;
+    devmem_report(p);
     ps_worker_print_final(p, o->steps);
     return 0;
 }
@@ -117,13 +248,15 @@ static int pull_all(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_t *ve
  * weights back.  A gradient refused as too stale (bounded staleness) is
  * dropped and the partition's newest weights are pulled instead. */
 static int cluster_step(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_t *ver,
-                        uint64_t step, int sync)
+                        uint64_t step, int sync, int local_ovf, int *remote_ovf)
 {
     uint32_t n = p->table.nparts;
+    uint32_t pflags = ps_loss_scale_push_flags(local_ovf);
     int rc = 0;
+    *remote_ovf = 0;
     for (uint32_t i = 0; i < n && !rc; i++) {
         size_t off = p->table.parts[i].offset;
-        rc = ps_client_pushpull(c, i, sync ? step : ver[i], p->grad + off, p->w + off, 0,
+        rc = ps_client_pushpull(c, i, sync ? step : ver[i], p->grad + off, p->w + off, pflags,
                                 &req[i]);
         if (rc)
             ps_error("pushpull of partition %u at step %" PRIu64 ": %s", i, step,
@@ -133,8 +266,20 @@ static int cluster_step(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_t
         if (!req[i])
             continue;
         uint64_t v = 0;
-        int r = ps_client_wait(c, req[i], -1, &v);
+        uint32_t rflags = 0;
+        int r = ps_client_wait_flags(c, req[i], -1, &v, &rflags);
         req[i] = NULL;
+        /* psd's verdict on this step (sync): WEIGHTS of a skipped update */
+        if (!r && (rflags & PS_FLAG_OVERFLOW))
+            *remote_ovf = 1;
+        if (r == PS_ESTATE && sync && (rflags & PS_FLAG_ROLLBACK)) {
+            /* A server restarted from an older checkpoint (v): cluster_train
+             * rolls every server back once this step's requests are done. */
+            if (!p->rollback || v < p->rollback_to)
+                p->rollback_to = v;
+            p->rollback = 1;
+            continue;
+        }
         if (r == PS_ESTALE && !sync) {
             p->st.stale_drops++;
             ps_debug("partition %u: gradient of version %" PRIu64 " too stale, pulling", i,
@@ -171,6 +316,64 @@ static int cluster_step(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_t
     return rc;
 }
 
+/* Roll every server back to p->rollback_to (ps_client_rollback: the lowest
+ * version some server can restore), pull the weights of that version and
+ * return it in *next: the step to compute next.  The data of a step is a
+ * function of the step alone, so the steps redone repeat the lost ones. */
+static int rollback(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_t *ver, uint64_t step,
+                    uint64_t *next)
+{
+    uint64_t v = p->rollback_to;
+    int rc;
+    for (int tries = 0; tries < 8; tries++) {
+        p->rollback = 0;
+        ps_warn("step %" PRIu64 ": a server restarted from its checkpoint of version %" PRIu64
+                ": rolling every server back to it", step, v);
+        if ((rc = ps_client_rollback(c, &v))) {
+            ps_error("rollback to version %" PRIu64 " failed: %s (%s)", v, ps_strerror(rc),
+                     ps_client_last_error(c));
+            return rc;
+        }
+        if ((rc = pull_all(p, c, req, ver)))
+            return rc;
+        uint64_t lo = ver[0], hi = ver[0];
+        for (uint32_t i = 1; i < p->table.nparts; i++) {
+            lo = ver[i] < lo ? ver[i] : lo;
+            hi = ver[i] > hi ? ver[i] : hi;
+        }
+        if (lo == v && hi == v) {
+            /* Residuals of lossy pushes belong to the weights abandoned. */
+            ps_client_ef_reset(c);
+            ps_info("rolled back to step %" PRIu64 " (%" PRIu64 " step(s) to redo)", v, step - v);
+            *next = v;
+            return 0;
+        }
+        /* Another worker rolled some server further back meanwhile. */
+        v = lo;
+    }
+    ps_error("rollback: partition versions keep moving; giving up");
+    return PS_ESTATE;
+}
+
+/* A worker (re)started while the job runs must not wait at the start
+ * barrier (the others are training, not at the barrier): every server
+ * reporting a version above 0 means the job is under way or resumed from
+ * checkpoints, and the weights are there to pull. */
+static int job_under_way(ps_client_t *c, int nservers)
+{
+    for (int s = 0; s < nservers; s++) {
+        char *json = NULL;
+        if (ps_client_stats(c, s, &json) || !json)
+            return 0;
+        const char *k = strstr(json, "\"version\":");
+        unsigned long long v = k ? strtoull(k + 10, NULL, 10) : 0;
+        free(json);
+        if (v == 0)
+            return 0;
+    }
+    return 1;
+}
+
 static int cluster_train(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_t *ver)
 {
     const ps_worker_opts_t *o = p->o;
@@ -191,15 +394,22 @@ static int cluster_train(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_
         if (from_ckpt)
             ps_info("servers hold a checkpoint of this model: resuming from it");
     }
-    if ((rc = ps_client_barrier(c))) {
+    if (sync && job_under_way(c, p->table.nservers))
+        ps_info("the servers are past version 0: joining the running job (no start barrier)");
+    else if ((rc = ps_client_barrier(c))) {
         ps_error("start barrier failed: %s (%s)", ps_strerror(rc), ps_client_last_error(c));
         return rc;
     }
     if ((rc = pull_all(p, c, req, ver)))
         return rc;
-    uint64_t start = ver[0];
+    uint64_t start = ver[0], hi = ver[0];
+    for (uint32_t i = 1; i < p->table.nparts; i++)
+        hi = ver[i] > hi ? ver[i] : hi;
     for (uint32_t i = 1; i < p->table.nparts; i++) {
-        if (ver[i] != start && sync) {
+        /* One apart is a worker rejoining a running job mid-step: the
+         * partitions its previous life already pushed are one ahead; it
+         * starts from the lowest and those answer its pushes as retries. */
+        if (ver[i] != start && sync && hi - (ver[i] < start ? ver[i] : start) > 1) {
             ps_error("partitions start at different versions (%" PRIu64 " and %" PRIu64
                      "): servers restored from checkpoints of different steps",
                      start, ver[i]);
@@ -213,19 +423,43 @@ static int cluster_train(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_
         ps_info("resuming at step %" PRIu64, start);
     if ((rc = ps_worker_output_open(p)))
         return rc;
+    if (o->ls_on && (rc = ps_loss_scale_init(&p->ls, &o->ls_cfg)))
+        return rc;
     ps_worker_initial_eval(p);
     p->st.t_start = ps_worker_now();
     for (uint64_t s = start; s < o->steps; s++) {
         double t0 = ps_worker_now();
+        ls_begin(p);
         double loss = ps_worker_compute(p, s);
         if ((rc = check_loss(p, loss, s)))
             return rc;
+        devmem_step(p, s);
+        int ovf = ls_prepare(p, s), remote = 0;
         double t1 = ps_worker_now();
-        if ((rc = cluster_step(p, c, req, ver, s, sync)))
+        if ((rc = cluster_step(p, c, req, ver, s, sync, ovf, &remote)))
             return rc;
+        if (p->rollback) {
+            uint64_t next;
+            if ((rc = rollback(p, c, req, ver, s, &next)))
+                return rc;
+            s = next - 1; /* the loop's s++ makes it `next` (unsigned wrap at 0 included) */
+            continue;
+        }
+        if (ovf && sync && !remote)
+            /* Our flagged pushes were skipped, yet no reply says so: a psd
+             * without the echo; the other workers cannot know either. */
+            ps_warn("step %" PRIu64 ": overflow pushed but no server reported the skip: "
+                    "workers' loss scales may diverge (psd too old?)", s);
+        /* Async / bounded staleness: no step is shared, each worker's own
+         * overflow is its verdict (psd drops just that push). */
+        ls_finish(p, s, ovf, ovf || (sync && remote));
         double t2 = ps_worker_now();
         ps_worker_record_step(p, s, loss, t2 - t0, t1 - t0, t2 - t1);
-        ps_worker_maybe_validate(p, s + 1);
+        /* rank 0 validated: the others wait here, not in a PUSHPULL */
+        if (ps_worker_maybe_validate(p, s + 1) && (rc = ps_client_barrier(c))) {
+            ps_error("validation barrier failed: %s (%s)", ps_strerror(rc), ps_client_last_error(c));
+            return rc;
+        }
     }
     /* Everyone finished: in async modes the newest weights are on the
      * servers, so every rank reads them back before evaluating / saving. */
@@ -235,8 +469,10 @@ static int cluster_train(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_
     }
     if ((rc = pull_all(p, c, req, ver)))
         return rc;
+    ls_report(p);
     if ((rc = ps_worker_save_model(p)))
         return rc;
+    devmem_report(p);
     ps_worker_print_final(p, o->steps);
     /* A second barrier: nobody may still be pulling when rank 0 shuts the
      * servers down. */

@@ -10,14 +10,26 @@
  * give it (ps_video.h), B per step; step s is batch s % bpe of epoch
  * s / bpe (bpe = batches per epoch), so a run restarted at step s reads on
  * exactly where it stopped, and one process with batch W*B sees the same
- * samples per step as W processes with batch B. */
+ * samples per step as W processes with batch B.
+ *
+ * BN running statistics (--bn-sync, default on): the running mean / var of
+ * every BN that updates them in training (all in TRAIN mode, bn1 in
+ * PARTIAL, none in FROZEN) are extra tensors at the end of the flat vector,
+ * in an AVERAGE optimizer group (ps_optim.h).  Each step a worker starts
+ * from the pulled statistics, its training forward updates them with its
+ * own batch, and it pushes w_pulled - local; the servers' mean turns that
+ * into the mean of the workers' local statistics, which every worker pulls
+ * back.  So every worker evaluates with the same statistics, equal to the
+ * mean of what each would have computed, and rank 0 exports them. */
 #include "worker/psworker.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "config.h"
+#include "ps_crc32c.h"
 #include "ps_error.h"
 #include "ps_log.h"
 #include "worker/data/ps_video.h"
@@ -35,7 +47,10 @@ struct ps_worker_video {
     ps_video_opts_t topt, vopt;
     ps_tensor_spec_t *specs;
     int nspecs;
-    int *param_of;          /* spec i -> model param index */
+    int *param_of;          /* spec i -> model param index (i < nparams) or
+                               model buffer index (BN statistics, i >= nparams) */
+    int nparams;            /* specs[0..nparams) are trainable parameters, the
+                               rest BN running statistics (AVERAGE group) */
     float *clips;           /* (max_clips*T, 3, H, W) one batch */
     int32_t *labels;
     int64_t *idx;
@@ -84,6 +99,47 @@ static int select_device(struct ps_worker_video *v, const char *device, const ps
 #endif
 }
 
+/* --precision on the CUDA backend (E, issue 5): fp16 / bf16 operands for
+ * conv and linear (docs/cuda.md); the CPU runs fp32 only (main refuses). */
+int ps_worker_video_precision(ps_worker_t *p, const char *precision)
+{
+    if (!strcmp(precision, "fp32"))
+        return 0;
+#ifdef PS_HAVE_CUDA
+    struct ps_worker_video *v = p->vid;
+    if (v && v->cuda) {
+        int rc = ps_cuda_backend_set_precision(&v->ctx, !strcmp(precision, "bf16")
+                                                            ? PS_CUDA_BF16 : PS_CUDA_FP16);
+        if (!rc)
+            ps_info("precision %s: conv / linear on %s operands, fp32 BN, loss and master "
+                    "weights", precision, precision);
+        return rc;
+    }
+#endif
+    (void)p;
+    ps_error("--precision %s needs --device cuda (the CPU engine is fp32)", precision);
+    return PS_EUNSUPPORTED;
+}
+
+/* Loss scaling (E): 1 when the CUDA backend applies `scale` in its
+ * cross-entropy backward, 0 when the caller must scale (the CPU: fp32,
+ * exact).  *scaled = the elements p->grad[0..*scaled) that then come out
+ * scaled: the trainable parameters; the BN statistics after them are
+ * differences of running averages, never scaled. */
+int ps_worker_video_loss_scale(ps_worker_t *p, float scale, size_t *scaled)
+{
+    *scaled = 0;
+#ifdef PS_HAVE_CUDA
+    struct ps_worker_video *v = p->vid;
+    if (v && v->cuda && ps_cuda_backend_set_loss_scale(&v->ctx, scale) == 0) {
+        for (int i = 0; i < v->nparams; i++) *scaled += v->specs[i].numel;
+        return 1;
+    }
+#endif
+    (void)p, (void)scale;
+    return 0;
+}
+
 int ps_worker_is_video(const ps_worker_opts_t *o) { return strcmp(o->model, "smoke") != 0; }
 
 static int parse_model(const char *name, int *depth, int *shift)
@@ -125,6 +181,41 @@ static void base_opts(const ps_worker_opts_t *o, ps_video_opts_t *v)
     v->threads = o->loader_threads;
     v->prefetch = o->prefetch;
     v->skip_bad = o->skip_bad;
+}
+
+/* Group index of the BN statistics: right after the TSM recipe's groups. */
+#define STAT_GROUP PS_MODEL_NGROUPS
+
+/* Append to v->specs the running mean / var of every BN whose statistics a
+ * training forward updates: those whose affine is trainable (TRAIN: all,
+ * PARTIAL: bn1, FROZEN: none; ps_model.h). */
+static int add_stat_specs(struct ps_worker_video *v)
+{
+    int nb, np;
+    const ps_model_buffer_t *bu = ps_model_buffers(v->m, &nb);
+    const ps_model_param_t *par = ps_model_params(v->m, &np);
+    ps_tensor_spec_t *s = realloc(v->specs, sizeof *s * (size_t)(v->nspecs + nb));
+    int *of = malloc(sizeof(int) * (size_t)(v->nspecs + nb));
+    if (s) v->specs = s;
+    if (!s || !of) {
+        free(of);
+        return PS_ENOMEM;
+    }
+    int n = v->nspecs;
+    for (int i = 0; i < nb; i++) {
+        if (!bu[i].f32) continue; /* num_batches_tracked: the same count everywhere */
+        char wname[256];
+        const char *dot = strrchr(bu[i].name, '.');
+        int plen = dot ? (int)(dot - bu[i].name) : 0;
+        snprintf(wname, sizeof wname, "%.*s.weight", plen, bu[i].name);
+        int pi = ps_model_find_param(v->m, wname);
+        if (pi < 0 || !par[pi].trainable) continue;
+        s[n] = (ps_tensor_spec_t){.name = bu[i].name, .numel = bu[i].numel, .group = STAT_GROUP};
+        of[n++] = i;
+    }
+    v->nspecs = n;
+    v->param_of = of;
+    return 0;
 }
 
 int ps_worker_video_setup(ps_worker_t *p, uint32_t nservers)
@@ -203,6 +294,8 @@ int ps_worker_video_setup(ps_worker_t *p, uint32_t nservers)
     const ps_backend_t *be;
     if ((rc = select_device(v, o->device, &be)))
         return rc;
+    if ((rc = ps_worker_video_precision(p, o->precision)))
+        return rc;
     if ((rc = ps_model_create(&v->m, &cfg, be, &v->ctx, v->max_clips, o->size, o->size)))
         return rc;
     if ((rc = dev_sync(v)))
@@ -218,12 +311,18 @@ int ps_worker_video_setup(ps_worker_t *p, uint32_t nservers)
     }
     v->nspecs = ps_model_tensor_specs(v->m, &v->specs);
     if (v->nspecs < 0) return v->nspecs;
-    rc = ps_partition_table_build(&p->table, v->specs, (uint32_t)v->nspecs, (size_t)o->partition_bytes, nservers);
+    v->nparams = v->nspecs;
+    if (o->bn_sync && (rc = add_stat_specs(v))) return rc;
+    /* The statistics travel exactly (raw fp32 whatever --dtype / --codec):
+     * partitions of their own, PS_PART_EXACT (ps_optim_exact_groups). */
+    uint32_t exact = v->nspecs > v->nparams ? 1u << STAT_GROUP : 0;
+    rc = ps_partition_table_build_ex(&p->table, v->specs, (uint32_t)v->nspecs, (size_t)o->partition_bytes,
+                                     nservers, exact);
     if (rc) {
         ps_error("cannot build the partition table: %s", ps_strerror(rc));
         return rc;
     }
-    v->param_of = malloc(sizeof(int) * (size_t)v->nspecs);
+    if (!v->param_of) v->param_of = malloc(sizeof(int) * (size_t)v->nspecs);
     size_t frame_floats = (size_t)3 * o->size * o->size;
     v->clips = malloc(sizeof(float) * frame_floats * (size_t)o->frames * (size_t)v->max_clips);
     v->labels = malloc(sizeof(int32_t) * (size_t)v->max_clips);
@@ -240,7 +339,13 @@ int ps_worker_video_setup(ps_worker_t *p, uint32_t nservers)
     int np;
     const ps_model_param_t *par = ps_model_params(v->m, &np);
     size_t off = 0;
+    const ps_model_buffer_t *bu = ps_model_buffers(v->m, NULL);
     for (int i = 0; i < v->nspecs; i++) {
+        if (i >= v->nparams) { /* param_of was set by add_stat_specs */
+            memcpy(p->w + off, bu[v->param_of[i]].f32, sizeof(float) * v->specs[i].numel);
+            off += v->specs[i].numel;
+            continue;
+        }
         v->param_of[i] = ps_model_find_param(v->m, v->specs[i].name);
         if (v->param_of[i] < 0 || par[v->param_of[i]].numel != v->specs[i].numel) {
             ps_error("model table mismatch at %s", v->specs[i].name);
@@ -249,17 +354,26 @@ int ps_worker_video_setup(ps_worker_t *p, uint32_t nservers)
         memcpy(p->w + off, par[v->param_of[i]].w, sizeof(float) * v->specs[i].numel);
         off += v->specs[i].numel;
     }
+    if (v->nspecs > v->nparams)
+        ps_info("BN running statistics: %d tensors averaged over the workers through the servers "
+                "(--bn-sync)", v->nspecs - v->nparams);
     ps_info("model %s: %zu trainable parameters in %d tensors, %u partitions on %u server(s), "
             "%d classes, T=%d, %dx%d", o->model, p->numel, v->nspecs, p->table.nparts, nservers, classes,
             o->frames, o->size, o->size);
     return 0;
 }
 
-/* The optimizer groups of the TSM recipe (biases x2, BN no decay, new fc). */
+/* The optimizer groups of the TSM recipe (biases x2, BN no decay, new fc),
+ * plus the AVERAGE group of the BN statistics when there are any. */
 int ps_worker_video_groups(ps_worker_t *p)
 {
     int n = ps_model_groups(p->vid->m, p->optim.groups, PS_OPTIM_MAX_GROUPS);
     if (n < 0) return n;
+    if (p->vid->nspecs > p->vid->nparams) {
+        if (n != STAT_GROUP || n + 1 > PS_OPTIM_MAX_GROUPS) return PS_EINVAL;
+        p->optim.groups[n] = (ps_param_group_t){1.0f, 0.0f};
+        p->optim.group_kind[n++] = PS_GROUP_AVERAGE;
+    }
     p->optim.ngroups = n;
     return 0;
 }
@@ -287,16 +401,18 @@ void ps_worker_video_teardown(ps_worker_t *p)
     p->vid = NULL;
 }
 
-/* p->w -> the model's tensors. */
+/* p->w -> the model's tensors (and BN statistics). */
 static void scatter(ps_worker_t *p)
 {
     struct ps_worker_video *v = p->vid;
     dev_sync(v);
     int np;
     const ps_model_param_t *par = ps_model_params(v->m, &np);
+    const ps_model_buffer_t *bu = ps_model_buffers(v->m, NULL);
     size_t off = 0;
     for (int i = 0; i < v->nspecs; i++) {
-        memcpy(par[v->param_of[i]].w, p->w + off, sizeof(float) * v->specs[i].numel);
+        float *dst = i < v->nparams ? par[v->param_of[i]].w : bu[v->param_of[i]].f32;
+        memcpy(dst, p->w + off, sizeof(float) * v->specs[i].numel);
         off += v->specs[i].numel;
     }
 }
@@ -350,20 +466,31 @@ double ps_worker_video_compute(ps_worker_t *p, uint64_t step)
     }
     int np;
     const ps_model_param_t *par = ps_model_params(v->m, &np);
+    const ps_model_buffer_t *bu = ps_model_buffers(v->m, NULL);
     size_t off = 0;
     for (int i = 0; i < v->nspecs; i++) {
-        memcpy(p->grad + off, par[v->param_of[i]].g, sizeof(float) * v->specs[i].numel);
-        off += v->specs[i].numel;
+        size_t n = v->specs[i].numel;
+        if (i < v->nparams) {
+            memcpy(p->grad + off, par[v->param_of[i]].g, sizeof(float) * n);
+        } else {
+            /* AVERAGE group: w_pulled - local (ps_optim.h) */
+            const float *loc = bu[v->param_of[i]].f32;
+            for (size_t k = 0; k < n; k++) p->grad[off + k] = p->w[off + k] - loc[k];
+        }
+        off += n;
     }
     return loss;
 }
 
-double ps_worker_video_eval(ps_worker_t *p, double *top1, double *top5, size_t *videos)
+/* Validation pass; with pred != NULL one CSV row per video: list index,
+ * frame_dir, label, predicted class and the (clip-averaged) logits. */
+static double video_eval(ps_worker_t *p, double *top1, double *top5, size_t *videos, FILE *pred)
 {
     struct ps_worker_video *v = p->vid;
     char err[1024];
     *top1 = *top5 = NAN;
     if (videos) *videos = 0;
+    p->val_nonfinite = 0;
     if (!v->val) return NAN;
     if (!v->vl && ps_video_loader_new(v->val, &v->vopt, &v->vl, err, sizeof err)) {
         ps_error("validation loader: %s", err);
@@ -372,7 +499,7 @@ double ps_worker_video_eval(ps_worker_t *p, double *top1, double *top5, size_t *
     scatter(p);
     ps_video_loader_set_epoch(v->vl, 0);
     int K = v->K, C = ps_model_config(v->m)->num_classes, n = 0;
-    size_t count = 0, c1 = 0, c5 = 0;
+    size_t count = 0, c1 = 0, c5 = 0, bad = 0;
     double loss = 0;
     double *avg = malloc(sizeof(double) * (size_t)C);
     while (avg && (n = ps_video_loader_next(v->vl, v->clips, v->labels, v->idx, NULL)) > 0) {
@@ -381,19 +508,39 @@ double ps_worker_video_eval(ps_worker_t *p, double *top1, double *top5, size_t *
         for (int i = 0; i < n; i++) {
             /* multi-clip: mean of the clips' scores (TSM's test) */
             double mx = -INFINITY, se = 0;
+            int finite = 1;
             for (int c = 0; c < C; c++) {
                 avg[c] = 0;
                 for (int k = 0; k < K; k++) avg[c] += lg[(size_t)(i * K + k) * C + c];
                 avg[c] /= K;
+                finite &= isfinite(avg[c]) != 0;
                 if (avg[c] > mx) mx = avg[c];
             }
-            for (int c = 0; c < C; c++) se += exp(avg[c] - mx);
-            int y = v->labels[i], rank = 0;
-            loss += -(avg[y] - mx - log(se));
-            for (int c = 0; c < C; c++) rank += avg[c] > avg[y] || (avg[c] == avg[y] && c < y);
-            c1 += rank < 1;
-            c5 += rank < 5;
+            int y = v->labels[i];
             count++;
+            if (!finite) {
+                /* A diverged model: NaN compares false with everything, so
+                 * the rank count below would call the video correct.  It
+                 * is wrong for top-1 and top-5, and the loss is NaN so the
+                 * user sees it. */
+                bad++;
+                loss = NAN;
+            } else {
+                int rank = 0;
+                for (int c = 0; c < C; c++) se += exp(avg[c] - mx);
+                loss += -(avg[y] - mx - log(se));
+                for (int c = 0; c < C; c++) rank += avg[c] > avg[y] || (avg[c] == avg[y] && c < y);
+                c1 += rank < 1;
+                c5 += rank < 5;
+            }
+            if (pred) {
+                int best = finite ? 0 : -1; /* -1: no prediction from non-finite logits */
+                for (int c = 1; c < C && finite; c++) best = avg[c] > avg[best] ? c : best;
+                fprintf(pred, "%lld,%s,%d,%d", (long long)v->idx[i],
+                        ps_video_list_name(v->val, (size_t)v->idx[i]), y, best);
+                for (int c = 0; c < C; c++) fprintf(pred, ",%.9g", avg[c]);
+                fputc('\n', pred);
+            }
         }
     }
     free(avg);
@@ -402,16 +549,36 @@ double ps_worker_video_eval(ps_worker_t *p, double *top1, double *top5, size_t *
         return NAN;
     }
     if (!count) return NAN;
+    p->val_nonfinite = bad;
+    if (bad)
+        ps_warn("validation: %zu of %zu videos have non-finite logits (counted wrong; loss NaN)", bad,
+                count);
     *top1 = (double)c1 / count;
     *top5 = (double)c5 / count;
     if (videos) *videos = count;
     return loss / count;
 }
 
+double ps_worker_video_eval(ps_worker_t *p, double *top1, double *top5, size_t *videos)
+{
+    return video_eval(p, top1, top5, videos, NULL);
+}
+
 int ps_worker_video_save(ps_worker_t *p, const char *path)
 {
     scatter(p);
     return ps_model_save(p->vid->m, path);
+}
+
+uint32_t ps_worker_video_bn_crc(const ps_worker_t *p, int *ntensors)
+{
+    const struct ps_worker_video *v = p->vid;
+    uint32_t crc = 0;
+    if (ntensors) *ntensors = v ? v->nspecs - v->nparams : 0;
+    if (!v || v->nspecs == v->nparams) return 0;
+    size_t off = 0;
+    for (int i = 0; i < v->nparams; i++) off += v->specs[i].numel;
+    return ps_crc32c(crc, p->w + off, (p->numel - off) * sizeof(float));
 }
 
 size_t ps_worker_video_clip_floats(const ps_worker_t *p)
@@ -435,12 +602,30 @@ int ps_worker_run_eval(ps_worker_t *p)
         ps_warn("--eval without --weights: evaluating the initialisation");
     double t0 = ps_worker_now(), top1, top5;
     size_t n = 0;
-    double loss = ps_worker_video_eval(p, &top1, &top5, &n);
+    FILE *pred = NULL;
+    const char *pp = p->o->predictions;
+    if (pp && *pp) {
+        if (!(pred = fopen(pp, "w"))) {
+            ps_error("--predictions %s: %s", pp, strerror(errno));
+            return PS_EIO;
+        }
+        int C = ps_model_config(p->vid->m)->num_classes;
+        fprintf(pred, "index,video,label,pred");
+        for (int c = 0; c < C; c++) fprintf(pred, ",logit%d", c);
+        fputc('\n', pred);
+    }
+    double loss = video_eval(p, &top1, &top5, &n, pred);
     double dt = ps_worker_now() - t0;
+    if (pred && (ferror(pred) | fclose(pred))) {
+        ps_error("--predictions %s: write failed", pp);
+        return PS_EIO;
+    }
     if (!n) return PS_EIO;
     printf("final: model=%s weights=%s videos=%zu clips=%d top1=%.4f top5=%.4f val_loss=%.6f "
-           "clips_per_s=%.2f wall_s=%.1f\n", p->o->model, p->o->weights, n, p->vid->K, top1, top5, loss,
+           "clips_per_s=%.2f wall_s=%.1f", p->o->model, p->o->weights, n, p->vid->K, top1, top5, loss,
            (double)n * p->vid->K / dt, dt);
+    if (p->val_nonfinite) printf(" nonfinite=%zu", p->val_nonfinite);
+    printf("\n");
     fflush(stdout);
     return 0;
 }

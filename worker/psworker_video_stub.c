@@ -27,6 +27,23 @@ double ps_worker_video_eval(ps_worker_t *p, double *top1, double *top5, size_t *
     return NAN;
 }
 int ps_worker_video_save(ps_worker_t *p, const char *path) { (void)p, (void)path; return PS_EUNSUPPORTED; }
+uint32_t ps_worker_video_bn_crc(const ps_worker_t *p, int *ntensors)
+{
+    (void)p;
+    if (ntensors) *ntensors = 0;
+    return 0;
+}
 size_t ps_worker_video_clip_floats(const ps_worker_t *p) { (void)p; return 0; }
 double ps_worker_video_epoch(const ps_worker_t *p, uint64_t steps) { (void)p, (void)steps; return 0; }
 int ps_worker_run_eval(ps_worker_t *p) { (void)p; return PS_EUNSUPPORTED; }
+int ps_worker_video_precision(ps_worker_t *p, const char *precision)
+{
+    (void)p, (void)precision;
+    return PS_EUNSUPPORTED;
+}
+int ps_worker_video_loss_scale(ps_worker_t *p, float scale, size_t *scaled)
+{
+    (void)p, (void)scale;
+    *scaled = 0;
+    return 0;
+}

@@ -41,7 +41,22 @@ template <class T> static T __shfl_down_sync(unsigned, T v, int o)
 }
 extern "C" {
 #include "worker/engine/layers/cpu_layers.h"
+#include "ps_half.h"
 }
+// cuda_fp16.h / cuda_bf16.h stand-ins for mixed.cu's casts: 16-bit storage
+// and common/ps_half.c's conversions, which round to nearest even and keep
+// Inf/NaN as __float2half_rn / __float2bfloat16_rn do (tests/test_cuda_cast
+// checks that equivalence bit for bit on the GPU).
+struct __half {
+    uint16_t x;
+};
+struct __nv_bfloat16 {
+    uint16_t x;
+};
+static __half __float2half_rn(float f) { return __half{ps_fp32_to_fp16_1(f)}; }
+static float __half2float(__half h) { return ps_fp16_to_fp32_1(h.x); }
+static __nv_bfloat16 __float2bfloat16_rn(float f) { return __nv_bfloat16{ps_fp32_to_bf16_1(f)}; }
+static float __bfloat162float(__nv_bfloat16 h) { return ps_bf16_to_fp32_1(h.x); }
 #include "kernels.inc"
 
 #define EMU(kernel, G, B, ...)                                                  \
@@ -324,6 +339,46 @@ static void biases()
     tap(okb, "conv bias add (N,K,PQ)");
 }
 
+// mixed.cu: NCHW fp32 -> NHWC half and back (with accumulation), against
+// an explicit transpose with the CPU conversions.
+static void layouts()
+{
+    const int N = 3, C = 5, HW = 7;
+    const size_t n = (size_t)N * C * HW;
+    float *x = rnd(n, 3), *back = nans(n), *acc = rnd(n), *want = nans(n), *wacc = cp(acc, n);
+    uint16_t *ref16 = (uint16_t *)malloc(n * 2), *refbf = (uint16_t *)malloc(n * 2);
+    for (int i = 0; i < N; i++)
+        for (int c = 0; c < C; c++)
+            for (int p = 0; p < HW; p++) {
+                const float v = x[((size_t)i * C + c) * HW + p];
+                ref16[((size_t)i * HW + p) * C + c] = ps_fp32_to_fp16_1(v);
+                refbf[((size_t)i * HW + p) * C + c] = ps_fp32_to_bf16_1(v);
+            }
+    __half *h = (__half *)malloc(n * sizeof(__half));
+    __nv_bfloat16 *b = (__nv_bfloat16 *)malloc(n * sizeof(__nv_bfloat16));
+    memset(h, 0xff, n * sizeof *h);
+    memset(b, 0xff, n * sizeof *b);
+    EMU(k_nchw_to_nhwc_f16, 2, 16, h, x, n, C, HW);
+    EMU(k_nchw_to_nhwc_bf16, 3, 8, b, x, n, C, HW);
+    int ok16 = 1, okbf = 1;
+    for (size_t i = 0; i < n; i++) ok16 &= h[i].x == ref16[i], okbf &= b[i].x == refbf[i];
+    tap(ok16, "NCHW fp32 -> NHWC fp16 (N%d C%d HW%d), bit for bit", N, C, HW);
+    tap(okbf, "NCHW fp32 -> NHWC bf16, bit for bit");
+    for (size_t i = 0; i < n; i++) want[i] = ps_fp16_to_fp32_1(ps_fp32_to_fp16_1(x[i]));
+    EMU(k_nhwc_f16_to_nchw, 2, 16, back, h, n, C, HW, 0);
+    cmp(back, want, n, 0, 0, "NHWC fp16 -> NCHW fp32 round trip = x rounded to fp16");
+    for (size_t i = 0; i < n; i++) wacc[i] += ps_bf16_to_fp32_1(ps_fp32_to_bf16_1(x[i]));
+    EMU(k_nhwc_bf16_to_nchw, 3, 8, acc, b, n, C, HW, 1);
+    cmp(acc, wacc, n, 0, 0, "NHWC bf16 -> NCHW fp32, accumulated");
+    /* NCHW half (PS_CUDA_NCHW=1): the same kernel with C = 1, HW = C*HW */
+    for (size_t i = 0; i < n; i++) h[i].x = ps_fp32_to_fp16_1(x[i]);
+    float *flat = nans(n);
+    EMU(k_nhwc_f16_to_nchw, 2, 16, flat, h, n, 1, C * HW, 0);
+    cmp(flat, want, n, 0, 0, "NCHW fp16 -> NCHW fp32 (C = 1 form)");
+    free(x), free(back), free(acc), free(want), free(wacc), free(ref16), free(refbf);
+    free(h), free(b), free(flat);
+}
+
 int main()
 {
     omp_set_dynamic(0);
@@ -332,6 +387,7 @@ int main()
     shift_consensus_xent();
     batchnorm();
     biases();
+    layouts();
     printf("1..%d\n", nt);
     return nfail ? 1 : 0;
 }

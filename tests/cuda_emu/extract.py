@@ -8,7 +8,8 @@ import os
 import re
 import sys
 
-FILES = ["batchnorm.cu", "conv2d.cu", "layers.cu", "linear.cu", "loss_scale.cu", "pool.cu"]
+FILES = ["batchnorm.cu", "conv2d.cu", "layers.cu", "linear.cu", "loss_scale.cu", "mixed.cu",
+         "pool.cu"]
 MACROS = ("GRID_STRIDE", "BN_THREADS", "XENT_THREADS")
 
 

@@ -16,7 +16,8 @@
 #   OUTDIR/fuzz_codec -max_total_time=600 -close_fd_mask=2 CORPUSDIR tests/fuzz/corpus/codec
 # Targets: codec (every dtype x codec x decode mode), wire (ps_wire_recv over
 # an inproc ZeroMQ pipe), safetensors (ps_st_parse + accessors), config
-# (INI file and argv).
+# (INI file and argv), video_list (the TSM dataset list reader of
+# worker/data, linked with libjpeg: apt-get install libjpeg62-turbo-dev).
 set -eu
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -49,10 +50,19 @@ for src in "$top"/common/*.c "$out/proto/ps.pb-c.c"; do
 done
 ar rcs "$out/libfz_common.a" "$out/obj"/*.o
 objs="$out/libfz_common.a"
+# the dataset list reader and what it calls (JPEG probe / decode)
+mkdir -p "$out/objdata"
+rm -f "$out/objdata"/*.o "$out/libfz_data.a"
+for src in "$top"/worker/data/video_list.c "$top"/worker/data/ps_image.c; do
+    $CC $CFLAGS -fsanitize=fuzzer-no-link -c "$src" -o "$out/objdata/$(basename "$src" .c).o"
+done
+ar rcs "$out/libfz_data.a" "$out/objdata"/*.o
 
-targets="codec wire safetensors config"
+targets="codec wire safetensors config video_list"
 for t in $targets; do
-    $CC $CFLAGS -fsanitize=fuzzer "$here/fuzz_$t.c" $objs $LIBS -o "$out/fuzz_$t"
+    extra=
+    [ "$t" = video_list ] && extra="$out/libfz_data.a -ljpeg"
+    $CC $CFLAGS -fsanitize=fuzzer "$here/fuzz_$t.c" $extra $objs $LIBS -o "$out/fuzz_$t"
     echo "built $out/fuzz_$t"
 done
 

@@ -143,3 +143,14 @@ put("config", "argv_flags", b"\1" + b"\0".join([b"--port", b"7001", b"--lr=0.25"
                                                  b"--partition_bytes", b"1G", b"--", b"--name"]))
 put("config", "argv_help", b"\1" + b"\0".join([b"-h"]))
 put("config", "argv_bad", b"\1" + b"\0".join([b"--port", b"12x", b"--verbose=maybe", b"--name"]))
+
+# ---- video_list: byte 0 = options (bit 0 skip_bad, bit 1 check_frames,
+# bits 2-3 min_frames - 1, bit 4: first line is the frame template)
+put("video_list", "list_basic", b"\0vid/a 8 0\nvid/b 16 3\n# comment\n\nvid with space 10 1\n")
+put("video_list", "list_skipbad", b"\1vid/a 8 0\nbad line\nvid/c -3 1\nvid/d 9 x\nvid/e\t12\t2\n")
+put("video_list", "list_bad_fields", b"\0vid/a 8\n")
+put("video_list", "list_tmpl", b"\x10frame_%06d.png\nvid/a 8 0\nvid/b 3 1\n")
+put("video_list", "list_tmpl_evil", b"\x12%s%n\nvid/a 8 0\n")
+put("video_list", "list_minframes_checkframes", b"\x0dvid/a 2 0\nvid/b 5 1\n/abs/path 7 4\n")
+put("video_list", "list_ranges", b"\0vid/a 10000001 0\nvid/b 8 1000001\n")
+put("video_list", "list_nul", b"\1\0\0vid 3 3\n")

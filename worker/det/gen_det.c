@@ -40,6 +40,7 @@ void ps_det_gen_defaults(ps_det_gen_opts_t *o, int n_images)
     o->min_size = 0.12f;
     o->max_size = 0.40f;
     o->quality = 90;
+    o->classes = PS_DET_GEN_NCLASSES;
 }
 
 /* Is pixel centre (u, v), in box units [0,1]^2, inside shape cls? */
@@ -214,7 +215,7 @@ static int gen_split(const char *dir, const char *split, int n, int size, uint64
         rc = fail(err, errlen, PS_ENOMEM, "gen-det: out of memory");
         goto out;
     }
-    for (int k = 0; k < PS_DET_GEN_NCLASSES; k++) {
+    for (int k = 0; k < o->classes; k++) {
         c.cats[k].id = k + 1;
         c.cats[k].name = strdup(ps_det_gen_class_names[k]);
         c.ncats++;
@@ -232,7 +233,7 @@ static int gen_split(const char *dir, const char *split, int n, int size, uint64
         background(img, size, rs, smin);
         int want = rnd_int(rs, o->min_objects, o->max_objects), np = 0;
         for (int tries = 0; np < want && tries < 200; tries++) {
-            int cls = rnd_int(rs, 0, PS_DET_GEN_NCLASSES - 1);
+            int cls = rnd_int(rs, 0, o->classes - 1);
             int w = rnd_int(rs, smin, smax), h = w;
             if (cls >= 2) h = (int)(w * (0.75 + 0.58 * rnd_u(rs))); /* aspect 0.75..1.33 */
             if (h < smin) h = smin;
@@ -288,6 +289,9 @@ int ps_det_gen(const char *out_dir, int n_images, int size, uint64_t seed,
     if (!(o.min_size > 0 && o.max_size >= o.min_size && o.max_size <= 0.9f))
         return fail(err, errlen, PS_EINVAL, "gen-det: object size %g..%g invalid (0 < min <= max <= 0.9)",
                     o.min_size, o.max_size);
+    if (o.classes < 1 || o.classes > PS_DET_GEN_NCLASSES)
+        return fail(err, errlen, PS_EINVAL, "gen-det: classes %d outside 1..%d", o.classes,
+                    PS_DET_GEN_NCLASSES);
     if (o.quality < 1 || o.quality > 100)
         return fail(err, errlen, PS_EINVAL, "gen-det: JPEG quality %d outside 1..100", o.quality);
     char path[4096];

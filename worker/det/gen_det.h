@@ -29,6 +29,8 @@ typedef struct ps_det_gen_opts {
     float min_size;       /* object side as a fraction of the image side (0.12) */
     float max_size;       /* (0.40) */
     int quality;          /* JPEG quality (90) */
+    int classes;          /* shape classes used, the first `classes` of the
+                             five (1..5, default 5); categories lists only them */
 } ps_det_gen_opts_t;
 
 void ps_det_gen_defaults(ps_det_gen_opts_t *o, int n_images);

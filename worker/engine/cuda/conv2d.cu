@@ -8,6 +8,11 @@
 // uses FP32 FMA math (no TF32, for parity with the CPU) and whose workspace
 // fits under the state's limit.  The one workspace buffer grows to the
 // largest chosen need, so device memory for convolutions is bounded.
+//
+// --precision fp16|bf16 (mixed.cu): the same calls on half copies of the
+// operands (NHWC, fp32 compute type, tensor-op math allowed), cast on the
+// fly; results widened back to the fp32 NCHW tensors.  Why still the legacy
+// API for this path: docs/cuda.md ("Mixed precision").
 #include "cuda_int.h"
 
 #include <string.h>
@@ -41,7 +46,8 @@ static int tensor_op(cudnnMathType_t m)
         CUDNN_CHECK(GET_V7(s->cudnn, __VA_ARGS__, COUNT, &got, perf));                   \
         for (int i = 0; i < got && !found; i++) {                                       \
             size_t ws = 0;                                                              \
-            if (perf[i].status != CUDNN_STATUS_SUCCESS || tensor_op(perf[i].mathType))  \
+            if (perf[i].status != CUDNN_STATUS_SUCCESS ||                              \
+                (s->prec == PS_CUDA_FP32 && tensor_op(perf[i].mathType)))              \
                 continue;                                                               \
             if (GET_WS(s->cudnn, __VA_ARGS__, perf[i].algo, &ws) != CUDNN_STATUS_SUCCESS) \
                 continue;                                                               \
@@ -63,9 +69,9 @@ static int tensor_op(cudnnMathType_t m)
 static ps_cu_conv_entry *conv_entry(ps_cu_state *s, const ps_conv2d_desc_t *d, int N, int H,
                                     int W)
 {
-    const int key[14] = {N,          H,          W,        d->C,     d->K,
+    const int key[16] = {N,          H,          W,        d->C,     d->K,
                          d->R,       d->S,       d->stride_h, d->stride_w, d->pad_h,
-                         d->pad_w,   d->dil_h,   d->dil_w, d->groups};
+                         d->pad_w,   d->dil_h,   d->dil_w, d->groups, s->prec, s->nhwc};
     for (int i = 0; i < s->nconv; i++)
         if (!memcmp(s->conv[i].key, key, sizeof key)) return &s->conv[i];
     if (s->nconv == s->capconv) {
@@ -87,15 +93,21 @@ static ps_cu_conv_entry *conv_entry(ps_cu_state *s, const ps_conv2d_desc_t *d, i
     CUDNN_CHECK(cudnnCreateTensorDescriptor(&e->y));
     CUDNN_CHECK(cudnnCreateFilterDescriptor(&e->w));
     CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&e->conv));
-    CUDNN_CHECK(cudnnSetTensor4dDescriptor(e->x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, N, d->C,
-                                           H, W));
-    CUDNN_CHECK(cudnnSetFilter4dDescriptor(e->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, d->K,
-                                           d->C / d->groups, d->R, d->S));
+    // fp32: NCHW, FMA math (parity with the CPU).  fp16/bf16: half data,
+    // fp32 compute type ("pseudo half"), tensor cores, NHWC unless
+    // PS_CUDA_NCHW=1.
+    const cudnnDataType_t dt = s->prec == PS_CUDA_FP16   ? CUDNN_DATA_HALF
+                               : s->prec == PS_CUDA_BF16 ? CUDNN_DATA_BFLOAT16
+                                                         : CUDNN_DATA_FLOAT;
+    const cudnnTensorFormat_t fmt = s->nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(e->x, fmt, dt, N, d->C, H, W));
+    CUDNN_CHECK(cudnnSetFilter4dDescriptor(e->w, dt, fmt, d->K, d->C / d->groups, d->R, d->S));
     CUDNN_CHECK(cudnnSetConvolution2dDescriptor(e->conv, d->pad_h, d->pad_w, d->stride_h,
                                                 d->stride_w, d->dil_h, d->dil_w,
                                                 CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
     CUDNN_CHECK(cudnnSetConvolutionGroupCount(e->conv, d->groups));
-    CUDNN_CHECK(cudnnSetConvolutionMathType(e->conv, CUDNN_FMA_MATH));
+    CUDNN_CHECK(cudnnSetConvolutionMathType(
+        e->conv, s->prec == PS_CUDA_FP32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH));
     int on, oc, oh, ow;
     CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(e->conv, e->x, e->w, &on, &oc, &oh, &ow));
     if (on != N || oc != d->K || oh != P || ow != Q) {
@@ -104,8 +116,7 @@ static ps_cu_conv_entry *conv_entry(ps_cu_state *s, const ps_conv2d_desc_t *d, i
                  ow, N, d->K, P, Q);
         abort();
     }
-    CUDNN_CHECK(cudnnSetTensor4dDescriptor(e->y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, N, d->K,
-                                           P, Q));
+    CUDNN_CHECK(cudnnSetTensor4dDescriptor(e->y, fmt, dt, N, d->K, P, Q));
     PICK_ALGO(s, e, cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT,
               cudnnGetConvolutionForwardAlgorithm_v7, cudnnGetConvolutionForwardWorkspaceSize,
               CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, e->fwd, e->ws_fwd, e->x, e->w, e->conv,
@@ -156,15 +167,63 @@ void ps_cu_conv2d_forward(ps_ctx_t *ctx, float *out, const float *inp, const flo
     if (!conv_valid(d, N, H, W)) return;
     ps_cu_conv_entry *e = conv_entry(s, d, N, H, W);
     const float one = 1.0f, zero = 0.0f;
-    void *ws = ps_cu_workspace(s, e->ws_fwd);
-    CUDNN_CHECK(cudnnConvolutionForward(s->cudnn, &one, e->x, inp, e->w, w, e->conv, e->fwd, ws,
-                                        e->ws_fwd, &zero, e->y, out));
+    const int PQ = ps_conv_out(H, d->R, d->stride_h, d->pad_h, d->dil_h) *
+                   ps_conv_out(W, d->S, d->stride_w, d->pad_w, d->dil_w);
+    if (s->prec != PS_CUDA_FP32) { // half operands, fp32 accumulation, fp32 result
+        const int Cg = d->C / d->groups, RS = d->R * d->S;
+        void *xh = ps_cu_half_buf(s, PS_CU_H_X, (size_t)N * d->C * H * W);
+        void *wh = ps_cu_half_buf(s, PS_CU_H_W, (size_t)d->K * Cg * RS);
+        void *yh = ps_cu_half_buf(s, PS_CU_H_Y, (size_t)N * d->K * PQ);
+        ps_cu_to_half(s, xh, inp, N, d->C, H * W, s->nhwc);
+        ps_cu_to_half(s, wh, w, d->K, Cg, RS, s->nhwc); // KCRS -> KRSC
+        void *ws = ps_cu_workspace(s, e->ws_fwd);
+        CUDNN_CHECK(cudnnConvolutionForward(s->cudnn, &one, e->x, xh, e->w, wh, e->conv, e->fwd,
+                                            ws, e->ws_fwd, &zero, e->y, yh));
+        ps_cu_from_half(s, out, yh, N, d->K, PQ, s->nhwc, 0);
+    } else {
+        void *ws = ps_cu_workspace(s, e->ws_fwd);
+        CUDNN_CHECK(cudnnConvolutionForward(s->cudnn, &one, e->x, inp, e->w, w, e->conv, e->fwd,
+                                            ws, e->ws_fwd, &zero, e->y, out));
+    }
     if (b) {
-        const int PQ = ps_conv_out(H, d->R, d->stride_h, d->pad_h, d->dil_h) *
-                       ps_conv_out(W, d->S, d->stride_w, d->pad_w, d->dil_w);
         const size_t n = (size_t)N * d->K * PQ;
         k_bias_add<<<cu_grid(n, CU_BLOCK), CU_BLOCK, 0, s->stream>>>(out, b, n, d->K, PQ);
         CU_LAUNCHED();
+    }
+}
+
+// Backward on half operands: the filter gradient first (it needs the input
+// in the X staging buffer, which the data gradient then reuses for dinp),
+// computed with beta 0 and ADDED in fp32 to dw; dinp overwritten.
+static void conv_backward_half(ps_ctx_t *ctx, ps_cu_state *s, ps_cu_conv_entry *e, float *dinp,
+                               float *dw, const float *dout, const float *inp, const float *w,
+                               const ps_conv2d_desc_t *d, int N, int H, int W)
+{
+    (void)ctx;
+    const float one = 1.0f, zero = 0.0f;
+    const int PQ = ps_conv_out(H, d->R, d->stride_h, d->pad_h, d->dil_h) *
+                   ps_conv_out(W, d->S, d->stride_w, d->pad_w, d->dil_w);
+    const int Cg = d->C / d->groups, RS = d->R * d->S;
+    void *dyh = ps_cu_half_buf(s, PS_CU_H_Y, (size_t)N * d->K * PQ);
+    void *xh = ps_cu_half_buf(s, PS_CU_H_X, (size_t)N * d->C * H * W);
+    ps_cu_to_half(s, dyh, dout, N, d->K, PQ, s->nhwc);
+    if (dw) {
+        void *dwh = ps_cu_half_buf(s, PS_CU_H_DW, (size_t)d->K * Cg * RS);
+        ps_cu_to_half(s, xh, inp, N, d->C, H * W, s->nhwc);
+        void *ws = ps_cu_workspace(s, e->ws_bwd_filter);
+        CUDNN_CHECK(cudnnConvolutionBackwardFilter(s->cudnn, &one, e->x, xh, e->y, dyh, e->conv,
+                                                   e->bwd_filter, ws, e->ws_bwd_filter, &zero,
+                                                   e->w, dwh));
+        ps_cu_from_half(s, dw, dwh, d->K, Cg, RS, s->nhwc, 1);
+    }
+    if (dinp) {
+        void *wh = ps_cu_half_buf(s, PS_CU_H_W, (size_t)d->K * Cg * RS);
+        ps_cu_to_half(s, wh, w, d->K, Cg, RS, s->nhwc);
+        void *ws = ps_cu_workspace(s, e->ws_bwd_data);
+        CUDNN_CHECK(cudnnConvolutionBackwardData(s->cudnn, &one, e->w, wh, e->y, dyh, e->conv,
+                                                 e->bwd_data, ws, e->ws_bwd_data, &zero, e->x,
+                                                 xh));
+        ps_cu_from_half(s, dinp, xh, N, d->C, H * W, s->nhwc, 0);
     }
 }
 
@@ -176,6 +235,10 @@ void ps_cu_conv2d_backward(ps_ctx_t *ctx, float *dinp, float *dw, float *db, con
     if (!conv_valid(d, N, H, W)) return;
     ps_cu_conv_entry *e = conv_entry(s, d, N, H, W);
     const float one = 1.0f, zero = 0.0f;
+    if (s->prec != PS_CUDA_FP32) {
+        conv_backward_half(ctx, s, e, dinp, dw, dout, inp, w, d, N, H, W);
+        dinp = dw = NULL; // done; the bias gradient below reads the fp32 dout
+    }
     if (dinp) { // input gradient: OVERWRITE (beta 0)
         void *ws = ps_cu_workspace(s, e->ws_bwd_data);
         CUDNN_CHECK(cudnnConvolutionBackwardData(s->cudnn, &one, e->w, w, e->y, dout, e->conv,

@@ -14,6 +14,7 @@
 extern "C" {
 #include "ps_error.h"
 #include "ps_log.h"
+#include "worker/engine/cuda/ps_cuda.h"
 #include "worker/engine/cuda/ps_cuda_backend.h"
 }
 
@@ -71,7 +72,7 @@ void ps_cu_fail_(const char *what, const char *err, const char *file, int line);
 // One cached convolution shape: descriptors and the algorithms chosen once
 // (conv2d.cu).
 struct ps_cu_conv_entry {
-    int key[14]; // N C H W K R S stride_h stride_w pad_h pad_w dil_h dil_w groups
+    int key[16]; // N C H W K R S stride_h stride_w pad_h pad_w dil_h dil_w groups prec nhwc
     cudnnTensorDescriptor_t x, y;
     cudnnFilterDescriptor_t w;
     cudnnConvolutionDescriptor_t conv;
@@ -96,7 +97,19 @@ struct ps_cu_state {
     // conv algorithm cache, linear search (a model has < ~60 shapes)
     ps_cu_conv_entry *conv;
     int nconv, capconv;
+    // mixed precision (mixed.cu): PS_CUDA_FP32/FP16/BF16 for conv2d and
+    // linear, their half operands NHWC (nhwc) or NCHW; the loss scale xent's
+    // backward multiplies dloss by (1 = off)
+    int prec, nhwc;
+    float loss_scale;
+    void *half[4];        // PS_CU_NHALF staging buffers for half operands
+    size_t half_bytes[4];
+    // gradient-ready events (ps_cuda_backend_events): one per hand-off slot
+    cudaEvent_t *ev;
+    int nev;
 };
+#define PS_CU_NHALF 4
+enum { PS_CU_H_X = 0, PS_CU_H_W = 1, PS_CU_H_Y = 2, PS_CU_H_DW = 3 };
 
 static inline ps_cu_state *cu_state(ps_ctx_t *ctx)
 {
@@ -111,6 +124,18 @@ static inline ps_cu_state *cu_state(ps_ctx_t *ctx)
 // Device memory of at least `bytes` from the state's scratch / workspace.
 void *ps_cu_scratch(ps_cu_state *s, size_t bytes);
 void *ps_cu_workspace(ps_cu_state *s, size_t bytes);
+
+// Device bytes allocated (+) or freed (-) by the backend, for the
+// ps_cuda_mem_stats high-water mark.
+void ps_cu_mem_account(long long delta);
+// Mixed precision (mixed.cu).  A staging buffer of >= elems 2-byte values
+// (one per role, grown on demand).  to_half: src (N,C,HW) fp32 NCHW -> dst
+// half in the state's precision, NHWC when nhwc; from_half: the reverse,
+// dst = or += (acc) the widened values.
+void *ps_cu_half_buf(ps_cu_state *s, int which, size_t elems);
+void ps_cu_to_half(ps_cu_state *s, void *dst, const float *src, int N, int C, int HW, int nhwc);
+void ps_cu_from_half(ps_cu_state *s, float *dst, const void *src, int N, int C, int HW,
+                     int nhwc, int acc);
 
 // Grid for a grid-stride loop over n elements.
 static inline unsigned cu_grid(size_t n, unsigned block)

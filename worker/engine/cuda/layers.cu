@@ -211,7 +211,8 @@ void ps_cu_xent_backward(ps_ctx_t *ctx, float *dlogits, const float *probs,
     if (!dlogits || N <= 0 || K <= 0) return;
     const size_t total = (size_t)N * K;
     // dx = p*g, minus g at the label (the CPU's two steps: p*g, then -= g)
-    LAUNCH(k_xent_bwd, total, dlogits, probs, labels, total, K, dloss / (float)N);
+    // loss scaling (mixed.cu): the backward of loss_scale * loss
+    LAUNCH(k_xent_bwd, total, dlogits, probs, labels, total, K, dloss * s->loss_scale / (float)N);
 }
 
 // ---- temporal shift -------------------------------------------------------

@@ -1,5 +1,8 @@
 // Fully connected layer on the GPU: cuBLAS sgemm (pure FP32 math mode, set
-// at init), PyTorch layout w (K, C), out (N, K) = inp w^T + b.
+// at init), PyTorch layout w (K, C), out (N, K) = inp w^T + b.  With
+// --precision fp16|bf16 (mixed.cu): cublasGemmEx on half copies of the
+// operands with fp32 accumulation and fp32 output (tensor cores), so out,
+// dinp and the accumulated dw stay fp32 without a cast back.
 //
 // cuBLAS is column-major: a row-major (R, C) matrix is the column-major
 // (C, R) one, so every product below is written for the transposes.
@@ -22,6 +25,23 @@ __global__ void k_bias_grad(float *db, const float *dout, int N, int K)
     db[k] += s;
 }
 
+static cudaDataType_t half_type(const ps_cu_state *s)
+{
+    return s->prec == PS_CUDA_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+}
+
+// C (m x n, fp32, column-major, ldc) = alpha op(A) op(B) + beta C, A and B
+// half (the state's precision), fp32 compute.
+static void gemm_half(ps_cu_state *s, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+                      int k, const void *A, int lda, const void *B, int ldb, float beta,
+                      float *C, int ldc)
+{
+    const float one = 1.0f;
+    CUBLAS_CHECK(cublasGemmEx(s->cublas, ta, tb, m, n, k, &one, A, half_type(s), lda, B,
+                              half_type(s), ldb, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT));
+}
+
 void ps_cu_linear_forward(ps_ctx_t *ctx, float *out, const float *inp, const float *w,
                           const float *b, int N, int C, int K)
 {
@@ -29,8 +49,16 @@ void ps_cu_linear_forward(ps_ctx_t *ctx, float *out, const float *inp, const flo
     if (N <= 0 || C <= 0 || K <= 0) return;
     const float one = 1.0f, zero = 0.0f;
     // out^T (K x N) = w (K x C as col-major C x K, transposed) * inp^T (C x N)
-    CUBLAS_CHECK(cublasSgemm(s->cublas, CUBLAS_OP_T, CUBLAS_OP_N, K, N, C, &one, w, C, inp, C,
-                             &zero, out, K));
+    if (s->prec != PS_CUDA_FP32) {
+        void *xh = ps_cu_half_buf(s, PS_CU_H_X, (size_t)N * C);
+        void *wh = ps_cu_half_buf(s, PS_CU_H_W, (size_t)K * C);
+        ps_cu_to_half(s, xh, inp, 1, 1, N * C, 0); // plain casts, same layout
+        ps_cu_to_half(s, wh, w, 1, 1, K * C, 0);
+        gemm_half(s, CUBLAS_OP_T, CUBLAS_OP_N, K, N, C, wh, C, xh, C, 0.0f, out, K);
+    } else {
+        CUBLAS_CHECK(cublasSgemm(s->cublas, CUBLAS_OP_T, CUBLAS_OP_N, K, N, C, &one, w, C, inp,
+                                 C, &zero, out, K));
+    }
     if (b) {
         const size_t n = (size_t)N * K;
         k_bias_rows<<<cu_grid(n, CU_BLOCK), CU_BLOCK, 0, s->stream>>>(out, b, n, K);
@@ -45,6 +73,21 @@ void ps_cu_linear_backward(ps_ctx_t *ctx, float *dinp, float *dw, float *db,
     ps_cu_state *s = cu_state(ctx);
     if (N <= 0 || C <= 0 || K <= 0) return;
     const float one = 1.0f, zero = 0.0f;
+    if (s->prec != PS_CUDA_FP32 && (dinp || dw)) {
+        void *dyh = ps_cu_half_buf(s, PS_CU_H_Y, (size_t)N * K);
+        ps_cu_to_half(s, dyh, dout, 1, 1, N * K, 0);
+        if (dinp) {
+            void *wh = ps_cu_half_buf(s, PS_CU_H_W, (size_t)K * C);
+            ps_cu_to_half(s, wh, w, 1, 1, K * C, 0);
+            gemm_half(s, CUBLAS_OP_N, CUBLAS_OP_N, C, N, K, wh, C, dyh, K, 0.0f, dinp, C);
+        }
+        if (dw) {
+            void *xh = ps_cu_half_buf(s, PS_CU_H_X, (size_t)N * C);
+            ps_cu_to_half(s, xh, inp, 1, 1, N * C, 0);
+            gemm_half(s, CUBLAS_OP_N, CUBLAS_OP_T, C, K, N, xh, C, dyh, K, 1.0f, dw, C);
+        }
+        dinp = dw = NULL; // done
+    }
     if (dinp) // dX^T (C x N) = W^T-as-stored (C x K) * dY^T (K x N); overwrite
         CUBLAS_CHECK(cublasSgemm(s->cublas, CUBLAS_OP_N, CUBLAS_OP_N, C, N, K, &one, w, C, dout,
                                  K, &zero, dinp, C));

@@ -15,8 +15,9 @@
  * logged and the call does nothing, as on the CPU.
  *
  * Beyond the table's contract: tshift_forward/backward also work in place
- * (out == inp) on this backend.  Mixed precision (fp16/bf16, NHWC) is not
- * here yet: every layer is fp32 NCHW; docs/cuda.md has the plan.
+ * (out == inp) on this backend.  Tensors are fp32 NCHW; with
+ * ps_cuda_backend_set_precision(FP16|BF16) conv2d and linear compute on
+ * half copies of their operands (docs/cuda.md, "Mixed precision").
  */
 #ifndef PS_CUDA_BACKEND_H
 #define PS_CUDA_BACKEND_H
@@ -46,10 +47,37 @@ int ps_cuda_backend_sync(ps_ctx_t *ctx);
 /* The backend's stream (a cudaStream_t), e.g. to record events after a
  * layer's backward and hand its gradient to the communication thread. */
 void *ps_cuda_backend_stream(ps_ctx_t *ctx);
+/* Per-layer gradient hand-off (issue 5): n reusable events ("slots", e.g.
+ * one per gradient partition; n = 0 frees them).  The training thread
+ * records slot i on the backend's stream right after the backward of the
+ * last layer that writes partition i's gradient and goes on queueing the
+ * rest of backward; the communication thread waits for (or polls) slot i
+ * and then pushes partition i while the GPU still computes.  Re-recording
+ * a slot in the next step is fine once its wait returned.
+ * record / wait: 0 or PS_EINVAL (slot) / PS_ECUDA; query: 1 done, 0 still
+ * pending, or a negative PS_E*.  All calls are thread-safe (CUDA's). */
+int ps_cuda_backend_events(ps_ctx_t *ctx, int n);
+int ps_cuda_backend_event_record(ps_ctx_t *ctx, int slot);
+int ps_cuda_backend_event_query(ps_ctx_t *ctx, int slot);
+int ps_cuda_backend_event_wait(ps_ctx_t *ctx, int slot);
 /* Upper bound of the cuDNN convolution workspace in bytes (default 512 MiB,
  * or $PS_CUDNN_WORKSPACE_MB).  Algorithms needing more are not chosen.
  * Takes effect for shapes not yet in the algorithm cache. */
 void ps_cuda_backend_set_workspace_limit(ps_ctx_t *ctx, size_t bytes);
+/* Mixed precision (--precision, docs/cuda.md): PS_CUDA_FP16 / PS_CUDA_BF16
+ * make conv2d and linear compute on fp16 / bf16 copies of their operands
+ * (NHWC for cuDNN, tensor cores, fp32 accumulation), results back in fp32;
+ * every other layer, BN statistics and the loss stay fp32.  BF16 needs
+ * sm_80+.  Returns 0, PS_EINVAL, PS_EUNSUPPORTED or PS_ECUDA (logged). */
+enum { PS_CUDA_FP32 = 0, PS_CUDA_FP16 = 1, PS_CUDA_BF16 = 2 };
+int ps_cuda_backend_set_precision(ps_ctx_t *ctx, int prec);
+int ps_cuda_backend_precision(ps_ctx_t *ctx);
+/* Loss scaling: xent_backward multiplies its dloss by `scale` (a power of
+ * two; 1 = off), so every gradient comes out scaled and fp16 backward does
+ * not flush small values to zero.  The caller unscales (ps_cuda_scale) after
+ * checking for overflow (ps_cuda_check_overflow). */
+int ps_cuda_backend_set_loss_scale(ps_ctx_t *ctx, float scale);
+
 /* Number of distinct convolution shapes seen (algorithm cache entries). */
 int ps_cuda_backend_conv_shapes(ps_ctx_t *ctx);
 
@@ -67,6 +95,22 @@ int ps_cuda_device_sync(void);
 
 /* Device memory in use (total - free, from cudaMemGetInfo), in bytes. */
 size_t ps_cuda_mem_used(void);
+
+/* Device memory figures, bytes.  alloc_*: what this backend allocated
+ * itself (managed arenas, cuDNN workspace, scratch; a high-water mark kept
+ * on every allocation, so it is exact whenever the peak happens).  dev_*:
+ * cudaMemGetInfo's total - free, which adds the CUDA context, cuDNN /
+ * cuBLAS internals and other processes; its peak is over the calls of
+ * ps_cuda_mem_stats (sample it where usage is highest: after a step's
+ * backward, as the backend frees nothing inside a step). */
+typedef struct ps_cuda_mem {
+    size_t alloc_now, alloc_peak;
+    size_t dev_used, dev_used_peak, dev_total;
+} ps_cuda_mem_t;
+void ps_cuda_mem_stats(ps_cuda_mem_t *m);
+/* Start a new peak window (e.g. per step): alloc_peak = alloc_now,
+ * dev_used_peak = 0. */
+void ps_cuda_mem_reset_peak(void);
 
 /* Loss-scale overflow check on the device: *found (host int) = 1 when any
  * of grad[0..n) is Inf or NaN.  Waits on `stream` (NULL = default).

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# Server SIGKILL with running workers (issue 9), through the real psworker
+# and client library: 2 psd + 2 psworker (smoke model, sync, fp32), psd
+# --checkpoint-every-steps N (aligned checkpoints at versions k*N).
+#  1. psd 1 is SIGKILLed mid-run and restarted like systemd would (same
+#     flags, same port).  It loads its aligned checkpoint of version V and
+#     answers the workers' pushes for later steps ERROR(PS_ESTATE,
+#     PS_FLAG_ROLLBACK, V); the workers roll both servers back to V
+#     (MSG_ROLLBACK), pull, and recompute from step V.
+#  2. Later worker 1 is SIGKILLed and restarted with its rank: it skips the
+#     start barrier, pulls the servers' versions and goes on from there.
+# Checks: both workers finish all steps; at most one checkpoint interval of
+# progress is recomputed (the survivor's rollback log line); and rank 0's
+# final weights equal those of the same cluster run without faults.  The
+# bound is 1e-6 relative (st_compare norm_rel), but equality is expected
+# bit for bit: the sums are in rank order, the restored weights and
+# momentum are exact fp32 copies, and a step's data depends only on the
+# step, so the steps redone are the same arithmetic; one lost or doubled
+# step would show as ~1e-3.
+. "$(dirname "$0")/test_integration_common.sh" || { echo "Bail out! cannot read test_integration_common.sh"; exit 99; }
+
+B=8
+STEPS=140
+N=10
+COMMON=(--steps "$STEPS" --lr 0.05 --momentum 0.9 --weight-decay 1e-4 --warmup-steps 5
+        --schedule cosine --partition-bytes 2048 --seed 7 --data-seed 3 --batch $B
+        --retry-ms 200 --timeout-ms 30000)
+KILL_PSD_AT=45    # not a multiple of N: progress since the last checkpoint is lost
+KILL_W_AT=95
+PSDF=(--mode sync --checkpoint-every-steps $N)
+
+# ---- reference: the same cluster, no fault ----
+mkdir -p "$T/rck0" "$T/rck1"
+start_psd 0 2 2 "${PSDF[@]}" --checkpoint-dir "$T/rck0" &&
+    start_psd 1 2 2 "${PSDF[@]}" --checkpoint-dir "$T/rck1"
+ok $? "reference: 2 psd started"
+SERVERS=tcp://127.0.0.1:$PORT_0,tcp://127.0.0.1:$PORT_1
+run_workers 2 "$T/ref" "${COMMON[@]}" --shutdown-servers
+ok $? "reference: 2 workers finished $STEPS steps without faults"
+wait "$PID_0" "$PID_1" 2>/dev/null
+mv "$T/psd0.log" "$T/ref/psd0.log"; mv "$T/psd1.log" "$T/ref/psd1.log"
+
+# ---- the faulty run ----
+mkdir -p "$T/ck0" "$T/ck1" "$T/run"
+start_psd 0 2 2 "${PSDF[@]}" --checkpoint-dir "$T/ck0" &&
+    start_psd 1 2 2 "${PSDF[@]}" --checkpoint-dir "$T/ck1"
+ok $? "2 psd started with --checkpoint-every-steps $N"
+SERVERS=tcp://127.0.0.1:$PORT_0,tcp://127.0.0.1:$PORT_1
+start_worker() { # RANK LOGSUFFIX
+    timeout -k 2 50 "$PSW" --servers "$SERVERS" --rank "$1" --num-workers 2 --out "$T/run" \
+        --progress-every 0 --log-level info "${COMMON[@]}" --step-sleep-ms 15 \
+        >"$T/run/w$1$2.out" 2>"$T/run/w$1$2.err" &
+    WPID=$!
+    PIDS+=($WPID)
+}
+start_worker 0 ""; W0=$WPID
+start_worker 1 ""; W1=$WPID
+
+wait_rows() { # wait until rank 0's CSV has $1 rows; prints the count
+    local seen=0
+    for _ in $(seq 1 1000); do
+        seen=$(csv_rows "$T/run/metrics-rank0.csv")
+        [ "$seen" -ge "$1" ] && break
+        sleep 0.01
+    done
+    echo "$seen"
+}
+seen=$(wait_rows $KILL_PSD_AT)
+[ "$seen" -ge $KILL_PSD_AT ] && [ "$seen" -lt $STEPS ]
+ok $? "run reached step $seen of $STEPS before the psd kill"
+kill -KILL "$PID_1"
+wait "$PID_1" 2>/dev/null
+diag "psd 1 SIGKILLed at rank 0's step ~$seen"
+sleep 0.3 # the workers retry against a dead server
+PS_PORT=$PORT_1 start_psd 1 2 2 "${PSDF[@]}" --checkpoint-dir "$T/ck1"
+ok $? "psd 1 restarted on port $PORT_1 with the same flags"
+
+seen=$(wait_rows $KILL_W_AT)
+[ "$seen" -ge $KILL_W_AT ] && [ "$seen" -lt $STEPS ]
+ok $? "run reached step $seen after the rollback"
+# $W1 is timeout(1); the psworker is its child
+wchild=$(pgrep -P "$W1" | head -n 1)
+! grep -q '^final:' "$T/run/w1.out" && [ -n "$wchild" ] && kill -KILL "$wchild"
+ok $? "worker 1 (pid ${wchild:-?}) SIGKILLed before it finished"
+wait "$W1" 2>/dev/null
+diag "worker 1 SIGKILLed at rank 0's step ~$seen"
+sleep 0.3
+start_worker 1 ".restart"; W1=$WPID
+
+rc=0
+wait "$W0" || { rc=1; echo "# worker 0 failed"; show_log "$T/run/w0.err"; }
+wait "$W1" || { rc=1; echo "# restarted worker 1 failed"; show_log "$T/run/w1.restart.err"; }
+ok $rc "both workers finished through a psd SIGKILL and a worker SIGKILL"
+[ $rc -eq 0 ] || { show_log "$T/psd0.log" 20; show_log "$T/psd1.log" 20; }
+[ "$(final_value "$T/run/w0.out" steps)" = "$STEPS" ] && [ "$(final_value "$T/run/w1.restart.out" steps)" = "$STEPS" ]
+ok $? "both report steps=$STEPS"
+
+grep 'loaded checkpoint' "$T/psd1.log" | tail -n 1 | sed 's/^/# /'
+line=$(grep 'loaded checkpoint' "$T/psd1.log" | tail -n 1)
+V=$(echo "$line" | sed -n 's/.*versions \([0-9]*\)\.\.\([0-9]*\).*/\1 \2/p')
+set -- $V
+[ -n "${1:-}" ] && [ "$1" = "$2" ] && [ $(($1 % N)) -eq 0 ] && [ "$1" -gt 0 ]
+ok $? "restarted psd 1 loaded an aligned checkpoint (versions ${1:-?}..${2:-?}, a multiple of $N)"
+V=${1:-0}
+
+grep 'rolled back from' "$T/psd0.log" | sed 's/^/# /'
+rb=$(grep 'rolled back from' "$T/psd0.log" | head -n 1)
+lost=$(echo "$rb" | sed -n 's/.*versions [0-9]*\.\.\([0-9]*\) to \([0-9]*\).*/\1 \2/p')
+set -- $lost
+[ -n "${1:-}" ] && [ "$2" = "$V" ] && [ $(($1 - $2)) -le $N ]
+ok $? "survivor psd 0 rolled back from ${1:-?} to $V: $(( ${1:-0} - V )) step(s) redone <= one interval ($N)"
+grep -q 'rolling every server back' "$T/run/w0.err" && grep -q 'rolled back to step' "$T/run/w0.err"
+ok $? "worker 0 logged the rollback"
+grep -q 'joining the running job' "$T/run/w1.restart.err"
+ok $? "restarted worker 1 joined the running job (no start barrier)"
+grep -E 'resuming at step [0-9]+' "$T/run/w1.restart.err" | sed 's/^/# /'
+rs=$(sed -n 's/.*resuming at step \([0-9]*\).*/\1/p' "$T/run/w1.restart.err" | head -n 1)
+[ -n "$rs" ] && [ "$rs" -gt 0 ] && [ "$rs" -lt $STEPS ]
+ok $? "restarted worker 1 started from the servers' version (${rs:-?}), not 0, and trained on"
+
+compare "$T/run/model.safetensors" "$T/ref/model.safetensors" 1e-6
+ok $? "final weights == the fault-free run's (norm_rel <= 1e-6; expected bitwise equal)"
+compare "$T/run/model.safetensors" "$T/ref/model.safetensors" 0
+ok $? "and bitwise equal (tol 0)"
+tap_done
