@@ -6,6 +6,14 @@
  *       dropout seed) through the CPU and the CUDA backends; loss, logits
  *       and every parameter gradient compared.  TAP output, exit 1 on a
  *       mismatch, 77 without a GPU.
+ *   gpu_bench rcheck [-d depth] [-n images] [-H size] [-K classes]
+ *       RetinaNet-FPN (default R18 at the acceptance run's width, 2 images of
+ *       128^2, 3 classes): one training step on the CPU and on CUDA, both
+ *       losses, the raw outputs and every gradient compared (TAP).
+ *   gpu_bench rtime [-d depth] [-n images] [-H size] [-K classes] [-s] [-w]
+ *       RetinaNet-R50-FPN training step on the GPU (torchvision widths, 2 x
+ *       512^2, 80 classes), images/s; the detection layers still run on the
+ *       host (see "RetinaNet-FPN" below).
  *   gpu_bench time [-d depth] [-n clips] [-H size] [-s steps] [-w warmup] [-z]
  *       Training-step timing on the GPU (default TSM-ResNet-50, 8 clips x 8
  *       frames x 224x224, fp32): median step, forward/backward split, clips/s,
@@ -27,6 +35,8 @@
 #include "worker/engine/cuda/ps_cuda.h"
 #include "worker/engine/cuda/ps_cuda_backend.h"
 #include "worker/models/ps_model.h"
+#include "worker/models/ps_retinanet.h"
+#include "worker/det/det_boxes.h"
 
 #include "bench/bench_util.h"
 #include "ps_log.h"
@@ -270,19 +280,229 @@ static int run_time(int depth, int clips, int HW, int steps, int warm, int zero,
     return isfinite(loss) ? 0 : 1;
 }
 
+/* ---- RetinaNet-FPN (issue 6) ------------------------------------------------
+ * retinanet.c runs its detection layers (upsample-add, head permute, focal
+ * loss, smooth-L1) as worker/det's HOST functions between backend calls;
+ * the CUDA versions (det_layers.cu, tests/test_cuda_det) are not called by
+ * the model yet (docs/cuda.md, "Detection layers").  Over a managed arena
+ * that is correct only if the stream is idle whenever the host touches the
+ * arena, so the model gets ps_backend_cuda with a wait after every entry
+ * retinanet.c calls itself (conv, relu, accumulate): each host detection
+ * call follows one of those, so it reads finished data and overwrites
+ * nothing a kernel still reads.  What is timed is therefore the GPU
+ * backbone / FPN / heads plus the host detection layers, page migration of
+ * the head outputs and ~300 waits: a lower bound for the CUDA path. */
+static ps_backend_t retina_be;
+#define SYNCED(name, params, args)                                                        \
+    static void s_##name params                                                           \
+    {                                                                                     \
+        ps_backend_cuda.name args;                                                        \
+        if (ps_cuda_backend_sync(ctx)) abort(); /* a device fault: already logged */      \
+    }
+SYNCED(conv2d_forward, (ps_ctx_t *ctx, float *out, const float *inp, const float *w,
+                        const float *b, const ps_conv2d_desc_t *d, int N, int H, int W),
+       (ctx, out, inp, w, b, d, N, H, W))
+SYNCED(conv2d_backward, (ps_ctx_t *ctx, float *dinp, float *dw, float *db, const float *dout,
+                         const float *inp, const float *w, const ps_conv2d_desc_t *d, int N,
+                         int H, int W),
+       (ctx, dinp, dw, db, dout, inp, w, d, N, H, W))
+SYNCED(relu_forward, (ps_ctx_t *ctx, float *out, const float *inp, size_t n), (ctx, out, inp, n))
+SYNCED(relu_backward, (ps_ctx_t *ctx, float *dinp, const float *dout, const float *out,
+                       size_t n),
+       (ctx, dinp, dout, out, n))
+SYNCED(accumulate, (ps_ctx_t *ctx, float *acc, const float *x, size_t n), (ctx, acc, x, n))
+
+static const ps_backend_t *retina_backend(void)
+{
+    retina_be = ps_backend_cuda;
+    retina_be.conv2d_forward = s_conv2d_forward;
+    retina_be.conv2d_backward = s_conv2d_backward;
+    retina_be.relu_forward = s_relu_forward;
+    retina_be.relu_backward = s_relu_backward;
+    retina_be.accumulate = s_accumulate;
+    return &retina_be;
+}
+
+/* Two ground-truth boxes per image through the real assignment, so the
+ * losses see positives (as bench/retina_bench.c). */
+static void retina_targets(const ps_retina_t *m, int n, int H, int K, int32_t *lab, float *box)
+{
+    const int A = ps_retina_num_anchors(m);
+    int32_t *matched = malloc(A * sizeof *matched);
+    const float s = (float)H;
+    const float gt[8] = {0.1f * s, 0.1f * s, 0.5f * s, 0.45f * s,
+                         0.4f * s, 0.3f * s, 0.9f * s, 0.95f * s};
+    const int32_t gcls[2] = {0, K > 1 ? 1 : 0};
+    for (int i = 0; i < n; i++) {
+        ps_det_assign(matched, ps_retina_anchors(m), A, gt, 2, 0.5f, 0.4f, NULL);
+        ps_det_make_targets(lab + (size_t)i * A, box + (size_t)i * A * 4, matched,
+                            ps_retina_anchors(m), A, gt, gcls, 2, K);
+    }
+    free(matched);
+}
+
+static void retina_cfg(ps_retina_config_t *c, int depth, int K, int small)
+{
+    ps_retina_config_default(c);
+    c->depth = depth;
+    c->num_classes = K;
+    if (small) { /* the acceptance run's narrow model, every stage trained */
+        c->width = 16;
+        c->fpn_channels = 32;
+        c->freeze_at = 0;
+    }
+}
+
+/* rcheck: one RetinaNet training step on the CPU and on CUDA (fp32), same
+ * weights, images and targets: both losses, the raw outputs and every
+ * trainable gradient. */
+static int run_retina_check(int depth, int n, int HW, int K)
+{
+    const tols_t tl = tols_of(PS_CUDA_FP32);
+    ps_retina_config_t cfg;
+    retina_cfg(&cfg, depth, K, 1);
+    ps_ctx_t cctx, gctx;
+    ps_retina_t *mc = NULL, *mg = NULL;
+    if (ps_engine_init(&cctx, 0) || ps_engine_init(&gctx, 0) || ps_cuda_backend_init(&gctx, 0))
+        return 1;
+    if (ps_retina_create(&mc, &cfg, &ps_backend_cpu, &cctx, n, HW, HW)) return 1;
+    if (ps_cuda_use_managed_arena() ||
+        ps_retina_create(&mg, &cfg, retina_backend(), &gctx, n, HW, HW))
+        return 1;
+    ps_arena_set_allocator(NULL);
+    ps_retina_init(mc, 3, 1);
+    ps_retina_init(mg, 3, 1);
+    const int A = ps_retina_num_anchors(mc);
+    const size_t nin = (size_t)n * 3 * HW * HW, rows = (size_t)n * A;
+    float *in = malloc(nin * sizeof *in), *box = calloc(rows * 4, sizeof *box);
+    int32_t *lab = malloc(rows * sizeof *lab);
+    ps_model_hash_fill(in, nin, "input", 5, 1.0);
+    retina_targets(mc, n, HW, K, lab, box);
+    printf("# RetinaNet-ResNet-%d-FPN (width 16, FPN 32), %d images %dx%d, K %d: CPU vs CUDA "
+           "fp32 (detection layers on the host)\n", depth, n, HW, HW, K);
+    float cc = NAN, cb = NAN, gc = NAN, gb = NAN;
+    int rc = ps_retina_forward(mc, in, n, lab, box, 1, &cc, &cb) | ps_retina_backward(mc);
+    rc |= ps_retina_forward(mg, in, n, lab, box, 1, &gc, &gb) | ps_retina_backward(mg);
+    rc |= ps_cuda_backend_sync(&gctx);
+    check(rc == 0, "forward + backward ran on both backends");
+    check(fabs(gc - cc) <= tl.loss * fabs(cc), "focal loss: cpu %.7g cuda %.7g", cc, gc);
+    check(fabs(gb - cb) <= tl.loss * fabs(cb) + 1e-7, "smooth-L1 loss: cpu %.7g cuda %.7g", cb,
+          gb);
+    double me;
+    const float *oc = ps_retina_cls_out(mc), *og = ps_retina_cls_out(mg);
+    double ex = excess(og, oc, rows * K, tl.logit * maxabs(oc, rows * K), tl.logit, &me);
+    check(ex <= 0, "classification logits (max err %.3g)", me);
+    oc = ps_retina_box_out(mc), og = ps_retina_box_out(mg);
+    ex = excess(og, oc, rows * 4, tl.logit * maxabs(oc, rows * 4), tl.logit, &me);
+    check(ex <= 0, "box deltas (max err %.3g)", me);
+    int np = 0, np2 = 0, bad = 0;
+    const ps_model_param_t *pc = ps_retina_params(mc, &np), *pg = ps_retina_params(mg, &np2);
+    double worst_rel = 0;
+    const char *worst_name = "";
+    for (int i = 0; i < np && np == np2; i++) {
+        if (!pc[i].trainable) continue;
+        const double scale = maxabs(pc[i].g, pc[i].numel);
+        ex = excess(pg[i].g, pc[i].g, pc[i].numel, tl.grad_a * scale + 1e-12, tl.grad_r, &me);
+        const double rel = scale > 0 ? me / scale : me;
+        if (rel > worst_rel) worst_rel = rel, worst_name = pc[i].name;
+        if (ex > 0 && ++bad <= 10)
+            printf("#   %s: max err %.3g, max |ref| %.3g\n", pc[i].name, me, scale);
+    }
+    check(np == np2 && bad == 0, "all %d parameter gradients within atol %g*max|ref|, rtol %g "
+          "(worst %s: %.3g of its scale)", np, tl.grad_a, tl.grad_r, worst_name, worst_rel);
+    ps_retina_destroy(&mg);
+    ps_retina_destroy(&mc);
+    ps_cuda_backend_free(&gctx);
+    ps_ctx_free(&gctx);
+    ps_ctx_free(&cctx);
+    free(in), free(box), free(lab);
+    printf("1..%d\n", nchecks);
+    return nfailed ? 1 : 0;
+}
+
+/* rtime: RetinaNet-R<depth>-FPN (torchvision widths: stem 64, FPN 256,
+ * freeze_at 2) training step on the GPU, fp32, n images of HW^2. */
+static int run_retina_time(int depth, int n, int HW, int K, int steps, int warm)
+{
+    ps_retina_config_t cfg;
+    retina_cfg(&cfg, depth, K, 0);
+    ps_ctx_t ctx;
+    ps_retina_t *m = NULL;
+    char info[256] = "";
+    if (ps_engine_init(&ctx, 0) || ps_cuda_backend_init(&ctx, 0)) return 1;
+    ps_cuda_open(0, info, sizeof info);
+    if (ps_cuda_use_managed_arena() || ps_retina_create(&m, &cfg, retina_backend(), &ctx, n, HW, HW))
+        return 1;
+    ps_retina_init(m, 1, 0);
+    const int A = ps_retina_num_anchors(m);
+    const size_t nin = (size_t)n * 3 * HW * HW, rows = (size_t)n * A;
+    float *in = malloc(nin * sizeof *in), *box = calloc(rows * 4, sizeof *box);
+    int32_t *lab = malloc(rows * sizeof *lab);
+    ps_model_hash_fill(in, nin, "input", 5, 1.0);
+    retina_targets(m, n, HW, K, lab, box);
+    int np = 0;
+    const ps_model_param_t *p = ps_retina_params(m, &np);
+    for (int i = 0; i < np; i++) { /* written by the host at init: move them back */
+        ps_cuda_prefetch(p[i].w, p[i].numel * sizeof(float), ps_cuda_backend_stream(&ctx));
+        ps_cuda_prefetch(p[i].g, p[i].numel * sizeof(float), ps_cuda_backend_stream(&ctx));
+    }
+    double *tf = malloc(steps * sizeof *tf), *tb = malloc(steps * sizeof *tb),
+           *ts = malloc(steps * sizeof *ts);
+    float lc = NAN, lb = NAN;
+    /* gradients accumulate (no host memset of managed memory per step: the
+     * same FLOPs, as `time` does without -z) */
+    for (int it = -warm; it < steps; it++) {
+        const double t0 = bench_now();
+        if (ps_retina_forward(m, in, n, lab, box, 1, &lc, &lb)) return 1;
+        const double t1 = bench_now();
+        if (ps_retina_backward(m) || ps_cuda_backend_sync(&ctx)) return 1;
+        const double t2 = bench_now();
+        if (it >= 0) tf[it] = t1 - t0, tb[it] = t2 - t1, ts[it] = t2 - t0;
+    }
+    const double mf = bench_median(tf, steps), mb = bench_median(tb, steps);
+    const double ms = bench_median(ts, steps);
+    double ff = 0, fb = 0;
+    ps_retina_flops(m, n, &ff, &fb);
+    ps_cuda_mem_t mm;
+    ps_cuda_mem_stats(&mm);
+    printf("device: %s\n", info);
+    printf("RetinaNet-ResNet-%d-FPN fp32, %d x 3 x %d^2, K %d, %d anchors/image, %d steps "
+           "(median), loss %.4f + %.4f\n", depth, n, HW, K, A, steps, (double)lc, (double)lb);
+    printf("  step %.1f ms (forward %.1f, backward %.1f), %.2f images/s, %.1f TFLOP/s counted "
+           "(%.1f GFLOP/step); detection layers on the host (see gpu_bench.c)\n", ms * 1e3,
+           mf * 1e3, mb * 1e3, n / ms, (ff + fb) / ms / 1e12, (ff + fb) / 1e9);
+    printf("RESULT retina impl=ours depth=%d images=%d size=%d classes=%d step_ms=%.2f "
+           "fwd_ms=%.2f bwd_ms=%.2f images_s=%.3f tflops=%.2f alloc_peak_gib=%.2f "
+           "loss=%.4f\n", depth, n, HW, K, ms * 1e3, mf * 1e3, mb * 1e3, n / ms,
+           (ff + fb) / ms / 1e12, mm.alloc_peak / 1073741824.0, (double)(lc + lb));
+    ps_retina_destroy(&m);
+    ps_cuda_backend_free(&ctx);
+    ps_ctx_free(&ctx);
+    free(in), free(box), free(lab), free(tf), free(tb), free(ts);
+    return isfinite(lc) && isfinite(lb) ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
-    if (argc < 2 || (strcmp(argv[1], "check") && strcmp(argv[1], "time"))) {
-        fprintf(stderr, "usage: %s check|time [-d depth] [-n clips] [-H size] [-s steps] "
-                        "[-w warmup] [-z] [-p fp32|fp16|bf16]\n", argv[0]);
+    if (argc < 2 || (strcmp(argv[1], "check") && strcmp(argv[1], "time") &&
+                     strcmp(argv[1], "rcheck") && strcmp(argv[1], "rtime"))) {
+        fprintf(stderr, "usage: %s check|time|rcheck|rtime [-d depth] [-n clips|images] "
+                        "[-H size] [-s steps] [-w warmup] [-z] [-p fp32|fp16|bf16] "
+                        "[-K classes]\n", argv[0]);
         return 2;
     }
-    const int timing = !strcmp(argv[1], "time");
+    const int timing = !strcmp(argv[1], "time") || !strcmp(argv[1], "rtime");
+    const int retina = argv[1][0] == 'r';
     int depth = timing ? 50 : 18, clips = timing ? 8 : 2, HW = timing ? 224 : 64;
-    int steps = 10, warm = 3, zero = 0, opt, prec = PS_CUDA_FP32;
+    int steps = 10, warm = 3, zero = 0, opt, prec = PS_CUDA_FP32, K = timing ? 80 : 3;
+    if (retina) { /* rtime: 2 x 512^2, R50, 80 classes; rcheck: 2 x 128^2, R18, 3 */
+        clips = 2;
+        HW = timing ? 512 : 128;
+    }
     optind = 2;
-    while ((opt = getopt(argc, argv, "d:n:H:s:w:zp:")) != -1) {
+    while ((opt = getopt(argc, argv, "d:n:H:s:w:zp:K:")) != -1) {
         switch (opt) {
+        case 'K': K = atoi(optarg); break;
         case 'd': depth = atoi(optarg); break;
         case 'n': clips = atoi(optarg); break;
         case 'H': HW = atoi(optarg); break;
@@ -300,7 +520,7 @@ int main(int argc, char **argv)
         default: return 2;
         }
     }
-    if (clips <= 0 || HW < 32 || steps <= 0 || warm < 0) {
+    if (clips <= 0 || HW < 32 || steps <= 0 || warm < 0 || K < 1) {
         fprintf(stderr, "bad option values\n");
         return 2;
     }
@@ -309,6 +529,13 @@ int main(int argc, char **argv)
         return 77;
     }
     ps_log_level = PS_LOG_WARN;
+    if (retina && prec != PS_CUDA_FP32) {
+        fprintf(stderr, "rcheck / rtime: fp32 only for now\n");
+        return 2;
+    }
+    if (retina)
+        return timing ? run_retina_time(depth, clips, HW, K, steps, warm)
+                      : run_retina_check(depth, clips, HW, K);
     return timing ? run_time(depth, clips, HW, steps, warm, zero, prec)
                   : run_check(depth, clips, HW, prec);
 }

@@ -6,8 +6,10 @@
 #      run there), else configure + build for sm_90 only,
 #   2. parity: tests/test_cuda_cast, tests/test_cuda_layers (every layer vs
 #      the CPU reference in fp32, then conv / linear with fp16 and bf16
-#      operands, and the loss scale in xent's backward), `gpu_bench check`
-#      (a whole TSM-ResNet-18 step, CPU fp32 vs CUDA fp32 / fp16 / bf16),
+#      operands, and the loss scale in xent's backward), tests/test_cuda_det
+#      (the detection layers of det_layers.cu), `gpu_bench check` (a whole
+#      TSM-ResNet-18 step, CPU fp32 vs CUDA fp32 / fp16 / bf16), `gpu_bench
+#      rcheck` (a whole RetinaNet-R18-FPN step, CPU vs CUDA fp32),
 #   3. a TSM-ResNet-50 training step, 8 clips x 8 frames x 224^2, in fp32,
 #      fp16 and bf16: clips/s, achieved TFLOP/s vs the measured cuBLAS
 #      sgemm / fp16 GemmEx peaks, device memory (peak of the backend's
@@ -15,7 +17,12 @@
 #   4. PyTorch's TSM-ResNet-50 step (fp32, and AMP fp16 + channels_last) in
 #      the same run, and the ratios (issue 5's goals: ours fp16 >= 1.7x ours
 #      fp32, >= 1.0x PyTorch AMP),
-#   5. optional: tests/test_nccl.
+#   5. RetinaNet-R50-FPN training step, 2 x 3 x 512^2, 80 classes, fp32:
+#      ours (`gpu_bench rtime`; detection layers still on the host) and
+#      torchvision's RetinaNet with the same backbone / FPN / heads (frozen
+#      BN, P6 on C5, conv1 + layer1 frozen, TF32 off) in the same run, images/s
+#      and the ratio,
+#   6. optional: tests/test_nccl.
 # Every stage has a timeout, clipped so the whole run ends within
 # PS_GPU_CHECK_BUDGET seconds (default 540: a 600 s device call with room to
 # return the files).  Logs go to $OUT/gpu_check/ when $OUT is set (the
@@ -63,6 +70,7 @@ if [ -x "$CARRY/gpu_bench" ] && [ -x "$CARRY/test_cuda_layers" ]; then
     cat "$CARRY/BUILD_INFO" 2>/dev/null | head -5
     BIN=$CARRY
     CAST=$BIN/test_cuda_cast LAYERS=$BIN/test_cuda_layers BENCH=$BIN/gpu_bench NCCLT=$BIN/test_nccl
+    DET=$BIN/test_cuda_det
     # cuDNN / cuBLAS / NCCL: the toolkit's, else PyTorch's pip packages
     LP=$CARRY/lib
     for py in python3 /usr/bin/python3; do
@@ -97,10 +105,12 @@ else
     fi
     grep -q '^NVCC = .*nvcc' Makefile || { echo "configure did not find CUDA"; exit 1; }
     make -s proto/ps.pb-c.h >/dev/null 2>&1
-    timeout 300 make -s -j"$J" tests/test_cuda_cast tests/test_cuda_layers bench/gpu_bench \
+    timeout 300 make -s -j"$J" tests/test_cuda_cast tests/test_cuda_layers tests/test_cuda_det \
+        bench/gpu_bench \
         >"$W/build.out" 2>&1 || { tail -40 "$W/build.out"; exit 1; }
     grep -i 'warning' "$W/build.out" | head -20
     CAST=./tests/test_cuda_cast LAYERS=./tests/test_cuda_layers BENCH=./bench/gpu_bench
+    DET=./tests/test_cuda_det
     NCCLT=./tests/test_nccl
 fi
 
@@ -116,12 +126,27 @@ grep -v '^ok\|^#  ' "$W/layers.out" | tail -40
 echo "-- worst errors:"; grep '^#   .*max |err|' "$W/layers.out" | sort -t'|' -k3 -g | tail -8
 [ $rc -eq 0 ] || fail "test_cuda_layers (rc $rc)"
 
+stage "test_cuda_det (detection layers vs the CPU references)"
+if [ -x "$DET" ]; then
+    run 60 det "$DET"; rc=$?
+    grep -v '^ok\|^#  ' "$W/det.out" | tail -25
+    echo "-- worst errors:"; grep '^#   .*max |err|' "$W/det.out" | sort -t'|' -k3 -g | tail -5
+    [ $rc -eq 0 ] || fail "test_cuda_det (rc $rc)"
+else
+    echo "no test_cuda_det (carried programs from before it existed: rerun bench/gpu_prep.sh)"
+fi
+
 for p in fp32 fp16 bf16; do
     stage "whole TSM-ResNet-18 step, CPU fp32 vs CUDA $p"
     run 90 "check_$p" "$BENCH" check -p $p; rc=$?
     tail -12 "$W/check_$p.out"
     [ $rc -eq 0 ] || fail "gpu_bench check -p $p (rc $rc)"
 done
+
+stage "whole RetinaNet-R18-FPN step, CPU fp32 vs CUDA fp32"
+run 90 rcheck "$BENCH" rcheck; rc=$?
+tail -12 "$W/rcheck.out"
+[ $rc -eq 0 ] || fail "gpu_bench rcheck (rc $rc)"
 
 # ---- timing ---------------------------------------------------------------
 for p in fp32 fp16 bf16; do
@@ -147,6 +172,61 @@ else
     echo "PyTorch with CUDA not importable: skipped"
 fi
 
+stage "RetinaNet-R50-FPN training step, 2 x 512^2, 80 classes, fp32: ours"
+run 120 rtime "$BENCH" rtime -d 50 -n 2 -H 512 -K 80 -s 10 -w 3; rc=$?
+cat "$W/rtime.out"
+[ $rc -eq 0 ] || fail "gpu_bench rtime (rc $rc)"
+
+stage "RetinaNet-R50-FPN training step, same shapes: torchvision (fp32, TF32 off)"
+if [ -n "$PY" ]; then
+    # the same model as ours: ResNet-50 with FrozenBatchNorm2d, conv1 +
+    # layer1 frozen, FPN 256 on C3..C5, P6 on C5 (LastLevelP6P7(2048, 256)),
+    # 9 anchors, 80 classes, the same two boxes per image; a step is
+    # forward (with torchvision's transform and losses) + backward
+    run 150 rtorch "$PY" - 2 512 80 10 3 <<'PYEOF' || fail "torchvision RetinaNet step"
+import sys, time, torch, torchvision
+from torchvision.models.detection import RetinaNet
+from torchvision.models.detection.backbone_utils import _resnet_fpn_extractor
+from torchvision.ops.feature_pyramid_network import LastLevelP6P7
+from torchvision.ops.misc import FrozenBatchNorm2d
+n, size, K, steps, warm = map(int, sys.argv[1:6])
+torch.backends.cudnn.benchmark = True
+torch.backends.cudnn.allow_tf32 = False
+torch.backends.cuda.matmul.allow_tf32 = False
+body = torchvision.models.resnet50(weights=None, norm_layer=FrozenBatchNorm2d)
+bb = _resnet_fpn_extractor(body, 3, returned_layers=[2, 3, 4],
+                           extra_blocks=LastLevelP6P7(2048, 256))
+m = RetinaNet(bb, num_classes=K, min_size=size, max_size=size).cuda().train()
+dev = torch.device("cuda")
+imgs = [torch.rand(3, size, size, device=dev) for _ in range(n)]
+s = float(size)
+box = torch.tensor([[0.1 * s, 0.1 * s, 0.5 * s, 0.45 * s], [0.4 * s, 0.3 * s, 0.9 * s, 0.95 * s]],
+                   device=dev)
+tg = [{"boxes": box, "labels": torch.tensor([0, 1 if K > 1 else 0], device=dev)} for _ in range(n)]
+ts = []
+for it in range(warm + steps):
+    for p in m.parameters():
+        p.grad = None
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    ld = m(imgs, tg)
+    loss = sum(ld.values())
+    loss.backward()
+    torch.cuda.synchronize()
+    if it >= warm:
+        ts.append(time.perf_counter() - t0)
+ts.sort()
+st = ts[len(ts) // 2]
+print("torchvision %s, torch %s: RetinaNet-R50-FPN fp32 %d x %d^2, K %d: step %.1f ms, %.2f images/s"
+      % (torchvision.__version__, torch.__version__, n, size, K, st * 1e3, n / st))
+print("RESULT retina impl=torch images=%d size=%d classes=%d step_ms=%.2f images_s=%.3f mem_gib=%.2f"
+      % (n, size, K, st * 1e3, n / st, torch.cuda.max_memory_allocated() / 2**30))
+PYEOF
+    cat "$W/rtorch.out"
+else
+    echo "PyTorch with CUDA not importable: skipped"
+fi
+
 stage "summary"
 val() { sed -n "s/^RESULT $1 .* $2=\([0-9.]*\).*/\1/p" "$W/$3.out" 2>/dev/null | head -n 1; }
 o32=$(val "precision=fp32" clips_s time_fp32); o16=$(val "precision=fp16" clips_s time_fp16)
@@ -156,13 +236,18 @@ for p in fp32 fp16 bf16; do
     grep "^RESULT precision=$p" "$W/time_$p.out" 2>/dev/null
 done
 grep '^RESULT torch' "$W/torch.out" 2>/dev/null
-awk -v o32="${o32:-0}" -v o16="${o16:-0}" -v ob="${ob16:-0}" -v t32="${t32:-0}" -v ta="${tamp:-0}" '
+grep '^RESULT retina' "$W/rtime.out" "$W/rtorch.out" 2>/dev/null
+rours=$(sed -n 's/^RESULT retina impl=ours .* images_s=\([0-9.]*\).*/\1/p' "$W/rtime.out" 2>/dev/null)
+rtv=$(sed -n 's/^RESULT retina impl=torch .* images_s=\([0-9.]*\).*/\1/p' "$W/rtorch.out" 2>/dev/null)
+awk -v o32="${o32:-0}" -v o16="${o16:-0}" -v ob="${ob16:-0}" -v t32="${t32:-0}" -v ta="${tamp:-0}" \
+    -v ro="${rours:-0}" -v rt="${rtv:-0}" '
     function r(a, b) { return (a > 0 && b > 0) ? sprintf("%.2f", a / b) : "n/a" }
     BEGIN {
         printf "RATIO ours fp16 / ours fp32          = %s  (goal >= 1.7)\n", r(o16, o32);
         printf "RATIO ours bf16 / ours fp32          = %s\n", r(ob, o32);
         printf "RATIO ours fp32 / torch fp32         = %s\n", r(o32, t32);
         printf "RATIO ours fp16 / torch AMP fp16 (CL) = %s  (goal >= 1.0)\n", r(o16, ta);
+        printf "RATIO RetinaNet-R50 ours / torchvision (fp32, images/s) = %s\n", r(ro, rt);
     }' | tee "$W/ratios.txt"
 
 # ---- optional: NCCL allreduce (B, issue 7) --------------------------------

@@ -12,7 +12,7 @@
 #
 #   bench/gpu_prep.sh [BUILD_DIR]     (default /tmp/ps-gpu-prep)
 # Output: tests/test_cuda_carry/ (ignored by git: /tests/test_* in
-# .gitignore) holding test_cuda_cast, test_cuda_layers, gpu_bench,
+# .gitignore) holding test_cuda_cast, test_cuda_layers, test_cuda_det, gpu_bench,
 # test_nccl (when NCCL was found) and lib/ (libopenblas, libgfortran,
 # libquadmath, libgomp, libcjson, libcudart); ~45 MB, under the device
 # tool's 64 MiB carry limit.  Then, in the device call:
@@ -34,7 +34,7 @@ if [ ! -f Makefile ]; then
 fi
 grep -q '^NVCC = .*nvcc' Makefile || { echo "gpu_prep: configure did not find CUDA here" >&2; exit 1; }
 make -s proto/ps.pb-c.h >/dev/null
-make -s -j"$J" tests/test_cuda_cast tests/test_cuda_layers bench/gpu_bench
+make -s -j"$J" tests/test_cuda_cast tests/test_cuda_layers tests/test_cuda_det bench/gpu_bench
 nccl=
 if grep -q '^#define PS_HAVE_NCCL 1' config.h && make -s -j"$J" tests/test_nccl; then
     nccl=tests/test_nccl
@@ -42,7 +42,7 @@ fi
 
 rm -rf "$OUT"
 mkdir -p "$OUT/lib"
-for b in tests/test_cuda_cast tests/test_cuda_layers bench/gpu_bench $nccl; do
+for b in tests/test_cuda_cast tests/test_cuda_layers tests/test_cuda_det bench/gpu_bench $nccl; do
     cp "$b" "$OUT/"
 done
 # host libraries the programs need that a bare image may lack (not the

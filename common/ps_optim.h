@@ -23,9 +23,9 @@ typedef enum { PS_SCHED_CONST = 0, PS_SCHED_STEP = 1, PS_SCHED_COSINE = 2 } ps_s
  *            value computed from w_pulled; the servers' mean over W workers
  *            makes w = mean(local) -- the average of the workers' values,
  *            exact up to one rounding of w.  Sent as a difference (not the
- *            value) so fp16/bf16 wire rounds only the small change, and an
- *            async server that applies each push scaled by 1/W moves w
- *            a 1/W step towards each worker's value. */
+ *            value) so an async server that applies each push scaled by
+ *            1/W moves w a 1/W step towards each worker's value.  On the
+ *            wire always raw fp32 (ps_optim_exact_groups). */
 typedef enum { PS_GROUP_SGD = 0, PS_GROUP_AVERAGE = 1 } ps_group_kind_t;
 
 typedef struct ps_param_group {

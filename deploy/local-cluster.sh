@@ -53,6 +53,7 @@ if [ $DET = 1 ]; then
     # 128x128, width 16, FPN 32, trained from scratch; 2 workers x batch 8
     [ -n "$STEPS" ] || STEPS=2000
     [ -n "$BATCH" ] || BATCH=8
+    [ -n "$WIDTH" ] || WIDTH=16
     # 48 is the video default: the detector's is 128
     [ "$SIZE" = 48 ] && SIZE=128
 fi
@@ -132,7 +133,7 @@ if [ $DET = 1 ]; then
     done
     MODEL_ARGS+=(--train-json "$DATA/annotations/instances_train.json" --root "$DATA/train"
                  --val-json "$DATA/annotations/instances_val.json" --val-root "$DATA/val"
-                 --size "$SIZE" --width 16 --fpn-channels 32 --freeze-at 0 --lr 0.04
+                 --size "$SIZE" --width "$WIDTH" --fpn-channels 32 --freeze-at 0 --lr 0.04
                  --weight-decay 1e-4 --schedule cosine --warmup-steps $((STEPS / 20))
                  --clip-grad 2 --val-every $((STEPS / 4 > 0 ? STEPS / 4 : 1))
                  --threads 1 --loader-threads 1)
@@ -239,7 +240,7 @@ if [ $DET = 1 ]; then
     cat <<SUMMARY
 
 ==== summary ====
-model:            $MODEL, ${SIZE}x$SIZE, data $DATA
+model:            $MODEL (width $WIDTH, FPN 32), ${SIZE}x$SIZE, data $DATA
 steps:            $(val "$RUN/worker0.log" steps) ($(val "$RUN/worker0.log" epochs) epochs; sync SGD, $WORKERS workers x batch $BATCH, $SERVERS_N servers, wire $DTYPE)
 train loss:       $(val "$RUN/worker0.log" loss) (rank 0, mean of the last 10 steps)
 validation:       mAP $(val "$RUN/worker0.log" map)  AP50 $(val "$RUN/worker0.log" ap50)  AP75 $(val "$RUN/worker0.log" ap75) ($(val "$RUN/worker0.log" val_images) images)
@@ -258,7 +259,7 @@ if [ $VIDEO = 1 ]; then
     cat <<SUMMARY
 
 ==== summary ====
-model:            $MODEL, $FRAMES segments, ${SIZE}x$SIZE, data $DATA
+model:            $MODEL (width $WIDTH), $FRAMES segments, ${SIZE}x$SIZE, data $DATA
 steps:            $(val "$RUN/worker0.log" steps) ($(val "$RUN/worker0.log" epochs) epochs; sync SGD, $WORKERS workers x batch $BATCH, $SERVERS_N servers, wire $DTYPE)
 train loss:       $(val "$RUN/worker0.log" loss) (rank 0, mean of the last 10 steps)
 validation:       top1 $(val "$RUN/worker0.log" top1)  top5 $(val "$RUN/worker0.log" top5)  loss $(val "$RUN/worker0.log" val_loss)

@@ -191,6 +191,15 @@ typedef struct psd_worker {
     uint64_t barrier_req;       /* request_id of its BARRIER */
     uint8_t bid[256];           /* identity of its BARRIER */
     uint8_t bidlen;
+    uint64_t barrier_done;      /* request_id of its last released BARRIER (0:
+                                 * none): a resend of it (its ACK was lost, e.g.
+                                 * the connection came back under a new ZeroMQ
+                                 * identity) is answered again, not queued */
+    int silent_warned;          /* silent before the job started: warned once */
+    int rejoined;               /* a new process took this rank after the job
+                                 * started and has not pushed yet: its first
+                                 * BARRIER is its start barrier, which the
+                                 * others passed long ago (answered at once) */
     char host[64];
     uint64_t lost_ms;           /* uv_now when it was declared lost */
 } psd_worker_t;
@@ -244,6 +253,9 @@ typedef struct psd {
     psd_pool_t *pool;           /* summation threads */
     psd_worker_t *workers;      /* (nworkers) */
     int nworkers;               /* W, 0 until known */
+    int job_started;            /* a barrier was released or a gradient pushed
+                                 * here: only from then on can a silent worker
+                                 * be declared lost (psd_members.c) */
     uint64_t table_hash_seen;   /* first hash from HELLO / INIT (server 0 check) */
     int have_hash_seen;
     psd_metrics_t mx;
@@ -335,6 +347,8 @@ int psd_store_nonfinite(psd_t *s, const float *g, size_t n);
 /* ---- psd_members.c ---- */
 int psd_members_set_count(psd_t *s, int nworkers, char *err, size_t errlen);
 void psd_members_seen(psd_t *s, int rank);
+/* A PUSH / PUSHPULL from rank: the job is under way here, the rank is in it. */
+void psd_members_pushed(psd_t *s, int rank);
 int psd_members_is_live(const psd_t *s, int rank);
 int psd_members_live_count(const psd_t *s);
 /* Rank r's gradient / barrier is waited for (live, or lost under

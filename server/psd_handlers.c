@@ -537,6 +537,10 @@ void psd_handle(psd_t *s, ps_wire_msg_t *m)
     const Ps__Header *h = m->hdr;
     s->mx.msgs_in++;
     if (h->has_rank && h->type != PS__MSG_TYPE__MSG_HELLO) psd_members_seen(s, h->rank);
+    /* A gradient means training is under way here (psd_members.c: from now
+     * on a silent worker can be lost; a restarted psd sees no barrier). */
+    if (h->type == PS__MSG_TYPE__MSG_PUSH || h->type == PS__MSG_TYPE__MSG_PUSHPULL)
+        psd_members_pushed(s, h->has_rank ? h->rank : -1);
     if (s->shutting) {
         /* The checkpoint of the final state is taken: nothing may change.
          * Updates get no answer, as from a server that is already gone:

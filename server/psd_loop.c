@@ -224,6 +224,10 @@ static void on_poll(uv_poll_t *h, int status, int events)
 static void on_hb(uv_timer_t *t)
 {
     psd_t *s = t->data;
+    /* Read what is queued first: after a stall of psd itself (a loaded
+     * machine), the workers' heartbeats are waiting in the socket, and
+     * checking before reading them declared every worker lost at once. */
+    psd_drain(s);
     psd_members_check(s);
     psd_errors_log_flush(s);
     psd_drain(s);

@@ -1,11 +1,23 @@
 /* Worker membership: rank assignment at HELLO (server 0), liveness from any
- * message a worker sends (HEARTBEAT included), BARRIER and BYE.  A worker
- * that has spoken and then stays silent for --worker-timeout-ms is marked
- * lost (one never heard from is waited for).  With --on-worker-loss=continue
- * (default) it no longer holds up barriers or sync updates (they proceed
- * with the workers that remain, averaging over those who pushed); with wait
- * they keep waiting for it.  Either way it is live again as soon as it
- * sends anything (HELLO with its rank, a heartbeat, a push). */
+ * message a worker sends (HEARTBEAT included), BARRIER and BYE.  Once the
+ * job has started on this server (a barrier was released or a gradient
+ * pushed), a worker that has spoken and then stays silent for
+ * --worker-timeout-ms is marked lost (one never heard from is waited for).
+ * Before that nobody is: a slow-starting worker must not let the start
+ * barrier go without it, or the job would train with fewer than W workers
+ * (and that worker's own BARRIER would then wait for workers that are no
+ * longer coming to it).  With --on-worker-loss=continue (default) a lost
+ * worker no longer holds up barriers or sync updates (they proceed with the
+ * workers that remain, averaging over those who pushed); with wait they
+ * keep waiting for it.  Either way it is live again as soon as it sends
+ * anything (HELLO with its rank, a heartbeat, a push).
+ *
+ * BARRIER is answered once per request: the ACK can be lost (ROUTER_MANDATORY
+ * drops it when the worker's connection came back under a new ZeroMQ
+ * identity, or the worker was paused), and the worker then resends the same
+ * request_id.  A resend of the barrier last released for that rank is
+ * answered again at once; queued, it would wait for workers that have long
+ * gone past that barrier (they train, the job never has W workers again). */
 #include "psd.h"
 
 #include <stdio.h>
@@ -69,6 +81,23 @@ void psd_members_seen(psd_t *s, int r)
     w->state = PSD_W_LIVE;
 }
 
+void psd_members_pushed(psd_t *s, int r)
+{
+    s->job_started = 1;
+    if (r >= 0 && r < s->nworkers) s->workers[r].rejoined = 0;
+}
+
+static void barrier_ack(psd_t *s, const void *id, size_t idlen, uint64_t req, int r)
+{
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__MSG_TYPE__MSG_ACK);
+    h.has_request_id = 1;
+    h.request_id = req;
+    h.has_rank = 1;
+    h.rank = r;
+    psd_send(s, id, idlen, &h, NULL, 0);
+}
+
 static void barrier_try_release(psd_t *s)
 {
     int arrived = 0;
@@ -78,16 +107,17 @@ static void barrier_try_release(psd_t *s)
     }
     if (!arrived) return;
     ps_info("barrier released (%d workers)", arrived);
+    int starts = !s->job_started;
+    s->job_started = 1;
+    uint64_t now = uv_now(s->loop);
     for (int r = 0; r < s->nworkers; r++) {
         psd_worker_t *w = &s->workers[r];
         if (!w->at_barrier) continue;
-        Ps__Header h;
-        ps_wire_header_init(&h, PS__MSG_TYPE__MSG_ACK);
-        h.has_request_id = 1;
-        h.request_id = w->barrier_req;
-        h.has_rank = 1;
-        h.rank = r;
-        psd_send(s, w->bid, w->bidlen, &h, NULL, 0);
+        /* Lost means silent for the timeout after joining: a worker slow to
+         * start is not dropped the moment the job it just joined begins. */
+        if (starts && w->last_seen_ms < now) w->last_seen_ms = now;
+        barrier_ack(s, w->bid, w->bidlen, w->barrier_req, r);
+        w->barrier_done = w->barrier_req;
         w->at_barrier = 0;
     }
 }
@@ -161,6 +191,13 @@ void psd_handle_hello(psd_t *s, ps_wire_msg_t *m)
         return;
     }
     psd_worker_t *w = &s->workers[rank];
+    if (!w->assigned || !same_id(w->id, w->idlen, m)) {
+        /* A new process (or a first HELLO) for this rank: its request ids
+         * start over, so nothing of a previous life's barriers applies. */
+        w->at_barrier = 0;
+        w->barrier_done = 0;
+        w->rejoined = s->job_started;
+    }
     w->assigned = 1;
     keep_id(w->id, &w->idlen, m);
     if (h->has_body) {
@@ -210,6 +247,29 @@ void psd_handle_barrier(psd_t *s, ps_wire_msg_t *m)
     int r = check_rank(s, m, "BARRIER");
     if (r < 0) return;
     psd_worker_t *w = &s->workers[r];
+    if (m->hdr->request_id && m->hdr->request_id == w->barrier_done) {
+        /* Never the pending entry: a late duplicate must not replace the
+         * request of the barrier the worker is waiting at now. */
+        ps_info("BARRIER from rank %d resent after its release (the ACK was lost): answered again",
+                r);
+        barrier_ack(s, ID_OF(m), m->hdr->request_id, r);
+        return;
+    }
+    if (w->rejoined) {
+        /* A worker restarted into a running job: the others train and will
+         * not come to a start barrier again.  (Workers all at a barrier, or
+         * all gone, as when a new job starts on this psd: wait as usual.) */
+        w->rejoined = 0;
+        int running = 0;
+        for (int q = 0; q < s->nworkers; q++)
+            if (q != r && s->workers[q].state == PSD_W_LIVE && !s->workers[q].at_barrier) running = 1;
+        if (running) {
+            ps_info("BARRIER from rank %d, restarted into the running job: answered at once", r);
+            barrier_ack(s, ID_OF(m), m->hdr->request_id, r);
+            w->barrier_done = m->hdr->request_id;
+            return;
+        }
+    }
     /* A retry replaces the pending entry: one reply, to the latest request. */
     w->at_barrier = 1;
     w->barrier_req = m->hdr->request_id;
@@ -243,10 +303,20 @@ void psd_members_check(psd_t *s)
          * uneven); only one that has spoken and then fell silent is lost. */
         if (w->state != PSD_W_LIVE || now - w->last_seen_ms <= (uint64_t)s->o.worker_timeout_ms)
             continue;
+        if (!s->job_started) {
+            /* Not in the job yet: dropping it would start training without
+             * it.  Waited for, as a rank never heard from. */
+            if (!w->silent_warned)
+                ps_warn("worker rank %d silent for %llu ms (timeout %d ms) before the job started: "
+                        "still waited for (only a worker that joined the job can be lost)",
+                        r, (unsigned long long)(now - w->last_seen_ms), s->o.worker_timeout_ms);
+            w->silent_warned = 1;
+            continue;
+        }
         w->state = PSD_W_LOST;
         w->lost_ms = now;
-        /* wait: its BARRIER (if any) still counts when it is back. */
-        if (s->o.loss_continue) w->at_barrier = 0;
+        /* Its BARRIER (if any) stays: it did arrive.  continue: released with
+         * the others, its ACK waits for it (or a resend gets it again). */
         changed = 1;
         ps_warn("worker rank %d lost: silent for %llu ms (timeout %d ms); %d live workers remain; %s",
                 r, (unsigned long long)(now - w->last_seen_ms), s->o.worker_timeout_ms,

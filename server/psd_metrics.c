@@ -78,6 +78,8 @@ char *psd_stats_json(const psd_t *s)
         cJSON_AddStringToObject(o, "table_hash", h);
     }
     cJSON_AddStringToObject(o, "on_worker_loss", s->o.loss_continue ? "continue" : "wait");
+    /* false: no barrier released, no push yet; no worker can be lost before */
+    cJSON_AddBoolToObject(o, "job_started", s->job_started);
     cJSON_AddBoolToObject(o, "curve", s->o.curve != 0);
     cJSON_AddBoolToObject(o, "shutting_down", s->shutting != 0);
     cJSON_AddBoolToObject(o, "checkpoint_in_flight", s->ckpt_job != NULL);

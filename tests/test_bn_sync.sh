@@ -10,9 +10,9 @@
 # = mean_r of the unsynchronised s_r,K (same start).  So K steps with
 # --bn-sync 1 must equal the element-wise mean of the two ranks' files of the
 # same run with --bn-sync 0 (tests/bn_sync_mean), within 1e-5 (norm_rel,
-# tests/st_compare; fp32 wire: one rounding of w - (w - local) per step),
-# and within 2e-3 with fp16 on the wire (pulled statistics rounded to fp16:
-# 2^-11 relative, running_var ~ 1).  With lr > 0 the two ranks' files must be
+# tests/st_compare; one rounding of w - (w - local) per step), with fp16 on
+# the wire too (the statistics always travel raw fp32; both runs use the
+# same fp16-rounded weights).  With lr > 0 the two ranks' files must be
 # bit-identical (everything, statistics included).
 # Controls: without sync the ranks' statistics differ, and the sync result
 # differs from rank 0's own.
@@ -90,10 +90,52 @@ ok $? "2 workers, lr 0, --bn-sync 1, fp16 wire"
 run hn --lr 0 --bn-sync 0 --dtype fp16
 ok $? "2 workers, lr 0, --bn-sync 0, fp16 wire"
 "$MEAN" "$T/meanh.safetensors" "$T/hn/model.safetensors" "$T/hn/model-rank1.safetensors" &&
-"$STC" "$T/h0/model.safetensors" "$T/meanh.safetensors" --tol 2e-3 >"$T/c5" 2>&1
-ok $? "fp16 wire: synchronised == mean of the unsynchronised ranks within 2e-3: $(cat "$T/c5")"
+"$STC" "$T/h0/model.safetensors" "$T/meanh.safetensors" --tol 1e-5 >"$T/c5" 2>&1
+ok $? "fp16 wire: synchronised == mean of the unsynchronised ranks within 1e-5: $(cat "$T/c5")"
 "$STC" "$T/h0/model-rank1.safetensors" "$T/h0/model.safetensors" --tol 0 >/dev/null 2>&1
 ok $? "fp16 wire: both ranks identical"
+
+# The statistics travel exactly: raw fp32 in partitions of their own
+# (PS_PART_EXACT), whatever --codec / --dtype.  At lr 0 a sign-codec run
+# changes nothing but the gradients' wire, so its files (statistics
+# included) must equal the fp32-wire run s0 bit for bit -- before, the
+# statistics' differences went out as 1-bit signs.  An fp16 wire also
+# rounds the pulled weights, so that pair starts from a file whose weights
+# are fp16 values (h0's export): then fp16 and fp32 wire runs must agree
+# bit for bit too -- before, the pulled statistics were rounded to fp16.
+run sg --lr 0 --bn-sync 1 --codec sign
+ok $? "2 workers, lr 0, --bn-sync 1, --codec sign"
+for r in 0 1; do
+    f=model.safetensors && [ $r = 1 ] && f=model-rank1.safetensors
+    "$STC" "$T/sg/$f" "$T/s0/model.safetensors" --tol 0 >"$T/c6$r" 2>&1
+    ok $? "sign codec: rank $r's weights and statistics == the fp32-wire sync run's, bit for bit: $(cat "$T/c6$r")"
+done
+"$STC" "$T/sg/model.safetensors" "$T/mean0.safetensors" --tol 1e-5 >"$T/c7" 2>&1
+ok $? "sign codec: == mean of the unsynchronised ranks within 1e-5: $(cat "$T/c7")"
+W16=(--weights "$T/h0/model.safetensors")
+run w32 --lr 0 --bn-sync 1 "${W16[@]}"
+ok $? "2 workers, lr 0, fp32 wire, from fp16-valued weights"
+run w16 --lr 0 --bn-sync 1 --dtype fp16 "${W16[@]}"
+ok $? "2 workers, lr 0, fp16 wire, from the same weights"
+for r in 0 1; do
+    f=model.safetensors && [ $r = 1 ] && f=model-rank1.safetensors
+    "$STC" "$T/w16/$f" "$T/w32/model.safetensors" --tol 0 >"$T/c8$r" 2>&1
+    ok $? "fp16 wire: rank $r's weights and statistics == the fp32-wire run's, bit for bit: $(cat "$T/c8$r")"
+done
+"$STC" "$T/w16/model.safetensors" "$T/h0/model.safetensors" --tol 1e-3 >/dev/null 2>&1
+[ $? -eq 1 ]
+ok $? "control: the statistics moved from the starting file's"
+
+# Training with the sign codec: the statistics stay usable (before, the
+# 1-bit differences wrecked them: this run ended with val_loss=nan, and
+# top1=1 from the NaN logits; fp32 wire: val_loss 16.9, sign now 10.0).
+run sv --lr 0.02 --steps 20 --bn-sync 1 --codec sign --val-list "$T/ds/train.txt"
+ok $? "2 workers, lr 0.02, 20 steps, --codec sign, validation at the end"
+vl=$(final_value "$T/sv/w0.out" val_loss)
+[[ $vl =~ ^[0-9]+\.[0-9]+$ ]] && [ -z "$(final_value "$T/sv/w0.out" nonfinite)" ]
+ok $? "sign codec: finite validation loss ($vl), no video with non-finite logits"
+[ "$(final_value "$T/sv/w0.out" bn_crc)" = "$(final_value "$T/sv/w1.out" bn_crc)" ]
+ok $? "sign codec: both ranks hold the same statistics"
 
 # which statistics travel: those a training forward updates (ResNet-18:
 # 20 BNs -> 40 tensors with --bn train, bn1's 2 with partial, none frozen)

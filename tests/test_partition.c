@@ -305,10 +305,69 @@ static void test_small_cases(void)
     ps_partition_table_free(&t);
 }
 
+/* build_ex: tensors of exact groups (BN statistics) never share a
+ * partition with the others, their partitions carry PS_PART_EXACT, and
+ * exact_groups 0 is the plain build, hash included. */
+static void test_exact_groups(void)
+{
+    /* the hand-worked model above, cap = 10 elements */
+    ps_tensor_spec_t ts[] = {{"a", 4, 0}, {"b", 5, 0}, {"c", 2, 1}, {"d", 23, 0}, {"e", 3, 2}, {"f", 10, 0}};
+    static const struct {
+        uint32_t mask;
+        uint32_t n;
+        size_t off[7], numel[7];
+        uint32_t exact[7];
+        const char *what;
+    } cases[] = {
+        /* c and e exact: [a b] [c]E [d0] [d1] [d2] [e]E [f] (d2 and e no longer share) */
+        {(1u << 1) | (1u << 2), 7, {0, 9, 11, 21, 31, 34, 37}, {9, 2, 10, 10, 3, 3, 10},
+         {0, 1, 0, 0, 0, 1, 0}, "groups 1, 2 exact: [a b] [c]E [d0] [d1] [d2] [e]E [f]"},
+        /* group 0 exact: the pieces of a split tensor keep the flag */
+        {1u << 0, 7, {0, 9, 11, 21, 31, 34, 37}, {9, 2, 10, 10, 3, 3, 10},
+         {1, 0, 1, 1, 1, 0, 1}, "group 0 exact: [a b]E [c] [d0]E [d1]E [d2]E [e] [f]E"},
+        /* nothing in an exact group: the plain packing */
+        {1u << 7, 6, {0, 9, 11, 21, 31, 37}, {9, 2, 10, 10, 6, 10}, {0}, "group 7 exact (unused): plain cuts"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        ps_partition_table_t t;
+        if (!ok(ps_partition_table_build_ex(&t, ts, 6, 40, 2, cases[k].mask) == 0, "build_ex %s",
+                cases[k].what))
+            continue;
+        int good = t.nparts == cases[k].n && t.exact_groups == cases[k].mask;
+        for (uint32_t p = 0; good && p < t.nparts; p++)
+            good = t.parts[p].offset == cases[k].off[p] && t.parts[p].numel == cases[k].numel[p] &&
+                   !!(t.parts[p].flags & PS_PART_EXACT) == (int)cases[k].exact[p];
+        ok(good, "%s", cases[k].what);
+        /* no partition mixes exact and other tensors */
+        ps_partition_segment_t seg[8];
+        for (uint32_t p = 0; good && p < t.nparts; p++) {
+            uint32_t ns = ps_partition_segments(&t, p, seg, 8);
+            for (uint32_t i = 0; i < ns; i++)
+                good &= !!(cases[k].mask >> ts[seg[i].tensor].group & 1u) ==
+                        !!(t.parts[p].flags & PS_PART_EXACT);
+        }
+        ok(good, "every segment's group agrees with its partition's flag");
+        ps_partition_table_free(&t);
+    }
+    ps_partition_table_t a, b, c;
+    ps_partition_table_build(&a, ts, 6, 40, 2);
+    ps_partition_table_build_ex(&b, ts, 6, 40, 2, 0);
+    ps_partition_table_build_ex(&c, ts, 6, 40, 2, 1u << 7);
+    ok(a.hash == b.hash && a.exact_groups == 0, "exact_groups 0: the plain table's hash");
+    ok(c.hash != a.hash, "an exact_groups mask is in the hash (same cuts, different wire)");
+    int noflag = 1;
+    for (uint32_t p = 0; p < a.nparts; p++) noflag &= a.parts[p].flags == 0;
+    ok(noflag, "plain build: no partition flagged");
+    ps_partition_table_free(&a);
+    ps_partition_table_free(&b);
+    ps_partition_table_free(&c);
+}
+
 int main(void)
 {
     ps_log_level = -1; /* invalid-input checks log on purpose */
     test_small_cases();
+    test_exact_groups();
     test_golden();
     test_invariants();
     test_determinism_and_hash();

@@ -437,9 +437,15 @@ static int data_req(ps_client_t *c, int type, uint32_t part, uint64_t iteration,
     r->flags = flags;
     r->numel = c->t->parts[part].numel;
     if (type == PS__MSG_TYPE__MSG_PUSH && (flags & PS_FLAG_NO_REPLY)) r->no_reply = 1;
+    /* PS_PART_EXACT (BN statistics): raw fp32 both ways, whatever the wire
+     * dtype / codec; the server answers in the request's dtype and
+     * reply_codec, and decodes each push by its own header. */
+    int exact = (c->t->parts[part].flags & PS_PART_EXACT) != 0;
+    if (exact) r->dtype = PS_DT_FP32, r->reply_codec = PS_CODEC_RAW;
     if (type == PS__MSG_TYPE__MSG_PULL) {
-        r->codec = c->pull_codec; /* no payload: the header asks for the reply's codec */
-    } else if ((rc = ps_client_encode_part(c, r, part, grad, c->o.dtype, c->o.codec)) < 0) {
+        r->codec = r->reply_codec; /* no payload: the header asks for the reply's codec */
+    } else if ((rc = ps_client_encode_part(c, r, part, grad, exact ? PS_DT_FP32 : c->o.dtype,
+                                           exact ? PS_CODEC_RAW : c->o.codec)) < 0) {
         req_abandon(c, r);
         return rc;
     }

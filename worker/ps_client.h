@@ -53,7 +53,9 @@ typedef struct ps_client_opts {
     int nservers;
     int rank;                    /* -1: let server 0 assign */
     int num_workers;             /* expected cluster size (sent in HELLO) */
-    ps_dtype_t dtype;            /* wire dtype of gradients and pulled weights */
+    ps_dtype_t dtype;            /* wire dtype of gradients and pulled weights
+                                    (partitions flagged PS_PART_EXACT, e.g. BN
+                                    statistics, always go raw fp32 both ways) */
     ps_codec_t codec;            /* pushed gradients: raw, lz4, or the lossy topk /
                                     sign, which go through error feedback (ps_ef.h) */
     int timeout_ms;              /* give up on a request after this, counted from

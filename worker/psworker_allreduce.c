@@ -253,7 +253,13 @@ int ps_worker_allreduce_train(ps_worker_t *p, ps_worker_compute_fn compute, int 
             goto out;
         }
         double t1 = ps_worker_now();
-        if ((rc = reducer_mean(&rd, p->grad, p->numel, o->dt))) {
+        /* PS_PART_EXACT partitions (BN statistics, at the end of the table)
+         * are reduced in fp32 whatever --dtype, as in PS mode. */
+        size_t nx = p->numel;
+        for (uint32_t i = p->table.nparts; i-- > 0 && (p->table.parts[i].flags & PS_PART_EXACT);)
+            nx = p->table.parts[i].offset;
+        if ((nx && (rc = reducer_mean(&rd, p->grad, nx, o->dt))) ||
+            (nx < p->numel && (rc = reducer_mean(&rd, p->grad + nx, p->numel - nx, PS_DT_FP32)))) {
             ps_error("step %" PRIu64 ": allreduce of %zu gradients failed: %s", s, p->numel,
                      ps_strerror(rc));
             goto out;

@@ -83,7 +83,10 @@ int ps_worker_det_setup(ps_worker_t *p, uint32_t nservers)
         return PS_EINVAL;
     }
     if (strcmp(o->device, "cpu")) {
-        ps_error("--device %s: the detector runs on the CPU engine only for now", o->device);
+        /* the CUDA detection layers exist (det_layers.cu) but the model does
+         * not call them yet: docs/cuda.md, "Detection layers" */
+        ps_error("--device %s: the detector runs on the CPU engine only for now (the RetinaNet "
+                 "model does not call the CUDA detection layers yet)", o->device);
         return PS_EUNSUPPORTED;
     }
     if (!o->eval && !*o->train_json) {

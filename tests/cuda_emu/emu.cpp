@@ -41,6 +41,7 @@ template <class T> static T __shfl_down_sync(unsigned, T v, int o)
 }
 extern "C" {
 #include "worker/engine/layers/cpu_layers.h"
+#include "worker/det/det_layers.h"
 #include "ps_half.h"
 }
 // cuda_fp16.h / cuda_bf16.h stand-ins for mixed.cu's casts: 16-bit storage
@@ -379,6 +380,180 @@ static void layouts()
     free(h), free(b), free(flat);
 }
 
+// det_layers.cu: FPN upsample-add, focal loss, smooth-L1, the label scan
+// and the head permute against worker/det/det_layers.c.  The launchers'
+// host steps are repeated here: loss partials (one double per block) added
+// in block order, the label scan's per-block (first bad, positives) pairs
+// reduced with min / sum.  The reduction kernels run with DET_THREADS
+// threads per block (their shared arrays assume it), on grids both smaller
+// than the data (grid-stride wraps) and larger (idle blocks must report
+// neutral values).
+static double det_sum(const double *part, unsigned G)
+{
+    double s = 0;
+    for (unsigned b = 0; b < G; b++) s += part[b];
+    return s;
+}
+
+static void det_labels(const int32_t *lab, int A, int K, unsigned G, int *bad, int *pos)
+{
+    int *part = (int *)malloc(2 * G * sizeof(int));
+    for (unsigned b = 0; b < 2 * G; b++) part[b] = -12345; /* every block must write */
+    EMU(k_det_labels, G, DET_THREADS, part, lab, A, K);
+    *bad = 0x7fffffff;
+    *pos = 0;
+    for (unsigned b = 0; b < G; b++) {
+        if (part[2 * b] < *bad) *bad = part[2 * b];
+        *pos += part[2 * b + 1];
+    }
+    if (*bad == 0x7fffffff) *bad = -1;
+    free(part);
+}
+
+static void det_upsample()
+{
+    /* N C H W P Q: 2x, torchvision FPN odd laterals, scale 7/3, same size,
+     * shrink, a 1x1 top, a 400 px image's C5 -> C4 */
+    const int cfg[][6] = {{2, 3, 4, 5, 8, 10}, {2, 3, 5, 7, 9, 13}, {1, 2, 3, 3, 7, 7},
+                          {1, 4, 7, 6, 7, 6},  {2, 2, 6, 5, 3, 4},  {1, 1, 1, 1, 5, 3},
+                          {1, 3, 13, 17, 25, 33}, {1, 8, 25, 25, 50, 50}};
+    for (const auto &c : cfg) {
+        const int N = c[0], C = c[1], H = c[2], W = c[3], P = c[4], Q = c[5];
+        const size_t ntop = (size_t)N * C * H * W, nl = (size_t)N * C * P * Q;
+        char tag[96];
+        snprintf(tag, sizeof tag, "upsample-add N%d C%d %dx%d -> %dx%d", N, C, H, W, P, Q);
+        float *top = rnd(ntop), *lat = rnd(nl), *dout = rnd(nl), *y = nans(nl), *y2 = nans(nl),
+              *dt = nans(ntop), *dt2 = nans(ntop), *l2 = cp(lat, nl);
+        ps_det_upsample_add_forward(y, lat, top, N, C, H, W, P, Q);
+        EMU(k_det_upadd_fwd, 3, 32, y2, lat, top, nl, H, W, P, Q);
+        cmp(y2, y, nl, 0, 0, tag);
+        EMU(k_det_upadd_fwd, 2, 16, l2, l2, top, nl, H, W, P, Q);
+        cmp(l2, y, nl, 0, 0, "  ... in place (out aliases lateral)");
+        ps_det_upsample_add_backward(NULL, dt, dout, N, C, H, W, P, Q);
+        EMU(k_det_upadd_bwd, 2, 32, dt2, dout, ntop, H, W, P, Q);
+        cmp(dt2, dt, ntop, 0, 0, "  ... backward dtop (gather in the CPU's order: exact)");
+        /* independent of the CPU code: every output pixel has exactly one
+         * source, so the gradient's total is conserved */
+        double sg = 0, so = 0;
+        for (size_t i = 0; i < ntop; i++) sg += dt2[i];
+        for (size_t i = 0; i < nl; i++) so += dout[i];
+        tap(fabs(sg - so) <= 1e-5 * (1 + fabs(so)), "  ... sum(dtop) %.6g = sum(dout) %.6g", sg,
+            so);
+        free(top), free(lat), free(dout), free(y), free(y2), free(dt), free(dt2), free(l2);
+    }
+}
+
+/* mode 0: labels -1..K mixed; 1: no positives (0 / -1); 2: all ignored */
+static void det_losses(int A, int K, float scale, int mode, unsigned G, const char *tag)
+{
+    const float alpha = 0.25f, gamma = 2.0f, beta = 1.0f / 9.0f;
+    const size_t nk = (size_t)A * K, n4 = (size_t)A * 4;
+    float *x = rnd(nk, scale), *pred = rnd(n4, 0.3f), *tgt = rnd(n4, 0.3f);
+    int32_t *lab = (int32_t *)malloc(A * sizeof(int32_t));
+    for (int a = 0; a < A; a++) {
+        const int r = (int)((fr() + 1.0f) * 1000.0f);
+        lab[a] = mode == 2 ? -1 : mode == 1 ? (r % 3 == 0 ? -1 : 0) : r % (K + 2) - 1;
+    }
+    if (scale > 100 && A > 3) x[0] = 1e4f, x[1] = -1e4f, x[nk - 1] = 1e4f, x[nk - 2] = -1e4f;
+    const int npos = ps_det_count_pos(lab, A);
+    const float norm = npos > 1 ? (float)npos : 1.0f;
+    int bad, pos;
+    det_labels(lab, A, K, G, &bad, &pos);
+    tap(bad == -1 && pos == npos, "%s (A %d K %d, %u blocks): label scan: none bad, %d positives "
+        "(cpu %d)", tag, A, K, G, pos, npos);
+
+    double *part = (double *)malloc(G * sizeof(double));
+    for (unsigned b = 0; b < G; b++) part[b] = NAN; /* every block must write */
+    float lc = NAN;
+    tap(ps_det_focal_forward(&lc, x, lab, alpha, gamma, norm, A, K) == 0, "  cpu accepts");
+    EMU(k_det_focal_fwd, G, DET_THREADS, part, x, lab, nk, K, alpha, gamma);
+    const float lg = (float)(det_sum(part, G) / norm);
+    tap(fabs((double)lg - lc) <= 1e-6 * fabs(lc) && isfinite(lg),
+        "  focal loss %.9g vs cpu %.9g (normaliser %g)", lg, lc, norm);
+    float *dx = nans(nk), *dx2 = nans(nk);
+    ps_det_focal_backward(dx, x, lab, 1.3f, alpha, gamma, norm, A, K);
+    EMU(k_det_focal_bwd, 3, 64, dx2, x, lab, nk, K, alpha, gamma, (double)1.3f / norm);
+    double m = 0;
+    for (size_t i = 0; i < nk; i++) m = fabs(dx[i]) > m ? fabs(dx[i]) : m;
+    cmp(dx2, dx, nk, 1e-7 * m, 1e-6, "  focal backward");
+    if (mode == 2) {
+        int zero = lg == 0.0f;
+        for (size_t i = 0; i < nk; i++) zero &= dx2[i] == 0.0f;
+        tap(zero, "  all ignored: loss 0 and every gradient exactly 0");
+    }
+
+    for (unsigned b = 0; b < G; b++) part[b] = NAN;
+    ps_det_smoothl1_forward(&lc, pred, tgt, lab, beta, norm, A);
+    EMU(k_det_sl1_fwd, G, DET_THREADS, part, pred, tgt, lab, n4, beta);
+    const float sg = (float)(det_sum(part, G) / norm);
+    tap(fabs((double)sg - lc) <= 1e-6 * fabs(lc), "  smooth-L1 loss %.9g vs cpu %.9g", sg, lc);
+    float *dp = nans(n4), *dp2 = nans(n4);
+    ps_det_smoothl1_backward(dp, pred, tgt, lab, 0.7f, beta, norm, A);
+    EMU(k_det_sl1_bwd, 2, 32, dp2, pred, tgt, lab, n4, beta, (double)0.7f / norm);
+    cmp(dp2, dp, n4, 0, 0, "  smooth-L1 backward (exact)");
+    free(x), free(pred), free(tgt), free(lab), free(part), free(dx), free(dx2), free(dp);
+    free(dp2);
+}
+
+static void det_bad_labels()
+{
+    const int A = 1003, K = 5;
+    int32_t *lab = (int32_t *)malloc(A * sizeof(int32_t));
+    for (int a = 0; a < A; a++) lab[a] = a % (K + 2) - 1;
+    /* 3 blocks of 256: anchors 100 and 868 fall to the same thread, which
+     * must keep the first */
+    lab[868] = -3;
+    lab[100] = K + 1;
+    int bad, pos;
+    det_labels(lab, A, K, 3, &bad, &pos);
+    tap(bad == 100, "label scan (3 blocks, wrapping): first bad anchor %d (want 100)", bad);
+    det_labels(lab, A, K, 7, &bad, &pos);
+    tap(bad == 100 && pos == ps_det_count_pos(lab, A),
+        "label scan (7 blocks, 3 idle): first bad %d, positives %d", bad, pos);
+    lab[100] = 0;
+    lab[868] = 0;
+    lab[0] = -2;
+    det_labels(lab, A, K, 2, &bad, &pos);
+    tap(bad == 0, "label scan: bad label at anchor 0 found (%d)", bad);
+    free(lab);
+}
+
+static void det_permute()
+{
+    const int cfg[][4] = {{9, 5, 3, 7}, {9, 4, 1, 1}, {9, 80, 4, 4}, {3, 1, 5, 2}};
+    for (const auto &c : cfg) {
+        const int nA = c[0], D = c[1], H = c[2], W = c[3];
+        const size_t n = (size_t)nA * D * H * W, HW = (size_t)H * W;
+        float *x = rnd(n), *y = nans(n), *y2 = nans(n), *dx = nans(n), *dx2 = nans(n);
+        ps_det_head_permute_forward(y, x, nA, D, H, W);
+        EMU(k_det_permute_fwd, 3, 32, y2, x, n, nA, D, HW);
+        char tag[80];
+        snprintf(tag, sizeof tag, "head permute nA%d D%d %dx%d", nA, D, H, W);
+        cmp(y2, y, n, 0, 0, tag);
+        ps_det_head_permute_backward(dx, y, nA, D, H, W);
+        EMU(k_det_permute_bwd, 2, 32, dx2, y2, n, nA, D, HW);
+        cmp(dx2, dx, n, 0, 0, "  ... backward");
+        cmp(dx2, x, n, 0, 0, "  ... backward(forward(x)) == x");
+        free(x), free(y), free(y2), free(dx), free(dx2);
+    }
+}
+
+static void detection()
+{
+    det_upsample();
+    det_losses(1000, 7, 5.0f, 0, 3, "focal/smooth-L1 mixed labels");
+    det_losses(4097, 3, 3.0f, 0, 5, "odd A");
+    det_losses(777, 5, 2.0f, 1, 4, "no positives (normaliser 1)");
+    det_losses(300, 4, 2.0f, 2, 2, "all ignored");
+    det_losses(513, 1, 4.0f, 0, 3, "K = 1");
+    det_losses(200, 6, 1e4f, 0, 2, "|logit| up to 1e4");
+    det_losses(50, 3, 2.0f, 0, 9, "more blocks than elements");
+    det_losses(2 * 9 * (16 * 16 + 8 * 8 + 4 * 4 + 2 * 2 + 1), 80, 6.0f, 0, 6,
+               "RetinaNet 128 px, 2 images, 80 classes");
+    det_bad_labels();
+    det_permute();
+}
+
 int main()
 {
     omp_set_dynamic(0);
@@ -388,6 +563,7 @@ int main()
     batchnorm();
     biases();
     layouts();
+    detection();
     printf("1..%d\n", nt);
     return nfail ? 1 : 0;
 }

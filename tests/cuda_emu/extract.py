@@ -8,9 +8,9 @@ import os
 import re
 import sys
 
-FILES = ["batchnorm.cu", "conv2d.cu", "layers.cu", "linear.cu", "loss_scale.cu", "mixed.cu",
-         "pool.cu"]
-MACROS = ("GRID_STRIDE", "BN_THREADS", "XENT_THREADS")
+FILES = ["batchnorm.cu", "conv2d.cu", "det_layers.cu", "layers.cu", "linear.cu",
+         "loss_scale.cu", "mixed.cu", "pool.cu"]
+MACROS = ("GRID_STRIDE", "BN_THREADS", "XENT_THREADS", "DET_THREADS", "DET_STRIDE")
 
 
 def functions(src):

@@ -76,4 +76,36 @@ void ps_det_smoothl1_backward(float *dpred, const float *pred, const float *targ
 void ps_det_head_permute_forward(float *out, const float *inp, int nA, int D, int H, int W);
 void ps_det_head_permute_backward(float *dinp, const float *dout, int nA, int D, int H, int W);
 
+/* ---- CUDA versions (worker/engine/cuda/det_layers.cu; HAVE_CUDA builds,
+ * link libps_cuda.a).  The same arguments with the CUDA backend's context
+ * first (ps_cuda_backend_init); tensors and labels are device (or managed)
+ * pointers, queued on the backend's stream.  `loss` and the returned
+ * counts are host values: count_pos and the two loss forwards wait for the
+ * stream, as does focal backward (it checks the labels before writing, as
+ * the CPU does).  Parity with the CPU: bit for bit for upsample-add and the
+ * permute, float rounding for the losses (docs/cuda.md). */
+struct ps_ctx;
+void ps_det_cu_upsample_add_forward(struct ps_ctx *ctx, float *out, const float *lateral,
+                                    const float *top, int N, int C, int H, int W, int P, int Q);
+void ps_det_cu_upsample_add_backward(struct ps_ctx *ctx, float *dlateral, float *dtop,
+                                     const float *dout, int N, int C, int H, int W, int P,
+                                     int Q);
+int ps_det_cu_count_pos(struct ps_ctx *ctx, const int32_t *labels, int A);
+int ps_det_cu_focal_forward(struct ps_ctx *ctx, float *loss, const float *logits,
+                            const int32_t *labels, float alpha, float gamma, float normaliser,
+                            int A, int K);
+int ps_det_cu_focal_backward(struct ps_ctx *ctx, float *dlogits, const float *logits,
+                             const int32_t *labels, float dloss, float alpha, float gamma,
+                             float normaliser, int A, int K);
+void ps_det_cu_smoothl1_forward(struct ps_ctx *ctx, float *loss, const float *pred,
+                                const float *target, const int32_t *labels, float beta,
+                                float normaliser, int A);
+void ps_det_cu_smoothl1_backward(struct ps_ctx *ctx, float *dpred, const float *pred,
+                                 const float *target, const int32_t *labels, float dloss,
+                                 float beta, float normaliser, int A);
+void ps_det_cu_head_permute_forward(struct ps_ctx *ctx, float *out, const float *inp, int nA,
+                                    int D, int H, int W);
+void ps_det_cu_head_permute_backward(struct ps_ctx *ctx, float *dinp, const float *dout,
+                                     int nA, int D, int H, int W);
+
 #endif
