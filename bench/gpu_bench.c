@@ -37,6 +37,7 @@
 #include "worker/models/ps_model.h"
 #include "worker/models/ps_retinanet.h"
 #include "worker/det/det_boxes.h"
+#include "worker/det/det_layers.h"
 
 #include "bench/bench_util.h"
 #include "ps_log.h"
@@ -420,6 +421,66 @@ static int run_retina_check(int depth, int n, int HW, int K)
     return nfailed ? 1 : 0;
 }
 
+/* The loss layers alone on this step's outputs: the host functions the
+ * model calls today against det_layers.cu on copies in device memory
+ * (what moving them to the GPU saves), with the two results compared.
+ * Returns 0, or 1 when they disagree beyond float rounding. */
+static int retina_loss_layers(ps_ctx_t *ctx, const ps_retina_t *m, const ps_retina_config_t *c,
+                              const int32_t *lab, const float *box, size_t rows, int K,
+                              double *host_ms, double *cuda_ms)
+{
+    const int A = (int)rows;
+    /* host copies of the managed outputs: the host timing is then compute
+     * only, and the uploads read plain host memory */
+    float *cls = malloc(rows * K * sizeof *cls), *bx = malloc(rows * 4 * sizeof *bx);
+    memcpy(cls, ps_retina_cls_out(m), rows * K * sizeof *cls);
+    memcpy(bx, ps_retina_box_out(m), rows * 4 * sizeof *bx);
+    const int npos = ps_det_count_pos(lab, A);
+    const float norm = npos > 1 ? (float)npos : 1.0f;
+    const size_t nk = rows * K, n4 = rows * 4;
+    float *dcls = malloc(nk * sizeof *dcls), *dbox = malloc(n4 * sizeof *dbox);
+    float *gout = malloc(nk * sizeof *gout);
+    float hf = NAN, hs = NAN, cf = NAN, cs = NAN;
+    double t0 = bench_now();
+    ps_det_focal_forward(&hf, cls, lab, c->focal_alpha, c->focal_gamma, norm, A, K);
+    ps_det_smoothl1_forward(&hs, bx, box, lab, c->smoothl1_beta, norm, A);
+    ps_det_focal_backward(dcls, cls, lab, 1.f, c->focal_alpha, c->focal_gamma, norm, A, K);
+    ps_det_smoothl1_backward(dbox, bx, box, lab, 1.f, c->smoothl1_beta, norm, A);
+    *host_ms = (bench_now() - t0) * 1e3;
+    void *gc = NULL, *gb = NULL, *gl = NULL, *gt = NULL, *gdc = NULL, *gdb = NULL;
+    if (ps_cuda_malloc(&gc, nk * 4) || ps_cuda_malloc(&gb, n4 * 4) || ps_cuda_malloc(&gl, rows * 4) ||
+        ps_cuda_malloc(&gt, n4 * 4) || ps_cuda_malloc(&gdc, nk * 4) || ps_cuda_malloc(&gdb, n4 * 4) ||
+        ps_cuda_memcpy_h2d(gc, cls, nk * 4) || ps_cuda_memcpy_h2d(gb, bx, n4 * 4) ||
+        ps_cuda_memcpy_h2d(gl, lab, rows * 4) || ps_cuda_memcpy_h2d(gt, box, n4 * 4) ||
+        ps_cuda_device_sync())
+        return 1;
+    double best = INFINITY;
+    for (int rep = 0; rep < 4; rep++) { /* the first is the warm-up */
+        t0 = bench_now();
+        ps_det_cu_focal_forward(ctx, &cf, gc, gl, c->focal_alpha, c->focal_gamma, norm, A, K);
+        ps_det_cu_smoothl1_forward(ctx, &cs, gb, gt, gl, c->smoothl1_beta, norm, A);
+        ps_det_cu_focal_backward(ctx, gdc, gc, gl, 1.f, c->focal_alpha, c->focal_gamma, norm, A,
+                                 K);
+        ps_det_cu_smoothl1_backward(ctx, gdb, gb, gt, gl, 1.f, c->smoothl1_beta, norm, A);
+        if (ps_cuda_backend_sync(ctx)) return 1;
+        const double t = (bench_now() - t0) * 1e3;
+        if (rep > 0 && t < best) best = t;
+    }
+    *cuda_ms = best;
+    double me = 0;
+    int ok = fabs(cf - hf) <= 1e-5 * fabs(hf) && fabs(cs - hs) <= 1e-5 * fabs(hs) + 1e-7;
+    if (ps_cuda_memcpy_d2h(gout, gdc, nk * 4)) return 1;
+    ok &= excess(gout, dcls, nk, 1e-6 * maxabs(dcls, nk), 1e-5, &me) <= 0;
+    printf("  loss layers alone (%d rows x %d classes): host %.1f ms, CUDA %.2f ms; focal %.6g "
+           "vs %.6g, smooth-L1 %.6g vs %.6g, dlogits max err %.3g (%s)\n", A, K, *host_ms,
+           *cuda_ms, (double)hf, (double)cf, (double)hs, (double)cs, me,
+           ok ? "agree" : "DISAGREE");
+    ps_cuda_free(gc), ps_cuda_free(gb), ps_cuda_free(gl), ps_cuda_free(gt);
+    ps_cuda_free(gdc), ps_cuda_free(gdb);
+    free(dcls), free(dbox), free(gout), free(cls), free(bx);
+    return ok ? 0 : 1;
+}
+
 /* rtime: RetinaNet-R<depth>-FPN (torchvision widths: stem 64, FPN 256,
  * freeze_at 2) training step on the GPU, fp32, n images of HW^2. */
 static int run_retina_time(int depth, int n, int HW, int K, int steps, int warm)
@@ -471,15 +532,18 @@ static int run_retina_time(int depth, int n, int HW, int K, int steps, int warm)
     printf("  step %.1f ms (forward %.1f, backward %.1f), %.2f images/s, %.1f TFLOP/s counted "
            "(%.1f GFLOP/step); detection layers on the host (see gpu_bench.c)\n", ms * 1e3,
            mf * 1e3, mb * 1e3, n / ms, (ff + fb) / ms / 1e12, (ff + fb) / 1e9);
+    double lh = 0, lg = 0;
+    const int lrc = retina_loss_layers(&ctx, m, &cfg, lab, box, rows, K, &lh, &lg);
     printf("RESULT retina impl=ours depth=%d images=%d size=%d classes=%d step_ms=%.2f "
            "fwd_ms=%.2f bwd_ms=%.2f images_s=%.3f tflops=%.2f alloc_peak_gib=%.2f "
-           "loss=%.4f\n", depth, n, HW, K, ms * 1e3, mf * 1e3, mb * 1e3, n / ms,
-           (ff + fb) / ms / 1e12, mm.alloc_peak / 1073741824.0, (double)(lc + lb));
+           "loss=%.4f loss_layers_host_ms=%.2f loss_layers_cuda_ms=%.3f\n", depth, n, HW, K,
+           ms * 1e3, mf * 1e3, mb * 1e3, n / ms, (ff + fb) / ms / 1e12,
+           mm.alloc_peak / 1073741824.0, (double)(lc + lb), lh, lg);
     ps_retina_destroy(&m);
     ps_cuda_backend_free(&ctx);
     ps_ctx_free(&ctx);
     free(in), free(box), free(lab), free(tf), free(tb), free(ts);
-    return isfinite(lc) && isfinite(lb) ? 0 : 1;
+    return isfinite(lc) && isfinite(lb) && lrc == 0 ? 0 : 1;
 }
 
 int main(int argc, char **argv)

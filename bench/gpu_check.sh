@@ -173,7 +173,7 @@ else
 fi
 
 stage "RetinaNet-R50-FPN training step, 2 x 512^2, 80 classes, fp32: ours"
-run 120 rtime "$BENCH" rtime -d 50 -n 2 -H 512 -K 80 -s 10 -w 3; rc=$?
+run 120 rtime "$BENCH" rtime -d 50 -n 2 -H 512 -K 80 -s 5 -w 2; rc=$?
 cat "$W/rtime.out"
 [ $rc -eq 0 ] || fail "gpu_bench rtime (rc $rc)"
 
