@@ -13,7 +13,8 @@
  *   gpu_bench rtime [-d depth] [-n images] [-H size] [-K classes] [-s] [-w]
  *       RetinaNet-R50-FPN training step on the GPU (torchvision widths, 2 x
  *       512^2, 80 classes), images/s; the detection layers still run on the
- *       host (see "RetinaNet-FPN" below).
+ *       host (see "RetinaNet-FPN" below); then the loss layers alone, host
+ *       vs det_layers.cu on the same outputs (compared, both timed).
  *   gpu_bench time [-d depth] [-n clips] [-H size] [-s steps] [-w warmup] [-z]
  *       Training-step timing on the GPU (default TSM-ResNet-50, 8 clips x 8
  *       frames x 224x224, fp32): median step, forward/backward split, clips/s,
