@@ -12,9 +12,10 @@
  *       losses, the raw outputs and every gradient compared (TAP).
  *   gpu_bench rtime [-d depth] [-n images] [-H size] [-K classes] [-s] [-w]
  *       RetinaNet-R50-FPN training step on the GPU (torchvision widths, 2 x
- *       512^2, 80 classes), images/s; the detection layers still run on the
- *       host (see "RetinaNet-FPN" below); then the loss layers alone, host
- *       vs det_layers.cu on the same outputs (compared, both timed).
+ *       512^2, 80 classes), images/s, every layer on the GPU (the model's
+ *       CUDA detection-layer table, see "RetinaNet-FPN" below); then the
+ *       loss layers alone, host vs det_layers.cu on the same outputs
+ *       (compared, both timed).
  *   gpu_bench time [-d depth] [-n clips] [-H size] [-s steps] [-w warmup] [-z]
  *       Training-step timing on the GPU (default TSM-ResNet-50, 8 clips x 8
  *       frames x 224x224, fp32): median step, forward/backward split, clips/s,
@@ -283,47 +284,16 @@ static int run_time(int depth, int clips, int HW, int steps, int warm, int zero,
 }
 
 /* ---- RetinaNet-FPN (issue 6) ------------------------------------------------
- * retinanet.c runs its detection layers (upsample-add, head permute, focal
- * loss, smooth-L1) as worker/det's HOST functions between backend calls;
- * the CUDA versions (det_layers.cu, tests/test_cuda_det) are not called by
- * the model yet (docs/cuda.md, "Detection layers").  Over a managed arena
- * that is correct only if the stream is idle whenever the host touches the
- * arena, so the model gets ps_backend_cuda with a wait after every entry
- * retinanet.c calls itself (conv, relu, accumulate): each host detection
- * call follows one of those, so it reads finished data and overwrites
- * nothing a kernel still reads.  What is timed is therefore the GPU
- * backbone / FPN / heads plus the host detection layers, page migration of
- * the head outputs and ~300 waits: a lower bound for the CUDA path. */
-static ps_backend_t retina_be;
-#define SYNCED(name, params, args)                                                        \
-    static void s_##name params                                                           \
-    {                                                                                     \
-        ps_backend_cuda.name args;                                                        \
-        if (ps_cuda_backend_sync(ctx)) abort(); /* a device fault: already logged */      \
-    }
-SYNCED(conv2d_forward, (ps_ctx_t *ctx, float *out, const float *inp, const float *w,
-                        const float *b, const ps_conv2d_desc_t *d, int N, int H, int W),
-       (ctx, out, inp, w, b, d, N, H, W))
-SYNCED(conv2d_backward, (ps_ctx_t *ctx, float *dinp, float *dw, float *db, const float *dout,
-                         const float *inp, const float *w, const ps_conv2d_desc_t *d, int N,
-                         int H, int W),
-       (ctx, dinp, dw, db, dout, inp, w, d, N, H, W))
-SYNCED(relu_forward, (ps_ctx_t *ctx, float *out, const float *inp, size_t n), (ctx, out, inp, n))
-SYNCED(relu_backward, (ps_ctx_t *ctx, float *dinp, const float *dout, const float *out,
-                       size_t n),
-       (ctx, dinp, dout, out, n))
-SYNCED(accumulate, (ps_ctx_t *ctx, float *acc, const float *x, size_t n), (ctx, acc, x, n))
+ * The GPU model is ps_backend_cuda plus the model's CUDA detection layers
+ * (PS_RETINA_DET_CUDA_INIT, ps_retinanet.h: det_layers.cu), so every layer
+ * is queued on the backend's stream and the step waits only where the
+ * model needs a host value (the positives count and the two losses, in
+ * forward; the model's sync before it writes the labels) and at the end.
+ * The arena is managed memory: the host writes the images and targets into
+ * it at the start of each forward (page migration, counted in the step). */
+static const ps_retina_det_t det_cuda = PS_RETINA_DET_CUDA_INIT;
 
-static const ps_backend_t *retina_backend(void)
-{
-    retina_be = ps_backend_cuda;
-    retina_be.conv2d_forward = s_conv2d_forward;
-    retina_be.conv2d_backward = s_conv2d_backward;
-    retina_be.relu_forward = s_relu_forward;
-    retina_be.relu_backward = s_relu_backward;
-    retina_be.accumulate = s_accumulate;
-    return &retina_be;
-}
+static void retina_cuda_cfg(ps_retina_config_t *c) { c->det = &det_cuda; }
 
 /* Two ground-truth boxes per image through the real assignment, so the
  * losses see positives (as bench/retina_bench.c). */
@@ -368,8 +338,10 @@ static int run_retina_check(int depth, int n, int HW, int K)
     if (ps_engine_init(&cctx, 0) || ps_engine_init(&gctx, 0) || ps_cuda_backend_init(&gctx, 0))
         return 1;
     if (ps_retina_create(&mc, &cfg, &ps_backend_cpu, &cctx, n, HW, HW)) return 1;
+    ps_retina_config_t gcfg = cfg;
+    retina_cuda_cfg(&gcfg);
     if (ps_cuda_use_managed_arena() ||
-        ps_retina_create(&mg, &cfg, retina_backend(), &gctx, n, HW, HW))
+        ps_retina_create(&mg, &gcfg, &ps_backend_cuda, &gctx, n, HW, HW))
         return 1;
     ps_arena_set_allocator(NULL);
     ps_retina_init(mc, 3, 1);
@@ -381,7 +353,7 @@ static int run_retina_check(int depth, int n, int HW, int K)
     ps_model_hash_fill(in, nin, "input", 5, 1.0);
     retina_targets(mc, n, HW, K, lab, box);
     printf("# RetinaNet-ResNet-%d-FPN (width 16, FPN 32), %d images %dx%d, K %d: CPU vs CUDA "
-           "fp32 (detection layers on the host)\n", depth, n, HW, HW, K);
+           "fp32 (CUDA detection layers)\n", depth, n, HW, HW, K);
     float cc = NAN, cb = NAN, gc = NAN, gb = NAN;
     int rc = ps_retina_forward(mc, in, n, lab, box, 1, &cc, &cb) | ps_retina_backward(mc);
     rc |= ps_retina_forward(mg, in, n, lab, box, 1, &gc, &gb) | ps_retina_backward(mg);
@@ -422,9 +394,9 @@ static int run_retina_check(int depth, int n, int HW, int K)
     return nfailed ? 1 : 0;
 }
 
-/* The loss layers alone on this step's outputs: the host functions the
- * model calls today against det_layers.cu on copies in device memory
- * (what moving them to the GPU saves), with the two results compared.
+/* The loss layers alone on this step's outputs: the host functions (the
+ * CPU table's) against det_layers.cu (the CUDA table's) on copies in
+ * device memory (what running them on the GPU saves), compared.
  * Returns 0, or 1 when they disagree beyond float rounding. */
 static int retina_loss_layers(ps_ctx_t *ctx, const ps_retina_t *m, const ps_retina_config_t *c,
                               const int32_t *lab, const float *box, size_t rows, int K,
@@ -488,12 +460,14 @@ static int run_retina_time(int depth, int n, int HW, int K, int steps, int warm)
 {
     ps_retina_config_t cfg;
     retina_cfg(&cfg, depth, K, 0);
+    retina_cuda_cfg(&cfg);
     ps_ctx_t ctx;
     ps_retina_t *m = NULL;
     char info[256] = "";
     if (ps_engine_init(&ctx, 0) || ps_cuda_backend_init(&ctx, 0)) return 1;
     ps_cuda_open(0, info, sizeof info);
-    if (ps_cuda_use_managed_arena() || ps_retina_create(&m, &cfg, retina_backend(), &ctx, n, HW, HW))
+    if (ps_cuda_use_managed_arena() ||
+        ps_retina_create(&m, &cfg, &ps_backend_cuda, &ctx, n, HW, HW))
         return 1;
     ps_retina_init(m, 1, 0);
     const int A = ps_retina_num_anchors(m);
@@ -531,7 +505,7 @@ static int run_retina_time(int depth, int n, int HW, int K, int steps, int warm)
     printf("RetinaNet-ResNet-%d-FPN fp32, %d x 3 x %d^2, K %d, %d anchors/image, %d steps "
            "(median), loss %.4f + %.4f\n", depth, n, HW, K, A, steps, (double)lc, (double)lb);
     printf("  step %.1f ms (forward %.1f, backward %.1f), %.2f images/s, %.1f TFLOP/s counted "
-           "(%.1f GFLOP/step); detection layers on the host (see gpu_bench.c)\n", ms * 1e3,
+           "(%.1f GFLOP/step); every layer on the GPU\n", ms * 1e3,
            mf * 1e3, mb * 1e3, n / ms, (ff + fb) / ms / 1e12, (ff + fb) / 1e9);
     double lh = 0, lg = 0;
     const int lrc = retina_loss_layers(&ctx, m, &cfg, lab, box, rows, K, &lh, &lg);

@@ -18,7 +18,7 @@
 #      the same run, and the ratios (issue 5's goals: ours fp16 >= 1.7x ours
 #      fp32, >= 1.0x PyTorch AMP),
 #   5. RetinaNet-R50-FPN training step, 2 x 3 x 512^2, 80 classes, fp32:
-#      ours (`gpu_bench rtime`; detection layers still on the host) and
+#      ours (`gpu_bench rtime`, detection layers on the GPU via the model's CUDA table) and
 #      torchvision's RetinaNet with the same backbone / FPN / heads (frozen
 #      BN, P6 on C5, conv1 + layer1 frozen, TF32 off) in the same run, images/s
 #      and the ratio,

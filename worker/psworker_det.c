@@ -14,13 +14,21 @@
  * Validation (rank 0): the whole --val-json through the inference
  * post-processing (ps_det_postprocess: score > 0.05, top 1000 per level,
  * class-wise NMS 0.5, 100 per image), boxes mapped back to the original
- * image, then the COCO evaluator (coco_eval.h): AP, AP50, AP75. */
+ * image, then the COCO evaluator (coco_eval.h): AP, AP50, AP75.
+ *
+ * --device cuda[:N] (CUDA builds): the CUDA backend with the model's arenas
+ * in managed memory, as for the video models (psworker_video.c), and the
+ * model's CUDA detection layers (PS_RETINA_DET_CUDA_INIT); every layer is
+ * queued on the backend's stream, so dev_sync() comes before the host reads
+ * gradients or outputs (the two losses come back by value, already waited
+ * for).  The loaders read a host copy of the anchors, never the arena. */
 #include "worker/psworker.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "config.h"
 #include "ps_error.h"
 #include "ps_log.h"
 #include "worker/det/coco_eval.h"
@@ -28,6 +36,12 @@
 #include "worker/det/det_data.h"
 #include "worker/engine/ps_engine.h"
 #include "worker/models/ps_retinanet.h"
+#ifdef PS_HAVE_CUDA
+#include "worker/det/det_layers.h"
+#include "worker/engine/cuda/ps_cuda_backend.h"
+
+static const ps_retina_det_t det_cuda = PS_RETINA_DET_CUDA_INIT;
+#endif
 
 struct ps_worker_det {
     ps_ctx_t ctx;
@@ -41,7 +55,50 @@ struct ps_worker_det {
     double map, ap50, ap75, eval_s;
     size_t val_images, val_dets;  /* last validation: images, detections kept */
     float score_thresh;
+    float *anchors;               /* (A, 4) host copy for the loader threads */
+    int cuda;                     /* the model runs on ps_backend_cuda (managed arena) */
 };
+
+/* With the CUDA backend every layer is queued on its stream: wait before
+ * the host touches the model's arena (weights, gradients, images, outputs). */
+static int dev_sync(struct ps_worker_det *d)
+{
+#ifdef PS_HAVE_CUDA
+    if (d->cuda) return ps_cuda_backend_sync(&d->ctx);
+#else
+    (void)d;
+#endif
+    return 0;
+}
+
+/* --device as psworker_video.c's select_device; a device that cannot be
+ * used is PS_EINVAL (psworker exits 2 with the cause logged), never a
+ * crash. */
+static int select_device(struct ps_worker_det *d, const char *device, const ps_backend_t **be)
+{
+    *be = &ps_backend_cpu;
+    if (!strcmp(device, "cpu")) return 0;
+#ifdef PS_HAVE_CUDA
+    int rc = ps_cuda_backend_select(device, &d->ctx, be);
+    if (rc) {
+        ps_error("--device %s: cannot use it (%s); --device cpu runs on the CPU", device,
+                 ps_strerror(rc));
+        return PS_EINVAL;
+    }
+    if (*be == &ps_backend_cpu) return 0;
+    d->cuda = 1;
+    if ((rc = ps_cuda_use_managed_arena())) {
+        ps_error("--device %s: managed memory unavailable (%s)", device, ps_strerror(rc));
+        return PS_EINVAL;
+    }
+    ps_info("device %s: CUDA backend and detection layers, model in managed memory", device);
+    return 0;
+#else
+    (void)d;
+    ps_error("--device %s: this psworker was built without CUDA", device);
+    return PS_EINVAL;
+#endif
+}
 
 int ps_worker_is_det(const ps_worker_opts_t *o) { return !strncmp(o->model, "retinanet-r", 11); }
 
@@ -82,12 +139,10 @@ int ps_worker_det_setup(ps_worker_t *p, uint32_t nservers)
         ps_error("--model: unknown detector \"%s\" (retinanet-r18|34|50)", o->model);
         return PS_EINVAL;
     }
-    if (strcmp(o->device, "cpu")) {
-        /* the CUDA detection layers exist (det_layers.cu) but the model does
-         * not call them yet: docs/cuda.md, "Detection layers" */
-        ps_error("--device %s: the detector runs on the CPU engine only for now (the RetinaNet "
-                 "model does not call the CUDA detection layers yet)", o->device);
-        return PS_EUNSUPPORTED;
+    if (strcmp(o->precision, "fp32")) {
+        /* its losses have no loss scaling: fp16 gradients would underflow */
+        ps_error("--precision %s: the detector trains in fp32 only for now", o->precision);
+        return PS_EINVAL;
     }
     if (!o->eval && !*o->train_json) {
         ps_error("--model %s needs --train-json (COCO annotations) and --root (their images)",
@@ -148,8 +203,13 @@ int ps_worker_det_setup(ps_worker_t *p, uint32_t nservers)
         ps_error("engine init failed: %s", ps_strerror(rc));
         return rc;
     }
+    const ps_backend_t *be;
+    if ((rc = select_device(d, o->device, &be))) return rc;
+#ifdef PS_HAVE_CUDA
+    if (d->cuda) cfg.det = &det_cuda;
+#endif
     int maxn = p->batch > vbatch ? p->batch : vbatch;
-    if ((rc = ps_retina_create(&d->m, &cfg, &ps_backend_cpu, &d->ctx, maxn, o->size, o->size)))
+    if ((rc = ps_retina_create(&d->m, &cfg, be, &d->ctx, maxn, o->size, o->size)))
         return rc;
     ps_retina_init(d->m, o->seed, 0);
     if (*o->weights) {
@@ -157,6 +217,9 @@ int ps_worker_det_setup(ps_worker_t *p, uint32_t nservers)
         ps_info("weights loaded from %s", o->weights);
     }
     d->A = ps_retina_num_anchors(d->m);
+    d->anchors = malloc(sizeof(float) * 4 * (size_t)d->A);
+    if (!d->anchors) return PS_ENOMEM;
+    memcpy(d->anchors, ps_retina_anchors(d->m), sizeof(float) * 4 * (size_t)d->A);
     d->nspecs = ps_retina_tensor_specs(d->m, &d->specs);
     if (d->nspecs < 0) return d->nspecs;
     rc = ps_partition_table_build(&p->table, d->specs, (uint32_t)d->nspecs,
@@ -212,8 +275,13 @@ void ps_worker_det_teardown(ps_worker_t *p)
     ps_det_batch_free(&d->vb);
     ps_det_dataset_free(&d->train);
     ps_det_dataset_free(&d->val);
+    dev_sync(d);
     ps_retina_destroy(&d->m);
+#ifdef PS_HAVE_CUDA
+    if (d->cuda) ps_cuda_backend_free(&d->ctx);
+#endif
     ps_ctx_free(&d->ctx);
+    free(d->anchors);
     free(d->specs);
     free(d->param_of);
     free(d);
@@ -241,7 +309,7 @@ double ps_worker_det_compute(ps_worker_t *p, uint64_t step)
         char err[1024];
         d->topt.rank = p->rank;
         d->topt.world = p->nworkers;
-        if (ps_det_loader_new(d->train, &d->topt, ps_retina_anchors(d->m), d->A, &d->tl, err,
+        if (ps_det_loader_new(d->train, &d->topt, d->anchors, d->A, &d->tl, err,
                               sizeof err) || ps_det_batch_alloc(d->tl, &d->tb)) {
             ps_error("training loader: %s", err);
             p->compute_rc = PS_EINVAL;
@@ -272,6 +340,7 @@ double ps_worker_det_compute(ps_worker_t *p, uint64_t step)
     ps_retina_zero_grad(d->m);
     int rc = ps_retina_forward(d->m, d->tb.img, n, d->tb.labels, d->tb.box_targets, 1, &lc, &lb);
     if (!rc) rc = ps_retina_backward(d->m);
+    if (!rc) rc = dev_sync(d); /* before the host reads the gradients */
     if (rc) {
         ps_error("forward/backward failed at step %llu: %s", (unsigned long long)step,
                  ps_strerror(rc));
@@ -306,7 +375,7 @@ static int image_dets(struct ps_worker_det *d, int i, const ps_det_geom_t *g, in
     const float *lg[PS_RETINA_LEVELS], *dl[PS_RETINA_LEVELS], *an[PS_RETINA_LEVELS];
     int An[PS_RETINA_LEVELS];
     const float *L = ps_retina_cls_out(d->m), *B = ps_retina_box_out(d->m);
-    const float *anchors = ps_retina_anchors(d->m);
+    const float *anchors = d->anchors;
     for (int l = 0; l < PS_RETINA_LEVELS; l++) {
         int H, W, off;
         ps_retina_level(d->m, l, &H, &W, NULL, &off);
@@ -348,7 +417,7 @@ static int det_eval(ps_worker_t *p)
     if (!d->val) return PS_EINVAL;
     double t0 = ps_worker_now();
     if (!d->vl) {
-        if (ps_det_loader_new(d->val, &d->vopt, ps_retina_anchors(d->m), d->A, &d->vl, err,
+        if (ps_det_loader_new(d->val, &d->vopt, d->anchors, d->A, &d->vl, err,
                               sizeof err) || ps_det_batch_alloc(d->vl, &d->vb)) {
             ps_error("validation loader: %s", err);
             return PS_EINVAL;
@@ -364,7 +433,9 @@ static int det_eval(ps_worker_t *p)
     d->val_images = 0;
     d->val_dets = 0;
     while (dets && boxes && scores && labels && (n = ps_det_loader_next(d->vl, &d->vb, NULL)) > 0) {
-        if ((rc = ps_retina_forward(d->m, d->vb.img, n, NULL, NULL, 0, NULL, NULL))) break;
+        if ((rc = ps_retina_forward(d->m, d->vb.img, n, NULL, NULL, 0, NULL, NULL)) ||
+            (rc = dev_sync(d))) /* the host reads the outputs next */
+            break;
         for (int i = 0; i < n && !rc; i++) {
             int k = image_dets(d, i, &d->vb.geom[i], ps_det_dataset_image_id(d->val, (size_t)d->vb.idx[i]),
                                d->val, dets + ndet, boxes, scores, labels);

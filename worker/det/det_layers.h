@@ -2,10 +2,10 @@
  * loss, smooth-L1 on box deltas, and the head-output permute.  Plain
  * functions in the engine's style (worker/engine/ps_engine.h): outputs
  * first, dimensions last; parameter gradients accumulate, input gradients are
- * OVERWRITTEN and a NULL input gradient means "not needed".  They move into
- * the backend table (ps_backend_t) with the CUDA issue, same signatures less
- * the ctx argument.  Box geometry (anchors, coding, matching, NMS, inference
- * post-processing) lives in det_boxes.h.
+ * OVERWRITTEN and a NULL input gradient means "not needed".  RetinaNet calls
+ * them (or their CUDA versions below) through its own table,
+ * ps_retina_det_t (worker/models/ps_retinanet.h).  Box geometry (anchors,
+ * coding, matching, NMS, inference post-processing) lives in det_boxes.h.
  *
  * Legend:
  *   N  images;  C channels

@@ -1,115 +1,77 @@
-/* Detection loader threads with a bounded prefetch queue: the scheme of
- * worker/data/video_loader.c (batch b goes to slot b % prefetch and is
- * claimed only while b < consumed + prefetch), with the anchor assignment
- * done here on the CPU, next to the JPEG decode, so the training step only
- * runs the network.  A sample is a pure function of (seed, epoch, index),
- * so any thread count gives the same batches. */
-#include <pthread.h>
+/* Detection loader: RetinaNet batches through the shared prefetch ring
+ * (worker/data/ps_prefetch.c), with the anchor assignment done here on the
+ * CPU, next to the JPEG decode, so the training step only runs the network.
+ * A sample is a pure function of (seed, epoch, index), so any thread count
+ * gives the same batches. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "ps_error.h"
 #include "ps_log.h"
 #include "worker/data/ps_image.h"
+#include "worker/data/ps_prefetch.h"
 #include "worker/data/ps_video.h"
 #include "worker/det/det_data.h"
 
 /* How many other images a bad sample may try before the batch fails. */
 #define MAX_SUBSTITUTES 64
 
-typedef struct slot {
-    ps_det_batch_t b;
-    int n, ready, rc;
-    char err[1024];
-} slot_t;
-
 struct ps_det_loader {
     const ps_det_dataset_t *ds;
     ps_det_data_opts_t o;
     const float *anchors;
     int A, shuffle, drop_last;
-    uint64_t epoch;
+    /* current epoch: written only by seek, with no fill running */
+    uint64_t epoch, next_epoch;
     int64_t *order;
-    size_t n_order, n_batches, next_claim, next_consume;
-    unsigned generation;
-    int busy;
-    slot_t *slots;
-    pthread_t *th;
-    int n_th, stop, failed;
-    pthread_mutex_t mu;
-    pthread_cond_t work, done;
-    size_t skipped;
-    char err[1024];
+    size_t n_order, n_batches;
+    ps_prefetch_t *pf;
 };
 
-static double now_s(void)
+static int fill(void *payload, size_t bi, void *user, size_t *skipped, char *err, size_t errlen)
 {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static void produce(ps_det_loader_t *ld, size_t bi, slot_t *s, size_t *skipped)
-{
+    ps_det_loader_t *ld = user;
+    ps_det_batch_t *b = payload;
     size_t B = (size_t)ld->o.batch, first = bi * B;
     size_t n = ld->n_order - first < B ? ld->n_order - first : B;
     size_t N = ps_det_dataset_size(ld->ds), S2 = (size_t)ld->o.size * ld->o.size * 3;
-    s->n = (int)n;
-    s->rc = 0;
-    s->b.npos = 0;
+    b->npos = 0;
     for (size_t j = 0; j < n; j++) {
         size_t idx = (size_t)ld->order[first + j];
         int np = 0;
-        int32_t *lab = s->b.labels ? s->b.labels + j * (size_t)ld->A : NULL;
-        float *bt = s->b.box_targets ? s->b.box_targets + j * (size_t)ld->A * 4 : NULL;
+        int32_t *lab = b->labels ? b->labels + j * (size_t)ld->A : NULL;
+        float *bt = b->box_targets ? b->box_targets + j * (size_t)ld->A * 4 : NULL;
         int rc = ps_det_load_sample(ld->ds, &ld->o, ld->anchors, ld->A, ld->epoch, idx,
-                                    s->b.img + j * S2, lab, bt, &s->b.geom[j], &np, s->err,
-                                    sizeof s->err);
+                                    b->img + j * S2, lab, bt, &b->geom[j], &np, err, errlen);
         /* skip mode: the next image in dataset order stands in, with its own
          * (seed, epoch, index) stream, whoever meets the bad one */
         for (int a = 0; rc < 0 && ld->o.skip_bad && a < MAX_SUBSTITUTES && (size_t)a + 1 < N; a++) {
-            ps_warn("skipped: %s", s->err);
+            ps_warn("skipped: %s", err);
             (*skipped)++;
             idx = (idx + 1) % N;
             rc = ps_det_load_sample(ld->ds, &ld->o, ld->anchors, ld->A, ld->epoch, idx,
-                                    s->b.img + j * S2, lab, bt, &s->b.geom[j], &np, s->err,
-                                    sizeof s->err);
+                                    b->img + j * S2, lab, bt, &b->geom[j], &np, err, errlen);
         }
-        if (rc < 0) {
-            s->rc = rc;
-            return;
-        }
-        s->b.idx[j] = (int64_t)idx;
-        s->b.npos += np;
+        if (rc < 0) return rc;
+        b->idx[j] = (int64_t)idx;
+        b->npos += np;
     }
+    return (int)n;
 }
 
-static void *thread_main(void *arg)
+static int payload_alloc(void **out, void *user)
 {
-    ps_det_loader_t *ld = arg;
-    pthread_mutex_lock(&ld->mu);
-    for (;;) {
-        while (!ld->stop && !(ld->next_claim < ld->n_batches &&
-                              ld->next_claim < ld->next_consume + (size_t)ld->o.prefetch))
-            pthread_cond_wait(&ld->work, &ld->mu);
-        if (ld->stop) break;
-        size_t b = ld->next_claim++;
-        slot_t *s = &ld->slots[b % (size_t)ld->o.prefetch];
-        unsigned gen = ld->generation;
-        ld->busy++;
-        pthread_mutex_unlock(&ld->mu);
-        size_t skipped = 0;
-        produce(ld, b, s, &skipped);
-        pthread_mutex_lock(&ld->mu);
-        ld->skipped += skipped;
-        ld->busy--;
-        if (gen == ld->generation) s->ready = 1;
-        pthread_cond_broadcast(&ld->done);
-    }
-    pthread_mutex_unlock(&ld->mu);
-    return NULL;
+    ps_det_batch_t *b = calloc(1, sizeof *b);
+    *out = b;
+    return b ? ps_det_batch_alloc(user, b) : PS_ENOMEM;
+}
+
+static void payload_free(void *payload, void *user)
+{
+    (void)user;
+    ps_det_batch_free(payload);
+    free(payload);
 }
 
 int ps_det_batch_alloc(const ps_det_loader_t *ld, ps_det_batch_t *b)
@@ -151,50 +113,40 @@ int ps_det_loader_new(const ps_det_dataset_t *ds, const ps_det_data_opts_t *o,
     ld->A = A;
     ld->shuffle = o->shuffle < 0 ? o->train : o->shuffle;
     ld->drop_last = o->drop_last < 0 ? o->train : o->drop_last;
-    pthread_mutex_init(&ld->mu, NULL);
-    pthread_cond_init(&ld->work, NULL);
-    pthread_cond_init(&ld->done, NULL);
     ld->order = malloc(sizeof(int64_t) * (ps_det_dataset_size(ds) / (size_t)o->world + 2));
-    ld->slots = calloc((size_t)o->prefetch, sizeof *ld->slots);
-    ld->th = calloc((size_t)(o->threads ? o->threads : 1), sizeof(pthread_t));
-    if (!ld->order || !ld->slots || !ld->th) goto oom;
-    for (int i = 0; o->threads > 0 && i < o->prefetch; i++)
-        if (ps_det_batch_alloc(ld, &ld->slots[i].b)) goto oom;
-    ps_det_loader_seek(ld, 0, 0);
-    for (int i = 0; i < o->threads; i++) {
-        if (pthread_create(&ld->th[i], NULL, thread_main, ld) != 0) {
-            ps_errf(err, errlen, "cannot start loader thread %d", i);
-            ps_det_loader_destroy(&ld);
-            return PS_ENOMEM;
-        }
-        ld->n_th++;
+    if (!ld->order) {
+        ps_errf(err, errlen, "out of memory");
+        ps_det_loader_destroy(&ld);
+        return PS_ENOMEM;
     }
+    ps_prefetch_cfg_t c = { o->prefetch, o->threads, fill, payload_alloc, payload_free, ld };
+    rc = ps_prefetch_new(&c, &ld->pf, err, errlen);
+    if (rc < 0) {
+        ps_det_loader_destroy(&ld);
+        return rc;
+    }
+    ps_det_loader_seek(ld, 0, 0);
     *out = ld;
     return 0;
-oom:
-    ps_errf(err, errlen, "out of memory for %d prefetch batches of %d images", o->prefetch, o->batch);
-    ps_det_loader_destroy(&ld);
-    return PS_ENOMEM;
 }
 
-int ps_det_loader_seek(ps_det_loader_t *ld, uint64_t epoch, size_t batch)
+/* Called by the ring with no fill running. */
+static size_t reposition(void *arg)
 {
-    pthread_mutex_lock(&ld->mu);
-    ld->generation++;
-    /* in-flight batches belong to the old position: wait them out */
-    while (ld->busy > 0) pthread_cond_wait(&ld->done, &ld->mu);
-    ld->epoch = epoch;
-    ld->n_order = ps_video_sampler_indices(ps_det_dataset_size(ld->ds), ld->o.seed, epoch,
+    ps_det_loader_t *ld = arg;
+    ld->epoch = ld->next_epoch;
+    ld->n_order = ps_video_sampler_indices(ps_det_dataset_size(ld->ds), ld->o.seed, ld->epoch,
                                            ld->o.rank, ld->o.world, ld->shuffle, ld->drop_last,
                                            ld->order);
     size_t B = (size_t)ld->o.batch;
     ld->n_batches = ld->drop_last ? ld->n_order / B : (ld->n_order + B - 1) / B;
-    if (batch > ld->n_batches) batch = ld->n_batches;
-    ld->next_claim = ld->next_consume = batch;
-    for (int i = 0; i < ld->o.prefetch; i++) ld->slots[i].ready = 0;
-    ld->failed = 0;
-    pthread_cond_broadcast(&ld->work);
-    pthread_mutex_unlock(&ld->mu);
+    return ld->n_batches;
+}
+
+int ps_det_loader_seek(ps_det_loader_t *ld, uint64_t epoch, size_t batch)
+{
+    ld->next_epoch = epoch;
+    ps_prefetch_seek(ld->pf, reposition, ld, batch);
     return 0;
 }
 
@@ -213,77 +165,29 @@ static void copy_batch(const ps_det_loader_t *ld, ps_det_batch_t *dst, const ps_
 
 int ps_det_loader_next(ps_det_loader_t *ld, ps_det_batch_t *b, double *wait_s)
 {
-    double t0 = now_s();
-    if (wait_s) *wait_s = 0;
-    if (ld->failed) return PS_ESTATE;
-    if (ld->next_consume >= ld->n_batches) return 0;
-    size_t bi = ld->next_consume;
-    if (ld->n_th == 0) {
-        slot_t s;
-        memset(&s, 0, sizeof s);
-        s.b = *b;
-        size_t skipped = 0;
-        produce(ld, bi, &s, &skipped);
-        ld->skipped += skipped;
-        b->npos = s.b.npos;
-        if (wait_s) *wait_s = now_s() - t0;
-        if (s.rc < 0) {
-            ld->failed = 1;
-            ps_errf(ld->err, sizeof ld->err, "%s", s.err);
-            return s.rc;
-        }
-        ld->next_consume++;
-        return s.n;
+    /* with no threads the caller's batch is filled in place */
+    ps_det_batch_t *p;
+    int n = ps_prefetch_get(ld->pf, b, (void **)&p, wait_s);
+    if (n > 0) {
+        if (p != b) copy_batch(ld, b, p, n);
+        ps_prefetch_release(ld->pf);
     }
-    slot_t *s = &ld->slots[bi % (size_t)ld->o.prefetch];
-    pthread_mutex_lock(&ld->mu);
-    while (!s->ready) pthread_cond_wait(&ld->done, &ld->mu);
-    pthread_mutex_unlock(&ld->mu);
-    if (wait_s) *wait_s = now_s() - t0;
-    int n = s->n, rc = s->rc;
-    if (rc < 0) {
-        ld->failed = 1;
-        ps_errf(ld->err, sizeof ld->err, "%s", s->err);
-        return rc;
-    }
-    copy_batch(ld, b, &s->b, n);
-    pthread_mutex_lock(&ld->mu);
-    s->ready = 0;
-    ld->next_consume++;
-    pthread_cond_broadcast(&ld->work);
-    pthread_mutex_unlock(&ld->mu);
     return n;
 }
 
 size_t ps_det_loader_batches(const ps_det_loader_t *ld) { return ld->n_batches; }
 uint64_t ps_det_loader_epoch(const ps_det_loader_t *ld) { return ld->epoch; }
-size_t ps_det_loader_position(const ps_det_loader_t *ld) { return ld->next_consume; }
+size_t ps_det_loader_position(const ps_det_loader_t *ld) { return ps_prefetch_position(ld->pf); }
 size_t ps_det_loader_samples(const ps_det_loader_t *ld) { return ld->n_order; }
-
-size_t ps_det_loader_skipped(const ps_det_loader_t *ld)
-{
-    pthread_mutex_lock((pthread_mutex_t *)&ld->mu);
-    size_t s = ld->skipped;
-    pthread_mutex_unlock((pthread_mutex_t *)&ld->mu);
-    return s;
-}
-
-const char *ps_det_loader_error(const ps_det_loader_t *ld) { return ld->err; }
+size_t ps_det_loader_skipped(const ps_det_loader_t *ld) { return ps_prefetch_skipped(ld->pf); }
+const char *ps_det_loader_error(const ps_det_loader_t *ld) { return ps_prefetch_error(ld->pf); }
 
 void ps_det_loader_destroy(ps_det_loader_t **ldp)
 {
     ps_det_loader_t *ld = *ldp;
     if (!ld) return;
-    pthread_mutex_lock(&ld->mu);
-    ld->stop = 1;
-    pthread_cond_broadcast(&ld->work);
-    pthread_mutex_unlock(&ld->mu);
-    for (int i = 0; i < ld->n_th; i++) pthread_join(ld->th[i], NULL);
-    for (int i = 0; ld->slots && i < ld->o.prefetch; i++) ps_det_batch_free(&ld->slots[i].b);
-    free(ld->slots), free(ld->th), free(ld->order);
-    pthread_mutex_destroy(&ld->mu);
-    pthread_cond_destroy(&ld->work);
-    pthread_cond_destroy(&ld->done);
+    ps_prefetch_destroy(&ld->pf);
+    free(ld->order);
     free(ld);
     *ldp = NULL;
 }

@@ -37,6 +37,52 @@
 #define PS_RETINA_LEVELS 5
 #define PS_RETINA_ANCHORS 9
 
+/* The detection layers the model calls (worker/det/det_layers.h), picked
+ * once at create time with the backend: a CPU copy (ps_retina_det_cpu, the
+ * CPU references less the ctx) and, in CUDA builds, a CUDA copy the caller
+ * defines with PS_RETINA_DET_CUDA_INIT (the ps_det_cu_* kernels).  The
+ * model library cannot name CUDA symbols (it links without CUDA), hence
+ * the caller's choice.  `sync` waits for everything queued on ctx (the CPU
+ * copy returns 0 at once): the model calls it before the host writes the
+ * labels and box targets into its arena. */
+typedef struct ps_retina_det {
+    const char *name; /* the ps_backend_t it goes with: "cpu", "cuda" */
+    void (*upsample_add_forward)(ps_ctx_t *ctx, float *out, const float *lateral,
+                                 const float *top, int N, int C, int H, int W, int P, int Q);
+    void (*upsample_add_backward)(ps_ctx_t *ctx, float *dlateral, float *dtop, const float *dout,
+                                  int N, int C, int H, int W, int P, int Q);
+    int (*count_pos)(ps_ctx_t *ctx, const int32_t *labels, int A);
+    int (*focal_forward)(ps_ctx_t *ctx, float *loss, const float *logits, const int32_t *labels,
+                         float alpha, float gamma, float normaliser, int A, int K);
+    int (*focal_backward)(ps_ctx_t *ctx, float *dlogits, const float *logits,
+                          const int32_t *labels, float dloss, float alpha, float gamma,
+                          float normaliser, int A, int K);
+    void (*smoothl1_forward)(ps_ctx_t *ctx, float *loss, const float *pred, const float *target,
+                             const int32_t *labels, float beta, float normaliser, int A);
+    void (*smoothl1_backward)(ps_ctx_t *ctx, float *dpred, const float *pred,
+                              const float *target, const int32_t *labels, float dloss,
+                              float beta, float normaliser, int A);
+    void (*head_permute_forward)(ps_ctx_t *ctx, float *out, const float *inp, int nA, int D,
+                                 int H, int W);
+    void (*head_permute_backward)(ps_ctx_t *ctx, float *dinp, const float *dout, int nA, int D,
+                                  int H, int W);
+    int (*sync)(ps_ctx_t *ctx);
+} ps_retina_det_t;
+
+/* The CPU copy (retinanet.c): the worker/det CPU functions, bit for bit. */
+extern const ps_retina_det_t ps_retina_det_cpu;
+
+/* Initialiser of the CUDA copy, for code that links libps_cuda.a (include
+ * worker/det/det_layers.h and worker/engine/cuda/ps_cuda_backend.h):
+ *   static const ps_retina_det_t det_cuda = PS_RETINA_DET_CUDA_INIT; */
+#define PS_RETINA_DET_CUDA_INIT                                                              \
+    {"cuda",                          ps_det_cu_upsample_add_forward,                        \
+     ps_det_cu_upsample_add_backward, ps_det_cu_count_pos,                                   \
+     ps_det_cu_focal_forward,         ps_det_cu_focal_backward,                              \
+     ps_det_cu_smoothl1_forward,      ps_det_cu_smoothl1_backward,                           \
+     ps_det_cu_head_permute_forward,  ps_det_cu_head_permute_backward,                       \
+     ps_cuda_backend_sync}
+
 typedef struct ps_retina_config {
     int depth;          /* backbone 18, 34 or 50 */
     int num_classes;    /* K foreground classes (sigmoid, no background column) */
@@ -52,10 +98,12 @@ typedef struct ps_retina_config {
     float focal_gamma;  /* 2 */
     float smoothl1_beta; /* 1/9 */
     float prior;        /* 0.01: cls_logits bias -log((1-prior)/prior) */
+    const ps_retina_det_t *det; /* detection layers; NULL = ps_retina_det_cpu.  Its
+                           name must be the backend's (create refuses a mix) */
 } ps_retina_config_t;
 
 /* ResNet-50, 80 classes, width 64, F 256, P6 on C5, freeze_at 2, eps 1e-5,
- * alpha 0.25, gamma 2, beta 1/9, prior 0.01. */
+ * alpha 0.25, gamma 2, beta 1/9, prior 0.01, det NULL (CPU layers). */
 void ps_retina_config_default(ps_retina_config_t *c);
 
 typedef struct ps_retina ps_retina_t;
