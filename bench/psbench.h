@@ -41,6 +41,11 @@ typedef struct psbench_result {
  * communication wait) and a psbench_result_t to fd.
  * Returns the process exit status. */
 int psbench_worker(const psbench_cfg_t *cfg, int rank, char **endpoints, int fd);
+/* What either worker sends its parent: iters step times, iters compute
+ * times, then the result record (partial writes and EINTR retried).
+ * 0, or -1 with errno set. */
+int psbench_send_result(int fd, const double *times, const double *ctimes, int iters,
+                        const psbench_result_t *res);
 
 /* The same for --mode ring (psbench_ring.c): endpoints are the W ring
  * endpoints (rank r binds the r-th); a step is the emulated compute and the

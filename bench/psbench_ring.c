@@ -80,19 +80,6 @@ static void *comm_main(void *arg)
     return NULL;
 }
 
-static int write_all(int fd, const void *buf, size_t len)
-{
-    const char *p = buf;
-    while (len) {
-        ssize_t n = write(fd, p, len);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return -1;
-        p += n;
-        len -= (size_t)n;
-    }
-    return 0;
-}
-
 int psbench_ring_worker(const psbench_cfg_t *cfg, int rank, char **endpoints, int fd)
 {
     size_t numel = cfg->bytes / sizeof(float);
@@ -197,9 +184,7 @@ int psbench_ring_worker(const psbench_cfg_t *cfg, int rank, char **endpoints, in
     }
     ps_ring_bytes(cm.ring, &s1, &r1);
     psbench_result_t res = {(double)(s1 - s0) / cfg->iters, (double)(r1 - r0) / cfg->iters, 0, 0};
-    if (write_all(fd, times, (size_t)cfg->iters * sizeof *times) < 0 ||
-        write_all(fd, ctimes, (size_t)cfg->iters * sizeof *ctimes) < 0 ||
-        write_all(fd, &res, sizeof res) < 0) {
+    if (psbench_send_result(fd, times, ctimes, cfg->iters, &res) < 0) {
         ps_error("ring worker %d: writing results: %s", rank, strerror(errno));
         goto out;
     }

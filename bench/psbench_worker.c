@@ -152,6 +152,16 @@ static int write_all(int fd, const void *buf, size_t len)
     return 0;
 }
 
+int psbench_send_result(int fd, const double *times, const double *ctimes, int iters,
+                        const psbench_result_t *res)
+{
+    return write_all(fd, times, (size_t)iters * sizeof *times) < 0 ||
+                   write_all(fd, ctimes, (size_t)iters * sizeof *ctimes) < 0 ||
+                   write_all(fd, res, sizeof *res) < 0
+               ? -1
+               : 0;
+}
+
 int psbench_worker(const psbench_cfg_t *cfg, int rank, char **endpoints, int fd)
 {
     size_t numel = cfg->bytes / sizeof(float);
@@ -283,9 +293,7 @@ int psbench_worker(const psbench_cfg_t *cfg, int rank, char **endpoints, int fd)
                         : check_weights(cfg, w, dst, numel, cfg->warmup + cfg->iters, flat_res);
         free(flat_res);
     }
-    if (write_all(fd, times, (size_t)cfg->iters * sizeof *times) < 0 ||
-        write_all(fd, ctimes, (size_t)cfg->iters * sizeof *ctimes) < 0 ||
-        write_all(fd, &res, sizeof res) < 0) {
+    if (psbench_send_result(fd, times, ctimes, cfg->iters, &res) < 0) {
         ps_error("worker %d: writing results: %s", rank, strerror(errno));
         goto out;
     }
