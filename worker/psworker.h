@@ -218,6 +218,11 @@ void ps_worker_det_print_final(ps_worker_t *p, uint64_t steps_done);
 int ps_worker_det_run_eval(ps_worker_t *p);
 
 /* psworker_train.c: return 0 or a negative PS_E* (already reported). */
+/* Client for --servers (CURVE keys, wire options, timeouts from the
+ * options), HELLO, rank checks against --rank / --num-workers; sets
+ * p->rank and the log tag.  *c is NULL unless 0 is returned. */
+struct ps_client;
+int ps_worker_client_connect(ps_worker_t *p, struct ps_client **c);
 int ps_worker_run_cluster(ps_worker_t *p);
 int ps_worker_run_standalone(ps_worker_t *p);
 

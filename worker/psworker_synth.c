@@ -93,42 +93,13 @@ static int wait_all(ps_client_t *c, ps_req_t **req, uint32_t n, const char *what
 static int run_ps(ps_worker_t *p, uint64_t *sent, uint64_t *recv)
 {
     const ps_worker_opts_t *o = p->o;
-    int n = 0, rc;
-    char *list = strdup(o->servers);
-    const char *eps[256];
+    int rc;
     ps_req_t **req = calloc(p->table.nparts, sizeof *req);
     ps_client_t *c = NULL;
-    if (!list || !req) {
-        free(list), free(req);
+    if (!req)
         return PS_ENOMEM;
-    }
-    for (char *save = NULL, *t = strtok_r(list, ",", &save); t && n < 256;
-         t = strtok_r(NULL, ",", &save))
-        eps[n++] = t;
-    ps_client_opts_t co;
-    ps_client_opts_default(&co);
-    co.servers = eps;
-    co.nservers = n;
-    co.rank = o->rank;
-    co.num_workers = o->num_workers;
-    co.dtype = o->dt;
-    co.codec = o->codec_id;
-    co.pull_codec = o->pull_codec_id;
-    co.topk_ratio = o->topk_ratio;
-    co.ef_rounding = o->ef_rounding;
-    co.timeout_ms = o->timeout_ms;
-    co.retry_ms = o->retry_ms;
-    co.heartbeat_ms = o->heartbeat_ms;
-    if ((rc = ps_client_new(&c, &co, &p->table))) {
-        ps_error("cannot create the client for %s: %s", o->servers, ps_strerror(rc));
+    if ((rc = ps_worker_client_connect(p, &c)))
         goto out;
-    }
-    if ((rc = ps_client_hello(c)) < 0) {
-        ps_error("HELLO failed: %s (%s)", ps_strerror(rc), ps_client_last_error(c));
-        goto out;
-    }
-    p->rank = rc;
-    rc = 0;
     if (p->rank == 0) {
         char *spec = ps_worker_spec_json(p);
         int ck = 0;
@@ -178,7 +149,6 @@ static int run_ps(ps_worker_t *p, uint64_t *sent, uint64_t *recv)
         ps_error("SHUTDOWN failed: %s", ps_strerror(rc));
 out:
     ps_client_destroy(&c);
-    free(list);
     free(req);
     return rc;
 }

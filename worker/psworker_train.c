@@ -488,7 +488,7 @@ static int cluster_train(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_
     return 0;
 }
 
-int ps_worker_run_cluster(ps_worker_t *p)
+int ps_worker_client_connect(ps_worker_t *p, ps_client_t **cp)
 {
     const ps_worker_opts_t *o = p->o;
     ps_client_opts_t co;
@@ -496,10 +496,9 @@ int ps_worker_run_cluster(ps_worker_t *p)
     int nservers = 0, nkeys = 0, rc;
     char **servers = split_servers(o->servers, &nservers);
     char **keys = *o->curve_server_keys ? split_servers(o->curve_server_keys, &nkeys) : NULL;
-    ps_req_t **req = calloc(p->table.nparts, sizeof *req);
-    uint64_t *ver = calloc(p->table.nparts, sizeof *ver);
 
-    if (!servers || !req || !ver || (*o->curve_server_keys && !keys)) {
+    *cp = NULL;
+    if (!servers || (*o->curve_server_keys && !keys)) {
         rc = PS_ENOMEM;
         goto out;
     }
@@ -549,6 +548,7 @@ int ps_worker_run_cluster(ps_worker_t *p)
         goto out;
     }
     p->rank = rc;
+    rc = 0;
     {
         char tag[32];
         snprintf(tag, sizeof tag, "psworker[%d]", p->rank);
@@ -558,13 +558,32 @@ int ps_worker_run_cluster(ps_worker_t *p)
             o->num_workers, nservers, ps_dtype_name(o->dt), ps_codec_name(o->codec_id),
             o->pull_codec_id >= 0 ? ps_codec_name((ps_codec_t)o->pull_codec_id) : "auto",
             keys ? ", CURVE" : "", o->mode);
+out:
+    if (rc) ps_client_destroy(&c);
+    *cp = c;
+    free(servers);
+    free(keys);
+    return rc;
+}
+
+int ps_worker_run_cluster(ps_worker_t *p)
+{
+    ps_client_t *c = NULL;
+    int rc;
+    ps_req_t **req = calloc(p->table.nparts, sizeof *req);
+    uint64_t *ver = calloc(p->table.nparts, sizeof *ver);
+
+    if (!req || !ver) {
+        rc = PS_ENOMEM;
+        goto out;
+    }
+    if ((rc = ps_worker_client_connect(p, &c)))
+        goto out;
     rc = cluster_train(p, c, req, ver);
 out:
     /* Destroying the client stops its I/O thread before the buffers that
      * in-flight requests point into (p->w, p->grad) are freed. */
     ps_client_destroy(&c);
-    free(servers);
-    free(keys);
     free(req);
     free(ver);
     return rc;
