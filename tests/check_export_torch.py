@@ -37,21 +37,7 @@ except ImportError as e:
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "golden"))
 import gen_resnet as G  # noqa: E402
-
-n_test = 0
-n_fail = 0
-
-
-def ok(cond, msg, detail=None):
-    global n_test, n_fail
-    n_test += 1
-    if not cond:
-        n_fail += 1
-    print("%sok %d - %s" % ("" if cond else "not ", n_test, msg))
-    if not cond and detail:
-        print("#   " + detail)
-    sys.stdout.flush()
-
+from taplib import ok, plan  # noqa: E402
 
 def final_kv(path):
     for line in open(path):
@@ -191,8 +177,7 @@ def main():
         ok(tr.get("top1") == "%.4f" % top1 and tr.get("top5") == "%.4f" % top5,
            "training run's final line (rank 0) top1=%s top5=%s == PyTorch"
            % (tr.get("top1"), tr.get("top5")))
-    print("1..%d" % n_test)
-    sys.exit(1 if n_fail else 0)
+    sys.exit(plan())
 
 
 if __name__ == "__main__":

@@ -31,21 +31,7 @@ except ImportError as e:
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "golden"))
 import gen_resnet as G  # noqa: E402
-
-n_test = 0
-n_fail = 0
-
-
-def ok(cond, msg, detail=None):
-    global n_test, n_fail
-    n_test += 1
-    if not cond:
-        n_fail += 1
-    print("%sok %d - %s" % ("" if cond else "not ", n_test, msg))
-    if not cond and detail:
-        print("#   " + detail)
-    sys.stdout.flush()
-
+from taplib import ok, plan  # noqa: E402
 
 def close(got, want, atol, rtol):
     d = (got - want).abs()
@@ -161,10 +147,7 @@ def main():
         check_convert(tmp, exe)
     for d in args:
         check(d)
-    print("1..%d" % n_test)
-    if n_fail:
-        print("# %d of %d checks failed" % (n_fail, n_test))
-    sys.exit(1 if n_fail else 0)
+    sys.exit(plan())
 
 
 if __name__ == "__main__":

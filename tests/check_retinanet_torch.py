@@ -18,19 +18,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "golden"))
 import gen_resnet as G  # noqa: E402
-
-n_tests = 0
-failed = 0
-
-
-def ok(cond, msg):
-    global n_tests, failed
-    n_tests += 1
-    if not cond:
-        failed += 1
-    print("%s %d - %s" % ("ok" if cond else "not ok", n_tests, msg))
-    sys.stdout.flush()
-
+from taplib import ok, plan  # noqa: E402
 
 def build_retinanet(depth, fpn, p6_from_p5, K):
     """torchvision's RetinaNet on another ResNet and FPN width: what
@@ -71,8 +59,7 @@ def main():
            "load_state_dict(strict=True) into torchvision %s (%d tensors)" % (arch, len(sd)))
     except RuntimeError as e:
         ok(False, "load_state_dict(strict=True): %s" % str(e).splitlines()[0])
-        print("1..%d" % n_tests)
-        return 1
+        return plan()
     net.eval()
     x = torch.from_numpy(G.hash_fill(3 * H * H, "input", seed, 1.0)).view(1, 3, H, H)
     with torch.no_grad():
@@ -87,8 +74,7 @@ def main():
         err = np.abs(got - ref)
         ok(bool((err <= tol).all()), "%s: %d values match torchvision (worst %.3g of max|ref| "
            "%.3g)" % (key, ref.size, err.max(), np.abs(ref).max()))
-    print("1..%d" % n_tests)
-    return 1 if failed else 0
+    return plan()
 
 
 if __name__ == "__main__":
