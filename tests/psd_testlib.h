@@ -227,6 +227,46 @@ static int t_pull(void *d, uint32_t part, uint64_t min_version, float *out, size
     return t_call(d, &h, NULL, 0, out, n, version, NULL, 0);
 }
 
+/* One sync step over every partition of T (W = 1: each PUSHPULL applies at
+ * once): element i of the gradient is grad(it, i); the new weights land in
+ * w.  1 if every reply is WEIGHTS of version it + 1. */
+static inline int t_step_sync(void *d, const ps_partition_table_t *T, int it, float *w,
+                              float (*grad)(int it, int i))
+{
+    int good = 1;
+    for (uint32_t p = 0; p < T->nparts; p++) {
+        size_t off = T->parts[p].offset, n = T->parts[p].numel;
+        float *g = malloc(n * sizeof *g);
+        if (!g) return 0;
+        for (size_t i = 0; i < n; i++) g[i] = grad(it, (int)(off + i));
+        Ps__Header h;
+        t_hdr(&h, PS__MSG_TYPE__MSG_PUSHPULL, 0, p);
+        h.has_iteration = 1, h.iteration = (uint64_t)it;
+        h.has_numel = 1, h.numel = n;
+        uint64_t v = 0;
+        good &= t_call(d, &h, g, n * 4, w + off, n, &v, NULL, 0) == PS__MSG_TYPE__MSG_WEIGHTS &&
+                v == (uint64_t)it + 1;
+        free(g);
+    }
+    return good;
+}
+
+/* Pull every partition of T into w.  ver (optional) gets each partition's
+ * version; want != UINT64_MAX also requires that version.  1 if all good. */
+static inline int t_pull_all(void *d, const ps_partition_table_t *T, float *w, uint64_t *ver,
+                             uint64_t want)
+{
+    int good = 1;
+    for (uint32_t p = 0; p < T->nparts; p++) {
+        uint64_t v = 0;
+        good &= t_pull(d, p, 0, w + T->parts[p].offset, T->parts[p].numel, &v) ==
+                    PS__MSG_TYPE__MSG_WEIGHTS &&
+                (want == UINT64_MAX || v == want);
+        if (ver) ver[p] = v;
+    }
+    return good;
+}
+
 /* Build "tensors" JSON for a table spec. */
 static void t_spec_json(char *buf, size_t cap, const ps_tensor_spec_t *ts, int nt, size_t pbytes,
                         int nservers, int nworkers, const char *optim)

@@ -59,24 +59,6 @@ static int rollback(void *d, int has_v, uint64_t v, uint32_t *flags, uint64_t *i
     return call(d, &h, NULL, 0, flags, iter);
 }
 
-static int step(void *d, int it, float *w)
-{
-    int good = 1;
-    for (uint32_t p = 0; p < T.nparts; p++) {
-        size_t off = T.parts[p].offset, n = T.parts[p].numel;
-        float g[N];
-        for (size_t i = 0; i < n; i++) g[i] = grad_of(it, (int)(off + i));
-        Ps__Header h;
-        t_hdr(&h, PS__MSG_TYPE__MSG_PUSHPULL, 0, p);
-        h.has_iteration = 1, h.iteration = (uint64_t)it;
-        h.has_numel = 1, h.numel = n;
-        uint64_t v = 0;
-        good &= t_call(d, &h, g, n * 4, w + off, n, &v, NULL, 0) == PS__MSG_TYPE__MSG_WEIGHTS &&
-                v == (uint64_t)it + 1;
-    }
-    return good;
-}
-
 /* Step it pushed as a loss-scale overflow (Inf gradient, PS_FLAG_OVERFLOW) on
  * every partition: 1 if every reply is WEIGHTS of version it + 1 flagged
  * PS_FLAG_OVERFLOW (the skipped update's echo). */
@@ -115,17 +97,6 @@ static long pull_flags(void *d, uint64_t want)
     return all;
 }
 
-static int pull_all(void *d, float *w, uint64_t want)
-{
-    int good = 1;
-    for (uint32_t p = 0; p < T.nparts; p++) {
-        uint64_t v = 0;
-        good &= t_pull(d, p, 0, w + T.parts[p].offset, T.parts[p].numel, &v) ==
-                    PS__MSG_TYPE__MSG_WEIGHTS && v == want;
-    }
-    return good;
-}
-
 int main(void)
 {
     ps_log_level = PS_LOG_ERROR;
@@ -148,9 +119,9 @@ int main(void)
         good &= t_init_part(d, p, winit + T.parts[p].offset, T.parts[p].numel) == PS__MSG_TYPE__MSG_ACK;
     ok(good, "INIT");
     good = 1;
-    for (int it = 0; it < 4; it++) good &= step(d, it, w);
+    for (int it = 0; it < 4; it++) good &= t_step_sync(d, &T, it, w, grad_of);
     memcpy(w4, w, sizeof w);
-    good &= step(d, 4, w5);
+    good &= t_step_sync(d, &T, 4, w5, grad_of);
     if (!ok(good, "5 steps")) tpsd_dump_log(&S, 20);
     t_sleep_ms(300); /* the aligned checkpoint of version 4 is written off the loop thread */
 
@@ -158,14 +129,14 @@ int main(void)
     uint64_t it = 0;
     is_int(rollback(d, 0, 0, &fl, &it), PS_EPROTO, "ROLLBACK without iteration -> PS_EPROTO");
     is_int(rollback(d, 1, 3, &fl, &it), PS_ENOTFOUND, "ROLLBACK to 3 (no aligned checkpoint) -> PS_ENOTFOUND");
-    ok(pull_all(d, x, 5) && !memcmp(x, w5, sizeof x), "... nothing changed (version 5, same weights)");
+    ok(t_pull_all(d, &T, x, NULL, 5) && !memcmp(x, w5, sizeof x), "... nothing changed (version 5, same weights)");
     is_int(rollback(d, 1, 6, &fl, &it), PS_ESTATE, "ROLLBACK to 6 (above the server) -> PS_ESTATE");
     ok((fl & PS_FLAG_ROLLBACK) && it == 5, "... flagged PS_FLAG_ROLLBACK with the server's version 5 "
        "(flags %u, iteration %llu)", fl, (unsigned long long)it);
 
     is_int(rollback(d, 1, 4, &fl, &it), PS__MSG_TYPE__MSG_ACK, "ROLLBACK to 4 -> ACK");
     ok(it == 4, "... ACK iteration 4 (%llu)", (unsigned long long)it);
-    ok(pull_all(d, x, 4) && !memcmp(x, w4, sizeof x), "weights bitwise those of version 4");
+    ok(t_pull_all(d, &T, x, NULL, 4) && !memcmp(x, w4, sizeof x), "weights bitwise those of version 4");
     is_int(rollback(d, 1, 4, &fl, &it), PS__MSG_TYPE__MSG_ACK, "repeated ROLLBACK to 4 -> ACK (no-op)");
     {
         Ps__Header h;
@@ -177,17 +148,17 @@ int main(void)
         ok((fl & PS_FLAG_ROLLBACK) && it == 4, "... flagged PS_FLAG_ROLLBACK, iteration 4 (flags %u, %llu)", fl,
            (unsigned long long)it);
     }
-    ok(step(d, 4, x), "step 4 again");
+    ok(t_step_sync(d, &T, 4, x, grad_of), "step 4 again");
     ok(!memcmp(x, w5, sizeof x), "redone step 4 == the first step 4, bitwise (momentum and schedule restored)");
     /* A rolled-back skipped step: the overflow echo (skipped_ver) belongs
      * to the abandoned version and must not survive the rollback. */
     is_int(rollback(d, 1, 4, &fl, &it), PS__MSG_TYPE__MSG_ACK, "ROLLBACK to 4 again");
     ok(step_overflow(d, 4), "step 4 as a loss-scale overflow: WEIGHTS 5 flagged PS_FLAG_OVERFLOW");
-    ok(pull_all(d, x, 5) && !memcmp(x, w4, sizeof x), "... the update was skipped (weights of version 4)");
+    ok(t_pull_all(d, &T, x, NULL, 5) && !memcmp(x, w4, sizeof x), "... the update was skipped (weights of version 4)");
     is_int(rollback(d, 1, 4, &fl, &it), PS__MSG_TYPE__MSG_ACK, "ROLLBACK to 4 undoes the skipped step");
     long pf = pull_flags(d, 4);
     ok(pf == 0, "... PULL at 4: no PS_FLAG_OVERFLOW (flags %ld)", pf);
-    ok(step(d, 4, x) && !memcmp(x, w5, sizeof x), "step 4 redone normally == the first step 4, bitwise");
+    ok(t_step_sync(d, &T, 4, x, grad_of) && !memcmp(x, w5, sizeof x), "step 4 redone normally == the first step 4, bitwise");
     pf = pull_flags(d, 5);
     ok(pf == 0, "... and version 5 is not flagged as skipped (flags %ld)", pf);
     zmq_close(d);

@@ -32,34 +32,6 @@ static int start(tpsd_t *S, const char *every, void **d)
     return 0;
 }
 
-/* One sync step on every partition (W = 1: PUSHPULL applies at once). */
-static int step(void *d, int it, float *w)
-{
-    int good = 1;
-    for (uint32_t p = 0; p < T.nparts; p++) {
-        size_t off = T.parts[p].offset, n = T.parts[p].numel;
-        float g[N];
-        for (size_t i = 0; i < n; i++) g[i] = grad_of(it, (int)(off + i));
-        Ps__Header h;
-        t_hdr(&h, PS__MSG_TYPE__MSG_PUSHPULL, 0, p);
-        h.has_iteration = 1, h.iteration = (uint64_t)it;
-        h.has_numel = 1, h.numel = n;
-        uint64_t v = 0;
-        good &= t_call(d, &h, g, n * 4, w + off, n, &v, NULL, 0) == PS__MSG_TYPE__MSG_WEIGHTS &&
-                v == (uint64_t)it + 1;
-    }
-    return good;
-}
-
-static int pull_all(void *d, float *w, uint64_t *ver)
-{
-    int good = 1;
-    for (uint32_t p = 0; p < T.nparts; p++)
-        good &= t_pull(d, p, 0, w + T.parts[p].offset, T.parts[p].numel, &ver[p]) ==
-                PS__MSG_TYPE__MSG_WEIGHTS;
-    return good;
-}
-
 static int count_files(uint64_t *newest)
 {
     DIR *dd = opendir(dir);
@@ -165,7 +137,7 @@ int main(void)
         good &= t_init_part(d, p, winit + T.parts[p].offset, T.parts[p].numel) == PS__MSG_TYPE__MSG_ACK;
     ok(good, "INIT weights");
     good = 1;
-    for (int it = 0; it < 5; it++) good &= step(d, it, w);
+    for (int it = 0; it < 5; it++) good &= t_step_sync(d, &T, it, w, grad_of);
     ok(good, "5 steps");
     Ps__Header ck;
     t_hdr(&ck, PS__MSG_TYPE__MSG_CHECKPOINT, 0, 0);
@@ -173,11 +145,11 @@ int main(void)
     uint64_t seq1;
     is_int(count_files(&seq1), 1, "one checkpoint file");
     good = 1;
-    for (int it = 5; it < 8; it++) good &= step(d, it, w);
+    for (int it = 5; it < 8; it++) good &= t_step_sync(d, &T, it, w, grad_of);
     ok(good, "3 more steps");
     float before[N];
     uint64_t vbefore[8];
-    ok(pull_all(d, before, vbefore), "pull before the kill");
+    ok(t_pull_all(d, &T, before, vbefore, UINT64_MAX), "pull before the kill");
     zmq_close(d);
     is_int(tpsd_stop(&S, SIGTERM), 0, "SIGTERM: exit 0");
     uint64_t seq2;
@@ -225,7 +197,7 @@ int main(void)
     is_int(t_init_part(d, 0, zeros, T.parts[0].numel), PS__MSG_TYPE__MSG_ACK, "weight INIT acknowledged");
     float after[N];
     uint64_t vafter[8];
-    ok(pull_all(d, after, vafter), "pull after the restart");
+    ok(t_pull_all(d, &T, after, vafter, UINT64_MAX), "pull after the restart");
     ok(!memcmp(after, before, sizeof before), "weights equal those before the kill (bit for bit)");
     good = 1;
     for (uint32_t p = 0; p < T.nparts; p++) good &= vafter[p] == vbefore[p] && vafter[p] == 8;
@@ -239,7 +211,7 @@ int main(void)
 
     /* Step 8 after the restart: lr has decayed at milestone 6; momentum from the file. */
     float next[N];
-    ok(step(d, 8, next), "step 8 after the restart");
+    ok(t_step_sync(d, &T, 8, next, grad_of), "step 8 after the restart");
     float ref[N];
     for (int i = 0; i < N; i++) {
         int grp = i >= 300;
@@ -273,7 +245,7 @@ int main(void)
         ok(0, "psd restarted");
         return tap_done();
     }
-    ok(pull_all(d, after, vafter), "pull after restart from the corrupted dir");
+    ok(t_pull_all(d, &T, after, vafter, UINT64_MAX), "pull after restart from the corrupted dir");
     ok(!memcmp(after, before, sizeof before), "corrupt newest checkpoint: the older one was loaded");
     good = 1;
     for (uint32_t p = 0; p < T.nparts; p++) good &= vafter[p] == 8;
@@ -283,7 +255,7 @@ int main(void)
     /* --checkpoint-every 2: a step on 3 partitions is 3 shard updates. */
     uint64_t s0, s1;
     count_files(&s0);
-    ok(step(d, 8, next), "step 8 again");
+    ok(t_step_sync(d, &T, 8, next, grad_of), "step 8 again");
     /* The file is written off the loop thread: it appears shortly after. */
     for (int i = 0; i < 300; i++) {
         count_files(&s1);
