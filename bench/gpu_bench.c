@@ -24,14 +24,17 @@
  *       and fp16 GemmEx peaks, device memory in use.  -z zeroes gradients
  *       every step (a host memset over managed memory: it migrates pages, so
  *       it is off by default; accumulating gradients costs the same FLOPs).
- *       Lines starting with RESULT are for gpu_check.sh.
+ *       Lines starting with RESULT are for gpu_check.sh.  PS_GPU_PROFILE=1:
+ *       every backend call drained and timed, summed per layer kind and
+ *       printed as a table (the split of a step, not its speed).
  *
  * The model is worker/models' (engineer F), written for host pointers: its
  * arena comes from managed memory (ps_cuda_use_managed_arena), so the
  * input/label memcpy at the start of each forward migrates those pages (a
  * few MB..40 MB per step) - the step time includes that; a device-aware
  * model input path removes it (docs/cuda.md).  -p fp16|bf16: conv and
- * linear on half operands (ps_cuda_backend_set_precision); check compares
+ * linear on half operands, and every activation stored half NHWC unless
+ * PS_CUDA_HALF_STORAGE=0 (ps_cuda_backend_set_precision); check compares
  * with the CPU fp32 step under wider tolerances (tols_of), time reports
  * TFLOP/s against the fp16 GemmEx peak. */
 #include "worker/engine/cuda/ps_cuda.h"
@@ -42,6 +45,8 @@
 #include "worker/det/det_layers.h"
 
 #include "bench/bench_util.h"
+#include "bench/gpu_prof.h"
+#include "tests/half_round.h"
 #include "ps_log.h"
 
 #include <math.h>
@@ -144,13 +149,38 @@ static int run_check(int depth, int clips, int HW, int prec)
     int32_t *lab = malloc(clips * sizeof *lab);
     ps_model_hash_fill(in, nin, "input", 5, 1.0);
     for (int i = 0; i < clips; i++) lab[i] = (int32_t)((i * 37 + 11) % K);
-    printf("# TSM-ResNet-%d, %d clips x %d frames x %dx%d, CPU fp32 vs CUDA %s (loss scale %g)\n",
-           depth, clips, T, HW, HW, prec_name(prec), (double)lscale);
+    printf("# TSM-ResNet-%d, %d clips x %d frames x %dx%d, CPU fp32 vs CUDA %s (loss scale %g, "
+           "half storage of activations %s)\n", depth, clips, T, HW, HW, prec_name(prec),
+           (double)lscale, ps_cuda_backend_half_storage(&gctx) ? "on" : "off");
     float lc = NAN, lg = NAN;
     int rc = ps_model_forward(mc, in, clips, lab, 1, &lc) | ps_model_backward(mc);
     rc |= ps_model_forward(mg, in, clips, lab, 1, &lg) | ps_model_backward(mg);
     rc |= ps_cuda_backend_sync(&gctx);
     check(rc == 0, "forward + backward ran on both backends");
+    /* half: the CPU rounding model (tests/half_round.h) says what half
+     * storage costs inherently; each gradient's bound is derived from it */
+    ps_hround_snap_t rs;
+    memset(&rs, 0, sizeof rs);
+    if (prec != PS_CUDA_FP32) {
+        ps_ctx_t rctx;
+        ps_model_t *mr = NULL;
+        float lr = NAN;
+        int rrc = ps_engine_init(&rctx, 0) ||
+                  ps_hround_init(&rctx, prec == PS_CUDA_BF16 ? PS_HROUND_BF16 : PS_HROUND_FP16,
+                                 lscale) ||
+                  ps_model_create(&mr, &cfg, &ps_backend_cpu_round, &rctx, clips, HW, HW);
+        if (!rrc) {
+            ps_model_init(mr, 7, 1);
+            ps_model_set_seed(mr, 99);
+            rrc = ps_model_forward(mr, in, clips, lab, 1, &lr) | ps_model_backward(mr);
+        }
+        if (!rrc) rrc = ps_hround_snap(&rs, mr, clips * K, lr, 1.0 / lscale);
+        check(rrc == 0, "CPU rounding model (%s storage points) ran: loss %.7g", prec_name(prec),
+              lr);
+        ps_model_destroy(&mr);
+        ps_hround_free(&rctx);
+        ps_ctx_free(&rctx);
+    }
     check(fabs(lg - lc) <= tl.loss * fabs(lc), "loss: cpu %.7g cuda %.7g (rel %.2g, tol %g)", lc,
           lg, fabs(lg - lc) / fabs(lc), tl.loss);
     double me;
@@ -164,13 +194,24 @@ static int run_check(int depth, int clips, int HW, int prec)
      * far below what a wrong kernel produces (O(1)). */
     int np = 0, np2 = 0, bad = 0;
     const ps_model_param_t *pc = ps_model_params(mc, &np), *pg = ps_model_params(mg, &np2);
-    double worst_rel = 0;
+    double worst_rel = 0, worst_r = 0;
     const char *worst_name = "";
-    for (int i = 0; i < np && np == np2; i++) {
+    for (int i = 0, t = 0; i < np && np == np2; i++) {
         const double scale = maxabs(pc[i].g, pc[i].numel);
         for (size_t k = 0; lscale != 1.0f && k < pg[i].numel; k++) pg[i].g[k] /= lscale;
         ex = excess(pg[i].g, pc[i].g, pc[i].numel, tl.grad_a * scale + 1e-12, tl.grad_r, &me);
         const double rel = scale > 0 ? me / scale : me;
+        if (prec != PS_CUDA_FP32 && pc[i].trainable && t < rs.np &&
+            rs.numel[t] == pc[i].numel) {
+            /* half: max error of its scale within 2x the rounding model's
+             * (two draws of the same rounding error) + 0.01 */
+            double mr;
+            excess(rs.g[t], pc[i].g, pc[i].numel, 0, 0, &mr);
+            const double rel_r = scale > 0 ? mr / scale : mr;
+            worst_r = rel_r > worst_r ? rel_r : worst_r;
+            ex = rel - (2 * rel_r + 0.01);
+        }
+        if (pc[i].trainable) t++;
         if (rel > worst_rel) {
             worst_rel = rel;
             worst_name = pc[i].name;
@@ -181,8 +222,15 @@ static int run_check(int depth, int clips, int HW, int prec)
                 printf("#   %s: max err %.3g, max |ref| %.3g\n", pc[i].name, me, scale);
         }
     }
-    check(np == np2 && bad == 0, "all %d parameter gradients within atol %g*max|ref|, rtol "
-          "%g (worst %s: %.3g of its scale)", np, tl.grad_a, tl.grad_r, worst_name, worst_rel);
+    if (prec == PS_CUDA_FP32)
+        check(np == np2 && bad == 0, "all %d parameter gradients within atol %g*max|ref|, rtol "
+              "%g (worst %s: %.3g of its scale)", np, tl.grad_a, tl.grad_r, worst_name,
+              worst_rel);
+    else
+        check(np == np2 && bad == 0 && rs.np > 0, "all %d parameter gradients: max error within "
+              "2x the CPU rounding model's + 0.01 of each tensor's scale (CUDA worst %s: %.3g; "
+              "rounding model worst %.3g)", np, worst_name, worst_rel, worst_r);
+    ps_hround_snap_free(&rs);
     /* BN running statistics moved the same way */
     int nb = 0;
     const ps_model_buffer_t *bc = ps_model_buffers(mc, &nb), *bg = ps_model_buffers(mg, &nb);
@@ -216,8 +264,11 @@ static int run_time(int depth, int clips, int HW, int steps, int warm, int zero,
     double pk32 = 0, pk16 = 0;
     if (ps_cuda_gemm_peak(0, 20, &pk32) || ps_cuda_gemm_peak(1, 50, &pk16)) return 1;
     const size_t mem0 = ps_cuda_mem_used();
+    const char *pe = getenv("PS_GPU_PROFILE");
+    const int profile = pe && *pe == '1';
     if (ps_cuda_use_managed_arena() ||
-        ps_model_create(&m, &cfg, &ps_backend_cuda, &ctx, clips, HW, HW))
+        ps_model_create(&m, &cfg, profile ? gpu_prof_backend() : &ps_backend_cuda, &ctx, clips, HW,
+                        HW))
         return 1;
     ps_model_init(m, 1, 0);
     const int T = cfg.n_segment, K = cfg.num_classes;
@@ -237,6 +288,7 @@ static int run_time(int depth, int clips, int HW, int steps, int warm, int zero,
     float loss = NAN;
     for (int it = -warm; it < steps; it++) {
         if (zero) ps_model_zero_grad(m);
+        if (profile && it == 0) gpu_prof_reset(); /* count the measured steps only */
         const double t0 = bench_now();
         if (ps_model_forward(m, in, clips, lab, 1, &loss)) return 1; /* waits for the loss */
         const double t1 = bench_now();
@@ -273,9 +325,11 @@ static int run_time(int depth, int clips, int HW, int steps, int warm, int zero,
            mem / 1073741824.0, (mem - mem0) / 1073741824.0, ps_cuda_backend_conv_shapes(&ctx));
     printf("RESULT precision=%s depth=%d clips=%d size=%d step_ms=%.2f fwd_ms=%.2f "
            "bwd_ms=%.2f clips_s=%.2f tflops=%.2f peak_sgemm=%.2f peak_hgemm=%.2f mem_gib=%.2f "
-           "alloc_peak_gib=%.2f loss=%.4f\n", prec_name(prec), depth, clips, HW, mstep * 1e3,
-           mf * 1e3, mb * 1e3, clips / mstep, flops / mstep / 1e12, pk32, pk16,
-           mem / 1073741824.0, mm.alloc_peak / 1073741824.0, loss);
+           "alloc_peak_gib=%.2f loss=%.4f half_storage=%d\n", prec_name(prec), depth, clips, HW,
+           mstep * 1e3, mf * 1e3, mb * 1e3, clips / mstep, flops / mstep / 1e12, pk32, pk16,
+           mem / 1073741824.0, mm.alloc_peak / 1073741824.0, loss,
+           ps_cuda_backend_half_storage(&ctx));
+    if (profile) gpu_prof_print(steps, mstep);
     ps_model_destroy(&m);
     ps_cuda_backend_free(&ctx);
     ps_ctx_free(&ctx);

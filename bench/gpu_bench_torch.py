@@ -92,9 +92,13 @@ def main():
     p.add_argument("--size", type=int, default=224)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--precisions", default="fp32,amp",
+                   help="comma list of fp32 / amp (gpu_check.sh's alternating rounds: amp)")
     a = p.parse_args()
     print("torch %s, %s" % (torch.__version__, torch.cuda.get_device_name(0)))
-    for precision in ("fp32", "amp"):
+    for precision in a.precisions.split(","):
+        if precision not in ("fp32", "amp"):
+            p.error("unknown precision %r (fp32, amp)" % precision)
         run(precision, a)
 
 

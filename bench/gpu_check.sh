@@ -7,13 +7,19 @@
 #   2. parity: tests/test_cuda_cast, tests/test_cuda_layers (every layer vs
 #      the CPU reference in fp32, then conv / linear with fp16 and bf16
 #      operands, and the loss scale in xent's backward), tests/test_cuda_det
-#      (the detection layers of det_layers.cu), `gpu_bench check` (a whole
-#      TSM-ResNet-18 step, CPU fp32 vs CUDA fp32 / fp16 / bf16), `gpu_bench
+#      (the detection layers of det_layers.cu), tests/test_cuda_half (every
+#      layer with half storage of the activations, fp16 and bf16, vs the CPU
+#      fp32 layers), tests/test_cuda_half_model (a small TSM-ResNet-18 step
+#      with half storage vs the CPU fp32 and the CPU rounding model,
+#      tests/half_round.h), `gpu_bench check` (a whole TSM-ResNet-18 step, CPU fp32
+#      vs CUDA fp32 / fp16 / bf16, the latter two with half storage), `gpu_bench
 #      rcheck` (a whole RetinaNet-R18-FPN step, CPU vs CUDA fp32),
 #   3. a TSM-ResNet-50 training step, 8 clips x 8 frames x 224^2, in fp32,
-#      fp16 and bf16: clips/s, achieved TFLOP/s vs the measured cuBLAS
+#      fp16 and bf16 (half storage; PS_CUDA_HALF_STORAGE=0 in the environment
+#      times the older fp32-tensor form): clips/s, achieved TFLOP/s vs the measured cuBLAS
 #      sgemm / fp16 GemmEx peaks, device memory (peak of the backend's
-#      allocations and cudaMemGetInfo),
+#      allocations and cudaMemGetInfo); after the ratios, one fp16 run of 3
+#      steps with PS_GPU_PROFILE=1: the step's time per layer kind,
 #   4. PyTorch's TSM-ResNet-50 step (fp32, and AMP fp16 + channels_last) in
 #      the same run, and the ratios (issue 5's goals: ours fp16 >= 1.7x ours
 #      fp32, >= 1.0x PyTorch AMP),
@@ -70,7 +76,7 @@ if [ -x "$CARRY/gpu_bench" ] && [ -x "$CARRY/test_cuda_layers" ]; then
     cat "$CARRY/BUILD_INFO" 2>/dev/null | head -5
     BIN=$CARRY
     CAST=$BIN/test_cuda_cast LAYERS=$BIN/test_cuda_layers BENCH=$BIN/gpu_bench NCCLT=$BIN/test_nccl
-    DET=$BIN/test_cuda_det
+    DET=$BIN/test_cuda_det HALF=$BIN/test_cuda_half HALFM=$BIN/test_cuda_half_model
     # cuDNN / cuBLAS / NCCL: the toolkit's, else PyTorch's pip packages
     LP=$CARRY/lib
     for py in python3 /usr/bin/python3; do
@@ -106,11 +112,11 @@ else
     grep -q '^NVCC = .*nvcc' Makefile || { echo "configure did not find CUDA"; exit 1; }
     make -s proto/ps.pb-c.h >/dev/null 2>&1
     timeout 300 make -s -j"$J" tests/test_cuda_cast tests/test_cuda_layers tests/test_cuda_det \
-        bench/gpu_bench \
+        tests/test_cuda_half tests/test_cuda_half_model bench/gpu_bench \
         >"$W/build.out" 2>&1 || { tail -40 "$W/build.out"; exit 1; }
     grep -i 'warning' "$W/build.out" | head -20
     CAST=./tests/test_cuda_cast LAYERS=./tests/test_cuda_layers BENCH=./bench/gpu_bench
-    DET=./tests/test_cuda_det
+    DET=./tests/test_cuda_det HALF=./tests/test_cuda_half HALFM=./tests/test_cuda_half_model
     NCCLT=./tests/test_nccl
 fi
 
@@ -136,8 +142,27 @@ else
     echo "no test_cuda_det (carried programs from before it existed: rerun bench/gpu_prep.sh)"
 fi
 
+stage "test_cuda_half (half storage: every layer on fp16 / bf16 NHWC activations vs the CPU)"
+if [ -x "$HALF" ]; then
+    run 60 half "$HALF"; rc=$?
+    grep -v '^ok\|^#  ' "$W/half.out" | tail -25
+    echo "-- worst errors:"; grep '^#   .*max |err|' "$W/half.out" | sort -t'|' -k3 -g | tail -5
+    [ $rc -eq 0 ] || fail "test_cuda_half (rc $rc)"
+else
+    echo "no test_cuda_half (carried programs from before it existed: rerun bench/gpu_prep.sh)"
+fi
+stage "test_cuda_half_model (small TSM-ResNet-18 step, half storage vs CPU fp32 and the CPU rounding model, loss scale 1024 and 65536)"
+if [ -x "$HALFM" ]; then
+    run 60 halfm "$HALFM"; rc=$?
+    grep -v '^ok' "$W/halfm.out" | tail -30
+    grep '^ok' "$W/halfm.out" | grep 'worst\|rel\|overflow' | tail -40
+    [ $rc -eq 0 ] || fail "test_cuda_half_model (rc $rc)"
+else
+    echo "no test_cuda_half_model (carried programs from before it existed: rerun bench/gpu_prep.sh)"
+fi
+
 for p in fp32 fp16 bf16; do
-    stage "whole TSM-ResNet-18 step, CPU fp32 vs CUDA $p"
+    stage "whole TSM-ResNet-18 step, CPU fp32 vs CUDA $p (fp16/bf16: half storage)"
     run 90 "check_$p" "$BENCH" check -p $p; rc=$?
     tail -12 "$W/check_$p.out"
     [ $rc -eq 0 ] || fail "gpu_bench check -p $p (rc $rc)"
@@ -168,6 +193,19 @@ if [ -n "$PY" ]; then
     run 150 torch "$PY" "$SRC/bench/gpu_bench_torch.py" --clips 8 --frames 8 \
         --size 224 --steps 10 --warmup 3 || fail "gpu_bench_torch.py"
     cat "$W/torch.out"
+    # One run each is noisy on a shared GPU host (PyTorch AMP measured 29-39
+    # ms across runs of the same script): the goal's ratio comes from three
+    # alternating rounds, ours fp16 then PyTorch AMP, medians of each.
+    stage "ours fp16 vs PyTorch AMP, 3 alternating rounds (medians)"
+    : >"$W/alt.out"
+    for i in 1 2 3; do
+        run 40 alt_ours "$BENCH" time -p fp16 -d 50 -n 8 -H 224 -s 10 -w 3 &&
+            grep '^RESULT precision=fp16' "$W/alt_ours.out" >>"$W/alt.out"
+        run 60 alt_torch "$PY" "$SRC/bench/gpu_bench_torch.py" --clips 8 --frames 8 \
+            --size 224 --steps 10 --warmup 3 --precisions amp &&
+            grep '^RESULT torch precision=amp' "$W/alt_torch.out" >>"$W/alt.out"
+    done
+    cat "$W/alt.out"
 else
     echo "PyTorch with CUDA not importable: skipped"
 fi
@@ -246,9 +284,25 @@ awk -v o32="${o32:-0}" -v o16="${o16:-0}" -v ob="${ob16:-0}" -v t32="${t32:-0}" 
         printf "RATIO ours fp16 / ours fp32          = %s  (goal >= 1.7)\n", r(o16, o32);
         printf "RATIO ours bf16 / ours fp32          = %s\n", r(ob, o32);
         printf "RATIO ours fp32 / torch fp32         = %s\n", r(o32, t32);
-        printf "RATIO ours fp16 / torch AMP fp16 (CL) = %s  (goal >= 1.0)\n", r(o16, ta);
+        printf "RATIO ours fp16 / torch AMP fp16 (CL) = %s  (one run each)\n", r(o16, ta);
         printf "RATIO RetinaNet-R50 ours / torchvision (fp32, images/s) = %s\n", r(ro, rt);
     }' | tee "$W/ratios.txt"
+# the goal's ratio from the alternating rounds: median clips/s of each side
+med() { sed -n "s/^RESULT $1 .* clips_s=\([0-9.]*\).*/\1/p" "$W/alt.out" 2>/dev/null | sort -g |
+        awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)] }'; }
+ao=$(med "precision=fp16"); at=$(med "torch precision=amp")
+na=$(grep -c '^RESULT' "$W/alt.out" 2>/dev/null)
+[ -n "$ao" ] && [ -n "$at" ] &&
+    awk -v a="$ao" -v b="$at" -v n="${na:-0}" 'BEGIN { printf "RATIO ours fp16 / torch AMP, medians of alternating rounds (%d runs: %.1f vs %.1f clips/s) = %.2f  (goal >= 1.0)\n", n, a, b, a / b }' |
+    tee -a "$W/ratios.txt"
+
+# where the fp16 step's time goes, by layer kind (each call drained and
+# timed: the split, not the speed; 3 steps, ~30 s; after the summary so
+# it never takes budget from the ratios)
+stage "TSM-ResNet-50 fp16 step, per layer kind (PS_GPU_PROFILE=1)"
+run 60 prof_fp16 env PS_GPU_PROFILE=1 "$BENCH" time -p fp16 -d 50 -n 8 -H 224 -s 3 -w 2; rc=$?
+sed -n '/^PROFILE/,$p' "$W/prof_fp16.out" | grep -v '^RESULT'
+[ $rc -eq 0 ] || fail "gpu_bench time -p fp16 with PS_GPU_PROFILE=1 (rc $rc)"
 
 # ---- optional: NCCL allreduce (B, issue 7) --------------------------------
 # tests/test_nccl (ps_nccl: rendezvous, failure paths, W=2 exact sum / mean
@@ -267,6 +321,24 @@ if [ "${PS_GPU_CHECK_NCCL:-1}" != 0 ]; then
         [ $rc -eq 0 ] || [ $rc -eq 77 ] || [ $rc -eq 125 ] || fail "test_nccl (rc $rc)"
     else
         echo "no test_nccl (NCCL not found at build time): skipped"
+    fi
+fi
+
+# ---- end to end: psd + 2 psworkers training on the GPU (issue 5) ----------
+# bench/gpu_train.sh: TSM-ResNet-18 on the generated direction dataset in
+# fp32, fp16 (dynamic loss scaling) and bf16; the half runs must reach the
+# fp32 run's val top-1 (within 0.05, and >= 0.9).  Needs psd / psworker /
+# psdata (carried by bench/gpu_prep.sh, or built here).  PS_GPU_CHECK_TRAIN=0
+# skips it.
+if [ "${PS_GPU_CHECK_TRAIN:-1}" != 0 ]; then
+    stage "psworker training on the GPU: TSM-ResNet-18, fp32 / fp16 / bf16 (bench/gpu_train.sh)"
+    TB=${BIN:-.}
+    if [ -x "$TB/psworker" ] && [ -x "$TB/psd" ] && [ -x "$TB/psdata" ]; then
+        run 200 train "$SRC/bench/gpu_train.sh" "$TB" "${PS_GPU_TRAIN_STEPS:-500}"; rc=$?
+        grep -v '^ok' "$W/train.out" | tail -20
+        [ $rc -eq 0 ] || [ $rc -eq 125 ] || fail "gpu_train.sh (rc $rc)"
+    else
+        echo "no psworker / psd / psdata next to the test programs: skipped"
     fi
 fi
 

@@ -12,9 +12,11 @@
 #
 #   bench/gpu_prep.sh [BUILD_DIR]     (default /tmp/ps-gpu-prep)
 # Output: tests/test_cuda_carry/ (ignored by git: /tests/test_* in
-# .gitignore) holding test_cuda_cast, test_cuda_layers, test_cuda_det, gpu_bench,
+# .gitignore) holding test_cuda_cast, test_cuda_layers, test_cuda_det, test_cuda_half,
+# test_cuda_half_model, gpu_bench, psd, psworker, psdata (bench/gpu_train.sh),
 # test_nccl (when NCCL was found) and lib/ (libopenblas, libgfortran,
-# libquadmath, libgomp, libcjson, libcudart); ~45 MB, under the device
+# libquadmath, libgomp, libcjson, libcudart, and libzmq, libuv, libjpeg,
+# liblz4, protobuf-c with what they link); ~55 MB, under the device
 # tool's 64 MiB carry limit.  Then, in the device call:
 #   carry: ["tests/test_cuda_carry"]
 #   command: bench/gpu_check.sh
@@ -34,7 +36,8 @@ if [ ! -f Makefile ]; then
 fi
 grep -q '^NVCC = .*nvcc' Makefile || { echo "gpu_prep: configure did not find CUDA here" >&2; exit 1; }
 make -s proto/ps.pb-c.h >/dev/null
-make -s -j"$J" tests/test_cuda_cast tests/test_cuda_layers tests/test_cuda_det bench/gpu_bench
+make -s -j"$J" tests/test_cuda_cast tests/test_cuda_layers tests/test_cuda_det tests/test_cuda_half \
+    tests/test_cuda_half_model bench/gpu_bench psd psworker psdata
 nccl=
 if grep -q '^#define PS_HAVE_NCCL 1' config.h && make -s -j"$J" tests/test_nccl; then
     nccl=tests/test_nccl
@@ -42,16 +45,21 @@ fi
 
 rm -rf "$OUT"
 mkdir -p "$OUT/lib"
-for b in tests/test_cuda_cast tests/test_cuda_layers tests/test_cuda_det bench/gpu_bench $nccl; do
+for b in tests/test_cuda_cast tests/test_cuda_layers tests/test_cuda_det tests/test_cuda_half \
+    tests/test_cuda_half_model bench/gpu_bench psd psworker psdata $nccl; do
     cp "$b" "$OUT/"
 done
 # host libraries the programs need that a bare image may lack (not the
 # CUDA libraries: the device's own driver-matched cuDNN / cuBLAS are used)
-for b in "$OUT"/test_* "$OUT"/gpu_bench; do
+for b in "$OUT"/test_* "$OUT"/gpu_bench "$OUT"/psd "$OUT"/psworker "$OUT"/psdata; do
     ldd "$b" | awk '/=> \// {print $3}'
 done | sort -u | while read -r lib; do
     case "$(basename "$lib")" in
-    libopenblas*|libgfortran*|libquadmath*|libgomp*|libcjson*|libcudart*)
+    # test_nccl and psd / psworker (bench/gpu_train.sh) talk ZeroMQ: libzmq and
+    # what it links; psworker / psd also read JPEG, LZ4 and protobuf-c
+    libopenblas*|libgfortran*|libquadmath*|libgomp*|libcjson*|libcudart*|libzmq*|libsodium*|\
+    libpgm*|libnorm*|libbsd*|libmd.so*|libgssapi_krb5*|libkrb5*|libk5crypto*|libcom_err*|\
+    libkeyutils*|libjpeg*|liblz4*|libprotobuf-c*|libuv*)
         cp -L "$lib" "$OUT/lib/" ;;
     esac
 done

@@ -1,5 +1,7 @@
 /* Tensor layouts of ResNet-18/50 (torchvision), their I3D inflation and
- * RetinaNet-R50-FPN (torchvision v1), in the order of named_parameters(). */
+ * RetinaNet-R50-FPN (torchvision v1), in the order of named_parameters(),
+ * with each layer's forward MACs at a 224x224 input (for the emulated
+ * compute schedule). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,7 +16,9 @@ typedef struct builder {
     int err;
 } builder_t;
 
-static void add(builder_t *b, const char *name, size_t numel)
+/* flops: the forward MACs this tensor's layer costs per frame (see
+ * model_sizes.h) */
+static void add(builder_t *b, const char *name, size_t numel, double flops)
 {
     if (b->err) return;
     if (b->m->ntensors == b->cap) {
@@ -25,6 +29,12 @@ static void add(builder_t *b, const char *name, size_t numel)
             return;
         }
         b->m->tensors = t;
+        double *f = realloc(b->m->flops, cap * sizeof *f);
+        if (!f) {
+            b->err = PS_ENOMEM;
+            return;
+        }
+        b->m->flops = f;
         b->cap = cap;
     }
     char *n = strdup(name);
@@ -36,23 +46,29 @@ static void add(builder_t *b, const char *name, size_t numel)
     t->name = n;
     t->numel = numel;
     t->group = 0;
+    b->m->flops[b->m->ntensors - 1] = flops;
     b->m->total_numel += numel;
+    b->m->total_flops += flops;
 }
 
-/* conv weight [out, in, kt, k, k] (kt = 1: 2-D) */
-static void conv(builder_t *b, const char *name, size_t out, size_t in, size_t kt, size_t k)
+/* conv weight [out, in, kt, k, k] (kt = 1: 2-D) with hw output pixels */
+static void conv(builder_t *b, const char *name, size_t out, size_t in, size_t kt, size_t k,
+                 size_t hw)
 {
-    add(b, name, out * in * kt * k * k);
+    size_t numel = out * in * kt * k * k;
+    add(b, name, numel, (double)numel * (double)hw);
 }
 
-static void bn(builder_t *b, const char *prefix, size_t ch, int frozen)
+/* BN over ch channels of hw pixels: a scale and a shift per element (its
+ * cost is memory traffic on a GPU; counted as ops it is ~1% of a ResNet) */
+static void bn(builder_t *b, const char *prefix, size_t ch, int frozen, size_t hw)
 {
     char n[160];
     if (frozen) return; /* FrozenBatchNorm2d: weight/bias are buffers */
     snprintf(n, sizeof n, "%s.weight", prefix);
-    add(b, n, ch);
+    add(b, n, ch, (double)ch * (double)hw);
     snprintf(n, sizeof n, "%s.bias", prefix);
-    add(b, n, ch);
+    add(b, n, ch, (double)ch * (double)hw);
 }
 
 typedef struct resnet_shape {
@@ -64,50 +80,58 @@ typedef struct resnet_shape {
     const char *prefix;  /* "" or "backbone.body." */
 } resnet_shape_t;
 
-/* Returns the output channels of each stage in ch[4]. */
+/* Returns the output channels of each stage in ch[4].  Output sizes at a
+ * 224x224 input: conv1 (stride 2) 112^2, after the max pool 56^2, and each
+ * stage after the first halves it in its first block (torchvision v1.5:
+ * the stride is on the 3x3 conv, or on conv1 of a basic block, and on the
+ * downsample), so layer1..4 run at 56, 28, 14, 7. */
 static void resnet(builder_t *b, const resnet_shape_t *s, size_t ch[4])
 {
     char n[160];
     const char *p = s->prefix;
     size_t exp = s->bottleneck ? 4 : 1, inplanes = 64;
     snprintf(n, sizeof n, "%sconv1.weight", p);
-    conv(b, n, 64, 3, s->kt_stem, 7);
+    conv(b, n, 64, 3, s->kt_stem, 7, 112 * 112);
     snprintf(n, sizeof n, "%sbn1", p);
-    bn(b, n, 64, s->frozen_bn);
+    bn(b, n, 64, s->frozen_bn, 112 * 112);
     for (int L = 0; L < 4; L++) {
         size_t planes = (size_t)64 << L;
+        size_t out = (size_t)(56 >> L), hw = out * out; /* this stage's output */
         for (int k = 0; k < s->blocks[L]; k++) {
+            /* the first block's conv1 of a bottleneck still sees the
+             * previous stage's resolution */
+            size_t hw_in = k == 0 && L > 0 ? 4 * hw : hw;
             char blk[96], cn[160];
             snprintf(blk, sizeof blk, "%slayer%d.%d", p, L + 1, k);
             if (s->bottleneck) {
                 snprintf(cn, sizeof cn, "%s.conv1.weight", blk);
-                conv(b, cn, planes, inplanes, 1, 1);
+                conv(b, cn, planes, inplanes, 1, 1, hw_in);
                 snprintf(cn, sizeof cn, "%s.bn1", blk);
-                bn(b, cn, planes, s->frozen_bn);
+                bn(b, cn, planes, s->frozen_bn, hw_in);
                 snprintf(cn, sizeof cn, "%s.conv2.weight", blk);
-                conv(b, cn, planes, planes, s->kt_3x3, 3);
+                conv(b, cn, planes, planes, s->kt_3x3, 3, hw);
                 snprintf(cn, sizeof cn, "%s.bn2", blk);
-                bn(b, cn, planes, s->frozen_bn);
+                bn(b, cn, planes, s->frozen_bn, hw);
                 snprintf(cn, sizeof cn, "%s.conv3.weight", blk);
-                conv(b, cn, planes * exp, planes, 1, 1);
+                conv(b, cn, planes * exp, planes, 1, 1, hw);
                 snprintf(cn, sizeof cn, "%s.bn3", blk);
-                bn(b, cn, planes * exp, s->frozen_bn);
+                bn(b, cn, planes * exp, s->frozen_bn, hw);
             } else {
                 snprintf(cn, sizeof cn, "%s.conv1.weight", blk);
-                conv(b, cn, planes, inplanes, s->kt_3x3, 3);
+                conv(b, cn, planes, inplanes, s->kt_3x3, 3, hw);
                 snprintf(cn, sizeof cn, "%s.bn1", blk);
-                bn(b, cn, planes, s->frozen_bn);
+                bn(b, cn, planes, s->frozen_bn, hw);
                 snprintf(cn, sizeof cn, "%s.conv2.weight", blk);
-                conv(b, cn, planes, planes, s->kt_3x3, 3);
+                conv(b, cn, planes, planes, s->kt_3x3, 3, hw);
                 snprintf(cn, sizeof cn, "%s.bn2", blk);
-                bn(b, cn, planes, s->frozen_bn);
+                bn(b, cn, planes, s->frozen_bn, hw);
             }
             /* torchvision: a projection where the stride or width changes */
             if (k == 0 && (L > 0 || inplanes != planes * exp)) {
                 snprintf(cn, sizeof cn, "%s.downsample.0.weight", blk);
-                conv(b, cn, planes * exp, inplanes, 1, 1);
+                conv(b, cn, planes * exp, inplanes, 1, 1, hw);
                 snprintf(cn, sizeof cn, "%s.downsample.1", blk);
-                bn(b, cn, planes * exp, s->frozen_bn);
+                bn(b, cn, planes * exp, s->frozen_bn, hw);
             }
             inplanes = planes * exp;
         }
@@ -115,47 +139,52 @@ static void resnet(builder_t *b, const resnet_shape_t *s, size_t ch[4])
     }
 }
 
+/* after the global average pool: one output pixel */
 static void fc(builder_t *b, size_t in, size_t classes)
 {
-    add(b, "fc.weight", classes * in);
-    add(b, "fc.bias", classes);
+    add(b, "fc.weight", classes * in, (double)(classes * in));
+    add(b, "fc.bias", classes, 0);
 }
 
-static void conv_b(builder_t *b, const char *prefix, size_t out, size_t in, size_t k)
+static void conv_b(builder_t *b, const char *prefix, size_t out, size_t in, size_t k, size_t hw)
 {
     char n[160];
     snprintf(n, sizeof n, "%s.weight", prefix);
-    conv(b, n, out, in, 1, k);
+    conv(b, n, out, in, 1, k, hw);
     snprintf(n, sizeof n, "%s.bias", prefix);
-    add(b, n, out);
+    add(b, n, out, 0);
 }
 
+/* At 224x224 (like the video models; the shares change little with the
+ * input size): C3..C5 and P3..P5 are 28, 14, 7 pixels wide, P6 4 and P7 2
+ * (stride-2 3x3 convs, padding 1), and the heads run on all five levels. */
 static void retinanet(builder_t *b)
 {
     resnet_shape_t s = {1, {3, 4, 6, 3}, 1, 1, 1, "backbone.body."};
-    size_t ch[4], A = 9, K = 91;
+    size_t ch[4], A = 9, K = 91, lvl[3] = {28 * 28, 14 * 14, 7 * 7};
+    size_t heads = 28 * 28 + 14 * 14 + 7 * 7 + 4 * 4 + 2 * 2;
     char n[160];
     resnet(b, &s, ch);
     for (int i = 0; i < 3; i++) { /* returned layers 2, 3, 4 */
         snprintf(n, sizeof n, "backbone.fpn.inner_blocks.%d.0", i);
-        conv_b(b, n, 256, ch[i + 1], 1);
+        conv_b(b, n, 256, ch[i + 1], 1, lvl[i]);
     }
     for (int i = 0; i < 3; i++) {
         snprintf(n, sizeof n, "backbone.fpn.layer_blocks.%d.0", i);
-        conv_b(b, n, 256, 256, 3);
+        conv_b(b, n, 256, 256, 3, lvl[i]);
     }
-    conv_b(b, "backbone.fpn.extra_blocks.p6", 256, 256, 3);
-    conv_b(b, "backbone.fpn.extra_blocks.p7", 256, 256, 3);
+    conv_b(b, "backbone.fpn.extra_blocks.p6", 256, 256, 3, 4 * 4);
+    conv_b(b, "backbone.fpn.extra_blocks.p7", 256, 256, 3, 2 * 2);
     for (int i = 0; i < 4; i++) {
         snprintf(n, sizeof n, "head.classification_head.conv.%d.0", i);
-        conv_b(b, n, 256, 256, 3);
+        conv_b(b, n, 256, 256, 3, heads);
     }
-    conv_b(b, "head.classification_head.cls_logits", A * K, 256, 3);
+    conv_b(b, "head.classification_head.cls_logits", A * K, 256, 3, heads);
     for (int i = 0; i < 4; i++) {
         snprintf(n, sizeof n, "head.regression_head.conv.%d.0", i);
-        conv_b(b, n, 256, 256, 3);
+        conv_b(b, n, 256, 256, 3, heads);
     }
-    conv_b(b, "head.regression_head.bbox_reg", A * 4, 256, 3);
+    conv_b(b, "head.regression_head.bbox_reg", A * 4, 256, 3, heads);
 }
 
 const char *psbench_model_names(void)
@@ -195,5 +224,59 @@ void psbench_model_free(psbench_model_t *m)
 {
     for (unsigned i = 0; i < m->ntensors; i++) free((char *)m->tensors[i].name);
     free(m->tensors);
+    free(m->flops);
     memset(m, 0, sizeof *m);
+}
+
+int psbench_model_part_flops(const psbench_model_t *m, const ps_partition_table_t *t,
+                             double *out)
+{
+    if (t->ntensors != m->ntensors || t->total_numel != m->total_numel) {
+        ps_error("partition table (%u tensors, %zu floats) is not this model's layout "
+                 "(%u tensors, %zu floats)", t->ntensors, t->total_numel, m->ntensors,
+                 m->total_numel);
+        return PS_EINVAL;
+    }
+    uint32_t cap = 64;
+    ps_partition_segment_t *seg = malloc(cap * sizeof *seg);
+    if (!seg) return PS_ENOMEM;
+    for (uint32_t p = 0; p < t->nparts; p++) {
+        uint32_t n = ps_partition_segments(t, p, seg, cap);
+        if (n > cap) { /* a partition of many small tensors: grow and redo */
+            ps_partition_segment_t *g = realloc(seg, n * sizeof *seg);
+            if (!g) {
+                free(seg);
+                return PS_ENOMEM;
+            }
+            seg = g;
+            cap = n;
+            n = ps_partition_segments(t, p, seg, cap);
+        }
+        out[p] = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            uint32_t k = seg[i].tensor;
+            out[p] += m->flops[k] * (double)seg[i].numel / (double)m->tensors[k].numel;
+        }
+    }
+    free(seg);
+    return 0;
+}
+
+int psbench_model_schedule(const char *name, int by_params, double compute_s,
+                           const ps_partition_table_t *t, double *fwd)
+{
+    double total = 0;
+    int rc;
+    if (name && !by_params) {
+        psbench_model_t m;
+        if ((rc = psbench_model_build(&m, name)) < 0) return rc;
+        rc = psbench_model_part_flops(&m, t, fwd);
+        psbench_model_free(&m);
+        if (rc < 0) return rc;
+    } else {
+        for (uint32_t p = 0; p < t->nparts; p++) fwd[p] = (double)t->parts[p].numel;
+    }
+    for (uint32_t p = 0; p < t->nparts; p++) total += fwd[p];
+    for (uint32_t p = 0; p < t->nparts; p++) fwd[p] = total > 0 ? compute_s / 3 * fwd[p] / total : 0;
+    return 0;
 }

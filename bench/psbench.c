@@ -88,12 +88,35 @@ static void usage(FILE *f)
             "  --model NAME            push the real layout of NAME instead of --bytes: %s\n"
             "  --compute-ms X          emulated forward+backward per step (a sleep, so many\n"
             "                          workers fit on few cores; default 0)\n"
-            "  --overlap LIST          on|off (default off): on = forward takes X/3, then each\n"
-            "                          partition is pushed as its share of the backward (2X/3,\n"
-            "                          by size, last partition first) ends; off = all after X\n"
+            "  --overlap LIST          off|on|fwd (default off): on = forward takes X/3, then\n"
+            "                          each partition is pushed as its share of the backward\n"
+            "                          (2X/3, last partition first) ends; fwd = on, and the\n"
+            "                          next step's forward waits for each partition's new\n"
+            "                          weights just before that partition's forward share\n"
+            "                          (P3-style); off = all pushes after X.  A step is then\n"
+            "                          timed from one backward's end to the next\n"
+            "  --schedule flops|params how X is split over the partitions (default flops:\n"
+            "                          by the forward MACs of their layers, bench/model_sizes.h;\n"
+            "                          params: by their sizes; without --model: by size)\n"
+            "  --pull-credit N         0 (default): one PUSHPULL per partition, the server\n"
+            "                          replies in the order partitions are aggregated (last\n"
+            "                          layers first); N > 0: PUSH, then PULL the new weights\n"
+            "                          with at most N pulls outstanding per server, lowest\n"
+            "                          partition first (ByteScheduler-style credit), so the\n"
+            "                          first layers' weights overtake the last layers'\n"
+            "  --send-queue-bytes N    client send_queue_bytes per server (default: client's\n"
+            "                          16M): pushes queued in ZeroMQ that a later, front-of-\n"
+            "                          model push cannot overtake\n"
             "  --netns PREFIX          run server s in namespace PREFIX-h<s> and worker w in\n"
             "                          PREFIX-h<S+w> (made by deploy/netns/up.sh; needs root)\n"
+            "  --colocate              with --netns: worker w in PREFIX-h<w>, server s beside\n"
+            "                          worker s (needs servers <= workers)\n"
             "  --netns-net A.B.C       the hosts' /24 (default 10.213.0): host i is A.B.C.<i+1>\n"
+            "  --link-streams LIST     with --netns and --pump-seconds > 0: measure what the\n"
+            "                          link host 0 -> host 1 carries with each number of TCP\n"
+            "                          streams (default 1,8) instead of the loopback ceiling;\n"
+            "                          the best is the physical limit of the lines below\n"
+            "  --link-only             measure the link (or loopback) and stop\n"
             "  --check                 verify the final weights against the closed form\n"
             "                          (topk/sign: exact with the worker's residual for one\n"
             "                          worker, check=skipped with several)\n"
@@ -102,7 +125,9 @@ static void usage(FILE *f)
             "Output: one line per configuration, key=value; GB = 1e9 bytes; gbps_per_worker =\n"
             "bytes / median step time, a step being pushpull of every partition and the wait;\n"
             "compute_s / comm_wait_s = medians of each step's emulated compute and of the rest\n"
-            "(waiting for the communication after the compute ended).\n",
+            "(waiting for the communication after the compute ended).  With a measured link:\n"
+            "link_floor_s = the bytes of the busiest link per step (one direction) at that\n"
+            "rate, ratio_link_floor = link_floor_s / median_s.\n",
             psbench_model_names());
 }
 
@@ -385,7 +410,27 @@ static int ring_endpoints(const psbench_cfg_t *cfg, char eps[][64], char **epp)
     return rc;
 }
 
-static int run_config(const char *psd, const psbench_cfg_t *cfg, double loop_bps)
+/* Bytes the busiest host link carries per step in one direction, for
+ * per-worker wire bytes G (the larger of push and pull).  Dedicated servers:
+ * a server's link carries W / S gradients' worth (G / S from each worker),
+ * a worker's G.  Co-located (server s on worker s's host; its own worker's
+ * share stays on the host): host s sends G (S-1)/S as a worker and
+ * G (W-1)/S as a server.  Ring: what a rank sends, 2(W-1)/W of the
+ * gradient, is its wire_out already. */
+static double busiest_link_bytes(const psbench_cfg_t *cfg, double wire_out, double wire_in)
+{
+    double G = wire_out > wire_in ? wire_out : wire_in, S = cfg->servers, W = cfg->workers;
+    if (cfg->ring) return wire_out;
+    if (cfg->colocate) return G * (S - 1) / S + G * (W - 1) / S;
+    return W / S > 1 ? G * W / S : G;
+}
+
+static const char *overlap_name(int o)
+{
+    return o == PSBENCH_OVERLAP_FWD ? "fwd" : o ? "on" : "off";
+}
+
+static int run_config(const char *psd, const psbench_cfg_t *cfg, double loop_bps, double link_bps)
 {
     char eps[MAXPROC][64];
     char *epp[MAXPROC];
@@ -444,7 +489,7 @@ static int run_config(const char *psd, const psbench_cfg_t *cfg, double loop_bps
             char tag[32];
             snprintf(tag, sizeof tag, "psbench-w%d", w);
             ps_log_set_prog(tag);
-            if (cfg->netns && enter_netns(cfg->netns, S + w) < 0) _exit(126);
+            if (cfg->netns && enter_netns(cfg->netns, cfg->colocate ? w : S + w) < 0) _exit(126);
             _exit(cfg->ring ? psbench_ring_worker(cfg, w, epp, p[1])
                             : psbench_worker(cfg, w, epp, p[1]));
         }
@@ -496,11 +541,19 @@ out:
                ps_codec_name(cfg->codec), ratio, cfg->partition_bytes, infl, cfg->iters, med, p10, p90, gbps,
                res.wire_out, res.wire_in);
         if (cfg->model || cfg->compute_ms > 0 || cfg->netns)
-            printf(" model=%s compute_ms=%g overlap=%s compute_s=%.6f comm_wait_s=%.6f "
-                   "comm_wait_p90_s=%.6f steps_per_s=%.3f netns=%s",
-                   cfg->model ? cfg->model : "none", cfg->compute_ms, cfg->overlap ? "on" : "off",
+            printf(" model=%s compute_ms=%g overlap=%s schedule=%s compute_s=%.6f comm_wait_s=%.6f "
+                   "comm_wait_p90_s=%.6f steps_per_s=%.3f netns=%s placement=%s send_queue_bytes=%zu "
+                   "pull_credit=%d",
+                   cfg->model ? cfg->model : "none", cfg->compute_ms, overlap_name(cfg->overlap),
+                   cfg->model && !cfg->sched_params ? "flops" : "params",
                    pct(ctimes, n, 0.5), pct(wtimes, n, 0.5), pct(wtimes, n, 0.9), 1.0 / med,
-                   cfg->netns ? cfg->netns : "none");
+                   cfg->netns ? cfg->netns : "none", cfg->colocate ? "colocated" : "dedicated",
+                   cfg->send_queue_bytes, cfg->pull_credit);
+        if (link_bps > 0) {
+            double fl = busiest_link_bytes(cfg, res.wire_out, res.wire_in) / link_bps;
+            printf(" link_mbit=%.1f link_floor_s=%.6f ratio_link_floor=%.3f", link_bps * 8 / 1e6,
+                   fl, fl / med);
+        }
         if (lg > 0) printf(" loopback_gbps=%.3f ratio_loopback=%.3f", lg, gbps / lg);
         else printf(" loopback_gbps=NA ratio_loopback=NA");
         if (pl > 0) printf(" pslite_gbps=%.2f ratio_pslite=%.2f", pl, gbps / pl);
@@ -541,7 +594,7 @@ int main(int argc, char **argv)
     base.timeout_ms = 120000;
     base.netns_net = "10.213.0";
     double pump_s = 2;
-    int timeout_s = 900;
+    int timeout_s = 900, link_streams[MAXLIST] = {1, 8}, nls = 2, link_only = 0;
     const char *psd = NULL;
     char psd_buf[PATH_MAX];
     char it[MAXLIST][64];
@@ -556,6 +609,14 @@ int main(int argc, char **argv)
         }
         if (!strcmp(a, "--check")) {
             base.check = 1;
+            continue;
+        }
+        if (!strcmp(a, "--colocate")) {
+            base.colocate = 1;
+            continue;
+        }
+        if (!strcmp(a, "--link-only")) {
+            link_only = 1;
             continue;
         }
         if (strncmp(a, "--", 2) || !v) {
@@ -608,8 +669,10 @@ int main(int argc, char **argv)
         } else if (!strcmp(a, "--overlap")) {
             no = split(v, it);
             for (int k = 0; k < no && !bad; k++) {
-                bad = strcmp(it[k], "on") && strcmp(it[k], "off");
-                overlaps[k] = !strcmp(it[k], "on");
+                bad = strcmp(it[k], "on") && strcmp(it[k], "off") && strcmp(it[k], "fwd");
+                overlaps[k] = !strcmp(it[k], "fwd") ? PSBENCH_OVERLAP_FWD
+                              : !strcmp(it[k], "on") ? PSBENCH_OVERLAP_ON
+                                                     : PSBENCH_OVERLAP_OFF;
             }
             bad |= no <= 0;
         } else if (!strcmp(a, "--netns")) {
@@ -621,6 +684,15 @@ int main(int argc, char **argv)
             bad = sscanf(v, "%u.%u.%u%c", &o1, &o2, &o3, &extra) != 3 || o1 > 255 || o2 > 255 || o3 > 255;
             base.netns_net = v;
         }
+        else if (!strcmp(a, "--schedule")) {
+            bad = strcmp(v, "flops") && strcmp(v, "params");
+            base.sched_params = !strcmp(v, "params");
+        } else if (!strcmp(a, "--pull-credit"))
+            bad = (base.pull_credit = atoi(v)) < 0 || !strchr("0123456789", v[0]);
+        else if (!strcmp(a, "--send-queue-bytes"))
+            bad = parse_size(v, &base.send_queue_bytes) < 0;
+        else if (!strcmp(a, "--link-streams"))
+            bad = (nls = parse_int_list(v, link_streams, 1, 64, "link-streams")) < 0;
         else if (!strcmp(a, "--mode")) {
             bad = strcmp(v, "ps") && strcmp(v, "ring");
             base.ring = !strcmp(v, "ring");
@@ -636,6 +708,16 @@ int main(int argc, char **argv)
             fprintf(stderr, "psbench: bad value for %s: '%s' (see --help)\n", a, v);
             return 2;
         }
+    }
+    for (int k = 0; k < no && base.ring; k++)
+        if (overlaps[k] == PSBENCH_OVERLAP_FWD) {
+            fprintf(stderr, "psbench: --overlap fwd (per-partition waits in the next forward) "
+                    "is emulated for --mode ps only\n");
+            return 2;
+        }
+    if (base.ring && base.pull_credit > 0) {
+        fprintf(stderr, "psbench: --pull-credit is for --mode ps\n");
+        return 2;
     }
     for (int k = 0; k < nc && base.ring; k++)
         if (cds[k] != PS_CODEC_RAW) {
@@ -688,12 +770,27 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     alarm((unsigned)timeout_s);
 
-    /* The ceiling first, while nothing else of ours runs. */
-    double loop_bps = pump_s > 0 ? psbench_loopback_bps(pump_s, (size_t)1 << 20) : 0;
-    if (pump_s > 0)
+    /* The ceiling first, while nothing else of ours runs: in the emulated
+     * cluster what one link carries (tbf's burst and queue can hold TCP
+     * below the set rate), else loopback TCP. */
+    double loop_bps = 0, link_bps = 0;
+    if (pump_s > 0 && base.netns) {
+        for (int k = 0; k < nls; k++) {
+            double b = psbench_link_bps(base.netns, base.netns_net, 0, 1, link_streams[k], pump_s);
+            printf("psbench link from=%s-h0 to=%s-h1 streams=%d seconds=%.1f mbit_per_s=%.1f\n",
+                   base.netns, base.netns, link_streams[k], pump_s, b * 8 / 1e6);
+            if (b > link_bps) link_bps = b;
+        }
+    } else if (pump_s > 0) {
+        loop_bps = psbench_loopback_bps(pump_s, (size_t)1 << 20);
         printf("psbench loopback_tcp_gbps=%.3f seconds=%.1f write_bytes=%d\n", loop_bps / 1e9,
                pump_s, 1 << 20);
+    }
     fflush(stdout);
+    if (link_only) {
+        rmdir(g_tmpdir);
+        return pump_s > 0 && !(loop_bps > 0 || link_bps > 0);
+    }
 
     int failed = 0, nsw = zip ? ns : ns * nwk;
     for (int i = 0; i < nsw; i++)
@@ -711,7 +808,13 @@ int main(int argc, char **argv)
                         fprintf(stderr, "psbench: too many processes\n");
                         return 2;
                     }
-                    failed |= run_config(psd, &c, loop_bps) < 0;
+                    if (c.colocate && (c.ring || !c.netns || c.servers > c.workers)) {
+                        fprintf(stderr, "psbench: --colocate needs --netns, --mode ps and "
+                                "servers <= workers (got %d servers, %d workers)\n",
+                                c.servers, c.workers);
+                        return 2;
+                    }
+                    failed |= run_config(psd, &c, loop_bps, link_bps) < 0;
                 }
 
     char pf[PATH_MAX + 32];

@@ -21,11 +21,22 @@ typedef struct psbench_cfg {
     int check;               /* verify the final weights against closed form */
     const char *model;       /* --model: real layout (bench/model_sizes.h), NULL: one tensor */
     double compute_ms;       /* emulated forward+backward per step (sleep), 0 = none */
-    int overlap;             /* 1: push each partition as its backward ends */
+    int overlap;             /* PSBENCH_OVERLAP_*: 0 off, 1 on (push each partition as
+                                its backward ends), 2 fwd (and the next forward waits
+                                per partition, not for the whole pull) */
+    int sched_params;        /* --schedule params: compute split by parameters, not
+                                by the layers' FLOPs (the old, unrealistic rule) */
+    int colocate;            /* --colocate: server s in host s beside worker s */
+    size_t send_queue_bytes; /* client send_queue_bytes (0 = client default) */
+    int pull_credit;         /* > 0: PUSH + PULL with at most this many pulls per
+                                server outstanding, lowest partition first (worker-
+                                side priority, psbench_worker.c); 0: PUSHPULL */
     const char *netns;       /* --netns PREFIX: run in PREFIX-h<i> namespaces, NULL = here */
     const char *netns_net;   /* first three octets of the hosts' addresses */
     int ring;                /* --mode ring: no servers, workers allreduce (ps_ring) */
 } psbench_cfg_t;
+
+enum { PSBENCH_OVERLAP_OFF = 0, PSBENCH_OVERLAP_ON = 1, PSBENCH_OVERLAP_FWD = 2 };
 
 /* What a worker sends back after its iters step times. */
 typedef struct psbench_result {
@@ -56,6 +67,13 @@ int psbench_ring_worker(const psbench_cfg_t *cfg, int rank, char **endpoints, in
  * pushing chunk-byte writes for `seconds`, a reader draining.  Returns bytes
  * per second (0 on failure, logged). */
 double psbench_loopback_bps(double seconds, size_t chunk);
+
+/* What one link of the emulated cluster carries: `streams` TCP connections
+ * from host `from` to host `to` (namespaces PREFIX-h<i>, addresses
+ * NET.<i+1>) for `seconds`, counted by the receiver from its first byte to
+ * the end.  Returns bytes per second (0 on failure, logged).  Needs root. */
+double psbench_link_bps(const char *prefix, const char *net, int from, int to, int streams,
+                        double seconds);
 
 double psbench_now(void);
 #endif

@@ -88,7 +88,7 @@ int psbench_ring_worker(const psbench_cfg_t *cfg, int rank, char **endpoints, in
     ps_partition_table_t t = {0};
     bucket_t *bk = NULL;
     float *g = NULL;
-    double *times = NULL, *ctimes = NULL;
+    double *times = NULL, *ctimes = NULL, *fwd = NULL;
     comm_t cm;
     int rc, status = 1, nb = 0, thread = 0;
 
@@ -106,10 +106,13 @@ int psbench_ring_worker(const psbench_cfg_t *cfg, int rank, char **endpoints, in
     bk = calloc(t.nparts, sizeof *bk);
     times = calloc((size_t)cfg->iters, sizeof *times);
     ctimes = calloc((size_t)cfg->iters, sizeof *ctimes);
-    if (!g || !bk || !times || !ctimes) {
+    fwd = calloc(t.nparts, sizeof *fwd);
+    if (!g || !bk || !times || !ctimes || !fwd) {
         ps_error("ring worker %d: out of memory", rank);
         goto out;
     }
+    if (psbench_model_schedule(cfg->model, cfg->sched_params, cfg->compute_ms / 1e3, &t, fwd) < 0)
+        goto out;
     for (size_t i = 0; i < t.total_numel; i++)
         g[i] = (float)((i * 2654435761u + (unsigned)rank * 40503u) % 2001u) * 1e-6f - 1e-3f;
     /* Buckets from the last partition backwards, each up to BUCKET_BYTES. */
@@ -158,9 +161,10 @@ int psbench_ring_worker(const psbench_cfg_t *cfg, int rank, char **endpoints, in
             pthread_cond_broadcast(&cm.cv);
             pthread_mutex_unlock(&cm.mu);
         } else {
-            double at = t0 + comp / 3, bwd = comp * 2 / 3;
+            double at = t0;
+            for (uint32_t k = 0; k < t.nparts; k++) at += fwd[k]; /* the forward */
             for (uint32_t k = t.nparts; k-- > 0;) {
-                at += bwd * (double)t.parts[k].numel / (double)t.total_numel;
+                at += 2 * fwd[k]; /* same schedule as PS mode (model_sizes.h) */
                 sleep_until(at);
                 pthread_mutex_lock(&cm.mu);
                 cm.ready_from = k;
@@ -202,6 +206,7 @@ out:
     psbench_model_free(&model);
     free(g);
     free(bk);
+    free(fwd);
     free(times);
     free(ctimes);
     return status;

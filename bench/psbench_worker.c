@@ -107,19 +107,23 @@ static char *spec_json(const psbench_cfg_t *cfg, const ps_partition_table_t *t)
 
 /* One step's pushes.  Without compute emulation, or with overlap off: the
  * forward+backward time first, then every partition in flight (the client
- * sends the lowest id first).  With overlap: a third of the time as forward,
- * then backward walks the partitions from the last to the first, each taking
- * a share of the remaining two thirds proportional to its size (backward of
- * a layer ~ 2x its forward; time ~ parameters is the simplification), and
- * each partition's pushpull goes out as soon as its share ends, as a
- * framework's gradient hook would.  Returns the client's error or 0;
- * *compute_end = when the last share ended. */
+ * sends the lowest id first).  With overlap: the forward (sum of fwd), then
+ * backward walks the partitions from the last to the first, each taking
+ * 2 fwd[p], and each partition's pushpull goes out as soon as its share
+ * ends, as a framework's gradient hook would.  With forward overlap
+ * (--overlap fwd) the forward walks the partitions first to last and waits,
+ * before each one's share, for that partition's pushpull of the previous
+ * step only (rq[p] still set; P3 / ByteScheduler): the first layers compute
+ * while the last layers' weights are still on the wire.  *waited = seconds
+ * spent in those waits.  Returns the client's error or 0; *compute_end =
+ * when the last share ended. */
 static int step_push(ps_client_t *c, const psbench_cfg_t *cfg, const ps_partition_table_t *t,
-                     uint64_t it, const float *g, float *dst, ps_req_t **rq, double t0,
-                     double *compute_end)
+                     uint64_t it, const float *g, float *dst, ps_req_t **rq, const double *fwd,
+                     double t0, double *compute_end, double *waited)
 {
     double comp = cfg->compute_ms / 1e3;
     int rc = 0;
+    *waited = 0;
     if (!cfg->overlap || comp <= 0) {
         if (comp > 0) sleep_until(t0 + comp);
         *compute_end = psbench_now();
@@ -128,14 +132,195 @@ static int step_push(ps_client_t *c, const psbench_cfg_t *cfg, const ps_partitio
                                     &rq[p]);
         return rc;
     }
-    double at = t0 + comp / 3, bwd = comp * 2 / 3;
+    double at = t0;
+    for (uint32_t p = 0; p < t->nparts && rc == 0; p++) {
+        if (rq[p]) { /* forward overlap: this layer needs its new weights */
+            int pend = 0;
+            rc = ps_client_wait_ex(c, rq[p], 0, NULL, &pend);
+            if (pend) { /* not here yet: the layer starts when they are */
+                double w0 = psbench_now();
+                rc = ps_client_wait(c, rq[p], -1, NULL);
+                double w1 = psbench_now();
+                *waited += w1 - w0;
+                if (w1 > at) at = w1;
+            } /* else they were in before now: a late wake-up is no reason to
+               * shift the schedule (deadlines stay absolute) */
+            rq[p] = NULL;
+        }
+        at += fwd[p];
+        sleep_until(at);
+    }
     for (uint32_t k = t->nparts; k-- > 0 && rc == 0;) {
-        at += bwd * (double)t->parts[k].numel / (double)t->total_numel;
+        at += 2 * fwd[k];
         sleep_until(at);
         rc = ps_client_pushpull(c, k, it, g + t->parts[k].offset, dst + t->parts[k].offset, 0,
                                 &rq[k]);
     }
     *compute_end = psbench_now();
+    return rc;
+}
+
+/* --pull-credit N: a worker-side scheduler in the manner of ByteScheduler
+ * (Peng et al. 2019) over plain PUSH and PULL.  psd answers requests in
+ * the order they become ready, so with PUSHPULL the last layers' weights
+ * (aggregated first) sit in a server's send queue ahead of the first
+ * layers' (pushed last, needed first by the next forward).  Here each
+ * partition is PUSHed as its backward ends, and its PULL (min_version =
+ * the step's new version) is only requested while fewer than N pulls are
+ * outstanding at its server, lowest partition first: what waits is in our
+ * own priority queue, and a server never holds more than N of this worker's
+ * replies.  Pushes are never held back by pulls, so the sync servers always
+ * get every push (no cross-worker deadlock, ps_client.h "Flow control"). */
+enum { PT_IDLE = 0, PT_PUSHED, PT_PULLING, PT_DONE };
+
+typedef struct credit_sched {
+    ps_client_t *c;
+    const ps_partition_table_t *t;
+    int credit;           /* pulls outstanding per server at most */
+    unsigned char *state; /* (nparts) PT_* of the current step's pull */
+    ps_req_t **push, **pull;
+    int *out;             /* (nservers) pulls outstanding */
+    float *dst;
+    uint64_t version;     /* what the step's pulls ask for */
+} credit_sched_t;
+
+/* Reap finished pulls (without blocking) and request the pulls the credit
+ * allows.  Push acknowledgements are reaped when the partition is pushed
+ * again (step_credit) or at the end (credit_drain): polling them here, every
+ * millisecond, would only cost CPU the emulation needs.  Returns 0 or the
+ * first request's error. */
+static int credit_poll(credit_sched_t *k)
+{
+    const ps_partition_table_t *t = k->t;
+    int rc = 0;
+    for (uint32_t p = 0; p < t->nparts; p++) {
+        int pend = 0, r1;
+        if (k->pull[p]) {
+            r1 = ps_client_wait_ex(k->c, k->pull[p], 0, NULL, &pend);
+            if (!pend) {
+                k->pull[p] = NULL;
+                k->state[p] = PT_DONE;
+                k->out[t->parts[p].server]--;
+                if (r1 < 0 && rc == 0) rc = r1;
+            }
+        }
+    }
+    for (uint32_t p = 0; p < t->nparts && rc == 0; p++) { /* lowest id first */
+        uint32_t s = t->parts[p].server;
+        if (k->state[p] != PT_PUSHED || k->out[s] >= k->credit) continue;
+        rc = ps_client_pull(k->c, p, k->version, k->dst + t->parts[p].offset, &k->pull[p]);
+        if (rc == 0) {
+            k->state[p] = PT_PULLING;
+            k->out[s]++;
+        }
+    }
+    return rc;
+}
+
+/* Sleep until `until`, keeping the pulls flowing (every 1 ms). */
+static int credit_sleep_until(credit_sched_t *k, double until)
+{
+    for (;;) {
+        int rc = credit_poll(k);
+        double now = psbench_now();
+        if (rc < 0 || now >= until) return rc;
+        sleep_until(now + 0.001 < until ? now + 0.001 : until);
+    }
+}
+
+/* Until partition p's pull is back (p pushed this step, or nothing to wait
+ * for).  Returns 0 or an error. */
+static int credit_wait_part(credit_sched_t *k, uint32_t p)
+{
+    while (k->state[p] == PT_PUSHED || k->state[p] == PT_PULLING) {
+        int rc = credit_poll(k);
+        if (rc < 0) return rc;
+        if (k->state[p] == PT_DONE) break;
+        if (k->pull[p]) { /* block on it a little: it is usually the next */
+            int pend = 0, r1 = ps_client_wait_ex(k->c, k->pull[p], 1, NULL, &pend);
+            if (!pend) {
+                k->pull[p] = NULL;
+                k->state[p] = PT_DONE;
+                k->out[k->t->parts[p].server]--;
+                if (r1 < 0) return r1;
+            }
+        } else {
+            sleep_until(psbench_now() + 0.001);
+        }
+    }
+    return 0;
+}
+
+/* One step with the credit scheduler: the forward waits per partition for
+ * the previous step's pulls (--overlap fwd) or all are waited for at the
+ * step's end (on / off); the backward pushes.  Same timing outputs as
+ * step_push. */
+static int step_credit(credit_sched_t *k, const psbench_cfg_t *cfg, uint64_t it, const float *g,
+                       const double *fwd, double t0, double *compute_end, double *waited)
+{
+    const ps_partition_table_t *t = k->t;
+    double at = t0;
+    int rc = 0, fwd_ov = cfg->overlap == PSBENCH_OVERLAP_FWD;
+    *waited = 0;
+    for (uint32_t p = 0; p < t->nparts && rc == 0; p++) {
+        if (fwd_ov && (rc = credit_poll(k)) == 0 &&
+            (k->state[p] == PT_PUSHED || k->state[p] == PT_PULLING)) { /* see step_push */
+            double w0 = psbench_now();
+            rc = credit_wait_part(k, p);
+            double w1 = psbench_now();
+            *waited += w1 - w0;
+            if (w1 > at) at = w1;
+        }
+        at += fwd[p];
+        if (rc == 0) rc = credit_sleep_until(k, at);
+    }
+    /* every pull of the last step is in (or none was made): a new step */
+    for (uint32_t p = 0; p < t->nparts && rc == 0; p++) k->state[p] = PT_IDLE;
+    k->version = it + 1;
+    if (!cfg->overlap) { /* the whole backward, then every push */
+        for (uint32_t q = 0; q < t->nparts; q++) at += 2 * fwd[q];
+        if (rc == 0) rc = credit_sleep_until(k, at);
+    }
+    for (uint32_t q = t->nparts; q-- > 0 && rc == 0;) {
+        if (cfg->overlap) {
+            at += 2 * fwd[q];
+            rc = credit_sleep_until(k, at);
+        }
+        if (rc == 0 && k->push[q]) { /* last step's ack: in long ago (its pull is) */
+            rc = ps_client_wait(k->c, k->push[q], -1, NULL);
+            k->push[q] = NULL;
+        }
+        if (rc == 0) rc = ps_client_push(k->c, q, it, g + t->parts[q].offset, 0, &k->push[q]);
+        if (rc == 0) k->state[q] = PT_PUSHED;
+    }
+    *compute_end = psbench_now();
+    if (rc == 0) rc = credit_poll(k);
+    if (fwd_ov || rc < 0) return rc;
+    double w0 = psbench_now();
+    for (uint32_t p = 0; p < t->nparts && rc == 0; p++) rc = credit_wait_part(k, p);
+    *waited = psbench_now() - w0;
+    return rc;
+}
+
+/* Whatever is still outstanding (the last step's pulls, an error's
+ * leftovers): every handle waited for once. */
+static int credit_drain(credit_sched_t *k)
+{
+    int rc = 0;
+    for (uint32_t p = 0; p < k->t->nparts; p++) {
+        int r1 = credit_wait_part(k, p);
+        if (r1 < 0 && rc == 0) rc = r1;
+        if (r1 < 0) break;
+    }
+    for (uint32_t p = 0; p < k->t->nparts; p++) {
+        ps_req_t **q[2] = {&k->push[p], &k->pull[p]};
+        for (int i = 0; i < 2; i++)
+            if (*q[i]) {
+                int r1 = ps_client_wait(k->c, *q[i], -1, NULL);
+                *q[i] = NULL;
+                if (r1 < 0 && rc == 0) rc = r1;
+            }
+    }
     return rc;
 }
 
@@ -170,6 +355,8 @@ int psbench_worker(const psbench_cfg_t *cfg, int rank, char **endpoints, int fd)
     ps_partition_table_t t = {0};
     ps_client_t *c = NULL;
     float *w = NULL, *g = NULL, *dst = NULL;
+    double *fwd = NULL;
+    credit_sched_t ks = {0};
     ps_req_t **rq = NULL;
     double *times = NULL, *ctimes = NULL;
     char *json = NULL;
@@ -209,6 +396,7 @@ int psbench_worker(const psbench_cfg_t *cfg, int rank, char **endpoints, int fd)
      * any window: the client never holds a push back for a reply that
      * depends on another worker (ps_client.h, "Flow control"). */
     o.max_inflight = cfg->max_inflight;
+    o.send_queue_bytes = cfg->send_queue_bytes; /* 0: the client's default */
     if ((rc = ps_client_new(&c, &o, &t)) < 0) goto out;
     if ((rc = ps_client_hello(c)) < 0) {
         ps_error("worker %d: hello: %s (%s)", rank, ps_strerror(rc), ps_client_last_error(c));
@@ -219,12 +407,15 @@ int psbench_worker(const psbench_cfg_t *cfg, int rank, char **endpoints, int fd)
     g = malloc(numel * sizeof *g);
     dst = malloc(numel * sizeof *dst);
     rq = calloc(t.nparts, sizeof *rq);
+    fwd = calloc(t.nparts, sizeof *fwd);
     times = calloc((size_t)cfg->iters, sizeof *times);
     ctimes = calloc((size_t)cfg->iters, sizeof *ctimes);
-    if (!w || !g || !dst || !rq || !times || !ctimes) {
+    if (!w || !g || !dst || !rq || !fwd || !times || !ctimes) {
         ps_error("worker %d: out of memory for %zu-byte buffers", rank, cfg->bytes);
         goto out;
     }
+    if (psbench_model_schedule(cfg->model, cfg->sched_params, cfg->compute_ms / 1e3, &t, fwd) < 0)
+        goto out;
     fill_grad(w, numel, 1);
     fill_grad(g, numel, 100u + (unsigned)rank);
     memset(dst, 0, numel * sizeof *dst); /* fault the pages in before timing */
@@ -256,30 +447,76 @@ int psbench_worker(const psbench_cfg_t *cfg, int rank, char **endpoints, int fd)
         goto out;
     }
 
+    /* With forward overlap a step's pulls end inside the next step's
+     * forward, so a step is timed from one backward's end to the next (the
+     * period of the pipeline) and its compute is that period less the
+     * forward's waits; the last step's pulls are waited for after the loop. */
+    int fwd_ov = cfg->overlap == PSBENCH_OVERLAP_FWD && cfg->compute_ms > 0;
+    /* Wire bytes: every step moves the same, so they are counted over all
+     * steps, warmup included (with forward overlap a step's pushes may
+     * still be queued when the next one starts). */
     ps_client_counters_t k0, k1;
-    for (int it = 0; it < cfg->warmup + cfg->iters; it++) {
-        if (it == cfg->warmup) ps_client_counters(c, &k0);
-        double t0 = psbench_now(), tc = t0;
-        memset(rq, 0, t.nparts * sizeof *rq);
-        rc = step_push(c, cfg, &t, (uint64_t)it, g, dst, rq, t0, &tc);
-        for (uint32_t p = 0; p < t.nparts; p++)
+    double prev_end = psbench_now();
+    int nsteps = cfg->warmup + cfg->iters;
+    ks.c = c;
+    ks.t = &t;
+    ks.credit = cfg->pull_credit;
+    ks.dst = dst;
+    if (cfg->pull_credit > 0) {
+        ks.state = calloc(t.nparts, 1);
+        ks.push = calloc(t.nparts, sizeof *ks.push);
+        ks.pull = calloc(t.nparts, sizeof *ks.pull);
+        ks.out = calloc((size_t)cfg->servers, sizeof *ks.out);
+        if (!ks.state || !ks.push || !ks.pull || !ks.out) {
+            ps_error("worker %d: out of memory for the pull scheduler", rank);
+            goto out;
+        }
+    }
+    memset(rq, 0, t.nparts * sizeof *rq);
+    ps_client_counters(c, &k0);
+    for (int it = 0; it < nsteps; it++) {
+        double t0 = psbench_now(), tc = t0, waited = 0;
+        if (!fwd_ov) memset(rq, 0, t.nparts * sizeof *rq);
+        if (cfg->pull_credit > 0)
+            rc = step_credit(&ks, cfg, (uint64_t)it, g, fwd, t0, &tc, &waited);
+        else
+            rc = step_push(c, cfg, &t, (uint64_t)it, g, dst, rq, fwd, t0, &tc, &waited);
+        for (uint32_t p = 0; p < t.nparts && !(fwd_ov && rc == 0); p++)
             if (rq[p]) {
                 int r1 = ps_client_wait(c, rq[p], -1, NULL);
+                rq[p] = NULL;
                 if (r1 < 0 && rc == 0) rc = r1;
             }
         if (rc < 0) {
             ps_error("worker %d: step %d: %s (%s)", rank, it, ps_strerror(rc),
                      ps_client_last_error(c));
+            if (cfg->pull_credit > 0) credit_drain(&ks);
             goto out;
         }
+        double end = psbench_now();
         if (it >= cfg->warmup) {
-            times[it - cfg->warmup] = psbench_now() - t0;
-            ctimes[it - cfg->warmup] = tc - t0;
+            times[it - cfg->warmup] = fwd_ov ? tc - prev_end : end - t0;
+            ctimes[it - cfg->warmup] = fwd_ov ? tc - prev_end - waited : tc - t0;
         }
+        prev_end = fwd_ov ? tc : end;
+    }
+    if (cfg->pull_credit > 0) {
+        int r1 = credit_drain(&ks);
+        if (r1 < 0 && rc == 0) rc = r1;
+    }
+    for (uint32_t p = 0; p < t.nparts; p++) /* forward overlap: the last pulls */
+        if (rq[p]) {
+            int r1 = ps_client_wait(c, rq[p], -1, NULL);
+            rq[p] = NULL;
+            if (r1 < 0 && rc == 0) rc = r1;
+        }
+    if (rc < 0) {
+        ps_error("worker %d: last pulls: %s (%s)", rank, ps_strerror(rc), ps_client_last_error(c));
+        goto out;
     }
     ps_client_counters(c, &k1);
-    psbench_result_t res = {(double)(k1.bytes_out - k0.bytes_out) / cfg->iters,
-                            (double)(k1.bytes_in - k0.bytes_in) / cfg->iters, 0, 0};
+    psbench_result_t res = {(double)(k1.bytes_out - k0.bytes_out) / nsteps,
+                            (double)(k1.bytes_in - k0.bytes_in) / nsteps, 0, 0};
     int lossy = cfg->codec == PS_CODEC_TOPK || cfg->codec == PS_CODEC_SIGN;
     if (cfg->check && lossy && cfg->workers > 1) {
         res.check_skipped = 1;
@@ -308,6 +545,11 @@ out:
     free(g);
     free(dst);
     free(rq);
+    free(fwd);
+    free(ks.state);
+    free(ks.push);
+    free(ks.pull);
+    free(ks.out);
     free(times);
     return status;
 }

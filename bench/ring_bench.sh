@@ -49,7 +49,8 @@ if command -v mpicc >/dev/null 2>&1 && command -v mpirun >/dev/null 2>&1; then
         [ "$(id -u)" = 0 ] && root="--allow-run-as-root"
         for n in $(echo "$N" | tr ',' ' '); do
             OMPI_MCA_btl_vader_single_copy_mechanism=none \
-            mpirun $root --oversubscribe -np "$n" --mca btl tcp,self \
+            # --bind-to none: scheduled like our ranks and gloo's (not pinned)
+            mpirun $root --oversubscribe --bind-to none -np "$n" --mca btl tcp,self \
                 --mca btl_tcp_if_include lo --mca pml ob1 \
                 "$tmp/ring_bench_mpi" "$SIZES" "$K" "$WARM" | tee -a "$res" ||
                 echo "# mpi: mpirun -np $n failed"

@@ -100,7 +100,9 @@ size_t ps_codec_bound(ps_dtype_t dt, ps_codec_t c, size_t numel)
     case PS_CODEC_RAW: return numel * es;
     case PS_CODEC_LZ4: return LZ4_HDR + 4 * nchunks(numel) + numel * es;
     case PS_CODEC_TOPK: return PS_TOPK_HDR + numel * (4 + es);
-    case PS_CODEC_SIGN: return PS_SIGN_HDR + (numel + 7) / 8;
+    case PS_CODEC_SIGN: /* the largest: PSG2 with as many blocks as allowed */
+        return (ps_codec_sign_max_blocks(numel) ? 4 + 8 * ps_codec_sign_max_blocks(numel) : 0) +
+               PS_SIGN_HDR + (numel + 7) / 8;
     }
     return 0;
 }
@@ -118,11 +120,33 @@ size_t ps_codec_topk_k(size_t numel, float ratio)
     return k >= (double)numel ? numel : (size_t)k;
 }
 
+size_t ps_codec_sign_max_blocks(size_t numel)
+{
+    return numel / 2 < PS_SIGN_MAX_BLOCKS ? numel / 2 : PS_SIGN_MAX_BLOCKS;
+}
+
+size_t ps_codec_topk_k_ex(size_t numel, const ps_codec_params_t *params)
+{
+    float ratio = params ? params->topk_ratio : 0.f;
+    if (!params || params->nblocks <= 1) return ps_codec_topk_k(numel, ratio);
+    size_t k = 0, sum = 0;
+    for (size_t b = 0; b < params->nblocks; b++) {
+        if (!params->block_len[b]) return 0;
+        k += ps_codec_topk_k(params->block_len[b], ratio);
+        sum += params->block_len[b];
+    }
+    return sum == numel ? k : 0;
+}
+
 size_t ps_codec_bound_ex(ps_dtype_t dt, ps_codec_t c, size_t numel, const ps_codec_params_t *params)
 {
     size_t b = ps_codec_bound(dt, c, numel);
-    if (c != PS_CODEC_TOPK || !b) return b;
-    size_t k = ps_codec_topk_k(numel, params ? params->topk_ratio : 0.f);
+    if (!b) return b;
+    if (c == PS_CODEC_SIGN && params && params->nblocks > 1)
+        return PS_SIGN_HDR + 4 + 8 * params->nblocks + (numel + 7) / 8;
+    if (c == PS_CODEC_SIGN) return PS_SIGN_HDR + (numel + 7) / 8;
+    if (c != PS_CODEC_TOPK) return b;
+    size_t k = ps_codec_topk_k_ex(numel, params);
     return PS_TOPK_HDR + k * (4 + ps_dtype_size(dt));
 }
 
@@ -467,10 +491,14 @@ int ps_codec_encode_ex(void *dst, size_t dst_cap, size_t *out_len, const float *
             ps_error("topk: ratio %g is not in (0, 1]", (double)ratio);
             return PS_EINVAL;
         }
-        return ps_codec_topk_encode_(dst, dst_cap, out_len, src, numel, dt,
-                                     ps_codec_topk_k(numel, ratio));
+        if (params && params->nblocks > 1 && !ps_codec_topk_k_ex(numel, params)) {
+            ps_error("topk: %zu blocks do not add up to %zu elements (or one is empty)",
+                     params->nblocks, numel);
+            return PS_EINVAL;
+        }
+        return ps_codec_topk_encode_(dst, dst_cap, out_len, src, numel, dt, ratio, params);
     }
-    if (c == PS_CODEC_SIGN) return ps_codec_sign_encode_(dst, dst_cap, out_len, src, numel, dt);
+    if (c == PS_CODEC_SIGN) return ps_codec_sign_encode_(dst, dst_cap, out_len, src, numel, dt, params);
     size_t es = ps_dtype_size(dt);
     if (c == PS_CODEC_RAW) {
         if (dst_cap < numel * es) {

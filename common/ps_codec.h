@@ -60,19 +60,45 @@ int ps_codec_decode(float *dst, size_t numel, const void *src, size_t len, ps_dt
  *   the scale is always fp32.  scale = mean |x| over the partition (the
  *   scaled-sign / EF-signSGD choice: ||x||_1 / n keeps the step's L1 mass);
  *   element i decodes to -scale if x's sign bit was set (so -0 -> -scale),
- *   else +scale.  Encode returns PS_ENONFINITE if x holds NaN/Inf (the scale
+ *   else +scale.
+ * SIGN with blocks (params->nblocks > 1): u32 magic "PSG2" | u8 dtype | u8 0 |
+ *   u16 0 | u64 numel | u32 nblocks | nblocks x (u32 len, f32 scale) | sign
+ *   bits as above = 24 + 8 * nblocks + ceil(numel/8) bytes; lengths > 0
+ *   adding up to numel, 1 <= nblocks <= ps_codec_sign_max_blocks(numel); block b's
+ *   elements decode to +-scale[b].  Decoders take both layouts.  Encode returns PS_ENONFINITE if x holds NaN/Inf (the scale
  *   would be meaningless); decode rejects a NaN/Inf/negative scale. */
 
 #define PS_CODEC_TOPK_DEFAULT_RATIO 0.01f
 typedef struct {
     float topk_ratio; /* TOPK: fraction of elements sent, in (0, 1]; 0 = default.
                          k = ceil(ratio * numel), at least 1 when numel > 0 */
+    /* TOPK / SIGN: the tensor is nblocks consecutive blocks of block_len[b]
+     * elements (the model tensors of a partition), compressed each on its
+     * own: top-k takes ceil(ratio * len) of every block, sign sends one
+     * scale per block ("PSG2" payload).  Why: one partition mixes tensors
+     * whose gradients differ by orders of magnitude (BN, fc, convs); one
+     * threshold starves the small ones and one mean|x| drowns them in noise.
+     * NULL / 0 = the whole tensor is one block (the single-scale "PSG1"). */
+    const size_t *block_len;
+    size_t nblocks;
 } ps_codec_params_t;
+
+/* The most blocks a SIGN payload of numel elements may carry:
+ * min(PS_SIGN_MAX_BLOCKS, numel / 2), so that its bound stays below the
+ * top-k one (psd sizes ZMQ_MAXMSGSIZE by the largest codec bound).  A
+ * partition with more tensors gets neighbours merged by the caller (ps_ef
+ * does). */
+#define PS_SIGN_MAX_BLOCKS 65536
+size_t ps_codec_sign_max_blocks(size_t numel);
 
 /* What decode does with dst: overwrite, accumulate (server summation), or
  * subtract (error feedback: residual -= what was sent). */
 typedef enum { PS_DECODE_SET = 0, PS_DECODE_ADD = 1, PS_DECODE_SUB = 2 } ps_decode_mode_t;
 
+/* k of a TOPK encode with these params: the sum of ps_codec_topk_k over the
+ * blocks (one block when params has none); 0 for a bad ratio or blocks that
+ * do not add up to numel. */
+size_t ps_codec_topk_k_ex(size_t numel, const ps_codec_params_t *params);
 /* k = ceil(ratio * numel) (ignoring the float error of ratio, relative 1e-6),
  * at least 1 when numel > 0; ratio 0 = default; 0 if ratio is not in [0, 1]. */
 size_t ps_codec_topk_k(size_t numel, float ratio);
@@ -85,6 +111,11 @@ int ps_codec_encode_ex(void *dst, size_t dst_cap, size_t *out_len, const float *
 /* ps_codec_decode with an explicit mode; same validation and errors. */
 int ps_codec_decode_ex(float *dst, size_t numel, const void *src, size_t len, ps_dtype_t dt,
                        ps_codec_t c, ps_decode_mode_t mode, void *scratch);
+
+/* x[i] = 0 for every index i a TOPK payload carries (DGC's momentum-factor
+ * masking, ps_ef.c).  Validates header, length and indices first; returns 0
+ * or PS_EMISMATCH / PS_ECORRUPT with x untouched. */
+int ps_codec_topk_zero_sent(float *x, size_t numel, const void *src, size_t len, ps_dtype_t dt);
 
 /* Byte shuffle prefilter used by LZ4 (exposed for tests and benchmarks):
  * out[b*n + i] = in[i*es + b] for n elements of es bytes, and its inverse.

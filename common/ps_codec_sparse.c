@@ -26,6 +26,7 @@
 
 #define TOPK_MAGIC 0x314b5350u /* "PSK1" */
 #define SIGN_MAGIC 0x31475350u /* "PSG1" */
+#define SIGN2_MAGIC 0x32475350u /* "PSG2": one scale per block */
 
 static void put32(uint8_t *p, uint32_t v)
 {
@@ -139,9 +140,35 @@ static uint32_t radix_select(const float *src, size_t n, size_t k, size_t *take_
     return prefix;
 }
 
-int ps_codec_topk_encode_(void *dstv, size_t cap, size_t *out_len, const float *src, size_t numel,
-                          ps_dtype_t dt, size_t k)
+/* The top k of src[0..n) (indices off + i), in index order, from position j on. */
+static size_t topk_block(uint8_t *idx, uint8_t *val, size_t es, ps_dtype_t dt, const float *src,
+                         size_t n, size_t off, size_t k, size_t j)
 {
+    if (k == n) {
+        for (size_t i = 0; i < n; i++, j++) {
+            put32(idx + 4 * j, (uint32_t)(off + i));
+            put_value(val + es * j, src[i], dt);
+        }
+        return j;
+    }
+    if (!k) return j;
+    size_t take_eq, end = j + k;
+    uint32_t t = radix_select(src, n, k, &take_eq);
+    for (size_t i = 0; i < n && j < end; i++) {
+        uint32_t key = key_of(src[i]);
+        if (key > t || (key == t && take_eq && take_eq--)) {
+            put32(idx + 4 * j, (uint32_t)(off + i));
+            put_value(val + es * j, src[i], dt);
+            j++;
+        }
+    }
+    return j;
+}
+
+int ps_codec_topk_encode_(void *dstv, size_t cap, size_t *out_len, const float *src, size_t numel,
+                          ps_dtype_t dt, float ratio, const ps_codec_params_t *params)
+{
+    size_t k = ps_codec_topk_k_ex(numel, params);
     size_t es = ps_dtype_size(dt), len = PS_TOPK_HDR + k * (4 + es);
     uint8_t *dst = dstv;
     if (cap < len) {
@@ -152,23 +179,17 @@ int ps_codec_topk_encode_(void *dstv, size_t cap, size_t *out_len, const float *
     put64(dst + 16, k);
     uint8_t *idx = dst + PS_TOPK_HDR, *val = idx + 4 * k;
     size_t j = 0;
-    if (k == numel) {
-        for (size_t i = 0; i < numel; i++) {
-            put32(idx + 4 * i, (uint32_t)i);
-            put_value(val + es * i, src[i], dt);
+    if (params && params->nblocks > 1) {
+        /* each block (tensor) its own top ceil(ratio * len): blocks are in
+         * order, so the indices stay increasing */
+        size_t off = 0;
+        for (size_t b = 0; b < params->nblocks; b++) {
+            size_t n = params->block_len[b];
+            j = topk_block(idx, val, es, dt, src + off, n, off, ps_codec_topk_k(n, ratio), j);
+            off += n;
         }
-        j = k;
-    } else if (k) {
-        size_t take_eq;
-        uint32_t t = radix_select(src, numel, k, &take_eq);
-        for (size_t i = 0; i < numel && j < k; i++) {
-            uint32_t key = key_of(src[i]);
-            if (key > t || (key == t && take_eq && take_eq--)) {
-                put32(idx + 4 * j, (uint32_t)i);
-                put_value(val + es * j, src[i], dt);
-                j++;
-            }
-        }
+    } else {
+        j = topk_block(idx, val, es, dt, src, numel, 0, k, 0);
     }
     if (j != k) { /* cannot happen: the select counted exactly k */
         ps_error("topk encode: selected %zu of %zu elements (internal error)", j, k);
@@ -216,38 +237,99 @@ int ps_codec_topk_decode_(float *dst, size_t numel, const void *srcv, size_t len
     return 0;
 }
 
+int ps_codec_topk_zero_sent(float *x, size_t numel, const void *srcv, size_t len, ps_dtype_t dt)
+{
+    const uint8_t *src = srcv;
+    size_t es = ps_dtype_size(dt);
+    int rc = check_header(src, len, PS_TOPK_HDR, TOPK_MAGIC, "topk", dt, numel);
+    if (rc) return rc;
+    uint64_t k = get64(src + 16);
+    if (k > numel || len != PS_TOPK_HDR + k * (4 + es)) {
+        ps_error("topk payload: k = %llu does not fit %zu bytes / %zu elements",
+                 (unsigned long long)k, len, numel);
+        return PS_ECORRUPT;
+    }
+    const uint8_t *idx = src + PS_TOPK_HDR;
+    for (uint64_t j = 0; j < k; j++) {
+        uint32_t i = get32(idx + 4 * j);
+        if (i >= numel) {
+            ps_error("topk payload: index %u out of range (numel %zu)", i, numel);
+            return PS_ECORRUPT;
+        }
+    }
+    for (uint64_t j = 0; j < k; j++) x[get32(idx + 4 * j)] = 0.f;
+    return 0;
+}
+
 /* ---- sign ----------------------------------------------------------------- */
 
-int ps_codec_sign_encode_(void *dstv, size_t cap, size_t *out_len, const float *src, size_t numel,
-                          ps_dtype_t dt)
+/* mean |x| of src[0..n): fp32 partial sums over blocks of 256 (8 lanes, so
+ * it vectorises) into a double: error ~1e-7 relative, far below what the
+ * 1-bit code loses */
+static float mean_abs(const float *src, size_t n)
 {
-    size_t len = PS_SIGN_HDR + (numel + 7) / 8;
-    uint8_t *dst = dstv;
-    if (cap < len) {
-        ps_error("sign encode: %zu bytes needed, buffer holds %zu", len, cap);
-        return PS_ERANGE;
-    }
-    /* fp32 partial sums over blocks of 256 (8 lanes, so it vectorises) into a
-     * double: error ~1e-7 relative, far below what the 1-bit code loses */
     double l1 = 0;
-    for (size_t i = 0; i < numel; i += 256) {
-        size_t m = numel - i < 256 ? numel - i : 256, j = 0;
+    for (size_t i = 0; i < n; i += 256) {
+        size_t m = n - i < 256 ? n - i : 256, j = 0;
         float lane[8] = {0};
         for (; j + 8 <= m; j += 8)
             for (int l = 0; l < 8; l++) lane[l] += fabsf(src[i + j + l]);
         for (; j < m; j++) lane[0] += fabsf(src[i + j]);
         for (int l = 0; l < 8; l++) l1 += lane[l];
     }
-    float scale = numel ? (float)(l1 / (double)numel) : 0.f;
-    if (!isfinite(scale)) {
-        ps_error("sign encode: the tensor holds NaN or Inf (mean |x| = %g)", (double)scale);
-        return PS_ENONFINITE;
+    return n ? (float)(l1 / (double)n) : 0.f;
+}
+
+int ps_codec_sign_encode_(void *dstv, size_t cap, size_t *out_len, const float *src, size_t numel,
+                          ps_dtype_t dt, const ps_codec_params_t *params)
+{
+    size_t nb = params && params->nblocks > 1 ? params->nblocks : 1;
+    size_t hdr = nb > 1 ? PS_SIGN_HDR + 4 + 8 * nb : PS_SIGN_HDR;
+    size_t len = hdr + (numel + 7) / 8;
+    uint8_t *dst = dstv;
+    if ((nb > 1 && nb > ps_codec_sign_max_blocks(numel)) || (nb > 1 && numel > UINT32_MAX)) {
+        ps_error("sign encode: %zu blocks for %zu elements (at most %zu, numel < 2^32)", nb, numel,
+                 ps_codec_sign_max_blocks(numel));
+        return PS_EINVAL;
     }
-    put_header(dst, SIGN_MAGIC, dt, numel);
-    uint32_t sb;
-    memcpy(&sb, &scale, 4);
-    put32(dst + 16, sb);
-    uint8_t *bits = dst + PS_SIGN_HDR;
+    if (cap < len) {
+        ps_error("sign encode: %zu bytes needed, buffer holds %zu", len, cap);
+        return PS_ERANGE;
+    }
+    if (nb > 1) {
+        size_t sum = 0;
+        for (size_t b = 0; b < nb; b++) {
+            if (!params->block_len[b]) sum = numel + 1;
+            sum += params->block_len[b];
+        }
+        if (sum != numel) {
+            ps_error("sign encode: %zu blocks do not add up to %zu elements (or one is empty)", nb,
+                     numel);
+            return PS_EINVAL;
+        }
+    }
+    uint8_t *blk = dst + PS_SIGN_HDR + 4;
+    size_t off = 0;
+    for (size_t b = 0; b < nb; b++) {
+        size_t n = nb > 1 ? params->block_len[b] : numel;
+        float scale = mean_abs(src + off, n);
+        if (!isfinite(scale)) {
+            ps_error("sign encode: the tensor holds NaN or Inf (mean |x| = %g)", (double)scale);
+            return PS_ENONFINITE;
+        }
+        uint32_t sb;
+        memcpy(&sb, &scale, 4);
+        if (nb > 1) {
+            put32(blk + 8 * b, (uint32_t)n);
+            put32(blk + 8 * b + 4, sb);
+        } else {
+            put32(dst + 16, sb);
+        }
+        off += n;
+    }
+    put_header(dst, nb > 1 ? SIGN2_MAGIC : SIGN_MAGIC, dt, numel);
+    if (nb > 1) put32(dst + PS_SIGN_HDR, (uint32_t)nb);
+    uint8_t *bits = dst + hdr;
     memset(bits, 0, (numel + 7) / 8);
     for (size_t i = 0; i < numel; i++) {
         uint32_t u;
@@ -258,26 +340,60 @@ int ps_codec_sign_encode_(void *dstv, size_t cap, size_t *out_len, const float *
     return 0;
 }
 
-int ps_codec_sign_decode_(float *dst, size_t numel, const void *srcv, size_t len, ps_dtype_t dt,
-                          int mode)
+static int check_scale(uint32_t sb)
 {
-    const uint8_t *src = srcv;
-    int rc = check_header(src, len, PS_SIGN_HDR, SIGN_MAGIC, "sign", dt, numel);
-    if (rc) return rc;
-    size_t nbytes = (numel + 7) / 8;
-    if (len != PS_SIGN_HDR + nbytes) {
-        ps_error("sign payload of %zu bytes, expected %zu for %zu elements", len,
-                 PS_SIGN_HDR + nbytes, numel);
-        return PS_EMISMATCH;
-    }
     float scale;
-    uint32_t sb = get32(src + 16);
     memcpy(&scale, &sb, 4);
     if (!isfinite(scale) || signbit(scale)) {
         ps_error("sign payload: scale %g is not a finite non-negative number", (double)scale);
         return PS_ECORRUPT;
     }
-    const uint8_t *bits = src + PS_SIGN_HDR;
+    return 0;
+}
+
+int ps_codec_sign_decode_(float *dst, size_t numel, const void *srcv, size_t len, ps_dtype_t dt,
+                          int mode)
+{
+    const uint8_t *src = srcv;
+    int two = len >= 4 && get32(src) == SIGN2_MAGIC;
+    int rc = check_header(src, len, two ? PS_SIGN_HDR + 4 : PS_SIGN_HDR,
+                          two ? SIGN2_MAGIC : SIGN_MAGIC, "sign", dt, numel);
+    if (rc) return rc;
+    size_t nbytes = (numel + 7) / 8, nb = 1, hdr = PS_SIGN_HDR;
+    if (two) {
+        nb = get32(src + PS_SIGN_HDR);
+        if (nb < 1 || nb > ps_codec_sign_max_blocks(numel)) {
+            ps_error("sign payload: %zu blocks for %zu elements (1..%zu)", nb, numel,
+                     ps_codec_sign_max_blocks(numel));
+            return PS_ECORRUPT;
+        }
+        hdr = PS_SIGN_HDR + 4 + 8 * nb;
+    }
+    if (len != hdr + nbytes) {
+        ps_error("sign payload of %zu bytes, expected %zu for %zu elements", len, hdr + nbytes,
+                 numel);
+        return PS_EMISMATCH;
+    }
+    const uint8_t *blk = src + PS_SIGN_HDR + 4;
+    if (two) {
+        size_t sum = 0;
+        for (size_t b = 0; b < nb; b++) {
+            size_t n = get32(blk + 8 * b);
+            if (!n || n > numel - sum) {
+                ps_error("sign payload: block %zu of %zu elements does not fit %zu", b, n, numel);
+                return PS_ECORRUPT;
+            }
+            sum += n;
+            if ((rc = check_scale(get32(blk + 8 * b + 4)))) return rc;
+        }
+        if (sum != numel) {
+            ps_error("sign payload: blocks cover %zu of %zu elements", sum, numel);
+            return PS_ECORRUPT;
+        }
+    } else if ((rc = check_scale(get32(src + 16)))) {
+        return rc;
+    }
+    const uint8_t *bits = src + hdr;
     if ((numel & 7) && (bits[nbytes - 1] >> (numel & 7))) {
         ps_error("sign payload: unused bits set in the last byte (0x%02x, %zu elements)",
                  bits[nbytes - 1], numel);
@@ -285,12 +401,18 @@ int ps_codec_sign_decode_(float *dst, size_t numel, const void *srcv, size_t len
     }
     /* the sign bit goes straight into scale's bit pattern: branch-free */
     float neg = mode == PS_DECODE_SUB ? -1.f : 1.f;
-    for (size_t i = 0; i < numel; i++) {
-        uint32_t u = sb | (uint32_t)((bits[i >> 3] >> (i & 7)) & 1) << 31;
-        float v;
-        memcpy(&v, &u, 4);
-        if (mode == PS_DECODE_SET) dst[i] = v;
-        else dst[i] += neg * v;
+    size_t off = 0;
+    for (size_t b = 0; b < nb; b++) {
+        uint32_t sb = two ? get32(blk + 8 * b + 4) : get32(src + 16);
+        size_t end = two ? off + get32(blk + 8 * b) : numel;
+        for (size_t i = off; i < end; i++) {
+            uint32_t u = sb | (uint32_t)((bits[i >> 3] >> (i & 7)) & 1) << 31;
+            float v;
+            memcpy(&v, &u, 4);
+            if (mode == PS_DECODE_SET) dst[i] = v;
+            else dst[i] += neg * v;
+        }
+        off = end;
     }
     return 0;
 }

@@ -288,6 +288,16 @@ static void test_opts(void)
     o.topk_ratio = 0.5f;
     is_int(ps_client_new(&c, &o, &t), 0, "topk with ratio 0.5 accepted");
     ps_client_destroy(&c);
+    o.ef_momentum = 1.f;
+    is_int(ps_client_new(&c, &o, &t), PS_EINVAL, "ef_momentum 1 is refused");
+    o.ef_momentum = NAN;
+    is_int(ps_client_new(&c, &o, &t), PS_EINVAL, "ef_momentum NaN is refused");
+    o.ef_momentum = 0.9f;
+    o.topk_warmup_steps = 100;
+    is_int(ps_client_new(&c, &o, &t), 0, "topk with ef_momentum 0.9 and a warm-up accepted");
+    ps_client_destroy(&c);
+    o.ef_momentum = 0.f;
+    o.topk_warmup_steps = 0;
     o.codec = PS_CODEC_RAW;
     o.dtype = PS_DT_FP16;
     ps_client_new(&c, &o, &t);

@@ -78,7 +78,7 @@ static void test_topk_select(void)
                 double want_k = ceil((ratios[ri] ? ratios[ri] : 0.01) * n);
                 size_t k = want_k < 1 ? 1 : want_k > n ? n : (size_t)want_k;
                 qsort(ord, k, sizeof *ord, cmp_size); /* the reference top k, by index */
-                ps_codec_params_t prm = {(float)ratios[ri]};
+                ps_codec_params_t prm = {.topk_ratio = (float)ratios[ri]};
                 for (int dt = 0; dt < 3; dt++) {
                     size_t len = 0, es = ps_dtype_size(dt), b = ps_codec_bound_ex(dt, PS_CODEC_TOPK, n, &prm);
                     int rc = ps_codec_encode_ex(enc, b, &len, x, n, dt, PS_CODEC_TOPK, &prm, NULL);
@@ -158,18 +158,22 @@ static void test_topk_params(void)
     is_int(ps_codec_topk_k(10000000, 0.001f), 10000, "k(10M, 0.1%%) = 10000");
     is_int(ps_codec_topk_k(0, 0.5f), 0, "k(0) = 0");
     is_int(ps_codec_topk_k(10, 1.5f), 0, "ratio > 1 -> 0");
-    ps_codec_params_t bad[] = {{-0.1f}, {1.01f}, {NAN}, {INFINITY}};
+    ps_codec_params_t bad[] = {{.topk_ratio = -0.1f}, {.topk_ratio = 1.01f}, {.topk_ratio = NAN}, {.topk_ratio = INFINITY}};
     for (int i = 0; i < 4; i++)
         is_int(ps_codec_encode_ex(enc, sizeof enc, &len, x, 100, PS_DT_FP32, PS_CODEC_TOPK, &bad[i], NULL),
                PS_EINVAL, "topk ratio %g rejected", (double)bad[i].topk_ratio);
-    ps_codec_params_t p = {0.05f};
+    ps_codec_params_t p = {.topk_ratio = 0.05f};
     size_t b = ps_codec_bound_ex(PS_DT_FP16, PS_CODEC_TOPK, 100, &p);
     is_int(b, 24 + 5 * 6, "bound_ex fp16 5%% of 100 = 24 + 5*(4+2)");
     ok(b <= ps_codec_bound(PS_DT_FP16, PS_CODEC_TOPK, 100), "bound_ex <= bound (bound is the k = n worst case)");
     is_int(ps_codec_encode_ex(enc, b - 1, &len, x, 100, PS_DT_FP16, PS_CODEC_TOPK, &p, NULL), PS_ERANGE, "topk into bound-1 -> PS_ERANGE");
     is_int(ps_codec_encode(enc, 24 + 6 - 1, &len, x, 100, PS_DT_FP16, PS_CODEC_TOPK, NULL), PS_ERANGE,
            "plain encode uses the default ratio (k=1 needs 30 bytes)");
-    is_int(ps_codec_bound(PS_DT_FP32, PS_CODEC_SIGN, 17), 20 + 3, "sign bound 17 elements = 20 + 3");
+    is_int(ps_codec_bound(PS_DT_FP32, PS_CODEC_SIGN, 17), 24 + 8 * 8 + 3, "sign bound 17 elements = PSG2 with 17/2 blocks: 24 + 8*8 + 3");
+    is_int(ps_codec_bound(PS_DT_FP32, PS_CODEC_SIGN, 1), 20 + 1, "sign bound 1 element: PSG1 only, 20 + 1");
+    ok(ps_codec_bound(PS_DT_FP32, PS_CODEC_SIGN, 5000) < ps_codec_bound(PS_DT_FP32, PS_CODEC_TOPK, 5000),
+       "sign bound (1024 blocks) below the top-k bound at 5000 elements");
+    is_int(ps_codec_bound_ex(PS_DT_FP32, PS_CODEC_SIGN, 17, NULL), 20 + 3, "sign bound_ex, one block: 20 + 3");
     is_int(ps_codec_scratch_size(PS_DT_FP32, PS_CODEC_TOPK, 1000) + ps_codec_scratch_size(PS_DT_FP32, PS_CODEC_SIGN, 1000), 0,
            "topk/sign need no scratch");
     ps_codec_t c;
@@ -264,7 +268,7 @@ static void test_rejects(void)
 {
     float x[40];
     fill(x, 40, PAT_NORMAL);
-    ps_codec_params_t p = {0.25f}; /* k = 10 */
+    ps_codec_params_t p = {.topk_ratio = 0.25f}; /* k = 10 */
     badcase_t t0 = {.numel = 40, .dt = PS_DT_FP16, .c = PS_CODEC_TOPK}, s0 = {.numel = 37, .dt = PS_DT_BF16, .c = PS_CODEC_SIGN};
     ok(!ps_codec_encode_ex(t0.buf, sizeof t0.buf, &t0.len, x, 40, t0.dt, t0.c, &p, NULL) && t0.len == 24 + 10 * 6, "topk k=10 fp16 payload");
     ok(!ps_codec_encode(s0.buf, sizeof s0.buf, &s0.len, x, 37, s0.dt, s0.c, NULL) && s0.len == 20 + 5, "sign 37 bf16 payload");
@@ -354,7 +358,7 @@ static void test_ef_invariant(void)
             ok(0, "ps_ef_new");
             continue;
         }
-        ps_codec_params_t prm = {cfg[ci].ratio};
+        ps_codec_params_t prm = {.topk_ratio = cfg[ci].ratio};
         int fails = 0;
         double worst = 0, scale = 0;
         for (size_t part = 0; part < 2; part++) {
@@ -392,7 +396,7 @@ static void test_ef_invariant(void)
     size_t n1 = 1000;
     ok(!ps_ef_new(&ef, 1, &n1), "ps_ef_new 1 x 1000");
     for (size_t i = 0; i < 1000; i++) g[i] = rnd_normal();
-    ps_codec_params_t prm = {0.01f};
+    ps_codec_params_t prm = {.topk_ratio = 0.01f};
     size_t len = 0, cap = ps_codec_bound_ex(PS_DT_FP32, PS_CODEC_TOPK, 1000, &prm);
     ok(!ps_ef_compress(ef, 0, g, 1000, PS_DT_FP32, PS_CODEC_TOPK, &prm, buf, cap, &len) && len == cap, "compress step 1");
     ps_codec_decode(sent, 1000, buf, len, PS_DT_FP32, PS_CODEC_TOPK, 0, NULL);
@@ -437,7 +441,7 @@ static double quad_run(size_t n, int steps, ps_codec_t c, float ratio, int use_e
     rng_state = 0x1234567887654321ull; /* same problem for every run */
     for (size_t i = 0; i < n; i++) a[i] = 0.2f + 0.8f * (rnd32() % 1000) / 1000.f, cc[i] = rnd_normal();
     rng_state = save;
-    ps_codec_params_t prm = {ratio};
+    ps_codec_params_t prm = {.topk_ratio = ratio};
     ps_ef_t *ef = NULL;
     ps_ef_new(&ef, 1, &n);
     const float lr = 0.02f; /* EF delays a coordinate ~1/ratio steps: lr * a * delay must stay ~<= 2 */
@@ -480,12 +484,109 @@ static void test_convergence(void)
        "without error feedback both stall far above (top-k %.3g, sign %.3g)", topk_no / f0, sign_no / f0);
 }
 
+/* Blocks (one per model tensor): top-k takes ceil(ratio*len) of every block
+ * (reference: a qsort per block), sign sends a "PSG2" payload with one
+ * mean |x| per block, parsed here from the layout in ps_codec.h; bad block
+ * tables are refused by encode and decode, dst untouched. */
+static void test_blocks(void)
+{
+    enum { N = 100 };
+    float x[N], y[N];
+    size_t bl[3] = {3, 50, 47};
+    for (size_t i = 0; i < N; i++) /* block 1 is 1000x smaller than the others */
+        x[i] = (float)(sin(1.7 * (double)i + 0.3) * (i >= 3 && i < 53 ? 1e-3 : 1.0));
+    ps_codec_params_t prm = {.topk_ratio = 0.1f, .block_len = bl, .nblocks = 3};
+    is_int(ps_codec_topk_k_ex(N, &prm), 1 + 5 + 5, "topk k with blocks 3/50/47 at 10%%: 1+5+5");
+    size_t cap = ps_codec_bound_ex(PS_DT_FP32, PS_CODEC_TOPK, N, &prm), len = 0;
+    uint8_t *enc = malloc(ps_codec_bound(PS_DT_FP32, PS_CODEC_SIGN, 4000) + cap);
+    is_int(cap, 24 + 11 * 8, "topk bound_ex with blocks");
+    int rc = ps_codec_encode_ex(enc, cap, &len, x, N, PS_DT_FP32, PS_CODEC_TOPK, &prm, NULL);
+    is_int(rc, 0, "topk encode with blocks");
+    int same = len == cap && rd64(enc + 16) == 11;
+    size_t j = 0, off = 0;
+    for (int b = 0; b < 3 && same; b++) {
+        size_t idx[50], kb = ps_codec_topk_k(bl[b], 0.1f);
+        for (size_t i = 0; i < bl[b]; i++) idx[i] = off + i;
+        ref_x = x;
+        qsort(idx, bl[b], sizeof idx[0], cmp_ref);
+        qsort(idx, kb, sizeof idx[0], cmp_size);
+        for (size_t i = 0; i < kb; i++, j++) same &= rd32(enc + 24 + 4 * j) == idx[i];
+        off += bl[b];
+    }
+    ok(same, "topk with blocks: every block's own top ceil(10%% of len), indices increasing");
+    is_int(ps_codec_decode_ex(y, N, enc, len, PS_DT_FP32, PS_CODEC_TOPK, PS_DECODE_SET, NULL), 0,
+           "... and it decodes as a plain topk payload");
+    size_t bad1[2] = {50, 49}, bad2[3] = {50, 0, 50};
+    ps_codec_params_t pb1 = {.topk_ratio = 0.1f, .block_len = bad1, .nblocks = 2};
+    ps_codec_params_t pb2 = {.topk_ratio = 0.1f, .block_len = bad2, .nblocks = 3};
+    is_int(ps_codec_encode_ex(enc, 4096, &len, x, N, PS_DT_FP32, PS_CODEC_TOPK, &pb1, NULL), PS_EINVAL,
+           "topk: blocks adding up to 99 of 100 refused");
+    is_int(ps_codec_encode_ex(enc, 4096, &len, x, N, PS_DT_FP32, PS_CODEC_TOPK, &pb2, NULL), PS_EINVAL,
+           "topk: an empty block refused");
+    is_int(ps_codec_encode_ex(enc, 4096, &len, x, N, PS_DT_FP32, PS_CODEC_SIGN, &pb1, NULL), PS_EINVAL,
+           "sign: blocks adding up to 99 of 100 refused");
+
+    /* sign, PSG2 */
+    cap = ps_codec_bound_ex(PS_DT_FP32, PS_CODEC_SIGN, N, &prm);
+    is_int(cap, 24 + 8 * 3 + 13, "sign bound_ex with 3 blocks = 24 + 8*3 + 13");
+    rc = ps_codec_encode_ex(enc, cap, &len, x, N, PS_DT_FP32, PS_CODEC_SIGN, &prm, NULL);
+    ok(rc == 0 && len == cap && rd32(enc) == 0x32475350u && rd32(enc + 20) == 3,
+       "sign with blocks: PSG2, 3 blocks, %zu bytes", len);
+    int scales_ok = 1, dec_ok = 1;
+    off = 0;
+    ps_codec_decode_ex(y, N, enc, len, PS_DT_FP32, PS_CODEC_SIGN, PS_DECODE_SET, NULL);
+    for (int b = 0; b < 3; b++) {
+        long double l1 = 0;
+        for (size_t i = off; i < off + bl[b]; i++) l1 += fabsl((long double)x[i]);
+        float want = (float)(l1 / bl[b]), got;
+        uint32_t sb = rd32(enc + 28 + 8 * b);
+        memcpy(&got, &sb, 4);
+        scales_ok &= rd32(enc + 24 + 8 * b) == bl[b] && fabs(got - want) <= 1e-6 * want;
+        for (size_t i = off; i < off + bl[b]; i++) dec_ok &= y[i] == (signbit(x[i]) ? -got : got);
+        off += bl[b];
+    }
+    ok(scales_ok, "sign: each block's length and mean |x| (long double reference)");
+    ok(dec_ok, "sign: block b decodes to +-scale[b] by x's sign");
+    /* corrupt block tables: decode refuses, dst untouched */
+    struct { size_t at; uint32_t v; const char *what; } bad[] = {
+        {24, 4, "blocks adding up to 101"}, {24, 0, "an empty block"}, {20, 0, "0 blocks"},
+        {20, 51, "more blocks than elements / 2"}, {28, 0x7fc00000u, "a NaN scale"},
+        {36, 0xbf800000u, "a negative scale"}};
+    for (size_t c = 0; c < sizeof bad / sizeof bad[0]; c++) {
+        uint8_t tmp[256];
+        memcpy(tmp, enc, len);
+        wr32(tmp + bad[c].at, bad[c].v);
+        for (size_t i = 0; i < N; i++) y[i] = 7.f;
+        rc = ps_codec_decode_ex(y, N, tmp, len, PS_DT_FP32, PS_CODEC_SIGN, PS_DECODE_ADD, NULL);
+        int untouched = 1;
+        for (size_t i = 0; i < N; i++) untouched &= y[i] == 7.f;
+        ok((rc == PS_ECORRUPT || rc == PS_EMISMATCH) && untouched, "sign PSG2 with %s refused (%d), dst untouched",
+           bad[c].what, rc);
+    }
+
+    /* ps_ef: 2000 one-element tensors are merged into runs of 2 (<= 1024 blocks) */
+    size_t n2 = 2000, ones[2000];
+    float g[2000];
+    for (size_t i = 0; i < n2; i++) ones[i] = 1, g[i] = (float)(i % 3) - 1.f + 0.5f;
+    ps_ef_t *ef = NULL;
+    ps_ef_new(&ef, 1, &n2);
+    is_int(ps_ef_set_blocks(ef, 0, ones, 1999), PS_EINVAL, "ef blocks not adding up refused");
+    is_int(ps_ef_set_blocks(ef, 0, ones, 2000), 0, "ef 2000 blocks accepted");
+    rc = ps_ef_compress(ef, 0, g, n2, PS_DT_FP32, PS_CODEC_SIGN, NULL, enc,
+                        ps_codec_bound(PS_DT_FP32, PS_CODEC_SIGN, n2), &len);
+    ok(rc == 0 && rd32(enc + 20) == 1000 && len == 24 + 8 * 1000 + 250,
+       "ef: 2000 tensors travel as 1000 sign blocks (%u, %zu bytes)", rd32(enc + 20), len);
+    ps_ef_destroy(&ef);
+    free(enc);
+}
+
 int main(void)
 {
     ps_log_level = -1; /* every rejected payload logs an error */
     test_topk_params();
     test_topk_select();
     test_sign();
+    test_blocks();
     test_rejects();
     test_ef_invariant();
     test_convergence();

@@ -535,6 +535,9 @@ static void test_mixed(int prec, const char *name, double tol)
     }
     ok(rc == 0, "%s: precision set", name);
     if (rc) return;
+    /* fp32 tensors, half operand copies inside conv / linear: the form
+     * without half storage (tests/test_cuda_half.c covers half storage) */
+    ok(ps_cuda_backend_set_half_storage(&gctx, 0) == 0, "%s: half storage off", name);
     red_tol = red_rtol = tol;
     diag("---- %s operands, fp32 accumulation: tolerance %g of max|ref|", name, tol);
     /*        N  C   H   W   K  R  S sh sw ph pw dil g bias */

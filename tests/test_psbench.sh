@@ -10,7 +10,7 @@ if [ ! -x "$b/psbench" ] || [ ! -x "$b/psd" ]; then
     exit 77
 fi
 out=${TMPDIR:-/tmp}/test_psbench.$$
-trap 'rm -f "$out" "$out.lossy" "$out.model"' EXIT INT TERM
+trap 'rm -f "$out" "$out.lossy" "$out.model" "$out.fwd"' EXIT INT TERM
 
 "$b/psbench" --psd "$b/psd" --servers 1,2 --workers 1,2 --bytes 1M --partition-bytes 256K \
     --dtype fp32,fp16,bf16 --codec raw,lz4 --iters 3 --warmup 1 --pump-seconds 0.2 --check \
@@ -88,6 +88,35 @@ for ov in on off; do
 done
 cat "$out.model" >>"$out"
 rm -f "$out.model"
+# forward overlap (the next forward waits per partition for its weights)
+# and the pull-credit scheduler (PUSH + PULL, front partitions first): the
+# weights still equal the closed form, every push and pull is counted once
+"$b/psbench" --psd "$b/psd" --model tsm-r18 --servers 2 --workers 2 --partition-bytes 1M \
+    --compute-ms 30 --overlap fwd --iters 3 --warmup 1 --pump-seconds 0 --check \
+    --timeout-s 240 >"$out.fwd" 2>&1
+rc1=$?
+"$b/psbench" --psd "$b/psd" --model tsm-r18 --servers 2 --workers 2 --partition-bytes 1M \
+    --compute-ms 30 --overlap on,fwd --pull-credit 2 --iters 3 --warmup 1 --pump-seconds 0 \
+    --check --timeout-s 240 >>"$out.fwd" 2>&1
+[ $rc1 = 0 ] && [ $? = 0 ]
+t $? "psbench --overlap fwd, --pull-credit 2 (tsm-r18, 2 x 2) exit 0"
+for v in "overlap=fwd .* pull_credit=0" "overlap=on .* pull_credit=2" "overlap=fwd .* pull_credit=2"; do
+    l=$(grep "^psbench mode=ps servers=2 workers=2 bytes=45526848 .* $v " "$out.fwd")
+    wo=$(echo "$l" | sed -n 's/.* wire_out_per_iter=\([0-9]*\).*/\1/p')
+    wi=$(echo "$l" | sed -n 's/.* wire_in_per_iter=\([0-9]*\).*/\1/p')
+    echo "$l" | grep -q ' check=ok ' && echo "$l" | grep -q ' schedule=flops ' &&
+        awk -v o="${wo:-0}" -v i="${wi:-0}" 'BEGIN { g = 45526848
+            exit !(o >= g && o < g * 1.01 && i >= g && i < g * 1.01) }'
+    t $? "$v: weights == closed form, one gradient out and one in per step ($wo, $wi)"
+done
+cat "$out.fwd" >>"$out"
+rm -f "$out.fwd"
+"$b/psbench" --psd "$b/psd" --colocate --servers 1 --workers 1 --bytes 1M >/dev/null 2>&1
+[ $? -eq 2 ]
+t $? "--colocate without --netns is refused"
+"$b/psbench" --psd "$b/psd" --mode ring --workers 2 --overlap fwd --bytes 1M >/dev/null 2>&1
+[ $? -eq 2 ]
+t $? "--overlap fwd with --mode ring is refused"
 "$b/psbench" --model nosuch --psd "$b/psd" >/dev/null 2>&1
 [ $? -eq 2 ]
 t $? "an unknown --model is refused"

@@ -141,6 +141,10 @@ static int validate_opts(const ps_client_opts_t *o, const ps_partition_table_t *
                  (double)PS_CODEC_TOPK_DEFAULT_RATIO);
         return PS_EINVAL;
     }
+    if (!(o->ef_momentum >= 0.f && o->ef_momentum < 1.f)) {
+        ps_error("ps_client_new: ef_momentum %g not in [0, 1)", (double)o->ef_momentum);
+        return PS_EINVAL;
+    }
     if (o->num_workers <= 0 || o->timeout_ms < 0 || o->retry_ms < 0 || o->heartbeat_ms < 0) {
         ps_error("ps_client_new: num_workers must be > 0, timeouts >= 0");
         return PS_EINVAL;
@@ -161,6 +165,31 @@ static int ef_new(ps_client_t *c)
     if (numel && c->ef_valid && c->ef_iter && c->ef_len && c->ef_crc) {
         for (uint32_t p = 0; p < n; p++) numel[p] = c->t->parts[p].numel;
         rc = ps_ef_new(&c->ef, n, numel);
+        if (!rc && c->o.ef_momentum > 0.f)
+            rc = ps_ef_set_momentum(c->ef, c->o.ef_momentum, c->o.ef_nesterov);
+        /* top-k / sign per model tensor, not per partition (ps_ef_set_blocks);
+         * a table given as bare partitions (no tensors) has one block each */
+        for (uint32_t p = 0; !rc && c->t->tensor_offset && c->t->ntensors && p < n; p++) {
+            ps_partition_segment_t sg[64], *seg = sg;
+            uint32_t ns = ps_partition_segments(c->t, p, sg, 64);
+            if (ns > 64 && (seg = malloc(ns * sizeof *seg)))
+                ps_partition_segments(c->t, p, seg, ns);
+            /* sign: one scale per 128 elements at most within a tensor: one
+             * mean |x| over a heavy-tailed tensor is set by its few large
+             * gradients and sends their size to all the small ones (8 bytes
+             * of length + scale per 16 bytes of sign bits: 1.5 bits/element) */
+            size_t nb = 0, bucket = c->o.codec == PS_CODEC_SIGN ? 128 : SIZE_MAX;
+            for (uint32_t i = 0; seg && i < ns; i++)
+                nb += seg[i].numel / bucket + (seg[i].numel % bucket != 0);
+            size_t *bl = seg ? malloc((nb ? nb : 1) * sizeof *bl) : NULL;
+            nb = 0;
+            for (uint32_t i = 0; bl && i < ns; i++)
+                for (size_t o = 0; o < seg[i].numel; o += bucket)
+                    bl[nb++] = seg[i].numel - o < bucket ? seg[i].numel - o : bucket;
+            rc = bl ? ps_ef_set_blocks(c->ef, p, bl, nb) : PS_ENOMEM;
+            free(bl);
+            if (seg != sg) free(seg);
+        }
     }
     free(numel);
     if (rc < 0) ps_error("ps_client_new: error-feedback state: %s", ps_strerror(rc));

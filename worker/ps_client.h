@@ -81,6 +81,13 @@ typedef struct ps_client_opts {
                                     0 (default) = PS_CODEC_TOPK_DEFAULT_RATIO */
     int ef_rounding;             /* fp16/bf16 raw/lz4 pushes: feed the rounding
                                     error back too (default 0: plain rounding) */
+    float ef_momentum;           /* topk / sign: DGC momentum correction with this
+                                    momentum (ps_ef.h); the servers must then run
+                                    plain SGD on these partitions (default 0 = off) */
+    int ef_nesterov;             /* ... with Nesterov's form of it */
+    uint64_t topk_warmup_steps;  /* topk: density warm-up over the first iterations,
+                                    25% down to topk_ratio (ps_ef_topk_warmup_ratio;
+                                    default 0 = off) */
 
     /* CURVE (issue 9): all three set = encrypted, authenticated connections;
      * all unset = plain TCP.  Files hold one Z85 key (40 characters), as

@@ -101,13 +101,18 @@ static int encode_ef(ps_client_t *c, ps_req_t *r, uint32_t part, const float *sr
         pthread_mutex_unlock(&c->ef_mu);
         return 0;
     }
-    size_t bound = ps_codec_bound_ex(dt, codec, numel, &c->params);
+    /* top-k warm-up: a denser push in the first iterations */
+    ps_codec_params_t params = c->params;
+    if (codec == PS_CODEC_TOPK)
+        params.topk_ratio = ps_ef_topk_warmup_ratio(params.topk_ratio, c->o.topk_warmup_steps,
+                                                    r->iteration);
+    size_t bound = ps_ef_bound(c->ef, part, dt, codec, &params);
     void *buf = NULL, *scratch = NULL;
     int mine = 0;
     if ((rc = take_buffer(c, r, part, bound, 0, &mine, &buf, &scratch)) < 0) goto out;
     if (mine) c->ef_valid[part] = 0; /* being rewritten */
     size_t len = 0;
-    rc = ps_ef_compress(c->ef, part, src, numel, dt, codec, &c->params, buf, bound, &len);
+    rc = ps_ef_compress(c->ef, part, src, numel, dt, codec, &params, buf, bound, &len);
     if (rc == PS_ENONFINITE) {
         /* Loss-scale overflow: the residual is untouched; the server skips
          * the step for everybody and does not read the payload. */

@@ -24,10 +24,11 @@
  * allreduce (op + 1) before this rank has received its last segments of op,
  * so such messages are kept (stash) for the next call.
  *
- * Passes over each byte: the kernel's two copies (send, receive), one
- * checksum on each side, and the reduction or (all-gather) the decode into
- * data; fp32 payloads are never copied in user
- * space (see build_msg). */
+ * Passes over memory per byte: the kernel's two copies (send, receive) and
+ * the reduction or (all-gather) the copy into data; the checksums ride on
+ * the latter while the bytes are in cache (check_decode), except for the
+ * first reduce-scatter step's own values.  fp32 payloads are sent without a
+ * user-space copy (see build_msg). */
 #include "ps_ring.h"
 
 #include <errno.h>
@@ -68,6 +69,8 @@ struct ps_ring {
     uint8_t *done;               /* per message index: 0 not yet received, 1 received,
                                     2 received and its payload held in fwd */
     ring_msg_t *fwd;             /* per message index: all-gather payload to pass on */
+    uint32_t *ocrc;              /* per message index i (fp32, reduce-scatter): CRC32C
+                                    of the sums it produced, which message i + K sends */
     size_t done_cap;
     uint64_t bytes_sent, bytes_recv;
     atomic_int zc_out;           /* zero-copy payloads ZeroMQ still holds */
@@ -307,6 +310,7 @@ void ps_ring_destroy(ps_ring_t **rp)
     if (r->ctx) zmq_ctx_term(r->ctx);
     free(r->done);
     free(r->fwd);
+    free(r->ocrc);
     free(r->ep_self);
     free(r->ep_left);
     free(r->ep_right);
@@ -374,7 +378,11 @@ static int build_msg(ps_ring_t *r, ring_job_t *j, uint32_t i, zmq_msg_t *hdr, zm
             atomic_fetch_sub(&r->zc_out, 1);
             return zmq_fail("zmq_msg_init_data", NULL);
         }
-        if (r->o.checksum) crc = ps_crc32c(0, j->data + off, wlen);
+        /* Steps 1 .. W-1 send exactly the sums that reducing message i - K
+         * wrote (same chunk, same segment; nothing writes them in between,
+         * see above), and check_decode took their CRC while they were in
+         * cache.  Step 0 sends this rank's own values: one pass here. */
+        if (r->o.checksum) crc = s > 0 ? r->ocrc[i - j->K] : ps_crc32c(0, j->data + off, wlen);
     } else {
         if (zmq_msg_init_size(pl, wlen)) {
             ps_error("ring: cannot allocate a %zu-byte message", wlen);
@@ -409,22 +417,31 @@ static int build_msg(ps_ring_t *r, ring_job_t *j, uint32_t i, zmq_msg_t *hdr, zm
     return 0;
 }
 
-/* Checksum and decode a payload in blocks that stay in cache between the
- * two passes (one pass over memory instead of two).  A bad checksum is found
- * only after the blocks were applied; the allreduce then fails and the data
- * holds partial sums, as ps_ring.h says for every failure. */
+/* Checksum and decode a payload in blocks that stay in cache (L1 / L2)
+ * between the passes (one pass over memory instead of two or three): the
+ * payload's CRC, the reduction into data, and -- fp32 reduce-scatter, whose
+ * sums this rank sends next, zero-copy, as message i + K -- the CRC of those
+ * sums, kept in r->ocrc[i] so build_msg does not read them from memory
+ * again (and a sum changed in memory before it is sent is then caught by
+ * the receiver too).  32 KiB: two of ps_crc32c's 16 KiB blocks (its fastest
+ * path), and payload + sums stay in L2.  A bad checksum is found only after
+ * the blocks were applied; the allreduce then fails and the data holds
+ * partial sums, as ps_ring.h says for every failure. */
 static int check_decode(ps_ring_t *r, ring_job_t *j, uint32_t i, size_t off, size_t len,
                         const uint8_t *pl, uint32_t want, int add)
 {
-    const size_t blk = (64u << 10) / j->es;
-    uint32_t crc = 0;
+    const size_t blk = (32u << 10) / j->es;
+    const int out = r->o.checksum && add && j->dt == PS_DT_FP32;
+    uint32_t crc = 0, ocrc = 0;
     for (size_t b = 0; b < len; b += blk) {
         size_t m = len - b < blk ? len - b : blk;
         if (r->o.checksum) crc = ps_crc32c(crc, pl + b * j->es, m * j->es);
         int rc = ps_codec_decode_ex(j->data + off + b, m, pl + b * j->es, m * j->es, j->dt,
                                     PS_CODEC_RAW, add ? PS_DECODE_ADD : PS_DECODE_SET, NULL);
         if (rc) return rc;
+        if (out) ocrc = ps_crc32c(ocrc, j->data + off + b, m * sizeof(float));
     }
+    if (out) r->ocrc[i] = ocrc;
     if (r->o.checksum && crc != want) {
         ps_error("ring: rank %d: checksum mismatch in message %u from rank %d (%s)", r->rank, i,
                  mod(r->rank - 1, r->world), r->ep_left);
@@ -679,7 +696,9 @@ int ps_ring_allreduce(ps_ring_t *r, float *data, size_t n, ps_dtype_t dt)
         if (d) r->done = d;
         ring_msg_t *f = realloc(r->fwd, total * sizeof *f);
         if (f) r->fwd = f;
-        if (!d || !f) return PS_ENOMEM;
+        uint32_t *oc = realloc(r->ocrc, total * sizeof *oc);
+        if (oc) r->ocrc = oc;
+        if (!d || !f || !oc) return PS_ENOMEM;
         r->done_cap = total;
     }
     memset(r->done, 0, total);

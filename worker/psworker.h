@@ -5,6 +5,7 @@
  *   psworker_main.c    options (flags / config file), validation, dispatch
  *   psworker_model.c   model + data + partition table + optimizer config
  *   psworker_train.c   the cluster loop (psd) and the standalone loop
+ *   psworker_overlap.c --overlap: per-layer pushes and weight waits (cluster loop)
  *   psworker_output.c  CSV, progress lines, model file, final summary
  *   psworker_video.c   TSM / TSN models on the video data pipeline */
 #ifndef PS_PSWORKER_H
@@ -40,6 +41,10 @@ typedef struct ps_worker_opts {
     char *pull_codec;       /* pulls / weights: raw|lz4 ("" = follows codec) */
     float topk_ratio;       /* topk: fraction of elements sent (0 = default) */
     int ef_rounding;        /* fp16/bf16 pushes: feed the rounding error back */
+    int dgc_momentum;       /* topk/sign: momentum on the worker (DGC momentum
+                               correction), plain SGD on the servers; 1 on,
+                               0 off, -1 auto (ps_worker_ef_momentum) */
+    int topk_warmup_steps;  /* topk: density warm-up steps (-1 = auto: steps / 4) */
     char *curve_server_keys;/* CURVE: server public key file(s), comma-separated */
     char *curve_public_key; /* CURVE: this worker's public key file */
     char *curve_secret_key; /* CURVE: this worker's secret key file */
@@ -100,6 +105,7 @@ typedef struct ps_worker_opts {
     char *allreduce;        /* ring | nccl */
     int ring_conns;         /* ring: connections to the right neighbour */
     char *compute;          /* "" = the model; "synthetic:<model>:<ms>" */
+    char *overlap;          /* on | off | "" (= on where it applies; psworker_overlap.c) */
     /* derived */
     ps_dtype_t dt;
     ps_codec_t codec_id;
@@ -177,6 +183,12 @@ void ps_worker_initial_eval(ps_worker_t *p);
  * loop then meets the others at a barrier), else 0. */
 int ps_worker_maybe_validate(ps_worker_t *p, uint64_t step);
 int ps_worker_build_optim(ps_worker_t *p);
+/* The momentum the worker's error feedback keeps (DGC momentum correction:
+ * --dgc-momentum with topk/sign pushes to servers), 0 when the servers keep
+ * it; ps_worker_build_optim then gives the servers momentum 0. */
+float ps_worker_ef_momentum(const ps_worker_opts_t *o);
+/* --topk-warmup-steps with -1 (auto) resolved. */
+uint64_t ps_worker_topk_warmup(const ps_worker_opts_t *o);
 
 /* psworker_video.c */
 int ps_worker_is_video(const ps_worker_opts_t *o);
@@ -194,6 +206,10 @@ double ps_worker_video_compute(ps_worker_t *p, uint64_t step);
  * number goes to p->val_nonfinite. */
 double ps_worker_video_eval(ps_worker_t *p, double *top1, double *top5, size_t *videos);
 int ps_worker_video_save(ps_worker_t *p, const char *path);
+/* The model (NULL without one): psworker_overlap.c sets its hooks;
+ * *cuda_ctx: the backend context when it is the (asynchronous) CUDA one. */
+struct ps_ctx;
+struct ps_model *ps_worker_video_model(ps_worker_t *p, struct ps_ctx **cuda_ctx);
 /* CRC32C of this worker's BN running statistics (the AVERAGE tensors of
  * p->w; 0 when there are none): equal on every rank when they agree. */
 uint32_t ps_worker_video_bn_crc(const ps_worker_t *p, int *ntensors);
@@ -224,6 +240,34 @@ int ps_worker_det_run_eval(ps_worker_t *p);
 struct ps_client;
 int ps_worker_client_connect(ps_worker_t *p, struct ps_client **c);
 int ps_worker_run_cluster(ps_worker_t *p);
+/* Wait for partition i's request req[i] of `step` and run every check of a
+ * cluster step on it (verdict, rollback, stale re-pull into dst, version);
+ * 0 or the PS_E*, the step's first error kept (and logged once) in *first_rc. */
+struct ps_req;
+int ps_worker_part_complete(ps_worker_t *p, struct ps_client *c, struct ps_req **req,
+                            uint64_t *ver, uint32_t i, float *dst, uint64_t step, int sync,
+                            int *remote_ovf, int *first_rc);
+
+/* psworker_overlap.c: --overlap (issues 5 and 7).  Each partition's
+ * PUSHPULL leaves as soon as the model's backward made its gradient final
+ * (ps_model_set_hooks), and the next forward waits, layer by layer, only
+ * for the partitions that layer reads.  Replies land in a second buffer
+ * and are checked with ps_worker_part_complete as they are needed.
+ * new: *out NULL (and 0 returned) when overlap does not apply (logged). */
+typedef struct ps_worker_overlap ps_worker_overlap_t;
+int ps_worker_overlap_new(ps_worker_t *p, struct ps_client *c, struct ps_req **req, uint64_t *ver,
+                          int sync, ps_worker_overlap_t **out);
+/* Around ps_worker_compute of `step`: begin arms the hooks; end pushes what
+ * the hooks did not (nothing once a rollback or an error was seen: no
+ * gradient of mixed weights leaves) and returns 0 or the step's first error;
+ * *t_wait: seconds the step spent blocked on replies. */
+void ps_worker_overlap_begin(ps_worker_overlap_t *ov, uint64_t step);
+int ps_worker_overlap_end(ps_worker_overlap_t *ov, double *t_wait);
+/* Complete every partition in flight (into p->w, all checks): before
+ * anything that reads all the weights (validation, save, rollback, end);
+ * *remote_ovf |= any OVERFLOW verdict.  0 or the first error. */
+int ps_worker_overlap_wait_all(ps_worker_overlap_t *ov, int *remote_ovf);
+void ps_worker_overlap_free(ps_worker_overlap_t **ov);
 int ps_worker_run_standalone(ps_worker_t *p);
 
 /* psworker_allreduce.c: --mode allreduce (no servers).  The loop calls
@@ -241,6 +285,21 @@ int ps_worker_run_allreduce(ps_worker_t *p);
  * the run's PS_E* (already reported). */
 int ps_worker_is_synthetic(const ps_worker_opts_t *o);
 int ps_worker_run_synthetic(const ps_worker_opts_t *o);
+
+/* psworker_train.c: dynamic loss scaling around a step's compute (PS and
+ * ring mode share it: same scaling, same log lines, which the tests
+ * compare across modes).  begin: before the backward (a CUDA backend may
+ * apply the scale in the loss gradient); prepare: p->grad := the backward
+ * of scale*loss, checked, unscaled when clean; returns 1 when this worker
+ * overflowed; finish: the step's cluster-wide verdict (where: "on this
+ * worker" / "on another worker", for the log), returns 1 = apply, 0 = skip;
+ * report: the final line.  All no-ops (prepare 0, finish 1) without
+ * --loss-scale. */
+void ps_worker_ls_begin(ps_worker_t *p);
+int ps_worker_ls_prepare(ps_worker_t *p, uint64_t step);
+int ps_worker_ls_finish(ps_worker_t *p, uint64_t step, const char *where, int verdict);
+void ps_worker_ls_report(const ps_worker_t *p);
+#define PS_WORKER_LS_WHERE(local) ((local) ? "on this worker" : "on another worker")
 
 /* psworker_output.c */
 double ps_worker_now(void);

@@ -21,7 +21,21 @@
  * Wire: fp32 / fp16 / bf16 only.  Top-k, sign and lz4 are refused here with
  * the reason (ps_ring.h: a sparse or 1-bit partial sum is not closed under
  * addition), as is --ef-rounding (its residual is kept per push, and a
- * ring partial sum is rounded at every hop, not once per worker). */
+ * ring partial sum is rounded at every hop, not once per worker).
+ *
+ * Loss scaling (--loss-scale; contract in worker/engine/ps_loss_scale.h,
+ * "an overflow on any worker skips the step everywhere"): each rank scales,
+ * checks and unscales its own gradient as in PS mode, then its overflow
+ * flag (0 or 1) travels as one extra fp32 element after the PS_PART_EXACT
+ * tail, so the ring sums the flags exactly (small integers in fp32, on any
+ * --dtype) and every rank reads the same count.  The verdict is
+ * "count > 0, or the mean is not finite": the second half catches an fp16
+ * wire sum that saturated to Inf although every rank was clean, and since
+ * the ring hands every rank the same bits of the mean, every rank reaches
+ * the same verdict without another message.  On overflow every rank leaves
+ * weights and momentum untouched (the schedule still counts the step) and
+ * halves its scale -- what psd does in PS mode, so the two modes keep
+ * giving the same weights (tests/test_allreduce_loss_scale.sh). */
 #include "worker/psworker.h"
 
 #include <inttypes.h>
@@ -105,14 +119,6 @@ int ps_worker_allreduce_check(ps_worker_opts_t *o)
                 "ring partial sums are rounded at every hop\n", me);
         return PS_EINVAL;
     }
-    if (o->ls_on) {
-        /* The skip-everywhere verdict would have to travel with the
-         * gradients; ring mode does not carry it yet (see the loop: a
-         * non-finite mean stops every rank instead of corrupting weights). */
-        fprintf(stderr, "%s: loss scaling (--loss-scale) is not wired into ring mode yet; use "
-                "--loss-scale off or PS mode\n", me);
-        return PS_EINVAL;
-    }
     if (o->ring_conns < 1 || o->ring_conns > 16) {
         fprintf(stderr, "psworker: --ring-conns must be in [1, 16]\n");
         return PS_EINVAL;
@@ -127,7 +133,7 @@ typedef struct reducer {
     ps_ring_t *ring;
 #ifdef PS_HAVE_CUDA
     ps_nccl_t *nccl;
-    float *dbuf; /* (numel) device copy of the gradient */
+    float *dbuf; /* (numel + 1) device copy of the gradient (+ loss-scale flag) */
 #endif
 } reducer_t;
 
@@ -170,7 +176,8 @@ static int reducer_open(reducer_t *rd, const ps_worker_t *p)
         } else if ((rc = ps_nccl_new(&rd->nccl, p->rank, p->nworkers, peers[0], dev, timeout))) {
             ps_error("NCCL communicator (rank %d of %d, rendezvous %s, device %d): %s",
                      p->rank, p->nworkers, peers[0], dev, ps_strerror(rc));
-        } else if ((rc = ps_cuda_malloc((void **)&rd->dbuf, p->numel * sizeof(float)))) {
+        } else if ((rc = ps_cuda_malloc((void **)&rd->dbuf, (p->numel + 1) * sizeof(float)))) {
+            /* + 1: the loss-scale flag after the EXACT tail (at most numel + 1) */
             ps_error("--allreduce nccl: no device memory for a %zu-float gradient", p->numel);
         }
 #else
@@ -225,6 +232,9 @@ int ps_worker_allreduce_train(ps_worker_t *p, ps_worker_compute_fn compute, int 
 {
     const ps_worker_opts_t *o = p->o;
     reducer_t rd;
+    /* Loss scaling (psworker_train.c's ps_worker_ls_*): the ring adds every
+     * rank's overflow flag as one extra fp32 element after the EXACT tail. */
+    float *ls_tail = NULL; /* (numel - nx) EXACT partitions + the flag */
     int rc;
 
     if (!p->mom && !(p->mom = calloc(p->numel, sizeof(float)))) {
@@ -242,9 +252,25 @@ int ps_worker_allreduce_train(ps_worker_t *p, ps_worker_compute_fn compute, int 
             p->nworkers, o->allreduce, ps_dtype_name(o->dt), p->numel, p->table.nparts);
     if ((rc = ps_worker_output_open(p)))
         goto out;
+    /* PS_PART_EXACT partitions (BN statistics, at the end of the table)
+     * are reduced in fp32 whatever --dtype, as in PS mode; with loss
+     * scaling the overflow flag rides after them (see the top of the file). */
+    size_t nx = p->numel;
+    for (uint32_t i = p->table.nparts; i-- > 0 && (p->table.parts[i].flags & PS_PART_EXACT);)
+        nx = p->table.parts[i].offset;
+    if (o->ls_on) {
+        if ((rc = ps_loss_scale_init(&p->ls, &o->ls_cfg)))
+            goto out;
+        if (!(ls_tail = malloc((p->numel - nx + 1) * sizeof(float)))) {
+            rc = PS_ENOMEM;
+            goto out;
+        }
+    }
     p->st.t_start = ps_worker_now();
     for (uint64_t s = 0; s < o->steps; s++) {
         double t0 = ps_worker_now();
+        if (o->ls_on)
+            ps_worker_ls_begin(p);
         double loss = compute(p, s);
         if (!isfinite(loss)) {
             rc = p->compute_rc ? p->compute_rc : PS_ENONFINITE;
@@ -252,28 +278,42 @@ int ps_worker_allreduce_train(ps_worker_t *p, ps_worker_compute_fn compute, int 
                 ps_error("loss is not finite at step %" PRIu64 " (diverged: try a lower --lr)", s);
             goto out;
         }
+        int ovf = o->ls_on ? ps_worker_ls_prepare(p, s) : 0, nflag = 0;
         double t1 = ps_worker_now();
-        /* PS_PART_EXACT partitions (BN statistics, at the end of the table)
-         * are reduced in fp32 whatever --dtype, as in PS mode. */
-        size_t nx = p->numel;
-        for (uint32_t i = p->table.nparts; i-- > 0 && (p->table.parts[i].flags & PS_PART_EXACT);)
-            nx = p->table.parts[i].offset;
+        size_t nt = p->numel - nx; /* EXACT tail */
+        if (o->ls_on) {
+            memcpy(ls_tail, p->grad + nx, nt * sizeof(float));
+            ls_tail[nt] = ovf ? 1.f : 0.f;
+        }
         if ((nx && (rc = reducer_mean(&rd, p->grad, nx, o->dt))) ||
-            (nx < p->numel && (rc = reducer_mean(&rd, p->grad + nx, p->numel - nx, PS_DT_FP32)))) {
+            (o->ls_on && (rc = reducer_mean(&rd, ls_tail, nt + 1, PS_DT_FP32))) ||
+            (!o->ls_on && nt && (rc = reducer_mean(&rd, p->grad + nx, nt, PS_DT_FP32)))) {
             ps_error("step %" PRIu64 ": allreduce of %zu gradients failed: %s", s, p->numel,
                      ps_strerror(rc));
             goto out;
         }
+        if (o->ls_on) {
+            memcpy(p->grad + nx, ls_tail, nt * sizeof(float));
+            /* the mean of W flags in {0, 1}: exactly 0 when nobody overflowed */
+            nflag = ls_tail[nt] != 0.f;
+        }
         double t2 = ps_worker_now();
-        /* Every rank holds the same bits of the mean, so all stop here
-         * together, before an Inf / NaN reaches the weights. */
-        if (local_update && ps_loss_scale_has_overflow(p->grad, p->numel)) {
+        /* Every rank holds the same bits of the mean (and of the flag count),
+         * so every rank reaches the same verdict here. */
+        int nonfinite = (o->ls_on || local_update) && ps_loss_scale_has_overflow(p->grad, p->numel);
+        int apply = 1;
+        if (o->ls_on)
+            apply = ps_worker_ls_finish(p, s, ovf ? "on this worker" : nflag ? "on another worker"
+                                    : "in the sum of the gradients", nflag || nonfinite);
+        else if (local_update && nonfinite) {
+            /* no scaler to skip the step: all stop together, before an
+             * Inf / NaN reaches the weights */
             ps_error("step %" PRIu64 ": the mean gradient is not finite (some worker's gradient "
                      "overflowed or diverged): stopping before it reaches the weights", s);
             rc = PS_ENONFINITE;
             goto out;
         }
-        for (uint32_t i = 0; local_update && i < p->table.nparts; i++) {
+        for (uint32_t i = 0; local_update && apply && i < p->table.nparts; i++) {
             size_t off = p->table.parts[i].offset;
             rc = ps_optim_apply_partition(&p->optim, &p->table, i, p->w + off, p->mom + off,
                                           p->grad + off, s);
@@ -290,7 +330,9 @@ int ps_worker_allreduce_train(ps_worker_t *p, ps_worker_compute_fn compute, int 
          * for it (within timeout_ms, the same bound as a PS-mode PUSHPULL). */
         ps_worker_maybe_validate(p, s + 1);
     }
+    ps_worker_ls_report(p);
 out:
+    free(ls_tail);
     reducer_close(&rd, &p->st);
     if (!rc && p->st.wire_sent)
         printf("wire: rank=%d sent_bytes=%" PRIu64 " recv_bytes=%" PRIu64

@@ -50,6 +50,8 @@ static void opts_default(ps_worker_opts_t *o)
     o->milestones = strdup("");
     o->dtype = strdup(""); /* follows --precision */
     o->codec = strdup("raw");
+    o->dgc_momentum = -1;
+    o->topk_warmup_steps = -1;
     o->pull_codec = strdup("");
     o->curve_server_keys = strdup("");
     o->curve_public_key = strdup("");
@@ -94,6 +96,7 @@ static void opts_default(ps_worker_opts_t *o)
     o->allreduce = strdup("ring");
     o->ring_conns = 1;
     o->compute = strdup("");
+    o->overlap = strdup("");
     o->precision = strdup("fp32");
     o->loss_scale = strdup("");
     o->loss_scale_window = 2000;
@@ -110,6 +113,7 @@ static void opts_free(ps_worker_opts_t *o)
     free(o->train_json), free(o->val_json), free(o->val_root);
     free(o->predictions);
     free(o->peers), free(o->allreduce), free(o->compute);
+    free(o->overlap);
 }
 
 /* --precision / --loss-scale / --loss-scale-window / --debug-overflow-at. */
@@ -205,6 +209,14 @@ static int opts_check(ps_worker_opts_t *o)
         }
         o->pull_codec_id = (int)pc;
     }
+    if (o->dgc_momentum < -1 || o->dgc_momentum > 1) {
+        fprintf(stderr, "psworker: --dgc-momentum must be 1 (on), 0 (off) or -1 (auto)\n");
+        return PS_EINVAL;
+    }
+    if (o->topk_warmup_steps < -1) {
+        fprintf(stderr, "psworker: --topk-warmup-steps must be >= 0 (or -1 = auto)\n");
+        return PS_EINVAL;
+    }
     if (!(o->topk_ratio >= 0 && o->topk_ratio <= 1)) {
         fprintf(stderr, "psworker: --topk-ratio must be in (0, 1] (0 = default %g)\n",
                 (double)PS_CODEC_TOPK_DEFAULT_RATIO);
@@ -252,6 +264,10 @@ static int opts_check(ps_worker_opts_t *o)
         strcmp(o->mode, "allreduce")) {
         fprintf(stderr, "psworker: --mode: expected sync|async|ssp|allreduce, got \"%s\"\n",
                 o->mode);
+        return PS_EINVAL;
+    }
+    if (*o->overlap && strcmp(o->overlap, "on") && strcmp(o->overlap, "off")) {
+        fprintf(stderr, "psworker: --overlap: expected on|off, got \"%s\"\n", o->overlap);
         return PS_EINVAL;
     }
     if (o->steps < 1 || o->steps > (UINT64_C(1) << 40)) {
@@ -364,6 +380,8 @@ int main(int argc, char **argv)
         {"pull-codec", PS_OPT_STRING, &o.pull_codec, "pulled weights raw|lz4 (\"\" = follows --codec)"},
         {"topk-ratio", PS_OPT_FLOAT, &o.topk_ratio, "topk: fraction of elements sent (0 = default)"},
         {"ef-rounding", PS_OPT_BOOL, &o.ef_rounding, "fp16/bf16 pushes: feed the rounding error back"},
+        {"dgc-momentum", PS_OPT_INT, &o.dgc_momentum, "topk/sign: momentum kept on the worker (DGC), plain SGD on psd: 1, 0, -1 = auto (sign, topk-ratio <= 1%)"},
+        {"topk-warmup-steps", PS_OPT_INT, &o.topk_warmup_steps, "topk: density 25% down to --topk-ratio over N steps (-1 = steps/4)"},
         {"curve-server-key", PS_OPT_STRING, &o.curve_server_keys, "CURVE: server public key file(s) FILE[,FILE...]"},
         {"curve-public-key", PS_OPT_STRING, &o.curve_public_key, "CURVE: this worker's public key file"},
         {"curve-secret-key", PS_OPT_STRING, &o.curve_secret_key, "CURVE: this worker's secret key file"},
@@ -417,6 +435,7 @@ int main(int argc, char **argv)
         {"allreduce", PS_OPT_STRING, &o.allreduce, "--mode allreduce: ring (ZeroMQ) | nccl (CUDA builds)"},
         {"ring-conns", PS_OPT_INT, &o.ring_conns, "--mode allreduce: connections to the right neighbour"},
         {"compute", PS_OPT_STRING, &o.compute, "synthetic:<model>:<ms>: real partition layout, sleep for compute"},
+        {"overlap", PS_OPT_STRING, &o.overlap, "on|off: push each partition when its layers' backward ends, wait per layer in the next forward (default on for video models without --loss-scale)"},
         {"precision", PS_OPT_STRING, &o.precision, "compute precision fp32|fp16|bf16 (fp16/bf16: --device cuda)"},
         {"loss-scale", PS_OPT_STRING, &o.loss_scale, "dynamic | static:S | off (\"\" = dynamic for fp16, else off)"},
         {"loss-scale-window", PS_OPT_INT, &o.loss_scale_window, "dynamic loss scale: clean steps before it doubles"},

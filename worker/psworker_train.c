@@ -6,7 +6,10 @@
  * brings back the weights of the next version.  The iteration sent with a
  * partition's gradient is the version of the weights it was computed from;
  * in sync mode that is the step number, in async / bounded-staleness modes
- * the server uses it to measure staleness.
+ * the server uses it to measure staleness.  With --overlap
+ * (psworker_overlap.c) the pushes leave from the model's backward hooks and
+ * the replies are checked, by the same ps_worker_part_complete, from the
+ * next forward's hooks.
  *
  * Standalone step: the same gradient over the whole global batch, then the
  * same ps_optim_apply_partition the servers run, partition by partition.
@@ -46,13 +49,13 @@ static size_t ls_scaled_numel; /* ... which scaled p->grad[0..this) */
 /* Before the step's backward: hand the current scale to a backend that
  * applies it in the loss gradient (CUDA: fp16 backward needs the scaled
  * values), else ls_prepare scales afterwards. */
-static void ls_begin(ps_worker_t *p)
+void ps_worker_ls_begin(ps_worker_t *p)
 {
     ls_in_backend = p->o->ls_on && p->vid &&
                     ps_worker_video_loss_scale(p, ps_loss_scale_get(&p->ls), &ls_scaled_numel);
 }
 
-static int ls_prepare(ps_worker_t *p, uint64_t step)
+int ps_worker_ls_prepare(ps_worker_t *p, uint64_t step)
 {
     const ps_worker_opts_t *o = p->o;
     if (!o->ls_on)
@@ -75,7 +78,7 @@ static int ls_prepare(ps_worker_t *p, uint64_t step)
 /* Feed the step's cluster-wide verdict to the scaler; logs every change of
  * the scale (one line per event, the sequence tests compare across
  * workers).  Returns 1 when the step was applied, 0 when it was skipped. */
-static int ls_finish(ps_worker_t *p, uint64_t step, int local, int verdict)
+int ps_worker_ls_finish(ps_worker_t *p, uint64_t step, const char *where, int verdict)
 {
     if (!p->o->ls_on)
         return 1;
@@ -84,14 +87,14 @@ static int ls_finish(ps_worker_t *p, uint64_t step, int local, int verdict)
     float after = ps_loss_scale_get(&p->ls);
     if (!applied)
         ps_info("loss scale: step %" PRIu64 " skipped (overflow %s), scale %.0f -> %.0f", step,
-                local ? "on this worker" : "on another worker", (double)before, (double)after);
+                where, (double)before, (double)after);
     else if (after != before)
         ps_info("loss scale: step %" PRIu64 " clean, scale %.0f -> %.0f", step, (double)before,
                 (double)after);
     return applied;
 }
 
-static void ls_report(const ps_worker_t *p)
+void ps_worker_ls_report(const ps_worker_t *p)
 {
     if (p->o->ls_on)
         ps_info("loss scale: final %.0f, %" PRIu64 " of %" PRIu64 " steps skipped for overflow",
@@ -164,16 +167,16 @@ int ps_worker_run_standalone(ps_worker_t *p)
     p->st.t_start = ps_worker_now();
     for (uint64_t s = 0; s < o->steps; s++) {
         double t0 = ps_worker_now();
-        ls_begin(p);
+        ps_worker_ls_begin(p);
         double loss = ps_worker_compute(p, s);
         if ((rc = check_loss(p, loss, s)))
             return rc;
         devmem_step(p, s);
-        int ovf = ls_prepare(p, s);
+        int ovf = ps_worker_ls_prepare(p, s);
         double t1 = ps_worker_now();
         /* Skipped: no update at all (weights, momentum), as on the servers;
          * the schedule still counts the step. */
-        int apply = ls_finish(p, s, ovf, ovf);
+        int apply = ps_worker_ls_finish(p, s, PS_WORKER_LS_WHERE(ovf), ovf);
         for (uint32_t i = 0; apply && i < p->table.nparts; i++) {
             size_t off = p->table.parts[i].offset;
             rc = ps_optim_apply_partition(&p->optim, &p->table, i, p->w + off, p->mom + off,
@@ -187,7 +190,7 @@ int ps_worker_run_standalone(ps_worker_t *p)
         ps_worker_record_step(p, s, loss, t2 - t0, t1 - t0, 0);
         ps_worker_maybe_validate(p, s + 1);
     }
-    ls_report(p);
+    ps_worker_ls_report(p);
     if ((rc = ps_worker_save_model(p)))
         return rc;
     devmem_report(p);
@@ -244,6 +247,69 @@ static int pull_all(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_t *ve
     return wait_all(c, req, ver, p->table.nparts, "pull");
 }
 
+/* Partition i's PUSHPULL of `step` (req[i]) is done or about to be: wait
+ * for it and run every check of a cluster step on it (OVERFLOW verdict,
+ * ROLLBACK, stale drop and re-pull in async modes, exactly one update per
+ * step in sync mode, versions going back).  Used by cluster_step after all
+ * pushes and by the overlap hooks (psworker_overlap.c) one partition at a
+ * time, as the next forward needs it.  dst: where the partition's weights
+ * land (the re-pull after a stale drop goes there too).  Returns 0 or the
+ * PS_E*; *first_rc keeps the first error of the step, logged once. */
+int ps_worker_part_complete(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_t *ver,
+                            uint32_t i, float *dst, uint64_t step, int sync, int *remote_ovf,
+                            int *first_rc)
+{
+    if (!req[i])
+        return 0;
+    uint64_t v = 0;
+    uint32_t rflags = 0;
+    int r = ps_client_wait_flags(c, req[i], -1, &v, &rflags);
+    req[i] = NULL;
+    /* psd's verdict on this step (sync): WEIGHTS of a skipped update */
+    if (!r && (rflags & PS_FLAG_OVERFLOW))
+        *remote_ovf = 1;
+    if (r == PS_ESTATE && sync && (rflags & PS_FLAG_ROLLBACK)) {
+        /* A server restarted from an older checkpoint (v): cluster_train
+         * rolls every server back once this step's requests are done. */
+        if (!p->rollback || v < p->rollback_to)
+            p->rollback_to = v;
+        p->rollback = 1;
+        return 0;
+    }
+    if (r == PS_ESTALE && !sync) {
+        p->st.stale_drops++;
+        ps_debug("partition %u: gradient of version %" PRIu64 " too stale, pulling", i, ver[i]);
+        r = ps_client_pull(c, i, 0, dst, &req[i]);
+        if (!r)
+            r = ps_client_wait(c, req[i], -1, &v);
+        req[i] = NULL;
+    }
+    if (r) {
+        if (!*first_rc)
+            ps_error("step %" PRIu64 ": partition %u failed: %s (%s)", step, i, ps_strerror(r),
+                     ps_client_last_error(c));
+        *first_rc = *first_rc ? *first_rc : r;
+        return r;
+    }
+    if (sync && v != step + 1 && !*first_rc) {
+        /* Exactly one update per step: anything else is a lost or doubled one. */
+        ps_error("step %" PRIu64 ": partition %u came back at version %" PRIu64
+                 ", expected %" PRIu64 " (lost or doubled update; or the servers do not "
+                 "run --mode sync: give psworker the same --mode)", step, i, v, step + 1);
+        *first_rc = PS_ESTATE;
+    }
+    if (!sync && v < ver[i]) {
+        /* The partition's version went backwards: its server restarted
+         * from an older checkpoint.  Residuals of lossy pushes were
+         * accumulated against weights that no longer exist. */
+        ps_warn("partition %u went back from version %" PRIu64 " to %" PRIu64
+                " (server restored a checkpoint): resetting error feedback", i, ver[i], v);
+        ps_client_ef_reset(c);
+    }
+    ver[i] = v;
+    return *first_rc;
+}
+
 /* One cluster step: push the gradient of every partition and get the new
  * weights back.  A gradient refused as too stale (bounded staleness) is
  * dropped and the partition's newest weights are pulled instead. */
@@ -262,57 +328,9 @@ static int cluster_step(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_t
             ps_error("pushpull of partition %u at step %" PRIu64 ": %s", i, step,
                      ps_strerror(rc));
     }
-    for (uint32_t i = 0; i < n; i++) {
-        if (!req[i])
-            continue;
-        uint64_t v = 0;
-        uint32_t rflags = 0;
-        int r = ps_client_wait_flags(c, req[i], -1, &v, &rflags);
-        req[i] = NULL;
-        /* psd's verdict on this step (sync): WEIGHTS of a skipped update */
-        if (!r && (rflags & PS_FLAG_OVERFLOW))
-            *remote_ovf = 1;
-        if (r == PS_ESTATE && sync && (rflags & PS_FLAG_ROLLBACK)) {
-            /* A server restarted from an older checkpoint (v): cluster_train
-             * rolls every server back once this step's requests are done. */
-            if (!p->rollback || v < p->rollback_to)
-                p->rollback_to = v;
-            p->rollback = 1;
-            continue;
-        }
-        if (r == PS_ESTALE && !sync) {
-            p->st.stale_drops++;
-            ps_debug("partition %u: gradient of version %" PRIu64 " too stale, pulling", i,
-                     ver[i]);
-            r = ps_client_pull(c, i, 0, p->w + p->table.parts[i].offset, &req[i]);
-            if (!r)
-                r = ps_client_wait(c, req[i], -1, &v);
-            req[i] = NULL;
-        }
-        if (r) {
-            if (!rc)
-                ps_error("step %" PRIu64 ": partition %u failed: %s (%s)", step, i,
-                         ps_strerror(r), ps_client_last_error(c));
-            rc = rc ? rc : r;
-            continue;
-        }
-        if (sync && v != step + 1 && !rc) {
-            /* Exactly one update per step: anything else is a lost or doubled one. */
-            ps_error("step %" PRIu64 ": partition %u came back at version %" PRIu64
-                     ", expected %" PRIu64 " (lost or doubled update; or the servers do not "
-                     "run --mode sync: give psworker the same --mode)", step, i, v, step + 1);
-            rc = PS_ESTATE;
-        }
-        if (!sync && v < ver[i]) {
-            /* The partition's version went backwards: its server restarted
-             * from an older checkpoint.  Residuals of lossy pushes were
-             * accumulated against weights that no longer exist. */
-            ps_warn("partition %u went back from version %" PRIu64 " to %" PRIu64
-                    " (server restored a checkpoint): resetting error feedback", i, ver[i], v);
-            ps_client_ef_reset(c);
-        }
-        ver[i] = v;
-    }
+    for (uint32_t i = 0; i < n; i++)
+        ps_worker_part_complete(p, c, req, ver, i, p->w + p->table.parts[i].offset, step, sync,
+                                remote_ovf, &rc);
     return rc;
 }
 
@@ -374,7 +392,29 @@ static int job_under_way(ps_client_t *c, int nservers)
     return 1;
 }
 
-static int cluster_train(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_t *ver)
+/* --overlap: the step of the loop once ps_worker_compute returned.  The
+ * hooks already pushed what backward finished and checked the previous
+ * step's replies as the forward needed them; the rest is pushed here.
+ * Before a step that validates and after the last one every reply is
+ * checked at once, as the plain loop does within the step.  *t_wait: time
+ * blocked on replies.  Returns 0, or the PS_E*, with p->rollback set when
+ * the loop must roll back. */
+static int overlap_step(ps_worker_t *p, ps_worker_overlap_t *ov, uint64_t s, double *t_wait)
+{
+    const ps_worker_opts_t *o = p->o;
+    int rc = ps_worker_overlap_end(ov, t_wait), remote = 0;
+    if (rc || p->rollback || p->compute_rc)
+        return rc;
+    if (s + 1 == o->steps || (o->val_every > 0 && (s + 1) % (uint64_t)o->val_every == 0)) {
+        double t0 = ps_worker_now();
+        rc = ps_worker_overlap_wait_all(ov, &remote);
+        *t_wait += ps_worker_now() - t0;
+    }
+    return rc;
+}
+
+static int cluster_train(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_t *ver,
+                         ps_worker_overlap_t *ov)
 {
     const ps_worker_opts_t *o = p->o;
     int sync = !strcmp(o->mode, "sync"), rc, from_ckpt = 0;
@@ -429,14 +469,18 @@ static int cluster_train(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_
     p->st.t_start = ps_worker_now();
     for (uint64_t s = start; s < o->steps; s++) {
         double t0 = ps_worker_now();
-        ls_begin(p);
-        double loss = ps_worker_compute(p, s);
-        if ((rc = check_loss(p, loss, s)))
+        ps_worker_ls_begin(p);
+        if (ov)
+            ps_worker_overlap_begin(ov, s);
+        double loss = ps_worker_compute(p, s), t_wait = 0;
+        if (ov && (rc = overlap_step(p, ov, s, &t_wait)))
+            return rc;
+        if (!(ov && p->rollback) && (rc = check_loss(p, loss, s)))
             return rc;
         devmem_step(p, s);
-        int ovf = ls_prepare(p, s), remote = 0;
+        int ovf = ps_worker_ls_prepare(p, s), remote = 0; /* ls is off with --overlap */
         double t1 = ps_worker_now();
-        if ((rc = cluster_step(p, c, req, ver, s, sync, ovf, &remote)))
+        if (!ov && (rc = cluster_step(p, c, req, ver, s, sync, ovf, &remote)))
             return rc;
         if (p->rollback) {
             uint64_t next;
@@ -452,9 +496,10 @@ static int cluster_train(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_
                     "workers' loss scales may diverge (psd too old?)", s);
         /* Async / bounded staleness: no step is shared, each worker's own
          * overflow is its verdict (psd drops just that push). */
-        ls_finish(p, s, ovf, ovf || (sync && remote));
+        ps_worker_ls_finish(p, s, PS_WORKER_LS_WHERE(ovf), ovf || (sync && remote));
         double t2 = ps_worker_now();
-        ps_worker_record_step(p, s, loss, t2 - t0, t1 - t0, t2 - t1);
+        /* --overlap: the waits inside compute and after it are communication */
+        ps_worker_record_step(p, s, loss, t2 - t0, t1 - t0 - t_wait, t2 - t1 + t_wait);
         /* rank 0 validated: the others wait here, not in a PUSHPULL */
         if (ps_worker_maybe_validate(p, s + 1) && (rc = ps_client_barrier(c))) {
             ps_error("validation barrier failed: %s (%s)", ps_strerror(rc), ps_client_last_error(c));
@@ -469,7 +514,7 @@ static int cluster_train(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_
     }
     if ((rc = pull_all(p, c, req, ver)))
         return rc;
-    ls_report(p);
+    ps_worker_ls_report(p);
     if ((rc = ps_worker_save_model(p)))
         return rc;
     devmem_report(p);
@@ -512,6 +557,9 @@ int ps_worker_client_connect(ps_worker_t *p, ps_client_t **cp)
     co.pull_codec = o->pull_codec_id;
     co.topk_ratio = o->topk_ratio;
     co.ef_rounding = o->ef_rounding;
+    co.ef_momentum = ps_worker_ef_momentum(o);
+    co.ef_nesterov = o->nesterov;
+    co.topk_warmup_steps = ps_worker_topk_warmup(o);
     if (keys) {
         if (nkeys != 1 && nkeys != nservers) {
             ps_error("--curve-server-key: give 1 key file (shared by all servers) or one per "
@@ -569,6 +617,7 @@ out:
 int ps_worker_run_cluster(ps_worker_t *p)
 {
     ps_client_t *c = NULL;
+    ps_worker_overlap_t *ov = NULL;
     int rc;
     ps_req_t **req = calloc(p->table.nparts, sizeof *req);
     uint64_t *ver = calloc(p->table.nparts, sizeof *ver);
@@ -579,11 +628,15 @@ int ps_worker_run_cluster(ps_worker_t *p)
     }
     if ((rc = ps_worker_client_connect(p, &c)))
         goto out;
-    rc = cluster_train(p, c, req, ver);
+    if ((rc = ps_worker_overlap_new(p, c, req, ver, !strcmp(p->o->mode, "sync"), &ov)))
+        goto out;
+    rc = cluster_train(p, c, req, ver, ov);
 out:
     /* Destroying the client stops its I/O thread before the buffers that
-     * in-flight requests point into (p->w, p->grad) are freed. */
+     * in-flight requests point into (p->w, p->grad, the overlap's) are
+     * freed; the overlap's communication thread is idle between steps. */
     ps_client_destroy(&c);
+    ps_worker_overlap_free(&ov);
     free(req);
     free(ver);
     return rc;

@@ -564,6 +564,12 @@ double ps_worker_video_eval(ps_worker_t *p, double *top1, double *top5, size_t *
     return video_eval(p, top1, top5, videos, NULL);
 }
 
+struct ps_model *ps_worker_video_model(ps_worker_t *p, struct ps_ctx **cuda_ctx)
+{
+    *cuda_ctx = p->vid && p->vid->cuda ? &p->vid->ctx : NULL;
+    return p->vid ? p->vid->m : NULL;
+}
+
 int ps_worker_video_save(ps_worker_t *p, const char *path)
 {
     scatter(p);

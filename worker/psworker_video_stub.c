@@ -27,6 +27,12 @@ double ps_worker_video_eval(ps_worker_t *p, double *top1, double *top5, size_t *
     return NAN;
 }
 int ps_worker_video_save(ps_worker_t *p, const char *path) { (void)p, (void)path; return PS_EUNSUPPORTED; }
+struct ps_model *ps_worker_video_model(ps_worker_t *p, struct ps_ctx **cuda_ctx)
+{
+    (void)p;
+    *cuda_ctx = NULL;
+    return NULL;
+}
 uint32_t ps_worker_video_bn_crc(const ps_worker_t *p, int *ntensors)
 {
     (void)p;

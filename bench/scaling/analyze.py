@@ -78,12 +78,25 @@ def main():
         return 1
     F = fnum(rows[0]["scale"]); T = fnum(rows[0]["gpu_step_ms"]) / 1e3
     link_Bps = fnum(rows[0]["link_mbit"]) * 1e6 / 8
+    # what TCP really carries through one tbf link (scaling.sh measures it
+    # before the sweep; older CSVs lack the column): the physical limit
+    link_meas = fnum(rows[0].get("link_measured_mbit") or "nan")
+    if link_meas > 0:
+        link_Bps = link_meas * 1e6 / 8
     model = rows[0]["model"]
     for r in rows:
         r["W"] = int(r["workers"]); r["S"] = int(r["servers"])
         r["t"] = fnum(r["median_s"]); r["c"] = fnum(r["compute_s"]); r["w"] = fnum(r["comm_wait_s"])
         r["out"] = fnum(r["wire_out_per_iter"], 0); r["in"] = fnum(r["wire_in_per_iter"], 0)
         r["eff_c"] = fnum(r["compute_ms"]) / 1e3 / r["t"]
+        # the variants of a point beyond the overlap mode go into its label:
+        # placement (co-located servers), partition size, pull credit
+        r["coloc"] = r.get("placement") == "colocated"
+        pb = int(fnum(r.get("partition_bytes") or "4194304", 4194304))
+        cr = int(fnum(r.get("pull_credit") or "0", 0))
+        r["overlap"] += (" coloc" if r["coloc"] else "") + \
+            (" %dM" % (pb >> 20) if pb != 4194304 and pb % (1 << 20) == 0 else
+             " %dK" % (pb >> 10) if pb != 4194304 else "") + (" credit %d" % cr if cr > 0 else "")
         r["key"] = (r["mode"], r["S"], r["dtype"], r["codec"], r["overlap"])
     base = {r["key"]: r["t"] for r in rows if r["W"] == 1}
     for r in rows:
@@ -100,13 +113,16 @@ def main():
         y = r["W"] * gw / 1e9
         if r["mode"] == "ring":
             return y, r["out"] / link_Bps
-        return y, max(r["W"] / r["S"], 1.0) * max(r["out"], r["in"]) / link_Bps
+        G = max(r["out"], r["in"])
+        if r["coloc"]:  # host s: G (S-1)/S as a worker, G (W-1)/S as a server
+            return y, (G * (r["S"] - 1) / r["S"] + G * (r["W"] - 1) / r["S"]) / link_Bps
+        return y, max(r["W"] / r["S"], 1.0) * G / link_Bps
 
     FIT_MAX_W = 8
     # fits[(mode, overlap)] = (rms residual s, b, points)
     fits = {}
     for mode in ("ring", "ps"):
-        for ov in ("on", "off"):
+        for ov in ("on", "off", "fwd"):
             pts = [r for r in rows if r["mode"] == mode and r["overlap"] == ov and
                    r["codec"] == "raw" and r["W"] <= FIT_MAX_W and (mode == "ps" or r["W"] > 1)]
             data = [(feat(r)[1], max(r["w"] - ALPHA * hops(mode, r["W"]), 0.0)) for r in pts]
@@ -115,7 +131,7 @@ def main():
             n = len(data)
             mx = sum(x for x, _ in data) / n; my = sum(y for _, y in data) / n
             sxx = sum((x - mx) ** 2 for x, _ in data)
-            if ov == "on" and n >= 3 and sxx > 0:
+            if ov != "off" and n >= 3 and sxx > 0:
                 b = sum((x - mx) * (y - my) for x, y in data) / sxx
                 icpt = my - b * mx
             else:
@@ -248,8 +264,11 @@ def main():
         "measured": "\n".join(meas),
         "fit": "\n".join(fit_t),
         "predict": "\n".join(pt),
-        "run": "Model %s, slow-down F = %g (links %s Mbit/s, compute %g ms x F), %d points, "
-               "run %s." % (model, F, rows[0]["link_mbit"], T * 1e3, len(rows), a.label),
+        "run": "Model %s, slow-down F = %g (links %s Mbit/s%s, compute %g ms x F), %d points, "
+               "run %s." % (model, F, rows[0]["link_mbit"],
+                            "; TCP through one link measured %.0f Mbit/s, the physical limit the "
+                            "model uses" % link_meas if link_meas > 0 else "",
+                            T * 1e3, len(rows), a.label),
     }
     if wire_t:
         gen["wire"] = "\n".join(wire_t)

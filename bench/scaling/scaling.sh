@@ -9,7 +9,7 @@
 # keep up with the links.
 #
 #   bench/scaling/scaling.sh [--quick | --full] [options]
-#     --quick              19 points, about 10 minutes (default)
+#     --quick              23 points, about 10 minutes alone (default)
 #     --full               every combination (~1.5 hours)
 #     --build DIR          where psbench and psd are (default: .)
 #     --results DIR        CSV + PNG (default: bench/scaling/results in the source tree)
@@ -37,6 +37,13 @@
 # frames cost what ResNet-50 images cost; NVIDIA DeepLearningExamples
 # (PyTorch ResNet-50 v1.5, DGX-1 V100 16GB, 1 GPU) measures 1200 img/s mixed
 # precision: 64 / 1200 = 53 ms (FP32 367 img/s: 174 ms).
+#
+# Compute schedule: psbench splits the emulated forward (1/3) and backward
+# (2/3) over the partitions by the forward MACs of their layers at 224^2
+# (bench/model_sizes.h), not by their sizes.  Placement: dedicated = S
+# server hosts + W worker hosts; colocated = server s on worker s's host
+# (W hosts).  Before the sweep, what one link really carries (TCP through
+# tbf, 1 and 8 streams) is measured and written beside the nominal rate.
 #
 # Step split: data wait is 0 here (no data loader: the paper's third
 # bottleneck is measured by psworker on real video, its CSV data_wait_ms);
@@ -76,15 +83,23 @@ mbit=$(awk -v f="$scale" 'BEGIN { printf "%d", 25000 / f }')
 compute_ms=$(awk -v t="$gpu_ms" -v f="$scale" 'BEGIN { printf "%g", t * f }')
 "$psbench" --model "$model" --help >/dev/null 2>&1 || { echo "scaling.sh: psbench does not know --model $model" >&2; exit 2; }
 
-# The points: "mode servers workers dtype codec overlap" per line.
+# The points: "mode servers workers dtype codec overlap [placement
+# partition_bytes pull_credit]" per line (defaults: dedicated 4M 0).
+# overlap: off | on (pushes during the backward) | fwd (and the next
+# forward waits per partition); pull_credit > 0: PUSH + PULL with that many
+# pulls per server outstanding, front of the model first (psbench --help).
 points() {
     if [ $quick = 1 ]; then
         for w in 1 2 4 8 16; do echo "ps 4 $w fp16 raw on"; done
         for w in 1 2 4 8 16; do echo "ring 0 $w fp16 raw on"; done
-        echo "ps 1 8 fp16 raw on"; echo "ps 2 8 fp16 raw on"
-        echo "ps 4 8 fp32 raw on"; echo "ps 4 8 fp32 topk on"; echo "ps 4 8 fp16 raw off"
-        echo "ring 0 8 fp32 raw on"; echo "ring 0 8 fp16 raw off"; echo "ring 0 16 fp32 raw on"
-        echo "ps 1 1 fp16 raw off"
+        # what closes the gap at 8 workers, one change at a time
+        echo "ps 4 8 fp16 raw fwd"; echo "ps 4 8 fp16 raw fwd dedicated 1M"
+        echo "ps 4 8 fp16 raw fwd dedicated 1M 2"
+        echo "ps 8 8 fp16 raw fwd"; echo "ps 8 8 fp16 raw fwd colocated"
+        echo "ps 8 8 fp16 raw on colocated 1M"; echo "ps 8 8 fp16 raw fwd colocated 1M"
+        echo "ps 16 16 fp16 raw on colocated 1M"
+        echo "ps 4 8 fp32 raw on"; echo "ps 4 8 fp32 topk on"
+        echo "ps 4 8 fp16 raw off"; echo "ring 0 8 fp16 raw off"; echo "ps 4 1 fp16 raw off"
         return
     fi
     for o in on off; do
@@ -96,13 +111,8 @@ points() {
         done
     done
 }
-maxw=0 maxs=0
-for p in $(points | awk '{ print $2 "/" $3 }'); do
-    s=${p%/*} w=${p#*/}
-    [ "$w" -gt $maxw ] && maxw=$w
-    [ "$s" -gt $maxs ] && maxs=$s
-done
-hosts=$((maxw + maxs))
+# hosts: dedicated S + W, colocated W, ring W
+hosts=$(points | awk '{ h = $7 == "colocated" ? $3 : $2 + $3; if (h > m) m = h } END { print m }')
 prefix=pssc$$
 mkdir -p "$results"
 csv=$results/scaling-$model.csv
@@ -114,15 +124,21 @@ if [ $dry = 0 ]; then
     trap '"$nd/down.sh" $prefix >/dev/null 2>&1' EXIT
     trap 'exit 1' INT TERM HUP
     "$nd/up.sh" $prefix $hosts ${mbit}mbit || exit 3
-    echo "model,mode,servers,workers,dtype,codec,overlap,link_mbit,scale,gpu_step_ms,compute_ms,median_s,p10_s,p90_s,data_s,compute_s,comm_wait_s,steps_per_s,wire_out_per_iter,wire_in_per_iter,status" >"$csv"
+    # the physical limit: what TCP really gets through one tbf link
+    "$psbench" --psd "$psd" --netns $prefix --link-only --pump-seconds 3 --link-streams 1,8 |
+        tee "$results/link.txt"
+    link_meas=$(sed -n 's/.* mbit_per_s=\([0-9.]*\).*/\1/p' "$results/link.txt" | sort -g | tail -n 1)
+    echo "model,mode,servers,workers,dtype,codec,overlap,link_mbit,scale,gpu_step_ms,compute_ms,median_s,p10_s,p90_s,data_s,compute_s,comm_wait_s,steps_per_s,wire_out_per_iter,wire_in_per_iter,status,placement,partition_bytes,pull_credit,link_measured_mbit,schedule" >"$csv"
 fi
 # MB of the fp32 gradient, for a generous time limit per point
 mb=$(awk -v m="$model" 'BEGIN { n["tsm-r50"] = 97.3; n["tsm-r18"] = 45.5; n["i3d-r50"] = 188; n["retinanet-r50"] = 136; print n[m] }')
-points | while read -r mode s w d c o; do
+points | while read -r mode s w d c o pl pb cr; do
+    pl=${pl:-dedicated} pb=${pb:-4M} cr=${cr:-0}
     div=$s; [ "$mode" = ring ] && div=1
     lim=$(awk -v k=$((iters + warmup)) -v cm="$compute_ms" -v w=$w -v s=$div -v mb="$mb" -v r="$mbit" \
         'BEGIN { x = w / s; if (x < 2) x = 2; printf "%d", 3 * k * (cm / 1000 + 2 * x * mb * 8 / r) + 60 }')
-    sv="--servers $s"; [ "$mode" = ring ] && sv=""
+    sv="--servers $s --partition-bytes $pb --pull-credit $cr"; [ "$mode" = ring ] && sv="--partition-bytes $pb"
+    [ "$pl" = colocated ] && sv="$sv --colocate"
     cmd="$psbench --mode $mode --psd $psd --netns $prefix $sv --workers $w --model $model --dtype $d --codec $c --overlap $o --compute-ms $compute_ms --iters $iters --warmup $warmup --pump-seconds 0 --timeout-s $lim"
     if [ $dry = 1 ]; then
         echo "$cmd"
@@ -131,7 +147,7 @@ points | while read -r mode s w d c o; do
     l=$($cmd 2>&1 | grep "^psbench mode=$mode ")
     kv() { echo "$l" | sed -n "s/.* $1=\([^ ]*\).*/\1/p"; }
     if echo "$l" | grep -q 'median_s='; then st=ok; else st=failed; fi
-    row="$model,$mode,$s,$w,$d,$c,$o,$mbit,$scale,$gpu_ms,$compute_ms,$(kv median_s),$(kv p10_s),$(kv p90_s),0,$(kv compute_s),$(kv comm_wait_s),$(kv steps_per_s),$(kv wire_out_per_iter),$(kv wire_in_per_iter),$st"
+    row="$model,$mode,$s,$w,$d,$c,$o,$mbit,$scale,$gpu_ms,$compute_ms,$(kv median_s),$(kv p10_s),$(kv p90_s),0,$(kv compute_s),$(kv comm_wait_s),$(kv steps_per_s),$(kv wire_out_per_iter),$(kv wire_in_per_iter),$st,$pl,$(kv partition_bytes),$cr,$link_meas,$(kv schedule)"
     echo "$row" >>"$csv"
     echo "# $row  [$(($(date +%s) - t_start)) s]"
 done

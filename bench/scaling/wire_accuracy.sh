@@ -13,6 +13,9 @@
 # TSM-ResNet-18 at stem width 32, 32x32 crops, 8 frames, batch 8 per worker
 # (16 clips per step), lr 0.02 cosine with 5% warmup, weight decay 1e-4,
 # no flip (it would reverse the motion the labels are about), no dropout.
+# top-k / sign run with psworker's defaults: per model tensor, DGC momentum
+# correction (--dgc-momentum -1: on for sign and top-k <= 1%) and the top-k
+# density warm-up over the first steps/4 (docs/scaling.md, wire section).
 # Bytes: psd's own counters (headers included) at shutdown, divided by
 # steps and workers: what one worker pushes (in) and pulls (out) per step.
 set -u
@@ -27,7 +30,7 @@ while [ $# -gt 0 ]; do
     --out) out=$2; shift 2 ;;
     --formats) formats=$2; shift 2 ;;
     --) shift; break ;;
-    -h | --help) sed -n '2,17s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,20s/^# \{0,1\}//p' "$0"; exit 0 ;;
     *) echo "wire_accuracy.sh: unknown option $1" >&2; exit 2 ;;
     esac
 done
@@ -74,6 +77,8 @@ for f in $formats; do
     done
     ok=1
     for p in "${wp[@]}"; do wait "$p" || ok=0; done
+    # a failed worker never sends SHUTDOWN: do not wait for psd forever
+    [ $ok = 0 ] && kill "$spid" 2>/dev/null
     wait "$spid"
     if [ $ok = 0 ]; then
         echo "wire_accuracy.sh: $dt/$codec failed; logs in $d" >&2

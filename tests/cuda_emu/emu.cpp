@@ -554,6 +554,282 @@ static void detection()
     det_permute();
 }
 
+// ---- half storage (--precision fp16|bf16): the k_h_* kernels on half NHWC
+// tensors against the CPU fp32 layers on the unrounded inputs.  Inputs are
+// stored with an explicit host transpose (NCHW -> NHWC) and rounding;
+// outputs are read back the same way, so a kernel that indexes NCHW (or
+// mixes up C and HW) fails.  Tolerance tol * max|ref| + tol * |ref|, tol
+// 1e-2 fp16 / 3e-2 bf16 (the GPU test's, derived there); max pool gets
+// rounded inputs on both sides and must be exact, argmax included.
+template <class T> static T *h_store(const float *x, int N, int C, int HW)
+{
+    const size_t n = (size_t)N * C * HW;
+    T *h = (T *)malloc((n ? n : 1) * sizeof(T));
+    memset(h, 0xff, n * sizeof(T)); // NaN in both formats
+    for (int i = 0; i < N; i++)
+        for (int c = 0; c < C; c++)
+            for (int p = 0; p < HW; p++)
+                st(&h[((size_t)i * HW + p) * C + c], x[((size_t)i * C + c) * HW + p]);
+    return h;
+}
+template <class T> static T *h_poison(size_t n)
+{
+    T *h = (T *)malloc((n ? n : 1) * sizeof(T));
+    memset(h, 0xff, n * sizeof(T));
+    return h;
+}
+template <class T> static float *h_load(const T *h, int N, int C, int HW)
+{
+    const size_t n = (size_t)N * C * HW;
+    float *x = nans(n);
+    for (int i = 0; i < N; i++)
+        for (int c = 0; c < C; c++)
+            for (int p = 0; p < HW; p++)
+                x[((size_t)i * C + c) * HW + p] = ld(h[((size_t)i * HW + p) * C + c]);
+    return x;
+}
+static double h_tol;
+static double amax(const float *x, size_t n)
+{
+    double m = 0;
+    for (size_t i = 0; i < n; i++) m = fabs(x[i]) > m ? fabs(x[i]) : m;
+    return m;
+}
+template <class T>
+static void hcmp(const T *got, const float *want, int N, int C, int HW, const char *what,
+                 double tol = -1)
+{
+    const size_t n = (size_t)N * C * HW;
+    if (tol < 0) tol = h_tol;
+    float *g = h_load(got, N, C, HW);
+    cmp(g, want, n, tol * amax(want, n), tol, what);
+    free(g);
+}
+static float h_round(float x, const __half *) { return __half2float(__float2half_rn(x)); }
+static float h_round(float x, const __nv_bfloat16 *)
+{
+    return __bfloat162float(__float2bfloat16_rn(x));
+}
+
+template <class T> static void half_storage(const char *name, double tol)
+{
+    h_tol = tol;
+    printf("# ---- %s storage (NHWC), tolerance %g\n", name, tol);
+    char what[128];
+#define W_(s) (snprintf(what, sizeof what, "%s %s", name, s), what)
+    { // elementwise + dropout
+        const int N = 3, C = 10, HW = 37;
+        const size_t n = (size_t)N * C * HW;
+        float *x = rnd(n), *b = rnd(n), *dy = rnd(n), *y = nans(n), *dx = nans(n), *s = nans(n);
+        T *hx = h_store<T>(x, N, C, HW), *hb = h_store<T>(b, N, C, HW),
+          *hdy = h_store<T>(dy, N, C, HW), *hy = h_poison<T>(n), *hs = h_poison<T>(n);
+        ps_cpu_relu_forward(&ctx, y, x, n);
+        EMU(k_h_relu_fwd<T>, 2, 32, hy, hx, n);
+        hcmp(hy, y, N, C, HW, W_("relu forward"));
+        ps_cpu_relu_backward(&ctx, dx, dy, y, n);
+        EMU(k_h_relu_bwd<T>, 3, 32, hdy, hdy, hy, n);
+        hcmp(hdy, dx, N, C, HW, W_("relu backward in place"));
+        ps_cpu_add(&ctx, s, x, b, n);
+        EMU(k_h_add<T>, 2, 16, hs, hx, hb, n);
+        hcmp(hs, s, N, C, HW, W_("add"));
+        ps_cpu_accumulate(&ctx, s, x, n);
+        EMU(k_h_acc<T>, 2, 16, hs, hx, n);
+        hcmp(hs, s, N, C, HW, W_("accumulate"));
+        /* dropout on (N, F) features: the CPU's mask bit for bit */
+        const int F = 333;
+        const size_t m = (size_t)N * F;
+        float *u = rnd(m), *o = nans(m), *g = rnd(m), *gi = nans(m);
+        uint8_t *k = (uint8_t *)malloc(m), *k2 = (uint8_t *)malloc(m);
+        T *hu = h_store<T>(u, N, F, 1), *ho = h_poison<T>(m), *hg = h_store<T>(g, N, F, 1),
+          *hgi = h_poison<T>(m);
+        ps_cpu_dropout_forward(&ctx, o, k, u, m, 0.3f, 77);
+        EMU(k_h_dropout_fwd<T>, 4, 64, ho, k2, hu, m, 0.3f, 1.0f / 0.7f, (uint64_t)77);
+        tap(!memcmp(k, k2, m), "%s dropout mask identical to the CPU's", name);
+        hcmp(ho, o, N, F, 1, W_("dropout forward"));
+        ps_cpu_dropout_backward(&ctx, gi, g, k, m, 0.3f);
+        EMU(k_h_dropout_bwd<T>, 4, 64, hgi, hg, k2, m, 1.0f / 0.7f);
+        hcmp(hgi, gi, N, F, 1, W_("dropout backward"));
+        free(x), free(b), free(dy), free(y), free(dx), free(s), free(hx), free(hb), free(hdy);
+        free(hy), free(hs), free(u), free(o), free(g), free(gi), free(k), free(k2), free(hu);
+        free(ho), free(hg), free(hgi);
+    }
+    { // temporal shift on NHWC frames, consensus
+        const int ts[][5] = {{2, 4, 16, 5, 8}, {1, 3, 7, 2, 8}, {3, 8, 64, 9, 8}};
+        for (const auto &c : ts) {
+            const int B = c[0], Tn = c[1], C = c[2], HW = c[3], fd = c[4];
+            const size_t n = (size_t)B * Tn * C * HW, cols = (size_t)B * C * HW;
+            float *x = rnd(n), *y = nans(n), *dx = nans(n);
+            T *hx = h_store<T>(x, B * Tn, C, HW), *hy = h_poison<T>(n), *hdx = h_poison<T>(n);
+            ps_cpu_tshift_forward(&ctx, y, x, B, Tn, C, HW, fd);
+            EMU(k_h_tshift<T>, 2, 64, hy, hx, cols, Tn, C, HW, C / fd, +1);
+            snprintf(what, sizeof what, "%s tshift B%d T%d C%d HW%d forward", name, B, Tn, C, HW);
+            hcmp(hy, y, B * Tn, C, HW, what);
+            ps_cpu_tshift_backward(&ctx, dx, x, B, Tn, C, HW, fd);
+            EMU(k_h_tshift<T>, 2, 64, hdx, hx, cols, Tn, C, HW, C / fd, -1);
+            hcmp(hdx, dx, B * Tn, C, HW, W_("  ... backward"));
+            EMU(k_h_tshift<T>, 3, 32, hx, hx, cols, Tn, C, HW, C / fd, +1);
+            hcmp(hx, y, B * Tn, C, HW, W_("  ... forward in place"));
+            free(x), free(y), free(dx), free(hx), free(hy), free(hdx);
+        }
+        const int B = 3, Tn = 8, K = 10;
+        const size_t ni = (size_t)B * Tn * K, no = (size_t)B * K;
+        float *x = rnd(ni), *dy = rnd(no), *y = nans(no), *dx = nans(ni);
+        T *hx = h_store<T>(x, B * Tn, K, 1), *hdy = h_store<T>(dy, B, K, 1), *hy = h_poison<T>(no),
+          *hdx = h_poison<T>(ni);
+        ps_cpu_consensus_forward(&ctx, y, x, B, Tn, K);
+        EMU(k_h_consensus_fwd<T>, 2, 8, hy, hx, B, Tn, K, 1.0f / Tn);
+        hcmp(hy, y, B, K, 1, W_("consensus forward"));
+        ps_cpu_consensus_backward(&ctx, dx, dy, B, Tn, K);
+        EMU(k_h_consensus_bwd<T>, 2, 8, hdx, hdy, Tn, K, ni, 1.0f / Tn);
+        hcmp(hdx, dx, B * Tn, K, 1, W_("consensus backward"));
+        free(x), free(dy), free(y), free(dx), free(hx), free(hdy), free(hy), free(hdx);
+    }
+    { // pooling
+        const int cfgs[][7] = {{2, 4, 11, 11, 3, 2, 1}, {2, 3, 8, 8, 2, 2, 0}, {1, 2, 7, 9, 3, 1, 1}};
+        for (const auto &c : cfgs) {
+            const int N = c[0], C = c[1], H = c[2], W = c[3], R = c[4], st_ = c[5], pad = c[6];
+            ps_pool_desc_t d = {R, R, st_, st_, pad, pad};
+            const int P = ps_conv_out(H, R, st_, pad, 1), Q = ps_conv_out(W, R, st_, pad, 1);
+            const size_t ni = (size_t)N * C * H * W, no = (size_t)N * C * P * Q;
+            float *x = rnd(ni), *dy = rnd(no), *y = nans(no), *dx = nans(ni);
+            for (size_t i = 0; i < ni; i++) x[i] = h_round(x[i], (const T *)NULL);
+            for (size_t i = 0; i + 1 < ni; i += 7) x[i + 1] = x[i]; /* ties */
+            for (size_t i = 0; i < no; i++) dy[i] = h_round(dy[i], (const T *)NULL);
+            int32_t *am = (int32_t *)malloc(no * 4), *am2 = (int32_t *)malloc(no * 4);
+            T *hx = h_store<T>(x, N, C, H * W), *hdy = h_store<T>(dy, N, C, P * Q),
+              *hy = h_poison<T>(no), *hdx = h_poison<T>(ni);
+            ps_cpu_maxpool_forward(&ctx, y, am, x, &d, N, C, H, W);
+            EMU(k_h_maxpool_fwd<T>, 3, 32, hy, am2, hx, no, C, H, W, P, Q, R, R, st_, st_, pad, pad);
+            snprintf(what, sizeof what, "%s maxpool N%d C%d %dx%d %d/%d forward (exact)", name, N,
+                     C, H, W, R, st_);
+            hcmp(hy, y, N, C, P * Q, what, 0);
+            int same = 1;
+            for (int i = 0; i < N; i++)
+                for (int cc = 0; cc < C; cc++)
+                    for (int p = 0; p < P * Q; p++)
+                        same &= am2[((size_t)i * P * Q + p) * C + cc] ==
+                                am[((size_t)i * C + cc) * P * Q + p];
+            tap(same, "%s   ... argmax identical (NHWC order, ties included)", name);
+            ps_cpu_maxpool_backward(&ctx, dx, dy, am, &d, N, C, H, W);
+            EMU(k_h_maxpool_bwd<T>, 3, 32, hdx, hdy, am2, ni, C, H, W, P, Q, R, R, st_, st_, pad,
+                pad);
+            hcmp(hdx, dx, N, C, H * W, W_("  ... backward (gather)"));
+            free(x), free(dy), free(y), free(dx), free(am), free(am2), free(hx), free(hdy);
+            free(hy), free(hdx);
+        }
+        const int N = 2, C = 5, HW = 3137;
+        const size_t n = (size_t)N * C * HW;
+        float *x = rnd(n, 1, 0.5f), *dy = rnd(N * C), *y = nans(N * C), *dx = nans(n);
+        T *hx = h_store<T>(x, N, C, HW), *hdy = h_store<T>(dy, N, C, 1), *hy = h_poison<T>(N * C),
+          *hdx = h_poison<T>(n);
+        ps_cpu_avgpool_forward(&ctx, y, x, N, C, HW);
+        EMU(k_h_avgpool_fwd<T>, 1, 4, hy, hx, (size_t)N * C, C, HW, 1.0f / HW);
+        hcmp(hy, y, N, C, 1, W_("avgpool forward"));
+        ps_cpu_avgpool_backward(&ctx, dx, dy, N, C, HW);
+        EMU(k_h_avgpool_bwd<T>, 2, 64, hdx, hdy, n, C, HW, 1.0f / HW);
+        hcmp(hdx, dx, N, C, HW, W_("avgpool backward"));
+        free(x), free(dy), free(y), free(dx), free(hx), free(hdy), free(hy), free(hdx);
+    }
+    { // batchnorm: half x / y / dy / dx, fp32 statistics and parameters
+        // (C 40: two channel tiles of the coalesced reductions)
+        const int cfg[][3] = {{4, 8, 25}, {3, 5, 1}, {2, 3, 700}, {2, 40, 9}};
+        for (const auto &c : cfg) {
+            const int N = c[0], C = c[1], HW = c[2];
+            const size_t n = (size_t)N * C * HW, M = (size_t)N * HW;
+            printf("# %s bn N%d C%d HW%d\n", name, N, C, HW);
+            float *x = rnd(n, 1, 0.5f), *g = rnd(C, 0.5f, 1), *be = rnd(C), *rm = rnd(C),
+                  *rv = rnd(C, 0.3f, 1);
+            float *rm2 = cp(rm, C), *rv2 = cp(rv, C), *sm = nans(C), *sr = nans(C),
+                  *sm2 = nans(C), *sr2 = nans(C), *y = nans(n), *ss = nans(2 * C);
+            T *hx = h_store<T>(x, N, C, HW), *hy = h_poison<T>(n);
+            ps_cpu_bn_forward_train(&ctx, y, sm, sr, rm, rv, x, g, be, 1e-5f, 0.1f, N, C, HW);
+            EMU(k_h_bn_stats<T>, C, 256, ss, sm2, sr2, rm2, rv2, hx, g, be, 1e-5f, 0.1f, M, C);
+            EMU(k_h_bn_apply<T>, 2, 64, hy, hx, ss, n, C);
+            cmp(sm2, sm, C, tol * amax(sm, C), tol, W_("bn save_mean (fp32)"));
+            cmp(sr2, sr, C, 0, tol, W_("bn save_rstd (fp32)"));
+            cmp(rm2, rm, C, tol * amax(rm, C), tol, W_("bn running_mean (fp32)"));
+            cmp(rv2, rv, C, 0, tol, W_("bn running_var (fp32, unbiased)"));
+            hcmp(hy, y, N, C, HW, W_("bn train forward"));
+            float *dy = rnd(n), *dg = rnd(C, 0.1f), *db = rnd(C, 0.1f), *dg2 = cp(dg, C),
+                  *db2 = cp(db, C), *dx = nans(n), *coef = nans(5 * C);
+            T *hdy = h_store<T>(dy, N, C, HW), *hdx = h_poison<T>(n);
+            ps_cpu_bn_backward_train(&ctx, dx, dg, db, dy, x, g, sm, sr, N, C, HW);
+            EMU(k_h_bn_bwd_sums<T>, C, 256, coef, dg2, db2, hdy, hx, g, sm2, sr2,
+                (const float *)NULL, (const float *)NULL, 0.0f, M, C);
+            EMU(k_h_bn_bwd_apply<T>, 2, 64, hdx, hdy, hx, coef, n, C, 1);
+            cmp(dg2, dg, C, tol * amax(dg, C), tol, W_("bn train dgamma (fp32, accumulated)"));
+            cmp(db2, db, C, tol * amax(db, C), tol, W_("bn train dbeta (fp32, accumulated)"));
+            hcmp(hdx, dx, N, C, HW, W_("bn train dinp"));
+            ps_cpu_bn_forward_eval(&ctx, y, x, g, be, rm, rv, 1e-5f, N, C, HW);
+            EMU(k_bn_eval_coef, 2, 32, ss, g, be, rm2, rv2, 1e-5f, C); // 64 >= C
+            EMU(k_h_bn_apply<T>, 2, 64, hy, hx, ss, n, C);
+            hcmp(hy, y, N, C, HW, W_("bn eval forward"));
+            ps_cpu_bn_backward_eval(&ctx, dx, NULL, NULL, dy, x, g, rm, rv, 1e-5f, N, C, HW);
+            EMU(k_h_bn_bwd_sums<T>, C, 256, coef, (float *)NULL, (float *)NULL, hdy, hx, g,
+                (const float *)NULL, (const float *)NULL, rm2, rv2, 1e-5f, M, C);
+            EMU(k_h_bn_bwd_apply<T>, 2, 64, hdx, hdy, hx, coef, n, C, 0);
+            hcmp(hdx, dx, N, C, HW, W_("bn frozen dinp"));
+            { /* the coalesced reductions the launchers use (k_h_bn_part +
+               * finish), a few pixel chunks so the partial sums matter: the
+               * same statistics and coefficients as the one-block kernels */
+                const int ct = (C + BNC_CH - 1) / BNC_CH;
+                const size_t ch = M / 3 + 1;
+                const int nch = (int)((M + ch - 1) / ch);
+                double *part = (double *)malloc((size_t)nch * C * 2 * sizeof(double));
+                float *rm3 = cp(rm, C), *rv3 = cp(rv, C), *sm3 = nans(C), *sr3 = nans(C),
+                      *ss3 = nans(2 * C), *coef3 = nans(5 * C), *dg3 = cp(dg, C),
+                      *db3 = cp(db, C);
+                memcpy(rm3, rm2, C * 4), memcpy(rv3, rv2, C * 4);
+                EMU(k_h_bn_stats<T>, C, 256, ss, sm2, sr2, rm2, rv2, hx, g, be, 1e-5f, 0.1f, M, C);
+                EMU(k_h_bn_part<T>, ct * nch, 256, part, hx, hx, (const float *)NULL, M, C, ch, ct);
+                EMU(k_bn_stats_fin, 1, 64, ss3, sm3, sr3, rm3, rv3, part, nch, g, be, 1e-5f,
+                    0.1f, M, C);
+                cmp(sm3, sm2, C, 1e-6 * amax(sm2, C), 1e-6, W_("coalesced bn: save_mean"));
+                cmp(sr3, sr2, C, 0, 1e-5, W_("coalesced bn: save_rstd"));
+                cmp(rv3, rv2, C, 0, 1e-5, W_("coalesced bn: running_var"));
+                cmp(ss3, ss, 2 * C, 1e-5 * amax(ss, 2 * C), 1e-5, W_("coalesced bn: scale/shift"));
+                for (int tr = 1; tr >= 0; tr--) { /* train, then frozen eval */
+                    memcpy(dg2, dg, C * 4), memcpy(db2, db, C * 4);
+                    memcpy(dg3, dg, C * 4), memcpy(db3, db, C * 4);
+                    const float *smp = tr ? sm2 : NULL, *srp = tr ? sr2 : NULL;
+                    const float *mean = tr ? sm2 : rm2;
+                    EMU(k_h_bn_bwd_sums<T>, C, 256, coef, dg2, db2, hdy, hx, g, smp, srp, rm2, rv2,
+                        1e-5f, M, C);
+                    EMU(k_h_bn_part<T>, ct * nch, 256, part, hdy, hx, mean, M, C, ch, ct);
+                    EMU(k_bn_bwd_fin, 1, 64, coef3, dg3, db3, part, nch, g, smp, srp, rm2, rv2,
+                        1e-5f, M, C);
+                    cmp(dg3, dg2, C, 1e-5 * amax(dg2, C), 1e-5,
+                        tr ? W_("coalesced bn backward (train): dgamma")
+                           : W_("coalesced bn backward (eval): dgamma"));
+                    cmp(db3, db2, C, 1e-5 * amax(db2, C), 1e-5, W_("  ... dbeta"));
+                    cmp(coef3, coef, 5 * C, 1e-5 * amax(coef, 5 * C), 1e-5, W_("  ... dx coefficients"));
+                }
+                free(part), free(rm3), free(rv3), free(sm3), free(sr3), free(ss3), free(coef3);
+                free(dg3), free(db3);
+            }
+            /* conv bias pieces on half NHWC: gradient sums and the bias add */
+            float *acc = rnd(C), *acc2 = cp(acc, C);
+            for (int cc = 0; cc < C; cc++) {
+                double sum = 0;
+                for (int i = 0; i < N; i++)
+                    for (int h = 0; h < HW; h++) sum += dy[((size_t)i * C + cc) * HW + h];
+                acc[cc] += (float)sum;
+            }
+            EMU(k_h_chan_sum_acc<T>, C, 256, acc2, hdy, M, C);
+            cmp(acc2, acc, C, tol * amax(acc, C), tol, W_("channel sums of half dout (conv db)"));
+            float *yb = cp(x, n);
+            for (size_t i = 0; i < n; i++) yb[i] += be[(i / HW) % C];
+            EMU(k_h_bias_add<T>, 3, 32, hx, be, n, C);
+            hcmp(hx, yb, N, C, HW, W_("conv bias add on half NHWC"));
+            free(x), free(g), free(be), free(rm), free(rv), free(rm2), free(rv2), free(sm);
+            free(sr), free(sm2), free(sr2), free(y), free(ss), free(hx), free(hy), free(dy);
+            free(dg), free(db), free(dg2), free(db2), free(dx), free(coef), free(hdy), free(hdx);
+            free(acc), free(acc2), free(yb);
+        }
+    }
+#undef W_
+}
+
 int main()
 {
     omp_set_dynamic(0);
@@ -563,6 +839,8 @@ int main()
     batchnorm();
     biases();
     layouts();
+    half_storage<__half>("fp16", 1e-2);
+    half_storage<__nv_bfloat16>("bf16", 3e-2);
     detection();
     printf("1..%d\n", nt);
     return nfail ? 1 : 0;

@@ -8,17 +8,21 @@ import os
 import re
 import sys
 
-FILES = ["batchnorm.cu", "conv2d.cu", "det_layers.cu", "layers.cu", "linear.cu",
+FILES = ["half.cuh", "batchnorm.cu", "conv2d.cu", "det_layers.cu", "layers.cu", "linear.cu",
          "loss_scale.cu", "mixed.cu", "pool.cu"]
-MACROS = ("GRID_STRIDE", "BN_THREADS", "XENT_THREADS", "DET_THREADS", "DET_STRIDE")
+MACROS = ("GRID_STRIDE", "BN_THREADS", "BNC_CH", "XENT_THREADS", "DET_THREADS", "DET_STRIDE")
 
 
 def functions(src):
     for m in re.finditer(r"^(__global__|__device__)\b", src, re.M):
         start = m.start()
-        brace = src.index("{", start)
+        # a template kernel: take its "template <...>" line with it
+        prev = src.rfind("\n", 0, start - 1) + 1
+        if start > 0 and src[prev:start].startswith("template"):
+            start = prev
+        brace = src.index("{", m.start())
         # a prototype ends with ';' before any '{'
-        if ";" in src[start:brace]:
+        if ";" in src[m.start():brace]:
             continue
         depth = 0
         for k in range(brace, len(src)):

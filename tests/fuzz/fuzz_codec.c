@@ -55,7 +55,7 @@ static void codec_fz_roundtrip(const uint8_t *p, size_t plen, ps_dtype_t dt, ps_
     float *x = malloc(n * 4 + 4), *y = malloc(n * 4 + 4);
     if (!x || !y) abort();
     memcpy(x, p, n * 4);
-    ps_codec_params_t prm = {ratio};
+    ps_codec_params_t prm = {.topk_ratio = ratio};
     size_t cap = ps_codec_bound_ex(dt, c, n, &prm), len = 0;
     FUZZ_CHECK(cap <= ps_codec_bound(dt, c, n), "bound_ex %zu > bound", cap);
     uint8_t *enc = malloc(cap + 1);

@@ -31,4 +31,5 @@ const ps_backend_t ps_backend_cpu = {
     .accumulate = ps_cpu_accumulate,
     .bn_relu_forward_eval = ps_cpu_bn_relu_forward_eval,
     .bn_relu_backward_eval = ps_cpu_bn_relu_backward_eval,
+    .copy_in = NULL, /* the host memcpy is the copy */
 };

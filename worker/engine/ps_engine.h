@@ -214,6 +214,13 @@ typedef struct ps_backend {
                                   const float *dout, const float *out, const float *inp,
                                   const float *gamma, const float *run_mean,
                                   const float *run_var, float eps, int N, int C, int HW);
+    /* dst[0..n) (backend memory: the model's input buffer) = src[0..n)
+     * (host memory, any; the caller may reuse src as soon as this returns).
+     * NULL: the caller memcpy()s on the host.  Why CUDA has it: the host
+     * writing a 38 MB TSM-R50 batch into the managed arena every step costs
+     * a host memcpy plus a page migration to the GPU; a copy engine DMA on
+     * the stream does both in one pass and leaves the pages on the device. */
+    void (*copy_in)(ps_ctx_t *ctx, float *dst, const float *src, size_t n);
 } ps_backend_t;
 
 extern const ps_backend_t ps_backend_cpu;

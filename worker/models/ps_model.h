@@ -163,6 +163,29 @@ const float *ps_model_logits(const ps_model_t *m);
 int ps_model_backward(ps_model_t *m);
 void ps_model_zero_grad(ps_model_t *m);
 
+/* Per-layer hooks (issues 5 and 7: overlap communication with compute).
+ * Both get the parameters [first, first+n) of the table (model order); a
+ * layer group is the stem (conv1, bn1), one residual block, or fc.
+ *   weights_needed  ps_model_forward (every forward, training or not) calls
+ *                   it before the group's first layer is queued, i.e.
+ *                   before its weights -- and the running statistics of
+ *                   its BNs -- are read: the caller may still be writing
+ *                   them until it returns.  Stem first, fc last.
+ *   grad_ready      ps_model_backward calls it once per parameter, as soon
+ *                   as the last layer that writes the group's gradients
+ *                   has been queued: fc first, stem last (reverse model
+ *                   order).  With the synchronous CPU backend the gradient
+ *                   is final when the hook runs; with an asynchronous one
+ *                   (CUDA) only the work is queued: the hook records a
+ *                   backend event (ps_cuda_backend_event_record) and the
+ *                   consumer waits for it before reading g.
+ * The hooks run on the thread calling forward / backward, between layers;
+ * they must not call back into the model.  NULL hooks (the default) change
+ * nothing.  ctx is passed through. */
+typedef void (*ps_model_hook_fn)(void *ctx, int first, int n);
+void ps_model_set_hooks(ps_model_t *m, ps_model_hook_fn grad_ready, ps_model_hook_fn weights_needed,
+                        void *ctx);
+
 /* The tables (owned by the model, valid until destroy). */
 const ps_model_param_t *ps_model_params(const ps_model_t *m, int *n);
 const ps_model_buffer_t *ps_model_buffers(const ps_model_t *m, int *n);

@@ -116,6 +116,46 @@ int ps_model_find_param(const ps_model_t *m, const char *name)
 
 void ps_model_zero_grad(ps_model_t *m) { ps_mtab_zero_grad(m->params, m->nparams); }
 
+void ps_model_set_hooks(ps_model_t *m, ps_model_hook_fn grad_ready, ps_model_hook_fn weights_needed,
+                        void *ctx)
+{
+    m->grad_ready = grad_ready;
+    m->weights_needed = weights_needed;
+    m->hook_ctx = ctx;
+}
+
+/* A block's parameters are contiguous in the table (resnet_params.c defines
+ * conv1, bn1, conv2, bn2, [conv3, bn3], [downsample.0, downsample.1] in that
+ * order), so one range covers them. */
+static void block_range(const block_t *b, int *first, int *n)
+{
+    int last = b->has_ds ? b->dsbn.pb : b->bn[b->nconv - 1].pb;
+    *first = b->conv[0].pw;
+    *n = last - *first + 1;
+}
+
+static void need_block(ps_model_t *m, const block_t *b)
+{
+    if (!m->weights_needed) return;
+    int first, n;
+    block_range(b, &first, &n);
+    m->weights_needed(m->hook_ctx, first, n);
+}
+
+static void ready_block(ps_model_t *m, const block_t *b)
+{
+    if (!m->grad_ready) return;
+    int first, n;
+    block_range(b, &first, &n);
+    m->grad_ready(m->hook_ctx, first, n);
+}
+
+/* conv1 + bn1: indices conv1.pw .. bn1.pb */
+static void stem_hook(ps_model_t *m, ps_model_hook_fn fn)
+{
+    if (fn) fn(m->hook_ctx, m->conv1.pw, m->bn1.pb - m->conv1.pw + 1);
+}
+
 /* ---- layers ------------------------------------------------------------------ */
 
 static void conv_fwd(ps_model_t *m, const conv_t *c, float *out, const float *in, int N)
@@ -232,11 +272,16 @@ void ps_resnet_forward_features(ps_model_t *m, const float *input, int N, int tr
 {
     const ps_backend_t *be = m->be;
     /* host copy: the caller's buffer may be reused at once (CUDA: managed) */
-    memcpy(m->input, input, (size_t)N * 3 * m->H * m->W * sizeof(float));
+    const size_t nin = (size_t)N * 3 * m->H * m->W;
+    if (m->be->copy_in)
+        m->be->copy_in(m->ctx, m->input, input, nin); /* CUDA: one DMA, pages stay on the GPU */
+    else
+        memcpy(m->input, input, nin * sizeof(float));
 
     /* stem */
     const conv_t *c1 = &m->conv1;
     size_t n0 = (size_t)N * c1->d.K * c1->P * c1->Q;
+    stem_hook(m, m->weights_needed);
     conv_fwd(m, c1, m->c0, m->input, N);
     bn_fwd(m, &m->bn1, m->a0, m->c0, N, c1->P * c1->Q, training);
     be->relu_forward(m->ctx, m->a0, m->a0, n0);
@@ -244,6 +289,7 @@ void ps_resnet_forward_features(ps_model_t *m, const float *input, int N, int tr
 
     const float *x = m->p0;
     for (int bi = 0; bi < m->nblocks; bi++) {
+        need_block(m, &m->blocks[bi]);
         block_fwd(m, &m->blocks[bi], x, N, training);
         x = m->blocks[bi].y;
     }
@@ -298,6 +344,7 @@ int ps_model_forward(ps_model_t *m, const float *input, int nclips, const int32_
     }
     m->step++;
     const ps_model_param_t *fw = &m->params[m->fc_pw], *fb = &m->params[m->fc_pb];
+    if (m->weights_needed) m->weights_needed(m->hook_ctx, m->fc_pw, m->fc_pb - m->fc_pw + 1);
     be->linear_forward(m->ctx, m->lframe, f, fw->w, fb->w, N, (int)F, K);
     be->consensus_forward(m->ctx, m->logits, m->lframe, nclips, T, K);
     if (labels) *loss = be->xent_forward(m->ctx, m->probs, m->logits, m->labels, nclips, K);
@@ -325,13 +372,21 @@ static void backward_trunk(ps_model_t *m, const float *const *dstage, int N, int
                 be->accumulate(m->ctx, g[0], dstage[s], (size_t)N * b->cout * b->P * b->Q);
             }
         }
-        if (s + 1 < freeze_at) return; /* stage s frozen */
+        if (s + 1 < freeze_at) { /* stage s frozen: its gradients stay as they are */
+            for (; bi >= 0; bi--) ready_block(m, &m->blocks[bi]);
+            stem_hook(m, m->grad_ready);
+            return;
+        }
         block_bwd(m, &m->blocks[bi], g, N);
+        ready_block(m, &m->blocks[bi]);
         float *t = g[0]; /* dx becomes the next block's dy */
         g[0] = g[3];
         g[3] = t;
     }
-    if (freeze_at > 0) return; /* stem frozen */
+    if (freeze_at > 0) { /* stem frozen */
+        stem_hook(m, m->grad_ready);
+        return;
+    }
 
     /* stem: the input image needs no gradient */
     const conv_t *c1 = &m->conv1;
@@ -339,6 +394,7 @@ static void backward_trunk(ps_model_t *m, const float *const *dstage, int N, int
     be->relu_backward(m->ctx, g[1], g[1], m->a0, (size_t)N * c1->d.K * c1->P * c1->Q);
     bn_bwd(m, &m->bn1, g[2], g[1], m->c0, N, c1->P * c1->Q);
     conv_bwd(m, c1, NULL, g[2], m->input, N);
+    stem_hook(m, m->grad_ready);
 }
 
 int ps_model_backward(ps_model_t *m)
@@ -356,6 +412,7 @@ int ps_model_backward(ps_model_t *m)
     const float *f = m->last_dropout ? m->featd : m->feat;
     float *df = m->last_dropout ? m->dfeatd : m->dfeat;
     be->linear_backward(m->ctx, df, fw->g, fb->g, m->dlframe, f, fw->w, N, F, K);
+    if (m->grad_ready) m->grad_ready(m->hook_ctx, m->fc_pw, m->fc_pb - m->fc_pw + 1);
     if (m->last_dropout)
         be->dropout_backward(m->ctx, m->dfeat, m->dfeatd, m->mask, (size_t)N * F,
                              m->cfg.dropout);

@@ -88,6 +88,9 @@ struct ps_model {
     size_t max_act;        /* floats of the largest activation */
 
     uint64_t seed, step;
+    /* ps_model_set_hooks (NULL: none) */
+    ps_model_hook_fn grad_ready, weights_needed;
+    void *hook_ctx;
     int last_nclips, last_training, last_has_labels, last_dropout;
 };
 

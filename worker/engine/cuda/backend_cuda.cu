@@ -191,6 +191,7 @@ extern "C" void ps_cuda_backend_free(ps_ctx_t *ctx)
     }
     for (int i = 0; i < s->nev; i++) cudaEventDestroy(s->ev[i]);
     free(s->ev);
+    ps_cu_hset_free(s);
     cublasDestroy(s->cublas);
     cudnnDestroy(s->cudnn);
     cudaStreamDestroy(s->stream);
@@ -443,4 +444,5 @@ extern "C" const ps_backend_t ps_backend_cuda = {
     ps_cu_accumulate,
     NULL, // bn_relu_forward_eval: optional fused entry, not on CUDA yet (callers fall back)
     NULL, // bn_relu_backward_eval
+    ps_cu_copy_in,
 };

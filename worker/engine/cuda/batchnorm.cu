@@ -9,6 +9,7 @@
 // a channel-split reduction (or cuDNN graph BN) is the later speed-up for
 // the deep layers, where C is large and N*HW small this is already fine.
 #include "cuda_int.h"
+#include "half.cuh"
 
 #define BN_THREADS 256
 
@@ -143,6 +144,243 @@ k_chan_sum_acc(float *acc, const float *x, int N, int C, int HW)
     if (threadIdx.x == 0) acc[c] += (float)s;
 }
 
+// ---- half storage twins (half.cuh): x, y, dy, dx half NHWC, element j of
+// channel c at j*C + c (j over the N*HW pixels: M = N*HW); statistics,
+// scale/shift, gamma/beta and their gradients fp32 with the same double
+// accumulators as above.
+
+template <class T>
+__global__ void __launch_bounds__(BN_THREADS)
+k_h_bn_stats(float *scale_shift, float *save_mean, float *save_rstd, float *run_mean,
+             float *run_var, const void *x_, const float *gamma, const float *beta, float eps,
+             float momentum, size_t M, int C)
+{
+    const T *x = (const T *)x_;
+    const int c = blockIdx.x;
+    double s = 0;
+    for (size_t j = threadIdx.x; j < M; j += BN_THREADS) s += ld(x[j * C + c]);
+    const double mean = block_sum(s) / (double)M;
+    const float meanf = (float)mean;
+    double v = 0;
+    for (size_t j = threadIdx.x; j < M; j += BN_THREADS) {
+        const float d = ld(x[j * C + c]) - meanf;
+        v += (double)(d * d);
+    }
+    v = block_sum(v);
+    if (threadIdx.x == 0) {
+        const double var = v / (double)M;
+        const float rstd = (float)(1.0 / sqrt(var + eps));
+        if (save_mean) save_mean[c] = (float)mean;
+        if (save_rstd) save_rstd[c] = rstd;
+        if (run_mean) run_mean[c] = (1.0f - momentum) * run_mean[c] + momentum * (float)mean;
+        if (run_var) {
+            const double uvar = M > 1 ? v / (double)(M - 1) : var;
+            run_var[c] = (1.0f - momentum) * run_var[c] + momentum * (float)uvar;
+        }
+        const float sc = (gamma ? gamma[c] : 1.0f) * rstd;
+        scale_shift[c] = sc;
+        scale_shift[C + c] = (beta ? beta[c] : 0.0f) - (float)mean * sc;
+    }
+}
+
+template <class T>
+__global__ void k_h_bn_apply(void *y_, const void *x_, const float *scale_shift, size_t n,
+                             int C)
+{
+    T *y = (T *)y_;
+    const T *x = (const T *)x_;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const int c = (int)(i % C);
+        st(&y[i], ld(x[i]) * scale_shift[c] + scale_shift[C + c]);
+    }
+}
+
+template <class T>
+__global__ void __launch_bounds__(BN_THREADS)
+k_h_bn_bwd_sums(float *coef, float *dgamma, float *dbeta, const void *dy_, const void *x_,
+                const float *gamma, const float *save_mean, const float *save_rstd,
+                const float *run_mean, const float *run_var, float eps, size_t M, int C)
+{
+    const T *dy = (const T *)dy_, *x = (const T *)x_;
+    const int c = blockIdx.x;
+    const int train = save_mean != NULL;
+    const float mean = train ? save_mean[c] : run_mean[c];
+    const float rstd = train ? save_rstd[c] : 1.0f / sqrtf(run_var[c] + eps);
+    double a = 0, b = 0;
+    if (train || dgamma || dbeta)
+        for (size_t j = threadIdx.x; j < M; j += BN_THREADS) {
+            const size_t at = j * C + c;
+            const float g = ld(dy[at]);
+            a += g;
+            b += (double)(g * (ld(x[at]) - mean));
+        }
+    a = block_sum(a);
+    b = block_sum(b) * rstd;
+    if (threadIdx.x == 0) {
+        if (dbeta) dbeta[c] += (float)a;
+        if (dgamma) dgamma[c] += (float)b;
+        float *k = coef + 5 * (size_t)c;
+        k[0] = (gamma ? gamma[c] : 1.0f) * rstd;
+        k[1] = train ? (float)(a / (double)M) : 0.0f;
+        k[2] = train ? (float)(b / (double)M) : 0.0f;
+        k[3] = mean;
+        k[4] = rstd;
+    }
+}
+
+template <class T>
+__global__ void k_h_bn_bwd_apply(void *dx_, const void *dy_, const void *x_, const float *coef,
+                                 size_t n, int C, int train)
+{
+    T *dx = (T *)dx_;
+    const T *dy = (const T *)dy_, *x = (const T *)x_;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x) {
+        const float *k = coef + 5 * (i % C);
+        const float g = ld(dy[i]);
+        st(&dx[i], train ? k[0] * (g - k[1] - (ld(x[i]) - k[3]) * k[4] * k[2]) : k[0] * g);
+    }
+}
+
+// ---- coalesced NHWC channel reductions (the half path's statistics) ----
+// One block per channel (above) reads its channel with a stride of C
+// elements -- uncoalesced in NHWC -- and has only C blocks (64 at ResNet's
+// first stage, fewer than the SMs).  Here a block is BNC_CH channels x
+// (BN_THREADS / BNC_CH) pixel rows: a warp reads BNC_CH consecutive
+// channels of one pixel (one contiguous run), and the grid is ctiles x
+// nch blocks, flattened (block b: channel tile b % ctiles, pixel chunk
+// b / ctiles).  Each block writes per-channel double partials part[(k*C +
+// c)*2 + {0,1}]; a one-thread-per-channel kernel sums the nch partials in
+// a fixed order (deterministic) and finishes.
+//   forward (mean NULL): a = sum x, b = sum x^2 (double: var = b/M - mean^2
+//     loses nothing for half inputs, whose squares are exact in double);
+//   backward: a = sum dy, b = sum dy*(x - mean) (as the one-block kernels).
+#define BNC_CH 32
+template <class T>
+__global__ void __launch_bounds__(BN_THREADS)
+k_h_bn_part(double *part, const void *u_, const void *x_, const float *mean, size_t M, int C,
+            size_t chunk, int ctiles)
+{
+    const T *u = (const T *)u_, *x = (const T *)x_;
+    const int lane = threadIdx.x % BNC_CH, row = threadIdx.x / BNC_CH;
+    const int c = (blockIdx.x % ctiles) * BNC_CH + lane;
+    const size_t k = blockIdx.x / ctiles, j0 = k * chunk;
+    const size_t j1 = j0 + chunk < M ? j0 + chunk : M;
+    double a = 0, b = 0;
+    if (c < C) {
+        const float m = mean ? mean[c] : 0.0f;
+        for (size_t j = j0 + row; j < j1; j += BN_THREADS / BNC_CH) {
+            const float g = ld(u[j * C + c]);
+            a += g;
+            if (mean)
+                b += (double)(g * (ld(x[j * C + c]) - m));
+            else
+                b += (double)g * g;
+        }
+    }
+    __shared__ double sa[BN_THREADS], sb[BN_THREADS];
+    sa[threadIdx.x] = a;
+    sb[threadIdx.x] = b;
+    __syncthreads();
+    if (row == 0 && c < C) {
+        for (int r = 1; r < BN_THREADS / BNC_CH; r++) {
+            a += sa[r * BNC_CH + lane];
+            b += sb[r * BNC_CH + lane];
+        }
+        part[(k * C + c) * 2] = a;
+        part[(k * C + c) * 2 + 1] = b;
+    }
+}
+
+// Forward finish: the statistics of k_h_bn_stats from the partials.
+__global__ void k_bn_stats_fin(float *scale_shift, float *save_mean, float *save_rstd,
+                               float *run_mean, float *run_var, const double *part, int nch,
+                               const float *gamma, const float *beta, float eps, float momentum,
+                               size_t M, int C)
+{
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    double s = 0, q = 0;
+    for (int k = 0; k < nch; k++) {
+        s += part[((size_t)k * C + c) * 2];
+        q += part[((size_t)k * C + c) * 2 + 1];
+    }
+    const double mean = s / (double)M;
+    double var = q / (double)M - mean * mean;
+    var = var > 0 ? var : 0;
+    const float rstd = (float)(1.0 / sqrt(var + eps));
+    if (save_mean) save_mean[c] = (float)mean;
+    if (save_rstd) save_rstd[c] = rstd;
+    if (run_mean) run_mean[c] = (1.0f - momentum) * run_mean[c] + momentum * (float)mean;
+    if (run_var) {
+        const double uvar = M > 1 ? var * (double)M / (double)(M - 1) : var;
+        run_var[c] = (1.0f - momentum) * run_var[c] + momentum * (float)uvar;
+    }
+    const float sc = (gamma ? gamma[c] : 1.0f) * rstd;
+    scale_shift[c] = sc;
+    scale_shift[C + c] = (beta ? beta[c] : 0.0f) - (float)mean * sc;
+}
+
+// Backward finish: k_h_bn_bwd_sums's epilogue from the partials (nch 0:
+// no sums needed, frozen BN without parameter gradients).
+__global__ void k_bn_bwd_fin(float *coef, float *dgamma, float *dbeta, const double *part,
+                             int nch, const float *gamma, const float *save_mean,
+                             const float *save_rstd, const float *run_mean, const float *run_var,
+                             float eps, size_t M, int C)
+{
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    const int train = save_mean != NULL;
+    const float mean = train ? save_mean[c] : run_mean[c];
+    const float rstd = train ? save_rstd[c] : 1.0f / sqrtf(run_var[c] + eps);
+    double a = 0, b = 0;
+    for (int k = 0; k < nch; k++) {
+        a += part[((size_t)k * C + c) * 2];
+        b += part[((size_t)k * C + c) * 2 + 1];
+    }
+    b *= rstd;
+    if (dbeta) dbeta[c] += (float)a;
+    if (dgamma) dgamma[c] += (float)b;
+    float *k = coef + 5 * (size_t)c;
+    k[0] = (gamma ? gamma[c] : 1.0f) * rstd;
+    k[1] = train ? (float)(a / (double)M) : 0.0f;
+    k[2] = train ? (float)(b / (double)M) : 0.0f;
+    k[3] = mean;
+    k[4] = rstd;
+}
+
+// conv bias gradient from a half NHWC dout: acc[c] += sum over M pixels
+template <class T>
+__global__ void __launch_bounds__(BN_THREADS)
+k_h_chan_sum_acc(float *acc, const void *x_, size_t M, int C)
+{
+    const T *x = (const T *)x_;
+    const int c = blockIdx.x;
+    double s = 0;
+    for (size_t j = threadIdx.x; j < M; j += BN_THREADS) s += ld(x[j * C + c]);
+    s = block_sum(s);
+    if (threadIdx.x == 0) acc[c] += (float)s;
+}
+
+// With half storage on: 1 when the BN call runs on half tensors (all of
+// inp / dout / out must agree; a mismatch is logged and the call must do
+// nothing: *bad = 1), 0 for the fp32 kernels.  Marks the output.
+static int bn_half(ps_cu_state *s, const char *what, void *out, const void *inp,
+                   const void *dout, int *bad)
+{
+    *bad = 0;
+    if (!s->hstore) return 0;
+    const int h = ps_cu_is_half(s, inp);
+    if (dout && ps_cu_is_half(s, dout) != h) {
+        ps_cu_half_mismatch(what);
+        *bad = 1;
+        return 0;
+    }
+    ps_cu_mark(s, out, h);
+    return h;
+}
+
 static int bn_valid(const char *what, int N, int C, int HW)
 {
     if (N <= 0 || C <= 0 || HW <= 0) {
@@ -154,8 +392,38 @@ static int bn_valid(const char *what, int N, int C, int HW)
 
 void ps_cu_channel_sum_acc(ps_cu_state *s, float *acc, const float *x, int N, int C, int HW)
 {
+    if (ps_cu_is_half(s, x)) {
+        HLAUNCH_GB(k_h_chan_sum_acc, C, BN_THREADS, acc, x, (size_t)N * HW, C);
+        return;
+    }
     k_chan_sum_acc<<<C, BN_THREADS, 0, s->stream>>>(acc, x, N, C, HW);
     CU_LAUNCHED();
+}
+
+// The grid of the coalesced reductions: channel tiles x pixel chunks, about
+// 2048 blocks (a few waves on any current GPU) but at least 256 pixels per
+// chunk (32 per thread row); scratch: the fp32 coefficients (ncoef floats
+// per channel) then the double partials.
+typedef struct {
+    int ctiles, nch;
+    size_t chunk;
+    float *coef;
+    double *part;
+} bn_red_t;
+static bn_red_t bn_red(ps_cu_state *s, size_t M, int C, int ncoef)
+{
+    bn_red_t r;
+    r.ctiles = (C + BNC_CH - 1) / BNC_CH;
+    size_t n = 2048 / (size_t)r.ctiles, most = (M + 255) / 256;
+    n = n < most ? n : most;
+    n = n < 1 ? 1 : n;
+    r.chunk = (M + n - 1) / n;
+    r.nch = (int)((M + r.chunk - 1) / r.chunk);
+    const size_t cbytes = ((size_t)ncoef * C * sizeof(float) + 15) & ~(size_t)15;
+    char *p = (char *)ps_cu_scratch(s, cbytes + (size_t)r.nch * C * 2 * sizeof(double));
+    r.coef = (float *)p;
+    r.part = (double *)(p + cbytes);
+    return r;
 }
 
 void ps_cu_bn_forward_train(ps_ctx_t *ctx, float *out, float *save_mean, float *save_rstd,
@@ -166,6 +434,19 @@ void ps_cu_bn_forward_train(ps_ctx_t *ctx, float *out, float *save_mean, float *
     ps_cu_state *s = cu_state(ctx);
     if (!bn_valid("bn_forward_train", N, C, HW)) return;
     float *ss = (float *)ps_cu_scratch(s, 2 * (size_t)C * sizeof(float));
+    int bad;
+    if (bn_half(s, "bn_forward_train", out, inp, NULL, &bad)) {
+        const size_t n = (size_t)N * C * HW, M = (size_t)N * HW;
+        const bn_red_t r = bn_red(s, M, C, 2);
+        HLAUNCH_GB(k_h_bn_part, r.ctiles * r.nch, BN_THREADS, r.part, inp, inp,
+                   (const float *)NULL, M, C, r.chunk, r.ctiles);
+        k_bn_stats_fin<<<(C + 255) / 256, 256, 0, s->stream>>>(r.coef, save_mean, save_rstd,
+                                                               run_mean, run_var, r.part, r.nch,
+                                                               gamma, beta, eps, momentum, M, C);
+        CU_LAUNCHED();
+        HLAUNCH(k_h_bn_apply, n, out, inp, r.coef, n, C);
+        return;
+    }
     k_bn_stats<<<C, BN_THREADS, 0, s->stream>>>(ss, save_mean, save_rstd, run_mean, run_var,
                                                  inp, gamma, beta, eps, momentum, N, C, HW);
     CU_LAUNCHED();
@@ -185,6 +466,11 @@ void ps_cu_bn_forward_eval(ps_ctx_t *ctx, float *out, const float *inp, const fl
                                                            eps, C);
     CU_LAUNCHED();
     const size_t n = (size_t)N * C * HW;
+    int bad;
+    if (bn_half(s, "bn_forward_eval", out, inp, NULL, &bad)) {
+        HLAUNCH(k_h_bn_apply, n, out, inp, ss, n, C);
+        return;
+    }
     k_bn_apply<<<cu_grid(n, CU_BLOCK), CU_BLOCK, 0, s->stream>>>(out, inp, ss, n, C, HW);
     CU_LAUNCHED();
 }
@@ -198,6 +484,25 @@ static void bn_backward(ps_ctx_t *ctx, float *dinp, float *dgamma, float *dbeta,
     const int train = save_mean != NULL;
     if (!train && !dgamma && !dbeta && !dinp) return;
     float *coef = (float *)ps_cu_scratch(s, 5 * (size_t)C * sizeof(float));
+    int bad;
+    if (bn_half(s, "bn_backward", dinp, inp, dout, &bad)) {
+        const size_t M = (size_t)N * HW;
+        const bn_red_t r = bn_red(s, M, C, 5);
+        // the sums only where something uses them (frozen BN: dinp alone)
+        const int nch = train || dgamma || dbeta ? r.nch : 0;
+        if (nch)
+            HLAUNCH_GB(k_h_bn_part, r.ctiles * r.nch, BN_THREADS, r.part, dout, inp,
+                       train ? save_mean : run_mean, M, C, r.chunk, r.ctiles);
+        k_bn_bwd_fin<<<(C + 255) / 256, 256, 0, s->stream>>>(r.coef, dgamma, dbeta, r.part, nch,
+                                                             gamma, save_mean, save_rstd,
+                                                             run_mean, run_var, eps, M, C);
+        CU_LAUNCHED();
+        if (!dinp) return;
+        const size_t n = (size_t)N * C * HW;
+        HLAUNCH(k_h_bn_bwd_apply, n, dinp, dout, inp, r.coef, n, C, train);
+        return;
+    }
+    if (bad) return;
     k_bn_bwd_sums<<<C, BN_THREADS, 0, s->stream>>>(coef, dgamma, dbeta, dout, inp, gamma,
                                                     save_mean, save_rstd, run_mean, run_var,
                                                     eps, N, C, HW);

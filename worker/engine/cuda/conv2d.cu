@@ -14,6 +14,7 @@
 // fly; results widened back to the fp32 NCHW tensors.  Why still the legacy
 // API for this path: docs/cuda.md ("Mixed precision").
 #include "cuda_int.h"
+#include "half.cuh"
 
 #include <string.h>
 
@@ -160,6 +161,36 @@ __global__ void k_bias_add(float *out, const float *b, size_t n, int K, int PQ)
         out[i] += b[(i / PQ) % K];
 }
 
+// half storage: out (N, PQ, K) NHWC half += b[k]
+template <class T>
+__global__ void k_h_bias_add(void *out_, const float *b, size_t n, int K)
+{
+    T *out = (T *)out_;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+         i += (size_t)gridDim.x * blockDim.x)
+        st(&out[i], ld(out[i]) + b[i % K]);
+}
+
+// With half storage the only fp32 tensor a conv reads is the model input.
+// The model fills it through the table's copy_in (one DMA on the stream,
+// ps_cu_copy_in), so its pages normally sit on the device already; a
+// caller that wrote it from the host instead (a wrapper table without
+// copy_in) would leave them to page faults, far below the link's speed.
+// So it is prefetched to the device on the stream before the cast:
+// a no-op when resident.  Best effort: memory that is not managed refuses
+// the prefetch, which changes nothing.  (It is not sent back to the host
+// after conv1's backward: the next copy_in writes it on the device.)
+static void input_prefetch(ps_cu_state *s, const float *p, size_t numel)
+{
+    if (!s->hstore || !numel) return;
+    cudaMemLocation loc;
+    memset(&loc, 0, sizeof loc);
+    loc.type = cudaMemLocationTypeDevice;
+    loc.id = s->device;
+    if (cudaMemPrefetchAsync(p, numel * sizeof(float), loc, 0, s->stream) != cudaSuccess)
+        (void)cudaGetLastError(); // not managed memory: nothing to move
+}
+
 void ps_cu_conv2d_forward(ps_ctx_t *ctx, float *out, const float *inp, const float *w,
                           const float *b, const ps_conv2d_desc_t *d, int N, int H, int W)
 {
@@ -171,21 +202,35 @@ void ps_cu_conv2d_forward(ps_ctx_t *ctx, float *out, const float *inp, const flo
                    ps_conv_out(W, d->S, d->stride_w, d->pad_w, d->dil_w);
     if (s->prec != PS_CUDA_FP32) { // half operands, fp32 accumulation, fp32 result
         const int Cg = d->C / d->groups, RS = d->R * d->S;
-        void *xh = ps_cu_half_buf(s, PS_CU_H_X, (size_t)N * d->C * H * W);
+        // half storage: a half input is used as it is (only the model
+        // input, written by the host, is fp32 and cast here), the output
+        // is written half NHWC in place; the weights are cast per call
+        // (fp32 KCRS masters -> half KRSC; docs/cuda.md says why per call)
+        const int hin = ps_cu_is_half(s, inp);
+        void *xh = hin ? (void *)inp : ps_cu_half_buf(s, PS_CU_H_X, (size_t)N * d->C * H * W);
         void *wh = ps_cu_half_buf(s, PS_CU_H_W, (size_t)d->K * Cg * RS);
-        void *yh = ps_cu_half_buf(s, PS_CU_H_Y, (size_t)N * d->K * PQ);
-        ps_cu_to_half(s, xh, inp, N, d->C, H * W, s->nhwc);
+        void *yh = s->hstore ? (void *)out : ps_cu_half_buf(s, PS_CU_H_Y, (size_t)N * d->K * PQ);
+        if (!hin) {
+            input_prefetch(s, inp, (size_t)N * d->C * H * W);
+            ps_cu_to_half(s, xh, inp, N, d->C, H * W, s->nhwc);
+        }
         ps_cu_to_half(s, wh, w, d->K, Cg, RS, s->nhwc); // KCRS -> KRSC
         void *ws = ps_cu_workspace(s, e->ws_fwd);
         CUDNN_CHECK(cudnnConvolutionForward(s->cudnn, &one, e->x, xh, e->w, wh, e->conv, e->fwd,
                                             ws, e->ws_fwd, &zero, e->y, yh));
-        ps_cu_from_half(s, out, yh, N, d->K, PQ, s->nhwc, 0);
+        if (s->hstore)
+            ps_cu_mark(s, out, 1);
+        else
+            ps_cu_from_half(s, out, yh, N, d->K, PQ, s->nhwc, 0);
     } else {
         void *ws = ps_cu_workspace(s, e->ws_fwd);
         CUDNN_CHECK(cudnnConvolutionForward(s->cudnn, &one, e->x, inp, e->w, w, e->conv, e->fwd,
                                             ws, e->ws_fwd, &zero, e->y, out));
     }
-    if (b) {
+    if (b && ps_cu_is_half(s, out)) {
+        const size_t n = (size_t)N * d->K * PQ;
+        HLAUNCH(k_h_bias_add, n, out, b, n, d->K);
+    } else if (b) {
         const size_t n = (size_t)N * d->K * PQ;
         k_bias_add<<<cu_grid(n, CU_BLOCK), CU_BLOCK, 0, s->stream>>>(out, b, n, d->K, PQ);
         CU_LAUNCHED();
@@ -204,14 +249,23 @@ static void conv_backward_half(ps_ctx_t *ctx, ps_cu_state *s, ps_cu_conv_entry *
     const int PQ = ps_conv_out(H, d->R, d->stride_h, d->pad_h, d->dil_h) *
                    ps_conv_out(W, d->S, d->stride_w, d->pad_w, d->dil_w);
     const int Cg = d->C / d->groups, RS = d->R * d->S;
-    void *dyh = ps_cu_half_buf(s, PS_CU_H_Y, (size_t)N * d->K * PQ);
-    void *xh = ps_cu_half_buf(s, PS_CU_H_X, (size_t)N * d->C * H * W);
-    ps_cu_to_half(s, dyh, dout, N, d->K, PQ, s->nhwc);
+    // half storage: half dout / inp are read as they are, dinp is written
+    // half in place when inp is half (a gradient has its tensor's storage)
+    const int hdy = ps_cu_is_half(s, dout), hin = ps_cu_is_half(s, inp);
+    void *dyh = hdy ? (void *)dout : ps_cu_half_buf(s, PS_CU_H_Y, (size_t)N * d->K * PQ);
+    // the X staging buffer only for an fp32 input (its cast, and dinp
+    // before it is widened back)
+    void *xh = hin ? NULL : ps_cu_half_buf(s, PS_CU_H_X, (size_t)N * d->C * H * W);
+    if (!hdy) ps_cu_to_half(s, dyh, dout, N, d->K, PQ, s->nhwc);
     if (dw) {
         void *dwh = ps_cu_half_buf(s, PS_CU_H_DW, (size_t)d->K * Cg * RS);
-        ps_cu_to_half(s, xh, inp, N, d->C, H * W, s->nhwc);
+        const void *xin = hin ? (const void *)inp : xh;
+        if (!hin) {
+            input_prefetch(s, inp, (size_t)N * d->C * H * W);
+            ps_cu_to_half(s, xh, inp, N, d->C, H * W, s->nhwc);
+        }
         void *ws = ps_cu_workspace(s, e->ws_bwd_filter);
-        CUDNN_CHECK(cudnnConvolutionBackwardFilter(s->cudnn, &one, e->x, xh, e->y, dyh, e->conv,
+        CUDNN_CHECK(cudnnConvolutionBackwardFilter(s->cudnn, &one, e->x, xin, e->y, dyh, e->conv,
                                                    e->bwd_filter, ws, e->ws_bwd_filter, &zero,
                                                    e->w, dwh));
         ps_cu_from_half(s, dw, dwh, d->K, Cg, RS, s->nhwc, 1);
@@ -219,11 +273,17 @@ static void conv_backward_half(ps_ctx_t *ctx, ps_cu_state *s, ps_cu_conv_entry *
     if (dinp) {
         void *wh = ps_cu_half_buf(s, PS_CU_H_W, (size_t)d->K * Cg * RS);
         ps_cu_to_half(s, wh, w, d->K, Cg, RS, s->nhwc);
+        void *dxh = hin ? (void *)dinp : xh;
         void *ws = ps_cu_workspace(s, e->ws_bwd_data);
         CUDNN_CHECK(cudnnConvolutionBackwardData(s->cudnn, &one, e->w, wh, e->y, dyh, e->conv,
                                                  e->bwd_data, ws, e->ws_bwd_data, &zero, e->x,
-                                                 xh));
-        ps_cu_from_half(s, dinp, xh, N, d->C, H * W, s->nhwc, 0);
+                                                 dxh));
+        if (hin) {
+            ps_cu_mark(s, dinp, 1);
+        } else {
+            ps_cu_from_half(s, dinp, xh, N, d->C, H * W, s->nhwc, 0);
+            ps_cu_mark(s, dinp, 0);
+        }
     }
 }
 

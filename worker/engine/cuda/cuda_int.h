@@ -107,6 +107,15 @@ struct ps_cu_state {
     // gradient-ready events (ps_cuda_backend_events): one per hand-off slot
     cudaEvent_t *ev;
     int nev;
+    // half storage of activations (mixed.cu, docs/cuda.md "Half storage"):
+    // on when prec is fp16/bf16 (unless turned off); then every tensor a
+    // layer of this backend wrote in half is in this set (open addressing,
+    // pointer -> 1 half NHWC / 0 fp32 NCHW).  A pointer not in it is fp32:
+    // the host wrote it (the model input) or an fp32 layer did.
+    int hstore;
+    const void **hkey;
+    unsigned char *hval;
+    size_t hcap, hcount;
 };
 #define PS_CU_NHALF 4
 enum { PS_CU_H_X = 0, PS_CU_H_W = 1, PS_CU_H_Y = 2, PS_CU_H_DW = 3 };
@@ -136,6 +145,16 @@ void *ps_cu_half_buf(ps_cu_state *s, int which, size_t elems);
 void ps_cu_to_half(ps_cu_state *s, void *dst, const float *src, int N, int C, int HW, int nhwc);
 void ps_cu_from_half(ps_cu_state *s, float *dst, const void *src, int N, int C, int HW,
                      int nhwc, int acc);
+
+// Half storage (mixed.cu).  ps_cu_is_half: p holds half NHWC data written
+// by a layer (always 0 when half storage is off).  ps_cu_mark: record what
+// a layer is about to write into p (1 half, 0 fp32); a no-op when half
+// storage is off.  ps_cu_half_mismatch: log that a layer got tensors of
+// different storage (the call then does nothing, like a bad shape).
+int ps_cu_is_half(const ps_cu_state *s, const void *p);
+void ps_cu_mark(ps_cu_state *s, const void *p, int half);
+void ps_cu_half_mismatch(const char *layer);
+void ps_cu_hset_free(ps_cu_state *s);
 
 // Grid for a grid-stride loop over n elements.
 static inline unsigned cu_grid(size_t n, unsigned block)
@@ -207,4 +226,5 @@ void ps_cu_consensus_backward(ps_ctx_t *ctx, float *dinp, const float *dout, int
                               int K);
 void ps_cu_add(ps_ctx_t *ctx, float *out, const float *a, const float *b, size_t n);
 void ps_cu_accumulate(ps_ctx_t *ctx, float *acc, const float *x, size_t n);
+void ps_cu_copy_in(ps_ctx_t *ctx, float *dst, const float *src, size_t n);
 #endif

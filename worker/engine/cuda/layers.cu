@@ -3,6 +3,7 @@
 // Each matches its CPU twin in layers/<name>.c (same formula, same
 // summation order where there is a sum), so the parity tests can be tight.
 #include "cuda_int.h"
+#include "half.cuh"
 
 #include <math.h>
 #include <string.h>
@@ -35,26 +36,94 @@ __global__ void k_acc(float *acc, const float *x, size_t n)
     GRID_STRIDE(i, n) acc[i] += x[i];
 }
 
+// Half storage twins (half.cuh): the same formulas in fp32 between one
+// load and one rounding store per element.  Layout-free (elementwise), so
+// they serve NHWC activations as they are.
+template <class T>
+__global__ void k_h_relu_fwd(void *out_, const void *inp_, size_t n)
+{
+    T *out = (T *)out_;
+    const T *inp = (const T *)inp_;
+    GRID_STRIDE(i, n)
+    {
+        const float v = ld(inp[i]);
+        st(&out[i], v < 0.0f ? 0.0f : v);
+    }
+}
+template <class T>
+__global__ void k_h_relu_bwd(void *dinp_, const void *dout_, const void *out_, size_t n)
+{
+    T *dinp = (T *)dinp_;
+    const T *dout = (const T *)dout_, *out = (const T *)out_;
+    GRID_STRIDE(i, n) st(&dinp[i], ld(out[i]) > 0.0f ? ld(dout[i]) : 0.0f);
+}
+template <class T>
+__global__ void k_h_add(void *out_, const void *a_, const void *b_, size_t n)
+{
+    T *out = (T *)out_;
+    const T *a = (const T *)a_, *b = (const T *)b_;
+    GRID_STRIDE(i, n) st(&out[i], ld(a[i]) + ld(b[i]));
+}
+template <class T>
+__global__ void k_h_acc(void *acc_, const void *x_, size_t n)
+{
+    T *acc = (T *)acc_;
+    const T *x = (const T *)x_;
+    GRID_STRIDE(i, n) st(&acc[i], ld(acc[i]) + ld(x[i]));
+}
+
+// Half-storage bookkeeping of a layer with inputs a (and b): with half
+// storage on, the inputs must have the same storage and the output is
+// tagged with it (the caller then picks the kernel from the output's tag).
+// Returns 1 when the inputs disagree (logged; the caller does nothing).
+static int h_same(ps_cu_state *s, const char *what, void *out, const void *a, const void *b)
+{
+    if (!s->hstore) return 0;
+    const int ha = ps_cu_is_half(s, a), hb = b ? ps_cu_is_half(s, b) : ha;
+    if (ha != hb) {
+        ps_cu_half_mismatch(what);
+        return 1;
+    }
+    ps_cu_mark(s, out, ha);
+    return 0;
+}
+
 void ps_cu_relu_forward(ps_ctx_t *ctx, float *out, const float *inp, size_t n)
 {
     ps_cu_state *s = cu_state(ctx);
-    if (n) LAUNCH(k_relu_fwd, n, out, inp, n);
+    if (!n || h_same(s, "relu_forward", out, inp, NULL)) return;
+    if (ps_cu_is_half(s, out))
+        HLAUNCH(k_h_relu_fwd, n, out, inp, n);
+    else
+        LAUNCH(k_relu_fwd, n, out, inp, n);
 }
 void ps_cu_relu_backward(ps_ctx_t *ctx, float *dinp, const float *dout, const float *out,
                          size_t n)
 {
     ps_cu_state *s = cu_state(ctx);
-    if (dinp && n) LAUNCH(k_relu_bwd, n, dinp, dout, out, n);
+    if (!dinp || !n || h_same(s, "relu_backward", dinp, dout, out)) return;
+    if (ps_cu_is_half(s, dinp))
+        HLAUNCH(k_h_relu_bwd, n, dinp, dout, out, n);
+    else
+        LAUNCH(k_relu_bwd, n, dinp, dout, out, n);
 }
 void ps_cu_add(ps_ctx_t *ctx, float *out, const float *a, const float *b, size_t n)
 {
     ps_cu_state *s = cu_state(ctx);
-    if (n) LAUNCH(k_add, n, out, a, b, n);
+    if (!n || h_same(s, "add", out, a, b)) return;
+    if (ps_cu_is_half(s, out))
+        HLAUNCH(k_h_add, n, out, a, b, n);
+    else
+        LAUNCH(k_add, n, out, a, b, n);
 }
 void ps_cu_accumulate(ps_ctx_t *ctx, float *acc, const float *x, size_t n)
 {
     ps_cu_state *s = cu_state(ctx);
-    if (n) LAUNCH(k_acc, n, acc, x, n);
+    if (!n || h_same(s, "accumulate", acc, acc, x)) return;
+    if (ps_cu_is_half(s, acc))
+        HLAUNCH(k_h_acc, n, acc, x, n);
+    else
+        LAUNCH(k_acc, n, acc, x, n);
 }
 
 // ---- dropout ----------------------------------------------------------------
@@ -85,6 +154,30 @@ __global__ void k_dropout_bwd(float *dinp, const float *dout, const uint8_t *mas
 {
     GRID_STRIDE(i, n) dinp[i] = mask[i] ? dout[i] * scale : 0.0f;
 }
+// Half twins: the mask is drawn per storage index i, as above, so it is
+// the CPU's mask bit for bit where the layouts agree - the model's dropout
+// is on (N, F) features, the same in NCHW and NHWC.
+template <class T>
+__global__ void k_h_dropout_fwd(void *out_, uint8_t *mask, const void *inp_, size_t n, float p,
+                                float scale, uint64_t seed)
+{
+    T *out = (T *)out_;
+    const T *inp = (const T *)inp_;
+    GRID_STRIDE(i, n)
+    {
+        const uint8_t keep = d_rng_uniform(seed, i) >= p;
+        mask[i] = keep;
+        st(&out[i], keep ? ld(inp[i]) * scale : 0.0f);
+    }
+}
+template <class T>
+__global__ void k_h_dropout_bwd(void *dinp_, const void *dout_, const uint8_t *mask, size_t n,
+                                float scale)
+{
+    T *dinp = (T *)dinp_;
+    const T *dout = (const T *)dout_;
+    GRID_STRIDE(i, n) st(&dinp[i], mask[i] ? ld(dout[i]) * scale : 0.0f);
+}
 
 static int p_valid(float p)
 {
@@ -101,7 +194,11 @@ void ps_cu_dropout_forward(ps_ctx_t *ctx, float *out, uint8_t *mask, const float
     ps_cu_state *s = cu_state(ctx);
     if (!p_valid(p) || !n) return;
     const float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
-    LAUNCH(k_dropout_fwd, n, out, mask, inp, n, p, scale, seed);
+    if (h_same(s, "dropout_forward", out, inp, NULL)) return;
+    if (ps_cu_is_half(s, out))
+        HLAUNCH(k_h_dropout_fwd, n, out, mask, inp, n, p, scale, seed);
+    else
+        LAUNCH(k_dropout_fwd, n, out, mask, inp, n, p, scale, seed);
 }
 void ps_cu_dropout_backward(ps_ctx_t *ctx, float *dinp, const float *dout,
                             const uint8_t *mask, size_t n, float p)
@@ -109,7 +206,11 @@ void ps_cu_dropout_backward(ps_ctx_t *ctx, float *dinp, const float *dout,
     ps_cu_state *s = cu_state(ctx);
     if (!dinp || !p_valid(p) || !n) return;
     const float scale = p < 1.0f ? 1.0f / (1.0f - p) : 0.0f;
-    LAUNCH(k_dropout_bwd, n, dinp, dout, mask, n, scale);
+    if (h_same(s, "dropout_backward", dinp, dout, NULL)) return;
+    if (ps_cu_is_half(s, dinp))
+        HLAUNCH(k_h_dropout_bwd, n, dinp, dout, mask, n, scale);
+    else
+        LAUNCH(k_dropout_bwd, n, dinp, dout, mask, n, scale);
 }
 
 // ---- softmax cross-entropy ------------------------------------------------
@@ -176,6 +277,11 @@ float ps_cu_xent_forward(ps_ctx_t *ctx, float *probs, const float *logits,
         ps_error("xent (cuda): invalid shape N=%d K=%d", N, K);
         return NAN;
     }
+    if (ps_cu_is_half(s, logits)) { // the loss and softmax are fp32 by design
+        ps_error("xent (cuda): logits must be fp32 (linear's output), got a half tensor");
+        return NAN;
+    }
+    ps_cu_mark(s, probs, 0);
     double *rowloss = (double *)ps_cu_scratch(s, (size_t)N * sizeof(double));
     k_xent_fwd<<<N, XENT_THREADS, 0, s->stream>>>(probs, rowloss, logits, labels, K);
     CU_LAUNCHED();
@@ -210,6 +316,7 @@ void ps_cu_xent_backward(ps_ctx_t *ctx, float *dlogits, const float *probs,
     ps_cu_state *s = cu_state(ctx);
     if (!dlogits || N <= 0 || K <= 0) return;
     const size_t total = (size_t)N * K;
+    ps_cu_mark(s, dlogits, 0);
     // dx = p*g, minus g at the label (the CPU's two steps: p*g, then -= g)
     // loss scaling (mixed.cu): the backward of loss_scale * loss
     LAUNCH(k_xent_bwd, total, dlogits, probs, labels, total, K, dloss * s->loss_scale / (float)N);
@@ -246,6 +353,36 @@ __global__ void k_tshift(float *dst, const float *src, size_t n, int T, int C, i
     }
 }
 
+// Half twin on NHWC frames (B, T, HW, C): one thread per (clip, pixel,
+// channel) column, consecutive threads on consecutive channels (coalesced);
+// the same walk order, so it too works in place.
+template <class T_>
+__global__ void k_h_tshift(void *dst_, const void *src_, size_t n, int T, int C, int HW,
+                           int fold, int dir)
+{
+    T_ *dst = (T_ *)dst_;
+    const T_ *src = (const T_ *)src_;
+    GRID_STRIDE(i, n)
+    {
+        const int c = (int)(i % C);
+        const size_t b = i / ((size_t)HW * C);
+        const size_t stride = (size_t)C * HW; // one frame
+        const size_t base = b * T * stride + i % stride;
+        T_ *o = dst + base;
+        const T_ *x = src + base;
+        const int s = c < fold ? dir : c < 2 * fold ? -dir : 0; // frame offset read
+        if (s > 0) {
+            for (int t = 0; t < T - 1; t++) o[t * stride] = x[(t + 1) * stride];
+            st(&o[(T - 1) * stride], 0.0f);
+        } else if (s < 0) {
+            for (int t = T - 1; t > 0; t--) o[t * stride] = x[(t - 1) * stride];
+            st(&o[0], 0.0f);
+        } else if (o != x) {
+            for (int t = 0; t < T; t++) o[t * stride] = x[t * stride];
+        }
+    }
+}
+
 static void tshift(ps_cu_state *s, float *dst, const float *src, int B, int T, int C, int HW,
                    int fold_div, int dir)
 {
@@ -255,7 +392,11 @@ static void tshift(ps_cu_state *s, float *dst, const float *src, int B, int T, i
         return;
     }
     const size_t n = (size_t)B * C * HW; // columns
-    LAUNCH(k_tshift, n, dst, src, n, T, C, HW, C / fold_div, dir);
+    if (h_same(s, "tshift", dst, src, NULL)) return;
+    if (ps_cu_is_half(s, dst))
+        HLAUNCH(k_h_tshift, n, dst, src, n, T, C, HW, C / fold_div, dir);
+    else
+        LAUNCH(k_tshift, n, dst, src, n, T, C, HW, C / fold_div, dir);
 }
 
 void ps_cu_tshift_forward(ps_ctx_t *ctx, float *out, const float *inp, int B, int T, int C,
@@ -288,11 +429,36 @@ __global__ void k_consensus_bwd(float *dinp, const float *dout, int T, int K, si
     GRID_STRIDE(i, n) dinp[i] = dout[(i / ((size_t)T * K)) * K + i % K] * inv;
 }
 
+template <class T_>
+__global__ void k_h_consensus_fwd(void *out_, const void *inp_, int B, int T, int K, float inv)
+{
+    T_ *out = (T_ *)out_;
+    const T_ *inp = (const T_ *)inp_;
+    GRID_STRIDE(i, (size_t)B * K)
+    {
+        const size_t b = i / K, k = i % K;
+        float s = 0.0f;
+        for (int t = 0; t < T; t++) s += ld(inp[(b * T + t) * K + k]);
+        st(&out[i], s * inv);
+    }
+}
+template <class T_>
+__global__ void k_h_consensus_bwd(void *dinp_, const void *dout_, int T, int K, size_t n,
+                                  float inv)
+{
+    T_ *dinp = (T_ *)dinp_;
+    const T_ *dout = (const T_ *)dout_;
+    GRID_STRIDE(i, n) st(&dinp[i], ld(dout[(i / ((size_t)T * K)) * K + i % K]) * inv);
+}
+
 void ps_cu_consensus_forward(ps_ctx_t *ctx, float *out, const float *inp, int B, int T, int K)
 {
     ps_cu_state *s = cu_state(ctx);
-    if (B <= 0 || T <= 0 || K <= 0) return;
-    LAUNCH(k_consensus_fwd, (size_t)B * K, out, inp, B, T, K, 1.0f / (float)T);
+    if (B <= 0 || T <= 0 || K <= 0 || h_same(s, "consensus_forward", out, inp, NULL)) return;
+    if (ps_cu_is_half(s, out))
+        HLAUNCH(k_h_consensus_fwd, (size_t)B * K, out, inp, B, T, K, 1.0f / (float)T);
+    else
+        LAUNCH(k_consensus_fwd, (size_t)B * K, out, inp, B, T, K, 1.0f / (float)T);
 }
 void ps_cu_consensus_backward(ps_ctx_t *ctx, float *dinp, const float *dout, int B, int T,
                               int K)
@@ -300,5 +466,23 @@ void ps_cu_consensus_backward(ps_ctx_t *ctx, float *dinp, const float *dout, int
     ps_cu_state *s = cu_state(ctx);
     if (!dinp || B <= 0 || T <= 0 || K <= 0) return;
     const size_t n = (size_t)B * T * K;
-    LAUNCH(k_consensus_bwd, n, dinp, dout, T, K, n, 1.0f / (float)T);
+    if (h_same(s, "consensus_backward", dinp, dout, NULL)) return;
+    if (ps_cu_is_half(s, dinp))
+        HLAUNCH(k_h_consensus_bwd, n, dinp, dout, T, K, n, 1.0f / (float)T);
+    else
+        LAUNCH(k_consensus_bwd, n, dinp, dout, T, K, n, 1.0f / (float)T);
+}
+
+// ---- the model input --------------------------------------------------------
+// Host batch -> the model's input buffer in one DMA on the stream (the
+// backend table's copy_in: ps_engine.h says why).  From pageable memory
+// cudaMemcpyAsync returns once src is staged, so the caller may reuse it;
+// the copy is ordered before conv1 on the same stream.  The buffer holds
+// fp32 (the stem's cast reads it), whatever it held before.
+void ps_cu_copy_in(ps_ctx_t *ctx, float *dst, const float *src, size_t n)
+{
+    ps_cu_state *s = cu_state(ctx);
+    if (!n) return;
+    ps_cu_mark(s, dst, 0);
+    CU_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDefault, s->stream));
 }

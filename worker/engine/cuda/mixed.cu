@@ -17,6 +17,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <string.h>
 
 // One grid-stride loop per element of the DESTINATION: consecutive threads
 // write consecutive destination elements (coalesced stores; the strided
@@ -131,9 +132,153 @@ extern "C" int ps_cuda_backend_set_precision(ps_ctx_t *ctx, int prec)
     }
     s->prec = prec;
     // NHWC is where cuDNN's fp16/bf16 tensor-core kernels run without an
-    // internal transpose; PS_CUDA_NCHW=1 keeps NCHW half (for comparison).
+    // internal transpose; PS_CUDA_NCHW=1 keeps NCHW half (for comparison,
+    // operands only: half storage is NHWC by definition).
     const char *e = getenv("PS_CUDA_NCHW");
     s->nhwc = prec != PS_CUDA_FP32 && !(e && *e == '1');
+    // half storage of the activations is the default of fp16/bf16;
+    // PS_CUDA_HALF_STORAGE=0 keeps the older form (fp32 tensors, half
+    // operand copies inside conv / linear) for comparison
+    const char *h = getenv("PS_CUDA_HALF_STORAGE");
+    s->hstore = prec != PS_CUDA_FP32 && s->nhwc && !(h && *h == '0');
+    s->hcount = 0; // a precision change forgets every tag (nothing is half yet)
+    if (s->hval) memset(s->hval, 0, s->hcap);
+    if (s->hkey) memset(s->hkey, 0, s->hcap * sizeof *s->hkey);
+    return 0;
+}
+
+// ---- half storage: the set of tensors written in half --------------------
+
+static size_t hslot(const ps_cu_state *s, const void *p)
+{
+    uint64_t h = (uint64_t)(uintptr_t)p * 0x9E3779B97F4A7C15ull;
+    return (size_t)(h >> 20) & (s->hcap - 1);
+}
+
+int ps_cu_is_half(const ps_cu_state *s, const void *p)
+{
+    if (!s->hstore || !p || !s->hcap) return 0;
+    for (size_t i = hslot(s, p);; i = (i + 1) & (s->hcap - 1)) {
+        if (s->hkey[i] == p) return s->hval[i];
+        if (!s->hkey[i]) return 0;
+    }
+}
+
+static void hput(ps_cu_state *s, const void *p, int half)
+{
+    size_t i = hslot(s, p);
+    while (s->hkey[i] && s->hkey[i] != p) i = (i + 1) & (s->hcap - 1);
+    if (!s->hkey[i]) s->hcount++;
+    s->hkey[i] = p;
+    s->hval[i] = (unsigned char)half;
+}
+
+void ps_cu_mark(ps_cu_state *s, const void *p, int half)
+{
+    if (!s->hstore || !p) return;
+    if (!half && !ps_cu_is_half(s, p)) return; // absent = fp32 already
+    if (2 * (s->hcount + 1) > s->hcap) { // keep the load under 1/2
+        const size_t ocap = s->hcap, ncap = ocap ? 2 * ocap : 1024;
+        const void **ok = s->hkey;
+        unsigned char *ov = s->hval;
+        s->hkey = (const void **)calloc(ncap, sizeof *s->hkey);
+        s->hval = (unsigned char *)calloc(ncap, 1);
+        if (!s->hkey || !s->hval) {
+            ps_error("half storage: out of host memory for %zu tensor tags", ncap);
+            abort(); // a layer cannot report it; the tags would be lost
+        }
+        s->hcap = ncap;
+        s->hcount = 0;
+        for (size_t i = 0; i < ocap; i++)
+            if (ok[i]) hput(s, ok[i], ov[i]);
+        free(ok);
+        free(ov);
+    }
+    hput(s, p, half);
+}
+
+void ps_cu_hset_free(ps_cu_state *s)
+{
+    free(s->hkey);
+    free(s->hval);
+    s->hkey = NULL;
+    s->hval = NULL;
+    s->hcap = s->hcount = 0;
+}
+
+void ps_cu_half_mismatch(const char *layer)
+{
+    ps_error("%s (cuda): operands of different storage (half / fp32) in half-storage mode; "
+             "nothing computed", layer);
+}
+
+extern "C" int ps_cuda_backend_set_half_storage(ps_ctx_t *ctx, int on)
+{
+    if (!ctx || !ctx->backend_state) return PS_EINVAL;
+    ps_cu_state *s = (ps_cu_state *)ctx->backend_state;
+    if (on && (s->prec == PS_CUDA_FP32 || !s->nhwc)) {
+        ps_error("half storage needs --precision fp16|bf16 with NHWC (PS_CUDA_NCHW unset)");
+        return PS_EINVAL;
+    }
+    s->hstore = on != 0;
+    s->hcount = 0;
+    if (s->hval) memset(s->hval, 0, s->hcap);
+    if (s->hkey) memset(s->hkey, 0, s->hcap * sizeof *s->hkey);
+    return 0;
+}
+
+extern "C" int ps_cuda_backend_half_storage(ps_ctx_t *ctx)
+{
+    return ctx && ctx->backend_state ? ((ps_cu_state *)ctx->backend_state)->hstore : 0;
+}
+
+extern "C" int ps_cuda_is_half(ps_ctx_t *ctx, const void *p)
+{
+    return ctx && ctx->backend_state ? ps_cu_is_half((ps_cu_state *)ctx->backend_state, p) : 0;
+}
+
+extern "C" void ps_cuda_half_forget(ps_ctx_t *ctx, const void *p)
+{
+    if (!ctx || !ctx->backend_state) return;
+    ps_cu_state *s = (ps_cu_state *)ctx->backend_state;
+    if (p) {
+        ps_cu_mark(s, p, 0);
+        return;
+    }
+    s->hcount = 0;
+    if (s->hval) memset(s->hval, 0, s->hcap);
+    if (s->hkey) memset(s->hkey, 0, s->hcap * sizeof *s->hkey);
+}
+
+extern "C" int ps_cuda_half_store(ps_ctx_t *ctx, float *dst, const float *src, int N, int C,
+                                  int HW)
+{
+    if (!ctx || !ctx->backend_state || !dst || !src || N <= 0 || C <= 0 || HW <= 0 ||
+        (const void *)dst == (const void *)src)
+        return PS_EINVAL;
+    ps_cu_state *s = (ps_cu_state *)ctx->backend_state;
+    if (!s->hstore) {
+        ps_error("ps_cuda_half_store: half storage is off");
+        return PS_ESTATE;
+    }
+    ps_cu_to_half(s, dst, src, N, C, HW, 1);
+    ps_cu_mark(s, dst, 1);
+    return 0;
+}
+
+extern "C" int ps_cuda_half_load(ps_ctx_t *ctx, float *dst, const float *src, int N, int C,
+                                 int HW)
+{
+    if (!ctx || !ctx->backend_state || !dst || !src || N <= 0 || C <= 0 || HW <= 0 ||
+        (const void *)dst == (const void *)src)
+        return PS_EINVAL;
+    ps_cu_state *s = (ps_cu_state *)ctx->backend_state;
+    if (!ps_cu_is_half(s, src)) {
+        ps_error("ps_cuda_half_load: the source is not a half tensor");
+        return PS_EINVAL;
+    }
+    ps_cu_from_half(s, dst, src, N, C, HW, 1, 0);
+    ps_cu_mark(s, dst, 0);
     return 0;
 }
 

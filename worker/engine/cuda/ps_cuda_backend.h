@@ -17,7 +17,8 @@
  * Beyond the table's contract: tshift_forward/backward also work in place
  * (out == inp) on this backend.  Tensors are fp32 NCHW; with
  * ps_cuda_backend_set_precision(FP16|BF16) conv2d and linear compute on
- * half copies of their operands (docs/cuda.md, "Mixed precision").
+ * half operands and the activations are stored half NHWC in their float
+ * slots (docs/cuda.md, "Mixed precision", "Half storage").
  */
 #ifndef PS_CUDA_BACKEND_H
 #define PS_CUDA_BACKEND_H
@@ -65,13 +66,37 @@ int ps_cuda_backend_event_wait(ps_ctx_t *ctx, int slot);
  * Takes effect for shapes not yet in the algorithm cache. */
 void ps_cuda_backend_set_workspace_limit(ps_ctx_t *ctx, size_t bytes);
 /* Mixed precision (--precision, docs/cuda.md): PS_CUDA_FP16 / PS_CUDA_BF16
- * make conv2d and linear compute on fp16 / bf16 copies of their operands
- * (NHWC for cuDNN, tensor cores, fp32 accumulation), results back in fp32;
- * every other layer, BN statistics and the loss stay fp32.  BF16 needs
- * sm_80+.  Returns 0, PS_EINVAL, PS_EUNSUPPORTED or PS_ECUDA (logged). */
+ * make conv2d and linear compute on fp16 / bf16 operands (NHWC for cuDNN,
+ * tensor cores, fp32 accumulation) and turn on half storage of the
+ * activations (below); BN statistics, parameters and the loss stay fp32.
+ * Setting a precision forgets every half tag.  BF16 needs sm_80+.  Returns 0, PS_EINVAL, PS_EUNSUPPORTED or PS_ECUDA (logged). */
 enum { PS_CUDA_FP32 = 0, PS_CUDA_FP16 = 1, PS_CUDA_BF16 = 2 };
 int ps_cuda_backend_set_precision(ps_ctx_t *ctx, int prec);
 int ps_cuda_backend_precision(ps_ctx_t *ctx);
+/* Half storage of activations (docs/cuda.md, "Half storage"): on by
+ * default with FP16/BF16 ($PS_CUDA_HALF_STORAGE=0 or PS_CUDA_NCHW=1: off).
+ * Then every activation and activation gradient a layer writes is half
+ * (the precision's type) in NHWC order inside its float slot; parameters,
+ * parameter gradients, BN statistics, the model input (anything the host
+ * wrote), linear's output (logits), softmax / loss stay fp32 NCHW.  The
+ * backend knows which pointer holds what from the writes it performed.
+ * set: 0, PS_EINVAL (fp32, NCHW or no state; logged).  get: 1 on, 0 off. */
+int ps_cuda_backend_set_half_storage(ps_ctx_t *ctx, int on);
+int ps_cuda_backend_half_storage(ps_ctx_t *ctx);
+/* 1 when device pointer p holds a half tensor written by this backend. */
+int ps_cuda_is_half(ps_ctx_t *ctx, const void *p);
+/* The host (or anything but a layer) wrote fp32 data at p, or p was freed
+ * and may be reused: forget its half tag (p NULL: forget every tag).  The
+ * models need none: their host writes (input, labels) go to buffers no
+ * layer writes. */
+void ps_cuda_half_forget(ps_ctx_t *ctx, const void *p);
+/* Tests and tools: dst (device, distinct from src) = the fp32 NCHW
+ * (N, C, HW) device tensor src stored as half NHWC and tagged half;
+ * load: the reverse into fp32 NCHW dst.  Queued on the backend's stream.
+ * 0, PS_EINVAL (bad arguments, load of an untagged source), PS_ESTATE
+ * (store with half storage off). */
+int ps_cuda_half_store(ps_ctx_t *ctx, float *dst, const float *src, int N, int C, int HW);
+int ps_cuda_half_load(ps_ctx_t *ctx, float *dst, const float *src, int N, int C, int HW);
 /* Loss scaling: xent_backward multiplies its dloss by `scale` (a power of
  * two; 1 = off), so every gradient comes out scaled and fp16 backward does
  * not flush small values to zero.  The caller unscales (ps_cuda_scale) after
