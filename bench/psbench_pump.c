@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "psbench.h"
+#include "ps_util.h"
 #include "ps_log.h"
 
 double psbench_now(void)
@@ -132,19 +133,6 @@ static int link_enter(const char *prefix, int host)
     return 0;
 }
 
-static int full_write(int fd, const void *buf, size_t len)
-{
-    const char *p = buf;
-    while (len) {
-        ssize_t n = write(fd, p, len);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return -1;
-        p += n;
-        len -= (size_t)n;
-    }
-    return 0;
-}
-
 /* Receiver (in host `to`): binds NET.<to+1>:0, tells the parent its port,
  * accepts `streams` connections and reads them all to EOF; sends back
  * {bytes, seconds from the first byte to the last EOF}. */
@@ -160,7 +148,7 @@ static int link_recv(const char *addr, int streams, int fd)
         return 1;
     }
     int port = ntohs(a.sin_port);
-    if (full_write(fd, &port, sizeof port) < 0) return 1;
+    if (ps_write_all(fd, &port, sizeof port) < 0) return 1;
     struct pollfd pf[LINK_MAX_STREAMS + 1];
     char *buf = malloc(LINK_CHUNK);
     double r[2] = {0, 0}, t0 = 0, t1 = 0;
@@ -199,7 +187,7 @@ static int link_recv(const char *addr, int streams, int fd)
     }
     r[1] = t1 - t0;
     free(buf);
-    return full_write(fd, r, sizeof r) < 0;
+    return ps_write_all(fd, r, sizeof r) < 0;
 }
 
 typedef struct link_writer {
@@ -212,7 +200,7 @@ static void *link_write_main(void *arg)
 {
     link_writer_t *w = arg;
     while (psbench_now() < w->until)
-        if (full_write(w->fd, w->buf, LINK_CHUNK) < 0) break;
+        if (ps_write_all(w->fd, w->buf, LINK_CHUNK) < 0) break;
     shutdown(w->fd, SHUT_WR);
     return NULL;
 }

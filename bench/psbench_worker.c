@@ -12,6 +12,7 @@
 #include "model_sizes.h"
 #include "ps_error.h"
 #include "ps_log.h"
+#include "ps_util.h"
 #include "ps_partition.h"
 #include "worker/ps_client.h"
 
@@ -324,25 +325,12 @@ static int credit_drain(credit_sched_t *k)
     return rc;
 }
 
-static int write_all(int fd, const void *buf, size_t len)
-{
-    const char *p = buf;
-    while (len) {
-        ssize_t n = write(fd, p, len);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return -1;
-        p += n;
-        len -= (size_t)n;
-    }
-    return 0;
-}
-
 int psbench_send_result(int fd, const double *times, const double *ctimes, int iters,
                         const psbench_result_t *res)
 {
-    return write_all(fd, times, (size_t)iters * sizeof *times) < 0 ||
-                   write_all(fd, ctimes, (size_t)iters * sizeof *ctimes) < 0 ||
-                   write_all(fd, res, sizeof *res) < 0
+    return ps_write_all(fd, times, (size_t)iters * sizeof *times) < 0 ||
+                   ps_write_all(fd, ctimes, (size_t)iters * sizeof *ctimes) < 0 ||
+                   ps_write_all(fd, res, sizeof *res) < 0
                ? -1
                : 0;
 }

@@ -598,22 +598,6 @@ static int build_header(const ps_st_writer_t *w, sbuf_t *b)
     return b->oom ? PS_ENOMEM : 0;
 }
 
-static int write_all(int fd, const void *buf, size_t n)
-{
-    const uint8_t *p = buf;
-    while (n) {
-        /* Linux caps one write at ~2 GiB; keep chunks well below. */
-        ssize_t k = write(fd, p, n > (1u << 30) ? (1u << 30) : n);
-        if (k < 0) {
-            if (errno == EINTR) continue;
-            return -1;
-        }
-        p += k;
-        n -= (size_t)k;
-    }
-    return 0;
-}
-
 static int fsync_dir_of(const char *path)
 {
     char *copy = strdup(path);
@@ -663,8 +647,8 @@ int ps_st_writer_save(ps_st_writer_t *w, const char *path, char *err, size_t err
     uint8_t lenle[8];
     for (int i = 0; i < 8; i++) lenle[i] = (uint8_t)((uint64_t)hb.len >> (8 * i));
     const char *what = "write";
-    int ok = write_all(fd, lenle, 8) == 0 && write_all(fd, hb.p, hb.len) == 0;
-    for (size_t i = 0; ok && i < w->n; i++) ok = write_all(fd, w->e[i].data, w->e[i].nbytes) == 0;
+    int ok = ps_write_all(fd, lenle, 8) == 0 && ps_write_all(fd, hb.p, hb.len) == 0;
+    for (size_t i = 0; ok && i < w->n; i++) ok = ps_write_all(fd, w->e[i].data, w->e[i].nbytes) == 0;
     if (ok && fsync(fd) < 0) ok = 0, what = "fsync";
     int e = errno;
     if (close(fd) < 0 && ok) ok = 0, what = "close", e = errno;

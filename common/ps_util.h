@@ -16,4 +16,10 @@ int ps_fail_at(const char *file, int line, int code, char *err, size_t errlen,
 #define ps_fail(code, err, errlen, ...) \
     ps_fail_at(__FILE__, __LINE__, (code), (err), (errlen), NULL, __VA_ARGS__)
 
+/* Write all n bytes of buf to fd, retrying short writes and EINTR (and
+ * cutting writes into 1 GiB pieces: Linux caps one write near 2 GiB).
+ * Returns 0, or -1 with errno set by the failing write (a write of 0
+ * bytes counts as failure: errno EIO). */
+int ps_write_all(int fd, const void *buf, size_t n);
+
 #endif

@@ -8,6 +8,7 @@
 #include "ps_half.h"
 #include "ps_log.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -482,8 +483,6 @@ const ps_backend_t ps_backend_cpu_round = {
 
 /* ---- step snapshots ------------------------------------------------------ */
 
-#include <math.h>
-
 double ps_hround_relerr(const float *a, const float *b, size_t n)
 {
     double num = 0, den = 0;
@@ -615,4 +614,16 @@ const char *ps_hround_snap_worst_buf(const ps_hround_snap_t *a, const ps_hround_
         }
     }
     return w;
+}
+
+int ps_hround_snap_nonfinite(const ps_hround_snap_t *s)
+{
+    int n = 0;
+    for (int i = 0; i < s->np; i++)
+        for (size_t j = 0; j < s->numel[i]; j++)
+            if (!isfinite(s->g[i][j])) {
+                n++;
+                break;
+            }
+    return n;
 }

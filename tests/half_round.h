@@ -71,6 +71,8 @@ typedef struct ps_hround_snap {
 int ps_hround_snap(ps_hround_snap_t *s, const ps_model_t *m, int nlogits, float loss,
                    double grad_scale);
 void ps_hround_snap_free(ps_hround_snap_t *s);
+/* how many of s's parameter tensors hold a non-finite gradient */
+int ps_hround_snap_nonfinite(const ps_hround_snap_t *s);
 /* |a - b|_2 / |b|_2 (|a - b|_2 when b is 0); NaN anywhere -> inf */
 double ps_hround_relerr(const float *a, const float *b, size_t n);
 /* Compare a with ref: returns the worst per-tensor relative L2 gradient

@@ -9,26 +9,6 @@
 # model through the ring and through psd and reports its bytes per step.
 . "$(dirname "$0")/test_integration_common.sh" || { echo "Bail out! cannot read test_integration_common.sh"; exit 99; }
 
-# free_ports N: N loopback TCP ports nobody listens on right now.
-free_ports() {
-    local py
-    for py in python3 /usr/bin/python3; do
-        if command -v "$py" >/dev/null 2>&1; then
-            "$py" -c 'import socket,sys
-ss=[socket.socket() for _ in range(int(sys.argv[1]))]
-for s in ss: s.bind(("127.0.0.1",0))
-print(" ".join(str(s.getsockname()[1]) for s in ss))' "$1"
-            return
-        fi
-    done
-    local i; for ((i = 0; i < $1; i++)); do echo -n "$((20000 + (RANDOM * 7 + $$ + i * 13) % 30000)) "; done
-}
-peers_of() { # peers_of N -> tcp://127.0.0.1:p,...
-    local p out=
-    for p in $(free_ports "$1"); do out=${out:+$out,}tcp://127.0.0.1:$p; done
-    echo "$out"
-}
-
 # run_ring NWORKERS OUTDIR [psworker flags...]: all ranks of one ring.
 run_ring() {
     local nw=$1 out=$2 r rc=0 peers; shift 2

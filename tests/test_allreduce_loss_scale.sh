@@ -19,20 +19,6 @@
 #    ranks end identical.
 . "$(dirname "$0")/test_integration_common.sh" || { echo "Bail out! cannot read test_integration_common.sh"; exit 99; }
 
-free_ports() {
-    local py
-    for py in python3 /usr/bin/python3; do
-        if command -v "$py" >/dev/null 2>&1; then
-            "$py" -c 'import socket,sys
-ss=[socket.socket() for _ in range(int(sys.argv[1]))]
-for s in ss: s.bind(("127.0.0.1",0))
-print(" ".join(str(s.getsockname()[1]) for s in ss))' "$1"
-            return
-        fi
-    done
-    local i; for ((i = 0; i < $1; i++)); do echo -n "$((20000 + (RANDOM * 7 + $$ + i * 13) % 30000)) "; done
-}
-
 NW=3
 B=8
 STEPS=12
@@ -46,11 +32,11 @@ COMMON=(--steps "$STEPS" --lr 0.05 --momentum 0.9 --weight-decay 1e-4 --warmup-s
 # run_all MODE OUT OVF_RANK [flags...]: NW workers, in PS mode (MODE=ps,
 # $SERVERS) or ring mode (MODE=ring); rank OVF_RANK (-1: none) gets the fault.
 run_all() {
-    local mode=$1 out=$2 ovf=$3 r rc=0 peers= p; shift 3
+    local mode=$1 out=$2 ovf=$3 r rc=0 peers=; shift 3
     local wp=() how=()
     mkdir -p "$out"
     if [ "$mode" = ring ]; then
-        for p in $(free_ports $NW); do peers=${peers:+$peers,}tcp://127.0.0.1:$p; done
+        peers=$(peers_of $NW)
         how=(--mode allreduce --peers "$peers")
     else
         how=(--servers "$SERVERS")

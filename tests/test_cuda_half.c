@@ -20,6 +20,7 @@
  * rounded to the precision on both sides, so its forward and argmax are
  * exact (ties included).  The worst error of each comparison is printed. */
 #include "tests/tap.h"
+#include "tests/cuda_testutil.h"
 #include "worker/engine/cuda/ps_cuda.h"
 #include "ps_error.h"
 #include "ps_half.h"
@@ -36,32 +37,6 @@ static const ps_backend_t *C_ = &ps_backend_cpu, *G_ = &ps_backend_cuda;
 static int prec;
 static double tol;
 
-static uint64_t rs = 0x243F6A8885A308D3ull;
-static float frand(void) /* [-1, 1) */
-{
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    return (float)((rs >> 40) * (1.0 / 8388608.0)) - 1.0f;
-}
-static float *hrand(size_t n, float scale, float offset)
-{
-    float *p = malloc((n ? n : 1) * sizeof *p);
-    for (size_t i = 0; i < n; i++) p[i] = frand() * scale + offset;
-    return p;
-}
-static float *hnan(size_t n)
-{
-    float *p = malloc((n ? n : 1) * sizeof *p);
-    for (size_t i = 0; i < n; i++) p[i] = NAN;
-    return p;
-}
-static float *hcopy(const float *s, size_t n)
-{
-    float *p = malloc((n ? n : 1) * sizeof *p);
-    memcpy(p, s, n * sizeof *p);
-    return p;
-}
 /* x rounded to the precision under test (what half storage keeps) */
 static float hround(float x)
 {
@@ -113,12 +88,6 @@ static float *hin(const float *h, int N, int C, int HW)
     return d;
 }
 
-static double maxabs(const float *x, size_t n)
-{
-    double m = 0;
-    for (size_t i = 0; i < n; i++) m = fabs(x[i]) > m ? fabs(x[i]) : m;
-    return m;
-}
 static double last_rel_worst;
 static void cmp_host(const float *got, const float *want, size_t n, double atol, double rtol,
                      const char *what)

@@ -50,19 +50,6 @@ static const char *pname(int p)
     return p == PS_CUDA_FP16 ? "fp16" : p == PS_CUDA_BF16 ? "bf16" : "fp32";
 }
 
-/* tensors of s with a non-finite gradient */
-static int nonfinite(const ps_hround_snap_t *s)
-{
-    int n = 0;
-    for (int i = 0; i < s->np; i++)
-        for (size_t j = 0; j < s->numel[i]; j++)
-            if (!isfinite(s->g[i][j])) {
-                n++;
-                break;
-            }
-    return n;
-}
-
 static void model_cfg(ps_model_config_t *cfg, int bn_mode)
 {
     ps_model_config_default(cfg);
@@ -180,7 +167,7 @@ static double step(int prec, int bn_mode, float lscale, const ps_hround_snap_t *
         ps_hround_snap_free(&g);
         return -1;
     }
-    const int nofr = nonfinite(&r), nofg = nonfinite(&g);
+    const int nofr = ps_hround_snap_nonfinite(&r), nofg = ps_hround_snap_nonfinite(&g);
     if (nofr) { /* loss-scale overflow in the reference: CUDA must see it too */
         ok(nofg > 0, "%s: gradients overflow: %d non-finite tensors on CUDA, %d in the rounding "
            "model (the loss scaler skips this step)", what, nofg, nofr);

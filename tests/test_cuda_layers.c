@@ -16,6 +16,7 @@
  * The worst error of every comparison is printed (diag) so the first GPU
  * session can see how much headroom there is. */
 #include "tests/tap.h"
+#include "tests/cuda_testutil.h"
 #include "worker/engine/cuda/ps_cuda.h"
 #include "ps_error.h"
 #include "worker/engine/cuda/ps_cuda_backend.h"
@@ -31,32 +32,6 @@ static const ps_backend_t *C_ = &ps_backend_cpu, *G_ = &ps_backend_cuda;
 
 /* ---- host / device buffers --------------------------------------------- */
 
-static uint64_t rs = 0x243F6A8885A308D3ull;
-static float frand(void) /* [-1, 1) */
-{
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    return (float)((rs >> 40) * (1.0 / 8388608.0)) - 1.0f;
-}
-static float *hrand(size_t n, float scale, float offset)
-{
-    float *p = malloc((n ? n : 1) * sizeof *p);
-    for (size_t i = 0; i < n; i++) p[i] = frand() * scale + offset;
-    return p;
-}
-static float *hnan(size_t n)
-{
-    float *p = malloc((n ? n : 1) * sizeof *p);
-    for (size_t i = 0; i < n; i++) p[i] = NAN;
-    return p;
-}
-static float *hcopy(const float *s, size_t n)
-{
-    float *p = malloc((n ? n : 1) * sizeof *p);
-    memcpy(p, s, n * sizeof *p);
-    return p;
-}
 static void *dup_dev(const void *h, size_t bytes)
 {
     void *d = NULL;
@@ -94,12 +69,6 @@ static void repoison(float *d, size_t n)
     free(h);
 }
 
-static double maxabs(const float *x, size_t n)
-{
-    double m = 0;
-    for (size_t i = 0; i < n; i++) m = fabs(x[i]) > m ? fabs(x[i]) : m;
-    return m;
-}
 /* Worst |err| / max|ref| of the last cmp (the mixed-precision section
  * checks that the half path was really taken). */
 static double last_rel_worst;

@@ -31,19 +31,6 @@
 
 enum { CLIPS = 2, HW = 32, NSCALES = 5 };
 
-/* tensors with a non-finite gradient */
-static int nonfinite(const ps_hround_snap_t *s)
-{
-    int n = 0;
-    for (int i = 0; i < s->np; i++)
-        for (size_t j = 0; j < s->numel[i]; j++)
-            if (!isfinite(s->g[i][j])) {
-                n++;
-                break;
-            }
-    return n;
-}
-
 /* the largest |gradient| (unscaled) */
 static double gmax(const ps_hround_snap_t *s)
 {
@@ -180,7 +167,7 @@ int main(void)
                 double elog, ebuf;
                 const double e = ps_hround_snap_cmp(&r, &ref, &wn, &elog, &ebuf);
                 const double eloss = fabs(r.loss - ref.loss) / fabs(ref.loss);
-                const int nof = nonfinite(&r);
+                const int nof = ps_hround_snap_nonfinite(&r);
                 if (scales[si] * gmax(&ref) > 65504.0 && prec == PS_HROUND_FP16) {
                     /* the scaled gradient passes fp16's largest value: an
                      * overflow the dynamic loss scaler must see (and skip) */

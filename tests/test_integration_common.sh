@@ -129,3 +129,24 @@ compare() {
 
 # Compare floats: fcmp "A < B" (awk expression on numbers).
 fcmp() { awk "BEGIN { exit !($*) }"; }
+
+# free_ports N: N loopback TCP ports nobody listens on right now.
+free_ports() {
+    local py
+    for py in python3 /usr/bin/python3; do
+        if command -v "$py" >/dev/null 2>&1; then
+            "$py" -c 'import socket,sys
+ss=[socket.socket() for _ in range(int(sys.argv[1]))]
+for s in ss: s.bind(("127.0.0.1",0))
+print(" ".join(str(s.getsockname()[1]) for s in ss))' "$1"
+            return
+        fi
+    done
+    local i; for ((i = 0; i < $1; i++)); do echo -n "$((20000 + (RANDOM * 7 + $$ + i * 13) % 30000)) "; done
+}
+# peers_of N: tcp://127.0.0.1:p,... for a ring of N ranks on free ports.
+peers_of() {
+    local p out=
+    for p in $(free_ports "$1"); do out=${out:+$out,}tcp://127.0.0.1:$p; done
+    echo "$out"
+}

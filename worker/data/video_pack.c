@@ -23,6 +23,7 @@
 #include "ps_crc32c.h"
 #include "ps_error.h"
 #include "ps_log.h"
+#include "ps_util.h"
 #include "worker/data/ps_image.h"
 #include "worker/data/video_list.h"
 
@@ -53,19 +54,6 @@ static void put64(wbuf_t *b, uint64_t v) { put32(b, (uint32_t)v); put32(b, (uint
 static uint32_t get32(const uint8_t *p) { return p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
 static uint64_t get64(const uint8_t *p) { return get32(p) | (uint64_t)get32(p + 4) << 32; }
 
-static int write_all(int fd, const void *p, size_t n)
-{
-    const uint8_t *c = p;
-    while (n) {
-        ssize_t w = write(fd, c, n);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return -1;
-        c += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
 /* Writes path via a temp file + rename so a crash never leaves half a shard
  * under the final name. */
 static int write_file(const char *path, const void *p, size_t n, char *err, size_t errlen)
@@ -73,7 +61,7 @@ static int write_file(const char *path, const void *p, size_t n, char *err, size
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0 || write_all(fd, p, n) < 0 || fsync(fd) < 0 || close(fd) < 0 || rename(tmp, path) < 0) {
+    if (fd < 0 || ps_write_all(fd, p, n) < 0 || fsync(fd) < 0 || close(fd) < 0 || rename(tmp, path) < 0) {
         ps_errf(err, errlen, "%s: %s", path, strerror(errno));
         if (fd >= 0) close(fd);
         unlink(tmp);
