@@ -81,8 +81,14 @@ int PS_FUZZ_ENTRY(const uint8_t *data, size_t size)
         FUZZ_CHECK(err[0], "error %d without a message", rc);
     }
     ps_wire_msg_close(&m);
+    /* A signal (libFuzzer's -timeout alarm) can interrupt the probe: EINTR
+     * says nothing about the pipe, so ask again. */
     char probe;
-    FUZZ_CHECK(zmq_recv(wire_fz_rx, &probe, 1, ZMQ_DONTWAIT) < 0 && zmq_errno() == EAGAIN,
-               "frames left in the pipe after ps_wire_recv");
+    int got;
+    do
+        got = zmq_recv(wire_fz_rx, &probe, 1, ZMQ_DONTWAIT);
+    while (got < 0 && zmq_errno() == EINTR);
+    FUZZ_CHECK(got < 0 && zmq_errno() == EAGAIN, "frames left in the pipe after ps_wire_recv (%d, %s)",
+               got, got < 0 ? zmq_strerror(zmq_errno()) : "a frame");
     return 0;
 }
