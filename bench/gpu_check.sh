@@ -126,31 +126,29 @@ run 60 cast "$CAST"; rc=$?
 grep -v '^ok' "$W/cast.out" | tail -15
 [ $rc -eq 0 ] || fail "test_cuda_cast (rc $rc)"
 
+# layer_parity MAX NAME PROGRAM SHOWN WORST: one of the per-layer CUDA-vs-CPU
+# tests: its failures and last SHOWN lines of output, its WORST largest
+# errors; a program missing from an older carry is said, not failed.
+layer_parity() {
+    if [ ! -x "$3" ]; then
+        echo "no $(basename "$3") (carried programs from before it existed: rerun bench/gpu_prep.sh)"
+        return
+    fi
+    run "$1" "$2" "$3"; rc=$?
+    grep -v '^ok\|^#  ' "$W/$2.out" | tail -"$4"
+    echo "-- worst errors:"; grep '^#   .*max |err|' "$W/$2.out" | sort -t'|' -k3 -g | tail -"$5"
+    [ $rc -eq 0 ] || fail "$(basename "$3") (rc $rc)"
+}
+
 stage "test_cuda_layers (every layer vs the CPU; conv/linear fp16 + bf16; loss scale)"
-run 150 layers "$LAYERS"; rc=$?
-grep -v '^ok\|^#  ' "$W/layers.out" | tail -40
-echo "-- worst errors:"; grep '^#   .*max |err|' "$W/layers.out" | sort -t'|' -k3 -g | tail -8
-[ $rc -eq 0 ] || fail "test_cuda_layers (rc $rc)"
+layer_parity 150 layers "$LAYERS" 40 8
 
 stage "test_cuda_det (detection layers vs the CPU references)"
-if [ -x "$DET" ]; then
-    run 60 det "$DET"; rc=$?
-    grep -v '^ok\|^#  ' "$W/det.out" | tail -25
-    echo "-- worst errors:"; grep '^#   .*max |err|' "$W/det.out" | sort -t'|' -k3 -g | tail -5
-    [ $rc -eq 0 ] || fail "test_cuda_det (rc $rc)"
-else
-    echo "no test_cuda_det (carried programs from before it existed: rerun bench/gpu_prep.sh)"
-fi
+layer_parity 60 det "$DET" 25 5
 
 stage "test_cuda_half (half storage: every layer on fp16 / bf16 NHWC activations vs the CPU)"
-if [ -x "$HALF" ]; then
-    run 60 half "$HALF"; rc=$?
-    grep -v '^ok\|^#  ' "$W/half.out" | tail -25
-    echo "-- worst errors:"; grep '^#   .*max |err|' "$W/half.out" | sort -t'|' -k3 -g | tail -5
-    [ $rc -eq 0 ] || fail "test_cuda_half (rc $rc)"
-else
-    echo "no test_cuda_half (carried programs from before it existed: rerun bench/gpu_prep.sh)"
-fi
+layer_parity 60 half "$HALF" 25 5
+
 stage "test_cuda_half_model (small TSM-ResNet-18 step, half storage vs CPU fp32 and the CPU rounding model, loss scale 1024 and 65536)"
 if [ -x "$HALFM" ]; then
     run 60 halfm "$HALFM"; rc=$?

@@ -9,28 +9,9 @@
 # model through the ring and through psd and reports its bytes per step.
 . "$(dirname "$0")/test_integration_common.sh" || { echo "Bail out! cannot read test_integration_common.sh"; exit 99; }
 
-# run_ring NWORKERS OUTDIR [psworker flags...]: all ranks of one ring.
-run_ring() {
-    local nw=$1 out=$2 r rc=0 peers; shift 2
-    local wp=()
-    peers=$(peers_of "$nw")
-    mkdir -p "$out"
-    for ((r = 0; r < nw; r++)); do
-        timeout -k 2 "${WORKER_TIMEOUT:-50}" "$PSW" --mode allreduce --peers "$peers" --rank "$r" \
-            --num-workers "$nw" --out "$out" --progress-every 0 --log-level warn "$@" \
-            >"$out/w$r.out" 2>"$out/w$r.err" &
-        wp+=($!)
-        PIDS+=($!)
-    done
-    for ((r = 0; r < nw; r++)); do
-        if ! wait "${wp[$r]}"; then
-            rc=1
-            echo "# ring worker $r failed"
-            show_log "$out/w$r.err"
-        fi
-    done
-    return $rc
-}
+# run_ring NWORKERS OUTDIR [psworker flags...]: all ranks of one ring, on
+# fresh loopback ports (run_workers in ring mode).
+run_ring() { RING_PEERS=$(peers_of "$1") run_workers "$@"; }
 
 B=8
 STEPS=30

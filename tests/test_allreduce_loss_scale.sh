@@ -54,28 +54,22 @@ run_all() {
     done
     return $rc
 }
-seq_of() { sed -n 's/.*loss scale: step \([0-9]*\) .*scale \([0-9]*\) -> \([0-9]*\).*/\1 \2 \3/p' "$1"; }
 
-expect=$(awk -v n=$STEPS -v k=$K -v w=$WIN -v s=$INIT 'BEGIN {
-    c = 0
-    for (i = 0; i < n; i++) {
-        if (i == k) { printf "%d %d %d\n", i, s, s / 2; s /= 2; c = 0; continue }
-        if (++c >= w) { printf "%d %d %d\n", i, s, s * 2; s *= 2; c = 0 }
-    } }')
+expect=$(ls_policy "$STEPS" "$K" "$WIN" "$INIT")
 diag "expected scale changes (step old new): $(echo "$expect" | tr '\n' ';')"
 
 start_cluster 1 $NW --mode sync
 ok $? "psd started ($SERVERS)"
 run_all ps "$T/ps" 1 --dtype fp32
 ok $? "PS mode: $NW workers, overflow at step $K on rank 1"
-sp=$(seq_of "$T/ps/w0.err")
+sp=$(ls_seq_of "$T/ps/w0.err")
 [ -n "$expect" ] && [ "$sp" = "$expect" ]
 ok $? "PS mode: rank 0's scale sequence is the policy's ($(echo "$sp" | tr '\n' ';'))"
 
 run_all ring "$T/ring" 1 --dtype fp32
 ok $? "ring mode: $NW ranks finished $STEPS steps with an overflow at step $K on rank 1"
 for ((r = 0; r < NW; r++)); do
-    sr=$(seq_of "$T/ring/w$r.err")
+    sr=$(ls_seq_of "$T/ring/w$r.err")
     [ "$sr" = "$expect" ] && [ "$sr" = "$sp" ]
     ok $? "ring rank $r: scale sequence == the policy's == PS mode's ($(echo "$sr" | tr '\n' ';'))"
 done
@@ -99,7 +93,7 @@ ok $? "ring ranks 0 and 2 hold the same weights (eval loss $e0)"
 # Without the fault the ring applies step K: the weight check must notice.
 run_all ring "$T/noovf" -1 --dtype fp32
 ok $? "ring mode without a forced overflow"
-[ -z "$(seq_of "$T/noovf/w0.err" | awk -v k=$K '$1 == k')" ]
+[ -z "$(ls_seq_of "$T/noovf/w0.err" | awk -v k=$K '$1 == k')" ]
 ok $? "without the fault, step $K is clean on rank 0"
 compare "$T/noovf/model.safetensors" "$T/ps/model.safetensors" 1e-5 >/dev/null
 [ $? -eq 1 ]
@@ -109,7 +103,7 @@ ok $? "the same weight check rejects the ring run that applied step $K"
 run_all ring "$T/r16" 2 --dtype fp16
 ok $? "ring mode, fp16 wire, overflow at step $K on rank 2"
 good=1
-for ((r = 0; r < NW; r++)); do [ "$(seq_of "$T/r16/w$r.err")" = "$expect" ] || good=0; done
+for ((r = 0; r < NW; r++)); do [ "$(ls_seq_of "$T/r16/w$r.err")" = "$expect" ] || good=0; done
 [ $good -eq 1 ]
 ok $? "fp16 wire: every rank's scale sequence is the policy's"
 a=$(final_value "$T/r16/w0.out" eval_loss); b=$(final_value "$T/r16/w1.out" eval_loss)

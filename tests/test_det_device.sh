@@ -31,22 +31,5 @@ rc=$?
 [ $rc = 2 ] && grep -qE -- "--precision fp16: the detector trains in fp32|without CUDA" "$T/fp16.err"
 ok $? "--device cuda:0 --precision fp16: exit $rc, the detector is fp32 only" || show_log "$T/fp16.err"
 
-timeout 50 "$PSW" --standalone "${MODEL[@]}" --device cuda:0 --out "$T/gpu" --progress-every 0 \
-    >"$T/gpu.out" 2>"$T/gpu.err"
-rc=$?
-if [ $rc = 0 ]; then
-    diag "a GPU is present: comparing the CUDA run with the CPU run"
-    l=$(final_value "$T/gpu.out" loss)
-    [ -n "$l" ] && [ "$l" != nan ]
-    ok $? "cuda:0 trained 3 steps (loss $l)"
-    compare "$T/gpu/model.safetensors" "$T/cpu/model.safetensors" 2e-3
-    ok $? "cuda:0 weights == cpu weights within 2e-3 of each tensor's scale"
-else
-    [ $rc = 2 ]
-    ok $? "no GPU: --device cuda:0 exits 2 (got $rc)" || show_log "$T/gpu.err"
-    grep -q -- "--device cuda:0" "$T/gpu.err" && grep -qiE "CUDA device|without CUDA|cannot use" "$T/gpu.err"
-    ok $? "no GPU: the message names --device cuda:0 and the cause" || show_log "$T/gpu.err"
-    ! grep -qiE "segmentation|core dumped|abort" "$T/gpu.err"
-    ok $? "no GPU: no crash report in the log"
-fi
+cuda_vs_cpu "2" "${MODEL[@]}"
 tap_done

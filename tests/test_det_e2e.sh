@@ -62,15 +62,7 @@ done
 ok $? "the evaluation saw detections (a non-trivial comparison)"
 
 # one worker through psd == standalone (fp32 wire, frozen BN, same data)
-for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
-start_cluster 2 1 --mode sync
-ok $? "2 psd for one worker"
-run_workers 1 "$T/one" "${MODEL[@]}" "${DATA[@]}" --batch 4 --steps 3 --partition-bytes 65536
-ok $? "1 worker, 3 steps through psd"
-standalone "$T/ref" "${MODEL[@]}" "${DATA[@]}" --batch 4 --steps 3 --partition-bytes 65536
-ok $? "standalone, 3 steps"
-compare "$T/one/model.safetensors" "$T/ref/model.safetensors" 1e-5
-ok $? "psd-trained detector == standalone within 1e-5"
+psd_vs_standalone 3 detector "${MODEL[@]}" "${DATA[@]}"
 
 # bad input: clear errors naming the file, exit 1 or 2, no crash
 timeout 20 "$PSW" --standalone "${MODEL[@]}" --train-json "$T/none.json" --root "$T/ds/train" \

@@ -77,12 +77,15 @@ start_cluster() {
 
 # run_workers NWORKERS OUTDIR [psworker flags...]: runs all ranks, waits
 # (each bounded by WORKER_TIMEOUT seconds); returns non-zero if any failed.
+# The ranks use the servers in $SERVERS, or with RING_PEERS set (run_ring)
+# form that ring instead (--mode allreduce).
 run_workers() {
     local nw=$1 out=$2 r rc=0; shift 2
-    local wp=()
+    local wp=() conn=(--servers "$SERVERS")
+    [ -n "${RING_PEERS:-}" ] && conn=(--mode allreduce --peers "$RING_PEERS")
     mkdir -p "$out"
     for ((r = 0; r < nw; r++)); do
-        timeout -k 2 "${WORKER_TIMEOUT:-50}" "$PSW" --servers "$SERVERS" --rank "$r" \
+        timeout -k 2 "${WORKER_TIMEOUT:-50}" "$PSW" "${conn[@]}" --rank "$r" \
             --num-workers "$nw" --out "$out" --progress-every 0 --log-level warn "$@" \
             >"$out/w$r.out" 2>"$out/w$r.err" &
         wp+=($!)
@@ -150,3 +153,62 @@ peers_of() {
     for p in $(free_ports "$1"); do out=${out:+$out,}tcp://127.0.0.1:$p; done
     echo "$out"
 }
+
+# cuda_vs_cpu NO_GPU_RCS [psworker flags...]: a 3-step standalone run on
+# --device cuda:0 into $T/gpu.  With a GPU its weights must equal $T/cpu's
+# (the same run on the CPU, done by the caller) within 2e-3 of each
+# tensor's scale; without one it must exit with one of NO_GPU_RCS (e.g.
+# "2" or "1 2"), name --device cuda:0 and the cause, and not crash.
+cuda_vs_cpu() {
+    local want=$1 rc l; shift
+    timeout 50 "$PSW" --standalone "$@" --device cuda:0 --out "$T/gpu" --progress-every 0 \
+        >"$T/gpu.out" 2>"$T/gpu.err"
+    rc=$?
+    if [ $rc = 0 ]; then
+        diag "a GPU is present: comparing the CUDA run with the CPU run"
+        l=$(final_value "$T/gpu.out" loss)
+        [ -n "$l" ] && [ "$l" != nan ]
+        ok $? "cuda:0 trained 3 steps (loss $l)"
+        compare "$T/gpu/model.safetensors" "$T/cpu/model.safetensors" 2e-3
+        ok $? "cuda:0 weights == cpu weights within 2e-3 of each tensor's scale"
+    else
+        [[ " $want " == *" $rc "* ]]
+        ok $? "no GPU: --device cuda:0 exits $rc (allowed: $want; not a crash)" || show_log "$T/gpu.err"
+        grep -q -- "--device cuda:0" "$T/gpu.err" && grep -qiE "CUDA device|without CUDA|cannot use" "$T/gpu.err"
+        ok $? "no GPU: the message names --device cuda:0 and the cause" || show_log "$T/gpu.err"
+        ! grep -qiE "segmentation|core dumped|abort" "$T/gpu.err"
+        ok $? "no GPU: no crash report in the log"
+    fi
+}
+
+# psd_vs_standalone STEPS WHAT [psworker flags...]: stop the running
+# cluster, start 2 psd for ONE worker (sync), train STEPS steps of batch 4
+# through them into $T/one and the same run standalone into $T/ref; the
+# weights must agree within 1e-5 (fp32 wire: psd applies the same update).
+psd_vs_standalone() {
+    local steps=$1 what=$2 p; shift 2
+    for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
+    start_cluster 2 1 --mode sync
+    ok $? "2 psd for one worker"
+    run_workers 1 "$T/one" "$@" --batch 4 --steps "$steps" --partition-bytes 65536
+    ok $? "1 worker, $steps steps through psd"
+    standalone "$T/ref" "$@" --batch 4 --steps "$steps" --partition-bytes 65536
+    ok $? "standalone, $steps steps"
+    compare "$T/one/model.safetensors" "$T/ref/model.safetensors" 1e-5
+    ok $? "psd-trained $what == standalone within 1e-5"
+}
+
+# Dynamic loss scaling, independently of psworker (the loss-scale tests of
+# PS and ring mode): ls_policy STEPS K WIN INIT prints "step old new" for
+# every change of the scale when step K overflows -- start INIT, x2 after
+# WIN clean steps in a row, /2 on overflow (clean count reset).
+ls_policy() {
+    awk -v n="$1" -v k="$2" -v w="$3" -v s="$4" 'BEGIN {
+    c = 0
+    for (i = 0; i < n; i++) {
+        if (i == k) { printf "%d %d %d\n", i, s, s / 2; s /= 2; c = 0; continue }
+        if (++c >= w) { printf "%d %d %d\n", i, s, s * 2; s *= 2; c = 0 }
+    } }'
+}
+# ls_seq_of LOG: the same "step old new" lines from a psworker's log.
+ls_seq_of() { sed -n 's/.*loss scale: step \([0-9]*\) .*scale \([0-9]*\) -> \([0-9]*\).*/\1 \2 \3/p' "$1"; }

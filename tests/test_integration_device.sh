@@ -34,22 +34,5 @@ rc=$?
 [ $rc = 2 ] && grep -q "smoke model runs on the CPU" "$T/smoke.err"
 ok $? "smoke model with --device cuda:0: exit 2, says the smoke model is CPU-only" || show_log "$T/smoke.err"
 
-timeout 50 "$PSW" --standalone "${MODEL[@]}" --device cuda:0 --out "$T/gpu" --progress-every 0 \
-    >"$T/gpu.out" 2>"$T/gpu.err"
-rc=$?
-if [ $rc = 0 ]; then
-    diag "a GPU is present: comparing the CUDA run with the CPU run"
-    l=$(final_value "$T/gpu.out" loss)
-    [ -n "$l" ] && [ "$l" != nan ]
-    ok $? "cuda:0 trained 3 steps (loss $l)"
-    compare "$T/gpu/model.safetensors" "$T/cpu/model.safetensors" 2e-3
-    ok $? "cuda:0 weights == cpu weights within 2e-3 of each tensor's scale"
-else
-    [ $rc = 1 ] || [ $rc = 2 ]
-    ok $? "no GPU: --device cuda:0 exits $rc (1 or 2, not a crash)" || show_log "$T/gpu.err"
-    grep -q -- "--device cuda:0" "$T/gpu.err" && grep -qiE "CUDA device|without CUDA|cannot use" "$T/gpu.err"
-    ok $? "no GPU: the message names --device cuda:0 and the cause" || show_log "$T/gpu.err"
-    ! grep -qiE "segmentation|core dumped|abort" "$T/gpu.err"
-    ok $? "no GPU: no crash report in the log"
-fi
+cuda_vs_cpu "1 2" "${MODEL[@]}"
 tap_done

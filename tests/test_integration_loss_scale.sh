@@ -65,17 +65,9 @@ diag "psd skipped $nskip partition updates ($nskipk at iteration $K, $ndist dist
 [ "$nskip" -ge 1 ] && [ "$nskip" -eq "$nskipk" ] && [ "$nskip" -eq "${nparts:-0}" ] && [ "$ndist" -eq "$nskip" ]
 ok $? "psd skipped the step-$K update of every partition and nothing else" || show_log "$T/psd0.log"
 
-# The policy, independently: start INIT, x2 after WIN clean steps in a row,
-# /2 on overflow (clean count reset).
-expect=$(awk -v n=$STEPS -v k=$K -v w=$WIN -v s=$INIT 'BEGIN {
-    c = 0
-    for (i = 0; i < n; i++) {
-        if (i == k) { printf "%d %d %d\n", i, s, s / 2; s /= 2; c = 0; continue }
-        if (++c >= w) { printf "%d %d %d\n", i, s, s * 2; s *= 2; c = 0 }
-    } }')
-seq_of() { sed -n 's/.*loss scale: step \([0-9]*\) .*scale \([0-9]*\) -> \([0-9]*\).*/\1 \2 \3/p' "$1"; }
-s0=$(seq_of "$T/run/w0.err")
-s1=$(seq_of "$T/run/w1.err")
+expect=$(ls_policy "$STEPS" "$K" "$WIN" "$INIT")
+s0=$(ls_seq_of "$T/run/w0.err")
+s1=$(ls_seq_of "$T/run/w1.err")
 diag "expected scale changes (step old new): $(echo "$expect" | tr '\n' ';')"
 diag "rank 0: $(echo "$s0" | tr '\n' ';')"
 diag "rank 1: $(echo "$s1" | tr '\n' ';')"

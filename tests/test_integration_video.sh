@@ -48,15 +48,7 @@ for k in top1 top5 val_loss; do
 done
 
 # one worker through psd == standalone (fp32 wire; same data, same BN batches)
-for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
-start_cluster 2 1 --mode sync
-ok $? "2 psd for one worker"
-run_workers 1 "$T/one" "${MODEL[@]}" "${DATA[@]}" --batch 4 --steps 4 --partition-bytes 65536
-ok $? "1 worker, 4 steps through psd"
-standalone "$T/ref" "${MODEL[@]}" "${DATA[@]}" --batch 4 --steps 4 --partition-bytes 65536
-ok $? "standalone, 4 steps"
-compare "$T/one/model.safetensors" "$T/ref/model.safetensors" 1e-5
-ok $? "psd-trained weights (and BN statistics) == standalone within 1e-5"
+psd_vs_standalone 4 "weights (and BN statistics)" "${MODEL[@]}" "${DATA[@]}"
 
 # bad data: clear error naming the list file and line, exit 1
 printf 'vid_000000 8 0\nvid_000001 eight 1\n' >"$T/bad.txt"
