@@ -312,7 +312,9 @@ static void on_work(uv_work_t *req)
 static int launch(psd_t *s);
 static void after_work(uv_work_t *req, int status);
 
-/* Write j on the pool (or here when no pool thread can take it). */
+/* Write j on the pool (or here when no pool thread can take it: better
+ * than not at all).  Returns 1 when queued (s->ckpt_job = j, finished by
+ * after_work), else job_finish's result for the write done here. */
 static int queue_job(psd_t *s, psd_ckpt_job_t *j)
 {
     s->ckpt_work.data = j;
@@ -325,7 +327,7 @@ static int queue_job(psd_t *s, psd_ckpt_job_t *j)
         return rc;
     }
     s->ckpt_job = j;
-    return 0;
+    return 1;
 }
 
 static void after_work(uv_work_t *req, int status)
@@ -392,16 +394,7 @@ static int launch(psd_t *s)
     s->updates_at_ckpt = s->st.updates;
     psd_ckpt_job_t *j = snapshot(s);
     if (!j) return PS_ENOMEM;
-    s->ckpt_work.data = j;
-    if ((rc = uv_queue_work(s->loop, &s->ckpt_work, on_work, after_work)) < 0) {
-        /* No pool thread: write here rather than not at all. */
-        ps_warn("uv_queue_work: %s; writing the checkpoint on the loop thread", uv_strerror(rc));
-        job_save(j);
-        rc = job_finish(s, j);
-        job_free(j);
-        return rc;
-    }
-    s->ckpt_job = j;
+    if ((rc = queue_job(s, j)) != 1) return rc; /* written here already */
     /* Everyone waiting so far is covered by this snapshot. */
     psd_ackwait_t **tail = &s->ckpt_waiters_done;
     while (*tail) tail = &(*tail)->next;
