@@ -300,6 +300,10 @@ int ps_worker_ls_prepare(ps_worker_t *p, uint64_t step);
 int ps_worker_ls_finish(ps_worker_t *p, uint64_t step, const char *where, int verdict);
 void ps_worker_ls_report(const ps_worker_t *p);
 #define PS_WORKER_LS_WHERE(local) ((local) ? "on this worker" : "on another worker")
+/* The step's update on this worker's own FP32 master copy (--standalone,
+ * ring mode): ps_optim over every partition of p->grad into p->w / p->mom.
+ * Returns 0 or the optimizer's PS_E* (logged). */
+int ps_worker_apply_local(ps_worker_t *p, uint64_t step);
 
 /* psworker_output.c */
 double ps_worker_now(void);

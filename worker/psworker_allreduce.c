@@ -313,15 +313,8 @@ int ps_worker_allreduce_train(ps_worker_t *p, ps_worker_compute_fn compute, int 
             rc = PS_ENONFINITE;
             goto out;
         }
-        for (uint32_t i = 0; local_update && apply && i < p->table.nparts; i++) {
-            size_t off = p->table.parts[i].offset;
-            rc = ps_optim_apply_partition(&p->optim, &p->table, i, p->w + off, p->mom + off,
-                                          p->grad + off, s);
-            if (rc) {
-                ps_error("optimizer update of partition %u failed: %s", i, ps_strerror(rc));
-                goto out;
-            }
-        }
+        if (local_update && apply && (rc = ps_worker_apply_local(p, s)))
+            goto out;
         double t3 = ps_worker_now();
         /* The local update is compute, like the backward; comm is the wait
          * for the neighbours only. */

@@ -101,6 +101,20 @@ void ps_worker_ls_report(const ps_worker_t *p)
                 (double)ps_loss_scale_get(&p->ls), p->ls.skipped, p->ls.steps);
 }
 
+int ps_worker_apply_local(ps_worker_t *p, uint64_t step)
+{
+    for (uint32_t i = 0; i < p->table.nparts; i++) {
+        size_t off = p->table.parts[i].offset;
+        int rc = ps_optim_apply_partition(&p->optim, &p->table, i, p->w + off, p->mom + off,
+                                          p->grad + off, step);
+        if (rc) {
+            ps_error("optimizer update of partition %u failed: %s", i, ps_strerror(rc));
+            return rc;
+        }
+    }
+    return 0;
+}
+
 /* Peak device memory (--device cuda, issue 5): sampled after each step's
  * backward (the backend frees nothing inside a step, so usage is at its
  * highest there), printed every --progress-every steps and at the end. */
@@ -176,16 +190,9 @@ int ps_worker_run_standalone(ps_worker_t *p)
         double t1 = ps_worker_now();
         /* Skipped: no update at all (weights, momentum), as on the servers;
          * the schedule still counts the step. */
-        int apply = ps_worker_ls_finish(p, s, PS_WORKER_LS_WHERE(ovf), ovf);
-        for (uint32_t i = 0; apply && i < p->table.nparts; i++) {
-            size_t off = p->table.parts[i].offset;
-            rc = ps_optim_apply_partition(&p->optim, &p->table, i, p->w + off, p->mom + off,
-                                          p->grad + off, s);
-            if (rc) {
-                ps_error("optimizer update of partition %u failed: %s", i, ps_strerror(rc));
-                return rc;
-            }
-        }
+        if (ps_worker_ls_finish(p, s, PS_WORKER_LS_WHERE(ovf), ovf) &&
+            (rc = ps_worker_apply_local(p, s)))
+            return rc;
         double t2 = ps_worker_now();
         ps_worker_record_step(p, s, loss, t2 - t0, t1 - t0, 0);
         ps_worker_maybe_validate(p, s + 1);
