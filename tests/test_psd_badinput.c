@@ -225,6 +225,18 @@ int main(void)
     memset(buf, 0xAB, sizeof buf);
     int rc = push(0, buf, 200, 0, 0, 1, 0, et, sizeof et);
     ok(rc == PS_ECORRUPT || rc == PS_EMISMATCH, "lz4 garbage refused (%s)", ps_errname(rc));
+    {
+        /* a blockwise sign push (PSG2, one scale per block) whose first
+         * block claims one element more than it has */
+        size_t bl[2] = {n0 / 2, n0 - n0 / 2}, len = 0;
+        ps_codec_params_t prm = {.block_len = bl, .nblocks = 2};
+        rc = ps_codec_encode_ex(buf, sizeof buf, &len, g, n0, PS_DT_FP32, PS_CODEC_SIGN, &prm, NULL);
+        uint32_t b0 = (uint32_t)bl[0] + 1;
+        memcpy(buf + 24, &b0, 4); /* little-endian block length (ps_codec.h) */
+        int prc = rc ? rc : push(0, buf, len, 0, 0, PS_CODEC_SIGN, 0, et, sizeof et);
+        ok(!rc && (prc == PS_ECORRUPT || prc == PS_EMISMATCH),
+           "sign push with a corrupt block table refused (%s: %s)", ps_errname(prc), et);
+    }
     is_int(push(0, g, n0 * 4, 0, 0, 0, 5, et, sizeof et), PS_ERANGE, "rank out of range -> PS_ERANGE");
     is_int(push(0, g, n0 * 4, 0, 0, 0, -1, et, sizeof et), PS_ERANGE, "rank -1 push -> PS_ERANGE");
     is_int(push(0, NULL, 0, 0, 0, 0, 0, et, sizeof et), PS_EPROTO, "push without payload -> PS_EPROTO");
