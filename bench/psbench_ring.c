@@ -127,7 +127,6 @@ int psbench_ring_worker(const psbench_cfg_t *cfg, int rank, char **endpoints, in
     ps_ring_opts_t ro;
     ps_ring_opts_default(&ro);
     ro.timeout_ms = cfg->timeout_ms;
-    ps_ring_tune_malloc();
     if ((rc = ps_ring_new(&cm.ring, rank, cfg->workers, (const char *const *)endpoints, &ro))) {
         ps_error("ring worker %d: ring: %s", rank, ps_strerror(rc));
         goto out;

@@ -11,7 +11,7 @@
  * (ring_nocrc instead of ring with -x).
  * Usage: ring_bench [-n 2,4] [-s 16,100 (MiB)] [-k iters] [-w warmup]
  *                   [-c nconn list] [-g segment KiB] [-d fp32|fp16|bf16]
- *                   [-t ZeroMQ I/O threads] [-W window segments]
+ *                   [-W window segments]
  *                   [-x (payload checksums off)] */
 #include <errno.h>
 #include <stdint.h>
@@ -168,8 +168,7 @@ int main(int argc, char **argv)
     ps_ring_opts_default(&o);
     ps_dtype_t dt = PS_DT_FP32;
     ps_log_set_prog("ring_bench");
-    ps_ring_tune_malloc(); /* as psworker should: keep message buffers mapped */
-    while ((opt = getopt(argc, argv, "n:s:k:w:c:g:d:t:W:xh")) != -1) {
+    while ((opt = getopt(argc, argv, "n:s:k:w:c:g:d:W:xh")) != -1) {
         switch (opt) {
         case 'n': nn = parse_list(optarg, ns, MAXL); break;
         case 's': nsz = parse_list(optarg, sizes, MAXL); break;
@@ -177,7 +176,6 @@ int main(int argc, char **argv)
         case 'k': K = atoi(optarg); break;
         case 'w': warm = atoi(optarg); break;
         case 'x': o.checksum = 0; break;
-        case 't': o.io_threads = atoi(optarg); break;
         case 'W': o.window = atoi(optarg); break;
         case 'g': o.segment_bytes = (size_t)(atof(optarg) * 1024); break;
         case 'd':
@@ -185,7 +183,7 @@ int main(int argc, char **argv)
             break;
         default:
             fprintf(stderr, "usage: %s [-n 2,4] [-s 16,100 (MiB)] [-k iters] [-w warmup] "
-                            "[-c nconn,...] [-g segment KiB] [-d fp32|fp16|bf16] [-t io threads] [-W window] [-x: no checksum]\n", argv[0]);
+                            "[-c nconn,...] [-g segment KiB] [-d fp32|fp16|bf16] [-W window] [-x: no checksum]\n", argv[0]);
             return opt == 'h' ? 0 : 2;
         }
     }

@@ -319,7 +319,7 @@ static void from_wire_aligned(float *dst, const void *src, size_t n, ps_dtype_t 
     if (dt == PS_DT_FP32) {
         const float *s = src;
         if (add)
-            for (size_t i = 0; i < n; i++) dst[i] += s[i];
+            ps_fp32_add(dst, s, n);
         else
             memcpy(dst, s, n * 4);
     } else if (dt == PS_DT_FP16) {

@@ -17,6 +17,9 @@ void ps_fp32_to_fp16(uint16_t *dst, const float *src, size_t n);
 void ps_fp16_to_fp32(float *dst, const uint16_t *src, size_t n);
 void ps_fp32_to_bf16(uint16_t *dst, const float *src, size_t n);
 void ps_bf16_to_fp32(float *dst, const uint16_t *src, size_t n);
+/* dst[i] += src[i] (fp32; AVX2 where the CPU has it, same bits as the
+ * scalar loop; dst and src must not overlap partially). */
+void ps_fp32_add(float *dst, const float *src, size_t n);
 /* dst[i] += decoded src[i] (server summation without a temporary) */
 void ps_fp16_add_fp32(float *dst, const uint16_t *src, size_t n);
 void ps_bf16_add_fp32(float *dst, const uint16_t *src, size_t n);

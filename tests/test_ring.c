@@ -5,13 +5,18 @@
  * hand-made bad messages (framing as documented in ps_ring.h), and the
  * issue-7 property that SGD on ring-averaged gradients gives the same
  * weights as SGD on the psd-style rank-order average. */
+#include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <zmq.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
 
 #include "common/ps_crc32c.h"
 #include "common/ps_error.h"
@@ -27,20 +32,19 @@
 /* Free loopback endpoints: bind to an ephemeral port, note it, close. */
 static void free_endpoints(char eps[][64], int w)
 {
-    void *ctx = zmq_ctx_new(), *s[MAXW + 1];
+    int fds[MAXW + 1];
     for (int i = 0; i < w; i++) {
-        s[i] = zmq_socket(ctx, ZMQ_PULL);
-        int zero = 0;
-        zmq_setsockopt(s[i], ZMQ_LINGER, &zero, sizeof zero);
-        if (zmq_bind(s[i], "tcp://127.0.0.1:*")) {
-            printf("Bail out! cannot bind a loopback port: %s\n", zmq_strerror(zmq_errno()));
+        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        socklen_t l = sizeof sa;
+        fds[i] = socket(AF_INET, SOCK_STREAM, 0);
+        if (fds[i] < 0 || bind(fds[i], (struct sockaddr *)&sa, sizeof sa) ||
+            getsockname(fds[i], (struct sockaddr *)&sa, &l)) {
+            printf("Bail out! cannot bind a loopback port: %s\n", strerror(errno));
             exit(1);
         }
-        size_t len = 64;
-        zmq_getsockopt(s[i], ZMQ_LAST_ENDPOINT, eps[i], &len);
+        snprintf(eps[i], 64, "tcp://127.0.0.1:%d", ntohs(sa.sin_port));
     }
-    for (int i = 0; i < w; i++) zmq_close(s[i]);
-    zmq_ctx_term(ctx);
+    for (int i = 0; i < w; i++) close(fds[i]);
 }
 
 static uint64_t rng_next(uint64_t *s)
@@ -199,8 +203,12 @@ static void test_missing_rank(void)
     double t0 = now_s();
     run_ring(3, 2, &o, cases, 2, args);
     double dt = now_s() - t0;
-    is_int(cases[0].rc[0], PS_ETIMEOUT, "missing rank 2: rank 0 times out (%s)", ps_errname(cases[0].rc[0]));
-    is_int(cases[0].rc[1], PS_ETIMEOUT, "missing rank 2: rank 1 times out (%s)", ps_errname(cases[0].rc[1]));
+    /* the first rank to time out resets its connections, so the other may
+     * learn it from a reset (PS_EIO) just before its own timeout */
+    int r0 = cases[0].rc[0], r1 = cases[0].rc[1];
+    ok((r0 == PS_ETIMEOUT || r0 == PS_EIO) && (r1 == PS_ETIMEOUT || r1 == PS_EIO) &&
+           (r0 == PS_ETIMEOUT || r1 == PS_ETIMEOUT),
+       "missing rank 2: ranks 0 and 1 fail, one by timing out (%s, %s)", ps_errname(r0), ps_errname(r1));
     is_int(cases[1].rc[0], PS_ESTATE, "the next call on a broken ring is refused");
     ok(dt < 5.0, "timeouts of 300 ms return promptly (%.2f s incl. linger)", dt);
     free_case(&cases[0], 3);
@@ -208,12 +216,13 @@ static void test_missing_rank(void)
 }
 
 /* All three ranks finish one allreduce, then rank 2 exits: the next call
- * on ranks 0 and 1 must time out, not hang. */
+ * on ranks 0 and 1 must fail at once (closed / reset connection), not hang
+ * and not wait for the timeout. */
 static void test_dead_rank(void)
 {
     ps_ring_opts_t o;
     ps_ring_opts_default(&o);
-    o.timeout_ms = 300;
+    o.timeout_ms = 20000;
     o.segment_bytes = 4096;
     rcase_t cases[2];
     fill_case(&cases[0], 3, 5000, PS_DT_FP32, 1, 11);
@@ -222,30 +231,108 @@ static void test_dead_rank(void)
     free_endpoints(eps, 3);
     rank_arg_t args[3];
     pthread_t th[3];
-    diag("two 'no progress' errors from ranks 0 and 1 expected below");
+    diag("'closed the connection' / 'reset' errors from ranks 0 and 1 expected below");
+    double t0 = now_s();
     for (int r = 0; r < 3; r++) {
         args[r] = (rank_arg_t){.rank = r, .world = 3, .opts = o, .cases = cases, .ncases = r == 2 ? 1 : 2};
         for (int i = 0; i < 3; i++) args[r].eps[i] = eps[i];
         pthread_create(&th[r], NULL, rank_main, &args[r]);
     }
     for (int r = 0; r < 3; r++) pthread_join(th[r], NULL);
+    double dt = now_s() - t0;
     check_case(&cases[0], 3, "dead rank: the call before rank 2 exits");
-    is_int(cases[1].rc[0], PS_ETIMEOUT, "rank 2 gone: rank 0 times out (%s)", ps_errname(cases[1].rc[0]));
-    is_int(cases[1].rc[1], PS_ETIMEOUT, "rank 2 gone: rank 1 times out (%s)", ps_errname(cases[1].rc[1]));
+    is_int(cases[1].rc[0], PS_EIO, "rank 2 gone: rank 0 sees its connection closed (%s)", ps_errname(cases[1].rc[0]));
+    is_int(cases[1].rc[1], PS_EIO, "rank 2 gone: rank 1 fails too (%s)", ps_errname(cases[1].rc[1]));
+    ok(dt < 5.0, "rank 2 gone: noticed in %.2f s, long before the 20 s timeout", dt);
     free_case(&cases[0], 3);
     free_case(&cases[1], 3);
 }
 
-/* A fake left neighbour (rank 1 of 2) sends rank 0 a hand-made message. */
-static int fake_left(uint32_t magic, uint64_t n_claimed, int corrupt_crc, uint32_t op, int frames)
+/* A fake left neighbour (rank 1 of 2) talks to rank 0 by hand over TCP,
+ * with the hello and framing ps_ring.h documents. */
+typedef struct fake {
+    uint32_t magic;       /* message header magic */
+    uint64_t n_claimed;
+    int corrupt_crc;
+    uint32_t op;
+    int hello_rank;       /* rank the hello claims */
+    uint64_t hello_seg;   /* segment size the hello claims */
+    int stranger;         /* first a connection that is not a ring peer */
+    int cut;              /* close the connection in the middle of the payload */
+    int finish;           /* also send the all-gather message: a complete call */
+    int dribble;          /* write everything 3 bytes at a time (partial
+                             hellos, headers, elements and trailers) */
+} fake_t;
+
+static void fake_default(fake_t *f)
+{
+    ps_ring_opts_t o;
+    ps_ring_opts_default(&o);
+    *f = (fake_t){.magic = 0x31525350u, .n_claimed = 10, .op = 1, .hello_rank = 1,
+                  .hello_seg = o.segment_bytes};
+}
+
+static int tcp_to(const char *ep)
+{
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    sa.sin_port = htons((uint16_t)atoi(strrchr(ep, ':') + 1));
+    for (int tries = 0; tries < 200; tries++) {
+        int fd = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one); /* small writes go out alone */
+        if (!connect(fd, (struct sockaddr *)&sa, sizeof sa)) return fd;
+        close(fd);
+        struct timespec ts = {0, 10000000};
+        nanosleep(&ts, NULL);
+    }
+    return -1;
+}
+
+static void put_le(uint8_t *p, uint64_t v, int bytes)
+{
+    for (int i = 0; i < bytes; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* One ring message from rank 1: header, count floats, CRC trailer. */
+static size_t fake_msg(uint8_t *m, const fake_t *f, uint32_t index, const float *vals, uint32_t cnt,
+                       int corrupt)
+{
+    memset(m, 0, 32);
+    put_le(m, f->magic, 4);
+    put_le(m + 6, 1, 2); /* dtype fp32 (0), sender rank 1 */
+    put_le(m + 8, f->op, 4);
+    put_le(m + 12, index, 4);
+    put_le(m + 16, f->n_claimed, 8);
+    put_le(m + 24, cnt, 4);
+    memcpy(m + 32, vals, cnt * sizeof(float));
+    /* trailer: CRC32C of the payload */
+    put_le(m + 32 + cnt * sizeof(float), ps_crc32c(0, vals, cnt * sizeof(float)) ^ (corrupt ? 1u : 0u), 4);
+    return 32 + cnt * sizeof(float) + 4;
+}
+
+typedef struct dribble_arg {
+    ps_ring_t *r;
+    float *data;
+    int rc;
+} dribble_arg_t;
+
+static void *dribble_call(void *p)
+{
+    dribble_arg_t *a = p;
+    a->rc = ps_ring_allreduce(a->r, a->data, 10, PS_DT_FP32);
+    return NULL;
+}
+
+static int fake_left(const fake_t *f, float data[10])
 {
     char eps[2][64];
     free_endpoints(eps, 2);
-    void *ctx = zmq_ctx_new(), *sink = zmq_socket(ctx, ZMQ_PULL), *push = zmq_socket(ctx, ZMQ_PUSH);
-    int zero = 0;
-    zmq_setsockopt(sink, ZMQ_LINGER, &zero, sizeof zero);
-    zmq_setsockopt(push, ZMQ_LINGER, &zero, sizeof zero);
-    zmq_bind(sink, eps[1]); /* absorbs what rank 0 sends */
+    /* rank 1's listening socket: the kernel takes rank 0's connection and
+     * the little it sends without an accept */
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    sa.sin_port = htons((uint16_t)atoi(strrchr(eps[1], ':') + 1));
+    int sink = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    setsockopt(sink, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(sink, (struct sockaddr *)&sa, sizeof sa) || listen(sink, 4)) return -999;
     const char *ep[2] = {eps[0], eps[1]};
     ps_ring_opts_t o;
     ps_ring_opts_default(&o);
@@ -253,46 +340,115 @@ static int fake_left(uint32_t magic, uint64_t n_claimed, int corrupt_crc, uint32
     ps_ring_t *r = NULL;
     int rc = ps_ring_new(&r, 0, 2, ep, &o);
     if (rc) return rc;
-    zmq_connect(push, eps[0]);
-    /* n = 10, W = 2: rank 0 first receives chunk 1 = elements [5, 10) */
-    float vals[5] = {1, 2, 3, 4, 5};
-    uint8_t msg[32 + sizeof vals];
-    uint32_t crc = ps_crc32c(0, vals, sizeof vals) ^ (corrupt_crc ? 1u : 0u);
-    uint32_t f32[] = {magic, 0x00010000u /* dtype 0, sender 1 */, op, 0};
-    memcpy(msg, f32, 16); /* little-endian host, as the test machines are */
-    memcpy(msg + 16, &n_claimed, 8);
-    uint32_t cnt = 5;
-    memcpy(msg + 24, &cnt, 4);
-    memcpy(msg + 28, &crc, 4);
-    memcpy(msg + 32, vals, sizeof vals);
-    if (frames == 2) { /* [32-byte header][payload], as ps_ring.h documents */
-        zmq_send(push, msg, 32, ZMQ_SNDMORE);
-        zmq_send(push, msg + 32, sizeof vals, 0);
-    } else {
-        zmq_send(push, msg, sizeof msg, 0);
+    int stranger = -1;
+    if (f->stranger) { /* e.g. a port scan or a health check: no hello */
+        stranger = tcp_to(eps[0]);
+        if (write(stranger, "GET / HTTP/1.0\r\n\r\n0123456789012345", 34) != 34) return -998;
     }
-    float data[10] = {0};
-    rc = ps_ring_allreduce(r, data, 10, PS_DT_FP32);
+    int fd = tcp_to(eps[0]);
+    uint8_t hello[32] = {0};
+    put_le(hello, 0x48525350u, 4); /* "PSRH" */
+    put_le(hello + 4, 1, 2);       /* version */
+    put_le(hello + 6, (uint64_t)f->hello_rank, 2);
+    put_le(hello + 8, 2, 4);       /* world */
+    put_le(hello + 12, 0, 2);      /* connection 0 */
+    put_le(hello + 14, 1, 2);      /* of 1 */
+    put_le(hello + 16, f->hello_seg, 8);
+    put_le(hello + 24, 1, 4);      /* checksums on */
+    uint8_t msg[2][32 + 5 * sizeof(float) + 4];
+    /* n = 10, W = 2: rank 0 first receives chunk 1 = elements [5, 10), then
+     * (all-gather) the finished chunk 0 = elements [0, 5) */
+    float vals[5] = {1, 2, 3, 4, 5}, fin[5] = {-1, -2, -3, -4, -5};
+    size_t l0 = fake_msg(msg[0], f, 0, vals, 5, f->corrupt_crc);
+    size_t l1 = fake_msg(msg[1], f, 1, fin, 5, 0);
+    int wr = 1;
+    if (f->dribble) { /* from a thread-less fake: the ring must see the
+                         pieces, so its call runs in a child thread */
+        dribble_arg_t da = {.r = r, .data = data};
+        pthread_t th;
+        pthread_create(&th, NULL, dribble_call, &da);
+        uint8_t all[32 + 2 * sizeof msg[0]];
+        memcpy(all, hello, 32);
+        memcpy(all + 32, msg[0], l0);
+        memcpy(all + 32 + l0, msg[1], l1);
+        for (size_t o = 0; wr && o < 32 + l0 + l1; o += 3) {
+            size_t k = 32 + l0 + l1 - o < 3 ? 32 + l0 + l1 - o : 3;
+            wr = write(fd, all + o, k) == (ssize_t)k;
+            struct timespec ts = {0, 300000};
+            nanosleep(&ts, NULL);
+        }
+        pthread_join(th, NULL);
+        rc = wr ? da.rc : -997;
+    } else {
+        wr = write(fd, hello, 32) == 32;
+        if (f->cut) wr = wr && write(fd, msg[0], l0 - 8) == (ssize_t)(l0 - 8);
+        else wr = wr && write(fd, msg[0], l0) == (ssize_t)l0;
+        if (f->finish) wr = wr && write(fd, msg[1], l1) == (ssize_t)l1;
+        if (f->cut) close(fd);
+        rc = wr ? ps_ring_allreduce(r, data, 10, PS_DT_FP32) : -997;
+    }
     ps_ring_destroy(&r);
-    zmq_close(sink);
-    zmq_close(push);
-    zmq_ctx_term(ctx);
+    if (!f->cut) close(fd);
+    if (stranger >= 0) close(stranger);
+    close(sink);
     return rc;
 }
 
 static void test_bad_messages(void)
 {
-    diag("five ring errors expected below");
-    int rc = fake_left(0x31525350u, 10, 1, 1, 2);
+    fake_t f;
+    float d[10] = {0};
+    diag("eight ring errors and a warning expected below");
+    fake_default(&f);
+    f.corrupt_crc = 1;
+    int rc = fake_left(&f, d);
     is_int(rc, PS_ECORRUPT, "bad payload checksum -> PS_ECORRUPT (%s)", ps_errname(rc));
-    rc = fake_left(0x31525350u, 11, 0, 1, 2);
+    fake_default(&f);
+    f.n_claimed = 11;
+    rc = fake_left(&f, d);
     is_int(rc, PS_EMISMATCH, "neighbour with another n -> PS_EMISMATCH (%s)", ps_errname(rc));
-    rc = fake_left(0xdeadbeefu, 10, 0, 1, 2);
+    fake_default(&f);
+    f.magic = 0xdeadbeefu;
+    rc = fake_left(&f, d);
     is_int(rc, PS_EPROTO, "bad magic -> PS_EPROTO (%s)", ps_errname(rc));
-    rc = fake_left(0x31525350u, 10, 0, 1, 1);
-    is_int(rc, PS_EPROTO, "header and payload in one frame -> PS_EPROTO (%s)", ps_errname(rc));
-    rc = fake_left(0x31525350u, 10, 0, 7, 2);
+    fake_default(&f);
+    f.op = 7;
+    rc = fake_left(&f, d);
     is_int(rc, PS_EPROTO, "message of another call -> PS_EPROTO (%s)", ps_errname(rc));
+    fake_default(&f);
+    f.hello_seg = 4096;
+    rc = fake_left(&f, d);
+    is_int(rc, PS_EMISMATCH, "neighbour with another segment size -> PS_EMISMATCH (%s)", ps_errname(rc));
+    fake_default(&f);
+    f.hello_rank = 0;
+    rc = fake_left(&f, d);
+    is_int(rc, PS_EMISMATCH, "hello from the wrong rank -> PS_EMISMATCH (%s)", ps_errname(rc));
+    fake_default(&f);
+    f.cut = 1;
+    rc = fake_left(&f, d);
+    is_int(rc, PS_EIO, "connection closed inside a message -> PS_EIO (%s)", ps_errname(rc));
+    /* the control: the same hand-made messages, complete and correct, make
+     * a whole allreduce -- so the failures above are the planted faults;
+     * and a stranger's connection before them is dropped without harm */
+    fake_default(&f);
+    f.finish = 1;
+    f.stranger = 1;
+    float x[10] = {10, 20, 30, 40, 50, 60, 70, 80, 90, 100};
+    rc = fake_left(&f, x);
+    is_int(rc, 0, "well-formed messages after a stranger's connection: the call completes (%s)",
+           ps_errname(rc));
+    int good = 1;
+    for (int i = 0; i < 5; i++) good &= x[i] == -(float)(i + 1) && x[5 + i] == 60 + 10 * i + (float)(i + 1);
+    ok(good, "rank 0 holds its sums [5,10) and the all-gathered chunk [0,5)");
+    /* the same bytes 3 at a time: hello, headers, floats and trailers all
+     * arrive split, so every partial-read path runs */
+    fake_default(&f);
+    f.finish = 1;
+    f.dribble = 1;
+    float y[10] = {10, 20, 30, 40, 50, 60, 70, 80, 90, 100};
+    rc = fake_left(&f, y);
+    is_int(rc, 0, "the same messages 3 bytes at a time: the call completes (%s)", ps_errname(rc));
+    ok(!memcmp(x, y, sizeof x), "and gives the same bits");
 }
 
 static void test_args(void)
@@ -314,6 +470,69 @@ static void test_args(void)
     is_int(ps_ring_allreduce(r, x, 3, (ps_dtype_t)9), PS_EINVAL, "unknown dtype rejected");
     ps_ring_destroy(&r);
     ok(r == NULL, "destroy NULLs the pointer");
+
+    /* endpoints: malformed ones and a port in use are refused by name */
+    char eps[2][64];
+    free_endpoints(eps, 2);
+    const char *bad[][2] = {{"tcp//127.0.0.1:5000", eps[1]}, {eps[0], "tcp://127.0.0.1:0"},
+                            {eps[0], "tcp://127.0.0.1:65536"}, {eps[0], "tcp://*:5000"},
+                            {eps[0], "udp://127.0.0.1:5000"}, {eps[0], "tcp://[::1:5000"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        is_int(ps_ring_new(&r, 0, 2, bad[i], NULL), PS_EINVAL, "endpoints %s, %s rejected", bad[i][0],
+               bad[i][1]);
+    int busy = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    sa.sin_port = htons((uint16_t)atoi(strrchr(eps[0], ':') + 1));
+    if (bind(busy, (struct sockaddr *)&sa, sizeof sa) == 0 && listen(busy, 1) == 0) {
+        const char *ep2[2] = {eps[0], eps[1]};
+        is_int(ps_ring_new(&r, 0, 2, ep2, NULL), PS_EIO, "a port in use: PS_EIO (bind fails)");
+    } else {
+        ok(1, "# SKIP cannot hold a loopback port");
+    }
+    close(busy);
+}
+
+/* The same ring over IPv6 loopback ([::1] endpoints), where the host has it. */
+static void test_ipv6(void)
+{
+    int fd = socket(AF_INET6, SOCK_STREAM, 0);
+    struct sockaddr_in6 sa = {.sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT};
+    socklen_t l = sizeof sa;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof sa) || getsockname(fd, (struct sockaddr *)&sa, &l)) {
+        if (fd >= 0) close(fd);
+        for (int i = 0; i < 3; i++) ok(1, "# SKIP no IPv6 loopback here");
+        return;
+    }
+    int fd2 = socket(AF_INET6, SOCK_STREAM, 0);
+    struct sockaddr_in6 sb = {.sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT};
+    l = sizeof sb;
+    if (fd2 < 0 || bind(fd2, (struct sockaddr *)&sb, sizeof sb) || getsockname(fd2, (struct sockaddr *)&sb, &l)) {
+        close(fd);
+        if (fd2 >= 0) close(fd2);
+        for (int i = 0; i < 3; i++) ok(1, "# SKIP no second IPv6 loopback port");
+        return;
+    }
+    char e0[64], e1[64];
+    snprintf(e0, sizeof e0, "tcp://[::1]:%d", ntohs(sa.sin6_port));
+    snprintf(e1, sizeof e1, "tcp://[::1]:%d", ntohs(sb.sin6_port));
+    close(fd);
+    close(fd2);
+    ps_ring_opts_t o;
+    ps_ring_opts_default(&o);
+    o.timeout_ms = 20000;
+    rcase_t k;
+    fill_case(&k, 2, 3001, PS_DT_FP32, 1, 77);
+    rank_arg_t args[2];
+    pthread_t th[2];
+    for (int rk = 0; rk < 2; rk++) {
+        args[rk] = (rank_arg_t){.rank = rk, .world = 2, .opts = o, .cases = &k, .ncases = 1};
+        args[rk].eps[0] = e0;
+        args[rk].eps[1] = e1;
+        pthread_create(&th[rk], NULL, rank_main, &args[rk]);
+    }
+    for (int rk = 0; rk < 2; rk++) pthread_join(th[rk], NULL);
+    check_case(&k, 2, "IPv6 [::1]");
+    free_case(&k, 2);
 }
 
 /* ---- PS mode vs ring mode: the same SGD, 20 steps ----------------------- */
@@ -458,6 +677,7 @@ int main(void)
     o.timeout_ms = 20000;
     o.segment_bytes = 4096; /* many segments per chunk: exercises the pipeline */
     test_args();
+    test_ipv6();
     for (int W = 2; W <= 4; W++) test_sums(W, &o, "1 conn");
     o.nconn = 3; /* several connections: messages arrive out of order */
     test_sums(3, &o, "3 conns");

@@ -1,12 +1,14 @@
-/* Ring allreduce among W workers over ZeroMQ (DESIGN.md section 2, ring
- * mode; issue 7).  No servers: rank r binds one PULL socket (endpoints[r])
- * for its left neighbour r-1 and connects PUSH socket(s) to its right
- * neighbour's endpoints[r+1 mod W].  A flat fp32 vector is cut into W chunks,
- * each chunk into segments of about segment_bytes on the wire; a chunked,
- * pipelined reduce-scatter (W-1 steps) then all-gather (W-1 steps) leaves
- * the SUM on every rank.  The caller divides by W (ps_ring_allreduce_mean
- * does it the way psd does, g /= (float)W) and applies ps_optim to its own
- * fp32 master copy, so PS mode and ring mode run the same optimizer code.
+/* Ring allreduce among W workers over TCP (DESIGN.md section 2, ring mode;
+ * issue 7).  No servers: rank r listens on endpoints[r] ("tcp://HOST:PORT";
+ * "*" as HOST binds every address) for its left neighbour r-1 and connects
+ * nconn sockets to its right neighbour's endpoints[r+1 mod W].  A flat fp32
+ * vector is cut into W chunks, each chunk into segments of about
+ * segment_bytes on the wire; a chunked, pipelined reduce-scatter (W-1 steps)
+ * then all-gather (W-1 steps) leaves the SUM on every rank.  The caller
+ * divides by W (ps_ring_allreduce_mean does it the way psd does,
+ * g /= (float)W) and applies ps_optim to its own fp32 master copy, so PS
+ * mode and ring mode run the same optimizer code.  Plain TCP rather than
+ * ZeroMQ for this data path: why, in ps_ring.c.
  *
  * Determinism: chunk c is summed in ring order starting at rank c,
  *   ((x_c + x_{c+1}) + x_{c+2}) + ... + x_{c-1}      (ranks mod W),
@@ -28,26 +30,29 @@
  * partial sum is not closed under addition -- so a caller asked for ring
  * mode with one of them must refuse with a clear error.
  *
- * Framing: each message is two ZeroMQ frames, a 32-byte header (integers
- * little-endian)
+ * Framing: each connection opens with a 32-byte hello (ps_ring.c) that
+ * carries the sender's rank, the world size and the options below; a peer
+ * whose options differ is refused by name (PS_EMISMATCH).  Then each message
+ * is a 32-byte header (integers little-endian)
  *   u32 magic "PSR1" | u8 dtype | u8 0 | u16 sender rank | u32 op | u32 index
- *   | u64 n | u32 count | u32 crc32c(payload)
- * and the payload (count elements of the wire dtype, possibly empty).
- * fp32 reduce-scatter payloads are sent zero-copy from the caller's data and
- * all-gather payloads are forwarded as received, so the only copies are the
- * kernel's and the first all-gather step's.
+ *   | u64 n | u32 count | u32 0
+ * the payload (count elements of the wire dtype, possibly empty) and a
+ * u32 trailer, the payload's CRC32C (0 with checksums off).  A trailer and
+ * not a header field so that the sender can take the CRC of its own values
+ * right after the kernel has copied them, while they are in cache.  Message index i travels on connection i % nconn.  fp32 payloads
+ * are sent straight from the caller's data and all-gather payloads received
+ * straight into it, so the only copies are the kernel's.
  * op = number of this allreduce on the ring (low 32 bits), index = step * K
  * + segment.  Every field is checked against what this rank expects; a
  * mismatch is PS_EPROTO / PS_EMISMATCH, a bad checksum PS_ECORRUPT.
  *
- * Failures: no progress (nothing sent or received) for timeout_ms gives
- * PS_ETIMEOUT with a log line naming the neighbour waited for -- a dead or
+ * Failures: a neighbour that closes or resets its connection gives PS_EIO
+ * at once; no progress (nothing sent or received) for timeout_ms gives
+ * PS_ETIMEOUT -- both with a log line naming the neighbour -- so a dead or
  * missing rank never hangs the others.  After any failure the ring is
- * broken (later calls return PS_ESTATE): destroy it and build a new one.
- * Every rank must use the same options (segment_bytes, checksum): a
- * neighbour with another segment size or checksum setting is refused
- * (PS_EMISMATCH / PS_ECORRUPT, or PS_ETIMEOUT when its messages exceed
- * this rank's ZMQ_MAXMSGSIZE).
+ * broken (later calls return PS_ESTATE) and its connections are reset, so
+ * its neighbours fail promptly too: destroy it and build a new one.
+ * Every rank must use the same options (nconn, segment_bytes, checksum).
  * Not thread-safe: one thread drives a ring. */
 #ifndef PS_RING_H
 #define PS_RING_H
@@ -61,12 +66,9 @@ typedef struct ps_ring ps_ring_t;
 typedef struct ps_ring_opts {
     int timeout_ms;        /* longest time without progress; default 30000 */
     size_t segment_bytes;  /* wire payload bytes per message (pipelining unit);
-                              default 256 KiB, at least 64 */
+                              default 512 KiB, at least 64 */
     int nconn;             /* connections to the right neighbour (bandwidth),
                               1..16, default 1; segments go round-robin */
-    int io_threads;        /* ZeroMQ I/O threads; 0 = nconn + 1, so that receiving
-                              and each sending connection can have their own
-                              thread and the kernel copies both ways overlap */
     int window;            /* at most this many segments sent but not yet matched
                               by segments received (flow control: keeps the
                               buffers few and cache-warm); default 8, 0 = no limit */
@@ -78,12 +80,13 @@ typedef struct ps_ring_opts {
 void ps_ring_opts_default(ps_ring_opts_t *o);
 
 /* Create rank `rank` of a ring of `world` ranks.  endpoints[0..world) are the
- * ZeroMQ endpoints ("tcp://host:port") each rank binds; this rank binds
+ * endpoints ("tcp://HOST:PORT") each rank listens on; this rank binds
  * endpoints[rank] and connects to endpoints[(rank+1) % world].  Neighbours
  * may start later (connections retry until the first allreduce times out).
  * opts may be NULL (defaults).  Returns 0 with *r set, PS_EINVAL (bad rank,
- * world outside 1..65535, NULL endpoint, bad options), PS_EZMQ (bind failed,
- * logged with zmq_strerror) or PS_ENOMEM. */
+ * world outside 1..65535, missing or malformed endpoint, bad options),
+ * PS_ENOTFOUND (a host name does not resolve), PS_EIO (bind failed, logged
+ * with the reason) or PS_ENOMEM. */
 int ps_ring_new(ps_ring_t **r, int rank, int world, const char *const *endpoints,
                 const ps_ring_opts_t *opts);
 
@@ -93,7 +96,8 @@ int ps_ring_new(ps_ring_t **r, int rank, int world, const char *const *endpoints
  * Returns 0; PS_EINVAL (NULL data with n > 0, unknown dtype, n >= 2^40);
  * PS_ETIMEOUT (a neighbour dead or missing); PS_EPROTO / PS_EMISMATCH (a
  * neighbour disagrees on n, dtype, world or call order); PS_ECORRUPT (bad
- * checksum); PS_EZMQ; PS_ENOMEM; PS_ESTATE (ring broken by an earlier
+ * checksum); PS_EIO (a neighbour closed or reset its connection);
+ * PS_EVERSION; PS_ENOMEM; PS_ESTATE (ring broken by an earlier
  * failure).  On failure data holds partial sums. */
 int ps_ring_allreduce(ps_ring_t *r, float *data, size_t n, ps_dtype_t dt);
 
@@ -107,15 +111,8 @@ int ps_ring_world(const ps_ring_t *r);
 /* Wire bytes this rank sent and received so far (headers included). */
 void ps_ring_bytes(const ps_ring_t *r, uint64_t *sent, uint64_t *received);
 
-/* Optional, process-wide (so the program decides, not the library): keep
- * glibc malloc from returning segment-sized message buffers to the kernel
- * after every message (M_MMAP_THRESHOLD 32 MiB, M_TRIM_THRESHOLD 512 MiB).
- * Without it each received segment may be faulted in page by page again.
- * Returns 0, or PS_EUNSUPPORTED where mallopt is not glibc's. */
-int ps_ring_tune_malloc(void);
-
-/* Close the sockets and free the ring; NULLs *r.  Waits at most timeout_ms
- * for queued messages to reach the right neighbour (ZMQ_LINGER), so the
- * last all-gather segments are delivered even if the caller exits at once. */
+/* Close the sockets and free the ring; NULLs *r.  Everything an allreduce
+ * sent was handed to the kernel before it returned, and a graceful close
+ * lets the kernel deliver it, so the caller may exit at once. */
 void ps_ring_destroy(ps_ring_t **r);
 #endif

@@ -190,7 +190,6 @@ static int reducer_open(reducer_t *rd, const ps_worker_t *p)
     ps_ring_opts_default(&ro);
     ro.timeout_ms = timeout;
     ro.nconn = o->ring_conns;
-    ps_ring_tune_malloc();
     rc = ps_ring_new(&rd->ring, p->rank, p->nworkers, (const char *const *)peers, &ro);
     if (rc)
         ps_error("cannot create ring rank %d of %d (bind %s): %s", p->rank, p->nworkers,
