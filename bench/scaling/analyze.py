@@ -9,20 +9,31 @@ Only the Python standard library: it runs under any python3.
 Cost model (per step, exposed communication, emulated seconds):
   ring:  comm = ALPHA * 2(W-1) + max(0, a + b * X)
   PS:    comm = ALPHA * 2      + max(0, a + b * X)
-  X = seconds the busiest link needs for its bytes: ring, what a rank sends
-      (2(W-1)/W of the gradient); PS, a server link's max(W/S, 1) x max(push,
-      pull) bytes per worker; over the link rate.
+  X = seconds the busiest link needs for its bytes at the measured TCP rate,
+      G = max(push, pull) bytes per worker:
+      ring: what a rank sends, 2(W-1)/W of the gradient;
+      PS, dedicated servers: a server link's max(W/S, 1) G;
+      PS, co-located (server s on worker s's host): a host link carries its
+      worker's pushes to the S-1 other servers, G (S-1)/S, and its server's
+      replies to the W-1 other workers, G (W-1)/S, per direction (with
+      S = W: 2(W-1)/W G, the ring's load).
 b (~1 when transfers are exposed) and a (0 without overlap; negative with
 overlap: the part of the transfers hidden behind the backward, in compute
-units, so it scales with F like compute) are fitted by least squares, per mode and overlap, on the points with W <= FIT_MAX_W
-workers: beyond that the W emulated hosts' CPU work (sums, casts, kernel
-copies, all on the 2 shared cores; a real cluster has a CPU per host)
-grows with W and is not the cluster's.  The tables show measured against
-modelled for every point, so that deviation is visible.
+units, so it scales with F like compute; kept <= 0) are fitted by least
+squares per mode and overlap variant (fp16 and fp32 rows together: the
+fp32 rows reach the X where transfers no longer hide), on the points with
+W <= FIT_MAX_W workers: beyond that the W emulated hosts' CPU work (sums,
+casts, kernel copies, all on the 2 shared cores; a real cluster has a CPU
+per host) grows with W and is not the cluster's.  Where that leaves fewer
+than 2 distinct X, the larger W are used too (the fit table lists the W of
+every fit).  Co-located variants are fitted when they have >= 2 points; the
+predictions' co-located column uses COLOC_FIT.  The tables show measured
+against modelled for every point, so that deviation is visible.
 ALPHA, the one-hop latency, is not fitted: the emulation's latency is the
 shared machine's, not a switch's; 25 us per hop is used (one 25 GbE switch
-hop plus TCP and ZeroMQ; stated, not measured).  For the real cluster b's
-term is divided by F (links at 25 Gb/s)."""
+hop plus TCP and ZeroMQ; stated, not measured).  For the real cluster X
+and a are divided by F (links at 25 Gb/s with the emulated link's
+measured framing loss)."""
 import argparse
 import csv
 import math
@@ -36,32 +47,6 @@ def fnum(x, d=float("nan")):
         return float(x)
     except (TypeError, ValueError):
         return d
-
-
-def lstsq2(rows):
-    """min sum (y - a*f1 - b*f2)^2 with a, b >= 0; rows = [(f1, f2, y)]."""
-    def solve(use_a, use_b):
-        if use_a and use_b:
-            s11 = sum(r[0] * r[0] for r in rows); s22 = sum(r[1] * r[1] for r in rows)
-            s12 = sum(r[0] * r[1] for r in rows)
-            s1y = sum(r[0] * r[2] for r in rows); s2y = sum(r[1] * r[2] for r in rows)
-            det = s11 * s22 - s12 * s12
-            if abs(det) < 1e-30:
-                return None
-            return ((s1y * s22 - s2y * s12) / det, (s11 * s2y - s12 * s1y) / det)
-        if use_a:
-            s = sum(r[0] * r[0] for r in rows)
-            return (sum(r[0] * r[2] for r in rows) / s if s else 0.0, 0.0)
-        s = sum(r[1] * r[1] for r in rows)
-        return (0.0, sum(r[1] * r[2] for r in rows) / s if s else 0.0)
-    if not rows:
-        return None
-    ab = solve(True, True) if len(rows) >= 2 else None
-    if ab is None or ab[0] < 0 or ab[1] < 0:
-        cands = [solve(True, False), solve(False, True)]
-        cands = [c for c in cands if c and c[0] >= 0 and c[1] >= 0]
-        ab = min(cands, key=lambda c: sum((r[2] - c[0] * r[0] - c[1] * r[1]) ** 2 for r in rows))
-    return ab
 
 
 def main():
@@ -97,7 +82,9 @@ def main():
         r["overlap"] += (" coloc" if r["coloc"] else "") + \
             (" %dM" % (pb >> 20) if pb != 4194304 and pb % (1 << 20) == 0 else
              " %dK" % (pb >> 10) if pb != 4194304 else "") + (" credit %d" % cr if cr > 0 else "")
-        r["key"] = (r["mode"], r["S"], r["dtype"], r["codec"], r["overlap"])
+        # co-located with S = W: one family over W (S grows with it), S = -1
+        r["key"] = (r["mode"], -1 if r["coloc"] and r["S"] == r["W"] else r["S"],
+                    r["dtype"], r["codec"], r["overlap"])
     base = {r["key"]: r["t"] for r in rows if r["W"] == 1}
     for r in rows:
         b = base.get(r["key"])
@@ -119,26 +106,41 @@ def main():
         return y, max(r["W"] / r["S"], 1.0) * G / link_Bps
 
     FIT_MAX_W = 8
-    # fits[(mode, overlap)] = (rms residual s, b, points)
+    COLOC_FIT = "on coloc 1M"   # the co-located fit the predictions use
+    # fits[(mode, overlap)] = (rms residual s, b, points, a, [W of the points])
+    # Fitted: the plain overlap modes (dedicated servers, 4 MiB), and every
+    # co-located variant with at least 2 points (one point would be
+    # reproduced by construction).  Points with W <= FIT_MAX_W; where that
+    # leaves fewer than 2 distinct X (the co-located rows of the 23-point
+    # sweep: W = 8 and 16 only), the larger W are taken too, and the table
+    # lists the W each fit rests on.  a is free with overlap (>= 2 points)
+    # but kept <= 0: it is minus the part hidden behind the backward.
     fits = {}
-    for mode in ("ring", "ps"):
-        for ov in ("on", "off", "fwd"):
-            pts = [r for r in rows if r["mode"] == mode and r["overlap"] == ov and
-                   r["codec"] == "raw" and r["W"] <= FIT_MAX_W and (mode == "ps" or r["W"] > 1)]
-            data = [(feat(r)[1], max(r["w"] - ALPHA * hops(mode, r["W"]), 0.0)) for r in pts]
-            if not data:
-                continue
-            n = len(data)
-            mx = sum(x for x, _ in data) / n; my = sum(y for _, y in data) / n
-            sxx = sum((x - mx) ** 2 for x, _ in data)
-            if ov != "off" and n >= 3 and sxx > 0:
-                b = sum((x - mx) * (y - my) for x, y in data) / sxx
-                icpt = my - b * mx
-            else:
-                icpt = 0.0
-                b = sum(x * y for x, y in data) / sum(x * x for x, _ in data)
-            rms = math.sqrt(sum((y - max(0.0, icpt + b * x)) ** 2 for x, y in data) / n)
-            fits[(mode, ov)] = (rms, b, n, icpt)
+    kinds = [("ring", ov) for ov in ("on", "off", "fwd")] + [("ps", ov) for ov in ("on", "off", "fwd")]
+    kinds += sorted({("ps", r["overlap"]) for r in rows if r["mode"] == "ps" and r["coloc"] and
+                     r["codec"] == "raw" and sum(1 for q in rows if q["mode"] == "ps" and
+                                                 q["overlap"] == r["overlap"] and q["codec"] == "raw") >= 2})
+    for mode, ov in kinds:
+        every = [r for r in rows if r["mode"] == mode and r["overlap"] == ov and
+                 r["codec"] == "raw" and (mode == "ps" or r["W"] > 1)]
+        pts = [r for r in every if r["W"] <= FIT_MAX_W]
+        if len({round(feat(r)[1], 9) for r in pts}) < 2:
+            pts = every
+        data = [(feat(r)[1], max(r["w"] - ALPHA * hops(mode, r["W"]), 0.0)) for r in pts]
+        if not data:
+            continue
+        n = len(data)
+        mx = sum(x for x, _ in data) / n; my = sum(y for _, y in data) / n
+        sxx = sum((x - mx) ** 2 for x, _ in data)
+        b = icpt = None
+        if ov.split()[0] != "off" and n >= 2 and sxx > 0:
+            b = sum((x - mx) * (y - my) for x, y in data) / sxx
+            icpt = my - b * mx
+        if b is None or icpt > 0 or b < 0:
+            icpt = 0.0
+            b = sum(x * y for x, y in data) / sum(x * x for x, _ in data)
+        rms = math.sqrt(sum((y - max(0.0, icpt + b * x)) ** 2 for x, y in data) / n)
+        fits[(mode, ov)] = (rms, b, n, icpt, sorted(r["W"] for r in pts))
 
     def model_comm(r):
         f = fits.get((r["mode"], r["overlap"]))
@@ -163,10 +165,38 @@ def main():
             "%.1f" % real_ms(mc) if mc == mc else "-", 100 * r["eff_c"],
             "%.0f%%" % (100 * r["eff_1"]) if r["eff_1"] == r["eff_1"] else "-", r["out"] / 1e6))
     fit_t = ["| mode | overlap | b (bandwidth term) | a (real ms) | rms residual (real ms) | "
-             "alpha (stated) | points (W <= %d) |" % FIT_MAX_W, "|---|---|---|---|---|---|---|"]
-    for (mode, ov), (rms, b, n, a0) in sorted(fits.items()):
-        fit_t.append("| %s | %s | %.2f | %.1f | %.1f | %.0f us x %s | %d |" % (
-            mode, ov, b, real_ms(a0), real_ms(rms), ALPHA * 1e6, "2(W-1)" if mode == "ring" else "2", n))
+             "alpha (stated) | points (their W) |", "|---|---|---|---|---|---|---|"]
+    for (mode, ov), (rms, b, n, a0, ws) in sorted(fits.items()):
+        fit_t.append("| %s | %s | %.2f | %.1f | %.1f%s | %.0f us x %s | %d (%s) |" % (
+            mode, ov, b, real_ms(a0), real_ms(rms), " (exact: 2 points)" if n == 2 and a0 < 0 else "",
+            ALPHA * 1e6, "2(W-1)" if mode == "ring" else "2", n, ", ".join(str(w) for w in ws)))
+
+    # ---- the number of servers at 4 and 8 workers, both wires ----
+    def cell(pick):
+        r = [r for r in rows if pick(r)]
+        return "%.0f%% (%.1f ms)" % (100 * r[0]["eff_c"], real_ms(r[0]["t"])) if r else "-"
+
+    def ded(S):
+        return lambda W, d: (lambda r: r["mode"] == "ps" and r["S"] == S and r["W"] == W and not r["coloc"]
+                             and r["dtype"] == d and r["codec"] == "raw" and r["overlap"] == "on")
+
+    def g(x):
+        return "%g G" % x
+    srv_rows = [("PS, 1 dedicated server", ded(1), lambda W: g(W)),
+                ("PS, 2 dedicated servers", ded(2), lambda W: g(W / 2.0)),
+                ("PS, 4 dedicated servers", ded(4), lambda W: g(max(W / 4.0, 1))),
+                ("PS, S = W co-located, 1 MiB partitions",
+                 lambda W, d: (lambda r: r["mode"] == "ps" and r["coloc"] and r["S"] == W and r["W"] == W and
+                               r["dtype"] == d and r["codec"] == "raw" and r["overlap"] == COLOC_FIT),
+                 lambda W: g(2.0 * (W - 1) / W)),
+                ("ring", lambda W, d: (lambda r: r["mode"] == "ring" and r["W"] == W and r["dtype"] == d and
+                                       r["codec"] == "raw" and r["overlap"] == "on"),
+                 lambda W: g(2.0 * (W - 1) / W))]
+    srv = ["| overlap on, 4 MiB partitions unless stated | busiest link per step and direction, W = 4 / 8 | "
+           "fp16, W = 4 | fp16, W = 8 | fp32, W = 8 |", "|---|---|---|---|---|"]
+    for lab, pick, load in srv_rows:
+        srv.append("| %s | %s / %s | %s | %s | %s |" % (lab, load(4), load(8), cell(pick(4, "fp16")),
+                                                        cell(pick(8, "fp16")), cell(pick(8, "fp32"))))
 
     # ---- predictions for the real cluster ----
     sizes = {"tsm-r50": 97.3e6, "i3d-r50": 188.0e6}   # fp32 gradient bytes (bench/model_sizes.c)
@@ -174,12 +204,17 @@ def main():
     # conv1 5x7x7): the 3x3 convs are ~53% of a bottleneck's FLOPs and triple,
     # so a step costs ~2.06x TSM-R50's at the same frames.
     comp = {"tsm-r50": T, "i3d-r50": 2.06 * T}
-    beta = 25e9 / 8
+    # the real link's TCP payload rate: 25 Gb/s with the same framing loss
+    # the emulated link showed (measured / nominal), so that X on the real
+    # cluster is exactly the emulated X / F
+    beta = 25e9 / 8 * (link_Bps / (fnum(rows[0]["link_mbit"]) * 1e6 / 8))
     Ws = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 1536]
     pred = []
 
     def predict(mode, m, W, ov="on", S=None):
-        f = fits.get((mode, ov))
+        """S = None: a server per worker host (co-located), S = "fit": the
+        same with the co-located fit (COLOC_FIT) instead of ov's."""
+        f = fits.get((mode, COLOC_FIT if S == "fit" else ov))
         if not f:
             return float("nan")
         G = sizes[m] / 2  # fp16 on the wire
@@ -188,32 +223,49 @@ def main():
         hid = f[3] / F * comp[m] / T
         if mode == "ring":
             comm = 0.0 if W == 1 else ALPHA * 2 * (W - 1) + max(0.0, hid + f[1] * 2 * (W - 1) / W * G / beta)
-        elif S is None:  # servers co-located, one per worker host: each link carries 2(W-1)/W G
+        elif S == "fit":  # X as the fit defines it for S = W (feat): 2(W-1)/W G, 0 at W = 1
+            comm = ALPHA * 2 + max(0.0, hid + f[1] * 2.0 * (W - 1) / W * G / beta)
+        elif S is None:  # the dedicated fit on the co-located load, 2(W-1)/W G
             comm = ALPHA * 2 + max(0.0, hid + f[1] * max(2.0 * (W - 1) / W, 1.0 / W) * G / beta)
         else:
             comm = ALPHA * 2 + max(0.0, hid + f[1] * max(W / S, 1.0) * G / beta)
         return comm
+    cols = (("ring", None), ("ps", "fit"), ("ps", None), ("ps", 4))
     for W in Ws:
         row = [W]
         for m in ("tsm-r50", "i3d-r50"):
-            for mode, S in (("ring", None), ("ps", None), ("ps", 4)):
+            for mode, S in cols:
                 cm = predict(mode, m, W, "on", S)
                 row.append(comp[m] / (comp[m] + cm))
                 row.append((comp[m] + cm) * 1e3)
         pred.append(row)
     with open(os.path.join(a.results, "predict.dat"), "w") as f:
-        f.write("# W  tsm:ring_eff ring_ms ps_coloc_eff ms ps4_eff ms  i3d:ring_eff ms ps_coloc_eff ms ps4_eff ms\n")
+        f.write("# W  tsm: ring_eff ms  ps_coloc_fit_eff ms  ps_S=W_dedicated_fit_eff ms  ps4_eff ms"
+                "  i3d: the same 8 columns\n")
         for row in pred:
             f.write(" ".join("%.6g" % x for x in row) + "\n")
-    pt = ["| workers | TSM-R50 ring | TSM-R50 PS (S = W) | TSM-R50 PS (S = 4) | I3D-R50 ring | "
-          "I3D-R50 PS (S = W) | I3D vs TSM step time (best mode) |", "|---|---|---|---|---|---|---|"]
-    for row in pred:
-        if row[0] not in (8, 16, 64, 256, 1024, 1536):
-            continue
-        tsm_best = min(row[2], row[4]); i3d_best = min(row[8], row[10])
-        pt.append("| %d | %.0f%% (%.0f ms) | %.0f%% (%.0f ms) | %.0f%% | %.0f%% (%.0f ms) | %.0f%% (%.0f ms) | %.2fx |" % (
-            row[0], 100 * row[1], row[2], 100 * row[3], row[4], 100 * row[5], 100 * row[7], row[8],
-            100 * row[9], row[10], i3d_best / tsm_best))
+
+    def pc(e, ms):
+        return "%.0f%% (%.0f ms)" % (100 * e, ms) if e == e else "-"
+    cf = fits.get(("ps", COLOC_FIT))
+    pt = []
+    for k, m in enumerate(("TSM-R50", "I3D-R50")):
+        o = 1 + 8 * k
+        pt += ([""] if k else []) + ["%s%s:" % (m, " (fp32 gradient 188 MB, compute 2.06x TSM-R50's)" if k else
+                                                   " (fp32 gradient 97.3 MB, compute 53 ms)"), "",
+               "| workers | ring | PS, S = W, co-located fit (%s) | PS, S = W, dedicated-server fit | "
+               "PS, S = 4 dedicated |%s" % ("%d point%s" % (cf[2], "s" if cf[2] > 1 else "") if cf else "no fit",
+                                            " I3D / TSM step time (faster of ring, PS co-located fit) |"
+                                            if k else ""), "|---|---|---|---|---|%s" % ("---|" if k else "")]
+        for row in pred:
+            if row[0] not in (8, 16, 64, 256, 1024, 1536):
+                continue
+            line = "| %d | %s | %s | %s | %s |" % (row[0], pc(row[o], row[o + 1]), pc(row[o + 2], row[o + 3]),
+                                                   pc(row[o + 4], row[o + 5]), pc(row[o + 6], row[o + 7]))
+            if k:
+                best = [min([x for x in (row[c], row[c + 2]) if x == x] or [float("nan")]) for c in (2, 10)]
+                line += " %s |" % ("%.2fx" % (best[1] / best[0]) if best[0] == best[0] and best[1] == best[1] else "-")
+            pt.append(line)
 
     # ---- data files for the plots ----
     fams = {}
@@ -221,10 +273,10 @@ def main():
         fams.setdefault(r["key"], []).append(r)
     with open(os.path.join(a.results, "curves.dat"), "w") as f:
         for key, rs in sorted(fams.items()):
-            if len(rs) < 3:
+            if len(rs) < 2:
                 continue
             mode, S, dt, cd, ov = key
-            f.write('"%s%s %s%s overlap %s"\n' % (mode, " S=%d" % S if mode == "ps" else "", dt,
+            f.write('"%s%s %s%s overlap %s"\n' % (mode, (" S=W" if S < 0 else " S=%d" % S) if mode == "ps" else "", dt,
                                                   "/" + cd if cd != "raw" else "", ov))
             for r in sorted(rs, key=lambda r: r["W"]):
                 f.write("%d %.4f %.4f %.3f\n" % (r["W"], r["eff_c"], r["W"] / r["t"] * fnum(r["compute_ms"]) / 1e3,
@@ -264,6 +316,7 @@ def main():
         "measured": "\n".join(meas),
         "fit": "\n".join(fit_t),
         "predict": "\n".join(pt),
+        "servers": "\n".join(srv),
         "run": "Model %s, slow-down F = %g (links %s Mbit/s%s, compute %g ms x F), %d points, "
                "run %s." % (model, F, rows[0]["link_mbit"],
                             "; TCP through one link measured %.0f Mbit/s, the physical limit the "

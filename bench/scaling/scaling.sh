@@ -9,7 +9,15 @@
 # keep up with the links.
 #
 #   bench/scaling/scaling.sh [--quick | --full] [options]
-#     --quick              23 points, about 10 minutes alone (default)
+#     --quick              32 points, about 9 minutes alone (default): the
+#                          first 23 ran in 366 s alone (2026-11-30); the 9
+#                          added since (1 and 2 servers, ring fp32,
+#                          co-located W = 2, 4 and fwd 16) add ~3 minutes
+#                          (177 s estimated: 3 steps each at the step time
+#                          of a measured neighbour with the same busiest-
+#                          link load, or the cost model's for 1 server at 4
+#                          and 8 workers, 10 s emulated at most, + 5.5 s
+#                          start-up per point)
 #     --full               every combination (~1.5 hours)
 #     --build DIR          where psbench and psd are (default: .)
 #     --results DIR        CSV + PNG (default: bench/scaling/results in the source tree)
@@ -68,7 +76,7 @@ while [ $# -gt 0 ]; do
     --iters) iters=$2; shift 2 ;;
     --warmup) warmup=$2; shift 2 ;;
     --dry-run) dry=1; shift ;;
-    -h | --help) sed -n '2,45s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,/^set -u/s/^# \{0,1\}//p' "$0"; exit 0 ;;
     *) echo "scaling.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -100,6 +108,14 @@ points() {
         echo "ps 16 16 fp16 raw on colocated 1M"
         echo "ps 4 8 fp32 raw on"; echo "ps 4 8 fp32 topk on"
         echo "ps 4 8 fp16 raw off"; echo "ring 0 8 fp16 raw off"; echo "ps 4 1 fp16 raw off"
+        # the number of servers (1, 2, 4 dedicated) at 4 and 8 workers, and
+        # both wires of the ring beside "ps 4 8 fp32 raw on"
+        echo "ps 1 1 fp16 raw on"; echo "ps 1 4 fp16 raw on"; echo "ps 1 8 fp16 raw on"
+        echo "ps 2 4 fp16 raw on"; echo "ps 2 8 fp16 raw on"; echo "ring 0 8 fp32 raw on"
+        # co-located servers (S = W, 1 MiB) below 8 workers: the points the
+        # cost model's co-located fit needs besides W = 8 and 16
+        echo "ps 2 2 fp16 raw on colocated 1M"; echo "ps 4 4 fp16 raw on colocated 1M"
+        echo "ps 16 16 fp16 raw fwd colocated 1M"
         return
     fi
     for o in on off; do
