@@ -128,7 +128,7 @@ int ps_worker_allreduce_check(ps_worker_opts_t *o)
     return 0;
 }
 
-/* The averaging backend: the ZeroMQ ring, or NCCL on a device buffer. */
+/* The averaging backend: the TCP ring (worker/ps_ring.h), or NCCL on a device buffer. */
 typedef struct reducer {
     ps_ring_t *ring;
 #ifdef PS_HAVE_CUDA

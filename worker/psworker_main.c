@@ -432,7 +432,7 @@ int main(int argc, char **argv)
         {"save-all-ranks", PS_OPT_BOOL, &o.save_all_ranks, "every rank r > 0 also writes model-rank<r>.safetensors"},
         {"predictions", PS_OPT_STRING, &o.predictions, "--eval: write per-video predictions and logits to this CSV"},
         {"peers", PS_OPT_STRING, &o.peers, "--mode allreduce: every rank's endpoint tcp://H:P,... (rank r binds the r-th)"},
-        {"allreduce", PS_OPT_STRING, &o.allreduce, "--mode allreduce: ring (ZeroMQ) | nccl (CUDA builds)"},
+        {"allreduce", PS_OPT_STRING, &o.allreduce, "--mode allreduce: ring (TCP) | nccl (CUDA builds)"},
         {"ring-conns", PS_OPT_INT, &o.ring_conns, "--mode allreduce: connections to the right neighbour"},
         {"compute", PS_OPT_STRING, &o.compute, "synthetic:<model>:<ms>: real partition layout, sleep for compute"},
         {"overlap", PS_OPT_STRING, &o.overlap, "on|off: push each partition when its layers' backward ends, wait per layer in the next forward (default on for video models without --loss-scale)"},

@@ -9,15 +9,8 @@
 # keep up with the links.
 #
 #   bench/scaling/scaling.sh [--quick | --full] [options]
-#     --quick              32 points, about 9 minutes alone (default): the
-#                          first 23 ran in 366 s alone (2026-11-30); the 9
-#                          added since (1 and 2 servers, ring fp32,
-#                          co-located W = 2, 4 and fwd 16) add ~3 minutes
-#                          (177 s estimated: 3 steps each at the step time
-#                          of a measured neighbour with the same busiest-
-#                          link load, or the cost model's for 1 server at 4
-#                          and 8 workers, 10 s emulated at most, + 5.5 s
-#                          start-up per point)
+#     --quick              32 points, about 9 minutes alone (default; 545 s
+#                          on 2026-11-30)
 #     --full               every combination (~1.5 hours)
 #     --build DIR          where psbench and psd are (default: .)
 #     --results DIR        CSV + PNG (default: bench/scaling/results in the source tree)
