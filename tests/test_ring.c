@@ -398,35 +398,25 @@ static void test_bad_messages(void)
 {
     fake_t f;
     float d[10] = {0};
-    diag("eight ring errors and a warning expected below");
-    fake_default(&f);
-    f.corrupt_crc = 1;
-    int rc = fake_left(&f, d);
-    is_int(rc, PS_ECORRUPT, "bad payload checksum -> PS_ECORRUPT (%s)", ps_errname(rc));
-    fake_default(&f);
-    f.n_claimed = 11;
-    rc = fake_left(&f, d);
-    is_int(rc, PS_EMISMATCH, "neighbour with another n -> PS_EMISMATCH (%s)", ps_errname(rc));
-    fake_default(&f);
-    f.magic = 0xdeadbeefu;
-    rc = fake_left(&f, d);
-    is_int(rc, PS_EPROTO, "bad magic -> PS_EPROTO (%s)", ps_errname(rc));
-    fake_default(&f);
-    f.op = 7;
-    rc = fake_left(&f, d);
-    is_int(rc, PS_EPROTO, "message of another call -> PS_EPROTO (%s)", ps_errname(rc));
-    fake_default(&f);
-    f.hello_seg = 4096;
-    rc = fake_left(&f, d);
-    is_int(rc, PS_EMISMATCH, "neighbour with another segment size -> PS_EMISMATCH (%s)", ps_errname(rc));
-    fake_default(&f);
-    f.hello_rank = 0;
-    rc = fake_left(&f, d);
-    is_int(rc, PS_EMISMATCH, "hello from the wrong rank -> PS_EMISMATCH (%s)", ps_errname(rc));
-    fake_default(&f);
-    f.cut = 1;
-    rc = fake_left(&f, d);
-    is_int(rc, PS_EIO, "connection closed inside a message -> PS_EIO (%s)", ps_errname(rc));
+    diag("seven ring errors and a warning expected below");
+    /* one planted fault each */
+    struct {
+        fake_t f;
+        int want;
+        const char *what;
+    } bc[7];
+    for (int i = 0; i < 7; i++) fake_default(&bc[i].f);
+    bc[0].f.corrupt_crc = 1, bc[0].want = PS_ECORRUPT, bc[0].what = "bad payload checksum";
+    bc[1].f.n_claimed = 11, bc[1].want = PS_EMISMATCH, bc[1].what = "neighbour with another n";
+    bc[2].f.magic = 0xdeadbeefu, bc[2].want = PS_EPROTO, bc[2].what = "bad magic";
+    bc[3].f.op = 7, bc[3].want = PS_EPROTO, bc[3].what = "message of another call";
+    bc[4].f.hello_seg = 4096, bc[4].want = PS_EMISMATCH, bc[4].what = "neighbour with another segment size";
+    bc[5].f.hello_rank = 0, bc[5].want = PS_EMISMATCH, bc[5].what = "hello from the wrong rank";
+    bc[6].f.cut = 1, bc[6].want = PS_EIO, bc[6].what = "connection closed inside a message";
+    for (int i = 0; i < 7; i++) {
+        int rc = fake_left(&bc[i].f, d);
+        is_int(rc, bc[i].want, "%s -> %s (%s)", bc[i].what, ps_errname(bc[i].want), ps_errname(rc));
+    }
     /* the control: the same hand-made messages, complete and correct, make
      * a whole allreduce -- so the failures above are the planted faults;
      * and a stranger's connection before them is dropped without harm */
@@ -434,7 +424,7 @@ static void test_bad_messages(void)
     f.finish = 1;
     f.stranger = 1;
     float x[10] = {10, 20, 30, 40, 50, 60, 70, 80, 90, 100};
-    rc = fake_left(&f, x);
+    int rc = fake_left(&f, x);
     is_int(rc, 0, "well-formed messages after a stranger's connection: the call completes (%s)",
            ps_errname(rc));
     int good = 1;

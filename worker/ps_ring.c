@@ -329,6 +329,22 @@ static int recv_fail(ps_ring_t *r, ssize_t g)
     return PS_EIO;
 }
 
+/* One non-blocking receive into buf: the byte count (> 0), 0 when nothing
+ * is waiting, or a PS_E* failure (logged). */
+static ssize_t recv_now(ps_ring_t *r, int fd, void *buf, size_t len)
+{
+    for (;;) {
+        ssize_t g = recv(fd, buf, len, MSG_DONTWAIT);
+        if (g > 0) {
+            r->bytes_recv += (uint64_t)g;
+            return g;
+        }
+        if (g < 0 && errno == EINTR) continue;
+        if (g < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+        return recv_fail(r, g);
+    }
+}
+
 /* Read what connection c has for this allreduce, up to the end of one
  * message.  1 = progress, 0 = would block, < 0 = failed. */
 static int in_read(ps_ring_t *r, ring_job_t *j, int c)
@@ -338,28 +354,18 @@ static int in_read(ps_ring_t *r, ring_job_t *j, int c)
     for (;;) {
         if (!ic->in_pl) {
             if (ic->nexp >= j->total) return prog; /* the rest is the next call's */
-            ssize_t g = recv(ic->fd, ic->hdr + ic->hgot, RING_HDR - ic->hgot, MSG_DONTWAIT);
-            if (g <= 0) {
-                if (g < 0 && errno == EINTR) continue;
-                if (g < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return prog;
-                return recv_fail(r, g);
-            }
+            ssize_t g = recv_now(r, ic->fd, ic->hdr + ic->hgot, RING_HDR - ic->hgot);
+            if (g <= 0) return g < 0 ? (int)g : prog;
             prog = 1;
-            r->bytes_recv += (uint64_t)g;
             ic->hgot += (size_t)g;
             if (ic->hgot < RING_HDR) continue;
             if ((rc = hdr_take(r, j, ic))) return rc;
             continue;
         }
         if (ic->pgot == ic->plen) { /* the trailer: the payload's CRC32C */
-            ssize_t g = recv(ic->fd, ic->trl + ic->tgot, 4 - ic->tgot, MSG_DONTWAIT);
-            if (g <= 0) {
-                if (g < 0 && errno == EINTR) continue;
-                if (g < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return prog;
-                return recv_fail(r, g);
-            }
+            ssize_t g = recv_now(r, ic->fd, ic->trl + ic->tgot, 4 - ic->tgot);
+            if (g <= 0) return g < 0 ? (int)g : prog;
             prog = 1;
-            r->bytes_recv += (uint64_t)g;
             ic->tgot += (size_t)g;
             if (ic->tgot == 4) return (rc = msg_done(r, j, ic)) ? rc : 1;
             continue;
@@ -373,15 +379,10 @@ static int in_read(ps_ring_t *r, ring_job_t *j, int c)
             if (want > PIECE - ic->carry) want = PIECE - ic->carry;
         }
         if (want > PIECE) want = PIECE;
-        ssize_t g = recv(ic->fd, dst, want, MSG_DONTWAIT);
-        if (g <= 0) {
-            if (g < 0 && errno == EINTR) continue;
-            if (g < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return prog;
-            return recv_fail(r, g);
-        }
+        ssize_t g = recv_now(r, ic->fd, dst, want);
+        if (g <= 0) return g < 0 ? (int)g : prog;
         prog = 1;
         size_t gs = (size_t)g;
-        r->bytes_recv += gs;
         ic->pgot += gs;
         if (ic->mode == PL_DIRECT) {
             /* already in place: only the checksum */
