@@ -14,6 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 #include <arpa/inet.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
@@ -580,6 +581,38 @@ static void test_stream_faults(void)
     ok(slow == 0, "each returns promptly (150 ms timeout; %d took over 2 s)", slow);
 }
 
+/* Endpoints by host name ("localhost"): the rank that binds and the one
+ * that connects must resolve it to the same address family. */
+static void test_hostname(void)
+{
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *res = NULL;
+    if (getaddrinfo("localhost", "1", &hints, &res) || !res) {
+        for (int i = 0; i < 3; i++) ok(1, "# SKIP localhost does not resolve here");
+        return;
+    }
+    freeaddrinfo(res);
+    char eps[2][64], e0[64], e1[64];
+    free_endpoints(eps, 2);
+    snprintf(e0, sizeof e0, "tcp://localhost:%s", strrchr(eps[0], ':') + 1);
+    snprintf(e1, sizeof e1, "tcp://localhost:%s", strrchr(eps[1], ':') + 1);
+    ps_ring_opts_t o;
+    ps_ring_opts_default(&o);
+    o.timeout_ms = 20000;
+    rcase_t k;
+    fill_case(&k, 2, 1001, PS_DT_FP32, 1, 78);
+    rank_arg_t args[2];
+    pthread_t th[2];
+    for (int rk = 0; rk < 2; rk++) {
+        args[rk] = (rank_arg_t){.rank = rk, .world = 2, .opts = o, .cases = &k, .ncases = 1};
+        args[rk].eps[0] = e0;
+        args[rk].eps[1] = e1;
+        pthread_create(&th[rk], NULL, rank_main, &args[rk]);
+    }
+    for (int rk = 0; rk < 2; rk++) pthread_join(th[rk], NULL);
+    check_case(&k, 2, "tcp://localhost endpoints");
+    free_case(&k, 2);
+}
+
 /* ---- PS mode vs ring mode: the same SGD, 20 steps ----------------------- */
 
 #define SGD_W 3
@@ -723,6 +756,7 @@ int main(void)
     o.segment_bytes = 4096; /* many segments per chunk: exercises the pipeline */
     test_args();
     test_ipv6();
+    test_hostname();
     for (int W = 2; W <= 4; W++) test_sums(W, &o, "1 conn");
     o.nconn = 3; /* several connections: messages arrive out of order */
     test_sums(3, &o, "3 conns");

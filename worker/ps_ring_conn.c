@@ -64,8 +64,18 @@ static int net_resolve(const char *ep, int passive, ps_ring_addr_t *a)
         if (res) freeaddrinfo(res);
         return PS_ENOTFOUND;
     }
-    memcpy(&a->sa, res->ai_addr, res->ai_addrlen);
-    a->len = (socklen_t)res->ai_addrlen;
+    /* The same name must give the same address to the rank that binds it
+     * and to the one that connects ("localhost" lists ::1 and 127.0.0.1 in
+     * an order that depends on the host's configuration): take IPv4 when
+     * the name has it, else the first address. */
+    const struct addrinfo *pick = res;
+    for (const struct addrinfo *ai = res; ai; ai = ai->ai_next)
+        if (ai->ai_family == AF_INET) {
+            pick = ai;
+            break;
+        }
+    memcpy(&a->sa, pick->ai_addr, pick->ai_addrlen);
+    a->len = (socklen_t)pick->ai_addrlen;
     freeaddrinfo(res);
     return 0;
 bad:
