@@ -9,7 +9,7 @@
 # keep up with the links.
 #
 #   bench/scaling/scaling.sh [--quick | --full] [options]
-#     --quick              32 points, about 9 minutes alone (default; 545 s
+#     --quick              46 points, about 14 minutes alone (default; 809 s
 #                          on 2026-11-30)
 #     --full               every combination (~1.5 hours)
 #     --build DIR          where psbench and psd are (default: .)
@@ -109,6 +109,13 @@ points() {
         # cost model's co-located fit needs besides W = 8 and 16
         echo "ps 2 2 fp16 raw on colocated 1M"; echo "ps 4 4 fp16 raw on colocated 1M"
         echo "ps 16 16 fp16 raw fwd colocated 1M"
+        # the other wires and overlap off against the number of workers
+        # (4 dedicated servers and the ring; W = 8 is above)
+        for w in 1 4 16; do
+            echo "ps 4 $w fp32 raw on"; echo "ring 0 $w fp32 raw on"; echo "ps 4 $w fp32 topk on"
+            echo "ring 0 $w fp16 raw off"
+            [ $w = 1 ] || echo "ps 4 $w fp16 raw off"
+        done
         return
     fi
     for o in on off; do
