@@ -500,6 +500,27 @@ static void test_args(void)
     close(busy);
 }
 
+/* A ring of two ranks on the given endpoints sums n integer-valued floats. */
+static void two_ranks(const char *e0, const char *e1, size_t n, uint64_t seed, const char *what)
+{
+    ps_ring_opts_t o;
+    ps_ring_opts_default(&o);
+    o.timeout_ms = 20000;
+    rcase_t k;
+    fill_case(&k, 2, n, PS_DT_FP32, 1, seed);
+    rank_arg_t args[2];
+    pthread_t th[2];
+    for (int rk = 0; rk < 2; rk++) {
+        args[rk] = (rank_arg_t){.rank = rk, .world = 2, .opts = o, .cases = &k, .ncases = 1};
+        args[rk].eps[0] = e0;
+        args[rk].eps[1] = e1;
+        pthread_create(&th[rk], NULL, rank_main, &args[rk]);
+    }
+    for (int rk = 0; rk < 2; rk++) pthread_join(th[rk], NULL);
+    check_case(&k, 2, what);
+    free_case(&k, 2);
+}
+
 /* The same ring over IPv6 loopback ([::1] endpoints), where the host has it. */
 static void test_ipv6(void)
 {
@@ -525,22 +546,7 @@ static void test_ipv6(void)
     snprintf(e1, sizeof e1, "tcp://[::1]:%d", ntohs(sb.sin6_port));
     close(fd);
     close(fd2);
-    ps_ring_opts_t o;
-    ps_ring_opts_default(&o);
-    o.timeout_ms = 20000;
-    rcase_t k;
-    fill_case(&k, 2, 3001, PS_DT_FP32, 1, 77);
-    rank_arg_t args[2];
-    pthread_t th[2];
-    for (int rk = 0; rk < 2; rk++) {
-        args[rk] = (rank_arg_t){.rank = rk, .world = 2, .opts = o, .cases = &k, .ncases = 1};
-        args[rk].eps[0] = e0;
-        args[rk].eps[1] = e1;
-        pthread_create(&th[rk], NULL, rank_main, &args[rk]);
-    }
-    for (int rk = 0; rk < 2; rk++) pthread_join(th[rk], NULL);
-    check_case(&k, 2, "IPv6 [::1]");
-    free_case(&k, 2);
+    two_ranks(e0, e1, 3001, 77, "IPv6 [::1]");
 }
 
 /* The well-formed stream of test_bad_messages with one random fault --
@@ -595,22 +601,7 @@ static void test_hostname(void)
     free_endpoints(eps, 2);
     snprintf(e0, sizeof e0, "tcp://localhost:%s", strrchr(eps[0], ':') + 1);
     snprintf(e1, sizeof e1, "tcp://localhost:%s", strrchr(eps[1], ':') + 1);
-    ps_ring_opts_t o;
-    ps_ring_opts_default(&o);
-    o.timeout_ms = 20000;
-    rcase_t k;
-    fill_case(&k, 2, 1001, PS_DT_FP32, 1, 78);
-    rank_arg_t args[2];
-    pthread_t th[2];
-    for (int rk = 0; rk < 2; rk++) {
-        args[rk] = (rank_arg_t){.rank = rk, .world = 2, .opts = o, .cases = &k, .ncases = 1};
-        args[rk].eps[0] = e0;
-        args[rk].eps[1] = e1;
-        pthread_create(&th[rk], NULL, rank_main, &args[rk]);
-    }
-    for (int rk = 0; rk < 2; rk++) pthread_join(th[rk], NULL);
-    check_case(&k, 2, "tcp://localhost endpoints");
-    free_case(&k, 2);
+    two_ranks(e0, e1, 1001, 78, "tcp://localhost endpoints");
 }
 
 /* ---- PS mode vs ring mode: the same SGD, 20 steps ----------------------- */
