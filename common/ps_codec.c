@@ -21,6 +21,7 @@
 
 #include "ps_error.h"
 #include "ps_half.h"
+#include "ps_le.h"
 #include "ps_log.h"
 
 #include <lz4.h>
@@ -263,25 +264,6 @@ void ps_codec_unshuffle(void *out, const void *in, size_t n, size_t es)
     unshuffle_scalar(out, in, n, es, 0);
 }
 
-/* ---- little-endian helpers --------------------------------------------- */
-
-static void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get32(const uint8_t *p)
-{
-    return p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static void put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint64_t get64(const uint8_t *p)
-{
-    return get32(p) | (uint64_t)get32(p + 4) << 32;
-}
-
 /* fp32 -> wire dtype, n elements; a misaligned dst goes through a bounce
  * buffer (the converters write typed uint16_t arrays) */
 static void to_wire(void *dst, const float *src, size_t n, ps_dtype_t dt)
@@ -360,11 +342,11 @@ static int lz4_encode(uint8_t *dst, size_t cap, size_t *out_len, const float *sr
     uint8_t *conv = scratch, *shuf = scratch ? scratch + chunk * es : NULL; /* NULL: numel 0 */
 
     if (cap < LZ4_HDR) return PS_ERANGE;
-    put32(dst, LZ4_MAGIC);
+    ps_le_put32(dst, LZ4_MAGIC);
     dst[4] = (uint8_t)dt;
     dst[5] = FLAG_SHUFFLE;
     dst[6] = dst[7] = 0;
-    put64(dst + 8, numel);
+    ps_le_put64(dst + 8, numel);
     for (size_t i = 0; i < numel; i += CHUNK_ELEMS) {
         size_t n = numel - i < CHUNK_ELEMS ? numel - i : CHUNK_ELEMS, raw = n * es;
         const void *elems = src + i;
@@ -378,11 +360,11 @@ static int lz4_encode(uint8_t *dst, size_t cap, size_t *out_len, const float *sr
         int clen = LZ4_compress_default((const char *)shuf, (char *)dst + pos + 4, (int)raw,
                                         (int)(room < want ? room : want));
         if (clen > 0) {
-            put32(dst + pos, (uint32_t)clen);
+            ps_le_put32(dst + pos, (uint32_t)clen);
             pos += 4 + (size_t)clen;
         } else {
             if (room < raw) return PS_ERANGE;
-            put32(dst + pos, CHUNK_RAW | (uint32_t)raw);
+            ps_le_put32(dst + pos, CHUNK_RAW | (uint32_t)raw);
             memcpy(dst + pos + 4, shuf, raw);
             pos += 4 + raw;
         }
@@ -401,13 +383,13 @@ static int lz4_decode(float *dst, size_t numel, const uint8_t *src, size_t len, 
         ps_error("lz4 payload of %zu bytes is shorter than its %d-byte header", len, LZ4_HDR);
         return PS_EMISMATCH;
     }
-    if (get32(src) != LZ4_MAGIC || (src[5] & ~FLAG_SHUFFLE) || src[6] || src[7]) {
-        ps_error("lz4 payload: bad magic 0x%08x or flags 0x%02x", get32(src), src[5]);
+    if (ps_le_get32(src) != LZ4_MAGIC || (src[5] & ~FLAG_SHUFFLE) || src[6] || src[7]) {
+        ps_error("lz4 payload: bad magic 0x%08x or flags 0x%02x", ps_le_get32(src), src[5]);
         return PS_ECORRUPT;
     }
-    if (src[4] != (uint8_t)dt || get64(src + 8) != (uint64_t)numel) {
+    if (src[4] != (uint8_t)dt || ps_le_get64(src + 8) != (uint64_t)numel) {
         ps_error("lz4 payload holds %llu x %s, expected %zu x %s",
-                 (unsigned long long)get64(src + 8), ps_dtype_name((ps_dtype_t)src[4]), numel,
+                 (unsigned long long)ps_le_get64(src + 8), ps_dtype_name((ps_dtype_t)src[4]), numel,
                  ps_dtype_name(dt));
         return PS_EMISMATCH;
     }
@@ -418,7 +400,7 @@ static int lz4_decode(float *dst, size_t numel, const uint8_t *src, size_t len, 
             ps_error("lz4 payload truncated at byte %zu of %zu (chunk at element %zu)", pos, len, i);
             return PS_EMISMATCH;
         }
-        uint32_t word = get32(src + pos), clen = word & ~CHUNK_RAW;
+        uint32_t word = ps_le_get32(src + pos), clen = word & ~CHUNK_RAW;
         pos += 4;
         if (clen > len - pos) {
             ps_error("lz4 chunk at element %zu claims %u bytes, %zu left", i, clen, len - pos);

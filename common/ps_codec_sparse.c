@@ -19,6 +19,7 @@
 
 #include "ps_error.h"
 #include "ps_half.h"
+#include "ps_le.h"
 #include "ps_log.h"
 
 #include <math.h>
@@ -28,23 +29,6 @@
 #define SIGN_MAGIC 0x31475350u /* "PSG1" */
 #define SIGN2_MAGIC 0x32475350u /* "PSG2": one scale per block */
 
-static void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static uint32_t get32(const uint8_t *p)
-{
-    return p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static void put64(uint8_t *p, uint64_t v)
-{
-    put32(p, (uint32_t)v);
-    put32(p + 4, (uint32_t)(v >> 32));
-}
-static uint64_t get64(const uint8_t *p)
-{
-    return get32(p) | (uint64_t)get32(p + 4) << 32;
-}
 static uint32_t key_of(float f)
 {
     uint32_t u;
@@ -54,10 +38,10 @@ static uint32_t key_of(float f)
 
 static void put_header(uint8_t *p, uint32_t magic, ps_dtype_t dt, size_t numel)
 {
-    put32(p, magic);
+    ps_le_put32(p, magic);
     p[4] = (uint8_t)dt;
     p[5] = p[6] = p[7] = 0;
-    put64(p + 8, numel);
+    ps_le_put64(p + 8, numel);
 }
 
 /* magic, reserved bytes, dtype and numel against what the caller expects */
@@ -68,13 +52,13 @@ static int check_header(const uint8_t *p, size_t len, size_t hdr, uint32_t magic
         ps_error("%s payload of %zu bytes is shorter than its %zu-byte header", what, len, hdr);
         return PS_EMISMATCH;
     }
-    if (get32(p) != magic || p[5] || p[6] || p[7]) {
-        ps_error("%s payload: bad magic 0x%08x or reserved bytes", what, get32(p));
+    if (ps_le_get32(p) != magic || p[5] || p[6] || p[7]) {
+        ps_error("%s payload: bad magic 0x%08x or reserved bytes", what, ps_le_get32(p));
         return PS_ECORRUPT;
     }
-    if (p[4] != (uint8_t)dt || get64(p + 8) != (uint64_t)numel) {
+    if (p[4] != (uint8_t)dt || ps_le_get64(p + 8) != (uint64_t)numel) {
         ps_error("%s payload holds %llu x %s, expected %zu x %s", what,
-                 (unsigned long long)get64(p + 8), ps_dtype_name((ps_dtype_t)p[4]), numel,
+                 (unsigned long long)ps_le_get64(p + 8), ps_dtype_name((ps_dtype_t)p[4]), numel,
                  ps_dtype_name(dt));
         return PS_EMISMATCH;
     }
@@ -146,7 +130,7 @@ static size_t topk_block(uint8_t *idx, uint8_t *val, size_t es, ps_dtype_t dt, c
 {
     if (k == n) {
         for (size_t i = 0; i < n; i++, j++) {
-            put32(idx + 4 * j, (uint32_t)(off + i));
+            ps_le_put32(idx + 4 * j, (uint32_t)(off + i));
             put_value(val + es * j, src[i], dt);
         }
         return j;
@@ -157,7 +141,7 @@ static size_t topk_block(uint8_t *idx, uint8_t *val, size_t es, ps_dtype_t dt, c
     for (size_t i = 0; i < n && j < end; i++) {
         uint32_t key = key_of(src[i]);
         if (key > t || (key == t && take_eq && take_eq--)) {
-            put32(idx + 4 * j, (uint32_t)(off + i));
+            ps_le_put32(idx + 4 * j, (uint32_t)(off + i));
             put_value(val + es * j, src[i], dt);
             j++;
         }
@@ -176,7 +160,7 @@ int ps_codec_topk_encode_(void *dstv, size_t cap, size_t *out_len, const float *
         return PS_ERANGE;
     }
     put_header(dst, TOPK_MAGIC, dt, numel);
-    put64(dst + 16, k);
+    ps_le_put64(dst + 16, k);
     uint8_t *idx = dst + PS_TOPK_HDR, *val = idx + 4 * k;
     size_t j = 0;
     if (params && params->nblocks > 1) {
@@ -206,7 +190,7 @@ int ps_codec_topk_decode_(float *dst, size_t numel, const void *srcv, size_t len
     size_t es = ps_dtype_size(dt);
     int rc = check_header(src, len, PS_TOPK_HDR, TOPK_MAGIC, "topk", dt, numel);
     if (rc) return rc;
-    uint64_t k = get64(src + 16);
+    uint64_t k = ps_le_get64(src + 16);
     if (k > numel) {
         ps_error("topk payload: k = %llu exceeds numel %zu", (unsigned long long)k, numel);
         return PS_ECORRUPT;
@@ -219,8 +203,8 @@ int ps_codec_topk_decode_(float *dst, size_t numel, const void *srcv, size_t len
     }
     const uint8_t *idx = src + PS_TOPK_HDR, *val = idx + 4 * k;
     for (uint64_t j = 0; j < k; j++) {
-        uint32_t i = get32(idx + 4 * j);
-        if (i >= numel || (j && i <= get32(idx + 4 * (j - 1)))) {
+        uint32_t i = ps_le_get32(idx + 4 * j);
+        if (i >= numel || (j && i <= ps_le_get32(idx + 4 * (j - 1)))) {
             ps_error("topk payload: index %u at position %llu is out of range or not increasing "
                      "(numel %zu)", i, (unsigned long long)j, numel);
             return PS_ECORRUPT;
@@ -228,7 +212,7 @@ int ps_codec_topk_decode_(float *dst, size_t numel, const void *srcv, size_t len
     }
     if (mode == PS_DECODE_SET) memset(dst, 0, numel * sizeof *dst);
     for (uint64_t j = 0; j < k; j++) {
-        uint32_t i = get32(idx + 4 * j);
+        uint32_t i = ps_le_get32(idx + 4 * j);
         float v = get_value(val + es * j, dt);
         if (mode == PS_DECODE_SUB) dst[i] -= v;
         else if (mode == PS_DECODE_ADD) dst[i] += v;
@@ -243,7 +227,7 @@ int ps_codec_topk_zero_sent(float *x, size_t numel, const void *srcv, size_t len
     size_t es = ps_dtype_size(dt);
     int rc = check_header(src, len, PS_TOPK_HDR, TOPK_MAGIC, "topk", dt, numel);
     if (rc) return rc;
-    uint64_t k = get64(src + 16);
+    uint64_t k = ps_le_get64(src + 16);
     if (k > numel || len != PS_TOPK_HDR + k * (4 + es)) {
         ps_error("topk payload: k = %llu does not fit %zu bytes / %zu elements",
                  (unsigned long long)k, len, numel);
@@ -251,13 +235,13 @@ int ps_codec_topk_zero_sent(float *x, size_t numel, const void *srcv, size_t len
     }
     const uint8_t *idx = src + PS_TOPK_HDR;
     for (uint64_t j = 0; j < k; j++) {
-        uint32_t i = get32(idx + 4 * j);
+        uint32_t i = ps_le_get32(idx + 4 * j);
         if (i >= numel) {
             ps_error("topk payload: index %u out of range (numel %zu)", i, numel);
             return PS_ECORRUPT;
         }
     }
-    for (uint64_t j = 0; j < k; j++) x[get32(idx + 4 * j)] = 0.f;
+    for (uint64_t j = 0; j < k; j++) x[ps_le_get32(idx + 4 * j)] = 0.f;
     return 0;
 }
 
@@ -320,15 +304,15 @@ int ps_codec_sign_encode_(void *dstv, size_t cap, size_t *out_len, const float *
         uint32_t sb;
         memcpy(&sb, &scale, 4);
         if (nb > 1) {
-            put32(blk + 8 * b, (uint32_t)n);
-            put32(blk + 8 * b + 4, sb);
+            ps_le_put32(blk + 8 * b, (uint32_t)n);
+            ps_le_put32(blk + 8 * b + 4, sb);
         } else {
-            put32(dst + 16, sb);
+            ps_le_put32(dst + 16, sb);
         }
         off += n;
     }
     put_header(dst, nb > 1 ? SIGN2_MAGIC : SIGN_MAGIC, dt, numel);
-    if (nb > 1) put32(dst + PS_SIGN_HDR, (uint32_t)nb);
+    if (nb > 1) ps_le_put32(dst + PS_SIGN_HDR, (uint32_t)nb);
     uint8_t *bits = dst + hdr;
     memset(bits, 0, (numel + 7) / 8);
     for (size_t i = 0; i < numel; i++) {
@@ -355,13 +339,13 @@ int ps_codec_sign_decode_(float *dst, size_t numel, const void *srcv, size_t len
                           int mode)
 {
     const uint8_t *src = srcv;
-    int two = len >= 4 && get32(src) == SIGN2_MAGIC;
+    int two = len >= 4 && ps_le_get32(src) == SIGN2_MAGIC;
     int rc = check_header(src, len, two ? PS_SIGN_HDR + 4 : PS_SIGN_HDR,
                           two ? SIGN2_MAGIC : SIGN_MAGIC, "sign", dt, numel);
     if (rc) return rc;
     size_t nbytes = (numel + 7) / 8, nb = 1, hdr = PS_SIGN_HDR;
     if (two) {
-        nb = get32(src + PS_SIGN_HDR);
+        nb = ps_le_get32(src + PS_SIGN_HDR);
         if (nb < 1 || nb > ps_codec_sign_max_blocks(numel)) {
             ps_error("sign payload: %zu blocks for %zu elements (1..%zu)", nb, numel,
                      ps_codec_sign_max_blocks(numel));
@@ -378,19 +362,19 @@ int ps_codec_sign_decode_(float *dst, size_t numel, const void *srcv, size_t len
     if (two) {
         size_t sum = 0;
         for (size_t b = 0; b < nb; b++) {
-            size_t n = get32(blk + 8 * b);
+            size_t n = ps_le_get32(blk + 8 * b);
             if (!n || n > numel - sum) {
                 ps_error("sign payload: block %zu of %zu elements does not fit %zu", b, n, numel);
                 return PS_ECORRUPT;
             }
             sum += n;
-            if ((rc = check_scale(get32(blk + 8 * b + 4)))) return rc;
+            if ((rc = check_scale(ps_le_get32(blk + 8 * b + 4)))) return rc;
         }
         if (sum != numel) {
             ps_error("sign payload: blocks cover %zu of %zu elements", sum, numel);
             return PS_ECORRUPT;
         }
-    } else if ((rc = check_scale(get32(src + 16)))) {
+    } else if ((rc = check_scale(ps_le_get32(src + 16)))) {
         return rc;
     }
     const uint8_t *bits = src + hdr;
@@ -403,8 +387,8 @@ int ps_codec_sign_decode_(float *dst, size_t numel, const void *srcv, size_t len
     float neg = mode == PS_DECODE_SUB ? -1.f : 1.f;
     size_t off = 0;
     for (size_t b = 0; b < nb; b++) {
-        uint32_t sb = two ? get32(blk + 8 * b + 4) : get32(src + 16);
-        size_t end = two ? off + get32(blk + 8 * b) : numel;
+        uint32_t sb = two ? ps_le_get32(blk + 8 * b + 4) : ps_le_get32(src + 16);
+        size_t end = two ? off + ps_le_get32(blk + 8 * b) : numel;
         for (size_t i = off; i < end; i++) {
             uint32_t u = sb | (uint32_t)((bits[i >> 3] >> (i & 7)) & 1) << 31;
             float v;

@@ -367,46 +367,38 @@ static int fake_left(const fake_t *f, float data[10])
     float vals[5] = {1, 2, 3, 4, 5}, fin[5] = {-1, -2, -3, -4, -5};
     size_t l0 = fake_msg(msg[0], f, 0, vals, 5, f->corrupt_crc);
     size_t l1 = fake_msg(msg[1], f, 1, fin, 5, 0);
+    /* the whole stream; the variants send a prefix of it, or alter it */
+    uint8_t all[32 + sizeof msg];
+    memcpy(all, hello, 32);
+    memcpy(all + 32, msg[0], l0);
+    memcpy(all + 32 + l0, msg[1], l1);
+    size_t len = 32 + (f->cut ? l0 - 8 : l0) + (f->finish ? l1 : 0);
+    if (f->mutate == 1) all[f->mpos % len] ^= f->mxor;
+    else if (f->mutate == 2) len = f->mpos % len;
     int wr = 1;
     if (f->dribble) { /* from a thread-less fake: the ring must see the
                          pieces, so its call runs in a child thread */
         dribble_arg_t da = {.r = r, .data = data};
         pthread_t th;
         pthread_create(&th, NULL, dribble_call, &da);
-        uint8_t all[32 + 2 * sizeof msg[0]];
-        memcpy(all, hello, 32);
-        memcpy(all + 32, msg[0], l0);
-        memcpy(all + 32 + l0, msg[1], l1);
-        for (size_t o = 0; wr && o < 32 + l0 + l1; o += 3) {
-            size_t k = 32 + l0 + l1 - o < 3 ? 32 + l0 + l1 - o : 3;
+        for (size_t o = 0; wr && o < len; o += 3) {
+            size_t k = len - o < 3 ? len - o : 3;
             wr = write(fd, all + o, k) == (ssize_t)k;
             struct timespec ts = {0, 300000};
             nanosleep(&ts, NULL);
         }
         pthread_join(th, NULL);
         rc = wr ? da.rc : -997;
-    } else if (f->mutate) {
-        uint8_t all[32 + 2 * sizeof msg[0]];
-        size_t len = 32 + l0 + l1;
-        memcpy(all, hello, 32);
-        memcpy(all + 32, msg[0], l0);
-        memcpy(all + 32 + l0, msg[1], l1);
-        if (f->mutate == 1) all[f->mpos % len] ^= f->mxor;
-        else len = f->mpos % len;
-        wr = write(fd, all, len) == (ssize_t)len;
-        close(fd);
-        fd = -1;
-        rc = wr ? ps_ring_allreduce(r, data, 10, PS_DT_FP32) : -997;
     } else {
-        wr = write(fd, hello, 32) == 32;
-        if (f->cut) wr = wr && write(fd, msg[0], l0 - 8) == (ssize_t)(l0 - 8);
-        else wr = wr && write(fd, msg[0], l0) == (ssize_t)l0;
-        if (f->finish) wr = wr && write(fd, msg[1], l1) == (ssize_t)l1;
-        if (f->cut) close(fd);
+        wr = write(fd, all, len) == (ssize_t)len;
+        if (f->cut || f->mutate) { /* then the connection ends */
+            close(fd);
+            fd = -1;
+        }
         rc = wr ? ps_ring_allreduce(r, data, 10, PS_DT_FP32) : -997;
     }
     ps_ring_destroy(&r);
-    if (!f->cut && fd >= 0) close(fd);
+    if (fd >= 0) close(fd);
     if (stranger >= 0) close(stranger);
     close(sink);
     return rc;

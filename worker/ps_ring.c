@@ -147,16 +147,16 @@ static int out_build(ps_ring_t *r, ring_job_t *j, uint32_t i, out_conn_t *oc)
         oc->pl = oc->owned = b;
     }
     uint8_t *h = oc->hdr;
-    put32(h, RING_MAGIC);
+    ps_le_put32(h, RING_MAGIC);
     h[4] = (uint8_t)j->dt;
     h[5] = 0;
-    put16(h + 6, (uint16_t)r->rank);
-    put32(h + 8, r->op);
-    put32(h + 12, i);
-    put64(h + 16, j->n);
-    put32(h + 24, (uint32_t)len);
-    put32(h + 28, 0);
-    put32(oc->trl, crc);
+    ps_le_put16(h + 6, (uint16_t)r->rank);
+    ps_le_put32(h + 8, r->op);
+    ps_le_put32(h + 12, i);
+    ps_le_put64(h + 16, j->n);
+    ps_le_put32(h + 24, (uint32_t)len);
+    ps_le_put32(h + 28, 0);
+    ps_le_put32(oc->trl, crc);
     oc->crc = 0;
     oc->plen = wlen;
     oc->sent = 0;
@@ -196,7 +196,7 @@ static int out_write(ps_ring_t *r, int c)
             size_t b = oc->sent + (size_t)w - RING_HDR;
             if (oc->sent + (size_t)w > RING_HDR && b > a) oc->crc = ps_crc32c(oc->crc, oc->pl + a, b - a);
             if (oc->sent + (size_t)w == RING_HDR + oc->plen) {
-                put32(oc->trl, oc->crc);
+                ps_le_put32(oc->trl, oc->crc);
                 oc->crc_live = 0;
             }
         }
@@ -219,16 +219,16 @@ static int hdr_take(ps_ring_t *r, ring_job_t *j, in_conn_t *ic)
 {
     const uint8_t *p = ic->hdr;
     int left = left_of(r), W = r->world, chunk = 0;
-    uint32_t i = get32(p + 12);
+    uint32_t i = ps_le_get32(p + 12);
     size_t off = 0, len = 0;
-    if (get32(p) != RING_MAGIC) {
+    if (ps_le_get32(p) != RING_MAGIC) {
         ps_error("ring: rank %d: data from left neighbour rank %d (%s) is not a ring message",
                  r->rank, left, r->ep_left);
         return PS_EPROTO;
     }
-    if (get32(p + 8) != r->op) {
+    if (ps_le_get32(p + 8) != r->op) {
         ps_error("ring: rank %d is in allreduce #%u but rank %d sent one of #%u: the ranks "
-                 "disagree on the sequence of calls", r->rank, r->op, left, get32(p + 8));
+                 "disagree on the sequence of calls", r->rank, r->op, left, ps_le_get32(p + 8));
         return PS_EPROTO;
     }
     if (p[4] != (uint8_t)j->dt) {
@@ -236,20 +236,20 @@ static int hdr_take(ps_ring_t *r, ring_job_t *j, in_conn_t *ic)
                  "same dtype", left, p[4], r->rank, ps_dtype_name(j->dt));
         return PS_EMISMATCH;
     }
-    if (get64(p + 16) != j->n) {
+    if (ps_le_get64(p + 16) != j->n) {
         ps_error("ring: rank %d reduces %llu elements, this rank %d %zu: every rank must pass the "
-                 "same n", left, (unsigned long long)get64(p + 16), r->rank, j->n);
+                 "same n", left, (unsigned long long)ps_le_get64(p + 16), r->rank, j->n);
         return PS_EMISMATCH;
     }
-    if (get16(p + 6) != (unsigned)left || i != ic->nexp) {
+    if (ps_le_get16(p + 6) != (unsigned)left || i != ic->nexp) {
         ps_error("ring: rank %d got message %u from rank %u (expected message %u from rank %d)",
-                 r->rank, i, get16(p + 6), ic->nexp, left);
+                 r->rank, i, ps_le_get16(p + 6), ic->nexp, left);
         return PS_EPROTO;
     }
     msg_range(r, j, i, 1, &off, &len, &chunk);
-    if (get32(p + 24) != len) {
+    if (ps_le_get32(p + 24) != len) {
         ps_error("ring: rank %d: message %u (chunk %d) carries %u elements, expected %zu", r->rank,
-                 i, chunk, get32(p + 24), len);
+                 i, chunk, ps_le_get32(p + 24), len);
         return PS_EMISMATCH;
     }
     int s = (int)(i / j->K);
@@ -271,15 +271,15 @@ static int hdr_take(ps_ring_t *r, ring_job_t *j, in_conn_t *ic)
 /* The whole payload is in: verify and record. */
 static int msg_done(ps_ring_t *r, ring_job_t *j, in_conn_t *ic)
 {
-    ic->want = get32(ic->trl);
-    if (r->o.checksum && ic->crc != ic->want) {
+    uint32_t want = ps_le_get32(ic->trl);
+    if (r->o.checksum && ic->crc != want) {
         ps_error("ring: rank %d: checksum mismatch in message %u from rank %d (%s)", r->rank,
                  ic->idx, left_of(r), r->ep_left);
         return PS_ECORRUPT;
     }
     uint32_t i = ic->idx;
     r->done[i] = 1;
-    r->crcs[i] = ic->mode == PL_ADD && j->dt == PS_DT_FP32 ? ic->ocrc : ic->want;
+    r->crcs[i] = ic->mode == PL_ADD && j->dt == PS_DT_FP32 ? ic->ocrc : want;
     if (ic->mode == PL_KEEP) {
         r->fwd[i] = ic->buf;
         ic->buf = NULL;
@@ -473,13 +473,13 @@ static int run(ps_ring_t *r, ring_job_t *j)
         /* nothing moved: wait for a socket, a connect retry or the timeout */
         struct pollfd pf[2 * RING_MAX_CONN + MAX_PENDING + 1];
         int who[2 * RING_MAX_CONN + MAX_PENDING + 1], np = 0;
-        double wait = last + r->o.timeout_ms - now_ms();
+        double t = now_ms(), wait = last + r->o.timeout_ms - t;
         if (wait <= 0) return timeout_error(r, j);
         for (int c = 0; c < nc; c++) {
             out_conn_t *oc = &r->out[c];
             oc->rev = 0;
-            if (oc->state == OUT_IDLE && oc->retry_at - now_ms() < wait)
-                wait = oc->retry_at - now_ms() > 0 ? oc->retry_at - now_ms() : 0;
+            if (oc->state == OUT_IDLE && oc->retry_at - t < wait)
+                wait = oc->retry_at > t ? oc->retry_at - t : 0;
             if (oc->state == OUT_CONNECTING || (oc->state == OUT_READY && oc->busy)) {
                 pf[np] = (struct pollfd){oc->fd, POLLOUT, 0};
                 who[np++] = c;

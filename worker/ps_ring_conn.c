@@ -363,14 +363,14 @@ int ps_ring_conn_out(ps_ring_t *r, int c, double now)
     }
     uint8_t *h = oc->hdr;
     memset(h, 0, RING_HDR);
-    put32(h, HELLO_MAGIC);
-    put16(h + 4, 1);
-    put16(h + 6, (uint16_t)r->rank);
-    put32(h + 8, (uint32_t)r->world);
-    put16(h + 12, (uint16_t)c);
-    put16(h + 14, (uint16_t)r->o.nconn);
-    put64(h + 16, r->o.segment_bytes);
-    put32(h + 24, (uint32_t)r->o.checksum);
+    ps_le_put32(h, HELLO_MAGIC);
+    ps_le_put16(h + 4, 1);
+    ps_le_put16(h + 6, (uint16_t)r->rank);
+    ps_le_put32(h + 8, (uint32_t)r->world);
+    ps_le_put16(h + 12, (uint16_t)c);
+    ps_le_put16(h + 14, (uint16_t)r->o.nconn);
+    ps_le_put64(h + 16, r->o.segment_bytes);
+    ps_le_put32(h + 24, (uint32_t)r->o.checksum);
     oc->pl = NULL;
     oc->plen = oc->sent = 0;
     oc->owned = NULL;
@@ -387,15 +387,15 @@ static int hello_check(ps_ring_t *r, pending_t *p)
 {
     const uint8_t *h = p->h;
     int left = left_of(r);
-    if (get32(h) != HELLO_MAGIC) {
+    if (ps_le_get32(h) != HELLO_MAGIC) {
         ps_warn("ring: rank %d: a connection to %s is not a ring peer (no hello); closed", r->rank,
                 r->ep_self);
         net_close(p->fd, 1);
         return 0;
     }
-    unsigned ver = get16(h + 4), from = get16(h + 6), c = get16(h + 12), nc = get16(h + 14);
-    uint32_t world = get32(h + 8), cks = get32(h + 24);
-    uint64_t seg = get64(h + 16);
+    unsigned ver = ps_le_get16(h + 4), from = ps_le_get16(h + 6), c = ps_le_get16(h + 12), nc = ps_le_get16(h + 14);
+    uint32_t world = ps_le_get32(h + 8), cks = ps_le_get32(h + 24);
+    uint64_t seg = ps_le_get64(h + 16);
     const char *what = NULL;
     if (ver != 1) what = "protocol version";
     else if (world != (uint32_t)r->world) what = "number of ranks";

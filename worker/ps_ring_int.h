@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
+#include "ps_le.h"
 #include "ps_ring.h"
 
 typedef struct ps_ring_addr {
@@ -55,7 +56,7 @@ typedef struct in_conn {
     uint8_t trl[4];
     size_t tgot;          /* trailer bytes read */
     int in_pl, mode;
-    uint32_t idx, want, crc, ocrc;
+    uint32_t idx, crc, ocrc;
     size_t off, plen, pgot, eoff, carry;
     uint8_t *buf;         /* PL_KEEP: the wire payload, passed on next step */
     uint8_t *scratch;     /* PIECE + 8 bytes: PL_ADD / PL_SET */
@@ -90,32 +91,6 @@ struct ps_ring {
     uint64_t bytes_sent, bytes_recv;
 };
 
-
-static inline void put16(uint8_t *p, uint16_t v)
-{
-    p[0] = (uint8_t)v;
-    p[1] = (uint8_t)(v >> 8);
-}
-static inline void put32(uint8_t *p, uint32_t v)
-{
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static inline void put64(uint8_t *p, uint64_t v)
-{
-    for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static inline uint16_t get16(const uint8_t *p)
-{
-    return (uint16_t)(p[0] | p[1] << 8);
-}
-static inline uint32_t get32(const uint8_t *p)
-{
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static inline uint64_t get64(const uint8_t *p)
-{
-    return (uint64_t)get32(p) | (uint64_t)get32(p + 4) << 32;
-}
 
 static inline double now_ms(void)
 {
