@@ -92,14 +92,7 @@ static double last_rel_worst;
 static void cmp_host(const float *got, const float *want, size_t n, double atol, double rtol,
                      const char *what)
 {
-    double worst = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)got[i] - want[i]);
-        if (d > worst || isnan(d)) worst = isnan(d) ? INFINITY : d;
-    }
-    allclose(got, want, (long)n, atol, rtol, what);
-    diag("  %s: max |err| %.3g (max |ref| %.3g)", what, worst, maxabs(want, n));
-    last_rel_worst = worst / (maxabs(want, n) + 1e-30);
+    last_rel_worst = cmp_report(got, want, n, atol, rtol, what);
 }
 /* an fp32 device result (parameter gradients, statistics, logits) */
 static void fcmp(const float *dgot, const float *want, size_t n, const char *what)

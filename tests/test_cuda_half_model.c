@@ -62,6 +62,17 @@ static void model_cfg(ps_model_config_t *cfg, int bn_mode)
 
 enum { CLIPS = 2, HW = 32 };
 
+/* The step both backends run: the same initial weights, dropout seed and
+ * labels; *loss is the forward's. */
+static int model_step(ps_model_t *m, const float *in, float *loss)
+{
+    ps_model_init(m, 7, 1);
+    ps_model_set_seed(m, 99);
+    int32_t lab[CLIPS] = {3, 8};
+    *loss = NAN;
+    return ps_model_forward(m, in, CLIPS, lab, 1, loss) | ps_model_backward(m);
+}
+
 /* One step on a CPU backend (the fp32 one, or the rounding one with prec /
  * lscale); the snapshot's gradients are unscaled. */
 static int cpu_step(ps_hround_snap_t *out, int rounding, int prec, float lscale, int bn_mode,
@@ -79,11 +90,8 @@ static int cpu_step(ps_hround_snap_t *out, int rounding, int prec, float lscale,
     int rc = ps_model_create(&m, &cfg, rounding ? &ps_backend_cpu_round : &ps_backend_cpu, &ctx,
                              CLIPS, HW, HW);
     if (!rc) {
-        ps_model_init(m, 7, 1);
-        ps_model_set_seed(m, 99);
-        int32_t lab[CLIPS] = {3, 8};
-        float loss = NAN;
-        rc = ps_model_forward(m, in, CLIPS, lab, 1, &loss) | ps_model_backward(m);
+        float loss;
+        rc = model_step(m, in, &loss);
         if (!rc) rc = ps_hround_snap(out, m, CLIPS * cfg.num_classes, loss, 1.0 / lscale);
     }
     ps_model_destroy(&m);
@@ -117,11 +125,8 @@ static int cuda_step(ps_hround_snap_t *out, int prec, float lscale, int bn_mode,
         rc = -1;
     }
     if (!rc) {
-        ps_model_init(m, 7, 1);
-        ps_model_set_seed(m, 99);
-        int32_t lab[CLIPS] = {3, 8};
-        float loss = NAN;
-        rc = ps_model_forward(m, in, CLIPS, lab, 1, &loss) | ps_model_backward(m);
+        float loss;
+        rc = model_step(m, in, &loss);
         rc |= ps_cuda_backend_sync(&ctx);
         if (!rc) rc = ps_hround_snap(out, m, CLIPS * cfg.num_classes, loss, 1.0 / lscale);
     }

@@ -77,14 +77,7 @@ static void cmp(const float *dgot, const float *want, size_t n, double atol, dou
                 const char *what)
 {
     float *got = down(dgot, n);
-    double worst = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)got[i] - want[i]);
-        if (d > worst || isnan(d)) worst = isnan(d) ? INFINITY : d;
-    }
-    allclose(got, want, (long)n, atol, rtol, what);
-    diag("  %s: max |err| %.3g (max |ref| %.3g)", what, worst, maxabs(want, n));
-    last_rel_worst = worst / (maxabs(want, n) + 1e-30);
+    last_rel_worst = cmp_report(got, want, n, atol, rtol, what);
     free(got);
 }
 /* red_tol: 2e-5 for the fp32 backend; the mixed-precision section raises it
