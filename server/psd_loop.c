@@ -67,28 +67,108 @@ int psd_loop_set_maxmsg(psd_t *s, size_t max_numel, char *err, size_t errlen)
 /* ---- connection log (zmq_socket_monitor) ----
  * ZeroMQ closes a connection by itself when a frame is over ZMQ_MAXMSGSIZE
  * (or the peer breaks the protocol); the monitor is the only place psd
- * hears of it.  Events name the connection by its fd, so the peer address
- * is read with getpeername when the ACCEPTED event is handled (best
- * effort: a connection already gone by then is logged without it). */
+ * hears of it.  Events name the connection by its fd, and the peer address
+ * is read with getpeername when psd handles the ACCEPTED event, which can be
+ * after ZeroMQ's I/O thread has closed the fd (a peer that sends one bad
+ * frame at once) and even after the fd number was reused for a newer
+ * connection.  ZeroMQ queues DISCONNECTED before it closes the fd, so an
+ * address is trusted only when no DISCONNECTED for that fd is queued after
+ * the ACCEPTED, checked once more after getpeername; otherwise the line says
+ * the address was not known, rather than name another peer. */
 struct psd_conn {
     int fd;
     char addr[64];
 };
 
-static void conn_accepted(psd_t *s, int fd)
+typedef struct {
+    uint16_t event;
+    uint32_t value;
+    char where[128];
+} mon_event_t;
+
+typedef struct {
+    mon_event_t *ev;
+    size_t n, cap;
+} mon_batch_t;
+
+/* Reads one event; 1 if one was read, 0 if none is waiting. */
+static int monitor_read(psd_t *s, mon_event_t *e)
 {
+    int ev = 0;
+    size_t sz = sizeof ev;
+    if (!s->monitor || zmq_getsockopt(s->monitor, ZMQ_EVENTS, &ev, &sz) < 0 || !(ev & ZMQ_POLLIN))
+        return 0;
+    zmq_msg_t f;
+    uint8_t head[6] = {0};
+    size_t hl = 0;
+    e->where[0] = 0;
+    /* Frames: u16 event + u32 value (host order), then the endpoint. */
+    for (int k = 0;; k++) {
+        zmq_msg_init(&f);
+        if (zmq_msg_recv(&f, s->monitor, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&f);
+            break;
+        }
+        size_t n = zmq_msg_size(&f);
+        if (k == 0) memcpy(head, zmq_msg_data(&f), hl = n < 6 ? n : 6);
+        else if (k == 1)
+            snprintf(e->where, sizeof e->where, "%.*s", (int)(n < 127 ? n : 127), (char *)zmq_msg_data(&f));
+        int more = zmq_msg_more(&f);
+        zmq_msg_close(&f);
+        if (!more) break;
+    }
+    if (hl < 6) {
+        e->event = 0; /* a short frame: read, but no event to act on */
+        return 1;
+    }
+    memcpy(&e->event, head, 2);
+    memcpy(&e->value, head + 2, 4);
+    return 1;
+}
+
+/* Appends every event waiting on the monitor to b; -1 if memory ran out
+ * (the events already read are kept). */
+static int monitor_fill(psd_t *s, mon_batch_t *b)
+{
+    for (;;) {
+        if (b->n == b->cap) {
+            size_t cap = b->cap ? 2 * b->cap : 32;
+            mon_event_t *e = realloc(b->ev, cap * sizeof *e);
+            if (!e) return -1;
+            b->ev = e, b->cap = cap;
+        }
+        if (!monitor_read(s, &b->ev[b->n])) return 0;
+        b->n++;
+    }
+}
+
+/* Whether a DISCONNECTED for fd is queued after position i. */
+static int closed_later(const mon_batch_t *b, size_t i, int fd)
+{
+    for (size_t j = i + 1; j < b->n; j++)
+        if (b->ev[j].event == ZMQ_EVENT_DISCONNECTED && (int)b->ev[j].value == fd) return 1;
+    return 0;
+}
+
+static void conn_accepted(psd_t *s, mon_batch_t *b, size_t i)
+{
+    int fd = (int)b->ev[i].value;
     struct sockaddr_storage a;
     socklen_t al = sizeof a;
     char host[48], port[8], addr[64];
-    if (getpeername(fd, (struct sockaddr *)&a, &al) == 0 &&
-        getnameinfo((struct sockaddr *)&a, al, host, sizeof host, port, sizeof port,
-                    NI_NUMERICHOST | NI_NUMERICSERV) == 0)
-        snprintf(addr, sizeof addr, "%s:%s", host, port);
-    else
-        snprintf(addr, sizeof addr, "fd %d (gone before psd read its address)", fd);
-    size_t i = 0;
-    while (i < s->nconns && s->conns[i].fd != fd) i++;
-    if (i == s->nconns) {
+    int known = !closed_later(b, i, fd) &&
+                getpeername(fd, (struct sockaddr *)&a, &al) == 0 &&
+                getnameinfo((struct sockaddr *)&a, al, host, sizeof host, port, sizeof port,
+                            NI_NUMERICHOST | NI_NUMERICSERV) == 0;
+    if (known) { /* the fd may have closed while getpeername ran: look again */
+        monitor_fill(s, b);
+        known = !closed_later(b, i, fd);
+    }
+    if (known) snprintf(addr, sizeof addr, "%s:%s", host, port);
+    else snprintf(addr, sizeof addr, "fd %d (closed before psd read its address)", fd);
+    size_t k = 0;
+    while (k < s->nconns && s->conns[k].fd != fd) k++;
+    if (k == s->nconns) {
         if (s->nconns == s->conns_cap) {
             size_t cap = s->conns_cap ? 2 * s->conns_cap : 64;
             struct psd_conn *c = realloc(s->conns, cap * sizeof *c);
@@ -97,8 +177,8 @@ static void conn_accepted(psd_t *s, int fd)
         }
         s->nconns++;
     }
-    s->conns[i].fd = fd;
-    snprintf(s->conns[i].addr, sizeof s->conns[i].addr, "%s", addr);
+    s->conns[k].fd = fd;
+    snprintf(s->conns[k].addr, sizeof s->conns[k].addr, "%s", addr);
 }
 
 static void conn_closed(psd_t *s, int fd)
@@ -118,40 +198,20 @@ static void conn_closed(psd_t *s, int fd)
 
 static void monitor_drain(psd_t *s)
 {
-    while (s->monitor) {
-        int ev = 0;
-        size_t sz = sizeof ev;
-        if (zmq_getsockopt(s->monitor, ZMQ_EVENTS, &ev, &sz) < 0 || !(ev & ZMQ_POLLIN)) break;
-        zmq_msg_t f;
-        uint8_t head[6] = {0};
-        size_t hl = 0;
-        char where[256] = "";
-        /* Frames: u16 event + u32 value (host order), then the endpoint. */
-        for (int k = 0;; k++) {
-            zmq_msg_init(&f);
-            if (zmq_msg_recv(&f, s->monitor, ZMQ_DONTWAIT) < 0) {
-                zmq_msg_close(&f);
-                break;
-            }
-            size_t n = zmq_msg_size(&f);
-            if (k == 0) memcpy(head, zmq_msg_data(&f), hl = n < 6 ? n : 6);
-            else if (k == 1)
-                snprintf(where, sizeof where, "%.*s", (int)(n < 255 ? n : 255), (char *)zmq_msg_data(&f));
-            int more = zmq_msg_more(&f);
-            zmq_msg_close(&f);
-            if (!more) break;
+    mon_batch_t b = {0};
+    /* Until the monitor is empty: the ZMQ_FD poll fires on edges only. */
+    while (monitor_fill(s, &b), b.n > 0) {
+        for (size_t i = 0; i < b.n; i++) {
+            const mon_event_t *e = &b.ev[i];
+            if (e->event == ZMQ_EVENT_ACCEPTED) conn_accepted(s, &b, i);
+            else if (e->event == ZMQ_EVENT_DISCONNECTED) conn_closed(s, (int)e->value);
+            else if (e->event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)
+                ps_warn("ZMTP handshake on %s failed: protocol error 0x%x (not a ZeroMQ peer, or "
+                        "an incompatible one)", e->where, e->value);
         }
-        if (hl < 6) continue;
-        uint16_t event;
-        uint32_t value;
-        memcpy(&event, head, 2);
-        memcpy(&value, head + 2, 4);
-        if (event == ZMQ_EVENT_ACCEPTED) conn_accepted(s, (int)value);
-        else if (event == ZMQ_EVENT_DISCONNECTED) conn_closed(s, (int)value);
-        else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL)
-            ps_warn("ZMTP handshake on %s failed: protocol error 0x%x (not a ZeroMQ peer, or an "
-                    "incompatible one)", where, value);
+        b.n = 0;
     }
+    free(b.ev);
 }
 
 static void on_monitor(uv_poll_t *h, int status, int events)
