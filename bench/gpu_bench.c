@@ -46,7 +46,7 @@
 
 #include "bench/bench_util.h"
 #include "bench/gpu_prof.h"
-#include "tests/half_round.h"
+#include "tests/lib/half_round.h"
 #include "ps_log.h"
 
 #include <math.h>
@@ -157,7 +157,7 @@ static int run_check(int depth, int clips, int HW, int prec)
     rc |= ps_model_forward(mg, in, clips, lab, 1, &lg) | ps_model_backward(mg);
     rc |= ps_cuda_backend_sync(&gctx);
     check(rc == 0, "forward + backward ran on both backends");
-    /* half: the CPU rounding model (tests/half_round.h) says what half
+    /* half: the CPU rounding model (tests/lib/half_round.h) says what half
      * storage costs inherently; each gradient's bound is derived from it */
     ps_hround_snap_t rs;
     memset(&rs, 0, sizeof rs);

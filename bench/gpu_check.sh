@@ -11,7 +11,7 @@
 #      layer with half storage of the activations, fp16 and bf16, vs the CPU
 #      fp32 layers), tests/test_cuda_half_model (a small TSM-ResNet-18 step
 #      with half storage vs the CPU fp32 and the CPU rounding model,
-#      tests/half_round.h), `gpu_bench check` (a whole TSM-ResNet-18 step, CPU fp32
+#      tests/lib/half_round.h), `gpu_bench check` (a whole TSM-ResNet-18 step, CPU fp32
 #      vs CUDA fp32 / fp16 / bf16, the latter two with half storage), `gpu_bench
 #      rcheck` (a whole RetinaNet-R18-FPN step, CPU vs CUDA fp32),
 #   3. a TSM-ResNet-50 training step, 8 clips x 8 frames x 224^2, in fp32,

@@ -27,7 +27,7 @@
 #include <unistd.h>
 
 #include "psbench.h"
-#include "model_sizes.h"
+#include "worker/models/model_sizes.h"
 #include "ps_error.h"
 #include "ps_log.h"
 
@@ -80,7 +80,7 @@ static void usage(FILE *f)
             "                          pulls), never pushes (see ps_client.h)\n"
             "  --psd PATH              psd binary (default: next to psbench)\n"
             "  --mode ps|ring          ps (default): psd servers; ring: no servers, the\n"
-            "                          workers allreduce over a ZeroMQ ring (worker/ps_ring.h;\n"
+            "                          workers allreduce over a ZeroMQ ring (worker/comm/ps_ring.h;\n"
             "                          dense dtypes only, --servers ignored, servers=0)\n"
             "  --pump-seconds S        loopback TCP ceiling duration (default 2; 0 = skip)\n"
             "  --timeout-s S           give up on the whole run after S seconds (default 900)\n"
@@ -96,7 +96,7 @@ static void usage(FILE *f)
             "                          (P3-style); off = all pushes after X.  A step is then\n"
             "                          timed from one backward's end to the next\n"
             "  --schedule flops|params how X is split over the partitions (default flops:\n"
-            "                          by the forward MACs of their layers, bench/model_sizes.h;\n"
+            "                          by the forward MACs of their layers, worker/models/model_sizes.h;\n"
             "                          params: by their sizes; without --model: by size)\n"
             "  --pull-credit N         0 (default): one PUSHPULL per partition, the server\n"
             "                          replies in the order partitions are aggregated (last\n"

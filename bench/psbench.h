@@ -19,7 +19,7 @@ typedef struct psbench_cfg {
     int max_inflight;
     int timeout_ms;
     int check;               /* verify the final weights against closed form */
-    const char *model;       /* --model: real layout (bench/model_sizes.h), NULL: one tensor */
+    const char *model;       /* --model: real layout (worker/models/model_sizes.h), NULL: one tensor */
     double compute_ms;       /* emulated forward+backward per step (sleep), 0 = none */
     int overlap;             /* PSBENCH_OVERLAP_*: 0 off, 1 on (push each partition as
                                 its backward ends), 2 fwd (and the next forward waits

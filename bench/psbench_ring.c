@@ -1,4 +1,4 @@
-/* psbench --mode ring: the worker body for ring allreduce (worker/ps_ring.h),
+/* psbench --mode ring: the worker body for ring allreduce (worker/comm/ps_ring.h),
  * with the same layouts (--bytes or --model), compute emulation and result
  * record as the parameter-server worker (psbench_worker.c), so the two modes
  * are measured by one driver with one definition of a step.
@@ -20,11 +20,11 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "model_sizes.h"
+#include "worker/models/model_sizes.h"
 #include "ps_error.h"
 #include "ps_log.h"
 #include "psbench.h"
-#include "worker/ps_ring.h"
+#include "worker/comm/ps_ring.h"
 
 #define BUCKET_BYTES (25u << 20) /* DDP's default bucket_cap_mb */
 

@@ -9,12 +9,12 @@
 #include <unistd.h>
 
 #include "psbench.h"
-#include "model_sizes.h"
+#include "worker/models/model_sizes.h"
 #include "ps_error.h"
 #include "ps_log.h"
 #include "ps_util.h"
 #include "ps_partition.h"
-#include "worker/ps_client.h"
+#include "worker/client/ps_client.h"
 
 /* Gradient-like content (roughly normal * 1e-3): what LZ4 sees matters, and
  * constant or zero buffers would flatter it. */

@@ -1,4 +1,4 @@
-/* Bus bandwidth of the ring allreduce (worker/ps_ring.c) with W processes on
+/* Bus bandwidth of the ring allreduce (worker/comm/ps_ring.c) with W processes on
  * loopback, in the units NCCL's and gloo's benchmarks use:
  *   busbw = 2 (W-1) / W * bytes / time
  * time = median over K iterations of the slowest rank's allreduce time.
@@ -25,7 +25,7 @@
 
 #include "common/ps_error.h"
 #include "common/ps_log.h"
-#include "worker/ps_ring.h"
+#include "worker/comm/ps_ring.h"
 
 #define MAXL 8
 

@@ -1,6 +1,6 @@
 #!/bin/sh
 # Ring allreduce bus bandwidth against its peers on loopback, in one run:
-#   ours   bench/ring_bench (worker/ps_ring.c), 1 and 2 connections per neighbour,
+#   ours   bench/ring_bench (worker/comm/ps_ring.c), 1 and 2 connections per neighbour,
 #          CRC32C payload checksums on (the default); once more without them
 #   gloo   torch.distributed all_reduce, backend gloo, via /usr/bin/python3
 #   mpi    Open MPI MPI_Allreduce over TCP loopback (btl tcp,self), when

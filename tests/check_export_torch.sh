@@ -5,7 +5,7 @@
 # workers on a small generated direction dataset, BN in training mode (the
 # running statistics averaged through the server, --bn-sync), evaluates the
 # exported model.safetensors with psworker --eval --predictions, and hands
-# both to tests/check_export_torch.py, which evaluates the same file with
+# both to tests/tools/check_export_torch.py, which evaluates the same file with
 # torchvision + TSM's shift + TSM's PIL test pipeline and compares logits,
 # predictions and top-1 / top-5.  About 10-20 s on one core.
 PY=${PS_PYTHON:-/usr/bin/python3}
@@ -13,7 +13,7 @@ if ! "$PY" -c "import torch, torchvision, numpy, PIL" >/dev/null 2>&1; then
     echo "1..0 # SKIP torch / torchvision / numpy / PIL not importable by $PY"
     exit 77
 fi
-. "$(dirname "$0")/test_integration_common.sh" || { echo "Bail out! cannot read test_integration_common.sh"; exit 99; }
+. "$(dirname "$0")/lib/integration_common.sh" || { echo "Bail out! cannot read lib/integration_common.sh"; exit 99; }
 PSDATA=$top_builddir/psdata
 [ -x "$PSDATA" ] || { echo "1..0 # SKIP psdata not built"; exit 77; }
 
@@ -38,7 +38,7 @@ for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; wait "$p" 2>/dev/null; do
 PIDS=()
 "$PSW" --eval "${COMMON[@]}" --weights "$T/run/model.safetensors" --predictions "$T/pred.csv" \
     --log-level warn >"$T/eval.out" 2>"$T/eval.err" || fail_setup "psworker --eval" "$T/eval.err"
-"$PY" "$top_srcdir/tests/check_export_torch.py" --weights "$T/run/model.safetensors" --depth 18 \
+"$PY" "$top_srcdir/tests/tools/check_export_torch.py" --weights "$T/run/model.safetensors" --depth 18 \
     --shift 1 --val-list "$T/ds/val.txt" --root "$T/ds" --frames 4 --size 32 \
     --predictions "$T/pred.csv" --eval-out "$T/eval.out" --train-out "$T/run/w0.out"
 rc=$?

@@ -10,13 +10,13 @@ if ! "$PY" -c "import torch, torchvision" >/dev/null 2>&1; then
     exit 77
 fi
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/ps_retina_torch.XXXXXX") || exit 1
-if ! "$top_builddir/tests/retina_export" "$tmp/r50" 91 64; then
+if ! "$top_builddir/tests/tools/retina_export" "$tmp/r50" 91 64; then
     echo "not ok 1 - retina_export failed"
     echo "1..1"
     rm -rf "$tmp"
     exit 1
 fi
-"$PY" "$top_srcdir/tests/check_retinanet_torch.py" "$tmp/r50" | sed -n '/^1\.\./!p' >"$tmp/tap1"
+"$PY" "$top_srcdir/tests/tools/check_retinanet_torch.py" "$tmp/r50" | sed -n '/^1\.\./!p' >"$tmp/tap1"
 rc=$?
 n1=$(grep -c '^\(not \)\?ok' "$tmp/tap1")
 cat "$tmp/tap1"
@@ -32,7 +32,7 @@ if [ -x "$top_builddir/psdata" ] && [ -x "$top_builddir/psworker" ]; then
         --batch 2 --steps 1 --threads 2 --log-level warn --progress-every 0 \
         --train-json "$tmp/ds/annotations/instances_train.json" --root "$tmp/ds/train" \
         --out "$tmp/run" >"$tmp/psw.out" 2>&1 &&
-    "$top_builddir/tests/retina_export" "$tmp/r18" 3 64 18 32 "$tmp/run/model.safetensors"
+    "$top_builddir/tests/tools/retina_export" "$tmp/r18" 3 64 18 32 "$tmp/run/model.safetensors"
     r=$?
     n=$((n + 1))
     if [ $r -ne 0 ]; then
@@ -41,7 +41,7 @@ if [ -x "$top_builddir/psdata" ] && [ -x "$top_builddir/psworker" ]; then
         rc=1
     else
         echo "ok $n - psworker trained and exported retinanet-r18 (FPN 32)"
-        "$PY" "$top_srcdir/tests/check_retinanet_torch.py" "$tmp/r18" | sed -n '/^1\.\./!p' |
+        "$PY" "$top_srcdir/tests/tools/check_retinanet_torch.py" "$tmp/r18" | sed -n '/^1\.\./!p' |
             awk -v base=$n '{ if (sub(/^ok [0-9]+/, "ok " (base + (++k)))) print; \
                 else if (sub(/^not ok [0-9]+/, "not ok " (base + (++k)))) { print; bad = 1 } \
                 else print } END { exit bad }' >"$tmp/tap2"

@@ -17,7 +17,7 @@
 # that checks its children; and every report is also written to a file under
 # $PS_ASAN_DIR/reports, so one from a child a test does not wait for (a psd a
 # shell test kills at the end) fails the run too.  Leak checking is on;
-# tests/lsan.supp (committed) lists leaks in system libraries we cannot fix,
+# tests/lib/lsan.supp (committed) lists leaks in system libraries we cannot fix,
 # each with its reason.
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
@@ -97,7 +97,7 @@ done
 rm -rf reports test-suite.log tests/*.log tests/*.trs && mkdir reports
 export ASAN_OPTIONS="halt_on_error=1:abort_on_error=1:detect_leaks=1:log_path=$dir/build/reports/asan:log_exe_name=1"
 export UBSAN_OPTIONS="halt_on_error=1:abort_on_error=1:print_stacktrace=1:log_path=$dir/build/reports/ubsan:log_exe_name=1"
-export LSAN_OPTIONS="suppressions=$top/tests/lsan.supp:print_suppressions=0"
+export LSAN_OPTIONS="suppressions=$top/tests/lib/lsan.supp:print_suppressions=0"
 stage "make check ($(echo $run | wc -w) tests; left out: ${PS_ASAN_SKIP:-none})"
 timing=()
 if [ -n "${PS_ASAN_TIMES:-}" ]; then
@@ -105,7 +105,7 @@ if [ -n "${PS_ASAN_TIMES:-}" ]; then
     printf '#!/bin/sh\nexec /usr/bin/time -a -o "%s" -f "%%U %%S %%e $*" "$@"\n' \
         "$PS_ASAN_TIMES" >timed.sh
     chmod +x timed.sh
-    timing=(LOG_COMPILER="$dir/build/timed.sh /bin/bash $dir/src/tests/skip77.sh")
+    timing=(LOG_COMPILER="$dir/build/timed.sh /bin/bash $dir/src/tests/lib/skip77.sh")
 fi
 status=0
 make -j"$(nproc)" check TESTS="$run" "${timing[@]}" "$@" || status=1

@@ -7,7 +7,7 @@
 # rejected by the same comparison.  Ring mode refuses top-k / sign with the
 # reason; --compute synthetic:<model>:<ms> moves the real layout of a named
 # model through the ring and through psd and reports its bytes per step.
-. "$(dirname "$0")/test_integration_common.sh" || { echo "Bail out! cannot read test_integration_common.sh"; exit 99; }
+. "$(dirname "$0")/lib/integration_common.sh" || { echo "Bail out! cannot read lib/integration_common.sh"; exit 99; }
 
 # run_ring NWORKERS OUTDIR [psworker flags...]: all ranks of one ring, on
 # fresh loopback ports (run_workers in ring mode).

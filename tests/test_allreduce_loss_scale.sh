@@ -17,7 +17,7 @@
 #  - fp16 wire: the flag is still exact (an fp16-rounded sum would not be
 #    needed for 0/1, but the flag goes in the fp32 tail anyway) and the
 #    ranks end identical.
-. "$(dirname "$0")/test_integration_common.sh" || { echo "Bail out! cannot read test_integration_common.sh"; exit 99; }
+. "$(dirname "$0")/lib/integration_common.sh" || { echo "Bail out! cannot read lib/integration_common.sh"; exit 99; }
 
 NW=3
 B=8

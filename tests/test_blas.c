@@ -3,7 +3,7 @@
  * ps_blas_autoselect's re-exec when OpenBLAS reports a weaker core than the
  * CPU supports (simulated with PS_BLAS_FAKE_CORENAME: the program re-execs
  * itself once, and the checks run in the re-executed process). */
-#include "tests/tap.h"
+#include "tests/lib/tap.h"
 #include "worker/engine/ps_blas.h"
 #include "worker/engine/ps_engine.h"
 

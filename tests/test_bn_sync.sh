@@ -9,18 +9,18 @@
 # s <- (1-m) s + m b is linear.  Synchronised, s_K = (1-m) s_{K-1} + m mean_r b_r(K)
 # = mean_r of the unsynchronised s_r,K (same start).  So K steps with
 # --bn-sync 1 must equal the element-wise mean of the two ranks' files of the
-# same run with --bn-sync 0 (tests/bn_sync_mean), within 1e-5 (norm_rel,
-# tests/st_compare; one rounding of w - (w - local) per step), with fp16 on
+# same run with --bn-sync 0 (tests/tools/bn_sync_mean), within 1e-5 (norm_rel,
+# tests/tools/st_compare; one rounding of w - (w - local) per step), with fp16 on
 # the wire too (the statistics always travel raw fp32; both runs use the
 # same fp16-rounded weights).  With lr > 0 the two ranks' files must be
 # bit-identical (everything, statistics included).
 # Controls: without sync the ranks' statistics differ, and the sync result
 # differs from rank 0's own.
-. "$(dirname "$0")/test_integration_common.sh" || { echo "Bail out! cannot read test_integration_common.sh"; exit 99; }
+. "$(dirname "$0")/lib/integration_common.sh" || { echo "Bail out! cannot read lib/integration_common.sh"; exit 99; }
 PSDATA=$top_builddir/psdata
-MEAN=$top_builddir/tests/bn_sync_mean
+MEAN=$top_builddir/tests/tools/bn_sync_mean
 [ -x "$PSDATA" ] || { echo "1..0 # SKIP psdata not built"; exit 77; }
-[ -x "$MEAN" ] || { echo "1..0 # SKIP tests/bn_sync_mean not built"; exit 77; }
+[ -x "$MEAN" ] || { echo "1..0 # SKIP tests/tools/bn_sync_mean not built"; exit 77; }
 "$PSW" --help 2>&1 | grep -q -- '--bn-sync' || { echo "1..0 # SKIP psworker without --bn-sync"; exit 77; }
 
 K=3

@@ -8,7 +8,7 @@
 # PUSHPULL resends.  Final lines: rank 0 prints val top-1 / top-5
 # (val=here), rank 1 prints nan and val=rank0; the run's validation CSV has
 # a row per --val-every steps.
-. "$(dirname "$0")/test_integration_common.sh" || { echo "Bail out! cannot read test_integration_common.sh"; exit 99; }
+. "$(dirname "$0")/lib/integration_common.sh" || { echo "Bail out! cannot read lib/integration_common.sh"; exit 99; }
 PSDATA=$top_builddir/psdata
 [ -x "$PSDATA" ] || { echo "1..0 # SKIP psdata not built"; exit 77; }
 "$PSW" --help 2>&1 | grep -q -- '--bn-sync' || { echo "1..0 # SKIP psworker without --bn-sync"; exit 77; }

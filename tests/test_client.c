@@ -1,4 +1,4 @@
-/* Client library against scripted fake servers (tests/fake_psd.c): data
+/* Client library against scripted fake servers (tests/lib/fake_psd.c): data
  * arrives intact for every dtype x codec, front-of-model priority, retries
  * of lost requests and lost replies (no doubled update), duplicate replies
  * ignored, ERROR replies, timeouts, handle reuse, reconnect to a restarted
@@ -12,13 +12,13 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "fake_psd.h"
-#include "worker/ps_client.h"
+#include "tests/lib/fake_psd.h"
+#include "worker/client/ps_client.h"
 #include "ps_error.h"
 #include "ps_log.h"
 #include "ps_wire.h"
-#include "tests/client_testutil.h"
-#include "tests/tap.h"
+#include "tests/lib/client_testutil.h"
+#include "tests/lib/tap.h"
 
 static double now_s(void)
 {

@@ -1,5 +1,5 @@
 /* Client library, issue 7 and 9 parts, against the fake psd
- * (tests/fake_psd.c, which applies w -= g with lr 1 for one worker):
+ * (tests/lib/fake_psd.c, which applies w -= g with lr 1 for one worker):
  *  - top-k / sign pushes with error feedback: what the server applied plus
  *    the final residual equals the sum of the gradients (the EF identity,
  *    checked against sums computed here in double);
@@ -18,13 +18,13 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "fake_psd.h"
-#include "worker/ps_client.h"
+#include "tests/lib/fake_psd.h"
+#include "worker/client/ps_client.h"
 #include "ps_error.h"
 #include "ps_log.h"
 #include "ps_wire.h"
-#include "tests/client_testutil.h"
-#include "tests/tap.h"
+#include "tests/lib/client_testutil.h"
+#include "tests/lib/tap.h"
 
 static ps_client_t *connect_ef(const ps_partition_table_t *t, fake_psd_t *f, ps_dtype_t dt,
                                ps_codec_t codec, float ratio, int ef_rounding, int retry_ms,

@@ -9,7 +9,7 @@
 
 #include "ps_error.h"
 #include "ps_log.h"
-#include "tests/tap.h"
+#include "tests/lib/tap.h"
 #include "worker/det/coco_eval.h"
 #include "worker/det/coco_json.h"
 

@@ -5,9 +5,9 @@
 #include "ps_error.h"
 #include "ps_half.h"
 #include "ps_log.h"
-#include "tests/tap.h"
+#include "tests/lib/tap.h"
 #define CODEC_TEST_SEED 0x452821e638d01377ull
-#include "tests/codec_testutil.h"
+#include "tests/lib/codec_testutil.h"
 
 #include <float.h>
 #include <math.h>

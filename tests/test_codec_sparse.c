@@ -11,9 +11,9 @@
 #include "ps_error.h"
 #include "ps_half.h"
 #include "ps_log.h"
-#include "tests/tap.h"
+#include "tests/lib/tap.h"
 #define CODEC_TEST_SEED 0x2545f4914f6cdd1dull
-#include "tests/codec_testutil.h"
+#include "tests/lib/codec_testutil.h"
 
 #include <float.h>
 #include <math.h>

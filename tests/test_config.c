@@ -2,7 +2,7 @@
  * messages naming the flag or file:line, --help, positional arguments. */
 #include "ps_config.h"
 #include "ps_error.h"
-#include "tests/tap.h"
+#include "tests/lib/tap.h"
 
 #include <stdarg.h>
 #include <stdint.h>

@@ -3,7 +3,7 @@
  * hardware path against the table path on every length 0..300 at every
  * alignment, plus long buffers that cross the 3-way interleave blocks. */
 #include "ps_crc32c.h"
-#include "tests/tap.h"
+#include "tests/lib/tap.h"
 
 #include <stdint.h>
 #include <string.h>

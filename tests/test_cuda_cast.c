@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "ps_half.h"
-#include "tests/tap.h"
+#include "tests/lib/tap.h"
 #include "worker/engine/cuda/ps_cuda.h"
 
 static uint32_t bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }

@@ -16,7 +16,7 @@
  *     order, then rounded to float) and focal backward (double exp / pow /
  *     log1p of the GPU's libm: a few double ulps before the float rounding).
  * Far below the 1e-4 a wrong formula or index would exceed. */
-#include "tests/tap.h"
+#include "tests/lib/tap.h"
 #include "worker/det/det_layers.h"
 #include "worker/engine/cuda/ps_cuda.h"
 #include "worker/engine/cuda/ps_cuda_backend.h"

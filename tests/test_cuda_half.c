@@ -19,8 +19,8 @@
  * scale; tol is ~20u (fp16) / ~8u (bf16).  Max pooling gets inputs already
  * rounded to the precision on both sides, so its forward and argmax are
  * exact (ties included).  The worst error of each comparison is printed. */
-#include "tests/tap.h"
-#include "tests/cuda_testutil.h"
+#include "tests/lib/tap.h"
+#include "tests/lib/cuda_testutil.h"
 #include "worker/engine/cuda/ps_cuda.h"
 #include "ps_error.h"
 #include "ps_half.h"

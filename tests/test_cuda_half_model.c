@@ -2,7 +2,7 @@
  * x 32^2, 10 classes, dropout 0.5) with half storage of the activations
  * (fp16, bf16) on the CUDA backend against two CPU models with the same
  * weights, input, labels and dropout seed: the fp32 CPU model, and the CPU
- * ROUNDING model (tests/half_round.h: the CPU layers rounded to fp16/bf16
+ * ROUNDING model (tests/lib/half_round.h: the CPU layers rounded to fp16/bf16
  * exactly where the CUDA backend stores half -- the error half storage
  * makes inherently).  Loss, logits, every parameter gradient and the BN
  * running statistics; BN in TRAIN and in TSM's PARTIAL mode; loss scale
@@ -30,8 +30,8 @@
  * (max |g| x 65536 > 65504, measured on the CPU): CUDA must show the
  * overflow (a non-finite gradient) whenever the rounding model does, which
  * is what the dynamic loss scaler acts on. */
-#include "tests/half_round.h"
-#include "tests/tap.h"
+#include "tests/lib/half_round.h"
+#include "tests/lib/tap.h"
 #include "worker/engine/cuda/ps_cuda.h"
 #include "worker/engine/cuda/ps_cuda_backend.h"
 #include "worker/engine/ps_engine.h"

@@ -15,8 +15,8 @@
  *     softmax), i.e. a relative error far below 1e-4 of the tensor's scale.
  * The worst error of every comparison is printed (diag) so the first GPU
  * session can see how much headroom there is. */
-#include "tests/tap.h"
-#include "tests/cuda_testutil.h"
+#include "tests/lib/tap.h"
+#include "tests/lib/cuda_testutil.h"
 #include "worker/engine/cuda/ps_cuda.h"
 #include "ps_error.h"
 #include "worker/engine/cuda/ps_cuda_backend.h"

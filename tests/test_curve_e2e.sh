@@ -13,7 +13,7 @@ for b in "$PSD" "$PSCTL"; do
 done
 "$PSD" --help 2>&1 | grep -q -- '--curve-allow' || { echo "1..0 # SKIP psd without --curve"; exit 77; }
 
-. "$(dirname "$0")/tap_lib.sh" || { echo "Bail out! cannot read tap_lib.sh"; exit 99; }
+. "$(dirname "$0")/lib/tap_lib.sh" || { echo "Bail out! cannot read lib/tap_lib.sh"; exit 99; }
 tap_lib_init curve
 
 if ! "$PSCTL" keygen "$T/srv" >"$T/kg.out" 2>&1; then

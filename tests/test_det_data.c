@@ -12,7 +12,7 @@
 
 #include "ps_error.h"
 #include "ps_log.h"
-#include "tests/tap.h"
+#include "tests/lib/tap.h"
 #include "worker/data/ps_image.h"
 #include "worker/data/ps_video.h"
 #include "worker/det/det_boxes.h"

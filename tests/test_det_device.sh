@@ -6,7 +6,7 @@
 # and the model's CUDA detection layers) trains the same 3 steps as the CPU:
 # weights within 2e-3 of each tensor's scale (tests/test_integration_device.sh's
 # bound: cuDNN/cuBLAS and the CUDA losses sum in another order).
-. "$(dirname "$0")/test_integration_common.sh" || { echo "Bail out! cannot read test_integration_common.sh"; exit 99; }
+. "$(dirname "$0")/lib/integration_common.sh" || { echo "Bail out! cannot read lib/integration_common.sh"; exit 99; }
 PSDATA=$top_builddir/psdata
 [ -x "$PSDATA" ] || { echo "1..0 # SKIP psdata not built"; exit 77; }
 

@@ -5,7 +5,7 @@
 # map= ap50= ap75=; rank 0's export evaluated by psworker --eval gives rank
 # 0's own numbers; one worker through psd equals --standalone (frozen BN:
 # the same arithmetic); bad annotations are a clear error.
-. "$(dirname "$0")/test_integration_common.sh" || { echo "Bail out! cannot read test_integration_common.sh"; exit 99; }
+. "$(dirname "$0")/lib/integration_common.sh" || { echo "Bail out! cannot read lib/integration_common.sh"; exit 99; }
 PSDATA=$top_builddir/psdata
 [ -x "$PSDATA" ] || { echo "1..0 # SKIP psdata not built"; exit 77; }
 

@@ -11,7 +11,7 @@
 
 #include "ps_error.h"
 #include "ps_log.h"
-#include "tests/tap.h"
+#include "tests/lib/tap.h"
 #include "worker/det/coco_json.h"
 #include "worker/det/gen_det.h"
 

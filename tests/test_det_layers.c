@@ -7,8 +7,8 @@
 #include <string.h>
 
 #include "ps_error.h"
-#include "tests/golden_io.h"
-#include "tests/tap.h"
+#include "tests/lib/golden_io.h"
+#include "tests/lib/tap.h"
 #include "worker/det/det_boxes.h"
 #include "worker/det/det_layers.h"
 

@@ -17,7 +17,7 @@
 #include "ps_ef.h"
 #include "ps_error.h"
 #include "ps_log.h"
-#include "tests/tap.h"
+#include "tests/lib/tap.h"
 
 #define N 300
 #define STEPS 30

@@ -1,5 +1,5 @@
 #include "ps_error.h"
-#include "tests/tap.h"
+#include "tests/lib/tap.h"
 #include <string.h>
 
 int main(void)

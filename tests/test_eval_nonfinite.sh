@@ -6,7 +6,7 @@
 # nonfinite=<all videos> on the final line and pred=-1 in the predictions;
 # one NaN element of fc.bias (one class's logit NaN for every video) the
 # same.  Control: the unpatched file gives finite numbers and no nonfinite=.
-. "$(dirname "$0")/test_integration_common.sh" || { echo "Bail out! cannot read test_integration_common.sh"; exit 99; }
+. "$(dirname "$0")/lib/integration_common.sh" || { echo "Bail out! cannot read lib/integration_common.sh"; exit 99; }
 PSDATA=$top_builddir/psdata
 [ -x "$PSDATA" ] || { echo "1..0 # SKIP psdata not built"; exit 77; }
 command -v od >/dev/null && command -v dd >/dev/null || { echo "1..0 # SKIP od / dd missing"; exit 77; }

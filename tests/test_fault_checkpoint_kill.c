@@ -18,8 +18,8 @@
 #include <poll.h>
 
 #pragma GCC diagnostic ignored "-Wunused-function" /* psd_testlib.h helpers not used here */
-#include "psd_testlib.h"
-#include "tests/tap.h"
+#include "tests/lib/psd_testlib.h"
+#include "tests/lib/tap.h"
 
 #define N (2u << 20) /* 8 MiB of fp32 weights */
 #define PBYTES (2u << 20)

@@ -10,9 +10,9 @@
 #include <sys/wait.h>
 
 #pragma GCC diagnostic ignored "-Wunused-function" /* psd_testlib.h helpers this test does not use */
-#include "psd_testlib.h"
-#include "tests/fault_lib.h"
-#include "tests/tap.h"
+#include "tests/lib/psd_testlib.h"
+#include "tests/lib/fault_lib.h"
+#include "tests/lib/tap.h"
 
 #define NW 32
 #define STEPS 600

@@ -1,8 +1,8 @@
 #!/bin/sh
 # Network faults (issue 9): two network namespaces joined by a veth pair,
 # two psd in one (10.213.N.1), the workers in the other (rank 0 from
-# 10.213.N.2, rank 1 from 10.213.N.3), driven by tests/fault_worker (the raw
-# sync worker of tests/fault_lib.h; rank-dependent gradients, so the final
+# 10.213.N.2, rank 1 from 10.213.N.3), driven by tests/tools/fault_worker (the raw
+# sync worker of tests/lib/fault_lib.h; rank-dependent gradients, so the final
 # weights are exact only if every push of every rank was applied once).
 #  (a) partition: nftables in the servers' namespace drops everything
 #      between rank 1 and server 1 for 3 s mid-job, then is removed; the job
@@ -17,7 +17,7 @@
 # failure.  Only addresses inside the namespaces created here are used.
 B=${top_builddir:-.}
 PSD=$B/psd
-FW=$B/tests/fault_worker
+FW=$B/tests/tools/fault_worker
 N=0
 fail=0
 t() { N=$((N + 1)); if [ "$1" = 0 ]; then echo "ok $N - $2"; else echo "not ok $N - $2"; fail=1; fi; }
@@ -26,7 +26,7 @@ skip() { echo "1..0 # SKIP $*"; exit 77; }
 [ "$(id -u)" = 0 ] || skip "needs root"
 command -v ip >/dev/null 2>&1 || skip "no ip(8)"
 command -v nft >/dev/null 2>&1 || skip "no nft(8)"
-[ -x "$PSD" ] && [ -x "$FW" ] || skip "psd or tests/fault_worker not built"
+[ -x "$PSD" ] && [ -x "$FW" ] || skip "psd or tests/tools/fault_worker not built"
 
 ID=$$
 NSA=psdfA$ID NSB=psdfB$ID

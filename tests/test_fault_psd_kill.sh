@@ -17,7 +17,7 @@
 # momentum are exact fp32 copies, and a step's data depends only on the
 # step, so the steps redone are the same arithmetic; one lost or doubled
 # step would show as ~1e-3.
-. "$(dirname "$0")/test_integration_common.sh" || { echo "Bail out! cannot read test_integration_common.sh"; exit 99; }
+. "$(dirname "$0")/lib/integration_common.sh" || { echo "Bail out! cannot read lib/integration_common.sh"; exit 99; }
 
 B=8
 STEPS=140

@@ -14,8 +14,8 @@
  *  - an async psd refuses ROLLBACK with PS_EUNSUPPORTED. */
 #include <math.h>
 
-#include "psd_testlib.h"
-#include "tests/tap.h"
+#include "tests/lib/psd_testlib.h"
+#include "tests/lib/tap.h"
 
 #define NT 2
 static const ps_tensor_spec_t TS[NT] = {{"fc.weight", 300, 0}, {"fc.bias", 20, 1}};

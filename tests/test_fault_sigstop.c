@@ -21,9 +21,9 @@
 #include <sys/wait.h>
 
 #pragma GCC diagnostic ignored "-Wunused-function" /* psd_testlib.h helpers not used here */
-#include "psd_testlib.h"
-#include "tests/fault_lib.h"
-#include "tests/tap.h"
+#include "tests/lib/psd_testlib.h"
+#include "tests/lib/fault_lib.h"
+#include "tests/lib/tap.h"
 
 #define NW 4
 #define STEPS 1000

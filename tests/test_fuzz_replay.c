@@ -27,7 +27,7 @@
 #undef PS_FUZZ_ENTRY
 #endif
 
-#include "tests/tap.h"
+#include "tests/lib/tap.h"
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -16,7 +16,7 @@
  * from their kinks so the difference never straddles one.
  * Also checked: parameter gradients ACCUMULATE (backward twice -> 2x) while
  * input gradients are OVERWRITTEN (backward twice -> same). */
-#include "tests/tap.h"
+#include "tests/lib/tap.h"
 #include "worker/engine/layers/cpu_layers.h"
 #include "worker/engine/ps_blas.h"
 #include "worker/engine/ps_engine.h"

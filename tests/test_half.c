@@ -4,7 +4,7 @@
  * PyTorch's conversions (tests/golden/half_cases.bin), and the scalar path vs
  * the F16C/AVX2 path bit for bit. */
 #include "ps_half.h"
-#include "tests/tap.h"
+#include "tests/lib/tap.h"
 
 #include <float.h>
 #include <math.h>

@@ -1,7 +1,7 @@
 /* The error half storage of activations makes INHERENTLY (issue 5), on the
  * CPU, no GPU: the small TSM-ResNet-18 of tests/test_cuda_half_model.c
  * (width 16, 2 clips x 8 frames x 32^2, 10 classes, dropout 0.5, BN train
- * and partial) run through the rounding backend (tests/half_round.h: the
+ * and partial) run through the rounding backend (tests/lib/half_round.h: the
  * CPU layers, rounded to fp16 / bf16 exactly where the CUDA backend stores
  * half) against the plain CPU fp32 model, at loss scale 1024 (what
  * psworker and the GPU test use) and 65536 (PyTorch AMP's start).
@@ -18,8 +18,8 @@
  * Also measured: how much a 1-ulp fp32 perturbation of the input moves the
  * rounded model (the "noise floor" that summation-order differences
  * between the GPU and this reference can be expected to reach). */
-#include "tests/half_round.h"
-#include "tests/tap.h"
+#include "tests/lib/half_round.h"
+#include "tests/lib/tap.h"
 #include "worker/engine/ps_engine.h"
 #include "worker/models/ps_model.h"
 #include "ps_error.h"

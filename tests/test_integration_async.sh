@@ -6,7 +6,7 @@
 # check is convergence, not equality.  One worker is slowed down so that
 # the others really run ahead of it (staleness happens, and with k=2 some
 # of its gradients may be refused as too stale and dropped).
-. "$(dirname "$0")/test_integration_common.sh" || { echo "Bail out! cannot read test_integration_common.sh"; exit 99; }
+. "$(dirname "$0")/lib/integration_common.sh" || { echo "Bail out! cannot read lib/integration_common.sh"; exit 99; }
 
 COMMON=(--steps 150 --batch 8 --lr 0.05 --momentum 0.9 --partition-bytes 2048
         --seed 7 --data-seed 3)

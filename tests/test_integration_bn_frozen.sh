@@ -13,7 +13,7 @@
 # server vs one mean), ~1e-7 relative per step.
 # Control: the same comparison with --bn train (per-worker batch statistics)
 # must fail, so the check can tell the two apart.
-. "$(dirname "$0")/test_integration_common.sh" || { echo "Bail out! cannot read test_integration_common.sh"; exit 99; }
+. "$(dirname "$0")/lib/integration_common.sh" || { echo "Bail out! cannot read lib/integration_common.sh"; exit 99; }
 PSDATA=$top_builddir/psdata
 [ -x "$PSDATA" ] || { echo "1..0 # SKIP psdata not built"; exit 77; }
 "$PSW" --help 2>&1 | grep -q -- '--bn ' || { echo "1..0 # SKIP psworker without --bn"; exit 77; }

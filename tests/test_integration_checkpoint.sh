@@ -8,7 +8,7 @@
 #  - rank 0's final weights equal the uninterrupted standalone run's within
 #    the fp32 tolerance of test_integration_sync.sh (max |a-b| / max |b| per
 #    tensor <= 1e-6; one lost or doubled step would be ~1e-3).
-. "$(dirname "$0")/test_integration_common.sh" || { echo "Bail out! cannot read test_integration_common.sh"; exit 99; }
+. "$(dirname "$0")/lib/integration_common.sh" || { echo "Bail out! cannot read lib/integration_common.sh"; exit 99; }
 
 B=8
 STEPS=120

@@ -13,7 +13,7 @@
 #    (max relative difference <= 1e-6, as in test_integration_sync.sh), so
 #    encryption changes nothing in the numbers.  A worker without keys gets
 #    no answer from a CURVE server and fails (timeout) instead of training.
-. "$(dirname "$0")/test_integration_common.sh" || { echo "Bail out! cannot read test_integration_common.sh"; exit 99; }
+. "$(dirname "$0")/lib/integration_common.sh" || { echo "Bail out! cannot read lib/integration_common.sh"; exit 99; }
 
 B=8
 COMMON=(--steps 120 --lr 0.05 --momentum 0.9 --partition-bytes 2048 --seed 7 --data-seed 3)

@@ -7,7 +7,7 @@
 # tensor's scale (cuDNN/cuBLAS sum in another order; docs/cuda.md's
 # whole-step gradients agree to ~1e-3 of a tensor's max, and 3 small SGD
 # steps do not amplify that), loss finite.
-. "$(dirname "$0")/test_integration_common.sh" || { echo "Bail out! cannot read test_integration_common.sh"; exit 99; }
+. "$(dirname "$0")/lib/integration_common.sh" || { echo "Bail out! cannot read lib/integration_common.sh"; exit 99; }
 PSDATA=$top_builddir/psdata
 [ -x "$PSDATA" ] || { echo "1..0 # SKIP psdata not built"; exit 77; }
 "$PSW" --help 2>&1 | grep -q -- '--device ' || { echo "1..0 # SKIP psworker without --device"; exit 77; }

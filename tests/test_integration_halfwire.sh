@@ -17,7 +17,7 @@
 # 2.9e-4 relative in the emulation: it must stay within 2e-3.
 # A wrong codec (e.g. bytes swapped, a dropped partition, fp16 read as
 # bf16) moves weights by O(1) and fails both checks.
-. "$(dirname "$0")/test_integration_common.sh" || { echo "Bail out! cannot read test_integration_common.sh"; exit 99; }
+. "$(dirname "$0")/lib/integration_common.sh" || { echo "Bail out! cannot read lib/integration_common.sh"; exit 99; }
 
 B=8
 STEPS=50

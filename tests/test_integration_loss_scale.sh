@@ -16,7 +16,7 @@
 #  - without an overflow, dynamic scaling gives the weights of no scaling,
 #    bit for bit (powers of two);
 #  - bad --loss-scale / --precision values are refused with exit 2.
-. "$(dirname "$0")/test_integration_common.sh" || { echo "Bail out! cannot read test_integration_common.sh"; exit 99; }
+. "$(dirname "$0")/lib/integration_common.sh" || { echo "Bail out! cannot read lib/integration_common.sh"; exit 99; }
 
 B=8
 STEPS=12

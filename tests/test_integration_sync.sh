@@ -12,7 +12,7 @@
 # after 50 and 120 steps; a lost or doubled update shows as ~1e-3.
 # (A per-element |a-b|/|b| is no measure for weights that cross zero; the
 # per-element figure with a floor is printed for information.)
-. "$(dirname "$0")/test_integration_common.sh" || { echo "Bail out! cannot read test_integration_common.sh"; exit 99; }
+. "$(dirname "$0")/lib/integration_common.sh" || { echo "Bail out! cannot read lib/integration_common.sh"; exit 99; }
 
 B=8
 STEPS=50

@@ -8,7 +8,7 @@
 # (per-worker batch statistics differ otherwise): tests/test_integration_bn_frozen.sh
 # checks it with --bn frozen; the data half of it (same samples, same pixels)
 # is checked in tests/test_video_data.c.
-. "$(dirname "$0")/test_integration_common.sh" || { echo "Bail out! cannot read test_integration_common.sh"; exit 99; }
+. "$(dirname "$0")/lib/integration_common.sh" || { echo "Bail out! cannot read lib/integration_common.sh"; exit 99; }
 PSDATA=$top_builddir/psdata
 [ -x "$PSDATA" ] || { echo "1..0 # SKIP psdata not built"; exit 77; }
 

@@ -3,8 +3,8 @@
  * Outputs are poisoned with NaN before each call so an element a layer
  * forgot to write shows up; parameter gradients start from a non-zero
  * value to check they are accumulated, not overwritten. */
-#include "tests/golden_io.h"
-#include "tests/tap.h"
+#include "tests/lib/golden_io.h"
+#include "tests/lib/tap.h"
 #include "worker/engine/layers/cpu_layers.h"
 #include "worker/engine/ps_blas.h"
 #include "worker/engine/ps_engine.h"
@@ -16,7 +16,7 @@
 #include <omp.h>
 #endif
 
-/* ---- golden file (tests/golden_io.h) ---------------------------------- */
+/* ---- golden file (tests/lib/golden_io.h) ---------------------------------- */
 
 typedef golden_rec_t rec_t;
 

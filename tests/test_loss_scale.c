@@ -3,7 +3,7 @@
  * skipped step and halved scale, growth after N clean steps, bounds, and a
  * simulated cluster of workers where one worker's overflow skips the step
  * for all of them and every worker keeps the same scale and weights. */
-#include "tests/tap.h"
+#include "tests/lib/tap.h"
 #include "worker/engine/ps_loss_scale.h"
 #include "ps_error.h"
 #include "ps_wire.h"

@@ -19,7 +19,7 @@
  * Controls (the checks can fail): a hook that "forgets" to release fc makes
  * the logits differ; the stem's gradient copied at fc's grad_ready (too
  * early) differs from the final one. */
-#include "tests/tap.h"
+#include "tests/lib/tap.h"
 #include "worker/models/ps_model.h"
 
 #include "ps_log.h"

@@ -4,8 +4,8 @@
  * fc replacement when the class count differs (TSM fine-tuning), and
  * refusal of bad files without touching the model.  The other direction
  * (C-written file into torchvision) is tests/check_model_torch.sh. */
-#include "tests/model_check.h" /* srcdir() */
-#include "tests/tap.h"
+#include "tests/lib/model_check.h" /* srcdir() */
+#include "tests/lib/tap.h"
 #include "worker/models/ps_model.h"
 
 #include "ps_error.h"

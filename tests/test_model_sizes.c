@@ -1,4 +1,4 @@
-/* bench/model_sizes.c against torchvision (tests/golden/model_sizes.txt,
+/* worker/models/model_sizes.c against torchvision (tests/golden/model_sizes.txt,
  * from tests/golden/gen_model_sizes.py): every tensor's name and size, in
  * model order, for each model psbench --model accepts; then the per-layer
  * MACs behind psbench's compute schedule against closed forms and the
@@ -8,8 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tap.h"
-#include "bench/model_sizes.h"
+#include "tests/lib/tap.h"
+#include "worker/models/model_sizes.h"
 #include "ps_error.h"
 
 static double rel(double a, double b)

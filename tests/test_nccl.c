@@ -24,9 +24,9 @@
 
 #include "common/ps_error.h"
 #include "common/ps_log.h"
-#include "tests/tap.h"
+#include "tests/lib/tap.h"
 #include "worker/engine/cuda/ps_cuda.h"
-#include "worker/engine/cuda/ps_nccl.h"
+#include "worker/comm/ps_nccl.h"
 
 #define COUNT ((size_t)1 << 20 | 5) /* odd: no dtype gets a round size */
 #define CHILD_ALARM_S 90            /* a hung rank is killed, never waited for */

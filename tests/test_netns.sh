@@ -6,8 +6,8 @@
 srcdir=${top_srcdir:-.}
 b=${top_builddir:-.}
 nd=$srcdir/deploy/netns
-pump=$b/tests/netns_pump
-. "$srcdir/tests/netns_lib.sh" || { echo "Bail out! cannot read netns_lib.sh"; exit 99; }
+pump=$b/tests/tools/netns_pump
+. "$srcdir/tests/lib/netns_lib.sh" || { echo "Bail out! cannot read netns_lib.sh"; exit 99; }
 netns_require ip tc nft
 [ -x "$pump" ] || { echo "1..0 # SKIP $pump not built"; exit 77; }
 prefix=psnt$$

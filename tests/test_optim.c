@@ -6,7 +6,7 @@
 #include "ps_log.h"
 #include "ps_optim.h"
 #include "ps_partition.h"
-#include "tests/tap.h"
+#include "tests/lib/tap.h"
 
 #include <stdint.h>
 #include <string.h>

@@ -13,7 +13,7 @@
 # A psd SIGKILL mid-run with --overlap on (rollback through the hooks) ends
 # with the fault-free run's weights, bit for bit.
 # Control: one step fewer gives a different file (the comparison can fail).
-. "$(dirname "$0")/test_integration_common.sh" || { echo "Bail out! cannot read test_integration_common.sh"; exit 99; }
+. "$(dirname "$0")/lib/integration_common.sh" || { echo "Bail out! cannot read lib/integration_common.sh"; exit 99; }
 PSDATA=$top_builddir/psdata
 [ -x "$PSDATA" ] || { echo "1..0 # SKIP psdata not built"; exit 77; }
 "$PSW" --help 2>&1 | grep -q -- '--overlap' || { echo "1..0 # SKIP psworker without --overlap"; exit 77; }

@@ -10,7 +10,7 @@
 #include <time.h>
 
 #include "ps_error.h"
-#include "tap.h"
+#include "tests/lib/tap.h"
 #include "worker/data/ps_prefetch.h"
 
 #define MAXB 256

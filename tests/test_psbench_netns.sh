@@ -8,7 +8,7 @@
 srcdir=${top_srcdir:-.}
 b=${top_builddir:-.}
 nd=$srcdir/deploy/netns
-. "$srcdir/tests/netns_lib.sh" || { echo "Bail out! cannot read netns_lib.sh"; exit 99; }
+. "$srcdir/tests/lib/netns_lib.sh" || { echo "Bail out! cannot read netns_lib.sh"; exit 99; }
 netns_require ip tc
 if [ ! -x "$b/psbench" ] || [ ! -x "$b/psd" ]; then
     echo "1..0 # SKIP psbench or psd not built in $b"

@@ -2,20 +2,20 @@
 # psctl against a running cluster on loopback: 2 psd shards + 1 smoke
 # psworker on free ports; status / checkpoint / export / shutdown, keygen,
 # and the failure paths (dead server, missing spec, bad usage).  TAP output;
-# 77 (skip) until psd, psworker, psctl and tests/st_compare are built.
+# 77 (skip) until psd, psworker, psctl and tests/tools/st_compare are built.
 # Every process started here is stopped by its pid when the test exits.
 set -u
 top_builddir=${top_builddir:-.}
 PSD=$top_builddir/psd
 PSW=$top_builddir/psworker
 PSCTL=$top_builddir/psctl
-STC=$top_builddir/tests/st_compare
+STC=$top_builddir/tests/tools/st_compare
 PY=${PS_PYTHON:-/usr/bin/python3}
 for b in "$PSD" "$PSW" "$PSCTL" "$STC"; do
     [ -x "$b" ] || { echo "1..0 # SKIP $b not built"; exit 77; }
 done
 
-. "$(dirname "$0")/tap_lib.sh" || { echo "Bail out! cannot read tap_lib.sh"; exit 99; }
+. "$(dirname "$0")/lib/tap_lib.sh" || { echo "Bail out! cannot read lib/tap_lib.sh"; exit 99; }
 tap_lib_init psctl
 
 # ---- keygen ---------------------------------------------------------------

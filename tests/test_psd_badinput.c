@@ -11,8 +11,8 @@
 #include <sys/socket.h>
 
 #include "ps_crc32c.h"
-#include "psd_testlib.h"
-#include "tests/tap.h"
+#include "tests/lib/psd_testlib.h"
+#include "tests/lib/tap.h"
 
 #define NT 2
 static const ps_tensor_spec_t TS[NT] = {{"conv.weight", 150, 0}, {"conv.bias", 30, 0}};

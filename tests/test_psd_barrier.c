@@ -21,8 +21,8 @@
  *    resend), rather than waiting for rank 0 forever.
  * 4. A restarted worker (test_rejoin). */
 #pragma GCC diagnostic ignored "-Wunused-function" /* psd_testlib.h helpers not used here */
-#include "psd_testlib.h"
-#include "tests/tap.h"
+#include "tests/lib/psd_testlib.h"
+#include "tests/lib/tap.h"
 
 static const ps_tensor_spec_t TS[1] = {{"w", 16, 0}};
 #define N 16

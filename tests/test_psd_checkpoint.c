@@ -9,8 +9,8 @@
 #include <math.h>
 
 #include "ps_safetensors.h"
-#include "psd_testlib.h"
-#include "tests/tap.h"
+#include "tests/lib/psd_testlib.h"
+#include "tests/lib/tap.h"
 
 #define NT 2
 static const ps_tensor_spec_t TS[NT] = {{"fc.weight", 300, 0}, {"fc.bias", 20, 1}};

@@ -5,8 +5,8 @@
  * PS_EAUTH and accepted from the admin key.  psd refuses to start in CURVE
  * mode without usable keys.  Also the per-peer cap on waiting requests
  * (--max-peer-inflight): the peer over it gets PS_EAGAIN, others go on. */
-#include "psd_testlib.h"
-#include "tests/tap.h"
+#include "tests/lib/psd_testlib.h"
+#include "tests/lib/tap.h"
 
 static const ps_tensor_spec_t TS[1] = {{"w", 16, 0}};
 #define N 16

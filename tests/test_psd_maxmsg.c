@@ -18,8 +18,8 @@
  *     largest owned partition. */
 #include <math.h>
 
-#include "psd_testlib.h"
-#include "tests/tap.h"
+#include "tests/lib/psd_testlib.h"
+#include "tests/lib/tap.h"
 
 #define N (1u << 20) /* 4 MiB of fp32: psd's default --max-partition-bytes */
 #define HDR_BOUND (256u << 10) /* PS_WIRE_MAX_HEADER */

@@ -7,8 +7,8 @@
  * weights), and --on-worker-loss=wait (the step waits for it). */
 #include <math.h>
 
-#include "psd_testlib.h"
-#include "tests/tap.h"
+#include "tests/lib/psd_testlib.h"
+#include "tests/lib/tap.h"
 
 static const ps_tensor_spec_t TS[1] = {{"w", 40, 0}};
 #define N 40

@@ -8,8 +8,8 @@
 #include <math.h>
 #include <poll.h>
 
-#include "psd_testlib.h"
-#include "tests/tap.h"
+#include "tests/lib/psd_testlib.h"
+#include "tests/lib/tap.h"
 
 #define W 3
 #define NT 3

@@ -8,8 +8,8 @@
  * SGD update; (3) a PULL after the update sees the new weights. */
 #include <math.h>
 
-#include "psd_testlib.h"
-#include "tests/tap.h"
+#include "tests/lib/psd_testlib.h"
+#include "tests/lib/tap.h"
 
 #define N ((1u << 20) + 1000) /* 4 MiB partition: large enough to stay queued;
                                   * not a multiple of psd's 8192-element chunks */

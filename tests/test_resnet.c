@@ -38,8 +38,8 @@
  *   few as 8 values).
  * An error in any layer (wrong stride, shift direction, BN mode, missing
  * gradient term) moves these by orders of magnitude more. */
-#include "tests/model_check.h"
-#include "tests/tap.h"
+#include "tests/lib/model_check.h"
+#include "tests/lib/tap.h"
 #include "worker/models/ps_model.h"
 
 #include "ps_error.h"

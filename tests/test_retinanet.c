@@ -17,8 +17,8 @@
  * (0.25 + 3*noise_max)*rms, where noise_* is PyTorch's own float32 error
  * recorded in the golden.  BN is frozen here, so the float32 noise is far
  * below the ResNet's. */
-#include "tests/model_check.h"
-#include "tests/tap.h"
+#include "tests/lib/model_check.h"
+#include "tests/lib/tap.h"
 #include "worker/det/det_boxes.h"
 #include "worker/models/ps_retinanet.h"
 

@@ -8,7 +8,7 @@
  * table that does not match the backend ("cuda" layers with the CPU
  * backend) is refused at create with PS_EINVAL, not run.  The CUDA copy
  * itself is compared with the CPU on a GPU by bench/gpu_bench rcheck. */
-#include "tests/tap.h"
+#include "tests/lib/tap.h"
 #include "worker/det/det_layers.h"
 #include "worker/models/ps_retinanet.h"
 

@@ -1,4 +1,4 @@
-/* Ring allreduce (worker/ps_ring.c): W = 2, 3, 4 ranks as threads on
+/* Ring allreduce (worker/comm/ps_ring.c): W = 2, 3, 4 ranks as threads on
  * loopback.  References are independent of the ring: the double-precision
  * sum of the inputs (with the rounding bound each wire dtype allows), exact
  * sums of integer-valued inputs, bit equality across ranks, a missing rank,
@@ -24,8 +24,8 @@
 #include "common/ps_log.h"
 #include "common/ps_optim.h"
 #include "common/ps_partition.h"
-#include "tests/tap.h"
-#include "worker/ps_ring.h"
+#include "tests/lib/tap.h"
+#include "worker/comm/ps_ring.h"
 
 #define MAXW 4
 #define MAXCASES 16

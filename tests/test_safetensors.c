@@ -2,13 +2,13 @@
  * exact bytes of a writer output against a hand-written expectation, round
  * trip of every dtype, rejection of malformed headers, truncation at every
  * byte and byte-mutation fuzzing (must fail cleanly, never crash), crash-safe
- * save, and interop with torch through tests/check_safetensors_torch.py.
+ * save, and interop with torch through tests/tools/check_safetensors_torch.py.
  *
  * `test_safetensors --write-interop PATH` only writes the interop file. */
 #include "ps_error.h"
 #include "ps_log.h"
 #include "ps_safetensors.h"
-#include "tests/tap.h"
+#include "tests/lib/tap.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -516,7 +516,7 @@ static void test_torch_interop(const char *dir)
 {
     const char *py = getenv("PS_PYTHON");
     char path[1024], script[1024], cmd[3200], err[256];
-    snprintf(script, sizeof script, "%s/tests/check_safetensors_torch.py", srcdir());
+    snprintf(script, sizeof script, "%s/tests/tools/check_safetensors_torch.py", srcdir());
     if (!py || !*py || access(script, R_OK)) {
         ok(1, "# SKIP torch interop: PS_PYTHON unset or %s missing", script);
         return;

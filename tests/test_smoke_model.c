@@ -5,9 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tap.h"
-#include "worker/smoke_data.h"
-#include "worker/smoke_model.h"
+#include "tests/lib/tap.h"
+#include "worker/psworker/smoke_data.h"
+#include "worker/psworker/smoke_model.h"
 
 static double rnd(unsigned *s)
 {

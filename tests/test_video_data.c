@@ -15,7 +15,7 @@
 
 #include "ps_error.h"
 #include "ps_log.h"
-#include "tap.h"
+#include "tests/lib/tap.h"
 #include "worker/data/ps_image.h"
 #include "worker/data/ps_video.h"
 #include "worker/data/video_gen.h"

@@ -11,7 +11,7 @@
 #include "ps_error.h"
 #include "ps_log.h"
 #include "ps_wire.h"
-#include "tests/tap.h"
+#include "tests/lib/tap.h"
 
 /* Independent bitwise CRC32C (reflected polynomial 0x82F63B78). */
 static uint32_t ref_crc32c(const void *buf, size_t n)

@@ -206,8 +206,8 @@ def main():
                                                         cell(pick(8, "fp16")), cell(pick(8, "fp32"))))
 
     # ---- predictions for the real cluster ----
-    sizes = {"tsm-r50": 97.3e6, "i3d-r50": 188.0e6}   # fp32 gradient bytes (bench/model_sizes.c)
-    # I3D-R50 as bench/model_sizes.c inflates it (every bottleneck 3x3 -> 3x3x3,
+    sizes = {"tsm-r50": 97.3e6, "i3d-r50": 188.0e6}   # fp32 gradient bytes (worker/models/model_sizes.c)
+    # I3D-R50 as worker/models/model_sizes.c inflates it (every bottleneck 3x3 -> 3x3x3,
     # conv1 5x7x7): the 3x3 convs are ~53% of a bottleneck's FLOPs and triple,
     # so a step costs ~2.06x TSM-R50's at the same frames.
     comp = {"tsm-r50": T, "i3d-r50": 2.06 * T}

@@ -41,7 +41,7 @@
 #
 # Compute schedule: psbench splits the emulated forward (1/3) and backward
 # (2/3) over the partitions by the forward MACs of their layers at 224^2
-# (bench/model_sizes.h), not by their sizes.  Placement: dedicated = S
+# (worker/models/model_sizes.h), not by their sizes.  Placement: dedicated = S
 # server hosts + W worker hosts; colocated = server s on worker s's host
 # (W hosts).  Before the sweep, what one link really carries (TCP through
 # tbf, 1 and 8 streams) is measured and written beside the nominal rate.

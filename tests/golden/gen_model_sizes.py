@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Tensor layouts (name, numel) of the scaling-study models, from torchvision,
-for tests/test_model_sizes (bench/model_sizes.c computes them from the
+for tests/test_model_sizes (worker/models/model_sizes.c computes them from the
 architecture).  Run with Debian's /usr/bin/python3:
     /usr/bin/python3 tests/golden/gen_model_sizes.py > tests/golden/model_sizes.txt
 i3d-r50 is torchvision's resnet50 with conv1 inflated to 5x7x7 and every

@@ -15,7 +15,7 @@ Also written: a PyTorch-written state dict (random torch init, width-8
 ResNet-18 so it stays small) in safetensors, with the logits PyTorch gives for
 the hash input, for the "PyTorch -> C" direction of the interop test.
 
-This file doubles as a module for tests/check_model_torch.py (hash, model
+This file doubles as a module for tests/tools/check_model_torch.py (hash, model
 construction, safetensors by hand).
 """
 import json

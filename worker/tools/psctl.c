@@ -1,0 +1,803 @@
+/* psctl: operate a running psd cluster (DESIGN.md section 9).
+ *
+ *   psctl --servers LIST status        members, versions, throughput, live workers
+ *   psctl --servers LIST checkpoint    every server writes a checkpoint now
+ *   psctl --servers LIST export FILE   pull every partition -> FILE.safetensors
+ *   psctl --servers LIST shutdown      checkpoint (if configured) and stop
+ *   psctl keygen PREFIX                CURVE key pair: PREFIX.pub, PREFIX.key
+ *
+ * psctl talks to the servers with the same client library as psworker, but
+ * never says HELLO: it takes no rank, so it does not count as a worker,
+ * sends no heartbeats and holds up no barrier.  Exit status: 0 success,
+ * 1 a server failed or could not be reached, 2 bad usage.
+ *
+ * export needs the model spec (the INIT JSON: tensor names, sizes, groups,
+ * partition_bytes) to rebuild the partition table; STATS does not carry it
+ * (docs/protocol.md), so it comes from --spec: a JSON file, or a psd
+ * checkpoint (.safetensors, whose __metadata__ "spec" is that JSON).  If a
+ * future STATS reply has a "spec" member it is used when --spec is absent.
+ * The spec has no shapes: tensors are exported 1-D unless --like names a
+ * safetensors file (e.g. psworker's model.safetensors) to take shapes from. */
+#include "config.h"
+
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <netdb.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "worker/client/ps_client.h"
+#include "ps_config.h"
+#include "ps_error.h"
+#include "ps_log.h"
+#include "ps_optim.h"
+#include "ps_partition.h"
+#include "ps_safetensors.h"
+
+#define PSCTL_MAX_SERVERS 1024
+
+typedef struct psctl_opts {
+    char *servers;      /* "tcp://h:p,tcp://h:p", server 0 first */
+    int timeout_ms;     /* per request */
+    int interval_ms;    /* status: second STATS sample for rates (0 = one sample) */
+    int server;         /* checkpoint / status: only this server (-1 = all) */
+    int json;           /* status: print the raw STATS replies as JSON */
+    char *spec;         /* export: spec JSON file or psd checkpoint */
+    char *like;         /* export: take shapes from this safetensors file */
+    int force;          /* keygen: overwrite existing key files */
+    char *log_level;
+    char *curve_server_key;  /* FILE (shared) or FILE,FILE,... (one per server) */
+    char *curve_public_key;  /* this client's Z85 public key file */
+    char *curve_secret_key;  /* this client's Z85 secret key file */
+} psctl_opts_t;
+
+typedef struct psctl {
+    psctl_opts_t o;
+    char **ep;          /* (nserv) endpoints */
+    int nserv;
+    ps_partition_table_t table;
+    ps_client_t *c;
+    char **skeys;       /* (nskeys) server public key files, from --curve-server-key */
+    int nskeys;
+} psctl_t;
+
+static const char usage[] =
+    "[--config FILE] [--servers tcp://H:P[,...]] VERB [ARG]\n"
+    "Operate a running psd cluster.  Verbs:\n"
+    "  status          per server: mode, versions, updates, live workers, traffic;\n"
+    "                  rates over --interval-ms (0: one sample, no rates)\n"
+    "  checkpoint      every server (or --server N) writes a checkpoint now\n"
+    "  export FILE     pull every partition and write the model as safetensors\n"
+    "                  (needs --spec: the INIT spec JSON or a psd checkpoint file)\n"
+    "  shutdown        every server checkpoints (when configured) and exits\n"
+    "  keygen PREFIX   CURVE key pair: PREFIX.pub (Z85 public key), PREFIX.key\n"
+    "                  (Z85 secret key, mode 0600)\n"
+    "CURVE (psd --curve): --curve-server-key FILE[,FILE...] (one shared, or one per\n"
+    "server) with --curve-public-key FILE --curve-secret-key FILE (psctl keygen).\n"
+    "--servers defaults to $PSCTL_SERVERS.  Exit status: 0 ok, 1 a server failed\n"
+    "or did not answer, 2 bad usage.";
+
+/* ---- servers and client --------------------------------------------------- */
+
+static int split_servers(psctl_t *p)
+{
+    const char *s = p->o.servers;
+    if (!s || !*s) s = getenv("PSCTL_SERVERS");
+    if (!s || !*s) {
+        fprintf(stderr, "psctl: give --servers tcp://HOST:PORT[,...] (or set PSCTL_SERVERS)\n");
+        return PS_EINVAL;
+    }
+    char *copy = strdup(s), *save = NULL;
+    p->ep = calloc(PSCTL_MAX_SERVERS, sizeof *p->ep);
+    if (!copy || !p->ep) {
+        free(copy);
+        return PS_ENOMEM;
+    }
+    for (char *tok = strtok_r(copy, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {
+        if (p->nserv == PSCTL_MAX_SERVERS) {
+            fprintf(stderr, "psctl: more than %d servers\n", PSCTL_MAX_SERVERS);
+            free(copy);
+            return PS_EINVAL;
+        }
+        if (strncmp(tok, "tcp://", 6) && strncmp(tok, "ipc://", 6)) {
+            fprintf(stderr, "psctl: --servers: \"%s\" is not tcp://HOST:PORT or ipc://PATH\n", tok);
+            free(copy);
+            return PS_EINVAL;
+        }
+        if (!(p->ep[p->nserv++] = strdup(tok))) {
+            free(copy);
+            return PS_ENOMEM;
+        }
+    }
+    free(copy);
+    if (!p->nserv) {
+        fprintf(stderr, "psctl: --servers lists no server\n");
+        return PS_EINVAL;
+    }
+    return 0;
+}
+
+/* --curve-server-key: one file for every server, or one per server. */
+static int split_keys(psctl_t *p)
+{
+    const psctl_opts_t *o = &p->o;
+    int any = *o->curve_server_key || *o->curve_public_key || *o->curve_secret_key;
+    if (!any) return 0;
+    if (!*o->curve_server_key || !*o->curve_public_key || !*o->curve_secret_key) {
+        fprintf(stderr, "psctl: CURVE needs --curve-server-key, --curve-public-key and "
+                        "--curve-secret-key together\n");
+        return PS_EINVAL;
+    }
+    char *copy = strdup(o->curve_server_key), *save = NULL;
+    p->skeys = calloc((size_t)p->nserv + 1, sizeof *p->skeys);
+    if (!copy || !p->skeys) {
+        free(copy);
+        return PS_ENOMEM;
+    }
+    int rc = 0;
+    for (char *tok = strtok_r(copy, ",", &save); tok && !rc; tok = strtok_r(NULL, ",", &save)) {
+        if (p->nskeys > p->nserv) break;
+        if (!(p->skeys[p->nskeys++] = strdup(tok))) rc = PS_ENOMEM;
+    }
+    free(copy);
+    if (!rc && p->nskeys != 1 && p->nskeys != p->nserv) {
+        fprintf(stderr, "psctl: --curve-server-key lists %d files for %d servers (give one shared "
+                        "file, or one per server)\n", p->nskeys, p->nserv);
+        rc = PS_EINVAL;
+    }
+    return rc;
+}
+
+/* CURVE options of a client for every server (s < 0) or server s alone. */
+static void set_curve(const psctl_t *p, ps_client_opts_t *co, int s)
+{
+    if (!p->nskeys) return;
+    co->curve_server_keys = (const char *const *)(s < 0 || p->nskeys == 1 ? p->skeys : p->skeys + s);
+    co->ncurve_server_keys = s < 0 ? p->nskeys : 1;
+    co->curve_public_key = p->o.curve_public_key;
+    co->curve_secret_key = p->o.curve_secret_key;
+}
+
+/* Connect with the current table (a one-element stand-in for control verbs:
+ * the client needs a table, but control messages never name a partition). */
+static int connect_client(psctl_t *p)
+{
+    int rc;
+    if (!p->table.nparts) {
+        ps_tensor_spec_t one = {"psctl", 1, 0};
+        if ((rc = ps_partition_table_build(&p->table, &one, 1, 4, (uint32_t)p->nserv))) return rc;
+    }
+    ps_client_opts_t co;
+    ps_client_opts_default(&co);
+    co.servers = (const char *const *)p->ep;
+    co.nservers = p->nserv;
+    co.rank = -1;           /* no HELLO: not a worker */
+    co.heartbeat_ms = 0;
+    co.timeout_ms = p->o.timeout_ms;
+    /* CHECKPOINT and SHUTDOWN are not idempotent enough to resend blindly;
+     * ZeroMQ queues requests until the connection is up anyway. */
+    co.retry_ms = 0;
+    set_curve(p, &co, -1);
+    if ((rc = ps_client_new(&p->c, &co, &p->table))) {
+        fprintf(stderr, "psctl: cannot set up the client: %s\n", ps_strerror(rc));
+        return rc;
+    }
+    return 0;
+}
+
+static cJSON *get_stats(psctl_t *p, int s)
+{
+    char *txt = NULL;
+    int rc = ps_client_stats(p->c, s, &txt);
+    if (rc) {
+        fprintf(stderr, "psctl: server %d (%s): STATS failed: %s%s%s\n", s, p->ep[s],
+                ps_strerror(rc), rc == PS_ETIMEOUT ? "" : ": ",
+                rc == PS_ETIMEOUT ? "" : ps_client_last_error(p->c));
+        return NULL;
+    }
+    cJSON *j = cJSON_Parse(txt);
+    if (!j || !cJSON_IsObject(j))
+        fprintf(stderr, "psctl: server %d: STATS reply is not a JSON object: %.200s\n", s, txt);
+    free(txt);
+    if (j && !cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        j = NULL;
+    }
+    return j;
+}
+
+static double num(const cJSON *o, const char *k)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsNumber(v) ? v->valuedouble : NAN;
+}
+
+static const char *str(const cJSON *o, const char *k)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsString(v) ? v->valuestring : "-";
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ---- status ------------------------------------------------------------- */
+
+static int in_scope(const psctl_t *p, int s)
+{
+    return p->o.server < 0 || p->o.server == s;
+}
+
+static int cmd_status(psctl_t *p)
+{
+    cJSON **a = calloc((size_t)p->nserv, sizeof *a), **b = calloc((size_t)p->nserv, sizeof *b);
+    int failed = 0;
+    if (!a || !b) return PS_ENOMEM;
+    double t0 = now_s(), t1 = t0;
+    for (int s = 0; s < p->nserv; s++)
+        if (in_scope(p, s) && !(a[s] = get_stats(p, s))) failed++;
+    if (p->o.interval_ms > 0 && failed < p->nserv) {
+        struct timespec ts = {p->o.interval_ms / 1000, (p->o.interval_ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+        t1 = now_s();
+        for (int s = 0; s < p->nserv; s++)
+            if (a[s]) b[s] = get_stats(p, s);
+    }
+    if (p->o.json) {
+        cJSON *out = cJSON_CreateObject(), *arr = cJSON_AddArrayToObject(out, "servers");
+        for (int s = 0; s < p->nserv; s++) {
+            if (!in_scope(p, s)) continue;
+            cJSON *e = cJSON_CreateObject();
+            cJSON_AddStringToObject(e, "endpoint", p->ep[s]);
+            cJSON_AddBoolToObject(e, "up", a[s] != NULL);
+            if (a[s]) cJSON_AddItemToObject(e, "stats", cJSON_Duplicate(a[s], 1));
+            if (a[s] && b[s] && t1 > t0) {
+                double dt = t1 - t0;
+                cJSON_AddNumberToObject(e, "updates_per_s", (num(b[s], "updates") - num(a[s], "updates")) / dt);
+                cJSON_AddNumberToObject(e, "bytes_in_per_s", (num(b[s], "bytes_in") - num(a[s], "bytes_in")) / dt);
+                cJSON_AddNumberToObject(e, "bytes_out_per_s", (num(b[s], "bytes_out") - num(a[s], "bytes_out")) / dt);
+            }
+            cJSON_AddItemToArray(arr, e);
+        }
+        char *txt = cJSON_Print(out);
+        printf("%s\n", txt ? txt : "{}");
+        free(txt);
+        cJSON_Delete(out);
+    } else {
+        /* Server 0 keeps membership: its counts are the cluster's. */
+        const cJSON *m = a[0] ? a[0] : NULL;
+        printf("cluster: %d server(s)", p->nserv);
+        if (m)
+            printf(", mode %s, table %s, workers %.0f/%.0f live", str(m, "mode"),
+                   str(m, "table_hash"), num(m, "live_workers"), num(m, "num_workers"));
+        printf("\n");
+        const char *hash0 = NULL;
+        for (int s = 0; s < p->nserv; s++) {
+            if (!in_scope(p, s)) continue;
+            if (!a[s]) {
+                printf("server %d  %s  DOWN (no answer)\n", s, p->ep[s]);
+                continue;
+            }
+            const cJSON *x = a[s];
+            printf("server %d  %s  up  version %.0f..%.0f  updates %.0f (skipped %.0f)  "
+                   "partitions %.0f  workers %.0f/%.0f  in %.1f MiB  out %.1f MiB  errors %.0f%s",
+                   s, p->ep[s], num(x, "version"), num(x, "version_max"), num(x, "updates"),
+                   num(x, "skipped_updates"), num(x, "owned_partitions"), num(x, "live_workers"),
+                   num(x, "num_workers"), num(x, "bytes_in") / 1048576.0,
+                   num(x, "bytes_out") / 1048576.0, num(x, "errors"),
+                   cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(x, "from_checkpoint"))
+                       ? "  (resumed from checkpoint)" : "");
+            if (b[s] && t1 > t0) {
+                double dt = t1 - t0;
+                printf("  | %.1f updates/s  in %.2f MiB/s  out %.2f MiB/s",
+                       (num(b[s], "updates") - num(x, "updates")) / dt,
+                       (num(b[s], "bytes_in") - num(x, "bytes_in")) / dt / 1048576.0,
+                       (num(b[s], "bytes_out") - num(x, "bytes_out")) / dt / 1048576.0);
+            }
+            printf("\n");
+            const char *h = str(x, "table_hash");
+            if (strcmp(h, "-")) {
+                if (hash0 && strcmp(hash0, h))
+                    printf("WARNING: server %d has table %s, another server %s\n", s, h, hash0);
+                if (!hash0) hash0 = h;
+            }
+        }
+    }
+    for (int s = 0; s < p->nserv; s++) cJSON_Delete(a[s]), cJSON_Delete(b[s]);
+    free(a);
+    free(b);
+    return failed ? PS_EIO : 0;
+}
+
+/* ---- checkpoint / shutdown ------------------------------------------------ */
+
+static int cmd_checkpoint(psctl_t *p)
+{
+    int failed = 0;
+    for (int s = 0; s < p->nserv; s++) {
+        if (!in_scope(p, s)) continue;
+        int rc = ps_client_checkpoint(p->c, s);
+        if (rc) {
+            fprintf(stderr, "psctl: server %d (%s): CHECKPOINT failed: %s: %s\n", s, p->ep[s],
+                    ps_strerror(rc), rc == PS_ETIMEOUT ? "no answer" : ps_client_last_error(p->c));
+            failed++;
+        } else {
+            printf("server %d: checkpoint written\n", s);
+        }
+    }
+    return failed ? PS_EIO : 0;
+}
+
+/* 1: nothing listens at endpoint any more (connection refused / socket
+ * gone), 0: something accepts connections, -1: cannot tell. */
+static int endpoint_down(const char *ep)
+{
+    int fd = -1, res = -1;
+    if (!strncmp(ep, "ipc://", 6)) {
+        struct sockaddr_un ua = {.sun_family = AF_UNIX};
+        if (strlen(ep + 6) >= sizeof ua.sun_path) return -1;
+        strcpy(ua.sun_path, ep + 6);
+        if ((fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0) return -1;
+        res = connect(fd, (struct sockaddr *)&ua, sizeof ua) == 0 ? 0
+              : (errno == ECONNREFUSED || errno == ENOENT) ? 1 : -1;
+        close(fd);
+        return res;
+    }
+    char host[256], *colon;
+    if (strncmp(ep, "tcp://", 6) || snprintf(host, sizeof host, "%s", ep + 6) >= (int)sizeof host ||
+        !(colon = strrchr(host, ':')))
+        return -1;
+    *colon = 0;
+    const char *port = colon + 1;
+    if (host[0] == '[' && colon > host + 1 && colon[-1] == ']') { /* [v6]:port */
+        colon[-1] = 0;
+        memmove(host, host + 1, strlen(host));
+    }
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai = NULL;
+    if (getaddrinfo(host, port, &hints, &ai) || !ai) return -1;
+    if ((fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0)) >= 0) {
+        if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
+            res = 0;
+        } else if (errno == ECONNREFUSED) {
+            res = 1;
+        } else if (errno == EINPROGRESS) {
+            struct pollfd pf = {.fd = fd, .events = POLLOUT};
+            int err = 0;
+            socklen_t el = sizeof err;
+            if (poll(&pf, 1, 1000) == 1 && !getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el))
+                res = err == 0 ? 0 : err == ECONNREFUSED ? 1 : -1;
+        }
+        close(fd);
+    }
+    freeaddrinfo(ai);
+    return res;
+}
+
+/* SHUTDOWN server by server, each on its own connection.  A server closes
+ * its socket right after the ACK, and that ACK can be lost with the
+ * connection (seen with libzmq: the reply is dropped when the peer's
+ * disconnect is processed before it is read).  So an unanswered SHUTDOWN
+ * is checked by probing the endpoint: nothing listening = it stopped.
+ * Re-sending is harmless (a stopping server reads no further message). */
+static int cmd_shutdown(psctl_t *p)
+{
+    int failed = 0, level = ps_log_level;
+    /* the client's "no reply" warning is expected here: judged below */
+    if (level < PS_LOG_INFO) ps_log_level = PS_LOG_ERROR;
+    for (int s = 0; s < p->nserv; s++) {
+        ps_tensor_spec_t one = {"psctl", 1, 0};
+        ps_partition_table_t t1;
+        ps_client_t *c = NULL;
+        ps_client_opts_t co;
+        ps_client_opts_default(&co);
+        co.servers = (const char *const *)&p->ep[s];
+        co.nservers = 1;
+        co.rank = -1;
+        co.heartbeat_ms = 0;
+        co.retry_ms = 0;
+        co.timeout_ms = p->o.timeout_ms < 1000 ? p->o.timeout_ms : 1000;
+        set_curve(p, &co, s);
+        int rc = ps_partition_table_build(&t1, &one, 1, 4, 1);
+        if (!rc) rc = ps_client_new(&c, &co, &t1);
+        int state = rc ? -2 : -1; /* -2 error, -1 unknown, 0 acked, 1 gone */
+        double t_end = now_s() + p->o.timeout_ms / 1000.0;
+        while (state == -1) {
+            rc = ps_client_shutdown_servers(c);
+            if (rc == 0) state = 0;
+            else if (rc != PS_ETIMEOUT) state = -2;
+            else if (endpoint_down(p->ep[s]) == 1) state = 1;
+            else if (now_s() >= t_end) break;
+        }
+        if (state == 0) printf("server %d: SHUTDOWN acknowledged\n", s);
+        else if (state == 1) printf("server %d: stopped (no longer listening)\n", s);
+        else {
+            fprintf(stderr, "psctl: server %d (%s): SHUTDOWN failed: %s: %s\n", s, p->ep[s],
+                    ps_strerror(rc), rc == PS_ETIMEOUT ? "no answer" : ps_client_last_error(c));
+            failed++;
+        }
+        ps_client_destroy(&c);
+        ps_partition_table_free(&t1);
+    }
+    ps_log_level = level;
+    return failed ? PS_EIO : 0;
+}
+
+/* ---- export --------------------------------------------------------------- */
+
+/* The spec JSON: from --spec (JSON file or psd checkpoint), else STATS. */
+static char *load_spec(psctl_t *p)
+{
+    const char *path = p->o.spec;
+    if (!path || !*path) {
+        cJSON *st = get_stats(p, 0);
+        const cJSON *sp = st ? cJSON_GetObjectItemCaseSensitive(st, "spec") : NULL;
+        char *txt = NULL;
+        if (cJSON_IsString(sp)) txt = strdup(sp->valuestring);
+        else if (cJSON_IsObject(sp)) txt = cJSON_PrintUnformatted(sp);
+        cJSON_Delete(st);
+        if (!txt)
+            fprintf(stderr, "psctl: export needs the model spec: --spec FILE (the INIT spec JSON, "
+                            "or a psd checkpoint DIR/psd-0-N.safetensors); STATS does not carry it\n");
+        return txt;
+    }
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "psctl: --spec %s: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    int c;
+    while ((c = fgetc(f)) == ' ' || c == '\n' || c == '\t' || c == '\r') {}
+    fclose(f);
+    if (c == '{') { /* a JSON spec file */
+        f = fopen(path, "rb");
+        char *buf = NULL;
+        long n = -1;
+        if (f && !fseek(f, 0, SEEK_END) && (n = ftell(f)) >= 0 && n < (64L << 20) &&
+            !fseek(f, 0, SEEK_SET) && (buf = malloc((size_t)n + 1)) &&
+            fread(buf, 1, (size_t)n, f) == (size_t)n) {
+            buf[n] = 0;
+            fclose(f);
+            return buf;
+        }
+        fprintf(stderr, "psctl: --spec %s: cannot read (or larger than 64 MiB)\n", path);
+        if (f) fclose(f);
+        free(buf);
+        return NULL;
+    }
+    ps_st_file_t st;
+    char err[256] = "";
+    if (ps_st_open(&st, path, err, sizeof err)) {
+        fprintf(stderr, "psctl: --spec %s: neither a JSON spec nor a safetensors file: %s\n", path, err);
+        return NULL;
+    }
+    const char *sp = ps_st_meta(&st, "spec");
+    char *txt = sp ? strdup(sp) : NULL;
+    if (!sp) fprintf(stderr, "psctl: --spec %s: no \"spec\" in its __metadata__ (not a psd checkpoint?)\n", path);
+    ps_st_close(&st);
+    return txt;
+}
+
+/* Rebuild the partition table from the spec; checks its server count. */
+static int table_from_spec(psctl_t *p, const char *json)
+{
+    cJSON *j = cJSON_Parse(json);
+    const cJSON *ts = j ? cJSON_GetObjectItemCaseSensitive(j, "tensors") : NULL;
+    const cJSON *pb = j ? cJSON_GetObjectItemCaseSensitive(j, "partition_bytes") : NULL;
+    const cJSON *ns = j ? cJSON_GetObjectItemCaseSensitive(j, "num_servers") : NULL;
+    int rc = PS_EINVAL, n = cJSON_IsArray(ts) ? cJSON_GetArraySize(ts) : 0;
+    ps_tensor_spec_t *spec = n > 0 ? calloc((size_t)n, sizeof *spec) : NULL;
+    if (!j || !cJSON_IsObject(j) || n <= 0 || !cJSON_IsNumber(pb) || pb->valuedouble < 4 ||
+        !cJSON_IsNumber(ns) || !spec) {
+        fprintf(stderr, "psctl: spec: want {\"tensors\":[[name,numel,group],...],"
+                        "\"partition_bytes\":N,\"num_servers\":S,...}\n");
+        goto out;
+    }
+    if ((int)ns->valuedouble != p->nserv) {
+        fprintf(stderr, "psctl: spec is for %d servers but --servers lists %d\n",
+                (int)ns->valuedouble, p->nserv);
+        rc = PS_EMISMATCH;
+        goto out;
+    }
+    for (int i = 0; i < n; i++) {
+        const cJSON *e = cJSON_GetArrayItem(ts, i);
+        const cJSON *nm = cJSON_GetArrayItem(e, 0), *ne = cJSON_GetArrayItem(e, 1),
+                    *gr = cJSON_GetArrayItem(e, 2);
+        if (!cJSON_IsArray(e) || !cJSON_IsString(nm) || !cJSON_IsNumber(ne) ||
+            ne->valuedouble < 1 || ne->valuedouble > 9.0e15 || (gr && !cJSON_IsNumber(gr))) {
+            fprintf(stderr, "psctl: spec: tensors[%d] is not [name, numel >= 1, group]\n", i);
+            goto out;
+        }
+        spec[i].name = nm->valuestring;
+        spec[i].numel = (size_t)ne->valuedouble;
+        spec[i].group = gr ? (int)gr->valuedouble : 0;
+    }
+    /* AVERAGE groups cut partitions of their own, as in psd (ps_optim_exact_groups) */
+    uint32_t exact = 0;
+    const cJSON *oj = cJSON_GetObjectItemCaseSensitive(j, "optim");
+    char *otxt = cJSON_IsObject(oj) ? cJSON_PrintUnformatted(oj) : NULL;
+    ps_optim_config_t oc;
+    char oerr[256];
+    if (otxt && !ps_optim_config_from_json(&oc, otxt, oerr, sizeof oerr)) exact = ps_optim_exact_groups(&oc);
+    free(otxt);
+    ps_partition_table_free(&p->table);
+    rc = ps_partition_table_build_ex(&p->table, spec, (uint32_t)n, (size_t)pb->valuedouble,
+                                     (uint32_t)p->nserv, exact);
+    if (rc) fprintf(stderr, "psctl: spec: cannot build the partition table: %s\n", ps_strerror(rc));
+out:
+    free(spec);
+    cJSON_Delete(j);
+    return rc;
+}
+
+static int check_hashes(psctl_t *p)
+{
+    char want[24];
+    snprintf(want, sizeof want, "%016llx", (unsigned long long)p->table.hash);
+    for (int s = 0; s < p->nserv; s++) {
+        cJSON *st = get_stats(p, s);
+        if (!st) return PS_EIO;
+        const char *h = str(st, "table_hash");
+        int bad = strcmp(h, want) != 0;
+        if (bad)
+            fprintf(stderr, "psctl: server %d has partition table %s, the spec gives %s%s\n", s,
+                    h, want, strcmp(h, "-") ? "" : " (server not initialised yet)");
+        cJSON_Delete(st);
+        if (bad) return PS_EMISMATCH;
+    }
+    return 0;
+}
+
+static int cmd_export(psctl_t *p, const char *path)
+{
+    char *spec = load_spec(p);
+    if (!spec) return PS_EINVAL;
+    /* Reconnect with the real table: pulls are sized and routed by it. */
+    ps_client_destroy(&p->c);
+    int rc = table_from_spec(p, spec);
+    if (!rc) rc = connect_client(p);
+    if (!rc) rc = check_hashes(p);
+    float *w = NULL;
+    uint64_t *ver = NULL;
+    ps_req_t **rq = NULL;
+    ps_st_writer_t *wr = NULL;
+    ps_st_file_t like;
+    int have_like = 0;
+    memset(&like, 0, sizeof like);
+    if (rc) goto out;
+    const ps_partition_table_t *t = &p->table;
+    w = malloc(t->total_numel * sizeof *w);
+    ver = calloc(t->nparts, sizeof *ver);
+    rq = calloc(t->nparts, sizeof *rq);
+    if (!w || !ver || !rq) {
+        fprintf(stderr, "psctl: out of memory for a %zu-parameter model\n", t->total_numel);
+        rc = PS_ENOMEM;
+        goto out;
+    }
+    /* All pulls in flight at once; each reply lands in its slice of w. */
+    uint32_t sent = 0;
+    for (; sent < t->nparts && !rc; sent++)
+        rc = ps_client_pull(p->c, sent, 0, w + t->parts[sent].offset, &rq[sent]);
+    if (rc) sent--;
+    for (uint32_t i = 0; i < sent; i++) {
+        int r1 = ps_client_wait(p->c, rq[i], -1, &ver[i]);
+        if (r1 && !rc) {
+            fprintf(stderr, "psctl: PULL of partition %u from server %u failed: %s: %s\n", i,
+                    t->parts[i].server, ps_strerror(r1), ps_client_last_error(p->c));
+            rc = r1;
+        }
+    }
+    if (rc) goto out;
+    uint64_t vmin = ver[0], vmax = ver[0];
+    for (uint32_t i = 1; i < t->nparts; i++) {
+        if (ver[i] < vmin) vmin = ver[i];
+        if (ver[i] > vmax) vmax = ver[i];
+    }
+    char err[256] = "";
+    if (p->o.like && *p->o.like) {
+        if (ps_st_open(&like, p->o.like, err, sizeof err)) {
+            fprintf(stderr, "psctl: --like %s: %s\n", p->o.like, err);
+            rc = PS_EINVAL;
+            goto out;
+        }
+        have_like = 1;
+    }
+    if (!(wr = ps_st_writer_new())) {
+        rc = PS_ENOMEM;
+        goto out;
+    }
+    int reshaped = 0;
+    for (uint32_t i = 0; i < t->ntensors && !rc; i++) {
+        int64_t shape[PS_ST_MAX_DIMS] = {(int64_t)t->tensors[i].numel};
+        int nd = 1;
+        const ps_st_tensor_t *lt = have_like ? ps_st_find(&like, t->tensors[i].name) : NULL;
+        if (lt) {
+            size_t n = 1;
+            for (int d = 0; d < lt->ndim; d++) n *= (size_t)lt->shape[d];
+            if (n == t->tensors[i].numel) {
+                nd = lt->ndim;
+                memcpy(shape, lt->shape, sizeof(int64_t) * (size_t)nd);
+                reshaped++;
+            } else {
+                fprintf(stderr, "psctl: --like: %s has %zu elements there, %zu here: kept 1-D\n",
+                        t->tensors[i].name, n, t->tensors[i].numel);
+            }
+        }
+        rc = ps_st_writer_add(wr, t->tensors[i].name, PS_ST_F32, nd, shape,
+                              w + t->tensor_offset[i]);
+    }
+    char buf[64];
+    if (!rc) rc = ps_st_writer_meta(wr, "format", "psctl-export-1");
+    snprintf(buf, sizeof buf, "%016llx", (unsigned long long)t->hash);
+    if (!rc) rc = ps_st_writer_meta(wr, "table_hash", buf);
+    snprintf(buf, sizeof buf, "%llu", (unsigned long long)vmin);
+    if (!rc) rc = ps_st_writer_meta(wr, "version_min", buf);
+    snprintf(buf, sizeof buf, "%llu", (unsigned long long)vmax);
+    if (!rc) rc = ps_st_writer_meta(wr, "version_max", buf);
+    if (!rc) rc = ps_st_writer_meta(wr, "spec", spec);
+    if (!rc) rc = ps_st_writer_save(wr, path, err, sizeof err);
+    if (rc) {
+        fprintf(stderr, "psctl: cannot write %s: %s (%s)\n", path, err, ps_strerror(rc));
+        goto out;
+    }
+    printf("exported %u tensors (%zu parameters, %u partitions, versions %llu..%llu%s) to %s\n",
+           t->ntensors, t->total_numel, t->nparts, (unsigned long long)vmin,
+           (unsigned long long)vmax, have_like ? (reshaped ? ", shapes from --like" : ", 1-D") : ", 1-D",
+           path);
+    if (vmin != vmax)
+        printf("note: partitions were at different versions (training was running); "
+               "stop the workers first for a consistent snapshot\n");
+out:
+    ps_st_writer_destroy(&wr);
+    if (have_like) ps_st_close(&like);
+    free(rq);
+    free(ver);
+    free(w);
+    free(spec);
+    return rc;
+}
+
+/* ---- keygen --------------------------------------------------------------- */
+
+/* Write text to path created with `mode` (never wider: O_EXCL unless force,
+ * fchmod in case the file existed), fsync'd. */
+static int write_key(const char *path, const char *text, mode_t mode, int force)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC | (force ? O_TRUNC : O_EXCL), mode);
+    if (fd < 0) {
+        fprintf(stderr, "psctl: keygen: %s: %s%s\n", path, strerror(errno),
+                errno == EEXIST ? " (use --force to overwrite)" : "");
+        return PS_EIO;
+    }
+    size_t n = strlen(text);
+    int rc = fchmod(fd, mode) || write(fd, text, n) != (ssize_t)n || fsync(fd) ? PS_EIO : 0;
+    if (rc) fprintf(stderr, "psctl: keygen: %s: %s\n", path, strerror(errno));
+    if (close(fd) && !rc) rc = PS_EIO;
+    return rc;
+}
+
+static int cmd_keygen(psctl_t *p, const char *prefix)
+{
+    char pub[41], sec[41], path[4096], line[64];
+    if (!zmq_has("curve")) {
+        fprintf(stderr, "psctl: keygen: this libzmq was built without CURVE support\n");
+        return PS_EUNSUPPORTED;
+    }
+    if (zmq_curve_keypair(pub, sec)) {
+        fprintf(stderr, "psctl: keygen: zmq_curve_keypair: %s\n", zmq_strerror(errno));
+        return PS_EZMQ;
+    }
+    if (snprintf(path, sizeof path, "%s.key", prefix) >= (int)sizeof path) return PS_EINVAL;
+    snprintf(line, sizeof line, "%s\n", sec);
+    int rc = write_key(path, line, 0600, p->o.force);
+    memset(sec, 0, sizeof sec);
+    memset(line, 0, sizeof line);
+    if (rc) return rc;
+    snprintf(path, sizeof path, "%s.pub", prefix);
+    snprintf(line, sizeof line, "%s\n", pub);
+    if ((rc = write_key(path, line, 0644, p->o.force))) return rc;
+    printf("public key %s\nwrote %s.pub and %s.key (secret, mode 0600)\n", pub, prefix, prefix);
+    return 0;
+}
+
+/* ---- main ----------------------------------------------------------------- */
+
+int main(int argc, char **argv)
+{
+    static psctl_t p;
+    psctl_opts_t *o = &p.o;
+    int npos = 0, rc;
+    o->servers = strdup("");
+    o->timeout_ms = 10000;
+    o->interval_ms = 1000;
+    o->server = -1;
+    o->spec = strdup("");
+    o->like = strdup("");
+    o->log_level = strdup("warn");
+    o->curve_server_key = strdup("");
+    o->curve_public_key = strdup("");
+    o->curve_secret_key = strdup("");
+    const ps_opt_t opts[] = {
+        {"servers", PS_OPT_STRING, &o->servers, "psd endpoints, server 0 first (default: $PSCTL_SERVERS)"},
+        {"timeout-ms", PS_OPT_INT, &o->timeout_ms, "give up on a server after this long"},
+        {"interval-ms", PS_OPT_INT, &o->interval_ms, "status: measure rates over this interval (0: off)"},
+        {"server", PS_OPT_INT, &o->server, "status / checkpoint: only this server (-1: all)"},
+        {"json", PS_OPT_BOOL, &o->json, "status: print the STATS replies as JSON"},
+        {"spec", PS_OPT_STRING, &o->spec, "export: model spec JSON file or psd checkpoint"},
+        {"like", PS_OPT_STRING, &o->like, "export: take tensor shapes from this safetensors file"},
+        {"force", PS_OPT_BOOL, &o->force, "keygen: overwrite existing key files"},
+        {"log-level", PS_OPT_STRING, &o->log_level, "error | warn | info | debug"},
+        {"curve-server-key", PS_OPT_STRING, &o->curve_server_key,
+         "CURVE: servers' public key file (one shared, or FILE,FILE,... per server)"},
+        {"curve-public-key", PS_OPT_STRING, &o->curve_public_key, "CURVE: this client's public key file"},
+        {"curve-secret-key", PS_OPT_STRING, &o->curve_secret_key, "CURVE: this client's secret key file"},
+        {0},
+    };
+    ps_log_set_prog("psctl");
+    rc = ps_config_parse(opts, "psctl", usage, argc, argv, &npos);
+    if (rc == 1) return 0;
+    if (rc < 0) return 2;
+    if (ps_log_set_level_str(o->log_level)) {
+        fprintf(stderr, "psctl: --log-level %s: want error|warn|info|debug\n", o->log_level);
+        return 2;
+    }
+    if (npos < 1) {
+        fprintf(stderr, "psctl: no verb given (status, checkpoint, export, shutdown, keygen; see --help)\n");
+        return 2;
+    }
+    const char *verb = argv[1], *arg = npos >= 2 ? argv[2] : NULL;
+    int want_arg = !strcmp(verb, "export") || !strcmp(verb, "keygen");
+    if (strcmp(verb, "status") && strcmp(verb, "checkpoint") && strcmp(verb, "shutdown") && !want_arg) {
+        fprintf(stderr, "psctl: unknown verb \"%s\" (status, checkpoint, export, shutdown, keygen)\n", verb);
+        return 2;
+    }
+    if (npos != 1 + want_arg) {
+        fprintf(stderr, "psctl: %s %s\n", verb,
+                want_arg ? "takes one argument (a file name or prefix)" : "takes no argument");
+        return 2;
+    }
+    if (o->timeout_ms < 1 || o->interval_ms < 0 || o->server < -1) {
+        fprintf(stderr, "psctl: need --timeout-ms >= 1, --interval-ms >= 0, --server >= -1\n");
+        return 2;
+    }
+    if (!strcmp(verb, "keygen")) {
+        rc = cmd_keygen(&p, arg);
+    } else {
+        if ((rc = split_servers(&p)) || (rc = split_keys(&p))) return 2;
+        if (o->server >= p.nserv) {
+            fprintf(stderr, "psctl: --server %d but only %d server(s) listed\n", o->server, p.nserv);
+            return 2;
+        }
+        if (!(rc = connect_client(&p))) {
+            if (!strcmp(verb, "status")) rc = cmd_status(&p);
+            else if (!strcmp(verb, "checkpoint")) rc = cmd_checkpoint(&p);
+            else if (!strcmp(verb, "shutdown")) {
+                ps_client_destroy(&p.c); /* one connection per server instead */
+                rc = cmd_shutdown(&p);
+            }
+            else rc = cmd_export(&p, arg);
+        }
+        ps_client_destroy(&p.c);
+        ps_partition_table_free(&p.table);
+    }
+    for (int s = 0; s < p.nserv; s++) free(p.ep[s]);
+    for (int k = 0; k < p.nskeys; k++) free(p.skeys[k]);
+    free(p.skeys);
+    free(o->curve_server_key), free(o->curve_public_key), free(o->curve_secret_key);
+    free(p.ep);
+    free(o->servers), free(o->spec), free(o->like), free(o->log_level);
+    return rc == 0 ? 0 : rc == PS_EINVAL ? 2 : 1;
+}
