@@ -236,6 +236,29 @@ int ps_config_load_file(const ps_opt_t *opts, const char *prog, const char *path
     return load_file(&cx, prog, path);
 }
 
+int ps_config_defaults(const ps_opt_t *opts)
+{
+    cfg_ctx_t cx;
+    char where[160];
+    if (ctx_init(&cx, opts)) return PS_ENOMEM;
+    for (int i = 0; opts[i].name; i++) {
+        if (!opts[i].def) continue;
+        snprintf(where, sizeof where, "default of --%s", opts[i].name);
+        int rc = set_value(&cx, i, opts[i].def, where);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+void ps_config_free(const ps_opt_t *opts)
+{
+    for (int i = 0; opts[i].name; i++)
+        if (opts[i].type == PS_OPT_STRING) {
+            free(*(char **)opts[i].dst);
+            *(char **)opts[i].dst = NULL;
+        }
+}
+
 static void print_default(FILE *fp, const ps_opt_t *o)
 {
     switch (o->type) {

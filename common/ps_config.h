@@ -18,6 +18,8 @@ typedef struct ps_opt {
     ps_opt_type_t type;
     void *dst;            /* int*, uint64_t*, float*, char** (NULL or malloc'd), int* */
     const char *help;     /* one line; the default is printed from *dst */
+    const char *def;      /* the default as text, set by ps_config_defaults
+                             (NULL: *dst keeps what the caller put there) */
 } ps_opt_t;
 
 /* Parse argv (and --config FILE) into the option table (terminated by a
@@ -27,6 +29,15 @@ typedef struct ps_opt {
  * Positional arguments are left in argv[1..*npos] (argv is reordered). */
 int ps_config_parse(const ps_opt_t *opts, const char *prog, const char *usage, int argc,
                     char **argv, int *npos);
+/* Set every option that has a `def` to it, parsed as a flag's value would
+ * be (strings are strdup'd).  So an option's name, help and default sit in
+ * one row, and a table of rows is the only list of a program's options.
+ * Returns 0, or PS_EINVAL for a default that does not parse (a programming
+ * error, printed like a bad flag). */
+int ps_config_defaults(const ps_opt_t *opts);
+/* Free every string option's value and set it NULL (the table's other
+ * values are left as they are). */
+void ps_config_free(const ps_opt_t *opts);
 /* Load just a file (used by ps_config_parse). */
 int ps_config_load_file(const ps_opt_t *opts, const char *prog, const char *path);
 /* Print --help text (to stdout). */

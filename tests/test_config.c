@@ -256,6 +256,41 @@ static void test_help(void)
     is_int(P("--", "--help"), 0, "--help after -- is positional");
 }
 
+/* Defaults from the rows (ps_config_defaults) and ps_config_free: each
+ * row's text parsed as a flag's value would be, strings strdup'd, a row
+ * without a default left as the caller set it; a default that does not
+ * parse is refused naming the option. */
+static void test_row_defaults(void)
+{
+    int n = -1, b = 1, keep = 42;
+    uint64_t u = 0;
+    float f = 0;
+    char *str = NULL, *none = NULL;
+    const ps_opt_t rows[] = {
+        {"n", PS_OPT_INT, &n, "int", "7"},
+        {"u", PS_OPT_UINT64, &u, "size", "4M"},
+        {"f", PS_OPT_FLOAT, &f, "float", "0.05"},
+        {"s", PS_OPT_STRING, &str, "string", "img_%05d.jpg"},
+        {"b", PS_OPT_BOOL, &b, "bool", "false"},
+        {"keep", PS_OPT_INT, &keep, "no default", NULL},
+        {"none", PS_OPT_STRING, &none, "no default", NULL},
+        {0},
+    };
+    is_int(ps_config_defaults(rows), 0, "defaults from the rows parse");
+    ok(n == 7 && u == (4u << 20) && f == 0.05f && b == 0 && keep == 42,
+       "... int 7, uint64 4M = 4194304, float 0.05f, bool false; a row without one keeps 42");
+    ok(str && !strcmp(str, "img_%05d.jpg") && !none, "... string strdup'd, NULL where none");
+    char *first = str;
+    is_int(ps_config_defaults(rows), 0, "defaults set twice");
+    ok(str && str != first && !strcmp(str, "img_%05d.jpg"), "... the string replaced, not leaked");
+    ps_config_free(rows);
+    ok(!str && !none && n == 7, "ps_config_free frees the strings and sets them NULL");
+    const ps_opt_t badrow[] = {{"steps", PS_OPT_INT, &n, "int", "ten"}, {0}};
+    is_int(ps_config_defaults(badrow), PS_EINVAL, "a default that does not parse is refused");
+    ok(strstr(ps_config_last_error(), "--steps") != NULL, "... naming the option: %s",
+       ps_config_last_error());
+}
+
 int main(void)
 {
     if (!mkdtemp(dir)) tap_skip_all("cannot create a temp dir");
@@ -263,6 +298,7 @@ int main(void)
     test_flag_errors();
     test_files();
     test_help();
+    test_row_defaults();
     defaults(); /* frees the last parse's strings (the sanitizer build checks leaks) */
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
