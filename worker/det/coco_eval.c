@@ -1,6 +1,8 @@
 /* COCO-style box evaluation with pycocotools' semantics (see coco_eval.h).
- * Structure follows COCOeval: evaluateImg per (image, category, area range)
- * feeding accumulate's per (category, area, maxDets) lists, then summarize. */
+ * Structure follows COCOeval: prepare (GTs and detections per image and
+ * category), evaluate (eval_img = evaluateImg: compute_iou, then per area
+ * range sort_gts_by_ignore and match_dets), accumulate (per category, area
+ * and maxDets), summarize (_summarize = summarize_one). */
 #include "worker/det/coco_eval.h"
 
 #include <float.h>
@@ -88,64 +90,101 @@ static double bb_iou(const double *d, const double *g, int crowd)
     return i / (crowd ? da : da + ga - i);
 }
 
-/* evaluateImg for one image and category, all four area ranges */
-static int eval_img(elist_t *lists /* [NA] */, const ps_coco_t *gt, const int *gi, int ng,
-                    const ps_coco_det_t *dets, const int *di, int nd, const double *thr,
-                    sd_t *sd, double *ious, int *gorder, uint8_t *gig, uint8_t *gtm)
+/* Scratch of one evaluateImg call, sized for the largest (image, category)
+ * bucket; rc and pr are accumulate's curves, one entry per detection. */
+typedef struct {
+    sd_t *sd;               /* the bucket's detections by descending score */
+    double *ious;           /* [detection by score][GT in file order] */
+    int *gorder;            /* GTs, non-ignored first */
+    uint8_t *gig, *gtm;     /* in gorder's order: ignored, matched at this threshold */
+    double *rc, *pr;
+} work_t;
+
+/* computeIoU: sorts the detections by score (stable), keeps maxDets of them
+ * and fills the IoU matrix; returns how many were kept */
+static int compute_iou(work_t *w, const ps_coco_t *gt, const int *gi, int ng,
+                       const ps_coco_det_t *dets, const int *di, int nd)
 {
-    if (ng == 0 && nd == 0) return 0;
-    for (int d = 0; d < nd; d++) sd[d].score = dets[di[d]].score, sd[d].idx = d;
-    qsort(sd, (size_t)nd, sizeof *sd, cmp_sd); /* index tie-break == mergesort's stability */
+    for (int d = 0; d < nd; d++) w->sd[d].score = dets[di[d]].score, w->sd[d].idx = d;
+    qsort(w->sd, (size_t)nd, sizeof *w->sd, cmp_sd); /* index tie-break == mergesort's stability */
     if (nd > MAXDET) nd = MAXDET;
     for (int d = 0; d < nd; d++)
         for (int g = 0; g < ng; g++) {
             const ps_coco_ann_t *a = &gt->anns[gi[g]];
-            ious[d * ng + g] = bb_iou(dets[di[sd[d].idx]].bbox, a->bbox, a->iscrowd);
+            w->ious[d * ng + g] = bb_iou(dets[di[w->sd[d].idx]].bbox, a->bbox, a->iscrowd);
         }
+    return nd;
+}
+
+/* evaluateImg's gtIgnore and its stable sort: GTs that are crowd or outside
+ * area range ar are ignored and go after the others */
+static void sort_gts_by_ignore(work_t *w, const ps_coco_t *gt, const int *gi, int ng, int ar)
+{
+    int k = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int g = 0; g < ng; g++) {
+            const ps_coco_ann_t *a = &gt->anns[gi[g]];
+            int ign = a->iscrowd || a->area < area_lo[ar] || a->area > area_hi[ar];
+            if (ign == pass) {
+                w->gorder[k] = g;
+                w->gig[k] = (uint8_t)ign;
+                k++;
+            }
+        }
+}
+
+/* evaluateImg's greedy matching at each IoU threshold: a detection (in score
+ * order) takes the best-IoU GT not yet matched (crowds can be matched again),
+ * never leaving a regular GT for an ignored one, a later GT winning an IoU
+ * tie; sets ent's tp and ig */
+static void match_dets(entry_t *ent, const work_t *w, const ps_coco_t *gt, const int *gi, int ng,
+                       int nd, const double *thr)
+{
+    for (int t = 0; t < NT; t++) {
+        memset(w->gtm, 0, (size_t)(ng ? ng : 1));
+        for (int d = 0; d < nd; d++) {
+            double iou = fmin(thr[t], 1 - 1e-10);
+            int m = -1;
+            for (int j = 0; j < ng; j++) {
+                int g = w->gorder[j];
+                int crowd = gt->anns[gi[g]].iscrowd;
+                if (w->gtm[j] && !crowd) continue;
+                if (m > -1 && w->gig[m] == 0 && w->gig[j] == 1) break;
+                if (w->ious[d * ng + g] < iou) continue;
+                iou = w->ious[d * ng + g];
+                m = j;
+            }
+            if (m == -1) continue;
+            ent[d].ig[t] = w->gig[m];
+            ent[d].tp[t] = 1;
+            w->gtm[m] = 1;
+        }
+    }
+}
+
+/* evaluateImg for one image and category, all four area ranges: each
+ * range's detections (with their matches) go onto lists[ar] */
+static int eval_img(elist_t *lists /* [NA] */, work_t *w, const ps_coco_t *gt, const int *gi,
+                    int ng, const ps_coco_det_t *dets, const int *di, int nd, const double *thr)
+{
+    if (ng == 0 && nd == 0) return 0;
+    nd = compute_iou(w, gt, gi, ng, dets, di, nd);
     for (int ar = 0; ar < NA; ar++) {
         elist_t *L = &lists[ar];
-        int k = 0;
-        for (int pass = 0; pass < 2; pass++) /* non-ignored first, stable */
-            for (int g = 0; g < ng; g++) {
-                const ps_coco_ann_t *a = &gt->anns[gi[g]];
-                int ign = a->iscrowd || a->area < area_lo[ar] || a->area > area_hi[ar];
-                if (ign == pass) {
-                    gorder[k] = g;
-                    gig[k] = (uint8_t)ign;
-                    k++;
-                }
-            }
-        for (int g = 0; g < ng; g++) L->npig += !gig[g];
+        sort_gts_by_ignore(w, gt, gi, ng, ar);
+        for (int g = 0; g < ng; g++) L->npig += !w->gig[g];
         entry_t *ent = malloc((size_t)(nd ? nd : 1) * sizeof *ent);
         if (!ent) return PS_ENOMEM;
         memset(ent, 0, (size_t)(nd ? nd : 1) * sizeof *ent);
-        for (int t = 0; t < NT; t++) {
-            memset(gtm, 0, (size_t)(ng ? ng : 1));
-            for (int d = 0; d < nd; d++) {
-                double iou = fmin(thr[t], 1 - 1e-10);
-                int m = -1;
-                for (int j = 0; j < ng; j++) {
-                    int g = gorder[j];
-                    int crowd = gt->anns[gi[g]].iscrowd;
-                    if (gtm[j] && !crowd) continue;
-                    if (m > -1 && gig[m] == 0 && gig[j] == 1) break;
-                    if (ious[d * ng + g] < iou) continue;
-                    iou = ious[d * ng + g];
-                    m = j;
-                }
-                if (m == -1) continue;
-                ent[d].ig[t] = gig[m];
-                ent[d].tp[t] = 1;
-                gtm[m] = 1;
-            }
-        }
+        match_dets(ent, w, gt, gi, ng, nd, thr);
+        /* an unmatched detection outside the area range is ignored */
         for (int d = 0; d < nd; d++) {
-            const double *b = dets[di[sd[d].idx]].bbox;
-            double area = b[2] * b[3];
+            const ps_coco_det_t *det = &dets[di[w->sd[d].idx]];
+            double area = det->bbox[2] * det->bbox[3];
             int out = area < area_lo[ar] || area > area_hi[ar];
             for (int t = 0; t < NT; t++)
                 if (!ent[d].tp[t] && out) ent[d].ig[t] = 1;
-            ent[d].score = dets[di[sd[d].idx]].score;
+            ent[d].score = det->score;
             ent[d].rank = d;
             if (push(L, &ent[d])) {
                 free(ent);
@@ -204,6 +243,218 @@ void ps_coco_eval_free(ps_coco_eval_result_t *res)
     memset(res, 0, sizeof *res);
 }
 
+/* One evaluation: Params (iouThrs, recThrs, catIds), _prepare's GTs and
+ * detections per (image, category), and eval's precision and recall. */
+typedef struct {
+    const ps_coco_t *gt;
+    const ps_coco_det_t *dets;
+    int ndets, I, K;
+    double iou_thr[NT], rec_thr[NR];
+    int64_t *cats;              /* K category ids, ascending (owned by the result) */
+    /* bucket b = sorted image position * K + category position: its GTs are
+     * gidx[goff[b] .. goff[b+1]), its detections didx[doff[b] .. doff[b+1]) */
+    size_t nb;
+    int *goff, *gidx, *doff, *didx;
+    int maxg, maxd;             /* the largest bucket's GTs, detections (at least 1) */
+    double *prec;               /* [NM][NA][K][NT][NR], -1 where undefined */
+    double *rec;                /* [NM][NA][K][NT], -1 where undefined */
+} coco_eval_t;
+
+/* The bucket of an (image id, category id); -1 when either is not evaluated */
+static int bucket_of(const coco_eval_t *ev, const int *img_pos, int64_t image_id,
+                     int64_t category_id)
+{
+    int im = ps_coco_find_image(ev->gt, image_id);
+    int64_t *c = bsearch(&category_id, ev->cats, (size_t)ev->K, sizeof *ev->cats, cmp_i64);
+    return im < 0 || !c ? -1 : img_pos[im] * ev->K + (int)(c - ev->cats);
+}
+
+/* Counting sort of items 0..n-1 by bkt[] (-1: left out), keeping file order:
+ * off[nb + 1] (zeroed) gets each bucket's start, idx the items.  Returns the
+ * largest bucket's size (at least 1), or PS_ENOMEM. */
+static int bucket_sort(const int *bkt, int n, size_t nb, int *off, int *idx)
+{
+    int maxn = 1;
+    for (int i = 0; i < n; i++)
+        if (bkt[i] >= 0) off[bkt[i] + 1]++;
+    for (size_t b = 0; b < nb; b++) {
+        if (off[b + 1] > maxn) maxn = off[b + 1];
+        off[b + 1] += off[b];
+    }
+    int *cur = malloc(nb * sizeof(int));
+    if (!cur) return PS_ENOMEM;
+    memcpy(cur, off, nb * sizeof(int));
+    for (int i = 0; i < n; i++)
+        if (bkt[i] >= 0) idx[cur[bkt[i]]++] = i;
+    free(cur);
+    return maxn;
+}
+
+/* _prepare: the GTs and the detections of each (image, category) */
+static int prepare(coco_eval_t *ev)
+{
+    const ps_coco_t *gt = ev->gt;
+    int rc = PS_ENOMEM;
+    int *img_pos = malloc((size_t)(ev->I ? ev->I : 1) * sizeof(int)); /* images[] -> sorted pos */
+    int *gb = malloc((size_t)(gt->nanns + 1) * sizeof(int));
+    int *db = malloc((size_t)(ev->ndets + 1) * sizeof(int));
+    ev->nb = (size_t)ev->I * ev->K + 1;
+    ev->goff = calloc(ev->nb + 1, sizeof(int));
+    ev->doff = calloc(ev->nb + 1, sizeof(int));
+    ev->gidx = malloc((size_t)(gt->nanns + 1) * sizeof(int));
+    ev->didx = malloc((size_t)(ev->ndets + 1) * sizeof(int));
+    if (!img_pos || !gb || !db || !ev->goff || !ev->doff || !ev->gidx || !ev->didx) goto out;
+    for (int p = 0; p < ev->I; p++) img_pos[gt->img_sorted_idx[p]] = p;
+    for (int a = 0; a < gt->nanns; a++)
+        gb[a] = bucket_of(ev, img_pos, gt->anns[a].image_id, gt->anns[a].category_id);
+    for (int d = 0; d < ev->ndets; d++)
+        db[d] = bucket_of(ev, img_pos, ev->dets[d].image_id, ev->dets[d].category_id);
+    ev->maxg = bucket_sort(gb, gt->nanns, ev->nb, ev->goff, ev->gidx);
+    ev->maxd = bucket_sort(db, ev->ndets, ev->nb, ev->doff, ev->didx);
+    if (ev->maxg > 0 && ev->maxd > 0) rc = 0;
+out:
+    free(img_pos);
+    free(gb);
+    free(db);
+    return rc;
+}
+
+static void work_free(work_t *w)
+{
+    free(w->sd), free(w->ious), free(w->gorder), free(w->gig), free(w->gtm);
+    free(w->rc), free(w->pr);
+}
+
+static int work_alloc(work_t *w, const coco_eval_t *ev)
+{
+    int maxd100 = ev->maxd < MAXDET ? ev->maxd : MAXDET;
+    w->ious = malloc((size_t)maxd100 * ev->maxg * sizeof(double));
+    w->sd = malloc((size_t)ev->maxd * sizeof *w->sd);
+    w->gorder = malloc((size_t)ev->maxg * sizeof(int));
+    w->gig = malloc((size_t)ev->maxg);
+    w->gtm = malloc((size_t)ev->maxg);
+    w->rc = malloc((size_t)(ev->ndets + 1) * sizeof(double));
+    w->pr = malloc((size_t)(ev->ndets + 1) * sizeof(double));
+    if (!w->ious || !w->sd || !w->gorder || !w->gig || !w->gtm || !w->rc || !w->pr)
+        return PS_ENOMEM;
+    return 0;
+}
+
+/* evaluate for category k: evaluateImg over the images in id order, into
+ * one list per area range */
+static int evaluate_category(const coco_eval_t *ev, int k, elist_t *lists /* [NA] */,
+                             work_t *w)
+{
+    for (int a = 0; a < NA; a++) lists[a].n = lists[a].npig = 0;
+    for (int i = 0; i < ev->I; i++) {
+        int b = i * ev->K + k;
+        int e = eval_img(lists, w, ev->gt, ev->gidx + ev->goff[b], ev->goff[b + 1] - ev->goff[b],
+                         ev->dets, ev->didx + ev->doff[b], ev->doff[b + 1] - ev->doff[b],
+                         ev->iou_thr);
+        if (e) return e;
+    }
+    return 0;
+}
+
+/* accumulate for category k: each area range's precision and recall, stored
+ * at their places in ev->prec and ev->rec */
+static void accumulate_category(coco_eval_t *ev, int k, elist_t *lists /* [NA] */,
+                                work_t *w)
+{
+    double q[NM * NT * NR], r[NM * NT];
+    for (int a = 0; a < NA; a++) {
+        for (int x = 0; x < NM * NT * NR; x++) q[x] = -1;
+        for (int x = 0; x < NM * NT; x++) r[x] = -1;
+        accumulate(&lists[a], ev->rec_thr, q, r, w->rc, w->pr);
+        for (int m = 0; m < NM; m++)
+            for (int t = 0; t < NT; t++) {
+                size_t base = ((((size_t)m * NA + a) * ev->K + k) * NT + t);
+                memcpy(ev->prec + base * NR, q + (m * NT + t) * NR, NR * sizeof(double));
+                ev->rec[base] = r[m * NT + t];
+            }
+    }
+}
+
+/* evaluate and accumulate, one category at a time (so only one category's
+ * matches are held): fills ev->prec and ev->rec */
+static int evaluate(coco_eval_t *ev)
+{
+    size_t np = (size_t)NM * NA * ev->K * NT * NR, nrc = (size_t)NM * NA * ev->K * NT;
+    elist_t lists[NA];
+    work_t w;
+    int rc = PS_ENOMEM;
+    memset(lists, 0, sizeof lists);
+    memset(&w, 0, sizeof w);
+    ev->prec = malloc((np ? np : 1) * sizeof(double));
+    ev->rec = malloc((nrc ? nrc : 1) * sizeof(double));
+    if (!ev->prec || !ev->rec || work_alloc(&w, ev)) goto out;
+    for (size_t i = 0; i < np; i++) ev->prec[i] = -1;
+    for (size_t i = 0; i < nrc; i++) ev->rec[i] = -1;
+    for (int k = 0; k < ev->K; k++) {
+        if (evaluate_category(ev, k, lists, &w)) goto out;
+        accumulate_category(ev, k, lists, &w);
+    }
+    rc = 0;
+out:
+    for (int a = 0; a < NA; a++) free(lists[a].e);
+    work_free(&w);
+    return rc;
+}
+
+/* _summarize: the mean of the precisions (ap) or recalls above -1 at area
+ * range `area` and maxDets index m, over all IoU thresholds or only the one
+ * equal to thr (thr >= 0); -1 when there are none */
+static double summarize_one(const coco_eval_t *ev, int ap, double thr, int area, int m)
+{
+    double sum = 0;
+    long cnt = 0;
+    for (int k = 0; k < ev->K; k++)
+        for (int t = 0; t < NT; t++) {
+            if (thr >= 0 && ev->iou_thr[t] != thr) continue;
+            size_t base = (((size_t)m * NA + area) * ev->K + k) * NT + t;
+            if (ap) {
+                for (int x = 0; x < NR; x++)
+                    if (ev->prec[base * NR + x] > -1) sum += ev->prec[base * NR + x], cnt++;
+            } else if (ev->rec[base] > -1) {
+                sum += ev->rec[base], cnt++;
+            }
+        }
+    return cnt ? sum / cnt : -1;
+}
+
+/* summarize: the 12 stats of COCOeval.stats */
+static void summarize(const coco_eval_t *ev, double *stats)
+{
+    static const struct {
+        int ap, area, m;
+        double thr;
+    } spec[PS_COCO_NSTATS] = {{1, 0, 2, -1}, {1, 0, 2, .5},  {1, 0, 2, .75}, {1, 1, 2, -1},
+                              {1, 2, 2, -1}, {1, 3, 2, -1},  {0, 0, 0, -1},  {0, 0, 1, -1},
+                              {0, 0, 2, -1}, {0, 1, 2, -1},  {0, 2, 2, -1},  {0, 3, 2, -1}};
+    for (int s = 0; s < PS_COCO_NSTATS; s++)
+        stats[s] = summarize_one(ev, spec[s].ap, spec[s].thr, spec[s].area, spec[s].m);
+}
+
+/* Per category, AP @[.50:.95] and AP @.50 (area all, maxDets 100), as the
+ * stats' means restricted to that category */
+static void summarize_categories(const coco_eval_t *ev, ps_coco_eval_result_t *res)
+{
+    for (int k = 0; k < ev->K; k++) {
+        double sum = 0, sum50 = 0;
+        long cnt = 0, cnt50 = 0;
+        for (int t = 0; t < NT; t++) {
+            size_t base = (((size_t)2 * NA + 0) * ev->K + k) * NT + t;
+            for (int x = 0; x < NR; x++)
+                if (ev->prec[base * NR + x] > -1) {
+                    sum += ev->prec[base * NR + x], cnt++;
+                    if (t == 0) sum50 += ev->prec[base * NR + x], cnt50++;
+                }
+        }
+        res->cat_ap[k] = cnt ? sum / cnt : -1;
+        res->cat_ap50[k] = cnt50 ? sum50 / cnt50 : -1;
+    }
+}
+
 int ps_coco_evaluate(ps_coco_eval_result_t *res, const ps_coco_t *gt, const ps_coco_det_t *dets,
                      int ndets)
 {
@@ -212,161 +463,27 @@ int ps_coco_evaluate(ps_coco_eval_result_t *res, const ps_coco_t *gt, const ps_c
         ps_error("coco eval: ground truth not indexed (ps_coco_index)");
         return PS_EINVAL;
     }
-    int I = gt->nimages, K = gt->ncats, rc = PS_ENOMEM;
-    double iou_thr[NT], rec_thr[NR];
-    linspace(iou_thr, 0.5, 0.95, NT);
-    linspace(rec_thr, 0.0, 1.0, NR);
-
-    int64_t *cats = malloc((size_t)(K ? K : 1) * sizeof *cats);
-    int *img_pos = malloc((size_t)(I ? I : 1) * sizeof(int)); /* images[] index -> sorted pos */
-    size_t nb = (size_t)I * K + 1;
-    int *goff = calloc(nb + 1, sizeof(int)), *doff = calloc(nb + 1, sizeof(int));
-    int *gidx = malloc((size_t)(gt->nanns + 1) * sizeof(int));
-    int *didx = malloc((size_t)(ndets + 1) * sizeof(int));
-    int *gcur = NULL, *dcur = NULL, maxg = 1, maxd = 1;
-    double *prec = NULL, *rec = NULL, *ious = NULL, *rcb = NULL, *prb = NULL;
-    sd_t *sd = NULL;
-    int *gorder = NULL;
-    uint8_t *gig = NULL, *gtm = NULL;
-    elist_t lists[NA];
-    memset(lists, 0, sizeof lists);
-    res->cat_ids = cats;
+    coco_eval_t ev = {.gt = gt, .dets = dets, .ndets = ndets, .I = gt->nimages, .K = gt->ncats};
+    int K = ev.K, rc = PS_ENOMEM;
+    linspace(ev.iou_thr, 0.5, 0.95, NT);
+    linspace(ev.rec_thr, 0.0, 1.0, NR);
     res->ncats = K;
+    res->cat_ids = ev.cats = malloc((size_t)(K ? K : 1) * sizeof *ev.cats);
     res->cat_ap = malloc((size_t)(K ? K : 1) * sizeof(double));
     res->cat_ap50 = malloc((size_t)(K ? K : 1) * sizeof(double));
-    if (!cats || !img_pos || !goff || !doff || !gidx || !didx || !res->cat_ap || !res->cat_ap50)
-        goto out;
-    for (int k = 0; k < K; k++) cats[k] = gt->cats[k].id;
-    qsort(cats, (size_t)K, sizeof *cats, cmp_i64);
-    for (int p = 0; p < I; p++) img_pos[gt->img_sorted_idx[p]] = p;
-
-    /* bucket (image pos, category pos) in file order; -1 = not evaluated */
-    int *gb = malloc((size_t)(gt->nanns + 1) * sizeof(int));
-    int *db = malloc((size_t)(ndets + 1) * sizeof(int));
-    if (!gb || !db) {
-        free(gb);
-        free(db);
-        goto out;
-    }
-    for (int a = 0; a < gt->nanns; a++) {
-        int im = ps_coco_find_image(gt, gt->anns[a].image_id);
-        int64_t *c = bsearch(&gt->anns[a].category_id, cats, (size_t)K, sizeof *cats, cmp_i64);
-        gb[a] = im < 0 || !c ? -1 : img_pos[im] * K + (int)(c - cats);
-        if (gb[a] >= 0) goff[gb[a] + 1]++;
-    }
-    for (int d = 0; d < ndets; d++) {
-        int im = ps_coco_find_image(gt, dets[d].image_id);
-        int64_t *c = bsearch(&dets[d].category_id, cats, (size_t)K, sizeof *cats, cmp_i64);
-        db[d] = im < 0 || !c ? -1 : img_pos[im] * K + (int)(c - cats);
-        if (db[d] >= 0) doff[db[d] + 1]++;
-    }
-    for (size_t b = 0; b < nb; b++) {
-        if (goff[b + 1] > maxg) maxg = goff[b + 1];
-        if (doff[b + 1] > maxd) maxd = doff[b + 1];
-        goff[b + 1] += goff[b];
-        doff[b + 1] += doff[b];
-    }
-    gcur = malloc(nb * sizeof(int));
-    dcur = malloc(nb * sizeof(int));
-    if (!gcur || !dcur) {
-        free(gb);
-        free(db);
-        goto out;
-    }
-    memcpy(gcur, goff, nb * sizeof(int));
-    memcpy(dcur, doff, nb * sizeof(int));
-    for (int a = 0; a < gt->nanns; a++)
-        if (gb[a] >= 0) gidx[gcur[gb[a]]++] = a;
-    for (int d = 0; d < ndets; d++)
-        if (db[d] >= 0) didx[dcur[db[d]]++] = d;
-    free(gb);
-    free(db);
-
-    size_t np = (size_t)NM * NA * K * NT * NR, nrc = (size_t)NM * NA * K * NT;
-    prec = malloc((np ? np : 1) * sizeof(double));
-    rec = malloc((nrc ? nrc : 1) * sizeof(double));
-    int maxd100 = maxd < MAXDET ? maxd : MAXDET;
-    ious = malloc((size_t)maxd100 * maxg * sizeof(double));
-    sd = malloc((size_t)maxd * sizeof *sd);
-    gorder = malloc((size_t)maxg * sizeof(int));
-    gig = malloc((size_t)maxg);
-    gtm = malloc((size_t)maxg);
-    rcb = malloc((size_t)(ndets + 1) * sizeof(double));
-    prb = malloc((size_t)(ndets + 1) * sizeof(double));
-    if (!prec || !rec || !ious || !sd || !gorder || !gig || !gtm || !rcb || !prb) goto out;
-    for (size_t i = 0; i < np; i++) prec[i] = -1;
-    for (size_t i = 0; i < nrc; i++) rec[i] = -1;
-
-    double q[NM * NT * NR], r[NM * NT];
-    for (int k = 0; k < K; k++) {
-        for (int a = 0; a < NA; a++) lists[a].n = lists[a].npig = 0;
-        for (int i = 0; i < I; i++) {
-            int b = i * K + k;
-            int e = eval_img(lists, gt, gidx + goff[b], goff[b + 1] - goff[b], dets,
-                             didx + doff[b], doff[b + 1] - doff[b], iou_thr, sd, ious, gorder,
-                             gig, gtm);
-            if (e) goto out;
-        }
-        for (int a = 0; a < NA; a++) {
-            for (int x = 0; x < NM * NT * NR; x++) q[x] = -1;
-            for (int x = 0; x < NM * NT; x++) r[x] = -1;
-            accumulate(&lists[a], rec_thr, q, r, rcb, prb);
-            for (int m = 0; m < NM; m++)
-                for (int t = 0; t < NT; t++) {
-                    size_t base = ((((size_t)m * NA + a) * K + k) * NT + t);
-                    memcpy(prec + base * NR, q + (m * NT + t) * NR, NR * sizeof(double));
-                    rec[base] = r[m * NT + t];
-                }
-        }
-    }
-
-    /* summarize: mean over entries > -1; iouThr selects the t with thr == value */
-    struct {
-        int ap, area, m;
-        double thr;
-    } spec[PS_COCO_NSTATS] = {{1, 0, 2, -1}, {1, 0, 2, .5},  {1, 0, 2, .75}, {1, 1, 2, -1},
-                              {1, 2, 2, -1}, {1, 3, 2, -1},  {0, 0, 0, -1},  {0, 0, 1, -1},
-                              {0, 0, 2, -1}, {0, 1, 2, -1},  {0, 2, 2, -1},  {0, 3, 2, -1}};
-    for (int s = 0; s < PS_COCO_NSTATS; s++) {
-        double sum = 0;
-        long cnt = 0;
-        for (int k = 0; k < K; k++)
-            for (int t = 0; t < NT; t++) {
-                if (spec[s].thr >= 0 && iou_thr[t] != spec[s].thr) continue;
-                size_t base = (((size_t)spec[s].m * NA + spec[s].area) * K + k) * NT + t;
-                if (spec[s].ap) {
-                    for (int x = 0; x < NR; x++)
-                        if (prec[base * NR + x] > -1) sum += prec[base * NR + x], cnt++;
-                } else if (rec[base] > -1) {
-                    sum += rec[base], cnt++;
-                }
-            }
-        res->stats[s] = cnt ? sum / cnt : -1;
-    }
-    for (int k = 0; k < K; k++) {
-        double sum = 0, sum50 = 0;
-        long cnt = 0, cnt50 = 0;
-        for (int t = 0; t < NT; t++) {
-            size_t base = (((size_t)2 * NA + 0) * K + k) * NT + t;
-            for (int x = 0; x < NR; x++)
-                if (prec[base * NR + x] > -1) {
-                    sum += prec[base * NR + x], cnt++;
-                    if (t == 0) sum50 += prec[base * NR + x], cnt50++;
-                }
-        }
-        res->cat_ap[k] = cnt ? sum / cnt : -1;
-        res->cat_ap50[k] = cnt50 ? sum50 / cnt50 : -1;
-    }
-    rc = 0;
+    if (!ev.cats || !res->cat_ap || !res->cat_ap50) goto out;
+    for (int k = 0; k < K; k++) ev.cats[k] = gt->cats[k].id;
+    qsort(ev.cats, (size_t)K, sizeof *ev.cats, cmp_i64);
+    if ((rc = prepare(&ev)) || (rc = evaluate(&ev))) goto out;
+    summarize(&ev, res->stats);
+    summarize_categories(&ev, res);
 out:
     if (rc) {
-        ps_error("coco eval: out of memory (%d images, %d categories, %d detections)", I, K, ndets);
+        ps_error("coco eval: out of memory (%d images, %d categories, %d detections)", ev.I, K,
+                 ndets);
         ps_coco_eval_free(res);
     }
-    for (int a = 0; a < NA; a++) free(lists[a].e);
-    free(img_pos), free(goff), free(doff), free(gidx), free(didx), free(gcur), free(dcur);
-    free(prec), free(rec), free(ious), free(sd), free(gorder), free(gig), free(gtm);
-    free(rcb), free(prb);
+    free(ev.goff), free(ev.doff), free(ev.gidx), free(ev.didx), free(ev.prec), free(ev.rec);
     return rc;
 }
 

@@ -259,6 +259,77 @@ static int parse_ann(ps_coco_ann_t *a, const cJSON *o, int i, const ps_coco_t *c
     return 0;
 }
 
+/* Categories: always strict (a bad category makes every annotation doubtful). */
+static int parse_categories(ps_coco_t *c, const cJSON *jcat, const char *name, char *err,
+                            size_t errlen)
+{
+    int i = 0, rc;
+    const cJSON *o;
+    cJSON_ArrayForEach(o, jcat)
+    {
+        int64_t id;
+        if (!cJSON_IsObject(o))
+            return fail(err, errlen, PS_ECORRUPT, "%s: categories[%d]: not an object", name, i);
+        if ((rc = get_int(o, "id", &id, 1, 0, name, "categories", i, err, errlen))) return rc;
+        if (ps_coco_find_cat(c, id) >= 0)
+            return fail(err, errlen, PS_ECORRUPT, "%s: categories[%d].id: duplicate id %lld", name,
+                        i, (long long)id);
+        c->cats[c->ncats].id = id;
+        c->cats[c->ncats].name = dup_str(o, "name");
+        c->ncats++;
+        i++;
+    }
+    return 0;
+}
+
+/* Images, their ids into ids[]; lenient: a bad one is skipped and counted. */
+static int parse_images(ps_coco_t *c, const cJSON *jim, int64_t *ids, int lenient,
+                        ps_coco_skips_t *sk, const char *name, char *err, size_t errlen)
+{
+    int i = 0;
+    const cJSON *o;
+    cJSON_ArrayForEach(o, jim)
+    {
+        int rc = parse_image(&c->images[c->nimages], o, i, name, err, errlen);
+        if (rc == 0) {
+            c->images[c->nimages].file_name = dup_str(o, "file_name");
+            ids[c->nimages] = c->images[c->nimages].id;
+            c->nimages++;
+        } else if (lenient) {
+            ps_warn("%s: images[%d] skipped", name, i);
+            sk->images++;
+        } else {
+            return rc;
+        }
+        i++;
+    }
+    return 0;
+}
+
+/* Annotations (checked against c's images and categories), their ids into
+ * ids[]; lenient: a bad one is skipped and counted. */
+static int parse_anns(ps_coco_t *c, const cJSON *jan, int64_t *ids, int lenient,
+                      ps_coco_skips_t *sk, const char *name, char *err, size_t errlen)
+{
+    int i = 0;
+    const cJSON *o;
+    cJSON_ArrayForEach(o, jan)
+    {
+        int rc = parse_ann(&c->anns[c->nanns], o, i, c, name, err, errlen);
+        if (rc == 0) {
+            ids[c->nanns] = c->anns[c->nanns].id;
+            c->nanns++;
+        } else if (lenient) {
+            ps_warn("%s: annotations[%d] skipped", name, i);
+            sk->anns++;
+        } else {
+            return rc;
+        }
+        i++;
+    }
+    return 0;
+}
+
 int ps_coco_parse(ps_coco_t *out, const char *text, size_t len, const char *name, int lenient,
                   ps_coco_skips_t *skips, char *err, size_t errlen)
 {
@@ -267,6 +338,7 @@ int ps_coco_parse(ps_coco_t *out, const char *text, size_t len, const char *name
     memset(&c, 0, sizeof c);
     memset(out, 0, sizeof *out);
     int rc = 0;
+    int64_t *ids = NULL; /* image ids, then annotation ids, checked distinct */
     cJSON *root = parse_json(text, len, name, err, errlen);
     if (!root) return PS_ECORRUPT;
     const cJSON *jim, *jan, *jcat;
@@ -288,76 +360,21 @@ int ps_coco_parse(ps_coco_t *out, const char *text, size_t len, const char *name
         rc = fail(err, errlen, PS_ENOMEM, "%s: out of memory", name);
         goto out;
     }
-    /* categories: always strict (a bad category makes every annotation doubtful) */
-    int i = 0;
-    const cJSON *o;
-    cJSON_ArrayForEach(o, jcat)
-    {
-        int64_t id;
-        if (!cJSON_IsObject(o)) {
-            rc = fail(err, errlen, PS_ECORRUPT, "%s: categories[%d]: not an object", name, i);
-            goto out;
-        }
-        if ((rc = get_int(o, "id", &id, 1, 0, name, "categories", i, err, errlen))) goto out;
-        if (ps_coco_find_cat(&c, id) >= 0) {
-            rc = fail(err, errlen, PS_ECORRUPT, "%s: categories[%d].id: duplicate id %lld", name, i,
-                      (long long)id);
-            goto out;
-        }
-        c.cats[c.ncats].id = id;
-        c.cats[c.ncats].name = dup_str(o, "name");
-        c.ncats++;
-        i++;
-    }
-    i = 0;
-    int64_t *ids = malloc((size_t)(ni + na + 1) * sizeof(int64_t));
+    if ((rc = parse_categories(&c, jcat, name, err, errlen))) goto out;
+    ids = malloc((size_t)(ni + na + 1) * sizeof(int64_t));
     if (!ids) {
         rc = fail(err, errlen, PS_ENOMEM, "%s: out of memory", name);
         goto out;
     }
-    cJSON_ArrayForEach(o, jim)
-    {
-        rc = parse_image(&c.images[c.nimages], o, i, name, err, errlen);
-        if (rc == 0) {
-            c.images[c.nimages].file_name = dup_str(o, "file_name");
-            ids[c.nimages] = c.images[c.nimages].id;
-            c.nimages++;
-        } else if (lenient) {
-            ps_warn("%s: images[%d] skipped", name, i);
-            sk.images++;
-            rc = 0;
-        } else {
-            free(ids);
-            goto out;
-        }
-        i++;
-    }
     /* duplicate image ids: an error even when lenient (which one would be right?) */
-    if ((rc = check_unique_ids(ids, c.nimages, name, "images", err, errlen)) ||
-        (rc = ps_coco_index(&c, err, errlen))) {
-        free(ids);
+    if ((rc = parse_images(&c, jim, ids, lenient, &sk, name, err, errlen)) ||
+        (rc = check_unique_ids(ids, c.nimages, name, "images", err, errlen)) ||
+        (rc = ps_coco_index(&c, err, errlen)) ||
+        (rc = parse_anns(&c, jan, ids, lenient, &sk, name, err, errlen)))
         goto out;
-    }
-    i = 0;
-    cJSON_ArrayForEach(o, jan)
-    {
-        rc = parse_ann(&c.anns[c.nanns], o, i, &c, name, err, errlen);
-        if (rc == 0) {
-            ids[c.nanns] = c.anns[c.nanns].id;
-            c.nanns++;
-        } else if (lenient) {
-            ps_warn("%s: annotations[%d] skipped", name, i);
-            sk.anns++;
-            rc = 0;
-        } else {
-            free(ids);
-            goto out;
-        }
-        i++;
-    }
     rc = check_unique_ids(ids, c.nanns, name, "annotations", err, errlen);
-    free(ids);
 out:
+    free(ids);
     cJSON_Delete(root);
     if (rc) {
         ps_coco_free(&c);

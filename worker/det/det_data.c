@@ -161,57 +161,63 @@ int ps_det_data_opts_check(const ps_det_data_opts_t *o, char *err, size_t errlen
 
 static const float MEAN[3] = {0.485f, 0.456f, 0.406f}, STD[3] = {0.229f, 0.224f, 0.225f};
 
-int ps_det_load_sample(const ps_det_dataset_t *ds, const ps_det_data_opts_t *o,
-                       const float *anchors, int A, uint64_t epoch, size_t index, float *img,
-                       int32_t *labels, float *box_targets, ps_det_geom_t *geom, int *npos,
-                       char *err, size_t errlen)
+/* Reads and decodes image ii (path: root/file_name) into rgb (w x h); its
+ * size must be the one the JSON gives */
+static int read_image(const ps_det_dataset_t *ds, int ii, char *path, size_t pathlen,
+                      uint8_t **rgb, int *w, int *h, char *err, size_t errlen)
 {
-    if (index >= ds->n) return ps_errf(err, errlen, "sample %zu out of range", index), PS_EINVAL;
-    int ii = ds->index[index];
     const ps_coco_image_t *im = &ds->coco.images[ii];
-    char path[4096];
-    if (snprintf(path, sizeof path, "%s%s%s", ds->root, *ds->root ? "/" : "", im->file_name) >=
-        (int)sizeof path)
+    if (snprintf(path, pathlen, "%s%s%s", ds->root, *ds->root ? "/" : "", im->file_name) >=
+        (int)pathlen)
         return ps_errf(err, errlen, "image path too long: %s", im->file_name), PS_EINVAL;
-    uint8_t *buf = NULL, *rgb = NULL, *rs = NULL;
+    uint8_t *buf = NULL;
     size_t len;
-    int w, h, rc;
+    int rc;
     char e2[512];
     if ((rc = ps_read_file(path, &buf, &len, e2, sizeof e2)))
         return ps_errf(err, errlen, "image %lld: %s", (long long)im->id, e2), rc;
-    rc = ps_jpeg_decode(buf, len, &rgb, &w, &h, e2, sizeof e2);
+    rc = ps_jpeg_decode(buf, len, rgb, w, h, e2, sizeof e2);
     free(buf);
     if (rc) return ps_errf(err, errlen, "%s: %s", path, e2), rc;
-    if (w != im->width || h != im->height) {
-        free(rgb);
-        return ps_errf(err, errlen, "%s: image is %dx%d, the annotations say %dx%d", path, w, h,
+    if (*w != im->width || *h != im->height) {
+        free(*rgb);
+        *rgb = NULL;
+        return ps_errf(err, errlen, "%s: image is %dx%d, the annotations say %dx%d", path, *w, *h,
                        im->width, im->height), PS_ECORRUPT;
     }
+    return 0;
+}
+
+/* Resizes rgb (w x h) with scale = min(min_size / shorter side, max_size /
+ * longer side), each side rounded and kept within 1..size: *rs (nw x nh) */
+static int resize_image(const ps_det_data_opts_t *o, const uint8_t *rgb, int w, int h,
+                        uint8_t **rs, int *nw, int *nh, const char *path, char *err,
+                        size_t errlen)
+{
     int S = o->size, mx = o->max_size ? o->max_size : S, mn = o->min_size ? o->min_size : S;
     int sh = w < h ? w : h, lg = w < h ? h : w;
     double scale = (double)mn / sh;
     if (scale * lg > mx) scale = (double)mx / lg;
-    int nw = (int)floor(w * scale + 0.5), nh = (int)floor(h * scale + 0.5);
-    if (nw < 1) nw = 1;
-    if (nh < 1) nh = 1;
-    if (nw > S) nw = S;
-    if (nh > S) nh = S;
-    rs = malloc((size_t)nw * nh * 3);
-    if (!rs) {
-        free(rgb);
-        return ps_errf(err, errlen, "out of memory"), PS_ENOMEM;
-    }
-    rc = ps_image_resize(rgb, w * 3, w, h, rs, nw, nh);
-    free(rgb);
+    *nw = (int)floor(w * scale + 0.5), *nh = (int)floor(h * scale + 0.5);
+    if (*nw < 1) *nw = 1;
+    if (*nh < 1) *nh = 1;
+    if (*nw > S) *nw = S;
+    if (*nh > S) *nh = S;
+    *rs = malloc((size_t)*nw * *nh * 3);
+    if (!*rs) return ps_errf(err, errlen, "out of memory"), PS_ENOMEM;
+    int rc = ps_image_resize(rgb, w * 3, w, h, *rs, *nw, *nh);
     if (rc) {
-        free(rs);
-        return ps_errf(err, errlen, "%s: resize to %dx%d failed", path, nw, nh), rc;
+        free(*rs);
+        *rs = NULL;
+        return ps_errf(err, errlen, "%s: resize to %dx%d failed", path, *nw, *nh), rc;
     }
-    int flip = 0;
-    if (o->train && o->flip) {
-        ps_vrng_t r = ps_vrng_sample(o->seed, epoch, (uint64_t)index);
-        flip = ps_vrng_below(&r, 2) == 1;
-    }
+    return 0;
+}
+
+/* ImageNet normalisation of rs (nw x nh, mirrored when flip) into img's top
+ * left corner, zero padding the rest of its size x size planes */
+static void normalize_pad(float *img, const uint8_t *rs, int nw, int nh, int S, int flip)
+{
     size_t plane = (size_t)S * S;
     memset(img, 0, sizeof(float) * plane * 3);
     for (int y = 0; y < nh; y++)
@@ -220,13 +226,44 @@ int ps_det_load_sample(const ps_det_dataset_t *ds, const ps_det_data_opts_t *o,
             for (int ch = 0; ch < 3; ch++)
                 img[ch * plane + (size_t)y * S + x] = (px[ch] / 255.0f - MEAN[ch]) / STD[ch];
         }
-    free(rs);
-    /* exact per-axis scales: the resized size was rounded */
-    float sx = (float)nw / w, sy = (float)nh / h;
-    if (geom) *geom = (ps_det_geom_t){sx, nw, nh, w, h, flip};
-    if (npos) *npos = 0;
-    if (!labels) return 0;
-    int M = 0, na = ds->ann_count[ii];
+}
+
+/* Image ii's training boxes (not crowd, not empty) in the resized image
+ * (scales sx, sy; mirrored in width nw when flip): gt (x1, y1, x2, y2) and
+ * their classes, *M of them */
+static int gt_boxes(const ps_det_dataset_t *ds, int ii, float sx, float sy, int nw, int flip,
+                    float *gt, int32_t *cls, int *M, char *err, size_t errlen)
+{
+    *M = 0;
+    for (int j = 0; j < ds->ann_count[ii]; j++) {
+        const ps_coco_ann_t *an = &ds->coco.anns[ds->ann_list[ds->ann_start[ii] + j]];
+        if (an->iscrowd || !(an->bbox[2] > 0 && an->bbox[3] > 0)) continue;
+        int k = 0;
+        while (k < ds->K && ds->cat_of[k] != an->category_id) k++;
+        if (k == ds->K) /* coco_json rejects unknown categories; keep the check local */
+            return ps_errf(err, errlen, "annotation %lld: unknown category %lld", (long long)an->id,
+                           (long long)an->category_id), PS_ECORRUPT;
+        float x1 = (float)an->bbox[0] * sx, x2 = (float)(an->bbox[0] + an->bbox[2]) * sx;
+        float y1 = (float)an->bbox[1] * sy, y2 = (float)(an->bbox[1] + an->bbox[3]) * sy;
+        if (flip) {
+            float t = (float)nw - x2;
+            x2 = (float)nw - x1;
+            x1 = t;
+        }
+        gt[4 * *M] = x1, gt[4 * *M + 1] = y1, gt[4 * *M + 2] = x2, gt[4 * *M + 3] = y2;
+        cls[(*M)++] = k;
+    }
+    return 0;
+}
+
+/* Anchor assignment and RetinaNet targets (labels, box_targets) for image
+ * ii's boxes; returns the positive anchors, or PS_E* with err set */
+static int anchor_targets(const ps_det_dataset_t *ds, const ps_det_data_opts_t *o, int ii,
+                          const float *anchors, int A, float sx, float sy, int nw, int flip,
+                          int32_t *labels, float *box_targets, const char *path, char *err,
+                          size_t errlen)
+{
+    int M, na = ds->ann_count[ii], rc;
     float *gt = malloc(sizeof(float) * 4 * (size_t)(na + 1));
     int32_t *cls = malloc(sizeof(int32_t) * (size_t)(na + 1));
     int32_t *matched = malloc(sizeof(int32_t) * (size_t)A);
@@ -235,26 +272,9 @@ int ps_det_load_sample(const ps_det_dataset_t *ds, const ps_det_data_opts_t *o,
         free(gt), free(cls), free(matched), free(scratch);
         return ps_errf(err, errlen, "out of memory"), PS_ENOMEM;
     }
-    for (int j = 0; j < na; j++) {
-        const ps_coco_ann_t *an = &ds->coco.anns[ds->ann_list[ds->ann_start[ii] + j]];
-        if (an->iscrowd || !(an->bbox[2] > 0 && an->bbox[3] > 0)) continue;
-        int k = 0;
-        while (k < ds->K && ds->cat_of[k] != an->category_id) k++;
-        if (k == ds->K) {
-            /* coco_json rejects unknown categories; keep the check local */
-            free(gt), free(cls), free(matched), free(scratch);
-            return ps_errf(err, errlen, "annotation %lld: unknown category %lld", (long long)an->id,
-                           (long long)an->category_id), PS_ECORRUPT;
-        }
-        float x1 = (float)an->bbox[0] * sx, x2 = (float)(an->bbox[0] + an->bbox[2]) * sx;
-        float y1 = (float)an->bbox[1] * sy, y2 = (float)(an->bbox[1] + an->bbox[3]) * sy;
-        if (flip) {
-            float t = (float)nw - x2;
-            x2 = (float)nw - x1;
-            x1 = t;
-        }
-        gt[4 * M] = x1, gt[4 * M + 1] = y1, gt[4 * M + 2] = x2, gt[4 * M + 3] = y2;
-        cls[M++] = k;
+    if ((rc = gt_boxes(ds, ii, sx, sy, nw, flip, gt, cls, &M, err, errlen))) {
+        free(gt), free(cls), free(matched), free(scratch);
+        return rc;
     }
     if (M == 0) {
         /* only on a dataset loaded without train: all background */
@@ -267,7 +287,40 @@ int ps_det_load_sample(const ps_det_dataset_t *ds, const ps_det_data_opts_t *o,
             rc = ps_det_make_targets(labels, box_targets, matched, anchors, A, gt, cls, M, ds->K);
     }
     free(gt), free(cls), free(matched), free(scratch);
-    if (rc < 0) return ps_errf(err, errlen, "%s: anchor assignment failed (%s)", path, ps_strerror(rc)), rc;
+    if (rc < 0) ps_errf(err, errlen, "%s: anchor assignment failed (%s)", path, ps_strerror(rc));
+    return rc;
+}
+
+int ps_det_load_sample(const ps_det_dataset_t *ds, const ps_det_data_opts_t *o,
+                       const float *anchors, int A, uint64_t epoch, size_t index, float *img,
+                       int32_t *labels, float *box_targets, ps_det_geom_t *geom, int *npos,
+                       char *err, size_t errlen)
+{
+    if (index >= ds->n) return ps_errf(err, errlen, "sample %zu out of range", index), PS_EINVAL;
+    int ii = ds->index[index];
+    char path[4096];
+    uint8_t *rgb = NULL, *rs = NULL;
+    int w, h, nw, nh;
+    int rc = read_image(ds, ii, path, sizeof path, &rgb, &w, &h, err, errlen);
+    if (rc) return rc;
+    rc = resize_image(o, rgb, w, h, &rs, &nw, &nh, path, err, errlen);
+    free(rgb);
+    if (rc) return rc;
+    int flip = 0;
+    if (o->train && o->flip) {
+        ps_vrng_t r = ps_vrng_sample(o->seed, epoch, (uint64_t)index);
+        flip = ps_vrng_below(&r, 2) == 1;
+    }
+    normalize_pad(img, rs, nw, nh, o->size, flip);
+    free(rs);
+    /* exact per-axis scales: the resized size was rounded */
+    float sx = (float)nw / w, sy = (float)nh / h;
+    if (geom) *geom = (ps_det_geom_t){sx, nw, nh, w, h, flip};
+    if (npos) *npos = 0;
+    if (!labels) return 0;
+    rc = anchor_targets(ds, o, ii, anchors, A, sx, sy, nw, flip, labels, box_targets, path, err,
+                        errlen);
+    if (rc < 0) return rc;
     if (npos) *npos = rc;
     return 0;
 }

@@ -14,12 +14,148 @@
 #include "worker/data/video_gen.h"
 #include "worker/det/gen_det.h"
 
-static void usage(FILE *f)
+/* Every option, whichever command it belongs to: all commands share one
+ * option table, so a command accepts (and ignores) the others' flags. */
+typedef struct {
+    const char *cmd;
+    int is_det;                    /* gen-det: --classes has the detector's range */
+    /* gen-det: -1 = the generator's default; its size defaults to 128 */
+    int det_images, det_val, det_size, det_classes, det_quality, det_minobj, det_maxobj;
+    double det_minsz, det_maxsz;
+    uint64_t det_seed;
+    ps_video_gen_opts_t g;         /* gen-video */
+    ps_video_list_opts_t lo;       /* pack, check */
+    const char *list, *out, *packed;
+    int shard_videos;
+} args_t;
+
+static void args_init(args_t *a, const char *cmd)
 {
-    fprintf(f,
-"usage: psdata COMMAND [options]\n"
-"\n"
-"  gen-video   write a direction-of-motion video dataset in the TSM list format\n"
+    memset(a, 0, sizeof *a);
+    a->cmd = cmd;
+    a->is_det = !strcmp(cmd, "gen-det");
+    a->det_images = 2000;
+    a->det_val = a->det_classes = a->det_quality = a->det_minobj = a->det_maxobj = -1;
+    a->det_size = 128;
+    a->det_minsz = a->det_maxsz = -1;
+    a->det_seed = 1;
+    ps_video_gen_opts_default(&a->g);
+    ps_video_list_opts_default(&a->lo);
+    a->shard_videos = 256;
+}
+
+static int cmd_gen_video(args_t *a)
+{
+    char err[2048];
+    if (a->out) a->g.out = a->out;
+    if (ps_video_gen(&a->g, err, sizeof err) < 0) {
+        fprintf(stderr, "psdata: gen-video: %s\n", err);
+        return 1;
+    }
+    printf("wrote %d videos of %d frames (%dx%d, %d classes) to %s: train.txt, val.txt\n",
+           a->g.videos, a->g.frames, a->g.size, a->g.size, a->g.classes, a->g.out);
+    return 0;
+}
+
+static int cmd_gen_det(args_t *a)
+{
+    char err[2048];
+    ps_det_gen_opts_t d;
+    ps_det_gen_defaults(&d, a->det_images);
+    if (a->det_val >= 0) d.n_val = a->det_val;
+    if (a->det_classes > 0) d.classes = a->det_classes;
+    if (a->det_quality > 0) d.quality = a->det_quality;
+    if (a->det_minobj > 0) d.min_objects = a->det_minobj;
+    if (a->det_maxobj > 0) d.max_objects = a->det_maxobj;
+    if (a->det_minsz > 0) d.min_size = (float)a->det_minsz;
+    if (a->det_maxsz > 0) d.max_size = (float)a->det_maxsz;
+    const char *out = a->out ? a->out : "data/det";
+    int rc = ps_det_gen(out, a->det_images, a->det_size, a->det_seed, &d, err, sizeof err);
+    if (rc < 0) {
+        fprintf(stderr, "psdata: %s\n", err);
+        return rc == PS_EINVAL ? 2 : 1;
+    }
+    printf("wrote %d train + %d val images (%dx%d, %d classes, %d..%d objects) to %s: "
+           "annotations/instances_train.json, annotations/instances_val.json\n", a->det_images,
+           d.n_val, a->det_size, a->det_size, d.classes, d.min_objects, d.max_objects, out);
+    return 0;
+}
+
+/* The list (--list) or pack (--packed) pack and check read: 0, or the exit code */
+static int load_list(const args_t *a, ps_video_list_t **l)
+{
+    char err[2048];
+    int rc;
+    if (a->packed) {
+        rc = ps_video_list_load_packed(a->packed, &a->lo, l, err, sizeof err);
+    } else {
+        if (!a->list) {
+            fprintf(stderr, "psdata: %s needs --list (see --help)\n", a->cmd);
+            return 2;
+        }
+        rc = ps_video_list_load(a->list, &a->lo, l, err, sizeof err);
+    }
+    if (rc < 0) {
+        fprintf(stderr, "psdata: %s\n", err);
+        return 1;
+    }
+    return 0;
+}
+
+static int cmd_pack(args_t *a)
+{
+    ps_video_list_t *l = NULL;
+    int rc = load_list(a, &l);
+    if (rc) return rc;
+    if (!a->out) {
+        fprintf(stderr, "psdata: pack needs --out DIR\n");
+        ps_video_list_free(&l);
+        return 2;
+    }
+    char err[2048];
+    rc = ps_video_pack(l, a->out, a->shard_videos, err, sizeof err);
+    if (rc < 0)
+        fprintf(stderr, "psdata: pack: %s\n", err);
+    else
+        printf("packed %zu videos (%zu skipped) into %s, %d per shard\n", ps_video_list_size(l),
+               ps_video_list_skipped(l), a->out, a->shard_videos);
+    ps_video_list_free(&l);
+    return rc < 0 ? 1 : 0;
+}
+
+/* Decodes every frame; a frame that fails is reported and counted, and makes the exit 1 */
+static int cmd_check(args_t *a)
+{
+    ps_video_list_t *l = NULL;
+    int rc = load_list(a, &l);
+    if (rc) return rc;
+    char err[2048];
+    size_t frames = 0, bad = 0;
+    for (size_t i = 0; i < ps_video_list_size(l); i++)
+        for (int f = 1; f <= ps_video_list_frames(l, i); f++) {
+            uint8_t *px;
+            int w, h;
+            if (ps_video_read_frame(l, i, f, &px, &w, &h, err, sizeof err) < 0) {
+                fprintf(stderr, "psdata: %s\n", err);
+                bad++;
+            } else {
+                free(px);
+            }
+            frames++;
+        }
+    printf("videos=%zu skipped=%zu classes=%d frames=%zu bad_frames=%zu\n", ps_video_list_size(l),
+           ps_video_list_skipped(l), ps_video_list_num_classes(l), frames, bad);
+    ps_video_list_free(&l);
+    return bad ? 1 : 0;
+}
+
+/* The subcommands: name, one line for the usage text, the options text printed
+ * under it, and the handler (which returns the exit code). */
+static const struct command {
+    const char *name, *help, *options;
+    int (*run)(args_t *a);
+} COMMANDS[] = {
+    {"gen-video", "write a direction-of-motion video dataset in the TSM list format",
 "      --out DIR          output directory (default data/direction)\n"
 "      --videos N         number of videos, train + val (default 400)\n"
 "      --frames F         frames per video (default 16)\n"
@@ -28,13 +164,13 @@ static void usage(FILE *f)
 "      --classes C        2 (left/right), 4 (up/down/left/right), 8 (+diagonals); default 4\n"
 "      --val-fraction V   share of videos in val.txt (default 0.2)\n"
 "      --quality Q        JPEG quality (default 90)\n"
-"      --speed P          pixels per frame (default size/16, +-25%% per video)\n"
+"      --speed P          pixels per frame (default size/16, +-25% per video)\n"
 "      --clutter X        static shapes: X * (6 + size^2/256) (default 0.5)\n"
 "      --movers X         moving shapes: X * (4 + size^2/512) (default 3)\n"
 "    Writes DIR/vid_NNNNNN/img_00001.jpg ... and DIR/train.txt, DIR/val.txt\n"
-"    (lines 'vid_NNNNNN num_frames label'; use DIR as the root).\n"
-"\n"
-"  gen-det     write a shapes-on-clutter detection dataset: JPEGs + COCO JSON\n"
+"    (lines 'vid_NNNNNN num_frames label'; use DIR as the root).\n",
+     cmd_gen_video},
+    {"gen-det", "write a shapes-on-clutter detection dataset: JPEGs + COCO JSON",
 "      --out DIR          output directory (default data/det)\n"
 "      --images N         training images (default 2000)\n"
 "      --val-images N     validation images (default max(1, N/5))\n"
@@ -46,21 +182,44 @@ static void usage(FILE *f)
 "      --seed X           dataset seed (default 1)\n"
 "      --quality Q        JPEG quality (default 90)\n"
 "    Writes DIR/train/NNNNNN.jpg, DIR/val/NNNNNN.jpg and\n"
-"    DIR/annotations/instances_{train,val}.json (COCO's layout).\n"
-"\n"
-"  pack        pack a list's JPEG frames into shards (concatenated JPEGs + index)\n"
+"    DIR/annotations/instances_{train,val}.json (COCO's layout).\n",
+     cmd_gen_det},
+    {"pack", "pack a list's JPEG frames into shards (concatenated JPEGs + index)",
 "      --list L           TSM list file\n"
 "      --root R           directory the list's frame_dir entries are relative to\n"
-"      --tmpl T           frame file name template (default img_%%05d.jpg)\n"
+"      --tmpl T           frame file name template (default img_%05d.jpg)\n"
 "      --out DIR          output directory for shard-NNNNN.bin / .idx\n"
 "      --shard-videos N   videos per shard (default 256)\n"
 "      --skip-bad         drop bad list entries (counted) instead of failing\n"
-"    psworker reads DIR with --packed; samples are identical to the folder reader.\n"
-"\n"
-"  check       load a list (or --packed DIR) and decode every frame; report counts\n"
-"      --list L | --packed DIR, --root R, --tmpl T, --skip-bad, --min-frames N\n"
-"\n"
-"  --help      this text\n");
+"    psworker reads DIR with --packed; samples are identical to the folder reader.\n",
+     cmd_pack},
+    {"check", "load a list (or --packed DIR) and decode every frame; report counts",
+"      --list L | --packed DIR, --root R, --tmpl T, --skip-bad, --min-frames N\n",
+     cmd_check},
+};
+enum { NCOMMANDS = sizeof COMMANDS / sizeof COMMANDS[0] };
+
+static void usage(FILE *f)
+{
+    fputs("usage: psdata COMMAND [options]\n\n", f);
+    for (int i = 0; i < NCOMMANDS; i++)
+        fprintf(f, "  %-11s %s\n%s\n", COMMANDS[i].name, COMMANDS[i].help, COMMANDS[i].options);
+    fputs("  --help      this text\n", f);
+}
+
+static const struct command *find_command(const char *name)
+{
+    for (int i = 0; i < NCOMMANDS; i++)
+        if (!strcmp(COMMANDS[i].name, name)) return &COMMANDS[i];
+    return NULL;
+}
+
+static void unknown_command(const char *name)
+{
+    fprintf(stderr, "psdata: unknown command '%s' (", name);
+    for (int i = 0; i < NCOMMANDS; i++)
+        fprintf(stderr, "%s%s", i ? ", " : "", COMMANDS[i].name);
+    fputs("; --help)\n", stderr);
 }
 
 enum { O_OUT = 256, O_VIDEOS, O_FRAMES, O_SIZE, O_SEED, O_CLASSES, O_VALF, O_QUALITY, O_SPEED,
@@ -71,7 +230,8 @@ static const struct option OPTS[] = {
     { "out", 1, 0, O_OUT }, { "videos", 1, 0, O_VIDEOS }, { "frames", 1, 0, O_FRAMES },
     { "size", 1, 0, O_SIZE }, { "seed", 1, 0, O_SEED }, { "classes", 1, 0, O_CLASSES },
     { "val-fraction", 1, 0, O_VALF }, { "quality", 1, 0, O_QUALITY }, { "speed", 1, 0, O_SPEED },
-    { "clutter", 1, 0, O_CLUTTER }, { "movers", 1, 0, O_MOVERS }, { "list", 1, 0, O_LIST }, { "root", 1, 0, O_ROOT }, { "tmpl", 1, 0, O_TMPL },
+    { "clutter", 1, 0, O_CLUTTER }, { "movers", 1, 0, O_MOVERS }, { "list", 1, 0, O_LIST },
+    { "root", 1, 0, O_ROOT }, { "tmpl", 1, 0, O_TMPL },
     { "shard-videos", 1, 0, O_SHARD }, { "skip-bad", 0, 0, O_SKIP }, { "packed", 1, 0, O_PACKED },
     { "min-frames", 1, 0, O_MINF }, { "help", 0, 0, O_HELP },
     { "images", 1, 0, O_IMAGES }, { "val-images", 1, 0, O_VALIMG },
@@ -91,67 +251,78 @@ static int num(const char *opt, const char *s, double lo, double hi, double *out
     return 0;
 }
 
-int main(int argc, char **argv)
+/* Parses argv[2..] into a: -1 to go on, else the exit code (0 after --help) */
+static int parse_args(args_t *a, int argc, char **argv)
 {
-    ps_log_set_prog("psdata");
-    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
-        usage(stdout);
-        return argc < 2 ? 2 : 0;
-    }
-    const char *cmd = argv[1];
-    if (strcmp(cmd, "gen-video") && strcmp(cmd, "gen-det") && strcmp(cmd, "pack") &&
-        strcmp(cmd, "check")) {
-        fprintf(stderr, "psdata: unknown command '%s' (gen-video, gen-det, pack, check; --help)\n",
-                cmd);
-        return 2;
-    }
-    int is_det = !strcmp(cmd, "gen-det");
-    /* gen-det: -1 = the generator's default; its size defaults to 128 */
-    int det_images = 2000, det_val = -1, det_size = 128, det_classes = -1, det_quality = -1;
-    int det_minobj = -1, det_maxobj = -1;
-    double det_minsz = -1, det_maxsz = -1;
-    uint64_t det_seed = 1;
-    ps_video_gen_opts_t g;
-    ps_video_gen_opts_default(&g);
-    ps_video_list_opts_t lo;
-    ps_video_list_opts_default(&lo);
-    const char *list = NULL, *out = NULL, *packed = NULL;
-    int shard_videos = 256;
     double v;
     int c;
     optind = 2;
     while ((c = getopt_long(argc, argv, "", OPTS, NULL)) != -1) {
         switch (c) {
-        case O_OUT: out = optarg; break;
-        case O_VIDEOS: if (num("videos", optarg, 1, 1e7, &v)) return 2; g.videos = (int)v; break;
-        case O_FRAMES: if (num("frames", optarg, 1, 1e5, &v)) return 2; g.frames = (int)v; break;
-        case O_SIZE: if (num("size", optarg, 8, 4096, &v)) return 2; g.size = det_size = (int)v; break;
+        case O_OUT: a->out = optarg; break;
+        case O_VIDEOS: if (num("videos", optarg, 1, 1e7, &v)) return 2; a->g.videos = (int)v; break;
+        case O_FRAMES: if (num("frames", optarg, 1, 1e5, &v)) return 2; a->g.frames = (int)v; break;
+        case O_SIZE:
+            if (num("size", optarg, 8, 4096, &v)) return 2;
+            a->g.size = a->det_size = (int)v;
+            break;
         case O_SEED:
             if (num("seed", optarg, 0, 1.8e19, &v)) return 2;
-            g.seed = det_seed = strtoull(optarg, NULL, 10);
+            a->g.seed = a->det_seed = strtoull(optarg, NULL, 10);
             break;
         case O_CLASSES:
-            if (num("classes", optarg, is_det ? 1 : 2, is_det ? PS_DET_GEN_NCLASSES : 8, &v)) return 2;
-            g.classes = det_classes = (int)v;
+            if (num("classes", optarg, a->is_det ? 1 : 2, a->is_det ? PS_DET_GEN_NCLASSES : 8, &v))
+                return 2;
+            a->g.classes = a->det_classes = (int)v;
             break;
-        case O_IMAGES: if (num("images", optarg, 1, 1e7, &v)) return 2; det_images = (int)v; break;
-        case O_VALIMG: if (num("val-images", optarg, 0, 1e7, &v)) return 2; det_val = (int)v; break;
-        case O_MINOBJ: if (num("min-objects", optarg, 1, 100, &v)) return 2; det_minobj = (int)v; break;
-        case O_MAXOBJ: if (num("max-objects", optarg, 1, 100, &v)) return 2; det_maxobj = (int)v; break;
-        case O_MINSZ: if (num("min-size", optarg, 0.001, 0.9, &v)) return 2; det_minsz = v; break;
-        case O_MAXSZ: if (num("max-size", optarg, 0.001, 0.9, &v)) return 2; det_maxsz = v; break;
-        case O_VALF: if (num("val-fraction", optarg, 0, 0.99, &v)) return 2; g.val_fraction = v; break;
-        case O_QUALITY: if (num("quality", optarg, 1, 100, &v)) return 2; g.quality = det_quality = (int)v; break;
-        case O_SPEED: if (num("speed", optarg, 0, 1e4, &v)) return 2; g.speed = v; break;
-        case O_CLUTTER: if (num("clutter", optarg, 0, 100, &v)) return 2; g.clutter = v; break;
-        case O_MOVERS: if (num("movers", optarg, 0.01, 100, &v)) return 2; g.movers = v; break;
-        case O_LIST: list = optarg; break;
-        case O_ROOT: lo.root = optarg; break;
-        case O_TMPL: lo.tmpl = optarg; break;
-        case O_SHARD: if (num("shard-videos", optarg, 1, 1e7, &v)) return 2; shard_videos = (int)v; break;
-        case O_SKIP: lo.skip_bad = 1; break;
-        case O_PACKED: packed = optarg; break;
-        case O_MINF: if (num("min-frames", optarg, 1, 1e6, &v)) return 2; lo.min_frames = (int)v; break;
+        case O_IMAGES:
+            if (num("images", optarg, 1, 1e7, &v)) return 2;
+            a->det_images = (int)v;
+            break;
+        case O_VALIMG:
+            if (num("val-images", optarg, 0, 1e7, &v)) return 2;
+            a->det_val = (int)v;
+            break;
+        case O_MINOBJ:
+            if (num("min-objects", optarg, 1, 100, &v)) return 2;
+            a->det_minobj = (int)v;
+            break;
+        case O_MAXOBJ:
+            if (num("max-objects", optarg, 1, 100, &v)) return 2;
+            a->det_maxobj = (int)v;
+            break;
+        case O_MINSZ:
+            if (num("min-size", optarg, 0.001, 0.9, &v)) return 2;
+            a->det_minsz = v;
+            break;
+        case O_MAXSZ:
+            if (num("max-size", optarg, 0.001, 0.9, &v)) return 2;
+            a->det_maxsz = v;
+            break;
+        case O_VALF:
+            if (num("val-fraction", optarg, 0, 0.99, &v)) return 2;
+            a->g.val_fraction = v;
+            break;
+        case O_QUALITY:
+            if (num("quality", optarg, 1, 100, &v)) return 2;
+            a->g.quality = a->det_quality = (int)v;
+            break;
+        case O_SPEED: if (num("speed", optarg, 0, 1e4, &v)) return 2; a->g.speed = v; break;
+        case O_CLUTTER: if (num("clutter", optarg, 0, 100, &v)) return 2; a->g.clutter = v; break;
+        case O_MOVERS: if (num("movers", optarg, 0.01, 100, &v)) return 2; a->g.movers = v; break;
+        case O_LIST: a->list = optarg; break;
+        case O_ROOT: a->lo.root = optarg; break;
+        case O_TMPL: a->lo.tmpl = optarg; break;
+        case O_SHARD:
+            if (num("shard-videos", optarg, 1, 1e7, &v)) return 2;
+            a->shard_videos = (int)v;
+            break;
+        case O_SKIP: a->lo.skip_bad = 1; break;
+        case O_PACKED: a->packed = optarg; break;
+        case O_MINF:
+            if (num("min-frames", optarg, 1, 1e6, &v)) return 2;
+            a->lo.min_frames = (int)v;
+            break;
         case O_HELP: usage(stdout); return 0;
         default: fprintf(stderr, "psdata: see psdata --help\n"); return 2;
         }
@@ -160,66 +331,24 @@ int main(int argc, char **argv)
         fprintf(stderr, "psdata: unexpected argument '%s'\n", argv[optind]);
         return 2;
     }
-    char err[2048];
-    int rc;
-    if (is_det) {
-        ps_det_gen_opts_t d;
-        ps_det_gen_defaults(&d, det_images);
-        if (det_val >= 0) d.n_val = det_val;
-        if (det_classes > 0) d.classes = det_classes;
-        if (det_quality > 0) d.quality = det_quality;
-        if (det_minobj > 0) d.min_objects = det_minobj;
-        if (det_maxobj > 0) d.max_objects = det_maxobj;
-        if (det_minsz > 0) d.min_size = (float)det_minsz;
-        if (det_maxsz > 0) d.max_size = (float)det_maxsz;
-        if (!out) out = "data/det";
-        rc = ps_det_gen(out, det_images, det_size, det_seed, &d, err, sizeof err);
-        if (rc < 0) { fprintf(stderr, "psdata: %s\n", err); return rc == PS_EINVAL ? 2 : 1; }
-        printf("wrote %d train + %d val images (%dx%d, %d classes, %d..%d objects) to %s: "
-               "annotations/instances_train.json, annotations/instances_val.json\n", det_images,
-               d.n_val, det_size, det_size, d.classes, d.min_objects, d.max_objects, out);
-        return 0;
+    return -1;
+}
+
+int main(int argc, char **argv)
+{
+    ps_log_set_prog("psdata");
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||
+        !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return argc < 2 ? 2 : 0;
     }
-    if (!strcmp(cmd, "gen-video")) {
-        if (out) g.out = out;
-        rc = ps_video_gen(&g, err, sizeof err);
-        if (rc < 0) { fprintf(stderr, "psdata: gen-video: %s\n", err); return 1; }
-        printf("wrote %d videos of %d frames (%dx%d, %d classes) to %s: train.txt, val.txt\n", g.videos,
-               g.frames, g.size, g.size, g.classes, g.out);
-        return 0;
+    const struct command *cmd = find_command(argv[1]);
+    if (!cmd) {
+        unknown_command(argv[1]);
+        return 2;
     }
-    ps_video_list_t *l = NULL;
-    if (packed) {
-        rc = ps_video_list_load_packed(packed, &lo, &l, err, sizeof err);
-    } else {
-        if (!list) { fprintf(stderr, "psdata: %s needs --list (see --help)\n", cmd); return 2; }
-        rc = ps_video_list_load(list, &lo, &l, err, sizeof err);
-    }
-    if (rc < 0) { fprintf(stderr, "psdata: %s\n", err); return 1; }
-    if (!strcmp(cmd, "pack")) {
-        if (!out) { fprintf(stderr, "psdata: pack needs --out DIR\n"); ps_video_list_free(&l); return 2; }
-        rc = ps_video_pack(l, out, shard_videos, err, sizeof err);
-        if (rc < 0) fprintf(stderr, "psdata: pack: %s\n", err);
-        else printf("packed %zu videos (%zu skipped) into %s, %d per shard\n", ps_video_list_size(l),
-                    ps_video_list_skipped(l), out, shard_videos);
-    } else {
-        size_t frames = 0, bad = 0;
-        for (size_t i = 0; i < ps_video_list_size(l); i++)
-            for (int f = 1; f <= ps_video_list_frames(l, i); f++) {
-                uint8_t *px;
-                int w, h;
-                if (ps_video_read_frame(l, i, f, &px, &w, &h, err, sizeof err) < 0) {
-                    fprintf(stderr, "psdata: %s\n", err);
-                    bad++;
-                } else {
-                    free(px);
-                }
-                frames++;
-            }
-        printf("videos=%zu skipped=%zu classes=%d frames=%zu bad_frames=%zu\n", ps_video_list_size(l),
-               ps_video_list_skipped(l), ps_video_list_num_classes(l), frames, bad);
-        rc = bad ? PS_ECORRUPT : 0;
-    }
-    ps_video_list_free(&l);
-    return rc < 0 ? 1 : 0;
+    args_t a;
+    args_init(&a, cmd->name);
+    int rc = parse_args(&a, argc, argv);
+    return rc >= 0 ? rc : cmd->run(&a);
 }
