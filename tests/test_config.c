@@ -15,14 +15,14 @@ static float lr;
 static char *name, *mode;
 
 static const ps_opt_t opts[] = {
-    {"port", PS_OPT_INT, &port, "TCP port"},
-    {"workers", PS_OPT_INT, &workers, "number of workers"},
-    {"partition_bytes", PS_OPT_UINT64, &pbytes, "partition size"},
-    {"lr", PS_OPT_FLOAT, &lr, "learning rate"},
-    {"name", PS_OPT_STRING, &name, "job name"},
-    {"mode", PS_OPT_STRING, &mode, "ps or allreduce"},
-    {"verbose", PS_OPT_BOOL, &verbose, "chatty"},
-    {"fp16", PS_OPT_BOOL, &fp16, "half precision"},
+    {"port", PS_OPT_INT, &port, "TCP port", NULL},
+    {"workers", PS_OPT_INT, &workers, "number of workers", NULL},
+    {"partition_bytes", PS_OPT_UINT64, &pbytes, "partition size", NULL},
+    {"lr", PS_OPT_FLOAT, &lr, "learning rate", NULL},
+    {"name", PS_OPT_STRING, &name, "job name", NULL},
+    {"mode", PS_OPT_STRING, &mode, "ps or allreduce", NULL},
+    {"verbose", PS_OPT_BOOL, &verbose, "chatty", NULL},
+    {"fp16", PS_OPT_BOOL, &fp16, "half precision", NULL},
     {0},
 };
 

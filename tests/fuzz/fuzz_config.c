@@ -27,11 +27,11 @@ int PS_FUZZ_ENTRY(const uint8_t *data, size_t size)
     char *name = strdup("default"); /* the parser frees a replaced value */
     if (!name) abort();
     const ps_opt_t opts[] = {
-        {"port", PS_OPT_INT, &port, "port"},
-        {"lr", PS_OPT_FLOAT, &lr, "learning rate"},
-        {"partition-bytes", PS_OPT_UINT64, &bytes, "bytes"},
-        {"name", PS_OPT_STRING, &name, "a name"},
-        {"verbose", PS_OPT_BOOL, &verbose, "more output"},
+        {"port", PS_OPT_INT, &port, "port", NULL},
+        {"lr", PS_OPT_FLOAT, &lr, "learning rate", NULL},
+        {"partition-bytes", PS_OPT_UINT64, &bytes, "bytes", NULL},
+        {"name", PS_OPT_STRING, &name, "a name", NULL},
+        {"verbose", PS_OPT_BOOL, &verbose, "more output", NULL},
         {0},
     };
     int rc;

@@ -720,32 +720,23 @@ int main(int argc, char **argv)
     static psctl_t p;
     psctl_opts_t *o = &p.o;
     int npos = 0, rc;
-    o->servers = strdup("");
-    o->timeout_ms = 10000;
-    o->interval_ms = 1000;
-    o->server = -1;
-    o->spec = strdup("");
-    o->like = strdup("");
-    o->log_level = strdup("warn");
-    o->curve_server_key = strdup("");
-    o->curve_public_key = strdup("");
-    o->curve_secret_key = strdup("");
     const ps_opt_t opts[] = {
-        {"servers", PS_OPT_STRING, &o->servers, "psd endpoints, server 0 first (default: $PSCTL_SERVERS)"},
-        {"timeout-ms", PS_OPT_INT, &o->timeout_ms, "give up on a server after this long"},
-        {"interval-ms", PS_OPT_INT, &o->interval_ms, "status: measure rates over this interval (0: off)"},
-        {"server", PS_OPT_INT, &o->server, "status / checkpoint: only this server (-1: all)"},
-        {"json", PS_OPT_BOOL, &o->json, "status: print the STATS replies as JSON"},
-        {"spec", PS_OPT_STRING, &o->spec, "export: model spec JSON file or psd checkpoint"},
-        {"like", PS_OPT_STRING, &o->like, "export: take tensor shapes from this safetensors file"},
-        {"force", PS_OPT_BOOL, &o->force, "keygen: overwrite existing key files"},
-        {"log-level", PS_OPT_STRING, &o->log_level, "error | warn | info | debug"},
+        {"servers", PS_OPT_STRING, &o->servers, "psd endpoints, server 0 first (default: $PSCTL_SERVERS)", ""},
+        {"timeout-ms", PS_OPT_INT, &o->timeout_ms, "give up on a server after this long", "10000"},
+        {"interval-ms", PS_OPT_INT, &o->interval_ms, "status: measure rates over this interval (0: off)", "1000"},
+        {"server", PS_OPT_INT, &o->server, "status / checkpoint: only this server (-1: all)", "-1"},
+        {"json", PS_OPT_BOOL, &o->json, "status: print the STATS replies as JSON", "false"},
+        {"spec", PS_OPT_STRING, &o->spec, "export: model spec JSON file or psd checkpoint", ""},
+        {"like", PS_OPT_STRING, &o->like, "export: take tensor shapes from this safetensors file", ""},
+        {"force", PS_OPT_BOOL, &o->force, "keygen: overwrite existing key files", "false"},
+        {"log-level", PS_OPT_STRING, &o->log_level, "error | warn | info | debug", "warn"},
         {"curve-server-key", PS_OPT_STRING, &o->curve_server_key,
-         "CURVE: servers' public key file (one shared, or FILE,FILE,... per server)"},
-        {"curve-public-key", PS_OPT_STRING, &o->curve_public_key, "CURVE: this client's public key file"},
-        {"curve-secret-key", PS_OPT_STRING, &o->curve_secret_key, "CURVE: this client's secret key file"},
+         "CURVE: servers' public key file (one shared, or FILE,FILE,... per server)", ""},
+        {"curve-public-key", PS_OPT_STRING, &o->curve_public_key, "CURVE: this client's public key file", ""},
+        {"curve-secret-key", PS_OPT_STRING, &o->curve_secret_key, "CURVE: this client's secret key file", ""},
         {0},
     };
+    if (ps_config_defaults(opts)) return 2;
     ps_log_set_prog("psctl");
     rc = ps_config_parse(opts, "psctl", usage, argc, argv, &npos);
     if (rc == 1) return 0;
@@ -796,8 +787,7 @@ int main(int argc, char **argv)
     for (int s = 0; s < p.nserv; s++) free(p.ep[s]);
     for (int k = 0; k < p.nskeys; k++) free(p.skeys[k]);
     free(p.skeys);
-    free(o->curve_server_key), free(o->curve_public_key), free(o->curve_secret_key);
     free(p.ep);
-    free(o->servers), free(o->spec), free(o->like), free(o->log_level);
+    ps_config_free(opts);
     return rc == 0 ? 0 : rc == PS_EINVAL ? 2 : 1;
 }
