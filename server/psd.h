@@ -1,26 +1,51 @@
-/* psd internals shared by the server's files (DESIGN.md section 2).
+/* psd internals shared by the server's files.
  *
  * One thread runs a libuv loop around the ZMQ ROUTER socket; every message is
  * handled to completion on that thread, so the store needs no locks.  Only
  * the data-parallel loops (summing worker slots) fan out to psd_pool.c's
- * threads, and zero-copy reply buffers are released from ZeroMQ's I/O
- * thread (hence the atomic reference count on psd_buf_t).
+ * threads, checkpoint files are written on libuv's thread pool from a copy
+ * of the shard taken on the loop thread, and zero-copy reply buffers are
+ * released from ZeroMQ's I/O thread (hence the atomic reference count on
+ * psd_buf_t).
  *
- * Files: psd_main.c (options), psd_loop.c (libuv + ZMQ fd, timers, signals,
- * ZMQ_MAXMSGSIZE, socket monitor logging disconnects),
- * psd_pool.c (summation threads), psd_store.c (partitions, slots, versions,
- * sum + apply, encoded replies), psd_handlers.c (one function per message
- * type), psd_members.c (ranks, liveness, barrier), psd_checkpoint.c,
- * psd_metrics.c (counters, STATS, HTTP /metrics), psd_curve.c (--curve:
- * CURVE server + ZAP allow-list thread), psd_peers.c (waiting requests per
- * peer).  Checkpoint files are written on libuv's thread pool from a copy
- * of the shard taken on the loop thread. */
+ * The files, from the top down; each calls only files below it:
+ *   psd_main.c        options, start-up, teardown
+ *                     -> loop, checkpoint, metrics, members, reply, store, peers, pool
+ *   psd_loop.c        libuv + the ZMQ fd (drain), timers, signals, socket
+ *                     monitor (connection log)
+ *                     -> handlers, checkpoint, metrics, curve, members, maxmsg, reply
+ *   psd_handlers.c    one function per message type; the sync / async update
+ *                     path -> rollback, checkpoint, spec, metrics, curve,
+ *                     waiters, members, reply, store
+ *   psd_rollback.c    MSG_ROLLBACK: restore an aligned checkpoint
+ *                     -> checkpoint, waiters, reply, store
+ *   psd_checkpoint.c  checkpoint files (snapshot, write off the loop thread,
+ *                     load at start); orderly shutdown
+ *                     -> spec, members, reply, store
+ *   psd_spec.c        the INIT spec: parse, check, hold its table
+ *                     -> maxmsg, members, store
+ *   psd_metrics.c     the STATS reply, stats log line, HTTP /metrics -> members
+ *   psd_curve.c       --curve: CURVE server + ZAP allow-list thread
+ *   psd_waiters.c     requests waiting for a partition version -> reply, peers
+ *   psd_members.c     ranks, liveness, BARRIER, BYE -> reply
+ *   psd_maxmsg.c      ZMQ_MAXMSGSIZE: message bound, the limit at the bind
+ *   psd_reply.c       every send: counters, dropped replies, the ERROR log,
+ *                     WEIGHTS -> store
+ *   psd_store.c       partitions, slots, versions, sum + apply, encoded
+ *                     weights -> pool
+ *   psd_peers.c       waiting requests counted per peer
+ *   psd_pool.c        summation threads
+ * One call goes back up, at run time: psd_t.drain, which the loop sets and
+ * psd_checkpoint.c calls after answering from its own libuv callbacks
+ * (ZMQ_FD is edge-triggered: sends made outside the poll callback need the
+ * socket re-read). */
 #ifndef PSD_H
 #define PSD_H
 
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 #include <uv.h>
 
 #include "ps_codec.h"
@@ -29,6 +54,17 @@
 #include "ps_wire.h"
 
 typedef enum { PSD_SYNC = 0, PSD_ASYNC = 1, PSD_SSP = 2 } psd_mode_t;
+
+/* Monotonic seconds (the timing counters, checkpoint durations). */
+static inline double psd_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* The ROUTER identity of a received message, as (id, idlen) arguments. */
+#define PSD_ID_OF(m) zmq_msg_data(&(m)->identity), zmq_msg_size(&(m)->identity)
 
 /* ---- psd_pool.c: fork-join threads for the data-parallel loops ---- */
 typedef struct psd_pool psd_pool_t;
@@ -161,6 +197,16 @@ int psd_peers_acquire(psd_peers_t **pp, const void *id, size_t idlen, int cap);
 void psd_peers_release(psd_peers_t *p, const void *id, size_t idlen);
 void psd_peers_free(psd_peers_t **pp);
 
+/* An INIT spec parsed and checked (psd_spec.c), its table not yet held. */
+typedef struct psd_spec {
+    ps_partition_table_t table;
+    ps_optim_config_t optim;
+    int nworkers;                /* W */
+    size_t max_numel;            /* largest partition this server would own */
+    const char *json;            /* the spec as received (len bytes) */
+    size_t len;
+} psd_spec_t;
+
 typedef struct psd_store {
     int have_table;
     ps_partition_table_t table;
@@ -215,7 +261,7 @@ typedef struct psd_ackwait {
 
 typedef struct psd_ckpt_job psd_ckpt_job_t; /* psd_checkpoint.c */
 
-/* Counters (psd_metrics.c). */
+/* Counters, incremented where things happen, reported by psd_metrics.c. */
 #define PSD_NERR 20 /* PS_E* codes are -1..-19 */
 typedef struct psd_metrics {
     uint64_t bytes_in, bytes_out, msgs_in, msgs_out, updates, skipped;
@@ -234,13 +280,17 @@ typedef struct psd {
     uv_loop_t *loop;
     void *zctx, *sock;
     uv_poll_t zpoll;
+    /* Set by psd_loop_open: re-read ZMQ_EVENTS and handle what is queued.
+     * A send made outside the loop's poll callback (from a libuv callback
+     * of a lower file) is followed by this, ZMQ_FD being edge-triggered. */
+    void (*drain)(struct psd *s);
     uv_timer_t hb_timer, stats_timer, drain_timer;
     uv_signal_t sigterm, sigint;
     uv_tcp_t http;
     int http_on;
     int port;                   /* bound port */
     char endpoint[512];         /* bound endpoint (ZMQ_LAST_ENDPOINT) */
-    int64_t maxmsg_table;       /* psd_msg_bound of a table loaded before the bind (0: none) */
+    int64_t maxmsg_table;       /* psd_maxmsg_bound of a table loaded before the bind (0: none) */
     int64_t maxmsg;             /* ZMQ_MAXMSGSIZE in force (set at the bind) */
     const char *maxmsg_from;    /* the flag (or table) that set it, for errors */
     void *monitor;              /* PAIR end of zmq_socket_monitor (disconnect log) */
@@ -286,79 +336,19 @@ typedef struct psd {
 int psd_loop_open(psd_t *s);
 int psd_loop_run(psd_t *s);
 void psd_loop_close(psd_t *s);
-/* Re-read ZMQ_EVENTS and handle everything queued: call after any send made
- * outside the poll callback (ZMQ_FD is edge-triggered). */
-void psd_drain(psd_t *s);
-void psd_stop(psd_t *s, const char *why);
-/* Largest frame of any valid message about a partition of numel elements:
- * the header bound plus the worst case of every dtype x codec (top-k fp32
- * with k = numel: 8 bytes an element).  ZMQ_MAXMSGSIZE is checked per frame,
- * so the sum is an upper bound for each. */
-int64_t psd_msg_bound(size_t numel);
-/* A table whose largest owned partition has max_numel elements is about to
- * be held.  Before the bind (checkpoint at start) its bound becomes
- * ZMQ_MAXMSGSIZE (unless --max-msg-mb is set); returns 0.  Once bound:
- * 0 if its messages fit ZMQ_MAXMSGSIZE, else PS_ERANGE with the cause
- * (naming the flag to raise) in err: the INIT is refused. */
-int psd_loop_set_maxmsg(psd_t *s, size_t max_numel, char *err, size_t errlen);
 
 /* ---- psd_handlers.c ---- */
 void psd_handle(psd_t *s, ps_wire_msg_t *m);
-/* Send helpers: count bytes, drop (and count) replies a peer cannot take. */
-int psd_send(psd_t *s, const void *id, size_t idlen, Ps__Header *h, const void *payload,
-             size_t len);
-void psd_send_error(psd_t *s, const void *id, size_t idlen, const Ps__Header *req, int code,
-                    const char *fmt, ...) __attribute__((format(printf, 6, 7)));
-/* Log how many ERROR lines the rate limit held back (timer, exit). */
-void psd_errors_log_flush(psd_t *s);
-/* Answer every waiter of p whose min_version has been reached. */
-void psd_part_notify(psd_t *s, psd_part_t *p);
-/* After a worker was lost: partitions whose remaining slots are complete. */
+/* After a worker was lost or left: partitions whose remaining slots are complete. */
 void psd_recheck_pending(psd_t *s);
 
-/* ---- psd_store.c ---- */
-int psd_mode_parse(const char *s, psd_mode_t *m);
-/* Parse the INIT spec JSON, build the table and allocate this shard. */
-int psd_store_set_spec(psd_t *s, const char *json, size_t len, const uint64_t *want_hash,
-                       char *err, size_t errlen);
-void psd_store_free(psd_store_t *st);
-/* Number of ranks whose gradient is required for p's next sync update. */
-int psd_store_sync_ready(psd_t *s, psd_part_t *p, int *ncontrib);
-/* Sum slots in rank order / n, apply the optimizer, version++. */
-void psd_store_apply_sync(psd_t *s, psd_part_t *p);
-/* Async / ssp: apply grad * 1/W right away, version++. */
-void psd_store_apply_async(psd_t *s, psd_part_t *p, const float *grad);
-/* Encoded weights of p at its current version (new reference) or NULL. */
-psd_buf_t *psd_store_encoded(psd_t *s, psd_part_t *p, int dtype, int codec, int *err);
-void psd_store_drop_cache(psd_part_t *p);
-/* Before writing p->w: drop the encoded replies and, when a zero-copy send
- * of the weights is still in flight, move them to a fresh buffer.  0, or
- * PS_ENOMEM (logged; the weights are then written in place). */
-int psd_store_weights_writable(psd_t *s, psd_part_t *p);
-/* Rank r's gradient for p's pending update (p->have[r] set): the message
- * held or being handled, else its slot. */
-const float *psd_store_slot(const psd_part_t *p, int r);
-/* Close the held messages (after an update, at exit). */
-void psd_store_release_held(psd_part_t *p);
-/* Make sure the codec scratch holds n bytes; 0 or PS_ENOMEM. */
-int psd_store_scratch(psd_store_t *st, size_t n);
-int psd_store_nonfinite(psd_t *s, const float *g, size_t n);
-
-/* ---- psd_members.c ---- */
-int psd_members_set_count(psd_t *s, int nworkers, char *err, size_t errlen);
-void psd_members_seen(psd_t *s, int rank);
-/* A PUSH / PUSHPULL from rank: the job is under way here, the rank is in it. */
-void psd_members_pushed(psd_t *s, int rank);
-int psd_members_is_live(const psd_t *s, int rank);
-int psd_members_live_count(const psd_t *s);
-/* Rank r's gradient / barrier is waited for (live, or lost under
- * --on-worker-loss=wait). */
-int psd_members_required(const psd_t *s, int r);
-void psd_handle_hello(psd_t *s, ps_wire_msg_t *m);
-void psd_handle_barrier(psd_t *s, ps_wire_msg_t *m);
-void psd_handle_bye(psd_t *s, ps_wire_msg_t *m);
-/* Timer: mark silent workers lost; release barriers / updates they block. */
-void psd_members_check(psd_t *s);
+/* ---- psd_rollback.c ---- */
+/* MSG_ROLLBACK(V), sync mode: restore every owned partition above version V
+ * from this server's aligned checkpoint of version V (weights, momentum;
+ * the schedule follows the version), clear its pending gradients and
+ * answer its waiters ERROR(PS_ESTATE, PS_FLAG_ROLLBACK, V).  Partitions at
+ * V are kept as they are (a repeated ROLLBACK is a no-op). */
+void psd_handle_rollback(psd_t *s, ps_wire_msg_t *m);
 
 /* ---- psd_checkpoint.c ---- */
 /* Snapshot the shard now and write it on a pool thread (0 or PS_E*,
@@ -385,16 +375,22 @@ void psd_checkpoint_maybe(psd_t *s);
 int psd_checkpoint_list(const char *dir, int sid, uint64_t **seqs, size_t *n);
 void psd_checkpoint_path(char *buf, size_t cap, const char *dir, int sid, uint64_t seq);
 
-/* ---- psd_rollback.c ---- */
-/* MSG_ROLLBACK(V), sync mode: restore every owned partition above version V
- * from this server's aligned checkpoint of version V (weights, momentum;
- * the schedule follows the version), clear its pending gradients and
- * answer its waiters ERROR(PS_ESTATE, PS_FLAG_ROLLBACK, V).  Partitions at
- * V are kept as they are (a repeated ROLLBACK is a no-op). */
-void psd_handle_rollback(psd_t *s, ps_wire_msg_t *m);
-/* ERROR(PS_ESTATE) with PS_FLAG_ROLLBACK and iteration = v. */
-void psd_send_rollback_error(psd_t *s, const void *id, size_t idlen, const Ps__Header *req,
-                             uint64_t v, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* ---- psd_spec.c ---- */
+/* Hold the table of an INIT spec (received, or stored in a checkpoint):
+ * parse and check it (against want_hash when not NULL), size the message
+ * limit for it (psd_maxmsg_for_table), set the cluster size, and let the
+ * store allocate the shard.  0 (also when the same table is held already),
+ * or PS_E* with the cause in err: then no table is held (the cluster size
+ * may have been set). */
+int psd_spec_hold(psd_t *s, const char *json, size_t len, const uint64_t *want_hash, char *err,
+                  size_t errlen);
+
+/* ---- psd_metrics.c ---- */
+int psd_metrics_start(psd_t *s);
+void psd_metrics_stop(psd_t *s);
+/* STATS body: malloc'd JSON. */
+char *psd_stats_json(const psd_t *s);
+void psd_stats_log(psd_t *s);
 
 /* ---- psd_curve.c ---- */
 /* --curve: load keys, start the ZAP handler (before the ROUTER binds) and
@@ -405,13 +401,102 @@ void psd_curve_stop(psd_t *s);
 /* The peer of m authenticated with an admin key (always true without --curve). */
 int psd_curve_is_admin(const psd_t *s, const ps_wire_msg_t *m);
 
-/* ---- psd_metrics.c ---- */
-int psd_metrics_start(psd_t *s);
-void psd_metrics_stop(psd_t *s);
-void psd_metrics_error(psd_t *s, int code);
-/* STATS body: malloc'd JSON. */
-char *psd_stats_json(const psd_t *s);
-void psd_stats_log(psd_t *s);
-double psd_now_s(void);
+/* ---- psd_waiters.c: requests waiting for a partition version ---- */
+/* Queue m (a PULL / PUSHPULL) on p until p reaches min_version; a retry
+ * already queued is not queued twice.  0, or -1 with ERROR sent (the peer
+ * or the partition has too many waiting, out of memory). */
+int psd_waiters_add(psd_t *s, ps_wire_msg_t *m, psd_part_t *p, uint64_t min_version);
+/* Answer WEIGHTS to every waiter of p whose min_version has been reached. */
+void psd_waiters_notify(psd_t *s, psd_part_t *p);
+/* p was rolled back to v: answer every waiter wanting a later version
+ * ERROR(PS_ESTATE, PS_FLAG_ROLLBACK, v). */
+void psd_waiters_cancel(psd_t *s, psd_part_t *p, uint64_t v);
+
+/* ---- psd_members.c ---- */
+int psd_members_set_count(psd_t *s, int nworkers, char *err, size_t errlen);
+void psd_members_seen(psd_t *s, int rank);
+/* A PUSH / PUSHPULL from rank: the job is under way here, the rank is in it. */
+void psd_members_pushed(psd_t *s, int rank);
+int psd_members_is_live(const psd_t *s, int rank);
+int psd_members_live_count(const psd_t *s);
+/* Rank r's gradient / barrier is waited for (live, or lost under
+ * --on-worker-loss=wait). */
+int psd_members_required(const psd_t *s, int r);
+void psd_handle_hello(psd_t *s, ps_wire_msg_t *m);
+void psd_handle_barrier(psd_t *s, ps_wire_msg_t *m);
+/* 1 when the worker left (the caller rechecks the pending sync updates:
+ * psd_recheck_pending), 0 when the BYE was refused. */
+int psd_handle_bye(psd_t *s, ps_wire_msg_t *m);
+/* Timer: mark silent workers lost and release the barriers they block;
+ * 1 when one was lost (the caller rechecks the pending sync updates). */
+int psd_members_check(psd_t *s);
+
+/* ---- psd_maxmsg.c: ZMQ_MAXMSGSIZE ---- */
+/* Largest frame of any valid message about a partition of numel elements:
+ * the header bound plus the worst case of every dtype x codec (top-k fp32
+ * with k = numel: 8 bytes an element).  ZMQ_MAXMSGSIZE is checked per frame,
+ * so the sum is an upper bound for each. */
+int64_t psd_maxmsg_bound(size_t numel);
+/* A table whose largest owned partition has max_numel elements is about to
+ * be held.  Before the bind (checkpoint at start) its bound becomes
+ * ZMQ_MAXMSGSIZE (unless --max-msg-mb is set); returns 0.  Once bound:
+ * 0 if its messages fit ZMQ_MAXMSGSIZE, else PS_ERANGE with the cause
+ * (naming the flag to raise) in err: the INIT is refused. */
+int psd_maxmsg_for_table(psd_t *s, size_t max_numel, char *err, size_t errlen);
+/* Just before the bind: set s->maxmsg and s->maxmsg_from from --max-msg-mb,
+ * else the table loaded from a checkpoint, else --max-partition-bytes.
+ * 0, or PS_ERANGE (logged) when --max-msg-mb is below the loaded table's. */
+int psd_maxmsg_at_bind(psd_t *s);
+
+/* ---- psd_reply.c: every send; counts bytes, drops (and counts) replies a
+ * peer cannot take ---- */
+int psd_send(psd_t *s, const void *id, size_t idlen, Ps__Header *h, const void *payload,
+             size_t len);
+/* ACK carrying only request_id. */
+void psd_send_ack(psd_t *s, const void *id, size_t idlen, uint64_t request_id);
+/* ERROR(code, text) answering req (may be NULL), counted by code and
+ * logged (at most 20 lines a second). */
+void psd_send_error(psd_t *s, const void *id, size_t idlen, const Ps__Header *req, int code,
+                    const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* ERROR(PS_ESTATE) with PS_FLAG_ROLLBACK and iteration = v. */
+void psd_send_rollback_error(psd_t *s, const void *id, size_t idlen, const Ps__Header *req,
+                             uint64_t v, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* Log how many ERROR lines the rate limit held back (timer, exit). */
+void psd_errors_log_flush(psd_t *s);
+/* WEIGHTS of p at its version, zero-copy (ERROR if it cannot be encoded). */
+void psd_send_weights(psd_t *s, const void *id, size_t idlen, uint64_t request_id, psd_part_t *p,
+                      int dtype, int codec);
+/* Codec of the WEIGHTS reply: Header.reply_codec when present (a PUSHPULL
+ * whose gradient is TOPK / SIGN wants its weights exact), else the request's. */
+int psd_reply_codec(const Ps__Header *h);
+/* Keep m's routing identity for a later reply (at most 255 bytes); is it id? */
+void psd_reply_keep_id(uint8_t dst[256], uint8_t *dlen, const ps_wire_msg_t *m);
+int psd_reply_same_id(const uint8_t *id, size_t idlen, const ps_wire_msg_t *m);
+
+/* ---- psd_store.c ---- */
+int psd_mode_parse(const char *s, psd_mode_t *m);
+/* Hold sp's table (taken over, also on failure) and allocate this shard.
+ * 0, or PS_E* with the cause in err, and then no table is held. */
+int psd_store_hold(psd_t *s, psd_spec_t *sp, char *err, size_t errlen);
+void psd_store_free(psd_store_t *st);
+/* Sum slots in rank order / n, apply the optimizer, version++. */
+void psd_store_apply_sync(psd_t *s, psd_part_t *p);
+/* Async / ssp: apply grad * 1/W right away, version++. */
+void psd_store_apply_async(psd_t *s, psd_part_t *p, const float *grad);
+/* Encoded weights of p at its current version (new reference) or NULL. */
+psd_buf_t *psd_store_encoded(psd_t *s, psd_part_t *p, int dtype, int codec, int *err);
+void psd_store_drop_cache(psd_part_t *p);
+/* Before writing p->w: drop the encoded replies and, when a zero-copy send
+ * of the weights is still in flight, move them to a fresh buffer.  0, or
+ * PS_ENOMEM (logged; the weights are then written in place). */
+int psd_store_weights_writable(psd_t *s, psd_part_t *p);
+/* Rank r's gradient for p's pending update (p->have[r] set): the message
+ * held or being handled, else its slot. */
+const float *psd_store_slot(const psd_part_t *p, int r);
+/* Close the held messages (after an update, at exit). */
+void psd_store_release_held(psd_part_t *p);
+/* Make sure the codec scratch holds n bytes; 0 or PS_ENOMEM. */
+int psd_store_scratch(psd_store_t *st, size_t n);
+int psd_store_nonfinite(psd_t *s, const float *g, size_t n);
 
 #endif

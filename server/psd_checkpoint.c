@@ -288,10 +288,7 @@ static void answer_waiters(psd_t *s, psd_ackwait_t *list, int rc)
         psd_ackwait_t *w = list;
         list = w->next;
         if (rc == 0) {
-            Ps__Header h;
-            ps_wire_header_init(&h, PS__MSG_TYPE__MSG_ACK);
-            h.has_request_id = 1, h.request_id = w->request_id;
-            psd_send(s, w->id, w->idlen, &h, NULL, 0);
+            psd_send_ack(s, w->id, w->idlen, w->request_id);
         } else {
             Ps__Header q;
             ps_wire_header_init(&q, (Ps__MsgType)w->type);
@@ -301,7 +298,10 @@ static void answer_waiters(psd_t *s, psd_ackwait_t *list, int rc)
         }
         free(w);
     }
-    psd_drain(s); /* sends from outside the poll callback: re-check the edge */
+    /* These sends may come from outside the poll callback (a write that
+     * completed, a signal): the loop re-reads the socket, ZMQ_FD being
+     * edge-triggered (inside the poll callback this does nothing). */
+    if (s->drain) s->drain(s);
 }
 
 static void on_work(uv_work_t *req)
@@ -383,7 +383,7 @@ static int launch(psd_t *s)
     /* answer_waiters() drains the socket, and a drained push can reach
      * psd_checkpoint_start() from inside after_work(): the work request may
      * then be queued already.  Queueing it twice would hand one job to two
-     * completions (a use-after-free found by the ASan CI stage), so follow
+     * completions (a use-after-free), so follow
      * the write in flight instead. */
     if (s->ckpt_job) {
         s->ckpt_again = 1;
@@ -523,78 +523,75 @@ static int load_pending(psd_t *s, const ps_st_file_t *f, psd_part_t *p, const cJ
     return 0;
 }
 
-/* Verify and load one file; on failure the server state is left empty. */
-static int try_load(psd_t *s, const char *path, char *err, size_t errlen)
+/* The metadata of a checkpoint file (pointing into the file). */
+typedef struct ckpt_meta {
+    const char *fmt, *sid, *spec, *vj, *hash, *crcs, *upd;
+} ckpt_meta_t;
+
+/* Read the metadata and check it: the format, every key there, and the
+ * file written by this server.  0 or PS_ECORRUPT. */
+static int read_meta(psd_t *s, const ps_st_file_t *f, ckpt_meta_t *mt, char *err, size_t errlen)
 {
-    ps_st_file_t f;
-    int rc = ps_st_open(&f, path, err, errlen);
-    if (rc) return rc;
-    cJSON *vers = NULL;
-    const char *fmt = ps_st_meta(&f, "format"), *sid = ps_st_meta(&f, "server_id"),
-               *spec = ps_st_meta(&f, "spec"), *vj = ps_st_meta(&f, "versions"),
-               *hash = ps_st_meta(&f, "table_hash"), *crcs = ps_st_meta(&f, "data_crc32c"),
-               *upd = ps_st_meta(&f, "updates");
-    rc = PS_ECORRUPT;
-    if (!fmt || strcmp(fmt, CKPT_FORMAT)) {
-        bad(err, errlen, "metadata format is \"%s\", want " CKPT_FORMAT, fmt ? fmt : "(missing)");
-        goto out;
-    }
-    if (!sid || !spec || !vj || !hash || !crcs) {
-        bad(err, errlen, "%smetadata key missing (server_id, spec, versions, table_hash, data_crc32c)", "");
-        goto out;
-    }
-    if (atoi(sid) != s->o.server_id) {
-        bad(err, errlen, "written by server %s", sid);
-        goto out;
-    }
-    vers = cJSON_Parse(vj);
-    if (!cJSON_IsArray(vers)) {
-        bad(err, errlen, "metadata versions is not a JSON array: %.60s", vj);
-        goto out;
-    }
-    /* Checksum first, before any of it is trusted. */
+    mt->fmt = ps_st_meta(f, "format");
+    mt->sid = ps_st_meta(f, "server_id");
+    mt->spec = ps_st_meta(f, "spec");
+    mt->vj = ps_st_meta(f, "versions");
+    mt->hash = ps_st_meta(f, "table_hash");
+    mt->crcs = ps_st_meta(f, "data_crc32c");
+    mt->upd = ps_st_meta(f, "updates");
+    if (!mt->fmt || strcmp(mt->fmt, CKPT_FORMAT))
+        return bad(err, errlen, "metadata format is \"%s\", want " CKPT_FORMAT,
+                   mt->fmt ? mt->fmt : "(missing)");
+    if (!mt->sid || !mt->spec || !mt->vj || !mt->hash || !mt->crcs)
+        return bad(err, errlen,
+                   "%smetadata key missing (server_id, spec, versions, table_hash, data_crc32c)", "");
+    if (atoi(mt->sid) != s->o.server_id) return bad(err, errlen, "written by server %s", mt->sid);
+    return 0;
+}
+
+/* The checksum over every tensor that `versions` names (w.p, m.p, then
+ * g.p.r of each pending rank), checked before any of the data is trusted.
+ * 0 or PS_ECORRUPT. */
+static int verify_data(const ps_st_file_t *f, const cJSON *vers, const char *crcs, char *err,
+                       size_t errlen)
+{
     uint32_t crc = 0;
     const cJSON *e;
     cJSON_ArrayForEach(e, vers)
     {
         const cJSON *id = cJSON_GetArrayItem(e, 0);
-        if (!cJSON_IsNumber(id) || id->valuedouble < 0) {
-            bad(err, errlen, "%sbad entry in metadata versions", "");
-            goto out;
-        }
+        if (!cJSON_IsNumber(id) || id->valuedouble < 0)
+            return bad(err, errlen, "%sbad entry in metadata versions", "");
         const cJSON *pend = cJSON_GetArrayItem(e, 4);
         int np = cJSON_IsArray(pend) ? cJSON_GetArraySize(pend) : 0;
         for (int k = 0; k < 2 + np; k++) {
             char nm[48];
             const cJSON *r = k >= 2 ? cJSON_GetArrayItem(pend, k - 2) : NULL;
-            if (k >= 2 && (!cJSON_IsNumber(r) || r->valuedouble < 0 || r->valuedouble > 65535)) {
-                bad(err, errlen, "%sbad pending rank in metadata versions", "");
-                goto out;
-            }
+            if (k >= 2 && (!cJSON_IsNumber(r) || r->valuedouble < 0 || r->valuedouble > 65535))
+                return bad(err, errlen, "%sbad pending rank in metadata versions", "");
             if (k < 2) snprintf(nm, sizeof nm, "%c.%u", k ? 'm' : 'w', (unsigned)id->valuedouble);
             else snprintf(nm, sizeof nm, "g.%u.%d", (unsigned)id->valuedouble, (int)r->valuedouble);
-            const ps_st_tensor_t *t = ps_st_find(&f, nm);
-            if (!t || t->dtype != PS_ST_F32) {
-                bad(err, errlen, "tensor %s missing or not F32", nm);
-                goto out;
-            }
-            crc = ps_crc32c(crc, ps_st_tensor_data(&f, t), t->nbytes);
+            const ps_st_tensor_t *t = ps_st_find(f, nm);
+            if (!t || t->dtype != PS_ST_F32) return bad(err, errlen, "tensor %s missing or not F32", nm);
+            crc = ps_crc32c(crc, ps_st_tensor_data(f, t), t->nbytes);
         }
     }
     if (strtoul(crcs, NULL, 16) != crc) {
         snprintf(err, errlen, "data checksum mismatch (metadata %s, computed %08x)", crcs, crc);
-        goto out;
+        return PS_ECORRUPT;
     }
-    uint64_t want = strtoull(hash, NULL, 16);
-    char serr[512];
-    if ((rc = psd_store_set_spec(s, spec, strlen(spec), &want, serr, sizeof serr))) {
-        snprintf(err, errlen, "stored spec: %s", serr);
-        reset_state(s);
-        goto out;
-    }
-    rc = PS_ECORRUPT;
+    return 0;
+}
+
+/* Every entry of `versions` into the shard just built from the file's
+ * spec: weights, momentum, version, pending state; each one must be a
+ * partition of this shard, and every partition of it must be there.
+ * 0 or PS_ECORRUPT (the state is then half-loaded: reset_state). */
+static int load_parts(psd_t *s, const ps_st_file_t *f, const cJSON *vers, char *err, size_t errlen)
+{
     psd_store_t *st = &s->st;
     uint32_t loaded = 0;
+    const cJSON *e;
     cJSON_ArrayForEach(e, vers)
     {
         const cJSON *id = cJSON_GetArrayItem(e, 0), *v = cJSON_GetArrayItem(e, 1),
@@ -603,42 +600,67 @@ static int try_load(psd_t *s, const char *path, char *err, size_t errlen)
         if (i >= st->table.nparts || !st->parts[i].owned || !cJSON_IsNumber(v) || v->valuedouble < 0 ||
             !cJSON_IsNumber(ini)) {
             snprintf(err, errlen, "partition %u in metadata versions is not one of this shard's", i);
-            reset_state(s);
-            goto out;
+            return PS_ECORRUPT;
         }
         psd_part_t *p = &st->parts[i];
         char nm[32], rerr[256];
         snprintf(nm, sizeof nm, "w.%u", i);
         psd_store_weights_writable(s, p);
-        if ((rc = ps_st_read_f32(&f, nm, p->w, p->numel, rerr, sizeof rerr)) == 0) {
+        int rc = ps_st_read_f32(f, nm, p->w, p->numel, rerr, sizeof rerr);
+        if (rc == 0) {
             nm[0] = 'm';
-            rc = ps_st_read_f32(&f, nm, p->m, p->numel, rerr, sizeof rerr);
+            rc = ps_st_read_f32(f, nm, p->m, p->numel, rerr, sizeof rerr);
         }
         if (rc) {
             snprintf(err, errlen, "%s", rerr);
-            reset_state(s);
-            rc = PS_ECORRUPT;
-            goto out;
+            return PS_ECORRUPT;
         }
         p->version = (uint64_t)v->valuedouble;
         p->initialised = ini->valuedouble != 0;
-        if ((rc = load_pending(s, &f, p, e, err, errlen))) {
-            reset_state(s);
-            goto out;
-        }
+        if ((rc = load_pending(s, f, p, e, err, errlen))) return rc;
         loaded++;
     }
     if (loaded != st->nowned) {
         snprintf(err, errlen, "holds %u of the shard's %u partitions", loaded, st->nowned);
+        return PS_ECORRUPT;
+    }
+    return 0;
+}
+
+/* Verify and load one file; on failure the server state is left empty. */
+static int try_load(psd_t *s, const char *path, char *err, size_t errlen)
+{
+    ps_st_file_t f;
+    int rc = ps_st_open(&f, path, err, errlen);
+    if (rc) return rc;
+    ckpt_meta_t mt;
+    cJSON *vers = NULL;
+    if ((rc = read_meta(s, &f, &mt, err, errlen))) goto out;
+    vers = cJSON_Parse(mt.vj);
+    if (!cJSON_IsArray(vers)) {
+        rc = bad(err, errlen, "metadata versions is not a JSON array: %.60s", mt.vj);
+        goto out;
+    }
+    if ((rc = verify_data(&f, vers, mt.crcs, err, errlen))) goto out;
+    /* The table, cluster size and message-size bound the spec implies, as
+     * an INIT of it would set them. */
+    uint64_t want = strtoull(mt.hash, NULL, 16);
+    char serr[512] = "";
+    if ((rc = psd_spec_hold(s, mt.spec, strlen(mt.spec), &want, serr, sizeof serr))) {
+        snprintf(err, errlen, "stored spec: %s", serr);
         reset_state(s);
         goto out;
     }
-    st->updates = upd ? strtoull(upd, NULL, 10) : 0;
+    if ((rc = load_parts(s, &f, vers, err, errlen))) {
+        reset_state(s);
+        goto out;
+    }
+    psd_store_t *st = &s->st;
+    st->updates = mt.upd ? strtoull(mt.upd, NULL, 10) : 0;
     st->from_ckpt = 1;
     s->updates_at_ckpt = st->updates;
     s->table_hash_seen = st->table.hash;
     s->have_hash_seen = 1;
-    rc = 0;
 out:
     cJSON_Delete(vers);
     ps_st_close(&f);
@@ -699,9 +721,7 @@ psd_ackwait_t *psd_ackwait_new(const ps_wire_msg_t *m)
 {
     psd_ackwait_t *w = calloc(1, sizeof *w);
     if (!w) return NULL;
-    size_t n = zmq_msg_size((zmq_msg_t *)&m->identity);
-    w->idlen = (uint8_t)(n > 255 ? 255 : n);
-    memcpy(w->id, zmq_msg_data((zmq_msg_t *)&m->identity), w->idlen);
+    psd_reply_keep_id(w->id, &w->idlen, m);
     w->request_id = m->hdr->request_id;
     w->type = m->hdr->type;
     return w;
@@ -709,9 +729,14 @@ psd_ackwait_t *psd_ackwait_new(const ps_wire_msg_t *m)
 
 #define PSD_LINGER_MS 300
 
+/* The end of an orderly stop: psd_loop_run returns. */
 static void on_linger(uv_timer_t *t)
 {
-    psd_stop(t->data, "shutdown complete");
+    psd_t *s = t->data;
+    if (s->stopping) return;
+    s->stopping = 1;
+    ps_info("stopping: shutdown complete");
+    uv_stop(s->loop);
 }
 
 void psd_shutdown_begin(psd_t *s, const char *why, psd_ackwait_t *w)

@@ -1,76 +1,17 @@
-/* One function per request type.  Every request is checked against the
- * header and the partition table before anything is touched; a bad one gets
- * ERROR(code, text) and a log line and changes nothing. */
+/* One function per request type, and the update path PUSH / PUSHPULL
+ * share (sync: a slot per rank until every required rank has pushed, then
+ * sum + apply; async / ssp: apply at once).  Every request is checked
+ * against the header and the partition table before anything is touched; a
+ * bad one gets ERROR(code, text) and a log line and changes nothing. */
 #include "psd.h"
 
-#include <stdarg.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ps_error.h"
 #include "ps_log.h"
 
-#define ID_OF(m) zmq_msg_data(&(m)->identity), zmq_msg_size(&(m)->identity)
 #define PSD_INIT_SPEC_PART 0xFFFFFFFFu
-
-int psd_send(psd_t *s, const void *id, size_t idlen, Ps__Header *h, const void *payload, size_t len)
-{
-    int rc = ps_wire_send(s->sock, id, idlen, h, payload, len, NULL, NULL, ZMQ_DONTWAIT);
-    if (rc) {
-        /* The peer is gone or not reading: it will retry (requests are
-         * idempotent), so the reply is dropped rather than queued. */
-        s->mx.dropped_replies++;
-        ps_debug("reply %s dropped: %s", ps_wire_type_name(h->type), ps_strerror(rc));
-        return rc;
-    }
-    s->mx.msgs_out++;
-    s->mx.bytes_out += ps__header__get_packed_size(h) + len;
-    return 0;
-}
-
-/* Every error is counted, but a flood of bad messages must not flood the
- * log: at most 20 lines a second, then one line saying how many were left
- * out (flushed from here and from the heartbeat timer). */
-static uint64_t err_window_ms, err_suppressed;
-static int err_in_window;
-
-void psd_errors_log_flush(psd_t *s)
-{
-    uint64_t now = s->loop ? uv_now(s->loop) : 0;
-    if (!s->stopping && now - err_window_ms < 1000) return;
-    if (err_suppressed)
-        ps_warn("%llu more ERROR replies in the last %.1f s not logged (see psd_errors_total)",
-                (unsigned long long)err_suppressed, (now - err_window_ms) / 1000.0);
-    err_window_ms = now;
-    err_in_window = 0;
-    err_suppressed = 0;
-}
-
-void psd_send_error(psd_t *s, const void *id, size_t idlen, const Ps__Header *req, int code,
-                    const char *fmt, ...)
-{
-    char text[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
-    psd_metrics_error(s, code);
-    psd_errors_log_flush(s);
-    if (err_in_window++ < 20)
-        ps_warn("%s from rank %d: %s: %s", req ? ps_wire_type_name(req->type) : "message",
-                req && req->has_rank ? req->rank : -1, ps_errname(code), text);
-    else
-        err_suppressed++;
-    uint64_t rid = req ? req->request_id : 0;
-    uint32_t part = req ? req->partition : 0;
-    if (ps_wire_send_error(s->sock, id, idlen, rid, part, code, "%s", text) == 0) {
-        s->mx.msgs_out++;
-        s->mx.bytes_out += 32 + strlen(text);
-    } else {
-        s->mx.dropped_replies++;
-    }
-}
 
 static void send_ack(psd_t *s, ps_wire_msg_t *m, uint32_t flags)
 {
@@ -79,123 +20,26 @@ static void send_ack(psd_t *s, ps_wire_msg_t *m, uint32_t flags)
     h.has_request_id = 1, h.request_id = m->hdr->request_id;
     h.has_partition = m->hdr->has_partition, h.partition = m->hdr->partition;
     if (flags) h.has_flags = 1, h.flags = flags;
-    psd_send(s, ID_OF(m), &h, NULL, 0);
-}
-
-static void send_weights(psd_t *s, const void *id, size_t idlen, uint64_t request_id, psd_part_t *p,
-                         int dtype, int codec)
-{
-    int err = 0;
-    psd_buf_t *b = psd_store_encoded(s, p, dtype, codec, &err);
-    if (!b) {
-        Ps__Header q;
-        ps_wire_header_init(&q, PS__MSG_TYPE__MSG_PULL);
-        q.request_id = request_id;
-        q.partition = p->id;
-        psd_send_error(s, id, idlen, &q, err, "cannot encode partition %u as %s/%s: %s", p->id,
-                       ps_dtype_name(dtype), ps_codec_name(codec), ps_strerror(err));
-        return;
-    }
-    Ps__Header h;
-    ps_wire_header_init(&h, PS__MSG_TYPE__MSG_WEIGHTS);
-    h.has_request_id = 1, h.request_id = request_id;
-    h.has_partition = 1, h.partition = p->id;
-    h.has_iteration = 1, h.iteration = p->version;
-    h.has_dtype = 1, h.dtype = dtype;
-    h.has_codec = 1, h.codec = codec;
-    h.has_numel = 1, h.numel = p->numel;
-    /* The update that made this version was skipped for a loss-scale
-     * overflow: say so, every worker's scaler must see the same verdict. */
-    if (p->skipped_ver && p->skipped_ver == p->version) h.has_flags = 1, h.flags = PS_FLAG_OVERFLOW;
-    /* Zero-copy: every reply of this version shares the one encoded buffer. */
-    int rc = ps_wire_send_crc(s->sock, id, idlen, &h, b->data, b->len, b->crc, psd_buf_zmq_free, b,
-                              ZMQ_DONTWAIT);
-    if (rc) {
-        psd_buf_unref(b);
-        s->mx.dropped_replies++;
-        ps_debug("WEIGHTS %u dropped: %s", p->id, ps_strerror(rc));
-        return;
-    }
-    s->mx.msgs_out++;
-    s->mx.bytes_out += b->len + 64;
-}
-
-/* Codec of the WEIGHTS reply: Header.reply_codec when present (a PUSHPULL
- * whose gradient is TOPK / SIGN wants its weights exact), else the request's. */
-static int reply_codec(const Ps__Header *h)
-{
-    return h->has_reply_codec ? (int)h->reply_codec : (int)h->codec;
-}
-
-static int add_waiter(psd_t *s, ps_wire_msg_t *m, psd_part_t *p, uint64_t min_version)
-{
-    const Ps__Header *h = m->hdr;
-    /* A retried request already waiting is not queued twice. */
-    for (psd_waiter_t *w = p->waiters; w; w = w->next)
-        if (w->request_id == h->request_id && w->min_version == min_version &&
-            w->idlen == zmq_msg_size(&m->identity) &&
-            !memcmp(w->id, zmq_msg_data(&m->identity), w->idlen))
-            return 0;
-    int rc = psd_peers_acquire(&s->peers, ID_OF(m), s->o.max_peer_inflight);
-    if (rc == PS_EAGAIN) {
-        /* One peer flooding must not starve the others or grow memory. */
-        psd_send_error(s, ID_OF(m), h, PS_EAGAIN,
-                       "%s refused: this peer has %d requests waiting already (--max-peer-inflight)",
-                       ps_wire_type_name(h->type), s->o.max_peer_inflight);
-        return -1;
-    }
-    if (rc) {
-        psd_send_error(s, ID_OF(m), h, PS_ENOMEM, "out of memory queueing a reply");
-        return -1;
-    }
-    if (p->nwaiters >= PSD_MAX_WAITERS) {
-        psd_peers_release(s->peers, ID_OF(m));
-        psd_send_error(s, ID_OF(m), h, PS_EAGAIN, "partition %u has %d requests waiting already",
-                       p->id, p->nwaiters);
-        return -1;
-    }
-    psd_waiter_t *w = calloc(1, sizeof *w);
-    if (!w) {
-        psd_peers_release(s->peers, ID_OF(m));
-        psd_send_error(s, ID_OF(m), h, PS_ENOMEM, "out of memory queueing a reply");
-        return -1;
-    }
-    size_t n = zmq_msg_size(&m->identity);
-    w->idlen = (uint8_t)(n > 255 ? 255 : n);
-    memcpy(w->id, zmq_msg_data(&m->identity), w->idlen);
-    w->request_id = h->request_id;
-    w->min_version = min_version;
-    w->dtype = h->dtype;
-    w->codec = reply_codec(h);
-    /* Append: replies go out in arrival order. */
-    psd_waiter_t **pp = &p->waiters;
-    while (*pp) pp = &(*pp)->next;
-    *pp = w;
-    p->nwaiters++;
-    return 0;
-}
-
-void psd_part_notify(psd_t *s, psd_part_t *p)
-{
-    psd_waiter_t **pp = &p->waiters;
-    while (*pp) {
-        psd_waiter_t *w = *pp;
-        if (w->min_version > p->version) {
-            pp = &w->next;
-            continue;
-        }
-        *pp = w->next;
-        p->nwaiters--;
-        psd_peers_release(s->peers, w->id, w->idlen);
-        send_weights(s, w->id, w->idlen, w->request_id, p, w->dtype, w->codec);
-        free(w);
-    }
+    psd_send(s, PSD_ID_OF(m), &h, NULL, 0);
 }
 
 static void after_update(psd_t *s, psd_part_t *p)
 {
-    psd_part_notify(s, p);
+    psd_waiters_notify(s, p);
     psd_checkpoint_maybe(s);
+}
+
+/* Whether p's next sync update can be made: every rank whose gradient is
+ * required (psd_members_required) has pushed one; *ncontrib: how many did. */
+static int sync_ready(psd_t *s, psd_part_t *p, int *ncontrib)
+{
+    int n = 0;
+    for (int r = 0; r < s->st.nworkers; r++) {
+        if (p->have[r]) n++;
+        else if (psd_members_required(s, r)) return 0;
+    }
+    *ncontrib = n;
+    return n > 0;
 }
 
 void psd_recheck_pending(psd_t *s)
@@ -204,7 +48,7 @@ void psd_recheck_pending(psd_t *s)
     for (uint32_t i = 0; i < s->st.table.nparts; i++) {
         psd_part_t *p = &s->st.parts[i];
         int n;
-        if (p->owned && p->initialised && psd_store_sync_ready(s, p, &n)) {
+        if (p->owned && p->initialised && sync_ready(s, p, &n)) {
             psd_store_apply_sync(s, p);
             after_update(s, p);
         }
@@ -218,39 +62,39 @@ static psd_part_t *check_part(psd_t *s, ps_wire_msg_t *m, int need_weights)
     const Ps__Header *h = m->hdr;
     const char *what = ps_wire_type_name(h->type);
     if (!s->st.have_table) {
-        psd_send_error(s, ID_OF(m), h, PS_ESTATE, "%s before INIT: the server has no partition table",
+        psd_send_error(s, PSD_ID_OF(m), h, PS_ESTATE, "%s before INIT: the server has no partition table",
                        what);
         return NULL;
     }
     if (!h->has_partition || h->partition >= s->st.table.nparts) {
-        psd_send_error(s, ID_OF(m), h, PS_ENOTFOUND, "%s: unknown partition %u (table has %u)", what,
+        psd_send_error(s, PSD_ID_OF(m), h, PS_ENOTFOUND, "%s: unknown partition %u (table has %u)", what,
                        h->partition, s->st.table.nparts);
         return NULL;
     }
     psd_part_t *p = &s->st.parts[h->partition];
     if (!p->owned) {
-        psd_send_error(s, ID_OF(m), h, PS_ENOTFOUND, "%s: partition %u belongs to server %u, not %d",
+        psd_send_error(s, PSD_ID_OF(m), h, PS_ENOTFOUND, "%s: partition %u belongs to server %u, not %d",
                        what, p->id, s->st.table.parts[p->id].server, s->o.server_id);
         return NULL;
     }
     if (h->has_table_hash && h->table_hash != s->st.table.hash) {
-        psd_send_error(s, ID_OF(m), h, PS_EMISMATCH, "%s: table hash 0x%016llx, server has 0x%016llx",
+        psd_send_error(s, PSD_ID_OF(m), h, PS_EMISMATCH, "%s: table hash 0x%016llx, server has 0x%016llx",
                        what, (unsigned long long)h->table_hash,
                        (unsigned long long)s->st.table.hash);
         return NULL;
     }
     if ((unsigned)h->dtype >= PSD_NDTYPE || (unsigned)h->codec >= PSD_NCODEC) {
-        psd_send_error(s, ID_OF(m), h, PS_EINVAL, "%s: unknown dtype %d or codec %d", what, h->dtype,
+        psd_send_error(s, PSD_ID_OF(m), h, PS_EINVAL, "%s: unknown dtype %d or codec %d", what, h->dtype,
                        h->codec);
         return NULL;
     }
     if (h->has_reply_codec && h->reply_codec != PS__CODEC__CODEC_RAW && h->reply_codec != PS__CODEC__CODEC_LZ4) {
-        psd_send_error(s, ID_OF(m), h, PS_EINVAL, "%s: reply_codec %d: weights are sent raw or lz4 only",
+        psd_send_error(s, PSD_ID_OF(m), h, PS_EINVAL, "%s: reply_codec %d: weights are sent raw or lz4 only",
                        what, (int)h->reply_codec);
         return NULL;
     }
     if (need_weights && !p->initialised) {
-        psd_send_error(s, ID_OF(m), h, PS_ESTATE, "%s: partition %u has no weights yet (INIT first)",
+        psd_send_error(s, PSD_ID_OF(m), h, PS_ESTATE, "%s: partition %u has no weights yet (INIT first)",
                        what, p->id);
         return NULL;
     }
@@ -263,17 +107,17 @@ static int decode_into(psd_t *s, ps_wire_msg_t *m, psd_part_t *p, float *dst)
     const Ps__Header *h = m->hdr;
     const char *what = ps_wire_type_name(h->type);
     if (!h->has_numel || h->numel != p->numel) {
-        psd_send_error(s, ID_OF(m), h, PS_EMISMATCH, "%s: numel %llu but partition %u has %zu elements",
+        psd_send_error(s, PSD_ID_OF(m), h, PS_EMISMATCH, "%s: numel %llu but partition %u has %zu elements",
                        what, (unsigned long long)h->numel, p->id, p->numel);
         return -1;
     }
     if (!m->has_payload) {
-        psd_send_error(s, ID_OF(m), h, PS_EPROTO, "%s: partition %u: payload missing", what, p->id);
+        psd_send_error(s, PSD_ID_OF(m), h, PS_EPROTO, "%s: partition %u: payload missing", what, p->id);
         return -1;
     }
     size_t need = ps_codec_scratch_size((ps_dtype_t)h->dtype, (ps_codec_t)h->codec, p->numel);
     if (need && psd_store_scratch(&s->st, need)) {
-        psd_send_error(s, ID_OF(m), h, PS_ENOMEM, "%s: out of memory for decode", what);
+        psd_send_error(s, PSD_ID_OF(m), h, PS_ENOMEM, "%s: out of memory for decode", what);
         return -1;
     }
     ps_dtype_t dt = (ps_dtype_t)h->dtype;
@@ -281,13 +125,13 @@ static int decode_into(psd_t *s, ps_wire_msg_t *m, psd_part_t *p, float *dst)
     int rc = ps_codec_decode(dst, p->numel, zmq_msg_data(&m->payload), zmq_msg_size(&m->payload),
                              dt, cc, 0, s->st.scratch);
     if (rc) {
-        psd_send_error(s, ID_OF(m), h, rc, "%s: partition %u: %zu payload bytes do not decode as %llu %s/%s: %s",
+        psd_send_error(s, PSD_ID_OF(m), h, rc, "%s: partition %u: %zu payload bytes do not decode as %llu %s/%s: %s",
                        what, p->id, zmq_msg_size(&m->payload), (unsigned long long)h->numel,
                        ps_dtype_name(dt), ps_codec_name(cc), ps_strerror(rc));
         return -1;
     }
     if (s->o.reject_nonfinite && psd_store_nonfinite(s, dst, p->numel)) {
-        psd_send_error(s, ID_OF(m), h, PS_ENONFINITE, "%s: partition %u: NaN or Inf in the data", what,
+        psd_send_error(s, PSD_ID_OF(m), h, PS_ENONFINITE, "%s: partition %u: NaN or Inf in the data", what,
                        p->id);
         return -1;
     }
@@ -300,13 +144,13 @@ static void handle_init(psd_t *s, ps_wire_msg_t *m)
     char err[512] = "";
     if (!h->has_partition || h->partition == PSD_INIT_SPEC_PART) {
         if (!h->has_body || !h->body.len) {
-            psd_send_error(s, ID_OF(m), h, PS_EPROTO, "INIT spec without a body (JSON model spec)");
+            psd_send_error(s, PSD_ID_OF(m), h, PS_EPROTO, "INIT spec without a body (JSON model spec)");
             return;
         }
-        int rc = psd_store_set_spec(s, (const char *)h->body.data, h->body.len,
-                                    h->has_table_hash ? &h->table_hash : NULL, err, sizeof err);
+        int rc = psd_spec_hold(s, (const char *)h->body.data, h->body.len,
+                               h->has_table_hash ? &h->table_hash : NULL, err, sizeof err);
         if (rc) {
-            psd_send_error(s, ID_OF(m), h, rc, "%s", err);
+            psd_send_error(s, PSD_ID_OF(m), h, rc, "%s", err);
             return;
         }
         send_ack(s, m, s->st.from_ckpt ? PS_FLAG_FROM_CKPT : 0);
@@ -327,13 +171,15 @@ static void handle_init(psd_t *s, ps_wire_msg_t *m)
     ps_debug("partition %u initialised (%zu elements, version %llu)", p->id, p->numel,
              (unsigned long long)p->version);
     send_ack(s, m, 0);
-    psd_part_notify(s, p);
+    psd_waiters_notify(s, p);
 }
 
 /* A retry of a push that is already applied: answer like the original. */
 static void reply_done(psd_t *s, ps_wire_msg_t *m, psd_part_t *p, int pushpull)
 {
-    if (pushpull) send_weights(s, ID_OF(m), m->hdr->request_id, p, m->hdr->dtype, reply_codec(m->hdr));
+    if (pushpull)
+        psd_send_weights(s, PSD_ID_OF(m), m->hdr->request_id, p, m->hdr->dtype,
+                         psd_reply_codec(m->hdr));
     else if (!(m->hdr->flags & PS_FLAG_NO_REPLY)) send_ack(s, m, 0);
 }
 
@@ -352,12 +198,12 @@ static int stage_direct(psd_t *s, ps_wire_msg_t *m, psd_part_t *p, int rank)
         return 0;
     int n;
     p->have[rank] = 1;
-    int ready = psd_store_sync_ready(s, p, &n);
+    int ready = sync_ready(s, p, &n);
     p->have[rank] = 0;
     if (!ready && (!p->held || p->held_on[rank])) return 0;
     const float *g = zmq_msg_data(&m->payload);
     if (s->o.reject_nonfinite && psd_store_nonfinite(s, g, p->numel)) {
-        psd_send_error(s, ID_OF(m), h, PS_ENONFINITE, "%s: partition %u: NaN or Inf in the data",
+        psd_send_error(s, PSD_ID_OF(m), h, PS_ENONFINITE, "%s: partition %u: NaN or Inf in the data",
                        ps_wire_type_name(h->type), p->id);
         return -1;
     }
@@ -389,7 +235,7 @@ static void push_sync(psd_t *s, ps_wire_msg_t *m, psd_part_t *p, int rank, int p
         /* Only a server that lost state (restarted from an older
          * checkpoint) sees a sync push from the future: tell the worker,
          * machine-readably, which version to roll everyone back to. */
-        psd_send_rollback_error(s, ID_OF(m), h, p->version,
+        psd_send_rollback_error(s, PSD_ID_OF(m), h, p->version,
                                 "%s for iteration %llu but partition %u is at version %llu (sync "
                                 "mode: this server restarted from a checkpoint; roll back)",
                                 ps_wire_type_name(h->type), (unsigned long long)it, p->id,
@@ -409,11 +255,11 @@ static void push_sync(psd_t *s, ps_wire_msg_t *m, psd_part_t *p, int rank, int p
     }
     int n;
     if (pushpull) {
-        if (add_waiter(s, m, p, it + 1)) goto out;
+        if (psd_waiters_add(s, m, p, it + 1)) goto out;
     } else if (!(h->flags & PS_FLAG_NO_REPLY)) {
         send_ack(s, m, 0);
     }
-    if (psd_store_sync_ready(s, p, &n)) {
+    if (sync_ready(s, p, &n)) {
         psd_store_apply_sync(s, p);
         after_update(s, p);
     }
@@ -435,7 +281,7 @@ static void push_async(psd_t *s, ps_wire_msg_t *m, psd_part_t *p, int rank, int 
         return;
     }
     if (s->mode == PSD_SSP && it + (uint64_t)s->o.staleness < p->version) {
-        psd_send_error(s, ID_OF(m), h, PS_ESTALE,
+        psd_send_error(s, PSD_ID_OF(m), h, PS_ESTALE,
                        "%s for iteration %llu is older than version %llu - staleness %d (partition %u)",
                        ps_wire_type_name(h->type), (unsigned long long)it,
                        (unsigned long long)p->version, s->o.staleness, p->id);
@@ -458,7 +304,7 @@ static void handle_push(psd_t *s, ps_wire_msg_t *m, int pushpull)
     if (!p) return;
     const Ps__Header *h = m->hdr;
     if (!h->has_rank || h->rank < 0 || h->rank >= s->st.nworkers) {
-        psd_send_error(s, ID_OF(m), h, PS_ERANGE, "%s: rank %d not in 0..%d", ps_wire_type_name(h->type),
+        psd_send_error(s, PSD_ID_OF(m), h, PS_ERANGE, "%s: rank %d not in 0..%d", ps_wire_type_name(h->type),
                        h->has_rank ? h->rank : -1, s->st.nworkers - 1);
         return;
     }
@@ -472,15 +318,16 @@ static void handle_pull(psd_t *s, ps_wire_msg_t *m)
     if (!p) return;
     uint64_t want = m->hdr->has_min_version ? m->hdr->min_version : 0;
     if (p->version >= want)
-        send_weights(s, ID_OF(m), m->hdr->request_id, p, m->hdr->dtype, reply_codec(m->hdr));
-    else add_waiter(s, m, p, want);
+        psd_send_weights(s, PSD_ID_OF(m), m->hdr->request_id, p, m->hdr->dtype,
+                         psd_reply_codec(m->hdr));
+    else psd_waiters_add(s, m, p, want);
 }
 
 static void handle_stats(psd_t *s, ps_wire_msg_t *m)
 {
     char *json = psd_stats_json(s);
     if (!json) {
-        psd_send_error(s, ID_OF(m), m->hdr, PS_ENOMEM, "STATS: out of memory");
+        psd_send_error(s, PSD_ID_OF(m), m->hdr, PS_ENOMEM, "STATS: out of memory");
         return;
     }
     Ps__Header h;
@@ -489,7 +336,7 @@ static void handle_stats(psd_t *s, ps_wire_msg_t *m)
     h.has_body = 1;
     h.body.data = (uint8_t *)json;
     h.body.len = strlen(json);
-    psd_send(s, ID_OF(m), &h, NULL, 0);
+    psd_send(s, PSD_ID_OF(m), &h, NULL, 0);
     free(json);
 }
 
@@ -498,16 +345,16 @@ static void handle_stats(psd_t *s, ps_wire_msg_t *m)
 static void handle_checkpoint(psd_t *s, ps_wire_msg_t *m)
 {
     if (!s->o.checkpoint_dir || !s->o.checkpoint_dir[0]) {
-        psd_send_error(s, ID_OF(m), m->hdr, PS_EUNSUPPORTED, "CHECKPOINT: psd runs without --checkpoint-dir");
+        psd_send_error(s, PSD_ID_OF(m), m->hdr, PS_EUNSUPPORTED, "CHECKPOINT: psd runs without --checkpoint-dir");
         return;
     }
     if (!s->st.have_table) {
-        psd_send_error(s, ID_OF(m), m->hdr, PS_ESTATE, "CHECKPOINT before INIT: nothing to save");
+        psd_send_error(s, PSD_ID_OF(m), m->hdr, PS_ESTATE, "CHECKPOINT before INIT: nothing to save");
         return;
     }
     psd_ackwait_t *w = psd_ackwait_new(m);
     if (!w) {
-        psd_send_error(s, ID_OF(m), m->hdr, PS_ENOMEM, "CHECKPOINT: out of memory");
+        psd_send_error(s, PSD_ID_OF(m), m->hdr, PS_ENOMEM, "CHECKPOINT: out of memory");
         return;
     }
     psd_checkpoint_start(s, w); /* answers w, also on failure */
@@ -517,7 +364,7 @@ static void handle_shutdown(psd_t *s, ps_wire_msg_t *m)
 {
     psd_ackwait_t *w = psd_ackwait_new(m);
     if (!w) {
-        psd_send_error(s, ID_OF(m), m->hdr, PS_ENOMEM, "SHUTDOWN: out of memory");
+        psd_send_error(s, PSD_ID_OF(m), m->hdr, PS_ENOMEM, "SHUTDOWN: out of memory");
         return;
     }
     psd_shutdown_begin(s, "SHUTDOWN request", w);
@@ -527,7 +374,7 @@ static void handle_shutdown(psd_t *s, ps_wire_msg_t *m)
 static int admin_ok(psd_t *s, ps_wire_msg_t *m)
 {
     if (psd_curve_is_admin(s, m)) return 1;
-    psd_send_error(s, ID_OF(m), m->hdr, PS_EAUTH, "%s refused: key %s is not an admin key",
+    psd_send_error(s, PSD_ID_OF(m), m->hdr, PS_EAUTH, "%s refused: key %s is not an admin key",
                    ps_wire_type_name(m->hdr->type), m->user_id[0] ? m->user_id : "(none)");
     return 0;
 }
@@ -556,7 +403,7 @@ void psd_handle(psd_t *s, ps_wire_msg_t *m)
                      h->has_rank ? h->rank : -1);
             return;
         case PS__MSG_TYPE__MSG_CHECKPOINT:
-            psd_send_error(s, ID_OF(m), h, PS_ESHUTDOWN, "%s refused: the server is shutting down",
+            psd_send_error(s, PSD_ID_OF(m), h, PS_ESHUTDOWN, "%s refused: the server is shutting down",
                            ps_wire_type_name(h->type));
             return;
         default: break;
@@ -579,10 +426,12 @@ void psd_handle(psd_t *s, ps_wire_msg_t *m)
     case PS__MSG_TYPE__MSG_SHUTDOWN:
         if (admin_ok(s, m)) handle_shutdown(s, m);
         break;
-    case PS__MSG_TYPE__MSG_BYE: psd_handle_bye(s, m); break;
+    case PS__MSG_TYPE__MSG_BYE:
+        if (psd_handle_bye(s, m)) psd_recheck_pending(s);
+        break;
     case PS__MSG_TYPE__MSG_ROLLBACK: psd_handle_rollback(s, m); break;
     default:
-        psd_send_error(s, ID_OF(m), h, PS_EPROTO, "unexpected message type %d (%s) for a server",
+        psd_send_error(s, PSD_ID_OF(m), h, PS_EPROTO, "unexpected message type %d (%s) for a server",
                        (int)h->type, ps_wire_type_name(h->type));
     }
 }

@@ -25,45 +25,6 @@ static int set_int(void *sock, int opt, int v, const char *name)
     return 0;
 }
 
-int64_t psd_msg_bound(size_t numel)
-{
-    size_t worst = 0;
-    for (int dt = 0; dt < PSD_NDTYPE; dt++)
-        for (int c = 0; c < PSD_NCODEC; c++) {
-            size_t b = ps_codec_bound((ps_dtype_t)dt, (ps_codec_t)c, numel);
-            if (b > worst) worst = b;
-        }
-    return (int64_t)worst + PS_WIRE_MAX_HEADER;
-}
-
-int psd_loop_set_maxmsg(psd_t *s, size_t max_numel, char *err, size_t errlen)
-{
-    int64_t need = psd_msg_bound(max_numel);
-    /* A listener copies the socket options when it is bound, and re-binding
-     * drops every connected worker (and requests in flight), so the limit
-     * is fixed at the bind: from a checkpointed table when one is loaded
-     * first, else from --max-partition-bytes; a later table must fit it. */
-    if (!s->sock) {
-        s->maxmsg_table = need;
-        return 0;
-    }
-    if (need <= s->maxmsg) return 0;
-    if (s->o.max_msg_mb > 0)
-        snprintf(err, errlen,
-                 "INIT spec: this server's largest partition has %zu elements; its messages can "
-                 "reach %lld bytes, over --max-msg-mb %d (ZMQ_MAXMSGSIZE): restart psd with a "
-                 "larger --max-msg-mb, or without it (then --max-partition-bytes sizes the limit)",
-                 max_numel, (long long)need, s->o.max_msg_mb);
-    else
-        snprintf(err, errlen,
-                 "INIT spec: partition of %zu bytes is larger than --max-partition-bytes %llu, "
-                 "which sized ZMQ_MAXMSGSIZE (%lld bytes) at start: restart psd with "
-                 "--max-partition-bytes >= psworker's --partition-bytes",
-                 max_numel * sizeof(float), (unsigned long long)s->o.max_partition_bytes,
-                 (long long)s->maxmsg);
-    return PS_ERANGE;
-}
-
 /* ---- connection log (zmq_socket_monitor) ----
  * ZeroMQ closes a connection by itself when a frame is over ZMQ_MAXMSGSIZE
  * (or the peer breaks the protocol); the monitor is the only place psd
@@ -245,10 +206,12 @@ static void monitor_open(psd_t *s)
 static void handle_bad(psd_t *s, ps_wire_msg_t *m, int rc, const char *err)
 {
     if (!m->has_identity) return;
-    psd_send_error(s, zmq_msg_data(&m->identity), zmq_msg_size(&m->identity), m->hdr, rc, "%s", err);
+    psd_send_error(s, PSD_ID_OF(m), m->hdr, rc, "%s", err);
 }
 
-void psd_drain(psd_t *s)
+/* Re-read ZMQ_EVENTS and handle everything queued: after the poll fires,
+ * and after sends made outside it (ZMQ_FD is edge-triggered). */
+static void drain(psd_t *s)
 {
     static int draining;
     if (draining) return; /* a handler's send must not recurse into here */
@@ -278,7 +241,7 @@ static void on_poll(uv_poll_t *h, int status, int events)
 {
     psd_t *s = h->data;
     if (status < 0) ps_warn("uv_poll on the ZMQ fd: %s", uv_strerror(status));
-    psd_drain(s);
+    drain(s);
 }
 
 static void on_hb(uv_timer_t *t)
@@ -287,16 +250,16 @@ static void on_hb(uv_timer_t *t)
     /* Read what is queued first: after a stall of psd itself (a loaded
      * machine), the workers' heartbeats are waiting in the socket, and
      * checking before reading them declared every worker lost at once. */
-    psd_drain(s);
-    psd_members_check(s);
+    drain(s);
+    if (psd_members_check(s)) psd_recheck_pending(s);
     psd_errors_log_flush(s);
-    psd_drain(s);
+    drain(s);
 }
 
 static void on_drain_timer(uv_timer_t *t)
 {
     /* Safety net for a missed edge; costs one getsockopt every 100 ms. */
-    psd_drain(t->data);
+    drain(t->data);
     monitor_drain(t->data);
 }
 
@@ -310,14 +273,6 @@ static void on_signal(uv_signal_t *h, int signum)
     psd_t *s = h->data;
     /* Checkpoint first (the write in flight, if any, is waited for). */
     psd_shutdown_begin(s, signum == SIGTERM ? "SIGTERM" : "SIGINT", NULL);
-}
-
-void psd_stop(psd_t *s, const char *why)
-{
-    if (s->stopping) return;
-    s->stopping = 1;
-    ps_info("stopping: %s", why);
-    uv_stop(s->loop);
 }
 
 static int write_port_file(const char *path, int port)
@@ -364,6 +319,7 @@ int psd_loop_open(psd_t *s)
 {
     int rc;
     s->loop = uv_default_loop();
+    s->drain = drain;
     signal(SIGPIPE, SIG_IGN);
     s->zctx = zmq_ctx_new();
     if (!s->zctx) {
@@ -378,27 +334,9 @@ int psd_loop_open(psd_t *s)
         ps_error("zmq_socket(ROUTER): %s", zmq_strerror(errno));
         return PS_EZMQ;
     }
-    /* ZMQ_MAXMSGSIZE is fixed here, for the life of the listener (see
-     * psd_loop_set_maxmsg).  An explicit --max-msg-mb wins; else the exact
-     * bound of a table loaded from a checkpoint; else --max-partition-bytes. */
-    int64_t maxmsg;
-    if (s->o.max_msg_mb > 0) {
-        maxmsg = (int64_t)s->o.max_msg_mb << 20;
-        s->maxmsg_from = "--max-msg-mb";
-        if (s->st.have_table && s->maxmsg_table > maxmsg) {
-            ps_error("--max-msg-mb %d is below the largest message of the checkpointed table "
-                     "(%lld bytes): its workers would be disconnected; raise it or leave it unset",
-                     s->o.max_msg_mb, (long long)s->maxmsg_table);
-            return PS_ERANGE;
-        }
-    } else if (s->st.have_table && s->maxmsg_table > 0) {
-        maxmsg = s->maxmsg_table;
-        s->maxmsg_from = "the checkpointed table's largest partition";
-    } else {
-        maxmsg = psd_msg_bound((size_t)(s->o.max_partition_bytes / sizeof(float)));
-        s->maxmsg_from = "--max-partition-bytes";
-    }
-    s->maxmsg = maxmsg;
+    /* ZMQ_MAXMSGSIZE is fixed here, for the life of the listener
+     * (psd_maxmsg.c). */
+    if ((rc = psd_maxmsg_at_bind(s))) return rc;
     int hb = s->o.heartbeat_ms > 0 ? s->o.heartbeat_ms : 0;
     int hb_tmo = hb ? (s->o.worker_timeout_ms > 3 * hb ? s->o.worker_timeout_ms : 3 * hb) : 0;
     if ((rc = set_int(s->sock, ZMQ_ROUTER_MANDATORY, 1, "ZMQ_ROUTER_MANDATORY")) ||
@@ -414,14 +352,14 @@ int psd_loop_open(psd_t *s)
         (hb && (rc = set_int(s->sock, ZMQ_HEARTBEAT_IVL, hb, "ZMQ_HEARTBEAT_IVL"))) ||
         (hb && (rc = set_int(s->sock, ZMQ_HEARTBEAT_TIMEOUT, hb_tmo, "ZMQ_HEARTBEAT_TIMEOUT"))))
         return rc;
-    if (zmq_setsockopt(s->sock, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg) < 0) {
+    if (zmq_setsockopt(s->sock, ZMQ_MAXMSGSIZE, &s->maxmsg, sizeof s->maxmsg) < 0) {
         ps_error("zmq_setsockopt(ZMQ_MAXMSGSIZE): %s", zmq_strerror(errno));
         return PS_EZMQ;
     }
     monitor_open(s);
     if ((rc = psd_curve_setup(s, s->sock)) || (rc = bind_socket(s))) return rc;
-    ps_info("max message size %lld bytes (%.2f MiB, set by %s)", (long long)maxmsg,
-            maxmsg / 1048576.0, s->maxmsg_from);
+    ps_info("max message size %lld bytes (%.2f MiB, set by %s)", (long long)s->maxmsg,
+            s->maxmsg / 1048576.0, s->maxmsg_from);
 
     int fd;
     size_t fsz = sizeof fd;
@@ -461,7 +399,7 @@ int psd_loop_open(psd_t *s)
 int psd_loop_run(psd_t *s)
 {
     /* Messages that arrived before the poll was armed produce no new edge. */
-    psd_drain(s);
+    drain(s);
     uv_run(s->loop, UV_RUN_DEFAULT);
     return 0;
 }

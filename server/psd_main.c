@@ -1,4 +1,4 @@
-/* psd: one parameter-server shard (DESIGN.md section 2, docs/protocol.md).
+/* psd: one parameter-server shard (docs/protocol.md, docs/operations.md).
  * Options come from flags and an INI file (ps_config); the loop runs until
  * SHUTDOWN or SIGTERM / SIGINT (both stop updates and checkpoint first when
  * a checkpoint directory is set, then linger briefly so replies get out)
@@ -21,12 +21,8 @@ static const char usage[] =
     "[options]\n\nParameter server shard: holds FP32 weights and optimizer state of its partitions,\n"
     "aggregates worker gradients and applies the optimizer.  See docs/protocol.md.";
 
-int main(int argc, char **argv)
+static void set_defaults(psd_opts_t *o)
 {
-    static psd_t s; /* zeroed; lives for the whole run */
-    psd_opts_t *o = &s.o;
-    int npos = 0, rc;
-
     o->port = 9100;
     o->bind = strdup("tcp://*");
     o->port_file = strdup("");
@@ -49,7 +45,13 @@ int main(int argc, char **argv)
     o->curve_secret_key = strdup("");
     o->curve_allow = strdup("");
     o->curve_admin = strdup("");
+}
 
+/* Flags and config file into o.  -1: go on; else the exit status (0 after
+ * --help, 2 after a usage error, reported on stderr). */
+static int parse_args(psd_opts_t *o, int argc, char **argv)
+{
+    int npos = 0;
     const ps_opt_t opts[] = {
         {"port", PS_OPT_INT, &o->port, "TCP port of the ROUTER socket (0: pick a free one)"},
         {"bind", PS_OPT_STRING, &o->bind, "bind address (tcp://*, tcp://10.0.0.1, ipc://PATH)"},
@@ -90,18 +92,25 @@ int main(int argc, char **argv)
         {"curve-admin", PS_OPT_STRING, &o->curve_admin, "admin public keys (CHECKPOINT / SHUTDOWN allowed), file or directory"},
         {0},
     };
-    rc = ps_config_parse(opts, "psd", usage, argc, argv, &npos);
+    int rc = ps_config_parse(opts, "psd", usage, argc, argv, &npos);
     if (rc == 1) return 0;
     if (rc < 0) return 2;
     if (npos > 0) {
         fprintf(stderr, "psd: unexpected argument '%s' (see --help)\n", argv[1]);
         return 2;
     }
+    return -1;
+}
+
+/* The values of the options: 0, or 2 (a usage error, on stderr). */
+static int check_opts(psd_t *s)
+{
+    psd_opts_t *o = &s->o;
     if (ps_log_set_level_str(o->log_level)) {
         fprintf(stderr, "psd: --log-level %s: want error|warn|info|debug\n", o->log_level);
         return 2;
     }
-    if (psd_mode_parse(o->mode, &s.mode)) {
+    if (psd_mode_parse(o->mode, &s->mode)) {
         fprintf(stderr, "psd: --mode %s: want sync|async|ssp\n", o->mode);
         return 2;
     }
@@ -123,9 +132,11 @@ int main(int argc, char **argv)
                         "non-negative times and counts, 1 <= io-threads <= 16, 0 <= sock-buf-kb <= 1048576\n");
         return 2;
     }
-    char prog[32];
-    snprintf(prog, sizeof prog, "psd[%d]", o->server_id);
-    ps_log_set_prog(prog);
+    return 0;
+}
+
+static void tune_malloc(void)
+{
     /* Keep multi-MiB message buffers in the heap once freed: otherwise each
      * one is a fresh mmap that ZeroMQ's I/O threads page-fault through (and
      * the kernel zeroes) for every message.  Setting M_TRIM_THRESHOLD turns
@@ -135,22 +146,45 @@ int main(int argc, char **argv)
     if (!mallopt(M_MMAP_THRESHOLD, 64 << 20) && !mallopt(M_MMAP_THRESHOLD, 32 << 20))
         ps_warn("mallopt(M_MMAP_THRESHOLD) refused: large message buffers will be mmap'd");
     if (!mallopt(M_TRIM_THRESHOLD, 256 << 20)) ps_warn("mallopt(M_TRIM_THRESHOLD, 256 MiB) refused");
-    if ((rc = psd_pool_new(&s.pool, o->threads))) {
+}
+
+/* Threads, cluster size, checkpoint, socket, /metrics: 0, or 1 (logged). */
+static int start(psd_t *s)
+{
+    psd_opts_t *o = &s->o;
+    int rc;
+    if ((rc = psd_pool_new(&s->pool, o->threads))) {
         ps_error("cannot start the summation threads: %s", ps_strerror(rc));
         return 1;
     }
-
-    s.loop = uv_default_loop();
+    s->loop = uv_default_loop();
     char err[256];
-    if (o->num_workers > 0 && (rc = psd_members_set_count(&s, o->num_workers, err, sizeof err))) {
+    if (o->num_workers > 0 && (rc = psd_members_set_count(s, o->num_workers, err, sizeof err))) {
         ps_error("--num-workers: %s", err);
         return 1;
     }
-    if ((rc = psd_checkpoint_load(&s)) || (rc = psd_loop_open(&s)) || (rc = psd_metrics_start(&s))) {
-        psd_loop_close(&s);
-        psd_store_free(&s.st);
+    if ((rc = psd_checkpoint_load(s)) || (rc = psd_loop_open(s)) || (rc = psd_metrics_start(s))) {
+        psd_loop_close(s);
+        psd_store_free(&s->st);
         return 1;
     }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    static psd_t s; /* zeroed; lives for the whole run */
+    psd_opts_t *o = &s.o;
+    int rc;
+
+    set_defaults(o);
+    if ((rc = parse_args(o, argc, argv)) >= 0) return rc;
+    if ((rc = check_opts(&s))) return rc;
+    char prog[32];
+    snprintf(prog, sizeof prog, "psd[%d]", o->server_id);
+    ps_log_set_prog(prog);
+    tune_malloc();
+    if ((rc = start(&s))) return rc;
     ps_info("psd %s: server %d of %d, mode %s%s, on worker loss: %s, %d summation threads, pid %d",
             PACKAGE_VERSION, o->server_id, o->num_servers, o->mode,
             o->reject_nonfinite ? ", rejecting non-finite gradients" : "", o->on_worker_loss,

@@ -122,21 +122,6 @@ static void barrier_try_release(psd_t *s)
     }
 }
 
-static int same_id(const uint8_t *a, size_t alen, ps_wire_msg_t *m)
-{
-    return alen == zmq_msg_size(&m->identity) && !memcmp(a, zmq_msg_data(&m->identity), alen);
-}
-
-static void keep_id(uint8_t *dst, uint8_t *dlen, ps_wire_msg_t *m)
-{
-    size_t n = zmq_msg_size(&m->identity);
-    if (n > 255) n = 255; /* ZeroMQ routing ids are at most 255 bytes */
-    memcpy(dst, zmq_msg_data(&m->identity), n);
-    *dlen = (uint8_t)n;
-}
-
-#define ID_OF(m) zmq_msg_data(&(m)->identity), zmq_msg_size(&(m)->identity)
-
 void psd_handle_hello(psd_t *s, ps_wire_msg_t *m)
 {
     const Ps__Header *h = m->hdr;
@@ -146,7 +131,7 @@ void psd_handle_hello(psd_t *s, ps_wire_msg_t *m)
     if (h->has_table_hash) {
         uint64_t known = s->st.have_table ? s->st.table.hash : s->table_hash_seen;
         if ((s->st.have_table || s->have_hash_seen) && h->table_hash != known) {
-            psd_send_error(s, ID_OF(m), h, PS_EMISMATCH,
+            psd_send_error(s, PSD_ID_OF(m), h, PS_EMISMATCH,
                            "partition table hash 0x%016llx differs from the cluster's 0x%016llx: "
                            "the worker's model or partition_bytes / num_servers differ",
                            (unsigned long long)h->table_hash, (unsigned long long)known);
@@ -157,41 +142,43 @@ void psd_handle_hello(psd_t *s, ps_wire_msg_t *m)
     }
     if (h->has_num_workers && h->num_workers > 0 &&
         (rc = psd_members_set_count(s, (int)h->num_workers, err, sizeof err))) {
-        psd_send_error(s, ID_OF(m), h, rc, "HELLO: %s", err);
+        psd_send_error(s, PSD_ID_OF(m), h, rc, "HELLO: %s", err);
         return;
     }
     if (s->nworkers <= 0) {
-        psd_send_error(s, ID_OF(m), h, PS_ESTATE,
+        psd_send_error(s, PSD_ID_OF(m), h, PS_ESTATE,
                        "HELLO: cluster size unknown (send num_workers or start psd with --num-workers)");
         return;
     }
     int rank = h->has_rank ? h->rank : -1;
     if (rank < 0) {
         if (s->o.server_id != 0) {
-            psd_send_error(s, ID_OF(m), h, PS_ESTATE,
+            psd_send_error(s, PSD_ID_OF(m), h, PS_ESTATE,
                            "HELLO with rank -1 must go to server 0 (this is server %d)", s->o.server_id);
             return;
         }
         /* A retried HELLO comes from the same socket: same rank again. */
         for (int r = 0; r < s->nworkers && rank < 0; r++)
-            if (s->workers[r].assigned && same_id(s->workers[r].id, s->workers[r].idlen, m)) rank = r;
+            if (s->workers[r].assigned &&
+                psd_reply_same_id(s->workers[r].id, s->workers[r].idlen, m))
+                rank = r;
         for (int r = 0; r < s->nworkers && rank < 0; r++)
             if (!s->workers[r].assigned) rank = r;
         /* A restarted worker takes over the rank of a lost or departed one. */
         for (int r = 0; r < s->nworkers && rank < 0; r++)
             if (s->workers[r].state == PSD_W_LOST || s->workers[r].state == PSD_W_LEFT) rank = r;
         if (rank < 0) {
-            psd_send_error(s, ID_OF(m), h, PS_ERANGE, "HELLO: all %d ranks are taken by live workers",
+            psd_send_error(s, PSD_ID_OF(m), h, PS_ERANGE, "HELLO: all %d ranks are taken by live workers",
                            s->nworkers);
             return;
         }
     } else if (rank >= s->nworkers) {
-        psd_send_error(s, ID_OF(m), h, PS_ERANGE, "HELLO: rank %d but the cluster has %d workers", rank,
+        psd_send_error(s, PSD_ID_OF(m), h, PS_ERANGE, "HELLO: rank %d but the cluster has %d workers", rank,
                        s->nworkers);
         return;
     }
     psd_worker_t *w = &s->workers[rank];
-    if (!w->assigned || !same_id(w->id, w->idlen, m)) {
+    if (!w->assigned || !psd_reply_same_id(w->id, w->idlen, m)) {
         /* A new process (or a first HELLO) for this rank: its request ids
          * start over, so nothing of a previous life's barriers applies. */
         w->at_barrier = 0;
@@ -199,7 +186,7 @@ void psd_handle_hello(psd_t *s, ps_wire_msg_t *m)
         w->rejoined = s->job_started;
     }
     w->assigned = 1;
-    keep_id(w->id, &w->idlen, m);
+    psd_reply_keep_id(w->id, &w->idlen, m);
     if (h->has_body) {
         size_t n = h->body.len < sizeof w->host - 1 ? h->body.len : sizeof w->host - 1;
         memcpy(w->host, h->body.data, n);
@@ -223,19 +210,19 @@ void psd_handle_hello(psd_t *s, ps_wire_msg_t *m)
         r.table_hash = s->st.have_table ? s->st.table.hash : s->table_hash_seen;
     }
     if (s->st.from_ckpt) r.has_flags = 1, r.flags = PS_FLAG_FROM_CKPT;
-    psd_send(s, ID_OF(m), &r, NULL, 0);
+    psd_send(s, PSD_ID_OF(m), &r, NULL, 0);
 }
 
 static int check_rank(psd_t *s, ps_wire_msg_t *m, const char *what)
 {
     const Ps__Header *h = m->hdr;
     if (s->nworkers <= 0) {
-        psd_send_error(s, ID_OF(m), h, PS_ESTATE, "%s before the cluster size is known (HELLO / INIT)",
+        psd_send_error(s, PSD_ID_OF(m), h, PS_ESTATE, "%s before the cluster size is known (HELLO / INIT)",
                        what);
         return -1;
     }
     if (!h->has_rank || h->rank < 0 || h->rank >= s->nworkers) {
-        psd_send_error(s, ID_OF(m), h, PS_ERANGE, "%s: rank %d not in 0..%d", what,
+        psd_send_error(s, PSD_ID_OF(m), h, PS_ERANGE, "%s: rank %d not in 0..%d", what,
                        h->has_rank ? h->rank : -1, s->nworkers - 1);
         return -1;
     }
@@ -252,7 +239,7 @@ void psd_handle_barrier(psd_t *s, ps_wire_msg_t *m)
          * request of the barrier the worker is waiting at now. */
         ps_info("BARRIER from rank %d resent after its release (the ACK was lost): answered again",
                 r);
-        barrier_ack(s, ID_OF(m), m->hdr->request_id, r);
+        barrier_ack(s, PSD_ID_OF(m), m->hdr->request_id, r);
         return;
     }
     if (w->rejoined) {
@@ -265,7 +252,7 @@ void psd_handle_barrier(psd_t *s, ps_wire_msg_t *m)
             if (q != r && s->workers[q].state == PSD_W_LIVE && !s->workers[q].at_barrier) running = 1;
         if (running) {
             ps_info("BARRIER from rank %d, restarted into the running job: answered at once", r);
-            barrier_ack(s, ID_OF(m), m->hdr->request_id, r);
+            barrier_ack(s, PSD_ID_OF(m), m->hdr->request_id, r);
             w->barrier_done = m->hdr->request_id;
             return;
         }
@@ -273,28 +260,25 @@ void psd_handle_barrier(psd_t *s, ps_wire_msg_t *m)
     /* A retry replaces the pending entry: one reply, to the latest request. */
     w->at_barrier = 1;
     w->barrier_req = m->hdr->request_id;
-    keep_id(w->bid, &w->bidlen, m);
+    psd_reply_keep_id(w->bid, &w->bidlen, m);
     barrier_try_release(s);
 }
 
-void psd_handle_bye(psd_t *s, ps_wire_msg_t *m)
+int psd_handle_bye(psd_t *s, ps_wire_msg_t *m)
 {
     int r = check_rank(s, m, "BYE");
-    if (r < 0) return;
+    if (r < 0) return 0;
     s->workers[r].state = PSD_W_LEFT;
     s->workers[r].at_barrier = 0;
     ps_info("worker rank %d left (BYE); %d live", r, psd_members_live_count(s));
-    Ps__Header h;
-    ps_wire_header_init(&h, PS__MSG_TYPE__MSG_ACK);
-    h.has_request_id = 1, h.request_id = m->hdr->request_id;
-    psd_send(s, ID_OF(m), &h, NULL, 0);
+    psd_send_ack(s, PSD_ID_OF(m), m->hdr->request_id);
     barrier_try_release(s);
-    psd_recheck_pending(s);
+    return 1;
 }
 
-void psd_members_check(psd_t *s)
+int psd_members_check(psd_t *s)
 {
-    if (s->o.worker_timeout_ms <= 0 || s->nworkers <= 0) return;
+    if (s->o.worker_timeout_ms <= 0 || s->nworkers <= 0) return 0;
     uint64_t now = uv_now(s->loop);
     int changed = 0;
     for (int r = 0; r < s->nworkers; r++) {
@@ -324,7 +308,6 @@ void psd_members_check(psd_t *s)
                 s->o.loss_continue ? "steps go on without it (--on-worker-loss=continue)"
                                    : "steps wait for it (--on-worker-loss=wait)");
     }
-    if (!changed) return;
-    barrier_try_release(s);
-    psd_recheck_pending(s);
+    if (changed) barrier_try_release(s);
+    return changed;
 }

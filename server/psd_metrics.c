@@ -1,4 +1,5 @@
-/* Counters, the STATS reply, the periodic stats log line, and /metrics in
+/* Reporting the counters of psd_t (psd_metrics_t, kept by the code that
+ * counts): the STATS reply, the periodic stats log line, and /metrics in
  * Prometheus text format on a tiny libuv HTTP server (GET /metrics only). */
 #include "psd.h"
 
@@ -7,24 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <time.h>
 
 #include "ps_error.h"
 #include "ps_log.h"
-
-double psd_now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-void psd_metrics_error(psd_t *s, int code)
-{
-    int i = -code;
-    if (i > 0 && i < PSD_NERR) s->mx.errors[i]++;
-    else s->mx.errors[0]++;
-}
 
 static const char *mode_name(psd_mode_t m)
 {

@@ -16,7 +16,6 @@
 #include "psd.h"
 
 #include <cjson/cJSON.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,30 +24,6 @@
 #include "ps_error.h"
 #include "ps_log.h"
 #include "ps_safetensors.h"
-
-#define ID_OF(m) zmq_msg_data(&(m)->identity), zmq_msg_size(&(m)->identity)
-
-void psd_send_rollback_error(psd_t *s, const void *id, size_t idlen, const Ps__Header *req,
-                             uint64_t v, const char *fmt, ...)
-{
-    char text[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
-    psd_metrics_error(s, PS_ESTATE);
-    ps_warn("%s from rank %d: %s (workers roll back to %llu)", ps_wire_type_name(req->type),
-            req->has_rank ? req->rank : -1, text, (unsigned long long)v);
-    Ps__Header h;
-    ps_wire_header_init(&h, PS__MSG_TYPE__MSG_ERROR);
-    h.has_request_id = 1, h.request_id = req->request_id;
-    h.has_partition = req->has_partition, h.partition = req->partition;
-    h.has_error_code = 1, h.error_code = PS_ESTATE;
-    h.error_text = text;
-    h.has_flags = 1, h.flags = PS_FLAG_ROLLBACK;
-    h.has_iteration = 1, h.iteration = v;
-    psd_send(s, id, idlen, &h, NULL, 0);
-}
 
 /* Is every entry of the file's `versions` at version v, one per owned
  * partition?  Then verify the data checksum (as the loader does). */
@@ -99,30 +74,6 @@ static int aligned_file(psd_t *s, const ps_st_file_t *f, uint64_t v, char *err, 
     return ok;
 }
 
-/* Answer every waiter of p wanting a version above v: that future is gone. */
-static void cancel_waiters(psd_t *s, psd_part_t *p, uint64_t v)
-{
-    psd_waiter_t **pp = &p->waiters;
-    while (*pp) {
-        psd_waiter_t *w = *pp;
-        if (w->min_version <= v) {
-            pp = &w->next;
-            continue;
-        }
-        *pp = w->next;
-        p->nwaiters--;
-        psd_peers_release(s->peers, w->id, w->idlen);
-        Ps__Header q;
-        ps_wire_header_init(&q, PS__MSG_TYPE__MSG_PUSHPULL);
-        q.request_id = w->request_id;
-        q.has_partition = 1, q.partition = p->id;
-        psd_send_rollback_error(s, w->id, w->idlen, &q, v,
-                                "partition %u rolled back to version %llu: request cancelled",
-                                p->id, (unsigned long long)v);
-        free(w);
-    }
-}
-
 /* Restore the partitions above v from the file; 0 or PS_E* (text in err). */
 static int restore(psd_t *s, uint64_t v, char *err, size_t errlen, char *used, size_t usedlen)
 {
@@ -163,8 +114,8 @@ static int restore(psd_t *s, uint64_t v, char *err, size_t errlen, char *used, s
             p->overflow = 0;
             p->skipped_ver = 0;
             p->version = v;
-            cancel_waiters(s, p, v);
-            psd_part_notify(s, p);
+            psd_waiters_cancel(s, p, v); /* that future is gone */
+            psd_waiters_notify(s, p);
         }
         snprintf(used, usedlen, "%s", path);
         ps_st_close(&f);
@@ -178,15 +129,15 @@ void psd_handle_rollback(psd_t *s, ps_wire_msg_t *m)
 {
     const Ps__Header *h = m->hdr;
     if (!s->st.have_table) {
-        psd_send_error(s, ID_OF(m), h, PS_ESTATE, "ROLLBACK before INIT: no state");
+        psd_send_error(s, PSD_ID_OF(m), h, PS_ESTATE, "ROLLBACK before INIT: no state");
         return;
     }
     if (s->mode != PSD_SYNC) {
-        psd_send_error(s, ID_OF(m), h, PS_EUNSUPPORTED, "ROLLBACK is for sync mode only");
+        psd_send_error(s, PSD_ID_OF(m), h, PS_EUNSUPPORTED, "ROLLBACK is for sync mode only");
         return;
     }
     if (!h->has_iteration) {
-        psd_send_error(s, ID_OF(m), h, PS_EPROTO, "ROLLBACK without iteration (the version)");
+        psd_send_error(s, PSD_ID_OF(m), h, PS_EPROTO, "ROLLBACK without iteration (the version)");
         return;
     }
     uint64_t v = h->iteration, vmin = UINT64_MAX, vmax = 0;
@@ -194,7 +145,7 @@ void psd_handle_rollback(psd_t *s, ps_wire_msg_t *m)
         const psd_part_t *p = &s->st.parts[k];
         if (!p->owned) continue;
         if (!p->initialised) {
-            psd_send_error(s, ID_OF(m), h, PS_ESTATE, "ROLLBACK: partition %u has no weights", k);
+            psd_send_error(s, PSD_ID_OF(m), h, PS_ESTATE, "ROLLBACK: partition %u has no weights", k);
             return;
         }
         vmin = p->version < vmin ? p->version : vmin;
@@ -203,7 +154,7 @@ void psd_handle_rollback(psd_t *s, ps_wire_msg_t *m)
     if (vmin != UINT64_MAX && vmin < v) {
         /* This server is behind v (it restarted from an older file): the
          * worker rolls everyone back to its version instead. */
-        psd_send_rollback_error(s, ID_OF(m), h, vmin,
+        psd_send_rollback_error(s, PSD_ID_OF(m), h, vmin,
                                 "ROLLBACK to %llu: partitions here are at %llu (cannot roll forward)",
                                 (unsigned long long)v, (unsigned long long)vmin);
         return;
@@ -215,7 +166,7 @@ void psd_handle_rollback(psd_t *s, ps_wire_msg_t *m)
                      : (snprintf(err, sizeof err, "psd runs without --checkpoint-dir"), PS_EUNSUPPORTED);
         if (rc) {
             ps_error("ROLLBACK to version %llu impossible: %s", (unsigned long long)v, err);
-            psd_send_error(s, ID_OF(m), h, rc, "ROLLBACK to version %llu: %s", (unsigned long long)v,
+            psd_send_error(s, PSD_ID_OF(m), h, rc, "ROLLBACK to version %llu: %s", (unsigned long long)v,
                            err);
             return;
         }
@@ -229,5 +180,5 @@ void psd_handle_rollback(psd_t *s, ps_wire_msg_t *m)
     ps_wire_header_init(&a, PS__MSG_TYPE__MSG_ACK);
     a.has_request_id = 1, a.request_id = h->request_id;
     a.has_iteration = 1, a.iteration = v;
-    psd_send(s, ID_OF(m), &a, NULL, 0);
+    psd_send(s, PSD_ID_OF(m), &a, NULL, 0);
 }

@@ -1,12 +1,11 @@
-/* The shard store: the partition table from INIT's spec, per-partition fp32
- * weights / momentum / version, the per-rank gradient slots of the current
- * iteration, the rank-order reduction + optimizer step, and the encoded
- * WEIGHTS buffers shared by replies. */
+/* The shard store: the partition table of a checked INIT spec (psd_spec.c),
+ * per-partition fp32 weights / momentum / version, the per-rank gradient
+ * slots of the current iteration, the rank-order reduction + optimizer step,
+ * and the encoded WEIGHTS buffers shared by replies.  It keeps its own state
+ * only: membership, the socket and replies are its callers' business. */
 #include "psd.h"
 
-#include <cjson/cJSON.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -171,71 +170,6 @@ int psd_store_nonfinite(psd_t *s, const float *g, size_t n)
     return atomic_load(&j.bad);
 }
 
-static int errf(char *err, size_t errlen, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int errf(char *err, size_t errlen, int code, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-    return code;
-}
-
-static int json_uint(const cJSON *o, const char *key, double lo, double hi, long long *out,
-                     int required, char *err, size_t errlen)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!v) {
-        if (required) return errf(err, errlen, PS_EINVAL, "INIT spec: missing \"%s\"", key);
-        return 1;
-    }
-    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < lo ||
-        v->valuedouble > hi)
-        return errf(err, errlen, PS_EINVAL, "INIT spec: \"%s\" must be an integer in [%.0f, %.0f]",
-                    key, lo, hi);
-    *out = (long long)v->valuedouble;
-    return 0;
-}
-
-/* Parse the tensor list [[name, numel, group], ...] into specs (names point
- * into the cJSON tree, which outlives the table build). */
-static int parse_tensors(const cJSON *arr, ps_tensor_spec_t **out, uint32_t *n, char *err,
-                         size_t errlen)
-{
-    if (!cJSON_IsArray(arr))
-        return errf(err, errlen, PS_EINVAL, "INIT spec: \"tensors\" must be an array");
-    int cnt = cJSON_GetArraySize(arr);
-    if (cnt <= 0 || cnt > 1000000)
-        return errf(err, errlen, PS_EINVAL, "INIT spec: \"tensors\" has %d entries", cnt);
-    ps_tensor_spec_t *t = calloc(cnt, sizeof *t);
-    if (!t) return PS_ENOMEM;
-    int i = 0;
-    const cJSON *e;
-    cJSON_ArrayForEach(e, arr)
-    {
-        const cJSON *nm = cJSON_GetArrayItem(e, 0), *ne = cJSON_GetArrayItem(e, 1),
-                    *gr = cJSON_GetArrayItem(e, 2);
-        if (!cJSON_IsArray(e) || !cJSON_IsString(nm) || !cJSON_IsNumber(ne) ||
-            ne->valuedouble < 1 || ne->valuedouble > 4e12 ||
-            ne->valuedouble != floor(ne->valuedouble) ||
-            (gr && (!cJSON_IsNumber(gr) || gr->valuedouble < 0 ||
-                    gr->valuedouble >= PS_OPTIM_MAX_GROUPS))) {
-            free(t);
-            return errf(err, errlen, PS_EINVAL,
-                        "INIT spec: tensors[%d] must be [name, numel >= 1, group 0..%d]", i,
-                        PS_OPTIM_MAX_GROUPS - 1);
-        }
-        t[i].name = nm->valuestring;
-        t[i].numel = (size_t)ne->valuedouble;
-        t[i].group = gr ? (int)gr->valuedouble : 0;
-        i++;
-    }
-    *out = t;
-    *n = (uint32_t)cnt;
-    return 0;
-}
-
 /* The tensor segments of partition i, checked to tile it in order with
  * valid groups; NULL (and the unfused optimizer path) otherwise. */
 static psd_seg_t *part_segments(const psd_store_t *st, uint32_t i, uint32_t *nseg)
@@ -289,126 +223,36 @@ static int alloc_shard(psd_t *s, char *err, size_t errlen)
             p->held = calloc(W, sizeof *p->held);
             p->held_on = calloc(W, 1);
             p->nheld = W;
-            if (!p->held || !p->held_on)
-                return errf(err, errlen, PS_ENOMEM, "out of memory allocating partition %u", i);
+            if (!p->held || !p->held_on) {
+                snprintf(err, errlen, "out of memory allocating partition %u", i);
+                return PS_ENOMEM;
+            }
         }
-        if (!p->w || !p->m || !p->have || !p->last_iter || (s->mode == PSD_SYNC && !p->slots))
-            return errf(err, errlen, PS_ENOMEM, "out of memory allocating partition %u (%zu floats x %d slots)",
-                        i, p->numel, W);
+        if (!p->w || !p->m || !p->have || !p->last_iter || (s->mode == PSD_SYNC && !p->slots)) {
+            snprintf(err, errlen, "out of memory allocating partition %u (%zu floats x %d slots)", i,
+                     p->numel, W);
+            return PS_ENOMEM;
+        }
     }
     st->gsum = malloc((st->max_numel ? st->max_numel : 1) * sizeof(float));
     if (!st->gsum) return PS_ENOMEM;
     return 0;
 }
 
-int psd_store_set_spec(psd_t *s, const char *json, size_t len, const uint64_t *want_hash,
-                       char *err, size_t errlen)
+int psd_store_hold(psd_t *s, psd_spec_t *sp, char *err, size_t errlen)
 {
     psd_store_t *st = &s->st;
-    ps_tensor_spec_t *specs = NULL;
-    uint32_t nt = 0;
-    long long pbytes = 0, nserv = 0, nwork = 0;
-    ps_partition_table_t t;
-    char *ojson = NULL;
-    int rc;
-
-    cJSON *root = cJSON_ParseWithLength(json, len);
-    if (!root || !cJSON_IsObject(root)) {
-        cJSON_Delete(root);
-        return errf(err, errlen, PS_EINVAL, "INIT spec: not a JSON object (%zu bytes)", len);
-    }
-    if ((rc = parse_tensors(cJSON_GetObjectItemCaseSensitive(root, "tensors"), &specs, &nt, err,
-                            errlen)))
-        goto out;
-    if ((rc = json_uint(root, "partition_bytes", 4, 1e12, &pbytes, 1, err, errlen)) ||
-        (rc = json_uint(root, "num_servers", 1, 65536, &nserv, 1, err, errlen)) < 0 ||
-        (rc = json_uint(root, "num_workers", 1, 65536, &nwork, 1, err, errlen)) < 0)
-        goto out;
-    if (s->o.num_servers > 0 && nserv != s->o.num_servers) {
-        rc = errf(err, errlen, PS_EMISMATCH, "INIT spec: num_servers %lld but this psd runs with --num-servers %d",
-                  nserv, s->o.num_servers);
-        goto out;
-    }
-    if (s->o.server_id >= nserv) {
-        rc = errf(err, errlen, PS_EMISMATCH, "INIT spec: num_servers %lld but this is server %d", nserv,
-                  s->o.server_id);
-        goto out;
-    }
-    if (s->nworkers > 0 && nwork != s->nworkers) {
-        rc = errf(err, errlen, PS_EMISMATCH, "INIT spec: num_workers %lld but the cluster has %d", nwork,
-                  s->nworkers);
-        goto out;
-    }
-
-    ps_optim_config_t oc;
-    ps_optim_config_default(&oc);
-    const cJSON *oj = cJSON_GetObjectItemCaseSensitive(root, "optim");
-    if (oj) {
-        if (!cJSON_IsObject(oj)) {
-            rc = errf(err, errlen, PS_EINVAL, "INIT spec: \"optim\" must be an object");
-            goto out;
-        }
-        ojson = cJSON_PrintUnformatted(oj);
-        char oerr[256] = "";
-        if (!ojson || (rc = ps_optim_config_from_json(&oc, ojson, oerr, sizeof oerr)) ||
-            (rc = ps_optim_config_validate(&oc, oerr, sizeof oerr))) {
-            rc = errf(err, errlen, PS_EINVAL, "INIT spec: optim: %s", oerr);
-            goto out;
-        }
-    }
-
-    for (uint32_t i = 0; i < nt; i++)
-        if (specs[i].group >= oc.ngroups) {
-            rc = errf(err, errlen, PS_EINVAL,
-                      "INIT spec: tensor %s has group %d but optim defines %d group(s)",
-                      specs[i].name, specs[i].group, oc.ngroups);
-            goto out;
-        }
-    /* AVERAGE groups (BN statistics) get partitions of their own that the
-     * workers send raw fp32: the same cuts as theirs (ps_optim_exact_groups) */
-    rc = ps_partition_table_build_ex(&t, specs, nt, (size_t)pbytes, (uint32_t)nserv,
-                                     ps_optim_exact_groups(&oc));
-    if (rc) {
-        errf(err, errlen, rc, "INIT spec: cannot build the partition table: %s", ps_strerror(rc));
-        goto out;
-    }
-    if (want_hash && *want_hash != t.hash) {
-        rc = errf(err, errlen, PS_EMISMATCH,
-                  "partition table hash 0x%016llx from the spec differs from the sender's 0x%016llx",
-                  (unsigned long long)t.hash, (unsigned long long)*want_hash);
-        ps_partition_table_free(&t);
-        goto out;
-    }
-    if (st->have_table) {
-        /* A repeated INIT (retry, or a restart from a checkpoint): fine when
-         * it describes the same table, refused otherwise. */
-        if (t.hash != st->table.hash)
-            rc = errf(err, errlen, PS_EMISMATCH,
-                      "partition table hash 0x%016llx differs from the one this server holds "
-                      "(0x%016llx%s)",
-                      (unsigned long long)t.hash, (unsigned long long)st->table.hash,
-                      st->from_ckpt ? ", loaded from a checkpoint" : "");
-        ps_partition_table_free(&t);
-        goto out;
-    }
-    size_t big = 0; /* largest partition this server will receive */
-    for (uint32_t i = 0; i < t.nparts; i++)
-        if (t.parts[i].server == (uint32_t)s->o.server_id && t.parts[i].numel > big) big = t.parts[i].numel;
-    if ((rc = psd_loop_set_maxmsg(s, big, err, errlen)) ||
-        (rc = psd_members_set_count(s, (int)nwork, err, errlen))) {
-        ps_partition_table_free(&t);
-        goto out;
-    }
-    st->table = t;
+    st->table = sp->table;
     st->have_table = 1;
-    st->optim = oc;
-    st->nworkers = (int)nwork;
-    st->optim_json = ps_optim_config_to_json(&oc);
-    st->spec_json = strndup(json, len);
-    if ((rc = alloc_shard(s, err, errlen)) < 0) {
-        if (rc == PS_ENOMEM && !err[0]) errf(err, errlen, rc, "out of memory allocating the shard");
+    st->optim = sp->optim;
+    st->nworkers = sp->nworkers;
+    st->optim_json = ps_optim_config_to_json(&sp->optim);
+    st->spec_json = strndup(sp->json, sp->len);
+    int rc = alloc_shard(s, err, errlen);
+    if (rc < 0) {
+        if (rc == PS_ENOMEM && !err[0]) snprintf(err, errlen, "out of memory allocating the shard");
         psd_store_free(st);
-        goto out;
+        return rc;
     }
     size_t bytes = 0;
     ps_partition_count_for(&st->table, s->o.server_id, &bytes);
@@ -416,23 +260,7 @@ int psd_store_set_spec(psd_t *s, const char *json, size_t len, const uint64_t *w
             (unsigned long long)st->table.hash, st->table.ntensors, st->table.nparts, st->nowned,
             bytes / 1048576.0, st->nworkers);
     if (st->nowned == 0) ps_warn("this server owns no partition of the table");
-    rc = 0;
-out:
-    free(ojson);
-    free(specs);
-    cJSON_Delete(root);
-    return rc;
-}
-
-int psd_store_sync_ready(psd_t *s, psd_part_t *p, int *ncontrib)
-{
-    int n = 0;
-    for (int r = 0; r < s->st.nworkers; r++) {
-        if (p->have[r]) n++;
-        else if (psd_members_required(s, r)) return 0;
-    }
-    *ncontrib = n;
-    return n > 0;
+    return 0;
 }
 
 static void apply_grad(psd_t *s, psd_part_t *p, const float *g)
