@@ -21,77 +21,53 @@ static const char usage[] =
     "[options]\n\nParameter server shard: holds FP32 weights and optimizer state of its partitions,\n"
     "aggregates worker gradients and applies the optimizer.  See docs/protocol.md.";
 
-static void set_defaults(psd_opts_t *o)
-{
-    o->port = 9100;
-    o->bind = strdup("tcp://*");
-    o->port_file = strdup("");
-    o->num_servers = 1;
-    o->mode = strdup("sync");
-    o->staleness = 2;
-    o->checkpoint_dir = strdup("");
-    o->checkpoint_every = 0;
-    o->metrics_bind = strdup("127.0.0.1");
-    o->heartbeat_ms = 1000;
-    o->worker_timeout_ms = 30000;
-    o->max_msg_mb = 0;
-    o->max_partition_bytes = 4u << 20; /* psworker's default --partition-bytes */
-    o->stats_every_s = 60;
-    o->log_level = strdup("info");
-    o->on_worker_loss = strdup("continue");
-    o->max_peer_inflight = 1024;
-    o->io_threads = 2;
-    o->sock_buf_kb = 4096;
-    o->curve_secret_key = strdup("");
-    o->curve_allow = strdup("");
-    o->curve_admin = strdup("");
-}
-
 /* Flags and config file into o.  -1: go on; else the exit status (0 after
  * --help, 2 after a usage error, reported on stderr). */
 static int parse_args(psd_opts_t *o, int argc, char **argv)
 {
     int npos = 0;
     const ps_opt_t opts[] = {
-        {"port", PS_OPT_INT, &o->port, "TCP port of the ROUTER socket (0: pick a free one)"},
-        {"bind", PS_OPT_STRING, &o->bind, "bind address (tcp://*, tcp://10.0.0.1, ipc://PATH)"},
-        {"port-file", PS_OPT_STRING, &o->port_file, "write the bound port to this file"},
-        {"server-id", PS_OPT_INT, &o->server_id, "index of this shard (0 keeps membership)"},
-        {"num-servers", PS_OPT_INT, &o->num_servers, "number of shards"},
-        {"num-workers", PS_OPT_INT, &o->num_workers, "cluster size (0: from HELLO / INIT)"},
-        {"mode", PS_OPT_STRING, &o->mode, "sync | async | ssp (bounded staleness)"},
-        {"staleness", PS_OPT_INT, &o->staleness, "ssp: refuse pushes older than version - staleness"},
-        {"threads", PS_OPT_INT, &o->threads, "threads for gradient summation (0: one per CPU, at most 8)"},
-        {"checkpoint-dir", PS_OPT_STRING, &o->checkpoint_dir, "checkpoint directory (empty: none)"},
-        {"checkpoint-every", PS_OPT_INT, &o->checkpoint_every, "checkpoint every N shard updates (0: on demand)"},
-        {"checkpoint-every-steps", PS_OPT_INT, &o->checkpoint_every_steps, "sync: aligned checkpoint when every partition reaches version k*N, what MSG_ROLLBACK restores after a server restart (0: off)"},
-        {"metrics-port", PS_OPT_INT, &o->metrics_port, "HTTP port for /metrics (0: off)"},
-        {"metrics-bind", PS_OPT_STRING, &o->metrics_bind, "address of the /metrics listener"},
-        {"heartbeat-ms", PS_OPT_INT, &o->heartbeat_ms, "heartbeat interval (ZMQ and liveness checks)"},
-        {"worker-timeout-ms", PS_OPT_INT, &o->worker_timeout_ms, "declare a silent worker lost (0: never)"},
-        {"reject-nonfinite", PS_OPT_BOOL, &o->reject_nonfinite, "refuse gradients with NaN / Inf"},
+        {"port", PS_OPT_INT, &o->port, "TCP port of the ROUTER socket (0: pick a free one)", "9100"},
+        {"bind", PS_OPT_STRING, &o->bind, "bind address (tcp://*, tcp://10.0.0.1, ipc://PATH)", "tcp://*"},
+        {"port-file", PS_OPT_STRING, &o->port_file, "write the bound port to this file", ""},
+        {"server-id", PS_OPT_INT, &o->server_id, "index of this shard (0 keeps membership)", "0"},
+        {"num-servers", PS_OPT_INT, &o->num_servers, "number of shards", "1"},
+        {"num-workers", PS_OPT_INT, &o->num_workers, "cluster size (0: from HELLO / INIT)", "0"},
+        {"mode", PS_OPT_STRING, &o->mode, "sync | async | ssp (bounded staleness)", "sync"},
+        {"staleness", PS_OPT_INT, &o->staleness, "ssp: refuse pushes older than version - staleness", "2"},
+        {"threads", PS_OPT_INT, &o->threads, "threads for gradient summation (0: one per CPU, at most 8)", "0"},
+        {"checkpoint-dir", PS_OPT_STRING, &o->checkpoint_dir, "checkpoint directory (empty: none)", ""},
+        {"checkpoint-every", PS_OPT_INT, &o->checkpoint_every, "checkpoint every N shard updates (0: on demand)", "0"},
+        {"checkpoint-every-steps", PS_OPT_INT, &o->checkpoint_every_steps, "sync: aligned checkpoint when every partition reaches version k*N, what MSG_ROLLBACK restores after a server restart (0: off)", "0"},
+        {"metrics-port", PS_OPT_INT, &o->metrics_port, "HTTP port for /metrics (0: off)", "0"},
+        {"metrics-bind", PS_OPT_STRING, &o->metrics_bind, "address of the /metrics listener", "127.0.0.1"},
+        {"heartbeat-ms", PS_OPT_INT, &o->heartbeat_ms, "heartbeat interval (ZMQ and liveness checks)", "1000"},
+        {"worker-timeout-ms", PS_OPT_INT, &o->worker_timeout_ms, "declare a silent worker lost (0: never)", "30000"},
+        {"reject-nonfinite", PS_OPT_BOOL, &o->reject_nonfinite, "refuse gradients with NaN / Inf", "false"},
         {"max-partition-bytes", PS_OPT_UINT64, &o->max_partition_bytes,
          "largest partition an INIT may bring (>= psworker's --partition-bytes); sizes ZMQ_MAXMSGSIZE "
-         "on a fresh start (a table loaded from a checkpoint sets the exact bound)"},
+         "on a fresh start (a table loaded from a checkpoint sets the exact bound)", "4194304"},
         {"max-msg-mb", PS_OPT_INT, &o->max_msg_mb,
-         "explicit ZMQ_MAXMSGSIZE in MiB, wins over the derived bound (0: derive it)"},
-        {"stats-every-s", PS_OPT_INT, &o->stats_every_s, "log a stats line every N seconds (0: off)"},
-        {"log-level", PS_OPT_STRING, &o->log_level, "error | warn | info | debug"},
+         "explicit ZMQ_MAXMSGSIZE in MiB, wins over the derived bound (0: derive it)", "0"},
+        {"stats-every-s", PS_OPT_INT, &o->stats_every_s, "log a stats line every N seconds (0: off)", "60"},
+        {"log-level", PS_OPT_STRING, &o->log_level, "error | warn | info | debug", "info"},
         {"on-worker-loss", PS_OPT_STRING, &o->on_worker_loss,
-         "continue: a lost worker no longer holds up sync steps (averaged over those who pushed); wait: it does"},
+         "continue: a lost worker no longer holds up sync steps (averaged over those who pushed); wait: it does", "continue"},
         {"max-peer-inflight", PS_OPT_INT, &o->max_peer_inflight,
-         "requests one peer may have waiting for a reply (more get PS_EAGAIN; 0: no cap)"},
+         "requests one peer may have waiting for a reply (more get PS_EAGAIN; 0: no cap)", "1024"},
         {"io-threads", PS_OPT_INT, &o->io_threads,
-         "ZMQ I/O threads (each worker connection is served by one; 1..16)"},
+         "ZMQ I/O threads (each worker connection is served by one; 1..16)", "2"},
         {"sock-buf-kb", PS_OPT_INT, &o->sock_buf_kb,
          "TCP send / receive buffer per connection in KiB (0: kernel autotuning; capped by "
-         "net.core.[rw]mem_max)"},
-        {"curve", PS_OPT_BOOL, &o->curve, "CURVE encryption + ZAP allow-list (needs the two options below)"},
-        {"curve-secret-key", PS_OPT_STRING, &o->curve_secret_key, "file with this server's Z85 secret key (psctl keygen PREFIX.key)"},
-        {"curve-allow", PS_OPT_STRING, &o->curve_allow, "allowed Z85 public keys: a file (one per line) or a directory of *.pub"},
-        {"curve-admin", PS_OPT_STRING, &o->curve_admin, "admin public keys (CHECKPOINT / SHUTDOWN allowed), file or directory"},
+         "net.core.[rw]mem_max)", "4096"},
+        {"curve", PS_OPT_BOOL, &o->curve, "CURVE encryption + ZAP allow-list (needs the two options below)", "false"},
+        {"curve-secret-key", PS_OPT_STRING, &o->curve_secret_key, "file with this server's Z85 secret key (psctl keygen PREFIX.key)", ""},
+        {"curve-allow", PS_OPT_STRING, &o->curve_allow, "allowed Z85 public keys: a file (one per line) or a directory of *.pub", ""},
+        {"curve-admin", PS_OPT_STRING, &o->curve_admin, "admin public keys (CHECKPOINT / SHUTDOWN allowed), file or directory", ""},
         {0},
     };
+    /* --max-partition-bytes 4 MiB: psworker's default --partition-bytes */
+    if (ps_config_defaults(opts)) return 2;
     int rc = ps_config_parse(opts, "psd", usage, argc, argv, &npos);
     if (rc == 1) return 0;
     if (rc < 0) return 2;
@@ -177,7 +153,6 @@ int main(int argc, char **argv)
     psd_opts_t *o = &s.o;
     int rc;
 
-    set_defaults(o);
     if ((rc = parse_args(o, argc, argv)) >= 0) return rc;
     if ((rc = check_opts(&s))) return rc;
     char prog[32];
