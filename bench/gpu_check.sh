@@ -1,5 +1,5 @@
 #!/bin/sh
-# The prepared one-shot GPU session (issue 5).  On a machine with a GPU:
+# The prepared one-shot GPU session.  On a machine with a GPU:
 #   1. the programs: carried prebuilt ones (bench/gpu_prep.sh, run BEFORE
 #      the lease on a machine with the full toolchain: the lent GPU images
 #      lack libzmq / protobuf-c / OpenBLAS / autotools, so configure cannot
@@ -21,7 +21,7 @@
 #      allocations and cudaMemGetInfo); after the ratios, one fp16 run of 3
 #      steps with PS_GPU_PROFILE=1: the step's time per layer kind,
 #   4. PyTorch's TSM-ResNet-50 step (fp32, and AMP fp16 + channels_last) in
-#      the same run, and the ratios (issue 5's goals: ours fp16 >= 1.7x ours
+#      the same run, and the ratios (the goals: ours fp16 >= 1.7x ours
 #      fp32, >= 1.0x PyTorch AMP),
 #   5. RetinaNet-R50-FPN training step, 2 x 3 x 512^2, 80 classes, fp32:
 #      ours (`gpu_bench rtime`, detection layers on the GPU via the model's CUDA table) and
@@ -302,7 +302,7 @@ run 60 prof_fp16 env PS_GPU_PROFILE=1 "$BENCH" time -p fp16 -d 50 -n 8 -H 224 -s
 sed -n '/^PROFILE/,$p' "$W/prof_fp16.out" | grep -v '^RESULT'
 [ $rc -eq 0 ] || fail "gpu_bench time -p fp16 with PS_GPU_PROFILE=1 (rc $rc)"
 
-# ---- optional: NCCL allreduce (B, issue 7) --------------------------------
+# ---- optional: NCCL allreduce ---------------------------------------------
 # tests/test_nccl (ps_nccl: rendezvous, failure paths, W=2 exact sum / mean
 # in fp32/fp16/bf16; with one GPU NCCL refuses two ranks on it and the W=2
 # case is a TAP skip, W=1 still runs).  PS_GPU_CHECK_NCCL=0 skips it.
@@ -322,7 +322,7 @@ if [ "${PS_GPU_CHECK_NCCL:-1}" != 0 ]; then
     fi
 fi
 
-# ---- end to end: psd + 2 psworkers training on the GPU (issue 5) ----------
+# ---- end to end: psd + 2 psworkers training on the GPU --------------------
 # bench/gpu_train.sh: TSM-ResNet-18 on the generated direction dataset in
 # fp32, fp16 (dynamic loss scaling) and bf16; the half runs must reach the
 # fp32 run's val top-1 (within 0.05, and >= 0.9).  Needs psd / psworker /

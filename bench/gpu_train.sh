@@ -1,5 +1,5 @@
 #!/bin/bash
-# End-to-end mixed-precision training on a GPU (issue 5), the product path:
+# End-to-end mixed-precision training on a GPU, the product path:
 # psd + 2 psworkers sharing the GPU (--device cuda), TSM-ResNet-18 on the
 # generated direction dataset with the recipe of ./deploy/local-cluster.sh
 # (half width, 48x48, 8 frames, batch 8 per worker, cosine lr 0.02), once

@@ -1,6 +1,7 @@
 /* psbench: push+pull throughput of an N-byte FP32 gradient per worker per
  * iteration through synchronous psd, against the loopback TCP ceiling
- * measured in the same run and the ps-lite figures from the issue.
+ * measured in the same run and the reference ps-lite figures
+ * (docs/performance.md).
  *
  *   psbench --servers 1,2 --workers 1,2 --bytes 25M,100M --codec raw --dtype fp32
  *   psbench --model tsm-r50 --compute-ms 200 --overlap on,off --netns psn42 ...
@@ -297,7 +298,7 @@ static double pct(const double *v, int n, double q)
     return v[i] + (pos - i) * (v[i + 1] - v[i]);
 }
 
-/* ps-lite sync figures from the issue (same machine type, loopback). */
+/* Reference ps-lite sync figures (same machine type, loopback). */
 static void pslite_ref(const psbench_cfg_t *c, double *plain, double *tuned)
 {
     *plain = *tuned = 0;

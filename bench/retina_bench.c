@@ -1,5 +1,5 @@
-/* Training-step benchmark of RetinaNet-FPN on the CPU engine (issue 6's
- * "throughput of the detector training step"): ResNet-18 / -50 backbone with
+/* Training-step benchmark of RetinaNet-FPN on the CPU engine (the
+ * throughput of the detector training step): ResNet-18 / -50 backbone with
  * frozen BN and conv1 + layer1 frozen, FPN 256, 9 anchors, 80 classes; a
  * real per-anchor assignment (two GT boxes per image through
  * ps_det_assign) so the losses see positives; forward and backward timed

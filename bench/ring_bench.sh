@@ -84,7 +84,7 @@ echo
 echo "# busbw GB/s (2(n-1)/n * bytes / median time), median over $ROUNDS alternating"
 echo "# rounds; ours = best over conns (of those medians), with checksums;"
 echo "# nocrc = ours with checksums off (1 conn); ratios use ours"
-echo "# reference (issue 7, this machine type): gloo n=2 1.15/1.26, n=4 0.73/0.86;"
+echo "# reference figures (this machine type): gloo n=2 1.15/1.26, n=4 0.73/0.86;"
 echo "#   MPI-TCP n=2 2.6/1.03, n=4 1.2/0.7 (16 MiB / 100 MiB)"
 awk '
 function median(list,    v, m, i, j, t) {

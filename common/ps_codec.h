@@ -1,4 +1,4 @@
-/* Tensor codecs for the wire (DESIGN.md section 5): a dtype (fp32/fp16/bf16)
+/* Tensor codecs for the wire (docs/protocol.md): a dtype (fp32/fp16/bf16)
  * and a compressor (raw, lz4 with byte-shuffle prefilter, top-k
  * sparsification, 1-bit sign with a per-partition scale).  Every decode
  * validates sizes against what the header promised and never writes past

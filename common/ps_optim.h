@@ -1,4 +1,4 @@
-/* The optimizer shared by psd and ring mode (DESIGN.md section 6): SGD with
+/* The optimizer shared by psd and ring mode: SGD with
  * momentum in PyTorch's semantics (torch.optim.SGD), Nesterov, weight decay,
  * per-parameter-group lr / decay multipliers, warmup + step / cosine
  * schedules and the linear scaling rule.  Gradient-norm clipping needs the

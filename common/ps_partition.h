@@ -1,4 +1,4 @@
-/* Partition table (DESIGN.md section 3): the model's trainable tensors, taken
+/* Partition table: the model's trainable tensors, taken
  * in model order as one flat fp32 vector, are cut into partitions of at most
  * partition_bytes; small consecutive tensors share a partition, large ones are
  * split.  Partitions go to servers by a deterministic greedy balance of bytes.

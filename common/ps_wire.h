@@ -1,5 +1,5 @@
 /* Wire framing: a protobuf-c Header frame plus at most one raw payload frame
- * (DESIGN.md section 4).  The receiver checks every length and the checksum
+ * (docs/protocol.md).  The receiver checks every length and the checksum
  * before anyone looks at the payload, so handlers only ever see messages
  * whose header and payload agree. */
 #ifndef PS_WIRE_H

@@ -45,7 +45,7 @@ while [ $# -gt 0 ]; do
 done
 VIDEO=1
 [ "$MODEL" = smoke ] && VIDEO=0
-# detector (issue 6, docs/detection.md): its own dataset, defaults and summary
+# detector (docs/detection.md): its own dataset, defaults and summary
 DET=0
 case $MODEL in retinanet-*) DET=1; VIDEO=0 ;; esac
 if [ $DET = 1 ]; then

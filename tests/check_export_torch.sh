@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The exported model in PyTorch (issue 4 acceptance; TAP, exit 77 without
+# The exported model in PyTorch (docs/video.md; TAP, exit 77 without
 # torch / torchvision / PIL under /usr/bin/python3).  Trains TSM-ResNet-18
 # (width 64, so it is torchvision's resnet18) for a few steps with 1 psd + 2
 # workers on a small generated direction dataset, BN in training mode (the

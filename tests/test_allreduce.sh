@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# psworker --mode allreduce (issue 7): the same smoke-model run through 1 psd
+# psworker --mode allreduce: the same smoke-model run through 1 psd
 # and through a 3-worker ring, fp32 wire, must end with the same weights
 # within 1e-5 relative (the two sum the three gradients in different orders:
 # psd in rank order 0,1,2, the ring starting at each chunk's owner, so they
@@ -48,8 +48,8 @@ sent=$(grep '^wire:' "$T/ring/w0.out" | tr ' ' '\n' | sed -n 's/^sent_bytes=//p'
 [ -n "$sent" ] && fcmp "$sent >= $STEPS * 2 * 2372 * 4 * 2 / 3 && $sent < $STEPS * 2 * 2372 * 4"
 ok $? "ring bytes sent per rank ~ 2(W-1)/W of the gradient per step ($sent in $STEPS steps)"
 
-# A video model (the same model glue, psworker_video.c): TSM-ResNet-18 at
-# width 8 on a generated dataset, 2 workers, 4 steps, both ways.
+# A video model (the same model glue as PS mode, worker/psworker/):
+# TSM-ResNet-18 at width 8 on a generated dataset, 2 workers, 4 steps, both ways.
 PSDATA=$top_builddir/psdata
 if [ -x "$PSDATA" ] && "$PSDATA" gen-video --out "$T/ds" --videos 16 --frames 8 --size 32 --seed 2 \
         >/dev/null 2>"$T/gen.err"; then

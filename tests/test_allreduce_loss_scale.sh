@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Loss scaling in ring mode (issues 5 + 7): "an overflow on any worker skips
-# that step on every worker".  The smoke model, dynamic loss scale with a
+# Loss scaling in ring mode: an overflow on any worker skips
+# that step on every worker.  The smoke model, dynamic loss scale with a
 # growth window of 3 steps, rank 1 ALONE gets an Inf gradient at step 4
 # (--debug-overflow-at 4), once through 1 psd + 3 workers (PS mode, whose
 # verdict psd echoes) and once through a 3-rank ring (the flag travels as

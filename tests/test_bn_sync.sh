@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# BN running statistics averaged through the servers (issue 4, --bn-sync):
+# BN running statistics averaged through the servers (--bn-sync):
 # 2 workers reading different data end with the same running statistics,
 # equal to the mean of what each computes on its own, and the exported file
 # holds them.

@@ -1,4 +1,4 @@
-/* Client library, issue 7 and 9 parts, against the fake psd
+/* Client library, lossy pushes and CURVE, against the fake psd
  * (tests/lib/fake_psd.c, which applies w -= g with lr 1 for one worker):
  *  - top-k / sign pushes with error feedback: what the server applied plus
  *    the final residual equals the sum of the gradients (the EF identity,

@@ -4,7 +4,8 @@
 #  - make install DESTDIR=... places the binaries, units, example configs;
 #    the units' ExecStart points at the installed binaries;
 #  - systemd-analyze verify passes on both units (skipped where absent),
-#    and the hardening the issue asks for is there;
+#    and the hardening is there (ProtectSystem=strict, PrivateTmp,
+#    NoNewPrivileges, ...);
 #  - docker-compose.yml parses (PyYAML under /usr/bin/python3, else a
 #    structural check) and is consistent: 2 psd + 2 psworker, volumes
 #    declared, servers/ranks/ports agree;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Detector training through psd (issue 6): psdata gen-det writes a COCO
+# Detector training through psd: psdata gen-det writes a COCO
 # dataset; 2 psd + 2 psworker train a (narrow) RetinaNet-ResNet-18-FPN for a
 # few sync steps with a periodic COCO validation; the final: line carries
 # map= ap50= ap75=; rank 0's export evaluated by psworker --eval gives rank

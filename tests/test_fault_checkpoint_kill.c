@@ -1,4 +1,4 @@
-/* A kill during checkpoint writing (issue 9): psd runs with
+/* A kill during checkpoint writing: psd runs with
  * --checkpoint-every 1 on a shard large enough (16 MiB of weights+momentum
  * per file) that a write is nearly always in flight while one raw worker
  * pushes; the test SIGKILLs psd, restarts it on the same directory, and

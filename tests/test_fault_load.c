@@ -1,4 +1,4 @@
-/* Load (issue 9): 32 worker processes (fork, each with its own ZMQ context
+/* Load: 32 worker processes (fork, each with its own ZMQ context
  * and sockets, fault_lib.h's raw sync worker) against 2 psd in sync mode
  * for a fixed number of steps with rank-dependent integer gradients.  The
  * final weights must equal the exact expected values bitwise (every fp32

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Network faults (issue 9): two network namespaces joined by a veth pair,
+# Network faults: two network namespaces joined by a veth pair,
 # two psd in one (10.213.N.1), the workers in the other (rank 0 from
 # 10.213.N.2, rank 1 from 10.213.N.3), driven by tests/tools/fault_worker (the raw
 # sync worker of tests/lib/fault_lib.h; rank-dependent gradients, so the final

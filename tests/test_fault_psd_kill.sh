@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Server SIGKILL with running workers (issue 9), through the real psworker
+# Server SIGKILL with running workers, through the real psworker
 # and client library: 2 psd + 2 psworker (smoke model, sync, fp32), psd
 # --checkpoint-every-steps N (aligned checkpoints at versions k*N).
 #  1. psd 1 is SIGKILLed mid-run and restarted like systemd would (same

@@ -1,5 +1,5 @@
-/* A worker paused (SIGSTOP) longer than --worker-timeout-ms, then resumed
- * (issue 9), with --on-worker-loss=continue: 4 worker processes
+/* A worker paused (SIGSTOP) longer than --worker-timeout-ms, then resumed,
+ * with --on-worker-loss=continue: 4 worker processes
  * (fault_lib.h's raw sync worker, all pushing the same gradient so the
  * expected weights do not depend on who contributed to a step) run STEPS
  * sync steps; rank 3 is stopped for 2.5 s (timeout 1 s) mid-run.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Data-parallel reproducibility of the video model (issue 4): with every BN
+# Data-parallel reproducibility of the video model: with every BN
 # frozen (--bn frozen: running statistics in training, fixed affine) and
 # dropout 0, each clip's loss depends on that clip alone, so the mean
 # gradient over W*B clips equals the mean of W per-worker means over B clips.

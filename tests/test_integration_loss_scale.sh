@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Loss scaling end to end (issue 5): 1 psd + 2 psworker, sync mode, smoke
+# Loss scaling end to end: 1 psd + 2 psworker, sync mode, smoke
 # model, --loss-scale dynamic with a growth window of 3 steps; rank 1 alone
 # gets an Inf gradient at step 4 (--debug-overflow-at 4).  Checked:
 #  - psd skips exactly that update: one "update skipped" line per partition,

@@ -1,4 +1,4 @@
-/* The model's per-layer hooks (ps_model_set_hooks, issues 5 and 7) on the
+/* The model's per-layer hooks (ps_model_set_hooks) on the
  * CPU backend, for TSM-ResNet-18 (basic blocks, downsample in layers 2-4)
  * and ResNet-50 (bottlenecks), both with training-mode BN so every BN
  * reads and updates its running statistics.

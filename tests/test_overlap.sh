@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# --overlap (issues 5 and 7): the per-layer gradient hand-off and per-layer
+# --overlap: the per-layer gradient hand-off and per-layer
 # weight waits change WHEN partitions travel, never WHAT is computed.  So the
 # same short cluster run (2 psd + 2 workers, sync, narrow TSM-R18, BN in
 # training mode so the BN-statistics partitions travel too, validation every

@@ -1,5 +1,5 @@
 #!/bin/sh
-# psbench --mode ring (issue 7) on loopback: 1..3 workers with a real model
+# psbench --mode ring on loopback: 1..3 workers with a real model
 # layout and emulated compute, overlap on and off; the bytes each rank sends
 # per step are the ring's 2(W-1)/W of the gradient (+ the 32-byte headers),
 # and parameter-server codecs are refused with the reason.  Small sizes:

@@ -1,4 +1,4 @@
-/* ZMQ_MAXMSGSIZE of psd (issue 9, "bounded resources"), through raw sockets.
+/* ZMQ_MAXMSGSIZE of psd (docs/reliability.md), through raw sockets.
  * The expected limits are computed here from the payload layouts written in
  * ps_codec.h (RAW 4n, LZ4 16 + 4 * chunks + 4n, TOPK 24 + k * 8 with k <= n,
  * SIGN 20 + n / 8: top-k of every element is the largest) plus the header

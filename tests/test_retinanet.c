@@ -245,7 +245,7 @@ static void check_training(ps_ctx_t *ctx)
     float *x = malloc(nx * sizeof *x), *box = calloc(rows * 4, sizeof *box);
     int32_t *lab = malloc(rows * sizeof *lab);
     ps_model_hash_fill(x, nx, "images", 3, 1.0);
-    /* a real assignment: two GT boxes per image through A's matcher */
+    /* a real assignment: two GT boxes per image through ps_det_assign */
     const float *anchors = ps_retina_anchors(m);
     float gt[2][8] = {{8, 8, 40, 36, 30, 20, 62, 60}, {4, 30, 28, 62, 20, 2, 58, 26}};
     int32_t gcls[2][2] = {{0, 2}, {1, 0}}, *matched = malloc(A * sizeof *matched);
@@ -293,7 +293,7 @@ static void check_training(ps_ctx_t *ctx)
         if (!P[i].trainable) frozen_nonzero += l2(P[i].g, P[i].numel) != 0;
     is_int(frozen_nonzero, 0, "frozen tensors collected no gradient");
 
-    /* post-processing on image 0's outputs (A's ps_det_postprocess) */
+    /* post-processing on image 0's outputs (ps_det_postprocess) */
     ps_retina_forward(m, x, v.n, NULL, NULL, 0, NULL, NULL);
     const float *lg[PS_RETINA_LEVELS], *dl[PS_RETINA_LEVELS], *an[PS_RETINA_LEVELS];
     int Al[PS_RETINA_LEVELS];

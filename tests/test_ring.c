@@ -3,7 +3,7 @@
  * sum of the inputs (with the rounding bound each wire dtype allows), exact
  * sums of integer-valued inputs, bit equality across ranks, a missing rank,
  * hand-made bad messages (framing as documented in ps_ring.h), and the
- * issue-7 property that SGD on ring-averaged gradients gives the same
+ * property that SGD on ring-averaged gradients gives the same
  * weights as SGD on the psd-style rank-order average. */
 #include <errno.h>
 #include <pthread.h>

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Scaling study analysis (issue 7): efficiency tables, the alpha-beta cost
+"""Scaling study analysis: efficiency tables, the alpha-beta cost
 model calibrated on the emulated-cluster measurements, its predictions up
 to 1,536 workers, data files for bench/scaling/plot.sh, and the generated
 tables of docs/scaling.md (between <!-- BEGIN NAME --> / <!-- END NAME -->).

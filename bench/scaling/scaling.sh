@@ -1,5 +1,5 @@
 #!/bin/sh
-# The scaling study (issue 7) in one command: builds an emulated 25 GbE
+# The scaling study in one command: builds an emulated 25 GbE
 # cluster (deploy/netns, tc tbf), sweeps parameter-server mode (1/2/4
 # servers) and ring mode over 1..16 workers, fp32/fp16/top-k on the wire,
 # overlap on/off, with a model's real partition layout and its compute

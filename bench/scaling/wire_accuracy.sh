@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Bytes on the wire per step and final top-1 for each gradient wire format
-# (issue 7: fp32 / fp16 / top-k / sign), on the generated direction dataset,
+# (fp32 / fp16 / top-k / sign), on the generated direction dataset,
 # through 1 psd + 2 psworker on loopback in sync mode.  Training is
 # deterministic per step, so the accuracies do not depend on machine load
 # (the times do: they are not reported).  Writes a CSV and prints it.

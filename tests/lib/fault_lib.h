@@ -1,4 +1,4 @@
-/* Shared by the fault tests (issue 9, "Failures"): a fixed model whose
+/* Shared by the fault tests (docs/reliability.md): a fixed model whose
  * sync-mode result is exactly computable in fp32, and a raw sync worker built
  * on ps_wire DEALER sockets (no psworker, no ps_client), so the tests drive
  * psd the way a worker does while the faults are injected around it.

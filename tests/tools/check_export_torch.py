@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """psworker's exported model, evaluated in PyTorch (run by
-tests/check_export_torch.sh; issue 4's acceptance check).
+tests/check_export_torch.sh; one of docs/video.md's checks).
 
 Loads model.safetensors with load_state_dict(strict=True) into
 torchvision.models.resnetXX(num_classes=K), adds TSM's temporal shift

@@ -1,4 +1,4 @@
-/* Worker-side client of psd (DESIGN.md sections 2 and 4, docs/protocol.md).
+/* Worker-side client of psd (docs/protocol.md).
  *
  * One DEALER socket per server, owned by a background I/O thread (ZeroMQ
  * sockets are not thread-safe); callers submit requests and get completion
@@ -73,7 +73,7 @@ typedef struct ps_client_opts {
                                     socket (default 16 MiB; 0 = default); a
                                     larger payload still goes out alone */
 
-    /* Compressed pushes (issue 7).  Weights are never sent lossy: pulls and
+    /* Compressed pushes.  Weights are never sent lossy: pulls and
      * the WEIGHTS of a PUSHPULL use pull_codec. */
     int pull_codec;              /* PS_CODEC_RAW or PS_CODEC_LZ4; -1 (default):
                                     codec when that is raw/lz4, else raw */
@@ -89,7 +89,7 @@ typedef struct ps_client_opts {
                                     25% down to topk_ratio (ps_ef_topk_warmup_ratio;
                                     default 0 = off) */
 
-    /* CURVE (issue 9): all three set = encrypted, authenticated connections;
+    /* CURVE: all three set = encrypted, authenticated connections;
      * all unset = plain TCP.  Files hold one Z85 key (40 characters), as
      * `psctl keygen PREFIX` writes PREFIX.pub / PREFIX.key. */
     const char *const *curve_server_keys; /* public key file(s) of the servers:

@@ -1,4 +1,4 @@
-/* psd client: CURVE keys (issue 9).  Key files hold one Z85 key as
+/* psd client: CURVE keys.  Key files hold one Z85 key as
  * `psctl keygen PREFIX` writes them (PREFIX.pub / PREFIX.key); psd runs a ZAP
  * handler with an allow-list of client public keys, so a client whose key
  * is not listed is never answered (its requests time out). */

@@ -1,4 +1,4 @@
-/* NCCL allreduce among W GPU workers (issue 7: "--allreduce nccl"), the
+/* NCCL allreduce among W GPU workers (psworker --allreduce nccl), the
  * GPU counterpart of worker/comm/ps_ring.h: same shape of API, same result (the
  * SUM, or the mean as sum / (float)W the way psd and ps_ring divide), but
  * the data stay in device memory and NCCL moves them over NVLink / PCIe /

@@ -1,5 +1,5 @@
-/* Ring allreduce among W workers over TCP (DESIGN.md section 2, ring mode;
- * issue 7).  No servers: rank r listens on endpoints[r] ("tcp://HOST:PORT";
+/* Ring allreduce among W workers over TCP (ring mode, docs/operations.md
+ * "Ring mode").  No servers: rank r listens on endpoints[r] ("tcp://HOST:PORT";
  * "*" as HOST binds every address) for its left neighbour r-1 and connects
  * nconn sockets to its right neighbour's endpoints[r+1 mod W].  A flat fp32
  * vector is cut into W chunks, each chunk into segments of about

@@ -1,4 +1,4 @@
-/* COCO-style box evaluation in C (issue 6) with pycocotools' COCOeval
+/* COCO-style box evaluation in C with pycocotools' COCOeval
  * semantics (iouType "bbox", useCats 1, default Params):
  *   - images: all GT image ids, ascending; categories: all GT category ids,
  *     ascending (a category without GT boxes gets precision -1 and is left

@@ -1,4 +1,4 @@
-/* COCO-format JSON (issue 6) through cJSON: ground truth (images,
+/* COCO-format JSON through cJSON: ground truth (images,
  * annotations with bbox [x,y,w,h], category_id, area, iscrowd; categories)
  * and detections in the results format ([{image_id, category_id, bbox,
  * score}, ...]).  Writers too, for the generator and for evaluation output.

@@ -1,4 +1,4 @@
-/* Detection data pipeline (issue 6): COCO JSON + JPEG images -> fixed-size
+/* Detection data pipeline: COCO JSON + JPEG images -> fixed-size
  * network inputs and RetinaNet training targets.
  *
  * A sample (ps_det_load_sample) is a pure function of (dataset, options,

@@ -1,4 +1,4 @@
-/* Generated detection dataset for issue 6 (exposed as `psdata gen-det`):
+/* Generated detection dataset (`psdata gen-det`, docs/detection.md):
  * shapes of several classes, sizes and colours on cluttered backgrounds,
  * several objects per image, written as JPEG images + COCO JSON:
  *

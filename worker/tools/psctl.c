@@ -1,4 +1,4 @@
-/* psctl: operate a running psd cluster (DESIGN.md section 9).
+/* psctl: operate a running psd cluster (docs/operations.md, section 4).
  *
  *   psctl --servers LIST status        members, versions, throughput, live workers
  *   psctl --servers LIST checkpoint    every server writes a checkpoint now
