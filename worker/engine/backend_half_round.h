@@ -1,7 +1,8 @@
-/* A CPU "rounding" backend: the CPU fp32 layers with the CUDA backend's
- * half-storage rounding points (issue 5), the independent reference for
- * the whole-model half tests (tests/test_half_round.c on the CPU,
- * tests/test_cuda_half_model.c on a GPU).
+/* A CPU "rounding" backend (ps_backend_cpu_round): the CPU fp32 layers with
+ * the CUDA backend's half-storage rounding points, the independent
+ * reference for whole-model half tests (tests/test_half_round.c on the CPU,
+ * tests/test_cuda_half_model.c and bench/gpu_bench.c on a GPU): what half
+ * storage costs inherently, measured without a GPU.
  *
  * Every call runs the CPU fp32 layer (ps_backend_cpu) and rounds to fp16 /
  * bf16 (round to nearest even, ps_half.h: the conversion the kernels use)
@@ -17,23 +18,23 @@
  *     parameters and parameter gradients other than conv's stay fp32.
  * Which tensors are half is tracked as the CUDA backend does (mixed.cu): a
  * tag per pointer, set by the layer that writes it.  xent's backward
- * multiplies dloss by the loss scale (the model's gradients come out
- * scaled, like the CUDA backend's).  The fused bn+relu entries are NULL,
- * as on CUDA, so the model takes the same path.
+ * multiplies dloss by the loss scale (set_loss_scale returns 0: the model's
+ * gradients come out scaled, like the CUDA backend's).  The fused bn+relu
+ * entries are NULL, as on CUDA, so the model takes the same path.  The
+ * detection layers are the CPU's (CUDA runs them in fp32 too).
  *
- * State lives in ctx->backend_state (the CPU layers do not use it). */
-#ifndef PS_TEST_HALF_ROUND_H
-#define PS_TEST_HALF_ROUND_H
+ * State lives in ctx->backend_state (the CPU layers do not use it); the
+ * table's release slot is ps_hround_free. */
+#ifndef PS_BACKEND_HALF_ROUND_H
+#define PS_BACKEND_HALF_ROUND_H
 #include "worker/engine/ps_engine.h"
-#include "worker/models/ps_model.h"
 
-enum { PS_HROUND_OFF = 0, PS_HROUND_FP16 = 1, PS_HROUND_BF16 = 2 };
-
-/* Attach rounding state to ctx (after ps_engine_init): prec as above
- * (OFF: the same calls and copies, rounding the identity; then the model
- * must match the CPU backend bitwise), loss_scale > 0.  0 or PS_EINVAL /
- * PS_ENOMEM. */
-int ps_hround_init(ps_ctx_t *ctx, int prec, float loss_scale);
+/* Attach rounding state to ctx (after ps_engine_init): prec FP16 or BF16,
+ * or FP32 (rounding off: the same calls and copies with the identity as
+ * rounding; then a model must match the CPU backend bitwise); loss_scale
+ * > 0.  The table's set_precision / set_loss_scale change both later.
+ * 0 or PS_EINVAL / PS_ENOMEM / PS_ESTATE (ctx has a state already). */
+int ps_hround_init(ps_ctx_t *ctx, ps_precision_t prec, float loss_scale);
 void ps_hround_free(ps_ctx_t *ctx);
 /* Forget every tag (a new step writes everything again). */
 void ps_hround_forget(ps_ctx_t *ctx);
@@ -43,48 +44,8 @@ int ps_hround_is_half(ps_ctx_t *ctx, const void *p);
  * them: a model that makes one is broken) and values rounded so far. */
 long ps_hround_mismatches(ps_ctx_t *ctx);
 long ps_hround_rounded(ps_ctx_t *ctx);
-/* x rounded to the precision (identity for OFF). */
-float ps_hround_value(int prec, float x);
+/* x rounded to the precision (identity for FP32). */
+float ps_hround_value(ps_precision_t prec, float x);
 
 extern const ps_backend_t ps_backend_cpu_round;
-
-/* ---- one training step's results, for comparing models ---------------- */
-
-/* What a step produced, copied out of a model (host-readable arena: CPU,
- * or CUDA managed memory after a sync): loss, logits, every trainable
- * parameter's gradient times grad_scale (1 / loss scale), the BN running
- * statistics. */
-typedef struct ps_hround_snap {
-    double loss;
-    float *logits;
-    size_t nlogits;
-    int np;             /* trainable parameters */
-    char **name;        /* np names */
-    float **g;          /* np gradients */
-    size_t *numel;      /* np sizes */
-    float *bufs;        /* f32 BN buffers, concatenated */
-    size_t nbufs;
-    int nb;             /* f32 buffers: name and offset into bufs (nb + 1) */
-    char **bname;
-    size_t *boff;
-} ps_hround_snap_t;
-int ps_hround_snap(ps_hround_snap_t *s, const ps_model_t *m, int nlogits, float loss,
-                   double grad_scale);
-void ps_hround_snap_free(ps_hround_snap_t *s);
-/* how many of s's parameter tensors hold a non-finite gradient */
-int ps_hround_snap_nonfinite(const ps_hround_snap_t *s);
-/* |a - b|_2 / |b|_2 (|a - b|_2 when b is 0); NaN anywhere -> inf */
-double ps_hround_relerr(const float *a, const float *b, size_t n);
-/* Compare a with ref: returns the worst per-tensor relative L2 gradient
- * error (inf on a shape mismatch), its tensor in *worst (may be NULL);
- * the logits' and BN buffers' errors in *elog / *ebuf (may be NULL). */
-double ps_hround_snap_cmp(const ps_hround_snap_t *a, const ps_hround_snap_t *ref,
-                          const char **worst, double *elog, double *ebuf);
-/* The f32 buffer of a whose relative L2 error against ref's is largest
- * (NULL on a shape mismatch), that error in *e. */
-const char *ps_hround_snap_worst_buf(const ps_hround_snap_t *a, const ps_hround_snap_t *ref,
-                                     double *e);
-/* 1 when every gradient, the logits, the loss and the buffers are
- * bitwise equal. */
-int ps_hround_snap_equal(const ps_hround_snap_t *a, const ps_hround_snap_t *b);
 #endif

@@ -16,12 +16,12 @@
  * class-wise NMS 0.5, 100 per image), boxes mapped back to the original
  * image, then the COCO evaluator (coco_eval.h): AP, AP50, AP75.
  *
- * --device cuda[:N] (CUDA builds): the CUDA backend with the model's arenas
- * in managed memory, as for the video models (psworker_video.c), and the
- * model's CUDA detection layers (PS_RETINA_DET_CUDA_INIT); every layer is
- * queued on the backend's stream, so dev_sync() comes before the host reads
- * gradients or outputs (the two losses come back by value, already waited
- * for).  The loaders read a host copy of the anchors, never the arena. */
+ * --device cuda[:N] (CUDA builds): the CUDA backend (its detection layers
+ * included) with the model's arenas in managed memory, as for the video
+ * models (psworker_video.c); every layer is queued on the backend's
+ * stream, so the backend's sync comes before the host reads gradients or
+ * outputs (the two losses come back by value, already waited for).  The
+ * loaders read a host copy of the anchors, never the arena. */
 #include "worker/psworker/psworker.h"
 
 #include <math.h>
@@ -36,12 +36,6 @@
 #include "worker/det/det_data.h"
 #include "worker/engine/ps_engine.h"
 #include "worker/models/ps_retinanet.h"
-#ifdef PS_HAVE_CUDA
-#include "worker/det/det_layers.h"
-#include "worker/engine/cuda/ps_cuda_backend.h"
-
-static const ps_retina_det_t det_cuda = PS_RETINA_DET_CUDA_INIT;
-#endif
 
 struct ps_worker_det {
     ps_ctx_t ctx;
@@ -56,49 +50,8 @@ struct ps_worker_det {
     size_t val_images, val_dets;  /* last validation: images, detections kept */
     float score_thresh;
     float *anchors;               /* (A, 4) host copy for the loader threads */
-    int cuda;                     /* the model runs on ps_backend_cuda (managed arena) */
+    const ps_backend_t *be;       /* the --device's table (ps_engine_open_device) */
 };
-
-/* With the CUDA backend every layer is queued on its stream: wait before
- * the host touches the model's arena (weights, gradients, images, outputs). */
-static int dev_sync(struct ps_worker_det *d)
-{
-#ifdef PS_HAVE_CUDA
-    if (d->cuda) return ps_cuda_backend_sync(&d->ctx);
-#else
-    (void)d;
-#endif
-    return 0;
-}
-
-/* --device as psworker_video.c's select_device; a device that cannot be
- * used is PS_EINVAL (psworker exits 2 with the cause logged), never a
- * crash. */
-static int select_device(struct ps_worker_det *d, const char *device, const ps_backend_t **be)
-{
-    *be = &ps_backend_cpu;
-    if (!strcmp(device, "cpu")) return 0;
-#ifdef PS_HAVE_CUDA
-    int rc = ps_cuda_backend_select(device, &d->ctx, be);
-    if (rc) {
-        ps_error("--device %s: cannot use it (%s); --device cpu runs on the CPU", device,
-                 ps_strerror(rc));
-        return PS_EINVAL;
-    }
-    if (*be == &ps_backend_cpu) return 0;
-    d->cuda = 1;
-    if ((rc = ps_cuda_use_managed_arena())) {
-        ps_error("--device %s: managed memory unavailable (%s)", device, ps_strerror(rc));
-        return PS_EINVAL;
-    }
-    ps_info("device %s: CUDA backend and detection layers, model in managed memory", device);
-    return 0;
-#else
-    (void)d;
-    ps_error("--device %s: this psworker was built without CUDA", device);
-    return PS_EINVAL;
-#endif
-}
 
 int ps_worker_is_det(const ps_worker_opts_t *o) { return !strncmp(o->model, "retinanet-r", 11); }
 
@@ -161,6 +114,7 @@ int ps_worker_det_setup(ps_worker_t *p, uint32_t nservers)
     }
     struct ps_worker_det *d = calloc(1, sizeof *d);
     if (!d) return PS_ENOMEM;
+    d->be = &ps_backend_cpu; /* until --device is open */
     p->det = d;
     d->map = d->ap50 = d->ap75 = NAN;
     d->score_thresh = o->score_thresh;
@@ -203,13 +157,9 @@ int ps_worker_det_setup(ps_worker_t *p, uint32_t nservers)
         ps_error("engine init failed: %s", ps_strerror(rc));
         return rc;
     }
-    const ps_backend_t *be;
-    if ((rc = select_device(d, o->device, &be))) return rc;
-#ifdef PS_HAVE_CUDA
-    if (d->cuda) cfg.det = &det_cuda;
-#endif
+    if ((rc = ps_worker_open_device(o, &d->ctx, &d->be))) return rc;
     int maxn = p->batch > vbatch ? p->batch : vbatch;
-    if ((rc = ps_retina_create(&d->m, &cfg, be, &d->ctx, maxn, o->size, o->size)))
+    if ((rc = ps_retina_create(&d->m, &cfg, d->be, &d->ctx, maxn, o->size, o->size)))
         return rc;
     ps_retina_init(d->m, o->seed, 0);
     if (*o->weights) {
@@ -275,11 +225,9 @@ void ps_worker_det_teardown(ps_worker_t *p)
     ps_det_batch_free(&d->vb);
     ps_det_dataset_free(&d->train);
     ps_det_dataset_free(&d->val);
-    dev_sync(d);
+    d->be->sync(&d->ctx);
     ps_retina_destroy(&d->m);
-#ifdef PS_HAVE_CUDA
-    if (d->cuda) ps_cuda_backend_free(&d->ctx);
-#endif
+    d->be->release(&d->ctx);
     ps_ctx_free(&d->ctx);
     free(d->anchors);
     free(d->specs);
@@ -340,7 +288,7 @@ double ps_worker_det_compute(ps_worker_t *p, uint64_t step)
     ps_retina_zero_grad(d->m);
     int rc = ps_retina_forward(d->m, d->tb.img, n, d->tb.labels, d->tb.box_targets, 1, &lc, &lb);
     if (!rc) rc = ps_retina_backward(d->m);
-    if (!rc) rc = dev_sync(d); /* before the host reads the gradients */
+    if (!rc) rc = d->be->sync(&d->ctx); /* before the host reads the gradients */
     if (rc) {
         ps_error("forward/backward failed at step %llu: %s", (unsigned long long)step,
                  ps_strerror(rc));
@@ -434,7 +382,7 @@ static int det_eval(ps_worker_t *p)
     d->val_dets = 0;
     while (dets && boxes && scores && labels && (n = ps_det_loader_next(d->vl, &d->vb, NULL)) > 0) {
         if ((rc = ps_retina_forward(d->m, d->vb.img, n, NULL, NULL, 0, NULL, NULL)) ||
-            (rc = dev_sync(d))) /* the host reads the outputs next */
+            (rc = d->be->sync(&d->ctx))) /* the host reads the outputs next */
             break;
         for (int i = 0; i < n && !rc; i++) {
             int k = image_dets(d, i, &d->vb.geom[i], ps_det_dataset_image_id(d->val, (size_t)d->vb.idx[i]),

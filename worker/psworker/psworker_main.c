@@ -14,6 +14,8 @@
 #include "ps_error.h"
 #include "ps_log.h"
 #include "worker/engine/ps_blas.h"
+#include "worker/engine/ps_engine.h"
+#include "worker/engine/cuda/ps_cuda_backend.h"
 #include "worker/models/ps_model.h"
 #include "worker/psworker/psworker.h"
 
@@ -252,11 +254,10 @@ static int opts_check(ps_worker_opts_t *o)
                     "(--device applies to the video models)\n", o->device);
             return PS_EINVAL;
         }
-#ifndef PS_HAVE_CUDA
-        fprintf(stderr, "psworker: --device %s: this psworker was built without CUDA "
-                "(configure found no CUDA toolkit); only --device cpu is available\n", o->device);
-        return PS_EINVAL;
-#endif
+        if (ps_engine_find_device(o->device, NULL, NULL)) { /* the cause is logged */
+            fprintf(stderr, "psworker: --device %s: not a device of this psworker\n", o->device);
+            return PS_EINVAL;
+        }
     }
     if (loss_scale_check(o))
         return PS_EINVAL;
@@ -444,6 +445,9 @@ int main(int argc, char **argv)
     };
 
     ps_log_set_prog("psworker");
+#ifdef PS_HAVE_CUDA
+    ps_engine_add_device(&ps_device_cuda); /* --device cuda[:N] */
+#endif
     rc = ps_config_parse(table, "psworker", usage, argc, argv, &npos);
     if (rc == 1) {
         opts_free(&o);

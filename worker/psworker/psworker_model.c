@@ -10,6 +10,7 @@
 
 #include "ps_error.h"
 #include "ps_log.h"
+#include "worker/engine/ps_engine.h"
 
 static int parse_milestones(const char *s, ps_optim_config_t *c)
 {
@@ -101,6 +102,17 @@ int ps_worker_build_optim(ps_worker_t *p)
     if (ps_optim_config_validate(c, err, sizeof err)) {
         ps_error("optimizer settings: %s", err);
         return PS_EINVAL;
+    }
+    return 0;
+}
+
+int ps_worker_open_device(const ps_worker_opts_t *o, ps_ctx_t *ctx, const ps_backend_t **be)
+{
+    int rc = ps_engine_open_device(o->device, ctx, be);
+    if (rc) {
+        ps_error("--device %s: cannot use it (%s); --device cpu runs on the CPU", o->device,
+                 ps_strerror(rc));
+        return PS_EINVAL; /* a usage error (exit 2), whatever the cause */
     }
     return 0;
 }

@@ -32,9 +32,7 @@
 #include "ps_log.h"
 #include "ps_wire.h"
 #include "worker/client/ps_client.h"
-#ifdef PS_HAVE_CUDA
-#include "worker/engine/cuda/ps_cuda_backend.h"
-#endif
+#include "worker/engine/ps_engine.h"
 
 /* Loss scaling, before the push: turn p->grad (this step's gradient, from a
  * backward with dloss = 1) into the backward of scale*loss, check it, and
@@ -115,26 +113,22 @@ int ps_worker_apply_local(ps_worker_t *p, uint64_t step)
     return 0;
 }
 
-/* Peak device memory (--device cuda, issue 5): sampled after each step's
- * backward (the backend frees nothing inside a step, so usage is at its
- * highest there), printed every --progress-every steps and at the end. */
+/* Peak device memory (a backend with memory figures: CUDA): sampled after
+ * each step's backward (the backend frees nothing inside a step, so usage
+ * is at its highest there), printed every --progress-every steps and at
+ * the end. */
 static struct {
     size_t alloc_peak, used_peak, total; /* bytes, over the run */
 } devmem;
 
-static int on_cuda(const ps_worker_t *p)
+static void devmem_step(ps_worker_t *p, uint64_t step)
 {
-    return p->vid && !strncmp(p->o->device, "cuda", 4);
-}
-
-static void devmem_step(const ps_worker_t *p, uint64_t step)
-{
-#ifdef PS_HAVE_CUDA
-    if (!on_cuda(p))
+    ps_ctx_t *ctx;
+    const ps_backend_t *be;
+    ps_backend_mem_t m;
+    /* a backend without device memory (the CPU) has no figures */
+    if (!ps_worker_video_model(p, &ctx, &be) || be->mem_stats(ctx, &m, 1))
         return;
-    ps_cuda_mem_t m;
-    ps_cuda_mem_stats(&m);
-    ps_cuda_mem_reset_peak();
     if (m.alloc_peak > devmem.alloc_peak) devmem.alloc_peak = m.alloc_peak;
     if (m.dev_used_peak > devmem.used_peak) devmem.used_peak = m.dev_used_peak;
     devmem.total = m.dev_total;
@@ -143,15 +137,12 @@ static void devmem_step(const ps_worker_t *p, uint64_t step)
         ps_info("device memory, step %" PRIu64 ": peak %.0f MiB allocated by the backend, "
                 "%.0f of %.0f MiB in use on the device", step, m.alloc_peak / 1048576.0,
                 m.dev_used_peak / 1048576.0, m.dev_total / 1048576.0);
-#else
-    (void)p, (void)step;
-#endif
 }
 
 /* One stdout line before "final:" (bench/gpu_check.sh reads it). */
 static void devmem_report(const ps_worker_t *p)
 {
-    if (!on_cuda(p) || !devmem.total)
+    if (!devmem.total)
         return;
     printf("device_memory: peak_alloc_mib=%.1f peak_used_mib=%.1f total_mib=%.1f\n",
            devmem.alloc_peak / 1048576.0, devmem.used_peak / 1048576.0,

@@ -35,9 +35,6 @@
 #include "worker/data/ps_video.h"
 #include "worker/engine/ps_engine.h"
 #include "worker/models/ps_model.h"
-#ifdef PS_HAVE_CUDA
-#include "worker/engine/cuda/ps_cuda_backend.h"
-#endif
 
 struct ps_worker_video {
     ps_ctx_t ctx;
@@ -55,89 +52,36 @@ struct ps_worker_video {
     int32_t *labels;
     int64_t *idx;
     int max_clips, K;
-    int cuda;               /* the model runs on ps_backend_cuda (managed arena) */
+    const ps_backend_t *be; /* the --device's table (ps_engine_open_device) */
 };
 
-/* With the CUDA backend every layer is queued on its stream: wait before
- * the host touches the model's arena (weights, gradients, input, logits). */
-static int dev_sync(struct ps_worker_video *v)
-{
-#ifdef PS_HAVE_CUDA
-    if (v->cuda) return ps_cuda_backend_sync(&v->ctx);
-#else
-    (void)v;
-#endif
-    return 0;
-}
-
-/* --device: the CPU reference, or (CUDA builds) the CUDA backend with the
- * model's arena in managed memory, so the model code runs unchanged
- * (docs/cuda.md).  A missing GPU is an error here, never a crash. */
-static int select_device(struct ps_worker_video *v, const char *device, const ps_backend_t **be)
-{
-    *be = &ps_backend_cpu;
-    if (!strcmp(device, "cpu")) return 0;
-#ifdef PS_HAVE_CUDA
-    int rc = ps_cuda_backend_select(device, &v->ctx, be);
-    if (rc) {
-        ps_error("--device %s: cannot use it (%s); --device cpu runs on the CPU", device,
-                 ps_strerror(rc));
-        return rc;
-    }
-    if (*be == &ps_backend_cpu) return 0;
-    v->cuda = 1;
-    if ((rc = ps_cuda_use_managed_arena())) {
-        ps_error("--device %s: managed memory unavailable (%s)", device, ps_strerror(rc));
-        return rc;
-    }
-    ps_info("device %s: CUDA backend, model in managed memory", device);
-    return 0;
-#else
-    (void)v;
-    ps_error("--device %s: this psworker was built without CUDA", device);
-    return PS_EUNSUPPORTED;
-#endif
-}
-
-/* --precision on the CUDA backend (E, issue 5): fp16 / bf16 operands for
- * conv and linear (docs/cuda.md); the CPU runs fp32 only (main refuses). */
+/* --precision on the model's backend: fp16 / bf16 operands for conv and
+ * linear on CUDA (docs/cuda.md); the CPU runs fp32 only (main refuses). */
 int ps_worker_video_precision(ps_worker_t *p, const char *precision)
 {
-    if (!strcmp(precision, "fp32"))
-        return 0;
-#ifdef PS_HAVE_CUDA
     struct ps_worker_video *v = p->vid;
-    if (v && v->cuda) {
-        int rc = ps_cuda_backend_set_precision(&v->ctx, !strcmp(precision, "bf16")
-                                                            ? PS_CUDA_BF16 : PS_CUDA_FP16);
-        if (!rc)
-            ps_info("precision %s: conv / linear on %s operands, fp32 BN, loss and master "
-                    "weights", precision, precision);
-        return rc;
-    }
-#endif
-    (void)p;
-    ps_error("--precision %s needs --device cuda (the CPU engine is fp32)", precision);
-    return PS_EUNSUPPORTED;
+    const ps_precision_t prec = !strcmp(precision, "bf16")   ? PS_PRECISION_BF16
+                                : !strcmp(precision, "fp16") ? PS_PRECISION_FP16
+                                                             : PS_PRECISION_FP32;
+    int rc = v->be->set_precision(&v->ctx, prec);
+    if (!rc && prec != PS_PRECISION_FP32)
+        ps_info("precision %s: conv / linear on %s operands, fp32 BN, loss and master "
+                "weights", precision, precision);
+    return rc;
 }
 
-/* Loss scaling (E): 1 when the CUDA backend applies `scale` in its
- * cross-entropy backward, 0 when the caller must scale (the CPU: fp32,
- * exact).  *scaled = the elements p->grad[0..*scaled) that then come out
- * scaled: the trainable parameters; the BN statistics after them are
- * differences of running averages, never scaled. */
+/* Loss scaling: 1 when the backend applies `scale` in its cross-entropy
+ * backward (CUDA), 0 when the caller must scale (the CPU: fp32, exact).
+ * *scaled = the elements p->grad[0..*scaled) that then come out scaled:
+ * the trainable parameters; the BN statistics after them are differences
+ * of running averages, never scaled. */
 int ps_worker_video_loss_scale(ps_worker_t *p, float scale, size_t *scaled)
 {
-    *scaled = 0;
-#ifdef PS_HAVE_CUDA
     struct ps_worker_video *v = p->vid;
-    if (v && v->cuda && ps_cuda_backend_set_loss_scale(&v->ctx, scale) == 0) {
-        for (int i = 0; i < v->nparams; i++) *scaled += v->specs[i].numel;
-        return 1;
-    }
-#endif
-    (void)p, (void)scale;
-    return 0;
+    *scaled = 0;
+    if (!v || v->be->set_loss_scale(&v->ctx, scale)) return 0;
+    for (int i = 0; i < v->nparams; i++) *scaled += v->specs[i].numel;
+    return 1;
 }
 
 int ps_worker_is_video(const ps_worker_opts_t *o) { return strcmp(o->model, "smoke") != 0; }
@@ -237,6 +181,7 @@ int ps_worker_video_setup(ps_worker_t *p, uint32_t nservers)
     }
     struct ps_worker_video *v = calloc(1, sizeof *v);
     if (!v) return PS_ENOMEM;
+    v->be = &ps_backend_cpu; /* until --device is open */
     p->vid = v;
     if (!o->eval && (rc = load_list(o, o->train_list, &v->train))) return rc;
     if (*o->val_list && (rc = load_list(o, o->val_list, &v->val))) return rc;
@@ -291,14 +236,13 @@ int ps_worker_video_setup(ps_worker_t *p, uint32_t nservers)
         ps_error("engine init failed: %s", ps_strerror(rc));
         return rc;
     }
-    const ps_backend_t *be;
-    if ((rc = select_device(v, o->device, &be)))
+    if ((rc = ps_worker_open_device(o, &v->ctx, &v->be)))
         return rc;
     if ((rc = ps_worker_video_precision(p, o->precision)))
         return rc;
-    if ((rc = ps_model_create(&v->m, &cfg, be, &v->ctx, v->max_clips, o->size, o->size)))
+    if ((rc = ps_model_create(&v->m, &cfg, v->be, &v->ctx, v->max_clips, o->size, o->size)))
         return rc;
-    if ((rc = dev_sync(v)))
+    if ((rc = v->be->sync(&v->ctx)))
         return rc;
     ps_model_init(v->m, o->seed, 0);
     static const char *const bn_names[] = {"train", "partial", "frozen"};
@@ -386,11 +330,9 @@ void ps_worker_video_teardown(ps_worker_t *p)
     ps_video_loader_destroy(&v->vl);
     ps_video_list_free(&v->train);
     ps_video_list_free(&v->val);
-    dev_sync(v);
+    v->be->sync(&v->ctx);
     ps_model_destroy(&v->m);
-#ifdef PS_HAVE_CUDA
-    if (v->cuda) ps_cuda_backend_free(&v->ctx);
-#endif
+    v->be->release(&v->ctx);
     ps_ctx_free(&v->ctx);
     free(v->specs);
     free(v->param_of);
@@ -405,7 +347,7 @@ void ps_worker_video_teardown(ps_worker_t *p)
 static void scatter(ps_worker_t *p)
 {
     struct ps_worker_video *v = p->vid;
-    dev_sync(v);
+    v->be->sync(&v->ctx);
     int np;
     const ps_model_param_t *par = ps_model_params(v->m, &np);
     const ps_model_buffer_t *bu = ps_model_buffers(v->m, NULL);
@@ -458,7 +400,7 @@ double ps_worker_video_compute(ps_worker_t *p, uint64_t step)
     if (!rc)
         rc = ps_model_backward(v->m);
     if (!rc)
-        rc = dev_sync(v);
+        rc = v->be->sync(&v->ctx);
     if (rc) {
         ps_error("forward/backward failed at step %llu: %s", (unsigned long long)step, ps_strerror(rc));
         p->compute_rc = rc;
@@ -503,7 +445,8 @@ static double video_eval(ps_worker_t *p, double *top1, double *top5, size_t *vid
     double loss = 0;
     double *avg = malloc(sizeof(double) * (size_t)C);
     while (avg && (n = ps_video_loader_next(v->vl, v->clips, v->labels, v->idx, NULL)) > 0) {
-        if (ps_model_forward(v->m, v->clips, n * K, NULL, 0, NULL) || dev_sync(v)) break;
+        if (ps_model_forward(v->m, v->clips, n * K, NULL, 0, NULL) || v->be->sync(&v->ctx))
+            break;
         const float *lg = ps_model_logits(v->m);
         for (int i = 0; i < n; i++) {
             /* multi-clip: mean of the clips' scores (TSM's test) */
@@ -564,9 +507,11 @@ double ps_worker_video_eval(ps_worker_t *p, double *top1, double *top5, size_t *
     return video_eval(p, top1, top5, videos, NULL);
 }
 
-struct ps_model *ps_worker_video_model(ps_worker_t *p, struct ps_ctx **cuda_ctx)
+struct ps_model *ps_worker_video_model(ps_worker_t *p, struct ps_ctx **ctx,
+                                       const struct ps_backend **be)
 {
-    *cuda_ctx = p->vid && p->vid->cuda ? &p->vid->ctx : NULL;
+    *ctx = p->vid ? &p->vid->ctx : NULL;
+    *be = p->vid ? p->vid->be : NULL;
     return p->vid ? p->vid->m : NULL;
 }
 
