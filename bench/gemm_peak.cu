@@ -4,6 +4,7 @@
 //         the fp32 backend as it is configured;
 //   fp16: cublasGemmEx fp16 in, fp32 accumulate (tensor cores) - the
 //         ceiling mixed precision aims at.
+#include "bench/gemm_peak.h"
 #include "worker/engine/cuda/cuda_int.h"
 
 #include <cuda_fp16.h>

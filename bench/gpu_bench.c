@@ -1,7 +1,7 @@
 /* GPU session driver (run by bench/gpu_check.sh; built only with CUDA).
  *
  *   gpu_bench check [-d depth] [-n clips] [-H size]
- *       The whole-model parity test of issue 5: the same TSM-ResNet (default
+ *       The whole-model parity test: the same TSM-ResNet (default
  *       18, 2 clips x 8 frames x 64x64, same weights, input, labels and
  *       dropout seed) through the CPU and the CUDA backends; loss, logits
  *       and every parameter gradient compared.  TAP output, exit 1 on a
@@ -12,9 +12,9 @@
  *       losses, the raw outputs and every gradient compared (TAP).
  *   gpu_bench rtime [-d depth] [-n images] [-H size] [-K classes] [-s] [-w]
  *       RetinaNet-R50-FPN training step on the GPU (torchvision widths, 2 x
- *       512^2, 80 classes), images/s, every layer on the GPU (the model's
- *       CUDA detection-layer table, see "RetinaNet-FPN" below); then the
- *       loss layers alone, host vs det_layers.cu on the same outputs
+ *       512^2, 80 classes), images/s, every layer on the GPU (the CUDA
+ *       table's detection slots, see "RetinaNet-FPN" below); then the loss
+ *       layers alone, the CPU's vs the CUDA table's on the same outputs
  *       (compared, both timed).
  *   gpu_bench time [-d depth] [-n clips] [-H size] [-s steps] [-w warmup] [-z]
  *       Training-step timing on the GPU (default TSM-ResNet-50, 8 clips x 8
@@ -28,7 +28,7 @@
  *       every backend call drained and timed, summed per layer kind and
  *       printed as a table (the split of a step, not its speed).
  *
- * The model is worker/models' (engineer F), written for host pointers: its
+ * The model is worker/models', written for host pointers: its
  * arena comes from managed memory (ps_cuda_use_managed_arena), so the
  * input/label memcpy at the start of each forward migrates those pages (a
  * few MB..40 MB per step) - the step time includes that; a device-aware
@@ -41,12 +41,13 @@
 #include "worker/engine/cuda/ps_cuda_backend.h"
 #include "worker/models/ps_model.h"
 #include "worker/models/ps_retinanet.h"
+#include "worker/models/model_snap.h"
 #include "worker/det/det_boxes.h"
-#include "worker/det/det_layers.h"
+#include "worker/engine/backend_half_round.h"
 
 #include "bench/bench_util.h"
+#include "bench/gemm_peak.h"
 #include "bench/gpu_prof.h"
-#include "tests/lib/half_round.h"
 #include "ps_log.h"
 
 #include <math.h>
@@ -102,29 +103,24 @@ static void config(ps_model_config_t *c, int depth)
     c->num_classes = 400;
 }
 
-static const char *prec_name(int prec)
-{
-    return prec == PS_CUDA_FP16 ? "fp16" : prec == PS_CUDA_BF16 ? "bf16" : "fp32";
-}
-
 /* Whole-model tolerances per precision: fp32 from the summation order
  * only; fp16 / bf16 add the operand rounding of every conv / linear (unit
  * roundoff 4.9e-4 / 3.9e-3) compounded over ~20 layers, so ~20x looser;
  * a wrong layout or cast still shows as O(1). */
 typedef struct { double loss, logit, grad_a, grad_r, bn_a, bn_r; } tols_t;
-static tols_t tols_of(int prec)
+static tols_t tols_of(ps_precision_t prec)
 {
-    if (prec == PS_CUDA_FP16) return (tols_t){1e-2, 2e-2, 5e-2, 5e-2, 1e-3, 2e-2};
-    if (prec == PS_CUDA_BF16) return (tols_t){3e-2, 5e-2, 1e-1, 1e-1, 3e-3, 5e-2};
+    if (prec == PS_PRECISION_FP16) return (tols_t){1e-2, 2e-2, 5e-2, 5e-2, 1e-3, 2e-2};
+    if (prec == PS_PRECISION_BF16) return (tols_t){3e-2, 5e-2, 1e-1, 1e-1, 3e-3, 5e-2};
     return (tols_t){1e-4, 1e-4, 2e-3, 1e-3, 1e-5, 1e-4};
 }
 
-static int run_check(int depth, int clips, int HW, int prec)
+static int run_check(int depth, int clips, int HW, ps_precision_t prec)
 {
     const tols_t tl = tols_of(prec);
     /* half: the backend scales the loss (as psworker does) and the check
      * unscales, so the scaled path is part of what is compared */
-    const float lscale = prec == PS_CUDA_FP32 ? 1.0f : 1024.0f;
+    const float lscale = prec == PS_PRECISION_FP32 ? 1.0f : 1024.0f;
     ps_model_config_t cfg;
     config(&cfg, depth);
     ps_ctx_t cctx, gctx;
@@ -150,33 +146,33 @@ static int run_check(int depth, int clips, int HW, int prec)
     ps_model_hash_fill(in, nin, "input", 5, 1.0);
     for (int i = 0; i < clips; i++) lab[i] = (int32_t)((i * 37 + 11) % K);
     printf("# TSM-ResNet-%d, %d clips x %d frames x %dx%d, CPU fp32 vs CUDA %s (loss scale %g, "
-           "half storage of activations %s)\n", depth, clips, T, HW, HW, prec_name(prec),
+           "half storage of activations %s)\n", depth, clips, T, HW, HW, ps_precision_name(prec),
            (double)lscale, ps_cuda_backend_half_storage(&gctx) ? "on" : "off");
     float lc = NAN, lg = NAN;
     int rc = ps_model_forward(mc, in, clips, lab, 1, &lc) | ps_model_backward(mc);
     rc |= ps_model_forward(mg, in, clips, lab, 1, &lg) | ps_model_backward(mg);
     rc |= ps_cuda_backend_sync(&gctx);
     check(rc == 0, "forward + backward ran on both backends");
-    /* half: the CPU rounding model (tests/lib/half_round.h) says what half
-     * storage costs inherently; each gradient's bound is derived from it */
-    ps_hround_snap_t rs;
+    /* half: the CPU rounding model (worker/engine/backend_half_round.h) says
+     * what half storage costs inherently; each gradient's bound is derived
+     * from it */
+    ps_model_snap_t rs;
     memset(&rs, 0, sizeof rs);
-    if (prec != PS_CUDA_FP32) {
+    if (prec != PS_PRECISION_FP32) {
         ps_ctx_t rctx;
         ps_model_t *mr = NULL;
         float lr = NAN;
         int rrc = ps_engine_init(&rctx, 0) ||
-                  ps_hround_init(&rctx, prec == PS_CUDA_BF16 ? PS_HROUND_BF16 : PS_HROUND_FP16,
-                                 lscale) ||
+                  ps_hround_init(&rctx, prec, lscale) ||
                   ps_model_create(&mr, &cfg, &ps_backend_cpu_round, &rctx, clips, HW, HW);
         if (!rrc) {
             ps_model_init(mr, 7, 1);
             ps_model_set_seed(mr, 99);
             rrc = ps_model_forward(mr, in, clips, lab, 1, &lr) | ps_model_backward(mr);
         }
-        if (!rrc) rrc = ps_hround_snap(&rs, mr, clips * K, lr, 1.0 / lscale);
-        check(rrc == 0, "CPU rounding model (%s storage points) ran: loss %.7g", prec_name(prec),
-              lr);
+        if (!rrc) rrc = ps_model_snap(&rs, mr, clips * K, lr, 1.0 / lscale);
+        check(rrc == 0, "CPU rounding model (%s storage points) ran: loss %.7g",
+              ps_precision_name(prec), lr);
         ps_model_destroy(&mr);
         ps_hround_free(&rctx);
         ps_ctx_free(&rctx);
@@ -201,7 +197,7 @@ static int run_check(int depth, int clips, int HW, int prec)
         for (size_t k = 0; lscale != 1.0f && k < pg[i].numel; k++) pg[i].g[k] /= lscale;
         ex = excess(pg[i].g, pc[i].g, pc[i].numel, tl.grad_a * scale + 1e-12, tl.grad_r, &me);
         const double rel = scale > 0 ? me / scale : me;
-        if (prec != PS_CUDA_FP32 && pc[i].trainable && t < rs.np &&
+        if (prec != PS_PRECISION_FP32 && pc[i].trainable && t < rs.np &&
             rs.numel[t] == pc[i].numel) {
             /* half: max error of its scale within 2x the rounding model's
              * (two draws of the same rounding error) + 0.01 */
@@ -222,7 +218,7 @@ static int run_check(int depth, int clips, int HW, int prec)
                 printf("#   %s: max err %.3g, max |ref| %.3g\n", pc[i].name, me, scale);
         }
     }
-    if (prec == PS_CUDA_FP32)
+    if (prec == PS_PRECISION_FP32)
         check(np == np2 && bad == 0, "all %d parameter gradients within atol %g*max|ref|, rtol "
               "%g (worst %s: %.3g of its scale)", np, tl.grad_a, tl.grad_r, worst_name,
               worst_rel);
@@ -230,7 +226,7 @@ static int run_check(int depth, int clips, int HW, int prec)
         check(np == np2 && bad == 0 && rs.np > 0, "all %d parameter gradients: max error within "
               "2x the CPU rounding model's + 0.01 of each tensor's scale (CUDA worst %s: %.3g; "
               "rounding model worst %.3g)", np, worst_name, worst_rel, worst_r);
-    ps_hround_snap_free(&rs);
+    ps_model_snap_free(&rs);
     /* BN running statistics moved the same way */
     int nb = 0;
     const ps_model_buffer_t *bc = ps_model_buffers(mc, &nb), *bg = ps_model_buffers(mg, &nb);
@@ -250,7 +246,8 @@ static int run_check(int depth, int clips, int HW, int prec)
     return nfailed ? 1 : 0;
 }
 
-static int run_time(int depth, int clips, int HW, int steps, int warm, int zero, int prec)
+static int run_time(int depth, int clips, int HW, int steps, int warm, int zero,
+                    ps_precision_t prec)
 {
     ps_model_config_t cfg;
     config(&cfg, depth);
@@ -306,28 +303,28 @@ static int run_time(int depth, int clips, int HW, int steps, int warm, int zero,
     ps_model_flops(m, clips, &ffwd, &fbwd);
     const double flops = ffwd + fbwd, nominal = 194e9 * clips * (HW * HW) / (224.0 * 224.0);
     const size_t mem = ps_cuda_mem_used();
-    ps_cuda_mem_t mm;
-    ps_cuda_mem_stats(&mm);
-    const double peak = prec == PS_CUDA_FP32 ? pk32 : pk16; /* the matrix peak of this precision */
+    ps_backend_mem_t mm;
+    ps_cuda_backend_mem_stats(&ctx, &mm, 0);
+    const double peak = prec == PS_PRECISION_FP32 ? pk32 : pk16; /* this precision's peak */
     printf("device: %s\n", info);
     printf("TSM-ResNet-%d %s, %d clips x %d frames x %dx%d, %d steps (median), loss %.4f\n",
-           depth, prec_name(prec), clips, T, HW, HW, steps, loss);
+           depth, ps_precision_name(prec), clips, T, HW, HW, steps, loss);
     printf("  step %.1f ms (forward %.1f, backward %.1f), %.1f clips/s\n", mstep * 1e3,
            mf * 1e3, mb * 1e3, clips / mstep);
     printf("  FLOPs/step: %.1f G counted (%.1f G nominal at 194 G/clip)\n", flops / 1e9,
            nominal / 1e9);
     printf("  achieved %.1f TFLOP/s counted; measured peaks: sgemm %.1f, fp16 GemmEx %.1f "
            "TFLOP/s -> %.0f%% of the %s peak\n", flops / mstep / 1e12, pk32, pk16,
-           100.0 * flops / mstep / 1e12 / peak, prec == PS_CUDA_FP32 ? "fp32" : "fp16");
+           100.0 * flops / mstep / 1e12 / peak, prec == PS_PRECISION_FP32 ? "fp32" : "fp16");
     printf("  backend allocations: peak %.2f GiB (arena + workspace + half staging)\n",
            mm.alloc_peak / 1073741824.0);
     printf("  device memory in use: %.2f GiB (model + workspaces %.2f GiB), %d conv shapes\n",
            mem / 1073741824.0, (mem - mem0) / 1073741824.0, ps_cuda_backend_conv_shapes(&ctx));
     printf("RESULT precision=%s depth=%d clips=%d size=%d step_ms=%.2f fwd_ms=%.2f "
            "bwd_ms=%.2f clips_s=%.2f tflops=%.2f peak_sgemm=%.2f peak_hgemm=%.2f mem_gib=%.2f "
-           "alloc_peak_gib=%.2f loss=%.4f half_storage=%d\n", prec_name(prec), depth, clips, HW,
-           mstep * 1e3, mf * 1e3, mb * 1e3, clips / mstep, flops / mstep / 1e12, pk32, pk16,
-           mem / 1073741824.0, mm.alloc_peak / 1073741824.0, loss,
+           "alloc_peak_gib=%.2f loss=%.4f half_storage=%d\n", ps_precision_name(prec), depth,
+           clips, HW, mstep * 1e3, mf * 1e3, mb * 1e3, clips / mstep, flops / mstep / 1e12,
+           pk32, pk16, mem / 1073741824.0, mm.alloc_peak / 1073741824.0, loss,
            ps_cuda_backend_half_storage(&ctx));
     if (profile) gpu_prof_print(steps, mstep);
     ps_model_destroy(&m);
@@ -337,17 +334,14 @@ static int run_time(int depth, int clips, int HW, int steps, int warm, int zero,
     return isfinite(loss) ? 0 : 1;
 }
 
-/* ---- RetinaNet-FPN (issue 6) ------------------------------------------------
- * The GPU model is ps_backend_cuda plus the model's CUDA detection layers
- * (PS_RETINA_DET_CUDA_INIT, ps_retinanet.h: det_layers.cu), so every layer
- * is queued on the backend's stream and the step waits only where the
- * model needs a host value (the positives count and the two losses, in
- * forward; the model's sync before it writes the labels) and at the end.
- * The arena is managed memory: the host writes the images and targets into
- * it at the start of each forward (page migration, counted in the step). */
-static const ps_retina_det_t det_cuda = PS_RETINA_DET_CUDA_INIT;
-
-static void retina_cuda_cfg(ps_retina_config_t *c) { c->det = &det_cuda; }
+/* ---- RetinaNet-FPN -------------------------------------------------------------
+ * The GPU model is ps_backend_cuda, detection slots included
+ * (det_layers.cu), so every layer is queued on the backend's stream and the
+ * step waits only where the model needs a host value (the positives count
+ * and the two losses, in forward; the model's sync before it writes the
+ * labels) and at the end.  The arena is managed memory: the host writes the
+ * images and targets into it at the start of each forward (page migration,
+ * counted in the step). */
 
 /* Two ground-truth boxes per image through the real assignment, so the
  * losses see positives (as bench/retina_bench.c). */
@@ -384,7 +378,7 @@ static void retina_cfg(ps_retina_config_t *c, int depth, int K, int small)
  * trainable gradient. */
 static int run_retina_check(int depth, int n, int HW, int K)
 {
-    const tols_t tl = tols_of(PS_CUDA_FP32);
+    const tols_t tl = tols_of(PS_PRECISION_FP32);
     ps_retina_config_t cfg;
     retina_cfg(&cfg, depth, K, 1);
     ps_ctx_t cctx, gctx;
@@ -392,10 +386,8 @@ static int run_retina_check(int depth, int n, int HW, int K)
     if (ps_engine_init(&cctx, 0) || ps_engine_init(&gctx, 0) || ps_cuda_backend_init(&gctx, 0))
         return 1;
     if (ps_retina_create(&mc, &cfg, &ps_backend_cpu, &cctx, n, HW, HW)) return 1;
-    ps_retina_config_t gcfg = cfg;
-    retina_cuda_cfg(&gcfg);
     if (ps_cuda_use_managed_arena() ||
-        ps_retina_create(&mg, &gcfg, &ps_backend_cuda, &gctx, n, HW, HW))
+        ps_retina_create(&mg, &cfg, &ps_backend_cuda, &gctx, n, HW, HW))
         return 1;
     ps_arena_set_allocator(NULL);
     ps_retina_init(mc, 3, 1);
@@ -448,31 +440,34 @@ static int run_retina_check(int depth, int n, int HW, int K)
     return nfailed ? 1 : 0;
 }
 
-/* The loss layers alone on this step's outputs: the host functions (the
- * CPU table's) against det_layers.cu (the CUDA table's) on copies in
- * device memory (what running them on the GPU saves), compared.
- * Returns 0, or 1 when they disagree beyond float rounding. */
+/* The loss layers alone on this step's outputs: the CPU table's slots
+ * against the CUDA table's (det_layers.cu) on copies in device memory
+ * (what running them on the GPU saves), compared.  Returns 0, or 1 when
+ * they disagree beyond float rounding. */
 static int retina_loss_layers(ps_ctx_t *ctx, const ps_retina_t *m, const ps_retina_config_t *c,
                               const int32_t *lab, const float *box, size_t rows, int K,
                               double *host_ms, double *cuda_ms)
 {
     const int A = (int)rows;
+    const ps_backend_t *cpu = &ps_backend_cpu, *gpu = &ps_backend_cuda;
+    ps_ctx_t hctx; /* the CPU slots' context */
+    if (ps_engine_init(&hctx, 0)) return 1;
     /* host copies of the managed outputs: the host timing is then compute
      * only, and the uploads read plain host memory */
     float *cls = malloc(rows * K * sizeof *cls), *bx = malloc(rows * 4 * sizeof *bx);
     memcpy(cls, ps_retina_cls_out(m), rows * K * sizeof *cls);
     memcpy(bx, ps_retina_box_out(m), rows * 4 * sizeof *bx);
-    const int npos = ps_det_count_pos(lab, A);
+    const int npos = cpu->count_pos(&hctx, lab, A);
     const float norm = npos > 1 ? (float)npos : 1.0f;
     const size_t nk = rows * K, n4 = rows * 4;
     float *dcls = malloc(nk * sizeof *dcls), *dbox = malloc(n4 * sizeof *dbox);
     float *gout = malloc(nk * sizeof *gout);
     float hf = NAN, hs = NAN, cf = NAN, cs = NAN;
     double t0 = bench_now();
-    ps_det_focal_forward(&hf, cls, lab, c->focal_alpha, c->focal_gamma, norm, A, K);
-    ps_det_smoothl1_forward(&hs, bx, box, lab, c->smoothl1_beta, norm, A);
-    ps_det_focal_backward(dcls, cls, lab, 1.f, c->focal_alpha, c->focal_gamma, norm, A, K);
-    ps_det_smoothl1_backward(dbox, bx, box, lab, 1.f, c->smoothl1_beta, norm, A);
+    cpu->focal_forward(&hctx, &hf, cls, lab, c->focal_alpha, c->focal_gamma, norm, A, K);
+    cpu->smoothl1_forward(&hctx, &hs, bx, box, lab, c->smoothl1_beta, norm, A);
+    cpu->focal_backward(&hctx, dcls, cls, lab, 1.f, c->focal_alpha, c->focal_gamma, norm, A, K);
+    cpu->smoothl1_backward(&hctx, dbox, bx, box, lab, 1.f, c->smoothl1_beta, norm, A);
     *host_ms = (bench_now() - t0) * 1e3;
     void *gc = NULL, *gb = NULL, *gl = NULL, *gt = NULL, *gdc = NULL, *gdb = NULL;
     if (ps_cuda_malloc(&gc, nk * 4) || ps_cuda_malloc(&gb, n4 * 4) || ps_cuda_malloc(&gl, rows * 4) ||
@@ -484,11 +479,10 @@ static int retina_loss_layers(ps_ctx_t *ctx, const ps_retina_t *m, const ps_reti
     double best = INFINITY;
     for (int rep = 0; rep < 4; rep++) { /* the first is the warm-up */
         t0 = bench_now();
-        ps_det_cu_focal_forward(ctx, &cf, gc, gl, c->focal_alpha, c->focal_gamma, norm, A, K);
-        ps_det_cu_smoothl1_forward(ctx, &cs, gb, gt, gl, c->smoothl1_beta, norm, A);
-        ps_det_cu_focal_backward(ctx, gdc, gc, gl, 1.f, c->focal_alpha, c->focal_gamma, norm, A,
-                                 K);
-        ps_det_cu_smoothl1_backward(ctx, gdb, gb, gt, gl, 1.f, c->smoothl1_beta, norm, A);
+        gpu->focal_forward(ctx, &cf, gc, gl, c->focal_alpha, c->focal_gamma, norm, A, K);
+        gpu->smoothl1_forward(ctx, &cs, gb, gt, gl, c->smoothl1_beta, norm, A);
+        gpu->focal_backward(ctx, gdc, gc, gl, 1.f, c->focal_alpha, c->focal_gamma, norm, A, K);
+        gpu->smoothl1_backward(ctx, gdb, gb, gt, gl, 1.f, c->smoothl1_beta, norm, A);
         if (ps_cuda_backend_sync(ctx)) return 1;
         const double t = (bench_now() - t0) * 1e3;
         if (rep > 0 && t < best) best = t;
@@ -505,6 +499,7 @@ static int retina_loss_layers(ps_ctx_t *ctx, const ps_retina_t *m, const ps_reti
     ps_cuda_free(gc), ps_cuda_free(gb), ps_cuda_free(gl), ps_cuda_free(gt);
     ps_cuda_free(gdc), ps_cuda_free(gdb);
     free(dcls), free(dbox), free(gout), free(cls), free(bx);
+    ps_ctx_free(&hctx);
     return ok ? 0 : 1;
 }
 
@@ -514,7 +509,6 @@ static int run_retina_time(int depth, int n, int HW, int K, int steps, int warm)
 {
     ps_retina_config_t cfg;
     retina_cfg(&cfg, depth, K, 0);
-    retina_cuda_cfg(&cfg);
     ps_ctx_t ctx;
     ps_retina_t *m = NULL;
     char info[256] = "";
@@ -553,8 +547,8 @@ static int run_retina_time(int depth, int n, int HW, int K, int steps, int warm)
     const double ms = bench_median(ts, steps);
     double ff = 0, fb = 0;
     ps_retina_flops(m, n, &ff, &fb);
-    ps_cuda_mem_t mm;
-    ps_cuda_mem_stats(&mm);
+    ps_backend_mem_t mm;
+    ps_cuda_backend_mem_stats(&ctx, &mm, 0);
     printf("device: %s\n", info);
     printf("RetinaNet-ResNet-%d-FPN fp32, %d x 3 x %d^2, K %d, %d anchors/image, %d steps "
            "(median), loss %.4f + %.4f\n", depth, n, HW, K, A, steps, (double)lc, (double)lb);
@@ -587,7 +581,7 @@ int main(int argc, char **argv)
     const int timing = !strcmp(argv[1], "time") || !strcmp(argv[1], "rtime");
     const int retina = argv[1][0] == 'r';
     int depth = timing ? 50 : 18, clips = timing ? 8 : 2, HW = timing ? 224 : 64;
-    int steps = 10, warm = 3, zero = 0, opt, prec = PS_CUDA_FP32, K = timing ? 80 : 3;
+    int steps = 10, warm = 3, zero = 0, opt, prec = PS_PRECISION_FP32, K = timing ? 80 : 3;
     if (retina) { /* rtime: 2 x 512^2, R50, 80 classes; rcheck: 2 x 128^2, R18, 3 */
         clips = 2;
         HW = timing ? 512 : 128;
@@ -603,8 +597,9 @@ int main(int argc, char **argv)
         case 'w': warm = atoi(optarg); break;
         case 'z': zero = 1; break;
         case 'p':
-            prec = !strcmp(optarg, "fp16") ? PS_CUDA_FP16 : !strcmp(optarg, "bf16") ? PS_CUDA_BF16
-                   : !strcmp(optarg, "fp32") ? PS_CUDA_FP32 : -1;
+            prec = !strcmp(optarg, "fp16")   ? PS_PRECISION_FP16
+                   : !strcmp(optarg, "bf16") ? PS_PRECISION_BF16
+                   : !strcmp(optarg, "fp32") ? PS_PRECISION_FP32 : -1;
             if (prec < 0) {
                 fprintf(stderr, "-p: expected fp32|fp16|bf16\n");
                 return 2;
@@ -622,7 +617,7 @@ int main(int argc, char **argv)
         return 77;
     }
     ps_log_level = PS_LOG_WARN;
-    if (retina && prec != PS_CUDA_FP32) {
+    if (retina && prec != PS_PRECISION_FP32) {
         fprintf(stderr, "rcheck / rtime: fp32 only for now\n");
         return 2;
     }

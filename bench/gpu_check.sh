@@ -11,9 +11,10 @@
 #      layer with half storage of the activations, fp16 and bf16, vs the CPU
 #      fp32 layers), tests/test_cuda_half_model (a small TSM-ResNet-18 step
 #      with half storage vs the CPU fp32 and the CPU rounding model,
-#      tests/lib/half_round.h), `gpu_bench check` (a whole TSM-ResNet-18 step, CPU fp32
-#      vs CUDA fp32 / fp16 / bf16, the latter two with half storage), `gpu_bench
-#      rcheck` (a whole RetinaNet-R18-FPN step, CPU vs CUDA fp32),
+#      worker/engine/backend_half_round.h), `gpu_bench check` (a whole
+#      TSM-ResNet-18 step, CPU fp32 vs CUDA fp32 / fp16 / bf16, the latter
+#      two with half storage), `gpu_bench rcheck` (a whole RetinaNet-R18-FPN
+#      step, CPU vs CUDA fp32),
 #   3. a TSM-ResNet-50 training step, 8 clips x 8 frames x 224^2, in fp32,
 #      fp16 and bf16 (half storage; PS_CUDA_HALF_STORAGE=0 in the environment
 #      times the older fp32-tensor form): clips/s, achieved TFLOP/s vs the measured cuBLAS
@@ -24,7 +25,7 @@
 #      the same run, and the ratios (the goals: ours fp16 >= 1.7x ours
 #      fp32, >= 1.0x PyTorch AMP),
 #   5. RetinaNet-R50-FPN training step, 2 x 3 x 512^2, 80 classes, fp32:
-#      ours (`gpu_bench rtime`, detection layers on the GPU via the model's CUDA table) and
+#      ours (`gpu_bench rtime`, detection layers on the GPU: the CUDA table's) and
 #      torchvision's RetinaNet with the same backbone / FPN / heads (frozen
 #      BN, P6 on C5, conv1 + layer1 frozen, TF32 off) in the same run, images/s
 #      and the ratio,
@@ -77,6 +78,7 @@ if [ -x "$CARRY/gpu_bench" ] && [ -x "$CARRY/test_cuda_layers" ]; then
     BIN=$CARRY
     CAST=$BIN/test_cuda_cast LAYERS=$BIN/test_cuda_layers BENCH=$BIN/gpu_bench NCCLT=$BIN/test_nccl
     DET=$BIN/test_cuda_det HALF=$BIN/test_cuda_half HALFM=$BIN/test_cuda_half_model
+    TABLE=$BIN/test_cuda_table
     # cuDNN / cuBLAS / NCCL: the toolkit's, else PyTorch's pip packages
     LP=$CARRY/lib
     for py in python3 /usr/bin/python3; do
@@ -112,12 +114,12 @@ else
     grep -q '^NVCC = .*nvcc' Makefile || { echo "configure did not find CUDA"; exit 1; }
     make -s proto/ps.pb-c.h >/dev/null 2>&1
     timeout 300 make -s -j"$J" tests/test_cuda_cast tests/test_cuda_layers tests/test_cuda_det \
-        tests/test_cuda_half tests/test_cuda_half_model bench/gpu_bench \
+        tests/test_cuda_half tests/test_cuda_half_model tests/test_cuda_table bench/gpu_bench \
         >"$W/build.out" 2>&1 || { tail -40 "$W/build.out"; exit 1; }
     grep -i 'warning' "$W/build.out" | head -20
     CAST=./tests/test_cuda_cast LAYERS=./tests/test_cuda_layers BENCH=./bench/gpu_bench
     DET=./tests/test_cuda_det HALF=./tests/test_cuda_half HALFM=./tests/test_cuda_half_model
-    NCCLT=./tests/test_nccl
+    TABLE=./tests/test_cuda_table NCCLT=./tests/test_nccl
 fi
 
 # ---- parity ---------------------------------------------------------------
@@ -142,6 +144,9 @@ layer_parity() {
 
 stage "test_cuda_layers (every layer vs the CPU; conv/linear fp16 + bf16; loss scale)"
 layer_parity 150 layers "$LAYERS" 40 8
+
+stage "test_cuda_table (the CUDA backend table and device row: open, events, memory, release)"
+layer_parity 30 table "$TABLE" 10 0
 
 stage "test_cuda_det (detection layers vs the CPU references)"
 layer_parity 60 det "$DET" 25 5
@@ -302,7 +307,7 @@ run 60 prof_fp16 env PS_GPU_PROFILE=1 "$BENCH" time -p fp16 -d 50 -n 8 -H 224 -s
 sed -n '/^PROFILE/,$p' "$W/prof_fp16.out" | grep -v '^RESULT'
 [ $rc -eq 0 ] || fail "gpu_bench time -p fp16 with PS_GPU_PROFILE=1 (rc $rc)"
 
-# ---- optional: NCCL allreduce ---------------------------------------------
+# ---- optional: NCCL allreduce ----------------------------------------------
 # tests/test_nccl (ps_nccl: rendezvous, failure paths, W=2 exact sum / mean
 # in fp32/fp16/bf16; with one GPU NCCL refuses two ranks on it and the W=2
 # case is a TAP skip, W=1 still runs).  PS_GPU_CHECK_NCCL=0 skips it.
@@ -322,7 +327,7 @@ if [ "${PS_GPU_CHECK_NCCL:-1}" != 0 ]; then
     fi
 fi
 
-# ---- end to end: psd + 2 psworkers training on the GPU --------------------
+# ---- end to end: psd + 2 psworkers training on the GPU ------------------------
 # bench/gpu_train.sh: TSM-ResNet-18 on the generated direction dataset in
 # fp32, fp16 (dynamic loss scaling) and bf16; the half runs must reach the
 # fp32 run's val top-1 (within 0.05, and >= 0.9).  Needs psd / psworker /

@@ -1,6 +1,7 @@
-/* The detection layers on the GPU (worker/engine/cuda/det_layers.cu) against
- * their CPU references (worker/det/det_layers.c, themselves checked against
- * PyTorch by tests/test_det_layers): FPN upsample-add (2x, odd sizes as
+/* The detection slots of the CUDA table (worker/engine/cuda/det_layers.cu)
+ * against the CPU table's (worker/engine/layers/upsample_add.c, focal.c,
+ * smoothl1.c, head_permute.c, themselves checked against PyTorch by
+ * tests/test_det_layers): FPN upsample-add (2x, odd sizes as
  * torchvision's FPN makes them, same size, a shrink), sigmoid focal loss
  * (mixed labels, no positives, all ignored, K = 1, |logit| up to 1e4, a bad
  * label), smooth-L1 (both sides of beta), the head permute and the positive
@@ -17,7 +18,6 @@
  *     log1p of the GPU's libm: a few double ulps before the float rounding).
  * Far below the 1e-4 a wrong formula or index would exceed. */
 #include "tests/lib/tap.h"
-#include "worker/det/det_layers.h"
 #include "worker/engine/cuda/ps_cuda.h"
 #include "worker/engine/cuda/ps_cuda_backend.h"
 #include "worker/engine/ps_engine.h"
@@ -28,7 +28,8 @@
 #include <stdint.h>
 #include <string.h>
 
-static ps_ctx_t g;
+static ps_ctx_t g, c; /* the CUDA backend's context, the CPU's */
+static const ps_backend_t *const gpu = &ps_backend_cuda, *const cpu = &ps_backend_cpu;
 
 static uint64_t rs = 0x9E3779B97F4A7C15ull;
 static float frand(void) /* [-1, 1) */
@@ -101,16 +102,16 @@ static void test_upsample(int N, int C, int H, int W, int P, int Q)
     float *gtop = dev(top, nt * 4), *glat = dev(lat, nl * 4), *gdout = dev(dout, nl * 4);
     float *gout = dev(out, nl * 4), *gdtop = dev(dtop, nt * 4), *gdlat = dev(dlat, nl * 4);
 
-    ps_det_upsample_add_forward(out, lat, top, N, C, H, W, P, Q);
-    ps_det_cu_upsample_add_forward(&g, gout, glat, gtop, N, C, H, W, P, Q);
+    cpu->upsample_add_forward(&c, out, lat, top, N, C, H, W, P, Q);
+    gpu->upsample_add_forward(&g, gout, glat, gtop, N, C, H, W, P, Q);
     snprintf(what, sizeof what, "upsample-add forward N%d C%d %dx%d -> %dx%d", N, C, H, W, P, Q);
     cmp(gout, out, nl, 0, 0, what);
     /* in place (out = lateral), as the model calls it */
-    ps_det_cu_upsample_add_forward(&g, glat, glat, gtop, N, C, H, W, P, Q);
+    gpu->upsample_add_forward(&g, glat, glat, gtop, N, C, H, W, P, Q);
     cmp(glat, out, nl, 0, 0, "  ... in place (out aliases lateral)");
 
-    ps_det_upsample_add_backward(dlat, dtop, dout, N, C, H, W, P, Q);
-    ps_det_cu_upsample_add_backward(&g, gdlat, gdtop, gdout, N, C, H, W, P, Q);
+    cpu->upsample_add_backward(&c, dlat, dtop, dout, N, C, H, W, P, Q);
+    gpu->upsample_add_backward(&g, gdlat, gdtop, gdout, N, C, H, W, P, Q);
     snprintf(what, sizeof what, "upsample-add backward dtop N%d C%d %dx%d <- %dx%d", N, C, H, W,
              P, Q);
     cmp(gdtop, dtop, nt, 0, 0, what);
@@ -120,7 +121,7 @@ static void test_upsample(int N, int C, int H, int W, int P, int Q)
     ps_cuda_backend_sync(&g);
     ps_cuda_memcpy_h2d(gdtop, poison, nt * 4);
     ps_cuda_device_sync();
-    ps_det_cu_upsample_add_backward(&g, NULL, gdtop, gdout, N, C, H, W, P, Q);
+    gpu->upsample_add_backward(&g, NULL, gdtop, gdout, N, C, H, W, P, Q);
     cmp(gdtop, dtop, nt, 0, 0, "  ... dtop with dlateral NULL");
     free(poison);
     free(top), free(lat), free(dout), free(out), free(dtop), free(dlat);
@@ -144,31 +145,31 @@ static void test_losses(int A, int K, float scale, int mode, const char *tag)
     if (scale > 100 && A > 3) { /* the extremes, both labels */
         x[0] = 1e4f, x[1] = -1e4f, x[nk - 1] = 1e4f, x[nk - 2] = -1e4f;
     }
-    int npos = ps_det_count_pos(lab, A);
+    int npos = cpu->count_pos(&c, lab, A);
     float norm = npos > 1 ? (float)npos : 1.0f;
     int32_t *glab = dev(lab, (size_t)A * 4);
     float *gx = dev(x, nk * 4), *gpred = dev(pred, n4 * 4), *gtgt = dev(tgt, n4 * 4);
     float *dx = hfill(nk, NAN), *dp = hfill(n4, NAN);
     float *gdx = dev(dx, nk * 4), *gdp = dev(dp, n4 * 4);
 
-    is_int(ps_det_cu_count_pos(&g, glab, A), npos, "%s: count_pos (%d)", tag, npos);
+    is_int(gpu->count_pos(&g, glab, A), npos, "%s: count_pos (%d)", tag, npos);
     float lc = NAN, lg = NAN;
-    int rc = ps_det_focal_forward(&lc, x, lab, alpha, gamma, norm, A, K);
-    int rg = ps_det_cu_focal_forward(&g, &lg, gx, glab, alpha, gamma, norm, A, K);
+    int rc = cpu->focal_forward(&c, &lc, x, lab, alpha, gamma, norm, A, K);
+    int rg = gpu->focal_forward(&g, &lg, gx, glab, alpha, gamma, norm, A, K);
     ok(rc == 0 && rg == 0, "%s: focal forward accepted", tag);
     is_close(lg, lc, 1e-30, 1e-6, "%s: focal loss %.9g (A %d K %d, normaliser %g)", tag, lc, A,
              K, norm);
     ok(isfinite(lg), "%s: focal loss finite", tag);
-    ps_det_focal_backward(dx, x, lab, 1.3f, alpha, gamma, norm, A, K);
-    rg = ps_det_cu_focal_backward(&g, gdx, gx, glab, 1.3f, alpha, gamma, norm, A, K);
+    cpu->focal_backward(&c, dx, x, lab, 1.3f, alpha, gamma, norm, A, K);
+    rg = gpu->focal_backward(&g, gdx, gx, glab, 1.3f, alpha, gamma, norm, A, K);
     is_int(rg, 0, "%s: focal backward accepted", tag);
     cmp(gdx, dx, nk, REL(dx, nk), "focal backward dlogits");
 
-    ps_det_smoothl1_forward(&lc, pred, tgt, lab, beta, norm, A);
-    ps_det_cu_smoothl1_forward(&g, &lg, gpred, gtgt, glab, beta, norm, A);
+    cpu->smoothl1_forward(&c, &lc, pred, tgt, lab, beta, norm, A);
+    gpu->smoothl1_forward(&g, &lg, gpred, gtgt, glab, beta, norm, A);
     is_close(lg, lc, 1e-30, 1e-6, "%s: smooth-L1 loss %.9g", tag, lc);
-    ps_det_smoothl1_backward(dp, pred, tgt, lab, 0.7f, beta, norm, A);
-    ps_det_cu_smoothl1_backward(&g, gdp, gpred, gtgt, glab, 0.7f, beta, norm, A);
+    cpu->smoothl1_backward(&c, dp, pred, tgt, lab, 0.7f, beta, norm, A);
+    gpu->smoothl1_backward(&g, gdp, gpred, gtgt, glab, 0.7f, beta, norm, A);
     cmp(gdp, dp, n4, 0, 0, "smooth-L1 backward dpred (0 off the positives)");
 
     free(x), free(pred), free(tgt), free(lab), free(dx), free(dp);
@@ -188,10 +189,10 @@ static void test_bad_label(void)
     int32_t *glab = dev(lab, (size_t)A * 4);
     float *gx = dev(x, (size_t)A * K * 4), *gdx = dev(sent, (size_t)A * K * 4);
     float l = 0;
-    is_int(ps_det_cu_focal_forward(&g, &l, gx, glab, 0.25f, 2, 1, A, K), PS_EINVAL,
+    is_int(gpu->focal_forward(&g, &l, gx, glab, 0.25f, 2, 1, A, K), PS_EINVAL,
            "bad label: focal forward refuses (PS_EINVAL)");
     ok(isnan(l), "bad label: loss is NaN");
-    is_int(ps_det_cu_focal_backward(&g, gdx, gx, glab, 1, 0.25f, 2, 1, A, K), PS_EINVAL,
+    is_int(gpu->focal_backward(&g, gdx, gx, glab, 1, 0.25f, 2, 1, A, K), PS_EINVAL,
            "bad label: focal backward refuses");
     cmp(gdx, sent, (size_t)A * K, 0, 0, "bad label: dlogits untouched");
     free(x), free(sent), free(lab);
@@ -206,12 +207,12 @@ static void test_permute(int nA, int D, int H, int W)
     float *x = hrand(n, 1), *y = hfill(n, NAN), *dx = hfill(n, NAN);
     float *gx = dev(x, n * 4), *gy = dev(y, n * 4), *gdx = dev(dx, n * 4);
     char what[96];
-    ps_det_head_permute_forward(y, x, nA, D, H, W);
-    ps_det_cu_head_permute_forward(&g, gy, gx, nA, D, H, W);
+    cpu->head_permute_forward(&c, y, x, nA, D, H, W);
+    gpu->head_permute_forward(&g, gy, gx, nA, D, H, W);
     snprintf(what, sizeof what, "head permute forward nA%d D%d %dx%d", nA, D, H, W);
     cmp(gy, y, n, 0, 0, what);
-    ps_det_head_permute_backward(dx, y, nA, D, H, W);
-    ps_det_cu_head_permute_backward(&g, gdx, gy, nA, D, H, W);
+    cpu->head_permute_backward(&c, dx, y, nA, D, H, W);
+    gpu->head_permute_backward(&g, gdx, gy, nA, D, H, W);
     cmp(gdx, dx, n, 0, 0, "  ... backward (inverse permute)");
     cmp(gdx, x, n, 0, 0, "  ... backward(forward(x)) == x");
     free(x), free(y), free(dx);
@@ -222,7 +223,7 @@ int main(void)
 {
     if (ps_cuda_device_count() == 0) tap_skip_all("no CUDA device");
     ps_log_level = PS_LOG_WARN; /* the bad-label checks log an error on purpose */
-    if (ps_engine_init(&g, 1) || ps_cuda_backend_init(&g, 0)) {
+    if (ps_engine_init(&c, 1) || ps_engine_init(&g, 1) || ps_cuda_backend_init(&g, 0)) {
         printf("Bail out! cannot initialise the CUDA backend\n");
         return 1;
     }
@@ -254,5 +255,6 @@ int main(void)
 
     ps_cuda_backend_free(&g);
     ps_ctx_free(&g);
+    ps_ctx_free(&c);
     return tap_done();
 }

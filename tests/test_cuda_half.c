@@ -40,7 +40,7 @@ static double tol;
 /* x rounded to the precision under test (what half storage keeps) */
 static float hround(float x)
 {
-    return prec == PS_CUDA_BF16 ? ps_bf16_to_fp32_1(ps_fp32_to_bf16_1(x))
+    return prec == PS_PRECISION_BF16 ? ps_bf16_to_fp32_1(ps_fp32_to_bf16_1(x))
                                 : ps_fp16_to_fp32_1(ps_fp32_to_fp16_1(x));
 }
 static void *dup_dev(const void *h, size_t bytes)
@@ -430,7 +430,7 @@ static void run(int p, const char *name, double t)
     test_conv(3, 16, 14, 14, 32, 1, 2, 0, 0, 0);
     test_conv(2, 3, 23, 23, 8, 7, 2, 3, 1, 1); /* the stem on the fp32 model input */
     test_linear(16, 64, 10);
-    ok(ps_cuda_backend_set_precision(&gctx, PS_CUDA_FP32) == 0 &&
+    ok(ps_cuda_backend_set_precision(&gctx, PS_PRECISION_FP32) == 0 &&
            ps_cuda_backend_half_storage(&gctx) == 0, "%s: back to fp32, storage off", name);
 }
 
@@ -445,8 +445,8 @@ int main(void)
     }
     ok(ps_cuda_backend_set_half_storage(&gctx, 1) == PS_EINVAL,
        "half storage refused in fp32 mode");
-    run(PS_CUDA_FP16, "fp16", 1e-2);
-    run(PS_CUDA_BF16, "bf16", 3e-2);
+    run(PS_PRECISION_FP16, "fp16", 1e-2);
+    run(PS_PRECISION_BF16, "bf16", 3e-2);
     ps_cuda_backend_free(&gctx);
     ps_ctx_free(&cctx);
     ps_ctx_free(&gctx);

@@ -2,7 +2,7 @@
  * x 32^2, 10 classes, dropout 0.5) with half storage of the activations
  * (fp16, bf16) on the CUDA backend against two CPU models with the same
  * weights, input, labels and dropout seed: the fp32 CPU model, and the CPU
- * ROUNDING model (tests/lib/half_round.h: the CPU layers rounded to fp16/bf16
+ * ROUNDING model (worker/engine/backend_half_round.h: the CPU layers rounded to fp16/bf16
  * exactly where the CUDA backend stores half -- the error half storage
  * makes inherently).  Loss, logits, every parameter gradient and the BN
  * running statistics; BN in TRAIN and in TSM's PARTIAL mode; loss scale
@@ -30,11 +30,12 @@
  * (max |g| x 65536 > 65504, measured on the CPU): CUDA must show the
  * overflow (a non-finite gradient) whenever the rounding model does, which
  * is what the dynamic loss scaler acts on. */
-#include "tests/lib/half_round.h"
 #include "tests/lib/tap.h"
+#include "worker/engine/backend_half_round.h"
 #include "worker/engine/cuda/ps_cuda.h"
 #include "worker/engine/cuda/ps_cuda_backend.h"
 #include "worker/engine/ps_engine.h"
+#include "worker/models/model_snap.h"
 #include "worker/models/ps_model.h"
 #include "ps_error.h"
 #include "ps_log.h"
@@ -44,11 +45,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
-static const char *pname(int p)
-{
-    return p == PS_CUDA_FP16 ? "fp16" : p == PS_CUDA_BF16 ? "bf16" : "fp32";
-}
 
 static void model_cfg(ps_model_config_t *cfg, int bn_mode)
 {
@@ -75,24 +71,22 @@ static int model_step(ps_model_t *m, const float *in, float *loss)
 
 /* One step on a CPU backend (the fp32 one, or the rounding one with prec /
  * lscale); the snapshot's gradients are unscaled. */
-static int cpu_step(ps_hround_snap_t *out, int rounding, int prec, float lscale, int bn_mode,
-                    const float *in)
+static int cpu_step(ps_model_snap_t *out, int rounding, ps_precision_t prec, float lscale,
+                    int bn_mode, const float *in)
 {
     ps_model_config_t cfg;
     model_cfg(&cfg, bn_mode);
     ps_ctx_t ctx;
     ps_model_t *m = NULL;
     if (ps_engine_init(&ctx, 0)) return -1;
-    if (rounding && ps_hround_init(&ctx, prec == PS_CUDA_BF16 ? PS_HROUND_BF16 : PS_HROUND_FP16,
-                                   lscale))
-        return -1;
+    if (rounding && ps_hround_init(&ctx, prec, lscale)) return -1;
     if (!rounding) lscale = 1.0f;
     int rc = ps_model_create(&m, &cfg, rounding ? &ps_backend_cpu_round : &ps_backend_cpu, &ctx,
                              CLIPS, HW, HW);
     if (!rc) {
         float loss;
         rc = model_step(m, in, &loss);
-        if (!rc) rc = ps_hround_snap(out, m, CLIPS * cfg.num_classes, loss, 1.0 / lscale);
+        if (!rc) rc = ps_model_snap(out, m, CLIPS * cfg.num_classes, loss, 1.0 / lscale);
     }
     ps_model_destroy(&m);
     if (rounding) ps_hround_free(&ctx);
@@ -102,7 +96,8 @@ static int cpu_step(ps_hround_snap_t *out, int rounding, int prec, float lscale,
 
 /* The CUDA step; -1 when it could not be set up, 1 when the precision is
  * not supported here (skipped). */
-static int cuda_step(ps_hround_snap_t *out, int prec, float lscale, int bn_mode, const float *in)
+static int cuda_step(ps_model_snap_t *out, ps_precision_t prec, float lscale, int bn_mode,
+                     const float *in)
 {
     ps_model_config_t cfg;
     model_cfg(&cfg, bn_mode);
@@ -119,16 +114,16 @@ static int cuda_step(ps_hround_snap_t *out, int prec, float lscale, int bn_mode,
     if (!rc) rc = ps_cuda_use_managed_arena();
     if (!rc) rc = ps_model_create(&m, &cfg, &ps_backend_cuda, &ctx, CLIPS, HW, HW);
     ps_arena_set_allocator(NULL);
-    if (!rc && ps_cuda_backend_half_storage(&ctx) != (prec != PS_CUDA_FP32)) {
+    if (!rc && ps_cuda_backend_half_storage(&ctx) != (prec != PS_PRECISION_FP32)) {
         ps_error("half storage is %s for %s", ps_cuda_backend_half_storage(&ctx) ? "on" : "off",
-                 pname(prec));
+                 ps_precision_name(prec));
         rc = -1;
     }
     if (!rc) {
         float loss;
         rc = model_step(m, in, &loss);
         rc |= ps_cuda_backend_sync(&ctx);
-        if (!rc) rc = ps_hround_snap(out, m, CLIPS * cfg.num_classes, loss, 1.0 / lscale);
+        if (!rc) rc = ps_model_snap(out, m, CLIPS * cfg.num_classes, loss, 1.0 / lscale);
     }
     ps_model_destroy(&m);
     ps_cuda_backend_free(&ctx);
@@ -138,50 +133,50 @@ static int cuda_step(ps_hround_snap_t *out, int prec, float lscale, int bn_mode,
 
 /* Returns the worst gradient error vs fp32 (for the "half really ran"
  * check), or -1 when the run could not be set up or was skipped. */
-static double step(int prec, int bn_mode, float lscale, const ps_hround_snap_t *ref,
+static double step(ps_precision_t prec, int bn_mode, float lscale, const ps_model_snap_t *ref,
                    const float *in)
 {
     const char *mode = bn_mode == PS_MODEL_BN_TRAIN ? "BN train" : "BN partial";
     char what[64];
-    snprintf(what, sizeof what, "%s %s x%g", pname(prec), mode, (double)lscale);
-    ps_hround_snap_t g, r;
+    snprintf(what, sizeof what, "%s %s x%g", ps_precision_name(prec), mode, (double)lscale);
+    ps_model_snap_t g, r;
     const int rc = cuda_step(&g, prec, lscale, bn_mode, in);
     if (rc == 1) {
         ok(1, "%s # SKIP not supported on this device", what);
         return -1;
     }
     ok(rc == 0, "%s: forward + backward ran with half storage %s", what,
-       prec == PS_CUDA_FP32 ? "off" : "on");
+       prec == PS_PRECISION_FP32 ? "off" : "on");
     if (rc) return -1;
     const char *wg = "", *wr = "", *wgr = "";
     double elg, ebg, elr, ebr, elgr;
-    const double eg = ps_hround_snap_cmp(&g, ref, &wg, &elg, &ebg);
+    const double eg = ps_model_snap_cmp(&g, ref, &wg, &elg, &ebg);
     const double elossg = fabs(g.loss - ref->loss) / fabs(ref->loss);
-    if (prec == PS_CUDA_FP32) {
+    if (prec == PS_PRECISION_FP32) {
         const double tol = 1e-4;
         ok(elossg <= tol && elg <= tol, "%s: loss rel %.2g, logits rel L2 %.3g (tol %g)", what,
            elossg, elg, tol);
         ok(eg <= tol, "%s: all %d parameter gradients within rel L2 %g (worst %s %.3g)", what,
            ref->np, tol, wg, eg);
         ok(ebg <= tol, "%s: BN running statistics within rel L2 %g (%.3g)", what, tol, ebg);
-        ps_hround_snap_free(&g);
+        ps_model_snap_free(&g);
         return eg;
     }
     if (cpu_step(&r, 1, prec, lscale, bn_mode, in)) {
         ok(0, "%s: the CPU rounding model ran", what);
-        ps_hround_snap_free(&g);
+        ps_model_snap_free(&g);
         return -1;
     }
-    const int nofr = ps_hround_snap_nonfinite(&r), nofg = ps_hround_snap_nonfinite(&g);
+    const int nofr = ps_model_snap_nonfinite(&r), nofg = ps_model_snap_nonfinite(&g);
     if (nofr) { /* loss-scale overflow in the reference: CUDA must see it too */
         ok(nofg > 0, "%s: gradients overflow: %d non-finite tensors on CUDA, %d in the rounding "
            "model (the loss scaler skips this step)", what, nofg, nofr);
-        ps_hround_snap_free(&g);
-        ps_hround_snap_free(&r);
+        ps_model_snap_free(&g);
+        ps_model_snap_free(&r);
         return -1;
     }
-    const double er = ps_hround_snap_cmp(&r, ref, &wr, &elr, &ebr);
-    const double egr = ps_hround_snap_cmp(&g, &r, &wgr, &elgr, NULL);
+    const double er = ps_model_snap_cmp(&r, ref, &wr, &elr, &ebr);
+    const double egr = ps_model_snap_cmp(&g, &r, &wgr, &elgr, NULL);
     const double elossr = fabs(r.loss - ref->loss) / fabs(ref->loss);
     /* the loss is one number: bounded through the logits' error too; CUDA
      * and the rounding model are two draws, each within 2 e_r of fp32 at
@@ -198,13 +193,13 @@ static double step(int prec, int bn_mode, float lscale, const ps_hround_snap_t *
     ok(egr <= tgr, "%s: CUDA vs the rounding model: worst gradient %.3g (%s, bound %.3g), "
        "logits %.3g", what, egr, wgr, tgr, elgr);
     double ebw, ebwr;
-    const char *bw = ps_hround_snap_worst_buf(&g, ref, &ebw);
-    const char *bwr = ps_hround_snap_worst_buf(&r, ref, &ebwr);
+    const char *bw = ps_model_snap_worst_buf(&g, ref, &ebw);
+    const char *bwr = ps_model_snap_worst_buf(&r, ref, &ebwr);
     ok(ebg <= 2 * ebr + 1e-4, "%s: BN running statistics rel L2 %.3g, bound 2 x rounding "
        "model's %.3g + 1e-4 (worst buffer: CUDA %s %.3g, rounding model %s %.3g)", what, ebg, ebr,
        bw ? bw : "?", ebw, bwr ? bwr : "?", ebwr);
-    ps_hround_snap_free(&g);
-    ps_hround_snap_free(&r);
+    ps_model_snap_free(&g);
+    ps_model_snap_free(&r);
     return eg;
 }
 
@@ -220,20 +215,20 @@ int main(void)
     ps_model_hash_fill(in, nin, "input", 5, 1.0);
     for (int bm = 0; bm < 2; bm++) {
         const int mode = bm ? PS_MODEL_BN_PARTIAL : PS_MODEL_BN_TRAIN;
-        ps_hround_snap_t ref;
-        if (cpu_step(&ref, 0, PS_CUDA_FP32, 1.0f, mode, in)) {
+        ps_model_snap_t ref;
+        if (cpu_step(&ref, 0, PS_PRECISION_FP32, 1.0f, mode, in)) {
             ok(0, "the fp32 CPU step ran");
             continue;
         }
-        const double e32 = step(PS_CUDA_FP32, mode, 1.0f, &ref, in);
-        const double e16 = step(PS_CUDA_FP16, mode, 1024.0f, &ref, in);
-        step(PS_CUDA_BF16, mode, 1024.0f, &ref, in);
-        step(PS_CUDA_FP16, mode, 65536.0f, &ref, in);
-        step(PS_CUDA_BF16, mode, 65536.0f, &ref, in);
+        const double e32 = step(PS_PRECISION_FP32, mode, 1.0f, &ref, in);
+        const double e16 = step(PS_PRECISION_FP16, mode, 1024.0f, &ref, in);
+        step(PS_PRECISION_BF16, mode, 1024.0f, &ref, in);
+        step(PS_PRECISION_FP16, mode, 65536.0f, &ref, in);
+        step(PS_PRECISION_BF16, mode, 65536.0f, &ref, in);
         if (e32 >= 0 && e16 >= 0)
             ok(e16 > e32, "the half path really ran (fp16 worst %.3g > fp32 worst %.3g)", e16,
                e32);
-        ps_hround_snap_free(&ref);
+        ps_model_snap_free(&ref);
     }
     free(in);
     return tap_done();

@@ -519,7 +519,7 @@ static void test_mixed(int prec, const char *name, double tol)
     ok(last_rel_worst > 1e-6, "%s: the half path is taken (linear error %.3g)", name,
        last_rel_worst);
     red_tol = 2e-5, red_rtol = 1e-5;
-    ok(ps_cuda_backend_set_precision(&gctx, PS_CUDA_FP32) == 0, "%s: back to fp32", name);
+    ok(ps_cuda_backend_set_precision(&gctx, PS_PRECISION_FP32) == 0, "%s: back to fp32", name);
 }
 
 /* The loss scale is applied in xent's backward: dlogits = scale * the
@@ -620,8 +620,8 @@ int main(void)
     test_xent_scale();
     test_events();
 
-    test_mixed(PS_CUDA_FP16, "fp16", 2e-3);
-    test_mixed(PS_CUDA_BF16, "bf16", 1e-2);
+    test_mixed(PS_PRECISION_FP16, "fp16", 2e-3);
+    test_mixed(PS_PRECISION_BF16, "bf16", 1e-2);
 
     ps_cuda_backend_free(&gctx);
     ps_ctx_free(&cctx);

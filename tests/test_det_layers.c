@@ -1,4 +1,5 @@
-/* Detection layers and box geometry (worker/det) against torchvision goldens
+/* The detection layers (the CPU backend's detection slots, worker/engine/
+ * layers/) and box geometry (worker/det) against torchvision goldens
  * (tests/golden/gen_det.py -> det_golden.bin) and finite differences. */
 #include <math.h>
 #include <stdint.h>
@@ -10,7 +11,7 @@
 #include "tests/lib/golden_io.h"
 #include "tests/lib/tap.h"
 #include "worker/det/det_boxes.h"
-#include "worker/det/det_layers.h"
+#include "worker/engine/ps_engine.h"
 
 typedef golden_rec_t rec_t;
 
@@ -25,6 +26,10 @@ static float *F32(const char *n) { return (float *)need(n)->data; }
 static int32_t *I32(const char *n) { return (int32_t *)need(n)->data; }
 static int NUMEL(const char *n) { return (int)need(n)->numel; }
 
+/* the layers under test: the CPU reference (they take no state from ctx) */
+static ps_ctx_t ctx;
+static const ps_backend_t *const be = &ps_backend_cpu;
+
 static void test_upsample(const char *c)
 {
     char k[64];
@@ -33,16 +38,16 @@ static void test_upsample(const char *c)
     int N = cfg[0], C = cfg[1], H = cfg[2], W = cfg[3], P = cfg[4], Q = cfg[5];
     size_t nl = (size_t)N * C * P * Q, nt = (size_t)N * C * H * W;
     float *out = malloc(nl * 4), *dlat = malloc(nl * 4), *dtop = malloc(nt * 4);
-    ps_det_upsample_add_forward(out, F32(K("lat")), F32(K("top")), N, C, H, W, P, Q);
+    be->upsample_add_forward(&ctx, out, F32(K("lat")), F32(K("top")), N, C, H, W, P, Q);
     allclose(out, F32(K("out")), (long)nl, 0, 0, c);
-    ps_det_upsample_add_backward(dlat, dtop, F32(K("dout")), N, C, H, W, P, Q);
+    be->upsample_add_backward(&ctx, dlat, dtop, F32(K("dout")), N, C, H, W, P, Q);
     allclose(dlat, F32(K("dlat")), (long)nl, 0, 0, "dlateral");
     allclose(dtop, F32(K("dtop")), (long)nt, 1e-6, 1e-6, "dtop");
     /* in place: out aliases lateral */
     memcpy(out, F32(K("lat")), nl * 4);
-    ps_det_upsample_add_forward(out, out, F32(K("top")), N, C, H, W, P, Q);
+    be->upsample_add_forward(&ctx, out, out, F32(K("top")), N, C, H, W, P, Q);
     allclose(out, F32(K("out")), (long)nl, 0, 0, "in place (out == lateral)");
-    ps_det_upsample_add_backward(NULL, dtop, F32(K("dout")), N, C, H, W, P, Q);
+    be->upsample_add_backward(&ctx, NULL, dtop, F32(K("dout")), N, C, H, W, P, Q);
     allclose(dtop, F32(K("dtop")), (long)nt, 1e-6, 1e-6, "dtop with dlateral NULL");
     free(out), free(dlat), free(dtop);
 #undef K
@@ -54,28 +59,29 @@ static void test_focal(void)
     int A = cfg[0], K = cfg[1], norm = cfg[2];
     float *x = F32("focal.logits");
     int32_t *lab = I32("focal.labels");
-    is_int(ps_det_count_pos(lab, A), norm, "focal: positives = normaliser");
+    is_int(be->count_pos(&ctx, lab, A), norm, "focal: positives = normaliser");
     float loss;
-    is_int(ps_det_focal_forward(&loss, x, lab, 0.25f, 2.0f, (float)norm, A, K), 0, "focal forward rc");
+    is_int(be->focal_forward(&ctx, &loss, x, lab, 0.25f, 2.0f, (float)norm, A, K), 0,
+           "focal forward rc");
     is_close(loss, F32("focal.loss")[0], 0, 1e-6, "focal loss vs torchvision");
     float *dx = malloc((size_t)A * K * 4);
     for (int i = 0; i < A * K; i++) dx[i] = NAN; /* overwritten, ignored rows too */
-    ps_det_focal_backward(dx, x, lab, F32("focal.dloss")[0], 0.25f, 2.0f, (float)norm, A, K);
+    be->focal_backward(&ctx, dx, x, lab, F32("focal.dloss")[0], 0.25f, 2.0f, (float)norm, A, K);
     allclose(dx, F32("focal.dlogits"), (long)A * K, 1e-7, 1e-5, "focal dlogits vs autograd");
 
     /* finite differences of the loss, in double around float inputs */
     float *xp = malloc((size_t)A * K * 4);
     memcpy(xp, x, (size_t)A * K * 4);
-    ps_det_focal_backward(dx, x, lab, 1.0f, 0.25f, 2.0f, (float)norm, A, K);
+    be->focal_backward(&ctx, dx, x, lab, 1.0f, 0.25f, 2.0f, (float)norm, A, K);
     int bad = 0;
     double worst = 0;
     for (int i = 0; i < A * K; i++) {
         if (fabsf(x[i]) > 8) continue; /* saturated: derivative ~ 0, FD meaningless in float */
         float h = 1e-2f, lp, lm;
         xp[i] = x[i] + h;
-        ps_det_focal_forward(&lp, xp, lab, 0.25f, 2.0f, (float)norm, A, K);
+        be->focal_forward(&ctx, &lp, xp, lab, 0.25f, 2.0f, (float)norm, A, K);
         xp[i] = x[i] - h;
-        ps_det_focal_forward(&lm, xp, lab, 0.25f, 2.0f, (float)norm, A, K);
+        be->focal_forward(&ctx, &lm, xp, lab, 0.25f, 2.0f, (float)norm, A, K);
         xp[i] = x[i];
         double fd = ((double)lp - lm) / (2.0 * h), e = fabs(fd - dx[i]);
         if (e > worst) worst = e;
@@ -86,17 +92,17 @@ static void test_focal(void)
     /* stability: huge logits stay finite */
     float big[4] = {1e4f, -1e4f, 80.0f, -80.0f}, l2, d2[4];
     int32_t lb[2] = {1, 0};
-    ps_det_focal_forward(&l2, big, lb, 0.25f, 2.0f, 1.0f, 2, 2);
-    ps_det_focal_backward(d2, big, lb, 1.0f, 0.25f, 2.0f, 1.0f, 2, 2);
+    be->focal_forward(&ctx, &l2, big, lb, 0.25f, 2.0f, 1.0f, 2, 2);
+    be->focal_backward(&ctx, d2, big, lb, 1.0f, 0.25f, 2.0f, 1.0f, 2, 2);
     ok(isfinite(l2) && isfinite(d2[0]) && isfinite(d2[1]) && isfinite(d2[2]) && isfinite(d2[3]),
        "focal: |logit| 1e4 gives finite loss %g and gradients", l2);
     /* closed form: x = 0, positive: 0.25 * 0.5^2 * log 2 */
     float z = 0, lz;
     int32_t one = 1;
-    ps_det_focal_forward(&lz, &z, &one, 0.25f, 2.0f, 1.0f, 1, 1);
+    be->focal_forward(&ctx, &lz, &z, &one, 0.25f, 2.0f, 1.0f, 1, 1);
     is_close(lz, 0.25 * 0.25 * log(2.0), 0, 1e-6, "focal closed form at x=0");
     int32_t badl[2] = {1, 7};
-    is_int(ps_det_focal_forward(&l2, big, badl, 0.25f, 2.0f, 1.0f, 2, 2), PS_EINVAL,
+    is_int(be->focal_forward(&ctx, &l2, big, badl, 0.25f, 2.0f, 1.0f, 2, 2), PS_EINVAL,
            "focal: label > K rejected");
     ok(isnan(l2), "focal: rejected labels give NaN loss");
     free(dx), free(xp);
@@ -110,22 +116,22 @@ static void test_smoothl1(void)
     int32_t *lab = I32("sl1.labels");
     const float beta = 1.0f / 9;
     float loss;
-    ps_det_smoothl1_forward(&loss, p, t, lab, beta, (float)norm, A);
+    be->smoothl1_forward(&ctx, &loss, p, t, lab, beta, (float)norm, A);
     is_close(loss, F32("sl1.loss")[0], 0, 1e-6, "smooth-L1 loss vs torch");
     float *dp = malloc((size_t)A * 16), *pp = malloc((size_t)A * 16);
     for (int i = 0; i < A * 4; i++) dp[i] = NAN;
-    ps_det_smoothl1_backward(dp, p, t, lab, F32("sl1.dloss")[0], beta, (float)norm, A);
+    be->smoothl1_backward(&ctx, dp, p, t, lab, F32("sl1.dloss")[0], beta, (float)norm, A);
     allclose(dp, F32("sl1.dpred"), (long)A * 4, 1e-7, 1e-5, "smooth-L1 dpred vs autograd");
-    ps_det_smoothl1_backward(dp, p, t, lab, 1.0f, beta, (float)norm, A);
+    be->smoothl1_backward(&ctx, dp, p, t, lab, 1.0f, beta, (float)norm, A);
     memcpy(pp, p, (size_t)A * 16);
     int bad = 0, n = 0;
     for (int i = 0; i < A * 4; i++) {
         float h = 1e-3f, lp, lm, d = fabsf(p[i] - t[i]);
         if (fabsf(d - beta) < 3 * h) continue; /* the kink */
         pp[i] = p[i] + h;
-        ps_det_smoothl1_forward(&lp, pp, t, lab, beta, (float)norm, A);
+        be->smoothl1_forward(&ctx, &lp, pp, t, lab, beta, (float)norm, A);
         pp[i] = p[i] - h;
-        ps_det_smoothl1_forward(&lm, pp, t, lab, beta, (float)norm, A);
+        be->smoothl1_forward(&ctx, &lm, pp, t, lab, beta, (float)norm, A);
         pp[i] = p[i];
         double fd = ((double)lp - lm) / (2.0 * h);
         if (fabs(fd - dp[i]) > 1e-3 + 1e-2 * fabs(fd)) bad++;
@@ -286,16 +292,17 @@ static void test_permute(void)
     enum { nA = 3, D = 2, H = 2, W = 3 };
     float in[nA * D * H * W], out[nA * D * H * W], back[nA * D * H * W];
     for (int i = 0; i < nA * D * H * W; i++) in[i] = (float)i;
-    ps_det_head_permute_forward(out, in, nA, D, H, W);
+    be->head_permute_forward(&ctx, out, in, nA, D, H, W);
     /* out row (y, x, a), column d = in channel a*D+d at (y, x) */
     is_close(out[((1 * W + 2) * nA + 2) * D + 1], in[(2 * D + 1) * H * W + 1 * W + 2], 0, 0,
              "permute: (y=1,x=2,a=2,d=1)");
-    ps_det_head_permute_backward(back, out, nA, D, H, W);
+    be->head_permute_backward(&ctx, back, out, nA, D, H, W);
     allclose(back, in, nA * D * H * W, 0, 0, "permute backward inverts forward");
 }
 
 int main(void)
 {
+    if (ps_engine_init(&ctx, 1)) return 1;
     golden_load_or_bail("tests/golden/det_golden.bin", 256);
     test_upsample("up2x");
     test_upsample("upodd");

@@ -1,9 +1,9 @@
-/* The error half storage of activations makes INHERENTLY (issue 5), on the
- * CPU, no GPU: the small TSM-ResNet-18 of tests/test_cuda_half_model.c
- * (width 16, 2 clips x 8 frames x 32^2, 10 classes, dropout 0.5, BN train
- * and partial) run through the rounding backend (tests/lib/half_round.h: the
- * CPU layers, rounded to fp16 / bf16 exactly where the CUDA backend stores
- * half) against the plain CPU fp32 model, at loss scale 1024 (what
+/* The error half storage of activations makes INHERENTLY, on the CPU, no
+ * GPU: the small TSM-ResNet-18 of tests/test_cuda_half_model.c (width 16,
+ * 2 clips x 8 frames x 32^2, 10 classes, dropout 0.5, BN train and
+ * partial) run through the rounding backend (worker/engine/
+ * backend_half_round.h: the CPU layers, rounded to fp16 / bf16 exactly
+ * where the CUDA backend stores half) against the plain CPU fp32 model, at loss scale 1024 (what
  * psworker and the GPU test use) and 65536 (PyTorch AMP's start).
  *
  * Checked: the rounding backend itself (rounding off == the CPU backend
@@ -18,9 +18,10 @@
  * Also measured: how much a 1-ulp fp32 perturbation of the input moves the
  * rounded model (the "noise floor" that summation-order differences
  * between the GPU and this reference can be expected to reach). */
-#include "tests/lib/half_round.h"
 #include "tests/lib/tap.h"
+#include "worker/engine/backend_half_round.h"
 #include "worker/engine/ps_engine.h"
+#include "worker/models/model_snap.h"
 #include "worker/models/ps_model.h"
 #include "ps_error.h"
 #include "ps_log.h"
@@ -32,7 +33,7 @@
 enum { CLIPS = 2, HW = 32, NSCALES = 5 };
 
 /* the largest |gradient| (unscaled) */
-static double gmax(const ps_hround_snap_t *s)
+static double gmax(const ps_model_snap_t *s)
 {
     double m = 0;
     for (int i = 0; i < s->np; i++)
@@ -40,14 +41,14 @@ static double gmax(const ps_hround_snap_t *s)
     return m;
 }
 
-static const char *pname(int p)
+static const char *pname(ps_precision_t p)
 {
-    return p == PS_HROUND_FP16 ? "fp16" : p == PS_HROUND_BF16 ? "bf16" : "off";
+    return p == PS_PRECISION_FP32 ? "off" : ps_precision_name(p);
 }
 
 /* One step on the CPU (be NULL) or rounding backend; the snapshot holds
  * unscaled gradients.  eps: relative perturbation of the input (0 none). */
-static int run(ps_hround_snap_t *out, int rounding, int prec, float lscale, int bn_mode,
+static int run(ps_model_snap_t *out, int rounding, ps_precision_t prec, float lscale, int bn_mode,
                double eps, long *mismatches, long *rounded)
 {
     ps_model_config_t cfg;
@@ -79,7 +80,7 @@ static int run(ps_hround_snap_t *out, int rounding, int prec, float lscale, int 
     int32_t lab[CLIPS] = {3, 8};
     float loss = NAN;
     int rc = ps_model_forward(m, in, CLIPS, lab, 1, &loss) | ps_model_backward(m);
-    if (!rc) rc = ps_hround_snap(out, m, CLIPS * cfg.num_classes, loss, 1.0 / lscale);
+    if (!rc) rc = ps_model_snap(out, m, CLIPS * cfg.num_classes, loss, 1.0 / lscale);
     if (rounding) {
         if (mismatches) *mismatches = ps_hround_mismatches(&ctx);
         if (rounded) *rounded = ps_hround_rounded(&ctx);
@@ -94,7 +95,7 @@ static int run(ps_hround_snap_t *out, int rounding, int prec, float lscale, int 
 /* The backend on its own: outputs tagged half hold representable values. */
 static void layer_checks(void)
 {
-    for (int prec = PS_HROUND_FP16; prec <= PS_HROUND_BF16; prec++) {
+    for (ps_precision_t prec = PS_PRECISION_FP16; prec <= PS_PRECISION_BF16; prec++) {
         ps_ctx_t ctx;
         if (ps_engine_init(&ctx, 1) || ps_hround_init(&ctx, prec, 1.0f)) {
             ok(0, "%s: rounding backend set up", pname(prec));
@@ -124,7 +125,7 @@ static void layer_checks(void)
         ok(diff, "%s: and differs from the fp32 conv (the rounding is real)", pname(prec));
         /* a value exactly between two fp16 neighbours goes to the even one */
         const float mid = 1.0f + 1.0f / 2048.0f, mid_b = 1.0f + 1.0f / 256.0f;
-        is_close(ps_hround_value(prec, prec == PS_HROUND_FP16 ? mid : mid_b), 1.0, 0, 0,
+        is_close(ps_hround_value(prec, prec == PS_PRECISION_FP16 ? mid : mid_b), 1.0, 0, 0,
                  "%s: 1 + half an ulp rounds to even (1)", pname(prec));
         ps_hround_free(&ctx);
         ps_ctx_free(&ctx);
@@ -141,34 +142,34 @@ int main(void)
     for (int bm = 0; bm < 2; bm++) {
         const int mode = bm ? PS_MODEL_BN_PARTIAL : PS_MODEL_BN_TRAIN;
         const char *mname = bm ? "BN partial" : "BN train";
-        ps_hround_snap_t ref, off;
+        ps_model_snap_t ref, off;
         if (run(&ref, 0, 0, 1, mode, 0, NULL, NULL)) {
             ok(0, "%s: fp32 CPU step ran", mname);
             continue;
         }
         long mis = -1, nr = -1;
-        if (run(&off, 1, PS_HROUND_OFF, 1.0f, mode, 0, &mis, &nr) == 0) {
-            ok(ps_hround_snap_equal(&off, &ref) && mis == 0,
+        if (run(&off, 1, PS_PRECISION_FP32, 1.0f, mode, 0, &mis, &nr) == 0) {
+            ok(ps_model_snap_equal(&off, &ref) && mis == 0,
                "%s: rounding off == the CPU backend bitwise (loss, logits, %d gradients, BN "
                "statistics)", mname, ref.np);
-            ps_hround_snap_free(&off);
+            ps_model_snap_free(&off);
         } else {
             ok(0, "%s: rounding-off step ran", mname);
         }
         double worst[3] = {0, 0, 0}; /* by precision, at scale 1024 */
-        for (int prec = PS_HROUND_FP16; prec <= PS_HROUND_BF16; prec++)
+        for (ps_precision_t prec = PS_PRECISION_FP16; prec <= PS_PRECISION_BF16; prec++)
             for (int si = 0; si < NSCALES; si++) {
-                ps_hround_snap_t r;
+                ps_model_snap_t r;
                 if (run(&r, 1, prec, scales[si], mode, 0, &mis, &nr)) {
                     ok(0, "%s %s x%g: rounded step ran", mname, pname(prec), scales[si]);
                     continue;
                 }
                 const char *wn = "";
                 double elog, ebuf;
-                const double e = ps_hround_snap_cmp(&r, &ref, &wn, &elog, &ebuf);
+                const double e = ps_model_snap_cmp(&r, &ref, &wn, &elog, &ebuf);
                 const double eloss = fabs(r.loss - ref.loss) / fabs(ref.loss);
-                const int nof = ps_hround_snap_nonfinite(&r);
-                if (scales[si] * gmax(&ref) > 65504.0 && prec == PS_HROUND_FP16) {
+                const int nof = ps_model_snap_nonfinite(&r);
+                if (scales[si] * gmax(&ref) > 65504.0 && prec == PS_PRECISION_FP16) {
                     /* the scaled gradient passes fp16's largest value: an
                      * overflow the dynamic loss scaler must see (and skip) */
                     ok(nof > 0, "%s %s loss scale %g: max |grad| x scale %.3g > 65504: "
@@ -182,31 +183,31 @@ int main(void)
                        ebuf, nr, mis);
                 }
                 if (scales[si] == 1024.0f) worst[prec] = e;
-                ps_hround_snap_free(&r);
+                ps_model_snap_free(&r);
             }
-        ok(worst[PS_HROUND_BF16] > worst[PS_HROUND_FP16],
-           "%s: bf16 rounds more than fp16 (%.3g > %.3g)", mname, worst[PS_HROUND_BF16],
-           worst[PS_HROUND_FP16]);
+        ok(worst[PS_PRECISION_BF16] > worst[PS_PRECISION_FP16],
+           "%s: bf16 rounds more than fp16 (%.3g > %.3g)", mname, worst[PS_PRECISION_BF16],
+           worst[PS_PRECISION_FP16]);
         /* noise floor: fp32-level perturbation of the input, fp16 model
          * (and the fp32 model: it must barely move, so what moves the
          * rounded one is the rounding) */
-        ps_hround_snap_t a, b, c;
-        if (run(&a, 1, PS_HROUND_FP16, 1024.0f, mode, 0, NULL, NULL) == 0 &&
-            run(&b, 1, PS_HROUND_FP16, 1024.0f, mode, 0x1p-23, NULL, NULL) == 0 &&
+        ps_model_snap_t a, b, c;
+        if (run(&a, 1, PS_PRECISION_FP16, 1024.0f, mode, 0, NULL, NULL) == 0 &&
+            run(&b, 1, PS_PRECISION_FP16, 1024.0f, mode, 0x1p-23, NULL, NULL) == 0 &&
             run(&c, 0, 0, 1, mode, 0x1p-23, NULL, NULL) == 0) {
             const char *wn = "", *wn32 = "";
             double el, el32;
-            const double e = ps_hround_snap_cmp(&b, &a, &wn, &el, NULL);
-            const double e32 = ps_hround_snap_cmp(&c, &ref, &wn32, &el32, NULL);
-            ok(e32 < 1e-3 && e < worst[PS_HROUND_FP16] + 1e-12,
+            const double e = ps_model_snap_cmp(&b, &a, &wn, &el, NULL);
+            const double e32 = ps_model_snap_cmp(&c, &ref, &wn32, &el32, NULL);
+            ok(e32 < 1e-3 && e < worst[PS_PRECISION_FP16] + 1e-12,
                "%s: a 1-ulp fp32 change of the input moves the fp32 model by %.3g (logits "
                "%.3g) and the fp16 rounded model by %.3g (worst %s, logits %.3g; its rounding "
-               "error vs fp32: %.3g)", mname, e32, el32, e, wn, el, worst[PS_HROUND_FP16]);
-            ps_hround_snap_free(&a);
-            ps_hround_snap_free(&b);
-            ps_hround_snap_free(&c);
+               "error vs fp32: %.3g)", mname, e32, el32, e, wn, el, worst[PS_PRECISION_FP16]);
+            ps_model_snap_free(&a);
+            ps_model_snap_free(&b);
+            ps_model_snap_free(&c);
         }
-        ps_hround_snap_free(&ref);
+        ps_model_snap_free(&ref);
     }
     return tap_done();
 }

@@ -41,7 +41,6 @@ template <class T> static T __shfl_down_sync(unsigned, T v, int o)
 }
 extern "C" {
 #include "worker/engine/layers/cpu_layers.h"
-#include "worker/det/det_layers.h"
 #include "ps_half.h"
 }
 // cuda_fp16.h / cuda_bf16.h stand-ins for mixed.cu's casts: 16-bit storage
@@ -381,7 +380,7 @@ static void layouts()
 }
 
 // det_layers.cu: FPN upsample-add, focal loss, smooth-L1, the label scan
-// and the head permute against worker/det/det_layers.c.  The launchers'
+// and the head permute against the CPU layers (worker/engine/layers/).  The launchers'
 // host steps are repeated here: loss partials (one double per block) added
 // in block order, the label scan's per-block (first bad, positives) pairs
 // reduced with min / sum.  The reduction kernels run with DET_THREADS
@@ -424,12 +423,12 @@ static void det_upsample()
         snprintf(tag, sizeof tag, "upsample-add N%d C%d %dx%d -> %dx%d", N, C, H, W, P, Q);
         float *top = rnd(ntop), *lat = rnd(nl), *dout = rnd(nl), *y = nans(nl), *y2 = nans(nl),
               *dt = nans(ntop), *dt2 = nans(ntop), *l2 = cp(lat, nl);
-        ps_det_upsample_add_forward(y, lat, top, N, C, H, W, P, Q);
+        ps_cpu_upsample_add_forward(&ctx, y, lat, top, N, C, H, W, P, Q);
         EMU(k_det_upadd_fwd, 3, 32, y2, lat, top, nl, H, W, P, Q);
         cmp(y2, y, nl, 0, 0, tag);
         EMU(k_det_upadd_fwd, 2, 16, l2, l2, top, nl, H, W, P, Q);
         cmp(l2, y, nl, 0, 0, "  ... in place (out aliases lateral)");
-        ps_det_upsample_add_backward(NULL, dt, dout, N, C, H, W, P, Q);
+        ps_cpu_upsample_add_backward(&ctx, NULL, dt, dout, N, C, H, W, P, Q);
         EMU(k_det_upadd_bwd, 2, 32, dt2, dout, ntop, H, W, P, Q);
         cmp(dt2, dt, ntop, 0, 0, "  ... backward dtop (gather in the CPU's order: exact)");
         /* independent of the CPU code: every output pixel has exactly one
@@ -455,7 +454,7 @@ static void det_losses(int A, int K, float scale, int mode, unsigned G, const ch
         lab[a] = mode == 2 ? -1 : mode == 1 ? (r % 3 == 0 ? -1 : 0) : r % (K + 2) - 1;
     }
     if (scale > 100 && A > 3) x[0] = 1e4f, x[1] = -1e4f, x[nk - 1] = 1e4f, x[nk - 2] = -1e4f;
-    const int npos = ps_det_count_pos(lab, A);
+    const int npos = ps_cpu_count_pos(&ctx, lab, A);
     const float norm = npos > 1 ? (float)npos : 1.0f;
     int bad, pos;
     det_labels(lab, A, K, G, &bad, &pos);
@@ -465,13 +464,13 @@ static void det_losses(int A, int K, float scale, int mode, unsigned G, const ch
     double *part = (double *)malloc(G * sizeof(double));
     for (unsigned b = 0; b < G; b++) part[b] = NAN; /* every block must write */
     float lc = NAN;
-    tap(ps_det_focal_forward(&lc, x, lab, alpha, gamma, norm, A, K) == 0, "  cpu accepts");
+    tap(ps_cpu_focal_forward(&ctx, &lc, x, lab, alpha, gamma, norm, A, K) == 0, "  cpu accepts");
     EMU(k_det_focal_fwd, G, DET_THREADS, part, x, lab, nk, K, alpha, gamma);
     const float lg = (float)(det_sum(part, G) / norm);
     tap(fabs((double)lg - lc) <= 1e-6 * fabs(lc) && isfinite(lg),
         "  focal loss %.9g vs cpu %.9g (normaliser %g)", lg, lc, norm);
     float *dx = nans(nk), *dx2 = nans(nk);
-    ps_det_focal_backward(dx, x, lab, 1.3f, alpha, gamma, norm, A, K);
+    ps_cpu_focal_backward(&ctx, dx, x, lab, 1.3f, alpha, gamma, norm, A, K);
     EMU(k_det_focal_bwd, 3, 64, dx2, x, lab, nk, K, alpha, gamma, (double)1.3f / norm);
     double m = 0;
     for (size_t i = 0; i < nk; i++) m = fabs(dx[i]) > m ? fabs(dx[i]) : m;
@@ -483,12 +482,12 @@ static void det_losses(int A, int K, float scale, int mode, unsigned G, const ch
     }
 
     for (unsigned b = 0; b < G; b++) part[b] = NAN;
-    ps_det_smoothl1_forward(&lc, pred, tgt, lab, beta, norm, A);
+    ps_cpu_smoothl1_forward(&ctx, &lc, pred, tgt, lab, beta, norm, A);
     EMU(k_det_sl1_fwd, G, DET_THREADS, part, pred, tgt, lab, n4, beta);
     const float sg = (float)(det_sum(part, G) / norm);
     tap(fabs((double)sg - lc) <= 1e-6 * fabs(lc), "  smooth-L1 loss %.9g vs cpu %.9g", sg, lc);
     float *dp = nans(n4), *dp2 = nans(n4);
-    ps_det_smoothl1_backward(dp, pred, tgt, lab, 0.7f, beta, norm, A);
+    ps_cpu_smoothl1_backward(&ctx, dp, pred, tgt, lab, 0.7f, beta, norm, A);
     EMU(k_det_sl1_bwd, 2, 32, dp2, pred, tgt, lab, n4, beta, (double)0.7f / norm);
     cmp(dp2, dp, n4, 0, 0, "  smooth-L1 backward (exact)");
     free(x), free(pred), free(tgt), free(lab), free(part), free(dx), free(dx2), free(dp);
@@ -508,7 +507,7 @@ static void det_bad_labels()
     det_labels(lab, A, K, 3, &bad, &pos);
     tap(bad == 100, "label scan (3 blocks, wrapping): first bad anchor %d (want 100)", bad);
     det_labels(lab, A, K, 7, &bad, &pos);
-    tap(bad == 100 && pos == ps_det_count_pos(lab, A),
+    tap(bad == 100 && pos == ps_cpu_count_pos(&ctx, lab, A),
         "label scan (7 blocks, 3 idle): first bad %d, positives %d", bad, pos);
     lab[100] = 0;
     lab[868] = 0;
@@ -525,12 +524,12 @@ static void det_permute()
         const int nA = c[0], D = c[1], H = c[2], W = c[3];
         const size_t n = (size_t)nA * D * H * W, HW = (size_t)H * W;
         float *x = rnd(n), *y = nans(n), *y2 = nans(n), *dx = nans(n), *dx2 = nans(n);
-        ps_det_head_permute_forward(y, x, nA, D, H, W);
+        ps_cpu_head_permute_forward(&ctx, y, x, nA, D, H, W);
         EMU(k_det_permute_fwd, 3, 32, y2, x, n, nA, D, HW);
         char tag[80];
         snprintf(tag, sizeof tag, "head permute nA%d D%d %dx%d", nA, D, H, W);
         cmp(y2, y, n, 0, 0, tag);
-        ps_det_head_permute_backward(dx, y, nA, D, H, W);
+        ps_cpu_head_permute_backward(&ctx, dx, y, nA, D, H, W);
         EMU(k_det_permute_bwd, 2, 32, dx2, y2, n, nA, D, HW);
         cmp(dx2, dx, n, 0, 0, "  ... backward");
         cmp(dx2, x, n, 0, 0, "  ... backward(forward(x)) == x");

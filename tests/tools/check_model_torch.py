@@ -125,8 +125,8 @@ def check_convert(tmp, exe):
     pth = os.path.join(tmp, "tsm_ckpt.pth")
     torch.save({"epoch": 1, "state_dict": sd}, pth)
     st = os.path.join(tmp, "tsm_ckpt.safetensors")
-    conv = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "worker", "models",
-                        "torch2safetensors.py")
+    conv = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "worker",
+                        "models", "torch2safetensors.py")
     r = subprocess.run([sys.executable, conv, pth, st], capture_output=True, text=True)
     ok(r.returncode == 0, "torch2safetensors converts a TSM-style checkpoint", r.stderr[-300:])
     out = os.path.join(tmp, "loaded")

@@ -1,4 +1,4 @@
-/* Box geometry for RetinaNet (issue 6), CPU: anchors, box coding, IoU,
+/* Box geometry for RetinaNet, CPU: anchors, box coding, IoU,
  * anchor assignment, class-wise NMS and the inference post-processing.
  * Boxes are (x1, y1, x2, y2) floats in input-image pixels, rows of 4.
  * Conventions follow torchvision's RetinaNet (0.14) so goldens come straight
@@ -21,7 +21,7 @@
  *     half-pixel offset;
  *   - order: location-major, row-major over the map, anchor-minor:
  *     row = (y*W + x)*nA + a  (nA = nratios*nsizes).
- * Sizes are the issue's / SimpleDet's 4 * stride * 2^(i/3), i = 0,1,2 as
+ * Sizes are SimpleDet's 4 * stride * 2^(i/3), i = 0,1,2 as
  * floats (torchvision's default list truncates them to ints: 32, 40, 50 for
  * stride 8; we keep 40.3, 50.8 before the rounding of the corners). */
 #define PS_DET_NUM_ANCHORS 9  /* 3 sizes x 3 ratios */
@@ -67,8 +67,9 @@ void ps_det_box_iou(float *iou, const float *a, int M, const float *b, int N);
 #define PS_DET_BETWEEN (-2)
 int ps_det_assign(int32_t *matched, const float *anchors, int A, const float *gt, int M,
                   float hi, float lo, float *iou_scratch);
-/* Training targets from an assignment: labels[a] (det_layers.h convention:
- * -1 ignore, 0 background, gt_class+1 foreground, gt_class in 0..K-1) and
+/* Training targets from an assignment: labels[a] (the convention of the
+ * detection slots of the backend table, worker/engine/ps_engine.h: -1
+ * ignore, 0 background, gt_class+1 foreground, gt_class in 0..K-1) and
  * box_targets (A,4) = encode(gt[matched], anchor) on positives, 0 elsewhere.
  * Returns the number of positives, PS_EINVAL for a class outside 0..K-1. */
 int ps_det_make_targets(int32_t *labels, float *box_targets, const int32_t *matched,

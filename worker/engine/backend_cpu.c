@@ -1,10 +1,53 @@
 /* The CPU backend table: the readable reference implementation of every
- * layer (layers/<name>.c), chosen once at start like the CUDA one. */
+ * layer (layers/<name>.c), and the device-control slots of a backend whose
+ * layers have finished when they return (nothing to wait for, no device
+ * memory, no other precision). */
 #include "ps_engine.h"
+#include "ps_error.h"
+#include "ps_log.h"
 #include "layers/cpu_layers.h"
+
+#include <string.h>
+
+int ps_cpu_sync(ps_ctx_t *ctx) { return 0; }
+
+int ps_cpu_set_precision(ps_ctx_t *ctx, ps_precision_t precision)
+{
+    if (precision == PS_PRECISION_FP32) return 0;
+    ps_error("cpu: precision %s is not supported (the CPU engine computes in fp32)",
+             ps_precision_name(precision));
+    return PS_EUNSUPPORTED;
+}
+
+/* the caller scales: on fp32, scaling the gradients after backward is the
+ * scaled backward bit for bit (a power of two commutes with every op) */
+int ps_cpu_set_loss_scale(ps_ctx_t *ctx, float scale) { return PS_EUNSUPPORTED; }
+
+int ps_cpu_events(ps_ctx_t *ctx, int n) { return n < 0 ? PS_EINVAL : 0; }
+int ps_cpu_event_record(ps_ctx_t *ctx, int slot) { return 0; }
+int ps_cpu_event_query(ps_ctx_t *ctx, int slot) { return 1; }
+int ps_cpu_event_wait(ps_ctx_t *ctx, int slot) { return 0; }
+
+int ps_cpu_mem_stats(ps_ctx_t *ctx, ps_backend_mem_t *m, int reset_peak)
+{
+    if (m) memset(m, 0, sizeof *m);
+    return PS_EUNSUPPORTED;
+}
+
+void ps_cpu_release(ps_ctx_t *ctx) {}
 
 const ps_backend_t ps_backend_cpu = {
     .name = "cpu",
+    .async = 0,
+    .sync = ps_cpu_sync,
+    .set_precision = ps_cpu_set_precision,
+    .set_loss_scale = ps_cpu_set_loss_scale,
+    .events = ps_cpu_events,
+    .event_record = ps_cpu_event_record,
+    .event_query = ps_cpu_event_query,
+    .event_wait = ps_cpu_event_wait,
+    .mem_stats = ps_cpu_mem_stats,
+    .release = ps_cpu_release,
     .conv2d_forward = ps_cpu_conv2d_forward,
     .conv2d_backward = ps_cpu_conv2d_backward,
     .bn_forward_train = ps_cpu_bn_forward_train,
@@ -29,6 +72,15 @@ const ps_backend_t ps_backend_cpu = {
     .consensus_backward = ps_cpu_consensus_backward,
     .add = ps_cpu_add,
     .accumulate = ps_cpu_accumulate,
+    .upsample_add_forward = ps_cpu_upsample_add_forward,
+    .upsample_add_backward = ps_cpu_upsample_add_backward,
+    .count_pos = ps_cpu_count_pos,
+    .focal_forward = ps_cpu_focal_forward,
+    .focal_backward = ps_cpu_focal_backward,
+    .smoothl1_forward = ps_cpu_smoothl1_forward,
+    .smoothl1_backward = ps_cpu_smoothl1_backward,
+    .head_permute_forward = ps_cpu_head_permute_forward,
+    .head_permute_backward = ps_cpu_head_permute_backward,
     .bn_relu_forward_eval = ps_cpu_bn_relu_forward_eval,
     .bn_relu_backward_eval = ps_cpu_bn_relu_backward_eval,
     .copy_in = NULL, /* the host memcpy is the copy */

@@ -1,4 +1,4 @@
-/* Tensors and the per-model arena: one allocation for parameters, gradients
+/* The per-model arena: one allocation for parameters, gradients
  * and activations, so a model's memory is one number known before training
  * starts, and pointers into it never move. */
 #include "ps_engine.h"
@@ -22,15 +22,6 @@ static void arena_release(ps_arena_t *a)
 {
     if (a->release) a->release(a->base);
     else free(a->base);
-}
-
-size_t ps_tensor_numel(const ps_tensor_t *t)
-{
-    if (!t || t->ndim <= 0) return 0;
-    size_t n = 1;
-    for (int i = 0; i < t->ndim && i < PS_TENSOR_MAX_DIMS; i++)
-        n *= t->shape[i] > 0 ? (size_t)t->shape[i] : 0;
-    return n;
 }
 
 void ps_arena_begin_sizing(ps_arena_t *a)

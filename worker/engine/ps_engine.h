@@ -1,11 +1,13 @@
-/* The worker's neural-network engine (DESIGN.md section 7).
+/* The worker's neural-network engine: layers, the backend tables that
+ * implement them, the devices that hand out a table, and the per-model arena.
  *
  * A layer is a pair of plain functions over float pointers, outputs first,
  * dimensions last (llm.c's habit).  Every layer has a CPU implementation
- * (the readable reference, layers/<name>.c) and, later, a CUDA one
- * (layers/<name>.cu) with the SAME signature; a model calls layers only
- * through the backend table (ps_backend_t) chosen once at start, so no layer
- * has an "if (gpu)".
+ * (the readable reference, worker/engine/layers/<name>.c) and a CUDA one
+ * (worker/engine/cuda/<name>.cu, built when configure finds the toolkit)
+ * with the SAME signature; a model calls layers only through the backend
+ * table (ps_backend_t) that opening its device returned, so no layer and no
+ * caller has an "if (gpu)".
  *
  * Legend:
  *   N   images in the batch (for video: clips * T frames, frame-major within a clip)
@@ -29,21 +31,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* ---- tensors and arena --------------------------------------------------- */
-
-typedef enum { PS_LAYOUT_NCHW = 0, PS_LAYOUT_NHWC = 1 } ps_layout_t;
-typedef enum { PS_TDT_F32 = 0, PS_TDT_F16 = 1, PS_TDT_BF16 = 2 } ps_tdtype_t;
-
-#define PS_TENSOR_MAX_DIMS 5
-typedef struct ps_tensor {
-    float *data;               /* into the arena (device memory for CUDA) */
-    int ndim;
-    int shape[PS_TENSOR_MAX_DIMS];
-    ps_tdtype_t dtype;
-    ps_layout_t layout;
-} ps_tensor_t;
-
-size_t ps_tensor_numel(const ps_tensor_t *t);
+/* ---- arena ------------------------------------------------------------- */
 
 /* One allocation per model for parameters, gradients and activations:
  * reserve sizes first (pass 1), then allocate once, then hand out pointers
@@ -59,8 +47,8 @@ int ps_arena_commit(ps_arena_t *a);            /* allocate after sizing; PS_ENOM
 float *ps_arena_take(ps_arena_t *a, size_t numel); /* NULL while sizing */
 void ps_arena_free(ps_arena_t *a);
 /* Where ps_arena_commit() takes its one allocation from.  Default (NULL):
- * host posix_memalign, zeroed.  The CUDA backend installs managed memory
- * (ps_cuda_use_managed_arena(), worker/engine/cuda/ps_cuda_backend.h) so a
+ * host posix_memalign, zeroed.  Opening a CUDA device (ps_device_cuda,
+ * worker/engine/cuda/ps_cuda_backend.h) installs managed memory so a
  * model's arena is reachable from its kernels.  alloc must return zeroed,
  * 64-byte aligned memory or NULL.  Process-wide: set it before creating
  * models; each arena remembers the free function it was allocated with. */
@@ -74,9 +62,10 @@ void ps_arena_set_allocator(const ps_arena_allocator_t *al);
 
 typedef struct ps_ctx {
     int nthreads;          /* threads for OpenMP loops and BLAS */
-    float *workspace;      /* scratch for im2col etc. (backend memory) */
+    float *workspace;      /* host scratch of the CPU layers (im2col columns) */
     size_t workspace_numel;
-    void *backend_state;   /* cuDNN/cuBLAS handles for CUDA */
+    void *backend_state;   /* what opening the device put here (CUDA: handles,
+                              stream, caches); freed by the backend's release */
 } ps_ctx_t;
 
 /* Set thread counts (0 = all cores) and make sure OpenBLAS uses a fast
@@ -105,11 +94,79 @@ typedef struct ps_pool_desc {
     int R, S, stride_h, stride_w, pad_h, pad_w;
 } ps_pool_desc_t;
 
-/* ---- the backend table: every layer, forward and backward ---------------- */
+/* ---- precisions and device memory figures ------------------------------- */
 
+/* Compute precision of conv2d and linear (set_precision below). */
+typedef enum {
+    PS_PRECISION_FP32 = 0,
+    PS_PRECISION_FP16 = 1,
+    PS_PRECISION_BF16 = 2
+} ps_precision_t;
+static inline const char *ps_precision_name(ps_precision_t p)
+{
+    return p == PS_PRECISION_FP32   ? "fp32"
+           : p == PS_PRECISION_FP16 ? "fp16"
+           : p == PS_PRECISION_BF16 ? "bf16"
+                                    : "(unknown precision)";
+}
+
+/* Device memory figures, bytes.  alloc_*: what the backend allocated
+ * itself (model arenas, workspaces, scratch), with a high-water mark kept
+ * on every allocation, so it is exact whenever the peak happens.  dev_*:
+ * the device's total - free, which adds the runtime's context, library
+ * internals and other processes; its peak is over the mem_stats calls
+ * (sample where usage is highest, e.g. after a step's backward). */
+typedef struct ps_backend_mem {
+    size_t alloc_now, alloc_peak;
+    size_t dev_used, dev_used_peak, dev_total;
+} ps_backend_mem_t;
+
+/* ---- the backend table: device control and every layer ------------------ */
+
+/* Every backend fills every slot (the CPU's device-control slots are cheap
+ * no-ops), so callers never test a slot for NULL nor a backend's name; the
+ * exceptions are the "optional" entries at the end.  A table comes from
+ * ps_engine_open_device() (below), which checks that it is complete. */
 typedef struct ps_backend {
-    const char *name; /* "cpu", "cuda" */
+    const char *name; /* "cpu", "cuda": for logs only */
 
+    /* ---- device control ------------------------------------------------ */
+    /* 1 when layer calls are queued (on a stream) and return at once: the
+     * host must call sync before it reads or writes anything a layer
+     * touched.  0: every layer has finished when it returns. */
+    int async;
+    /* Wait for every queued layer.  0 or PS_E* (logged). */
+    int (*sync)(ps_ctx_t *ctx);
+    /* Compute precision of conv2d and linear (fp16 / bf16: half operands,
+     * fp32 accumulation; BN statistics, parameters and the loss stay fp32).
+     * 0; PS_EUNSUPPORTED (logged) when the backend cannot; PS_EINVAL. */
+    int (*set_precision)(ps_ctx_t *ctx, ps_precision_t precision);
+    /* Loss scaling: 0 when the backend multiplies xent_backward's dloss by
+     * `scale` itself (every gradient then comes out scaled, which fp16
+     * backward needs); PS_EUNSUPPORTED (not logged: not an error) when the
+     * caller must scale the gradients after backward; PS_EINVAL (logged)
+     * for a scale that is not finite and > 0. */
+    int (*set_loss_scale)(ps_ctx_t *ctx, float scale);
+    /* Completion events for the per-layer gradient hand-off: n reusable
+     * slots (n = 0 frees them).  record: slot fires when every layer queued
+     * so far has finished; query: 1 done, 0 pending, < 0 PS_E*; wait:
+     * block until it fired.  Re-recording a slot is fine once its wait
+     * returned.  0 or PS_E*; events returns PS_EUNSUPPORTED (logged at
+     * info) when the device cannot hand gradients over while it computes.
+     * A synchronous backend's slots are always complete. */
+    int (*events)(ps_ctx_t *ctx, int n);
+    int (*event_record)(ps_ctx_t *ctx, int slot);
+    int (*event_query)(ps_ctx_t *ctx, int slot);
+    int (*event_wait)(ps_ctx_t *ctx, int slot);
+    /* Device memory figures into *m; reset_peak != 0 then starts a new peak
+     * window (alloc_peak = alloc_now, dev_used_peak = 0).  0, or
+     * PS_EUNSUPPORTED (not logged, *m zeroed) without device memory. */
+    int (*mem_stats)(ps_ctx_t *ctx, ps_backend_mem_t *m, int reset_peak);
+    /* Free what opening the device put into ctx->backend_state (NULLs it);
+     * the caller syncs first.  ps_ctx_free() frees the rest of ctx. */
+    void (*release)(ps_ctx_t *ctx);
+
+    /* ---- video / classification layers --------------------------------- */
     /* conv2d: inp (N,C,H,W), w (K, C/groups, R, S), b (K) or NULL -> out (N,K,P,Q) */
     void (*conv2d_forward)(ps_ctx_t *ctx, float *out, const float *inp, const float *w,
                            const float *b, const ps_conv2d_desc_t *d, int N, int H, int W);
@@ -173,7 +230,8 @@ typedef struct ps_backend {
 
     /* softmax cross-entropy over logits (N,K) with int labels: writes probs
      * (N,K) and returns the mean loss over N.  Backward:
-     * dlogits = (probs - onehot) * dloss / N. */
+     * dlogits = (probs - onehot) * dloss / N, dloss times the loss scale on
+     * a backend whose set_loss_scale returned 0. */
     float (*xent_forward)(ps_ctx_t *ctx, float *probs, const float *logits,
                           const int32_t *labels, int N, int K);
     void (*xent_backward)(ps_ctx_t *ctx, float *dlogits, const float *probs,
@@ -199,6 +257,64 @@ typedef struct ps_backend {
     /* acc += x (gradient of a value used twice) */
     void (*accumulate)(ps_ctx_t *ctx, float *acc, const float *x, size_t n);
 
+    /* ---- detection layers (RetinaNet-FPN) ------------------------------ *
+     * Legend: H,W the coarser (top-down) map, P,Q the lateral map; A
+     * anchors (all locations and shapes of an image or a batch, flat); K
+     * foreground classes (sigmoid, no background column).  Labels, one
+     * int32 per anchor (Detectron's convention; ps_det_make_targets,
+     * worker/det/det_boxes.h, makes them): -1 ignore (no loss, no
+     * gradient), 0 background (every class target 0), c in 1..K foreground
+     * of class c.  Losses and counts are host values, so the slots that
+     * return them wait for the device on an asynchronous backend. */
+    /* FPN top-down merge: out (N,C,P,Q) = lateral (N,C,P,Q) + nearest
+     * upsample of top (N,C,H,W) to P x Q, torch's "nearest" (source row =
+     * P == 2H ? p/2 : min(floor(p * (float)H/P), H-1)), so torchvision's FPN
+     * (odd lateral sizes included) is matched exactly.  out may alias
+     * lateral.  Backward: dlateral = dout (may be NULL or alias dout); dtop
+     * = the sum of dout over the pixels each top pixel was copied to
+     * (overwritten; may be NULL). */
+    void (*upsample_add_forward)(ps_ctx_t *ctx, float *out, const float *lateral,
+                                 const float *top, int N, int C, int H, int W, int P, int Q);
+    void (*upsample_add_backward)(ps_ctx_t *ctx, float *dlateral, float *dtop,
+                                  const float *dout, int N, int C, int H, int W, int P, int Q);
+    /* Anchors with label >= 1 (the losses' normaliser is max(1, that),
+     * summed over the batch by the caller). */
+    int (*count_pos)(ps_ctx_t *ctx, const int32_t *labels, int A);
+    /* Sigmoid focal loss (Lin et al. 2017; torchvision.ops.sigmoid_focal_loss,
+     * reduction "sum") over logits (A,K), divided by normaliser:
+     *   loss = sum_{a: label != -1} sum_k FL(logits[a,k], t[a,k]) / normaliser
+     *   FL(x,t) = alpha_t (1-p_t)^gamma BCEwithlogits(x,t),  p = sigmoid(x)
+     * log-sigmoid computed stably (|x| up to 1e4 stays finite).  A label
+     * outside -1..K: PS_EINVAL (logged), *loss = NaN, nothing written.
+     * Backward: dlogits (A,K) = dloss * d(loss)/d(logits), overwritten, 0
+     * on ignored anchors; the same label check. */
+    int (*focal_forward)(ps_ctx_t *ctx, float *loss, const float *logits,
+                         const int32_t *labels, float alpha, float gamma, float normaliser,
+                         int A, int K);
+    int (*focal_backward)(ps_ctx_t *ctx, float *dlogits, const float *logits,
+                          const int32_t *labels, float dloss, float alpha, float gamma,
+                          float normaliser, int A, int K);
+    /* Smooth-L1 on the box deltas pred, target (A,4) of the positive
+     * anchors (label >= 1) only, torch.nn.functional.smooth_l1_loss
+     * (reduction "sum", beta) divided by normaliser:
+     *   s(d) = |d| < beta ? 0.5 d^2 / beta : |d| - 0.5 beta
+     * Backward: dpred (A,4) overwritten, 0 on non-positive anchors. */
+    void (*smoothl1_forward)(ps_ctx_t *ctx, float *loss, const float *pred,
+                             const float *target, const int32_t *labels, float beta,
+                             float normaliser, int A);
+    void (*smoothl1_backward)(ps_ctx_t *ctx, float *dpred, const float *pred,
+                              const float *target, const int32_t *labels, float dloss,
+                              float beta, float normaliser, int A);
+    /* Head output layout, per image: inp (nA*D, H, W) (a conv output,
+     * channel a*D + d) -> out (H, W, nA, D), the anchor-major (H*W*nA, D)
+     * rows anchors, labels and the losses use (torchvision's
+     * view(N,-1,D,H,W).permute(0,3,4,1,2)); D = K for classification, 4 for
+     * boxes.  Backward is the inverse permute (overwrites). */
+    void (*head_permute_forward)(ps_ctx_t *ctx, float *out, const float *inp, int nA, int D,
+                                 int H, int W);
+    void (*head_permute_backward)(ps_ctx_t *ctx, float *dinp, const float *dout, int nA,
+                                  int D, int H, int W);
+
     /* ---- optional fused entries: NULL in a backend that lacks them, so a
      * caller checks and falls back to the two separate layers ----------- */
     /* batchnorm (eval / frozen) then relu, one pass over memory instead of
@@ -216,7 +332,7 @@ typedef struct ps_backend {
                                   const float *run_var, float eps, int N, int C, int HW);
     /* dst[0..n) (backend memory: the model's input buffer) = src[0..n)
      * (host memory, any; the caller may reuse src as soon as this returns).
-     * NULL: the caller memcpy()s on the host.  Why CUDA has it: the host
+     * Optional: NULL (the CPU's) means the caller memcpy()s on the host.  Why CUDA has it: the host
      * writing a 38 MB TSM-R50 batch into the managed arena every step costs
      * a host memcpy plus a page migration to the GPU; a copy engine DMA on
      * the stream does both in one pass and leaves the pages on the device. */
@@ -224,6 +340,41 @@ typedef struct ps_backend {
 } ps_backend_t;
 
 extern const ps_backend_t ps_backend_cpu;
+
+/* 0 when every slot but the optional ones is filled; else PS_EINVAL with
+ * one line per empty slot logged.  ps_engine_open_device() runs it on the
+ * table a device hands out; tests run it on theirs. */
+int ps_engine_check_backend(const ps_backend_t *be);
+
+/* ---- devices: the rows --device strings name ----------------------------- */
+
+/* A kind of device.  open: make device `index` of this kind usable through
+ * ctx (after ps_engine_init; it may set ctx->backend_state and process-wide
+ * state such as the arena allocator) and set *be to its table; on failure
+ * log the cause, leave ctx as it was and return PS_E*. */
+typedef struct ps_device {
+    const char *name; /* the kind, as in "--device NAME[:N]" */
+    const char *what; /* what opening it gives, for the log line */
+    int (*open)(ps_ctx_t *ctx, int index, const ps_backend_t **be);
+} ps_device_t;
+
+/* Add a row (the CPU's, "cpu", is always there); the program that parses
+ * --device adds the ones it links (ps_device_cuda in CUDA builds).  At
+ * start, before any thread uses the table.  0 (also when d is already
+ * there), PS_EINVAL (a bad row or another row of that name, logged),
+ * PS_ENOMEM (table full, logged). */
+int ps_engine_add_device(const ps_device_t *d);
+/* Parse spec ("KIND" = "KIND:0", or "KIND:N", N in 0..1023) and find its
+ * row, without opening anything: *d and *index (either may be NULL).  0,
+ * or PS_EINVAL with one line logged naming the spec and the known kinds
+ * ("this build has no CUDA backend" for "cuda" without its row). */
+int ps_engine_find_device(const char *spec, const ps_device_t **d, int *index);
+/* Find spec's row and open it: on success *be is the device's table
+ * (checked complete) and one line says what was opened ("device cuda:0:
+ * CUDA backend, ...").  On failure *be is untouched, ctx as it was, one
+ * line names the device; returns PS_EINVAL (bad or unknown spec, or an
+ * incomplete table) or the open's error. */
+int ps_engine_open_device(const char *spec, ps_ctx_t *ctx, const ps_backend_t **be);
 
 /* Counter-based uniform in [0,1) from (seed, index): the same on every
  * device and thread layout (splitmix64 of seed ^ index*golden). */

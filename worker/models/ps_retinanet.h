@@ -1,8 +1,11 @@
-/* RetinaNet-FPN (issue 6) on the engine: a ResNet-18/34/50 backbone with
- * frozen BN (FrozenBatchNorm2d: running statistics, affine frozen), an FPN
- * P3..P7 and the shared classification / box heads, with the training loss
- * (sigmoid focal + smooth-L1, worker/det/det_layers.h) and the raw outputs
- * for inference post-processing (ps_det_postprocess, det_boxes.h).
+/* RetinaNet-FPN on the engine: a ResNet-18/34/50 backbone with frozen BN
+ * (FrozenBatchNorm2d: running statistics, affine frozen), an FPN P3..P7 and
+ * the shared classification / box heads, with the training loss (sigmoid
+ * focal + smooth-L1, the detection slots of the backend table,
+ * worker/engine/ps_engine.h) and the raw outputs for inference
+ * post-processing (ps_det_postprocess, det_boxes.h).  Every layer,
+ * detection layers included, goes through the backend the model was
+ * created with, so the same code runs on the CPU and the GPU.
  *
  * Names are torchvision.models.detection.retinanet_resnet50_fpn's state
  * dict (0.14): backbone.body.* (the ResNet, no fc), backbone.fpn.
@@ -22,7 +25,7 @@
  * nA = 9 anchors per location; level l = 0..4 is P3..P7 with H_l x W_l
  * locations; A = sum_l H_l*W_l*nA anchors per image.  Per-anchor rows are
  * ordered image, then level, then location (row-major), then anchor
- * (torchvision's order; ps_det_grid_anchors / ps_det_head_permute_forward).
+ * (torchvision's order; ps_det_grid_anchors / the head_permute_forward slot).
  *
  * One arena for the FPN and heads (parameters, gradients, activations); the
  * backbone is a ps_model_t in features mode with its own arena.  Tables name
@@ -36,52 +39,6 @@
 
 #define PS_RETINA_LEVELS 5
 #define PS_RETINA_ANCHORS 9
-
-/* The detection layers the model calls (worker/det/det_layers.h), picked
- * once at create time with the backend: a CPU copy (ps_retina_det_cpu, the
- * CPU references less the ctx) and, in CUDA builds, a CUDA copy the caller
- * defines with PS_RETINA_DET_CUDA_INIT (the ps_det_cu_* kernels).  The
- * model library cannot name CUDA symbols (it links without CUDA), hence
- * the caller's choice.  `sync` waits for everything queued on ctx (the CPU
- * copy returns 0 at once): the model calls it before the host writes the
- * labels and box targets into its arena. */
-typedef struct ps_retina_det {
-    const char *name; /* the ps_backend_t it goes with: "cpu", "cuda" */
-    void (*upsample_add_forward)(ps_ctx_t *ctx, float *out, const float *lateral,
-                                 const float *top, int N, int C, int H, int W, int P, int Q);
-    void (*upsample_add_backward)(ps_ctx_t *ctx, float *dlateral, float *dtop, const float *dout,
-                                  int N, int C, int H, int W, int P, int Q);
-    int (*count_pos)(ps_ctx_t *ctx, const int32_t *labels, int A);
-    int (*focal_forward)(ps_ctx_t *ctx, float *loss, const float *logits, const int32_t *labels,
-                         float alpha, float gamma, float normaliser, int A, int K);
-    int (*focal_backward)(ps_ctx_t *ctx, float *dlogits, const float *logits,
-                          const int32_t *labels, float dloss, float alpha, float gamma,
-                          float normaliser, int A, int K);
-    void (*smoothl1_forward)(ps_ctx_t *ctx, float *loss, const float *pred, const float *target,
-                             const int32_t *labels, float beta, float normaliser, int A);
-    void (*smoothl1_backward)(ps_ctx_t *ctx, float *dpred, const float *pred,
-                              const float *target, const int32_t *labels, float dloss,
-                              float beta, float normaliser, int A);
-    void (*head_permute_forward)(ps_ctx_t *ctx, float *out, const float *inp, int nA, int D,
-                                 int H, int W);
-    void (*head_permute_backward)(ps_ctx_t *ctx, float *dinp, const float *dout, int nA, int D,
-                                  int H, int W);
-    int (*sync)(ps_ctx_t *ctx);
-} ps_retina_det_t;
-
-/* The CPU copy (retinanet.c): the worker/det CPU functions, bit for bit. */
-extern const ps_retina_det_t ps_retina_det_cpu;
-
-/* Initialiser of the CUDA copy, for code that links libps_cuda.a (include
- * worker/det/det_layers.h and worker/engine/cuda/ps_cuda_backend.h):
- *   static const ps_retina_det_t det_cuda = PS_RETINA_DET_CUDA_INIT; */
-#define PS_RETINA_DET_CUDA_INIT                                                              \
-    {"cuda",                          ps_det_cu_upsample_add_forward,                        \
-     ps_det_cu_upsample_add_backward, ps_det_cu_count_pos,                                   \
-     ps_det_cu_focal_forward,         ps_det_cu_focal_backward,                              \
-     ps_det_cu_smoothl1_forward,      ps_det_cu_smoothl1_backward,                           \
-     ps_det_cu_head_permute_forward,  ps_det_cu_head_permute_backward,                       \
-     ps_cuda_backend_sync}
 
 typedef struct ps_retina_config {
     int depth;          /* backbone 18, 34 or 50 */
@@ -98,12 +55,10 @@ typedef struct ps_retina_config {
     float focal_gamma;  /* 2 */
     float smoothl1_beta; /* 1/9 */
     float prior;        /* 0.01: cls_logits bias -log((1-prior)/prior) */
-    const ps_retina_det_t *det; /* detection layers; NULL = ps_retina_det_cpu.  Its
-                           name must be the backend's (create refuses a mix) */
 } ps_retina_config_t;
 
 /* ResNet-50, 80 classes, width 64, F 256, P6 on C5, freeze_at 2, eps 1e-5,
- * alpha 0.25, gamma 2, beta 1/9, prior 0.01, det NULL (CPU layers). */
+ * alpha 0.25, gamma 2, beta 1/9, prior 0.01. */
 void ps_retina_config_default(ps_retina_config_t *c);
 
 typedef struct ps_retina ps_retina_t;
@@ -131,8 +86,8 @@ void ps_retina_init(ps_retina_t *m, uint64_t seed, int random);
 int ps_retina_num_anchors(const ps_retina_t *m);
 void ps_retina_level(const ps_retina_t *m, int l, int *H, int *W, int *stride, int *offset);
 /* The anchors (A, 4) for the model's input size, torchvision AnchorGenerator
- * conventions with the issue's sizes (det_boxes.h), at the nominal strides
- * 8..128 (owned by the model). */
+ * conventions with SimpleDet's sizes (ps_det_retina_sizes, det_boxes.h), at
+ * the nominal strides 8..128 (owned by the model). */
 const float *ps_retina_anchors(const ps_retina_t *m);
 
 /* Forward over n images (n*3*H*W floats, copied).  labels (n*A; -1 ignore,

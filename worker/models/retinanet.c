@@ -1,85 +1,18 @@
-/* RetinaNet-FPN build, forward and backward over the backend table; the
- * detection layers (upsample-add, focal loss, smooth-L1, head permute) go
- * through the ps_retina_det_t chosen at create time (cfg->det: the CPU
- * copy below, or the caller's CUDA copy).  The anchors are computed once on
- * the host at build time (det_boxes.h).  Tables, init and safetensors are
- * in retinanet_params.c. */
+/* RetinaNet-FPN build, forward and backward over the backend table, the
+ * detection layers (upsample-add, focal loss, smooth-L1, head permute)
+ * included: the same code runs on every backend.  The anchors are computed
+ * once on the host at build time (det_boxes.h).  Tables, init and
+ * safetensors are in retinanet_params.c. */
 #include "retinanet_internal.h"
 
 #include "ps_error.h"
 #include "ps_log.h"
 #include "worker/det/det_boxes.h"
-#include "worker/det/det_layers.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 static size_t umax(size_t a, size_t b) { return a > b ? a : b; }
-
-/* ---- the CPU copy of the detection layers: the references, less ctx ---- */
-
-static void cpu_up_fwd(ps_ctx_t *ctx, float *out, const float *lateral, const float *top, int N,
-                       int C, int H, int W, int P, int Q)
-{
-    (void)ctx;
-    ps_det_upsample_add_forward(out, lateral, top, N, C, H, W, P, Q);
-}
-static void cpu_up_bwd(ps_ctx_t *ctx, float *dlateral, float *dtop, const float *dout, int N,
-                       int C, int H, int W, int P, int Q)
-{
-    (void)ctx;
-    ps_det_upsample_add_backward(dlateral, dtop, dout, N, C, H, W, P, Q);
-}
-static int cpu_count_pos(ps_ctx_t *ctx, const int32_t *labels, int A)
-{
-    (void)ctx;
-    return ps_det_count_pos(labels, A);
-}
-static int cpu_focal_fwd(ps_ctx_t *ctx, float *loss, const float *logits, const int32_t *labels,
-                         float alpha, float gamma, float normaliser, int A, int K)
-{
-    (void)ctx;
-    return ps_det_focal_forward(loss, logits, labels, alpha, gamma, normaliser, A, K);
-}
-static int cpu_focal_bwd(ps_ctx_t *ctx, float *dlogits, const float *logits,
-                         const int32_t *labels, float dloss, float alpha, float gamma,
-                         float normaliser, int A, int K)
-{
-    (void)ctx;
-    return ps_det_focal_backward(dlogits, logits, labels, dloss, alpha, gamma, normaliser, A, K);
-}
-static void cpu_sl1_fwd(ps_ctx_t *ctx, float *loss, const float *pred, const float *target,
-                        const int32_t *labels, float beta, float normaliser, int A)
-{
-    (void)ctx;
-    ps_det_smoothl1_forward(loss, pred, target, labels, beta, normaliser, A);
-}
-static void cpu_sl1_bwd(ps_ctx_t *ctx, float *dpred, const float *pred, const float *target,
-                        const int32_t *labels, float dloss, float beta, float normaliser, int A)
-{
-    (void)ctx;
-    ps_det_smoothl1_backward(dpred, pred, target, labels, dloss, beta, normaliser, A);
-}
-static void cpu_perm_fwd(ps_ctx_t *ctx, float *out, const float *inp, int nA, int D, int H, int W)
-{
-    (void)ctx;
-    ps_det_head_permute_forward(out, inp, nA, D, H, W);
-}
-static void cpu_perm_bwd(ps_ctx_t *ctx, float *dinp, const float *dout, int nA, int D, int H,
-                         int W)
-{
-    (void)ctx;
-    ps_det_head_permute_backward(dinp, dout, nA, D, H, W);
-}
-static int cpu_sync(ps_ctx_t *ctx)
-{
-    (void)ctx;
-    return 0;
-}
-
-const ps_retina_det_t ps_retina_det_cpu = {
-    "cpu",        cpu_up_fwd,   cpu_up_bwd,  cpu_count_pos, cpu_focal_fwd, cpu_focal_bwd,
-    cpu_sl1_fwd,  cpu_sl1_bwd,  cpu_perm_fwd, cpu_perm_bwd, cpu_sync};
 
 #define TAKE(ptr, n) ((ptr) = (void *)ps_arena_take(a, (n)))
 
@@ -219,19 +152,9 @@ int ps_retina_create(ps_retina_t **out, const ps_retina_config_t *cfg, const ps_
         ps_error("retinanet: bad batch geometry (max_n %d, H %d, W %d; H, W >= 32)", max_n, H, W);
         return PS_EINVAL;
     }
-    const ps_retina_det_t *det = cfg->det ? cfg->det : &ps_retina_det_cpu;
-    if (!det->name || !be->name || strcmp(det->name, be->name)) {
-        /* host layers on device pointers (or the reverse) would read garbage
-         * or fault: refuse the mix here */
-        ps_error("retinanet: the %s detection layers do not go with the %s backend",
-                 det->name ? det->name : "(unnamed)", be->name ? be->name : "(unnamed)");
-        return PS_EINVAL;
-    }
     ps_retina_t *m = calloc(1, sizeof *m);
     if (!m) return PS_ENOMEM;
     m->cfg = *cfg;
-    m->cfg.det = det;
-    m->det = det;
     m->be = be;
     m->ctx = ctx;
     m->max_n = max_n;
@@ -302,8 +225,8 @@ static void head_fwd(ps_retina_t *m, const rconv_t *convs, const rconv_t *out_co
     }
     conv_fwd(m, out_conv, o, x, N, h, w);
     for (int i = 0; i < N; i++)
-        m->det->head_permute_forward(m->ctx, flat + ((size_t)i * m->A + m->loff[l]) * D,
-                                     o + (size_t)i * nA * D * h * w, nA, D, h, w);
+        m->be->head_permute_forward(m->ctx, flat + ((size_t)i * m->A + m->loff[l]) * D,
+                                    o + (size_t)i * nA * D * h * w, nA, D, h, w);
 }
 
 int ps_retina_forward(ps_retina_t *m, const float *images, int n, const int32_t *labels,
@@ -327,9 +250,8 @@ int ps_retina_forward(ps_retina_t *m, const float *images, int n, const int32_t 
     conv_fwd(m, &m->layer[2], m->P[2], m->inner_out[2], n, m->Hs[2], m->Ws[2]);
     for (int i = 1; i >= 0; i--) {
         conv_fwd(m, &m->inner[i], m->inner_out[i], C[i], n, m->Hs[i], m->Ws[i]);
-        m->det->upsample_add_forward(m->ctx, m->inner_out[i], m->inner_out[i],
-                                     m->inner_out[i + 1], n, F, m->Hs[i + 1], m->Ws[i + 1],
-                                     m->Hs[i], m->Ws[i]);
+        be->upsample_add_forward(m->ctx, m->inner_out[i], m->inner_out[i], m->inner_out[i + 1],
+                                 n, F, m->Hs[i + 1], m->Ws[i + 1], m->Hs[i], m->Ws[i]);
         conv_fwd(m, &m->layer[i], m->P[i], m->inner_out[i], n, m->Hs[i], m->Ws[i]);
     }
     /* LastLevelP6P7 */
@@ -347,24 +269,24 @@ int ps_retina_forward(ps_retina_t *m, const float *images, int n, const int32_t 
     m->last_targets = 0;
     if (!labels) return 0;
     size_t rows = (size_t)n * m->A;
-    /* the host writes into the arena: the device must be done with the last
-     * step's labels (a no-op on the CPU; count_pos waits right after anyway) */
-    int r = m->det->sync(m->ctx);
+    /* the host writes into the arena: an asynchronous device must be done
+     * with the last step's labels (count_pos waits right after anyway) */
+    int r = be->sync(m->ctx);
     if (r) {
         ps_error("retinanet forward: device sync failed: %s", ps_strerror(r));
         return r;
     }
     memcpy(m->labels, labels, rows * sizeof *labels);
     memcpy(m->targets, box_targets, rows * 4 * sizeof *box_targets);
-    int npos = m->det->count_pos(m->ctx, m->labels, (int)rows);
+    int npos = be->count_pos(m->ctx, m->labels, (int)rows);
     m->last_norm = npos > 1 ? (float)npos : 1.f;
-    if (m->det->focal_forward(m->ctx, cls_loss, m->cls_flat, m->labels, m->cfg.focal_alpha,
-                              m->cfg.focal_gamma, m->last_norm, (int)rows, K)) {
+    if (be->focal_forward(m->ctx, cls_loss, m->cls_flat, m->labels, m->cfg.focal_alpha,
+                          m->cfg.focal_gamma, m->last_norm, (int)rows, K)) {
         ps_error("retinanet forward: a label is outside -1..%d", K);
         return PS_EINVAL;
     }
-    m->det->smoothl1_forward(m->ctx, box_loss, m->box_flat, m->targets, m->labels,
-                             m->cfg.smoothl1_beta, m->last_norm, (int)rows);
+    be->smoothl1_forward(m->ctx, box_loss, m->box_flat, m->targets, m->labels,
+                         m->cfg.smoothl1_beta, m->last_norm, (int)rows);
     m->last_targets = 1;
     return 0;
 }
@@ -380,9 +302,8 @@ static void head_bwd(ps_retina_t *m, const rconv_t *convs, const rconv_t *out_co
     size_t nf = (size_t)N * F * h * w;
     float *x = m->s1, *y = m->s2;
     for (int i = 0; i < N; i++)
-        m->det->head_permute_backward(m->ctx, x + (size_t)i * nA * D * h * w,
-                                      dflat + ((size_t)i * m->A + m->loff[l]) * D, nA, D, h,
-                                      w);
+        m->be->head_permute_backward(m->ctx, x + (size_t)i * nA * D * h * w,
+                                     dflat + ((size_t)i * m->A + m->loff[l]) * D, nA, D, h, w);
     conv_bwd(m, out_conv, y, x, act[3], N, h, w);
     for (int j = 3; j >= 0; j--) {
         m->be->relu_backward(m->ctx, y, y, act[j], nf);
@@ -404,10 +325,10 @@ int ps_retina_backward(ps_retina_t *m)
     }
     int n = m->last_n, F = m->cfg.fpn_channels, K = m->cfg.num_classes;
     int rows = n * m->A;
-    m->det->focal_backward(m->ctx, m->dcls_flat, m->cls_flat, m->labels, 1.f,
-                           m->cfg.focal_alpha, m->cfg.focal_gamma, m->last_norm, rows, K);
-    m->det->smoothl1_backward(m->ctx, m->dbox_flat, m->box_flat, m->targets, m->labels, 1.f,
-                              m->cfg.smoothl1_beta, m->last_norm, rows);
+    be->focal_backward(m->ctx, m->dcls_flat, m->cls_flat, m->labels, 1.f, m->cfg.focal_alpha,
+                       m->cfg.focal_gamma, m->last_norm, rows, K);
+    be->smoothl1_backward(m->ctx, m->dbox_flat, m->box_flat, m->targets, m->labels, 1.f,
+                          m->cfg.smoothl1_beta, m->last_norm, rows);
     /* shared heads: their parameter gradients accumulate over the levels */
     for (int l = PS_RETINA_LEVELS - 1; l >= 0; l--) {
         head_bwd(m, m->cls, &m->cls_logits, m->cls_a[l], m->dcls_flat, K, l, n, 1);
@@ -432,8 +353,8 @@ int ps_retina_backward(ps_retina_t *m)
     for (int i = 0; i < 3; i++)
         conv_bwd(m, &m->layer[i], m->dI[i], m->dP[i], m->inner_out[i], n, m->Hs[i], m->Ws[i]);
     for (int i = 0; i < 2; i++) {
-        m->det->upsample_add_backward(m->ctx, NULL, m->s1, m->dI[i], n, F, m->Hs[i + 1],
-                                      m->Ws[i + 1], m->Hs[i], m->Ws[i]);
+        be->upsample_add_backward(m->ctx, NULL, m->s1, m->dI[i], n, F, m->Hs[i + 1],
+                                  m->Ws[i + 1], m->Hs[i], m->Ws[i]);
         be->accumulate(m->ctx, m->dI[i + 1], m->s1, (size_t)n * F * m->Hs[i + 1] * m->Ws[i + 1]);
     }
     for (int i = 0; i < 3; i++)

@@ -17,7 +17,6 @@ struct ps_retina {
     const ps_backend_t *be;
     ps_ctx_t *ctx;
     int max_n, H, W;
-    const ps_retina_det_t *det; /* detection layers (cfg.det resolved; never NULL) */
     ps_model_t *body;         /* backbone (features mode, frozen BN) */
 
     ps_model_param_t *params; /* backbone first (names prefixed), then FPN, heads */

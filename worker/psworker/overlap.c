@@ -57,11 +57,6 @@
 #include "worker/engine/ps_engine.h"
 #include "worker/models/ps_model.h"
 #include "worker/client/ps_client.h"
-#ifdef PS_HAVE_CUDA
-#include <cuda_runtime.h>
-
-#include "worker/engine/cuda/ps_cuda_backend.h"
-#endif
 
 typedef struct ovl_tensor {
     float *w;       /* the model's copy (parameter or running statistic) */
@@ -75,7 +70,8 @@ struct ps_worker_overlap {
     ps_req_t **req;
     uint64_t *ver;
     ps_model_t *m;
-    ps_ctx_t *cuda;          /* the CUDA backend's context, NULL on the CPU */
+    ps_ctx_t *ctx;           /* the model's backend context and table */
+    const ps_backend_t *be;
     int sync;
     uint64_t step;           /* the step being computed */
     float *wnext;            /* (numel) replies land here */
@@ -206,9 +202,8 @@ static void push_now(ps_worker_overlap_t *ov, uint32_t i)
     ov->n_push++;
 }
 
-#ifdef PS_HAVE_CUDA
-/* The communication thread (CUDA only: on the CPU the training thread
- * pushes, the gradient being final when the hook runs). */
+/* The communication thread (asynchronous backends only: on the CPU the
+ * training thread pushes, the gradient being final when the hook runs). */
 static void *comm_main(void *arg)
 {
     ps_worker_overlap_t *ov = arg;
@@ -221,7 +216,7 @@ static void *comm_main(void *arg)
         ov->qlen--;
         ov->busy = 1;
         pthread_mutex_unlock(&ov->mu);
-        int r = ps_cuda_backend_event_wait(ov->cuda, (int)i);
+        int r = ov->be->event_wait(ov->ctx, (int)i);
         if (r) {
             ps_error("partition %u: waiting for its gradient event failed: %s", i, ps_strerror(r));
             ov->rc = ov->rc ? ov->rc : r;
@@ -235,7 +230,6 @@ static void *comm_main(void *arg)
     pthread_mutex_unlock(&ov->mu);
     return NULL;
 }
-#endif
 
 /* Wait until the communication thread has pushed everything queued: after
  * that the training thread may use the client again. */
@@ -257,15 +251,13 @@ static void hand_off(ps_worker_overlap_t *ov, uint32_t i)
         push_now(ov, i);
         return;
     }
-#ifdef PS_HAVE_CUDA
-    int r = ps_cuda_backend_event_record(ov->cuda, (int)i);
+    int r = ov->be->event_record(ov->ctx, (int)i);
     if (r) {
         ps_error("partition %u: recording its gradient event failed: %s", i, ps_strerror(r));
         ov->rc = ov->rc ? ov->rc : r;
         ov->failed = 1;
         return;
     }
-#endif
     pthread_mutex_lock(&ov->mu);
     ov->q[(ov->qhead + ov->qlen) % ov->p->table.nparts] = i;
     ov->qlen++;
@@ -408,8 +400,9 @@ int ps_worker_overlap_new(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64
     *out = NULL;
     if (!strcmp(o->overlap, "off"))
         return 0;
-    ps_ctx_t *cuda = NULL;
-    ps_model_t *m = ps_worker_video_model(p, &cuda);
+    ps_ctx_t *ctx = NULL;
+    const ps_backend_t *be = NULL;
+    ps_model_t *m = ps_worker_video_model(p, &ctx, &be);
     if (!m) {
         if (asked)
             ps_info("--overlap: %s has no per-layer hooks: pushes after the whole backward",
@@ -422,31 +415,33 @@ int ps_worker_overlap_new(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64
                 "(docs/cuda.md)");
         return 0;
     }
-#ifdef PS_HAVE_CUDA
-    /* The host reads gradients (after their event) and writes the next
-     * layers' weights in the managed arena while kernels run: that needs
-     * concurrent managed access (Linux, Pascal and later); without it the
-     * host would fault on pages the GPU holds. */
-    int dev = 0, cma = 0;
-    if (cuda && (cudaGetDevice(&dev) != cudaSuccess ||
-                 cudaDeviceGetAttribute(&cma, cudaDevAttrConcurrentManagedAccess, dev) !=
-                     cudaSuccess || !cma)) {
-        ps_info("--overlap off: device %d has no concurrent managed access", dev);
+    uint32_t np = p->table.nparts;
+    /* each partition is handed over with an event (always complete on a
+     * synchronous backend); a backend that cannot (it says why) keeps the
+     * plain loop */
+    int rc = be->events(ctx, (int)np);
+    if (rc == PS_EUNSUPPORTED) {
+        ps_info("--overlap off: the %s backend cannot hand gradients over while it computes",
+                be->name);
         return 0;
     }
-#else
-    if (cuda) return PS_EINVAL; /* cannot happen: no CUDA backend in this build */
-#endif
+    if (rc) {
+        ps_error("--overlap: cannot create %u completion events: %s", np, ps_strerror(rc));
+        return rc;
+    }
     ps_worker_overlap_t *ov = calloc(1, sizeof *ov);
-    if (!ov) return PS_ENOMEM;
+    if (!ov) {
+        be->events(ctx, 0);
+        return PS_ENOMEM;
+    }
     ov->p = p;
     ov->c = c;
     ov->req = req;
     ov->ver = ver;
     ov->m = m;
-    ov->cuda = cuda;
+    ov->ctx = ctx;
+    ov->be = be;
     ov->sync = sync;
-    uint32_t np = p->table.nparts;
     ov->wnext = malloc(p->numel * sizeof(float));
     ov->gsend = malloc(p->numel * sizeof(float));
     ov->npend = calloc(np, sizeof *ov->npend);
@@ -454,7 +449,7 @@ int ps_worker_overlap_new(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64
     ov->inflight = calloc(np, 1);
     ov->pushed = calloc(np, 1);
     ov->q = calloc(np, sizeof *ov->q);
-    int rc = PS_ENOMEM;
+    rc = PS_ENOMEM;
     if (!ov->wnext || !ov->gsend || !ov->npend || !ov->req_step || !ov->inflight || !ov->pushed ||
         !ov->q || (rc = build_maps(ov))) {
         if (rc == PS_ENOMEM) ps_error("--overlap: out of memory");
@@ -464,13 +459,7 @@ int ps_worker_overlap_new(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64
     pthread_mutex_init(&ov->mu, NULL);
     pthread_cond_init(&ov->cv, NULL);
     ov->mu_on = 1;
-#ifdef PS_HAVE_CUDA
-    if (cuda) {
-        if ((rc = ps_cuda_backend_events(cuda, (int)np))) {
-            ps_error("--overlap: cannot create %u CUDA events: %s", np, ps_strerror(rc));
-            ps_worker_overlap_free(&ov);
-            return rc;
-        }
+    if (be->async) {
         if ((rc = pthread_create(&ov->thr, NULL, comm_main, ov))) {
             ps_error("--overlap: pthread_create: %s", strerror(rc));
             ps_worker_overlap_free(&ov);
@@ -478,11 +467,10 @@ int ps_worker_overlap_new(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64
         }
         ov->thr_on = 1;
     }
-#endif
     ps_model_set_hooks(m, on_grad_ready, on_weights_needed, ov);
     ps_info("--overlap on: each partition is pushed when its layers' backward is done%s; the "
             "next forward waits layer by layer for the partitions it reads",
-            cuda ? " (CUDA events, communication thread)" : "");
+            be->async ? " (completion events, communication thread)" : "");
     *out = ov;
     return 0;
 }
@@ -504,9 +492,7 @@ void ps_worker_overlap_free(ps_worker_overlap_t **ovp)
         pthread_mutex_unlock(&ov->mu);
         pthread_join(ov->thr, NULL);
     }
-#ifdef PS_HAVE_CUDA
-    if (ov->cuda) ps_cuda_backend_events(ov->cuda, 0);
-#endif
+    if (ov->be) ov->be->events(ov->ctx, 0);
     if (ov->mu_on) {
         pthread_mutex_destroy(&ov->mu);
         pthread_cond_destroy(&ov->cv);

@@ -167,6 +167,13 @@ typedef struct ps_worker {
 
 /* psworker_model.c */
 int ps_worker_setup(ps_worker_t *p, const ps_worker_opts_t *o, uint32_t nservers);
+/* Open --device into ctx (after ps_engine_init): 0 and *be its backend
+ * table, or PS_EINVAL with the cause logged (a device that cannot be used
+ * is a usage error). */
+struct ps_ctx;
+struct ps_backend;
+int ps_worker_open_device(const ps_worker_opts_t *o, struct ps_ctx *ctx,
+                          const struct ps_backend **be);
 void ps_worker_teardown(ps_worker_t *p);
 /* Mean loss and gradient (into p->grad) of this rank's samples of `step`:
  * global batch positions step*W*B + rank*B ... + B-1. */
@@ -206,10 +213,10 @@ double ps_worker_video_compute(ps_worker_t *p, uint64_t step);
  * number goes to p->val_nonfinite. */
 double ps_worker_video_eval(ps_worker_t *p, double *top1, double *top5, size_t *videos);
 int ps_worker_video_save(ps_worker_t *p, const char *path);
-/* The model (NULL without one): psworker_overlap.c sets its hooks;
- * *cuda_ctx: the backend context when it is the (asynchronous) CUDA one. */
-struct ps_ctx;
-struct ps_model *ps_worker_video_model(ps_worker_t *p, struct ps_ctx **cuda_ctx);
+/* The model (NULL without one): psworker_overlap.c sets its hooks; *ctx,
+ * *be: its backend context and table. */
+struct ps_model *ps_worker_video_model(ps_worker_t *p, struct ps_ctx **ctx,
+                                       const struct ps_backend **be);
 /* CRC32C of this worker's BN running statistics (the AVERAGE tensors of
  * p->w; 0 when there are none): equal on every rank when they agree. */
 uint32_t ps_worker_video_bn_crc(const ps_worker_t *p, int *ntensors);

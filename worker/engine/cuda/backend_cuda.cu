@@ -1,18 +1,20 @@
-// The CUDA backend table (ps_backend_cuda) and its life cycle: handles, the
-// stream, the bounded cuDNN workspace, managed arenas.
+// The CUDA backend's life cycle and device control: handles, the stream,
+// the bounded cuDNN workspace, completion events, managed arenas and the
+// device memory counters.  The table itself (ps_backend_cuda) and the
+// device row are filled by slot name in backend_cuda_table.c.
 //
 // Why these APIs (also docs/cuda.md):
 //  - Convolution: cuDNN's legacy descriptor API (cudnnConvolutionForward /
 //    BackwardData / BackwardFilter, algorithms from the _v7 heuristics,
 //    chosen once per shape and cached, workspace bounded).  It is deprecated
 //    in cuDNN 9 but present and stable, covers every case the CPU reference
-//    has (groups, dilation, asymmetric stride/pad) with pure-FP32 FMA math
-//    in one call, and needs ~150 lines.  fp32 parity with the CPU is this
-//    session's goal.  The graph (backend) API is the supported path and the
+//    has (groups, dilation, asymmetric stride/pad) in one call, and needs
+//    ~150 lines; its pure-FP32 FMA math keeps fp32 results at the CPU
+//    reference's.  The graph (backend) API is the supported path and the
 //    one that pays for FP16/BF16 NHWC: conv + bias + relu fusion, runtime
 //    fusion engines.  fp16/bf16 (mixed.cu) deliberately still use the
 //    legacy calls with half NHWC descriptors (reason: docs/cuda.md); the
-//    graph API comes with half activations and conv+BN+ReLU fusion.
+//    graph API comes with conv+BN+ReLU fusion.
 //  - Batchnorm, pooling, activations: own kernels, not cuDNN.  cuDNN's
 //    legacy BN/pooling calls are deprecated too, pooling cannot return the
 //    argmax the table's contract saves, and the contract's details (NULL
@@ -105,7 +107,7 @@ extern "C" int ps_cuda_backend_init(ps_ctx_t *ctx, int dev)
     ps_cu_state *s = (ps_cu_state *)calloc(1, sizeof *s);
     if (!s) return PS_ENOMEM;
     s->device = dev;
-    s->prec = PS_CUDA_FP32;
+    s->prec = PS_PRECISION_FP32;
     s->loss_scale = 1.0f;
     s->ws_limit = (size_t)512 << 20;
     const char *e = getenv("PS_CUDNN_WORKSPACE_MB");
@@ -141,39 +143,6 @@ fail:
     if (s->stream) cudaStreamDestroy(s->stream);
     free(s);
     return rc;
-}
-
-extern "C" int ps_cuda_backend_select(const char *device, ps_ctx_t *ctx,
-                                      const ps_backend_t **be)
-{
-    if (!device || !ctx || !be) return PS_EINVAL;
-    if (!strcmp(device, "cpu")) {
-        *be = &ps_backend_cpu;
-        return 0;
-    }
-    int dev = 0;
-    if (!strncmp(device, "cuda", 4) && (device[4] == '\0' || device[4] == ':')) {
-        if (device[4] == ':') {
-            char *end = NULL;
-            long v = strtol(device + 5, &end, 10);
-            if (end == device + 5 || *end || v < 0 || v > 1023) {
-                ps_error("--device %s: expected cuda:N with N a device number", device);
-                return PS_EINVAL;
-            }
-            dev = (int)v;
-        }
-        const int n = ps_cuda_device_count();
-        if (dev >= n) {
-            ps_error("--device %s: only %d CUDA device(s) present", device, n);
-            return PS_EINVAL;
-        }
-        int r = ps_cuda_backend_init(ctx, dev);
-        if (r) return r;
-        *be = &ps_backend_cuda;
-        return 0;
-    }
-    ps_error("--device %s: expected cpu, cuda or cuda:N", device);
-    return PS_EINVAL;
 }
 
 extern "C" void ps_cuda_backend_free(ps_ctx_t *ctx)
@@ -212,9 +181,25 @@ extern "C" void *ps_cuda_backend_stream(ps_ctx_t *ctx)
                                      : NULL;
 }
 
-// ---- gradient-ready events ----------------------------------------------
+// ---- completion events ------------------------------------------------------
 // Timing off: such events are the cheap kind (no timestamp), and a query /
 // synchronise on them is all the communication thread needs.
+
+// The host reads a gradient (after its event) and writes the next layers'
+// weights in the managed arena while kernels run: that needs concurrent
+// managed access (Linux, Pascal and later); without it the host would fault
+// on pages the GPU holds, so there is no hand-off to make events for.
+static int concurrent_managed(const ps_cu_state *s)
+{
+    int cma = 0;
+    CU_RET(cudaDeviceGetAttribute(&cma, cudaDevAttrConcurrentManagedAccess, s->device));
+    if (!cma) {
+        ps_info("cuda:%d has no concurrent managed access: the host cannot read gradients "
+                "while kernels run, so no completion events", s->device);
+        return PS_EUNSUPPORTED;
+    }
+    return 0;
+}
 
 extern "C" int ps_cuda_backend_events(ps_ctx_t *ctx, int n)
 {
@@ -225,6 +210,8 @@ extern "C" int ps_cuda_backend_events(ps_ctx_t *ctx, int n)
     s->ev = NULL;
     s->nev = 0;
     if (n == 0) return 0;
+    const int rc = concurrent_managed(s);
+    if (rc) return rc;
     s->ev = (cudaEvent_t *)calloc((size_t)n, sizeof *s->ev);
     if (!s->ev) return PS_ENOMEM;
     for (int i = 0; i < n; i++) {
@@ -245,7 +232,7 @@ static cudaEvent_t ev_of(ps_ctx_t *ctx, int slot)
 {
     ps_cu_state *s = ctx ? (ps_cu_state *)ctx->backend_state : NULL;
     if (!s || slot < 0 || slot >= s->nev) {
-        ps_error("gradient event slot %d out of range (%d made)", slot, s ? s->nev : 0);
+        ps_error("event slot %d out of range (%d made)", slot, s ? s->nev : 0);
         return NULL;
     }
     return s->ev[slot];
@@ -391,8 +378,10 @@ extern "C" size_t ps_cuda_mem_used(void)
     return tot - fr;
 }
 
-extern "C" void ps_cuda_mem_stats(ps_cuda_mem_t *m)
+extern "C" int ps_cuda_backend_mem_stats(ps_ctx_t *ctx, ps_backend_mem_t *m, int reset_peak)
 {
+    (void)ctx; // the counters are process-wide
+    if (!m) return PS_EINVAL;
     size_t fr = 0, tot = 0;
     if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) {
         cudaGetLastError();
@@ -406,43 +395,9 @@ extern "C" void ps_cuda_mem_stats(ps_cuda_mem_t *m)
     m->dev_used = used;
     m->dev_used_peak = g_used_peak.load();
     m->dev_total = tot;
+    if (reset_peak) {
+        g_alloc_peak.store(g_alloc_now.load());
+        g_used_peak.store(0);
+    }
+    return 0;
 }
-
-extern "C" void ps_cuda_mem_reset_peak(void)
-{
-    g_alloc_peak.store(g_alloc_now.load());
-    g_used_peak.store(0);
-}
-
-// ---- the table -----------------------------------------------------------
-
-extern "C" const ps_backend_t ps_backend_cuda = {
-    "cuda",
-    ps_cu_conv2d_forward,
-    ps_cu_conv2d_backward,
-    ps_cu_bn_forward_train,
-    ps_cu_bn_backward_train,
-    ps_cu_bn_forward_eval,
-    ps_cu_bn_backward_eval,
-    ps_cu_relu_forward,
-    ps_cu_relu_backward,
-    ps_cu_maxpool_forward,
-    ps_cu_maxpool_backward,
-    ps_cu_avgpool_forward,
-    ps_cu_avgpool_backward,
-    ps_cu_linear_forward,
-    ps_cu_linear_backward,
-    ps_cu_dropout_forward,
-    ps_cu_dropout_backward,
-    ps_cu_xent_forward,
-    ps_cu_xent_backward,
-    ps_cu_tshift_forward,
-    ps_cu_tshift_backward,
-    ps_cu_consensus_forward,
-    ps_cu_consensus_backward,
-    ps_cu_add,
-    ps_cu_accumulate,
-    NULL, // bn_relu_forward_eval: optional fused entry, not on CUDA yet (callers fall back)
-    NULL, // bn_relu_backward_eval
-    ps_cu_copy_in,
-};

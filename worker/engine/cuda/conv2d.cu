@@ -48,7 +48,7 @@ static int tensor_op(cudnnMathType_t m)
         for (int i = 0; i < got && !found; i++) {                                       \
             size_t ws = 0;                                                              \
             if (perf[i].status != CUDNN_STATUS_SUCCESS ||                              \
-                (s->prec == PS_CUDA_FP32 && tensor_op(perf[i].mathType)))              \
+                (s->prec == PS_PRECISION_FP32 && tensor_op(perf[i].mathType)))              \
                 continue;                                                               \
             if (GET_WS(s->cudnn, __VA_ARGS__, perf[i].algo, &ws) != CUDNN_STATUS_SUCCESS) \
                 continue;                                                               \
@@ -97,8 +97,8 @@ static ps_cu_conv_entry *conv_entry(ps_cu_state *s, const ps_conv2d_desc_t *d, i
     // fp32: NCHW, FMA math (parity with the CPU).  fp16/bf16: half data,
     // fp32 compute type ("pseudo half"), tensor cores, NHWC unless
     // PS_CUDA_NCHW=1.
-    const cudnnDataType_t dt = s->prec == PS_CUDA_FP16   ? CUDNN_DATA_HALF
-                               : s->prec == PS_CUDA_BF16 ? CUDNN_DATA_BFLOAT16
+    const cudnnDataType_t dt = s->prec == PS_PRECISION_FP16   ? CUDNN_DATA_HALF
+                               : s->prec == PS_PRECISION_BF16 ? CUDNN_DATA_BFLOAT16
                                                          : CUDNN_DATA_FLOAT;
     const cudnnTensorFormat_t fmt = s->nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
     CUDNN_CHECK(cudnnSetTensor4dDescriptor(e->x, fmt, dt, N, d->C, H, W));
@@ -108,7 +108,7 @@ static ps_cu_conv_entry *conv_entry(ps_cu_state *s, const ps_conv2d_desc_t *d, i
                                                 CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
     CUDNN_CHECK(cudnnSetConvolutionGroupCount(e->conv, d->groups));
     CUDNN_CHECK(cudnnSetConvolutionMathType(
-        e->conv, s->prec == PS_CUDA_FP32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH));
+        e->conv, s->prec == PS_PRECISION_FP32 ? CUDNN_FMA_MATH : CUDNN_TENSOR_OP_MATH));
     int on, oc, oh, ow;
     CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(e->conv, e->x, e->w, &on, &oc, &oh, &ow));
     if (on != N || oc != d->K || oh != P || ow != Q) {
@@ -200,7 +200,7 @@ void ps_cu_conv2d_forward(ps_ctx_t *ctx, float *out, const float *inp, const flo
     const float one = 1.0f, zero = 0.0f;
     const int PQ = ps_conv_out(H, d->R, d->stride_h, d->pad_h, d->dil_h) *
                    ps_conv_out(W, d->S, d->stride_w, d->pad_w, d->dil_w);
-    if (s->prec != PS_CUDA_FP32) { // half operands, fp32 accumulation, fp32 result
+    if (s->prec != PS_PRECISION_FP32) { // half operands, fp32 accumulation, fp32 result
         const int Cg = d->C / d->groups, RS = d->R * d->S;
         // half storage: a half input is used as it is (only the model
         // input, written by the host, is fp32 and cast here), the output
@@ -295,7 +295,7 @@ void ps_cu_conv2d_backward(ps_ctx_t *ctx, float *dinp, float *dw, float *db, con
     if (!conv_valid(d, N, H, W)) return;
     ps_cu_conv_entry *e = conv_entry(s, d, N, H, W);
     const float one = 1.0f, zero = 0.0f;
-    if (s->prec != PS_CUDA_FP32) {
+    if (s->prec != PS_PRECISION_FP32) {
         conv_backward_half(ctx, s, e, dinp, dw, dout, inp, w, d, N, H, W);
         dinp = dw = NULL; // done; the bias gradient below reads the fp32 dout
     }

@@ -1,6 +1,7 @@
 // Private to the CUDA backend's .cu files: the state behind
-// ctx->backend_state, the call-site check macros, launch helpers and the
-// per-layer entry points collected by backend_cuda.cu.
+// ctx->backend_state, the call-site check macros and launch helpers.  The
+// layer entry points are in cuda_layers.h (plain C, so the table can be
+// filled by slot name in backend_cuda_table.c).
 //
 // Legend as in ps_engine.h (N images, C/K channels, H,W / P,Q planes).
 #ifndef PS_CUDA_INT_H
@@ -14,14 +15,15 @@
 extern "C" {
 #include "ps_error.h"
 #include "ps_log.h"
+#include "worker/engine/cuda/cuda_layers.h"
 #include "worker/engine/cuda/ps_cuda.h"
 #include "worker/engine/cuda/ps_cuda_backend.h"
 }
 
 // Inside a layer (void functions) a failed CUDA / cuDNN / cuBLAS call is a
-// device fault: log it with the call site and abort (STYLE.md allows abort
-// only for this).  Outside layers (init, helpers returning int) the _RET
-// forms log and return PS_ECUDA instead.
+// device fault: log it with the call site and abort (a layer has no error
+// return, and going on would compute on garbage).  Outside layers (init,
+// helpers returning int) the _RET forms log and return PS_ECUDA instead.
 void ps_cu_fail_(const char *what, const char *err, const char *file, int line);
 #define CU_CHECK(call)                                                                  \
     do {                                                                                \
@@ -97,14 +99,14 @@ struct ps_cu_state {
     // conv algorithm cache, linear search (a model has < ~60 shapes)
     ps_cu_conv_entry *conv;
     int nconv, capconv;
-    // mixed precision (mixed.cu): PS_CUDA_FP32/FP16/BF16 for conv2d and
+    // mixed precision (mixed.cu): PS_PRECISION_FP32/FP16/BF16 for conv2d and
     // linear, their half operands NHWC (nhwc) or NCHW; the loss scale xent's
     // backward multiplies dloss by (1 = off)
     int prec, nhwc;
     float loss_scale;
     void *half[4];        // PS_CU_NHALF staging buffers for half operands
     size_t half_bytes[4];
-    // gradient-ready events (ps_cuda_backend_events): one per hand-off slot
+    // completion events (ps_cuda_backend_events): one per hand-off slot
     cudaEvent_t *ev;
     int nev;
     // half storage of activations (mixed.cu, docs/cuda.md "Half storage"):
@@ -135,7 +137,7 @@ void *ps_cu_scratch(ps_cu_state *s, size_t bytes);
 void *ps_cu_workspace(ps_cu_state *s, size_t bytes);
 
 // Device bytes allocated (+) or freed (-) by the backend, for the
-// ps_cuda_mem_stats high-water mark.
+// ps_cuda_backend_mem_stats high-water mark.
 void ps_cu_mem_account(long long delta);
 // Mixed precision (mixed.cu).  A staging buffer of >= elems 2-byte values
 // (one per role, grown on demand).  to_half: src (N,C,HW) fp32 NCHW -> dst
@@ -164,67 +166,9 @@ static inline unsigned cu_grid(size_t n, unsigned block)
 }
 #define CU_BLOCK 256
 
-// ---- layer entry points (signatures of the ps_backend_t slots) ----------
-void ps_cu_conv2d_forward(ps_ctx_t *ctx, float *out, const float *inp, const float *w,
-                          const float *b, const ps_conv2d_desc_t *d, int N, int H, int W);
-void ps_cu_conv2d_backward(ps_ctx_t *ctx, float *dinp, float *dw, float *db, const float *dout,
-                           const float *inp, const float *w, const ps_conv2d_desc_t *d, int N,
-                           int H, int W);
+// conv2d.cu: free the algorithm cache's descriptors
 void ps_cu_conv_free(ps_cu_state *s);
-
-void ps_cu_bn_forward_train(ps_ctx_t *ctx, float *out, float *save_mean, float *save_rstd,
-                            float *run_mean, float *run_var, const float *inp,
-                            const float *gamma, const float *beta, float eps, float momentum,
-                            int N, int C, int HW);
-void ps_cu_bn_backward_train(ps_ctx_t *ctx, float *dinp, float *dgamma, float *dbeta,
-                             const float *dout, const float *inp, const float *gamma,
-                             const float *save_mean, const float *save_rstd, int N, int C,
-                             int HW);
-void ps_cu_bn_forward_eval(ps_ctx_t *ctx, float *out, const float *inp, const float *gamma,
-                           const float *beta, const float *run_mean, const float *run_var,
-                           float eps, int N, int C, int HW);
-void ps_cu_bn_backward_eval(ps_ctx_t *ctx, float *dinp, float *dgamma, float *dbeta,
-                            const float *dout, const float *inp, const float *gamma,
-                            const float *run_mean, const float *run_var, float eps, int N,
-                            int C, int HW);
-// Per-channel sum of x (N, C, HW) ADDED into acc[c] (conv bias gradient).
+// batchnorm.cu: per-channel sum of x (N, C, HW) ADDED into acc[c] (conv
+// bias gradient)
 void ps_cu_channel_sum_acc(ps_cu_state *s, float *acc, const float *x, int N, int C, int HW);
-
-void ps_cu_maxpool_forward(ps_ctx_t *ctx, float *out, int32_t *argmax, const float *inp,
-                           const ps_pool_desc_t *d, int N, int C, int H, int W);
-void ps_cu_maxpool_backward(ps_ctx_t *ctx, float *dinp, const float *dout,
-                            const int32_t *argmax, const ps_pool_desc_t *d, int N, int C,
-                            int H, int W);
-void ps_cu_avgpool_forward(ps_ctx_t *ctx, float *out, const float *inp, int N, int C, int HW);
-void ps_cu_avgpool_backward(ps_ctx_t *ctx, float *dinp, const float *dout, int N, int C,
-                            int HW);
-
-void ps_cu_linear_forward(ps_ctx_t *ctx, float *out, const float *inp, const float *w,
-                          const float *b, int N, int C, int K);
-void ps_cu_linear_backward(ps_ctx_t *ctx, float *dinp, float *dw, float *db,
-                           const float *dout, const float *inp, const float *w, int N, int C,
-                           int K);
-
-void ps_cu_relu_forward(ps_ctx_t *ctx, float *out, const float *inp, size_t n);
-void ps_cu_relu_backward(ps_ctx_t *ctx, float *dinp, const float *dout, const float *out,
-                         size_t n);
-void ps_cu_dropout_forward(ps_ctx_t *ctx, float *out, uint8_t *mask, const float *inp,
-                           size_t n, float p, uint64_t seed);
-void ps_cu_dropout_backward(ps_ctx_t *ctx, float *dinp, const float *dout,
-                            const uint8_t *mask, size_t n, float p);
-float ps_cu_xent_forward(ps_ctx_t *ctx, float *probs, const float *logits,
-                         const int32_t *labels, int N, int K);
-void ps_cu_xent_backward(ps_ctx_t *ctx, float *dlogits, const float *probs,
-                         const int32_t *labels, float dloss, int N, int K);
-void ps_cu_tshift_forward(ps_ctx_t *ctx, float *out, const float *inp, int B, int T, int C,
-                          int HW, int fold_div);
-void ps_cu_tshift_backward(ps_ctx_t *ctx, float *dinp, const float *dout, int B, int T, int C,
-                           int HW, int fold_div);
-void ps_cu_consensus_forward(ps_ctx_t *ctx, float *out, const float *inp, int B, int T,
-                             int K);
-void ps_cu_consensus_backward(ps_ctx_t *ctx, float *dinp, const float *dout, int B, int T,
-                              int K);
-void ps_cu_add(ps_ctx_t *ctx, float *out, const float *a, const float *b, size_t n);
-void ps_cu_accumulate(ps_ctx_t *ctx, float *acc, const float *x, size_t n);
-void ps_cu_copy_in(ps_ctx_t *ctx, float *dst, const float *src, size_t n);
 #endif

@@ -1,25 +1,23 @@
-// The detection layers of worker/det/det_layers.h on the GPU (issue 6):
-// FPN upsample-add, sigmoid focal loss, smooth-L1, the head permute and the
-// positive count.  Same arguments as the CPU references with the context
-// first; every tensor a device (or managed) pointer, the losses and counts
-// returned into host memory.  Each kernel computes the CPU's formula in the
-// CPU's precision (double for the losses and their gradients, float where
-// the CPU uses float), so parity is to float rounding:
+// The detection layers of the backend table (ps_engine.h) on the GPU: FPN
+// upsample-add, sigmoid focal loss, smooth-L1, the head permute and the
+// positive count, side by side with their CPU references
+// (worker/engine/layers/upsample_add.c, focal.c, smoothl1.c,
+// head_permute.c), same signatures; every tensor a device (or managed)
+// pointer, the losses and counts returned into host memory.  Each kernel
+// computes the CPU's formula in the CPU's precision (double for the losses
+// and their gradients, float where the CPU uses float), so parity is to
+// float rounding:
 //   * upsample-add backward gathers, for each top pixel, the output pixels
 //     copied from it in the CPU's scatter order (rows, then columns, float
 //     adds from 0): bit for bit, and deterministic without atomics;
 //   * loss sums: per-block double partial sums in a fixed grid, added on the
 //     host in block order (deterministic run to run; differs from the CPU's
 //     sequential double sum only in the last double bits).
-// Legend as in det_layers.h (N images, C channels, H,W top map, P,Q lateral
-// map, A anchors, K classes).
+// Legend as in ps_engine.h's detection slots (N images, C channels, H,W top
+// map, P,Q lateral map, A anchors, K classes).
 #include "cuda_int.h"
 
 #include <math.h>
-
-extern "C" {
-#include "worker/det/det_layers.h"
-}
 
 #define DET_THREADS 256
 // partial-sum blocks of a reduction: enough to fill an H200 (132 SMs) a few
@@ -31,7 +29,7 @@ extern "C" {
 
 // ---- FPN upsample-add --------------------------------------------------------
 
-// torch's nearest source index, as det_layers.c's nearest_src (the float
+// torch's nearest source index, as upsample_add.c's nearest_src (the float
 // scale and floorf are the CPU's: IEEE division and multiply, no contraction
 // possible without an add)
 __device__ __forceinline__ int d_nearest_src(int dst, int in, int out)
@@ -129,7 +127,7 @@ k_det_labels(int *out, const int32_t *labels, int A, int K)
 
 // ---- sigmoid focal loss ----------------------------------------------------------
 
-// log(1 + e^x), stable for any x (det_layers.c's softplus)
+// log(1 + e^x), stable for any x (focal.c's softplus)
 __device__ __forceinline__ double d_softplus(double x)
 {
     return x > 0 ? x + log1p(exp(-x)) : log1p(exp(x));
@@ -312,7 +310,7 @@ static int bad_labels(ps_cu_state *s, const int32_t *labels, int A, int K, const
 
 extern "C" {
 
-void ps_det_cu_upsample_add_forward(ps_ctx_t *ctx, float *out, const float *lateral,
+void ps_cu_upsample_add_forward(ps_ctx_t *ctx, float *out, const float *lateral,
                                     const float *top, int N, int C, int H, int W, int P, int Q)
 {
     ps_cu_state *s = cu_state(ctx);
@@ -325,7 +323,7 @@ void ps_det_cu_upsample_add_forward(ps_ctx_t *ctx, float *out, const float *late
     DET_LAUNCH(k_det_upadd_fwd, n, out, lateral, top, n, H, W, P, Q);
 }
 
-void ps_det_cu_upsample_add_backward(ps_ctx_t *ctx, float *dlateral, float *dtop,
+void ps_cu_upsample_add_backward(ps_ctx_t *ctx, float *dlateral, float *dtop,
                                      const float *dout, int N, int C, int H, int W, int P, int Q)
 {
     ps_cu_state *s = cu_state(ctx);
@@ -342,7 +340,7 @@ void ps_det_cu_upsample_add_backward(ps_ctx_t *ctx, float *dlateral, float *dtop
     DET_LAUNCH(k_det_upadd_bwd, n, dtop, dout, n, H, W, P, Q);
 }
 
-int ps_det_cu_count_pos(ps_ctx_t *ctx, const int32_t *labels, int A)
+int ps_cu_count_pos(ps_ctx_t *ctx, const int32_t *labels, int A)
 {
     ps_cu_state *s = cu_state(ctx);
     if (A <= 0) return 0;
@@ -351,7 +349,7 @@ int ps_det_cu_count_pos(ps_ctx_t *ctx, const int32_t *labels, int A)
     return scan_labels(s, labels, A, 0x7ffffffe, &bad);
 }
 
-int ps_det_cu_focal_forward(ps_ctx_t *ctx, float *loss, const float *logits,
+int ps_cu_focal_forward(ps_ctx_t *ctx, float *loss, const float *logits,
                             const int32_t *labels, float alpha, float gamma, float normaliser,
                             int A, int K)
 {
@@ -378,7 +376,7 @@ int ps_det_cu_focal_forward(ps_ctx_t *ctx, float *loss, const float *logits,
     return 0;
 }
 
-int ps_det_cu_focal_backward(ps_ctx_t *ctx, float *dlogits, const float *logits,
+int ps_cu_focal_backward(ps_ctx_t *ctx, float *dlogits, const float *logits,
                              const int32_t *labels, float dloss, float alpha, float gamma,
                              float normaliser, int A, int K)
 {
@@ -397,7 +395,7 @@ int ps_det_cu_focal_backward(ps_ctx_t *ctx, float *dlogits, const float *logits,
     return 0;
 }
 
-void ps_det_cu_smoothl1_forward(ps_ctx_t *ctx, float *loss, const float *pred,
+void ps_cu_smoothl1_forward(ps_ctx_t *ctx, float *loss, const float *pred,
                                 const float *target, const int32_t *labels, float beta,
                                 float normaliser, int A)
 {
@@ -414,7 +412,7 @@ void ps_det_cu_smoothl1_forward(ps_ctx_t *ctx, float *loss, const float *pred,
     *loss = (float)(host_sum(s, part, g) / normaliser);
 }
 
-void ps_det_cu_smoothl1_backward(ps_ctx_t *ctx, float *dpred, const float *pred,
+void ps_cu_smoothl1_backward(ps_ctx_t *ctx, float *dpred, const float *pred,
                                  const float *target, const int32_t *labels, float dloss,
                                  float beta, float normaliser, int A)
 {
@@ -425,7 +423,7 @@ void ps_det_cu_smoothl1_backward(ps_ctx_t *ctx, float *dpred, const float *pred,
     DET_LAUNCH(k_det_sl1_bwd, n, dpred, pred, target, labels, n, beta, scale);
 }
 
-void ps_det_cu_head_permute_forward(ps_ctx_t *ctx, float *out, const float *inp, int nA, int D,
+void ps_cu_head_permute_forward(ps_ctx_t *ctx, float *out, const float *inp, int nA, int D,
                                     int H, int W)
 {
     ps_cu_state *s = cu_state(ctx);
@@ -434,7 +432,7 @@ void ps_det_cu_head_permute_forward(ps_ctx_t *ctx, float *out, const float *inp,
     DET_LAUNCH(k_det_permute_fwd, n, out, inp, n, nA, D, HW);
 }
 
-void ps_det_cu_head_permute_backward(ps_ctx_t *ctx, float *dinp, const float *dout, int nA,
+void ps_cu_head_permute_backward(ps_ctx_t *ctx, float *dinp, const float *dout, int nA,
                                      int D, int H, int W)
 {
     ps_cu_state *s = cu_state(ctx);

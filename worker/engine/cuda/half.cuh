@@ -1,4 +1,4 @@
-// Half storage of activations (issue 5, docs/cuda.md "Half storage"):
+// Half storage of activations (docs/cuda.md "Half storage"):
 // the element conversions every half kernel uses, and the launcher that
 // instantiates a kernel template for the state's precision.
 //
@@ -22,7 +22,7 @@ __device__ __forceinline__ void st(__nv_bfloat16 *d, float v) { *d = __float2bfl
 // stream, T from s->prec; needs `s` (ps_cu_state *) in scope.
 #define HLAUNCH(kern, n, ...)                                                             \
     do {                                                                                  \
-        if (s->prec == PS_CUDA_BF16)                                                      \
+        if (s->prec == PS_PRECISION_BF16)                                                      \
             kern<__nv_bfloat16><<<cu_grid((n), CU_BLOCK), CU_BLOCK, 0, s->stream>>>(      \
                 __VA_ARGS__);                                                             \
         else                                                                              \
@@ -33,7 +33,7 @@ __device__ __forceinline__ void st(__nv_bfloat16 *d, float v) { *d = __float2bfl
 // channel).
 #define HLAUNCH_GB(kern, grid, block, ...)                                                \
     do {                                                                                  \
-        if (s->prec == PS_CUDA_BF16)                                                      \
+        if (s->prec == PS_PRECISION_BF16)                                                      \
             kern<__nv_bfloat16><<<(grid), (block), 0, s->stream>>>(__VA_ARGS__);          \
         else                                                                              \
             kern<__half><<<(grid), (block), 0, s->stream>>>(__VA_ARGS__);                 \

@@ -27,7 +27,7 @@ __global__ void k_bias_grad(float *db, const float *dout, int N, int K)
 
 static cudaDataType_t half_type(const ps_cu_state *s)
 {
-    return s->prec == PS_CUDA_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    return s->prec == PS_PRECISION_BF16 ? CUDA_R_16BF : CUDA_R_16F;
 }
 
 // C (m x n, fp32, column-major, ldc) = alpha op(A) op(B) + beta C, A and B
@@ -50,7 +50,7 @@ void ps_cu_linear_forward(ps_ctx_t *ctx, float *out, const float *inp, const flo
     if (N <= 0 || C <= 0 || K <= 0) return;
     const float one = 1.0f, zero = 0.0f;
     // out^T (K x N) = w (K x C as col-major C x K, transposed) * inp^T (C x N)
-    if (s->prec != PS_CUDA_FP32) {
+    if (s->prec != PS_PRECISION_FP32) {
         // half storage: a half input (N, C) is read as it is; the output
         // (the logits) is fp32 by design
         const int hin = ps_cu_is_half(s, inp);
@@ -82,7 +82,7 @@ void ps_cu_linear_backward(ps_ctx_t *ctx, float *dinp, float *dw, float *db,
         ps_cu_half_mismatch("linear_backward");
         return;
     }
-    if (s->prec != PS_CUDA_FP32 && (dinp || dw)) {
+    if (s->prec != PS_PRECISION_FP32 && (dinp || dw)) {
         const int hin = ps_cu_is_half(s, inp); // then dinp is written half too
         void *dyh = ps_cu_half_buf(s, PS_CU_H_Y, (size_t)N * K);
         ps_cu_to_half(s, dyh, dout, 1, 1, N * K, 0);

@@ -1,4 +1,4 @@
-// Mixed precision on the CUDA backend (issue 5, --precision fp16|bf16):
+// Mixed precision on the CUDA backend (--precision fp16|bf16):
 // the precision switch, the loss scale the backend applies in xent's
 // backward, and the layout-changing casts conv2d.cu / linear.cu use to feed
 // cuDNN and cuBLAS fp16/bf16 operands (tensor cores, fp32 accumulation).
@@ -7,10 +7,10 @@
 // conv2d and linear compute on fp16/bf16 copies of their operands, cast
 // here on the fly (activations NCHW fp32 -> NHWC half, weights KCRS fp32 ->
 // KRSC half), with fp32 accumulation; their results are cast back to the
-// fp32 NCHW tensors the rest of the table reads.  BN (statistics and
-// normalisation), softmax / cross-entropy and the loss stay fp32, as the
-// issue asks; so does everything stored in the model's arena (fp16 storage
-// of the activations is the next step, see docs/cuda.md).
+// fp32 NCHW tensors the rest of the table reads, or, with half storage on
+// (the default of fp16 / bf16, the set of half tensors below), kept half
+// NHWC in their float slots.  BN statistics, softmax / cross-entropy, the
+// loss, parameters and their gradients stay fp32.
 //
 // Legend: N images, C channels, HW = H*W pixels.
 #include "cuda_int.h"
@@ -66,13 +66,13 @@ void ps_cu_to_half(ps_cu_state *s, void *dst, const float *src, int N, int C, in
     const size_t n = (size_t)N * C * HW;
     if (!n) return;
     if (!nhwc) { // same layout: the plain casts of ps_cuda.cu
-        int rc = s->prec == PS_CUDA_BF16
+        int rc = s->prec == PS_PRECISION_BF16
                      ? ps_cuda_f32_to_bf16((uint16_t *)dst, src, n, s->stream)
                      : ps_cuda_f32_to_f16((uint16_t *)dst, src, n, s->stream);
         if (rc) ps_cu_fail_("cast to half", "launch failed", __FILE__, __LINE__);
         return;
     }
-    if (s->prec == PS_CUDA_BF16)
+    if (s->prec == PS_PRECISION_BF16)
         k_nchw_to_nhwc_bf16<<<cu_grid(n, CU_BLOCK), CU_BLOCK, 0, s->stream>>>(
             (__nv_bfloat16 *)dst, src, n, C, HW);
     else
@@ -88,7 +88,7 @@ void ps_cu_from_half(ps_cu_state *s, float *dst, const void *src, int N, int C, 
     if (!n) return;
     // NCHW half is NHWC with HW = 1 and C = C*HW: one kernel serves both
     const int c = nhwc ? C : 1, hw = nhwc ? HW : (int)((size_t)C * HW);
-    if (s->prec == PS_CUDA_BF16)
+    if (s->prec == PS_PRECISION_BF16)
         k_nhwc_bf16_to_nchw<<<cu_grid(n, CU_BLOCK), CU_BLOCK, 0, s->stream>>>(
             dst, (const __nv_bfloat16 *)src, n, c, hw, acc);
     else
@@ -114,15 +114,15 @@ void *ps_cu_half_buf(ps_cu_state *s, int which, size_t elems)
     return s->half[which];
 }
 
-extern "C" int ps_cuda_backend_set_precision(ps_ctx_t *ctx, int prec)
+extern "C" int ps_cuda_backend_set_precision(ps_ctx_t *ctx, ps_precision_t prec)
 {
     if (!ctx || !ctx->backend_state) return PS_EINVAL;
-    if (prec != PS_CUDA_FP32 && prec != PS_CUDA_FP16 && prec != PS_CUDA_BF16) {
-        ps_error("ps_cuda_backend_set_precision: unknown precision %d", prec);
+    if (prec != PS_PRECISION_FP32 && prec != PS_PRECISION_FP16 && prec != PS_PRECISION_BF16) {
+        ps_error("ps_cuda_backend_set_precision: unknown precision %d", (int)prec);
         return PS_EINVAL;
     }
     ps_cu_state *s = (ps_cu_state *)ctx->backend_state;
-    if (prec == PS_CUDA_BF16) {
+    if (prec == PS_PRECISION_BF16) {
         int major = 0;
         CU_RET(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, s->device));
         if (major < 8) {
@@ -135,12 +135,12 @@ extern "C" int ps_cuda_backend_set_precision(ps_ctx_t *ctx, int prec)
     // internal transpose; PS_CUDA_NCHW=1 keeps NCHW half (for comparison,
     // operands only: half storage is NHWC by definition).
     const char *e = getenv("PS_CUDA_NCHW");
-    s->nhwc = prec != PS_CUDA_FP32 && !(e && *e == '1');
+    s->nhwc = prec != PS_PRECISION_FP32 && !(e && *e == '1');
     // half storage of the activations is the default of fp16/bf16;
     // PS_CUDA_HALF_STORAGE=0 keeps the older form (fp32 tensors, half
     // operand copies inside conv / linear) for comparison
     const char *h = getenv("PS_CUDA_HALF_STORAGE");
-    s->hstore = prec != PS_CUDA_FP32 && s->nhwc && !(h && *h == '0');
+    s->hstore = prec != PS_PRECISION_FP32 && s->nhwc && !(h && *h == '0');
     s->hcount = 0; // a precision change forgets every tag (nothing is half yet)
     if (s->hval) memset(s->hval, 0, s->hcap);
     if (s->hkey) memset(s->hkey, 0, s->hcap * sizeof *s->hkey);
@@ -216,7 +216,7 @@ extern "C" int ps_cuda_backend_set_half_storage(ps_ctx_t *ctx, int on)
 {
     if (!ctx || !ctx->backend_state) return PS_EINVAL;
     ps_cu_state *s = (ps_cu_state *)ctx->backend_state;
-    if (on && (s->prec == PS_CUDA_FP32 || !s->nhwc)) {
+    if (on && (s->prec == PS_PRECISION_FP32 || !s->nhwc)) {
         ps_error("half storage needs --precision fp16|bf16 with NHWC (PS_CUDA_NCHW unset)");
         return PS_EINVAL;
     }
@@ -282,9 +282,10 @@ extern "C" int ps_cuda_half_load(ps_ctx_t *ctx, float *dst, const float *src, in
     return 0;
 }
 
-extern "C" int ps_cuda_backend_precision(ps_ctx_t *ctx)
+extern "C" ps_precision_t ps_cuda_backend_precision(ps_ctx_t *ctx)
 {
-    return ctx && ctx->backend_state ? ((ps_cu_state *)ctx->backend_state)->prec : PS_CUDA_FP32;
+    return ctx && ctx->backend_state ? (ps_precision_t)((ps_cu_state *)ctx->backend_state)->prec
+                                     : PS_PRECISION_FP32;
 }
 
 extern "C" int ps_cuda_backend_set_loss_scale(ps_ctx_t *ctx, float scale)

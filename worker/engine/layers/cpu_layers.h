@@ -1,10 +1,24 @@
-/* CPU implementations of the layers in ps_engine.h's backend table.  Each
- * has exactly the signature of its table slot (so a CUDA twin in
- * layers/<name>.cu can have the same one); backend_cpu.c collects them.
- * Private to the engine and its tests. */
+/* CPU implementations of the slots of ps_engine.h's backend table.  Each
+ * has exactly the signature of its slot, as its CUDA twin in
+ * worker/engine/cuda/ has; backend_cpu.c collects them into ps_backend_cpu.
+ * Private to the engine (backend_half_round.c builds on them) and its
+ * tests. */
 #ifndef PS_CPU_LAYERS_H
 #define PS_CPU_LAYERS_H
 #include "worker/engine/ps_engine.h"
+
+/* backend_cpu.c: the device-control slots of a synchronous host backend
+ * (sync and events: nothing to wait for; precision fp32 only; the caller
+ * scales the loss; no device memory; nothing to release) */
+int ps_cpu_sync(ps_ctx_t *ctx);
+int ps_cpu_set_precision(ps_ctx_t *ctx, ps_precision_t precision);
+int ps_cpu_set_loss_scale(ps_ctx_t *ctx, float scale);
+int ps_cpu_events(ps_ctx_t *ctx, int n);
+int ps_cpu_event_record(ps_ctx_t *ctx, int slot);
+int ps_cpu_event_query(ps_ctx_t *ctx, int slot);
+int ps_cpu_event_wait(ps_ctx_t *ctx, int slot);
+int ps_cpu_mem_stats(ps_ctx_t *ctx, ps_backend_mem_t *m, int reset_peak);
+void ps_cpu_release(ps_ctx_t *ctx);
 
 /* conv2d.c, conv2d_col.c */
 void ps_cpu_conv2d_forward(ps_ctx_t *ctx, float *out, const float *inp, const float *w,
@@ -106,5 +120,34 @@ void ps_cpu_consensus_backward(ps_ctx_t *ctx, float *dinp, const float *dout, in
 /* elementwise.c */
 void ps_cpu_add(ps_ctx_t *ctx, float *out, const float *a, const float *b, size_t n);
 void ps_cpu_accumulate(ps_ctx_t *ctx, float *acc, const float *x, size_t n);
+
+/* upsample_add.c */
+void ps_cpu_upsample_add_forward(ps_ctx_t *ctx, float *out, const float *lateral,
+                                 const float *top, int N, int C, int H, int W, int P, int Q);
+void ps_cpu_upsample_add_backward(ps_ctx_t *ctx, float *dlateral, float *dtop,
+                                  const float *dout, int N, int C, int H, int W, int P, int Q);
+
+/* focal.c: the positive count and the sigmoid focal loss */
+int ps_cpu_count_pos(ps_ctx_t *ctx, const int32_t *labels, int A);
+int ps_cpu_focal_forward(ps_ctx_t *ctx, float *loss, const float *logits,
+                         const int32_t *labels, float alpha, float gamma, float normaliser,
+                         int A, int K);
+int ps_cpu_focal_backward(ps_ctx_t *ctx, float *dlogits, const float *logits,
+                          const int32_t *labels, float dloss, float alpha, float gamma,
+                          float normaliser, int A, int K);
+
+/* smoothl1.c */
+void ps_cpu_smoothl1_forward(ps_ctx_t *ctx, float *loss, const float *pred,
+                             const float *target, const int32_t *labels, float beta,
+                             float normaliser, int A);
+void ps_cpu_smoothl1_backward(ps_ctx_t *ctx, float *dpred, const float *pred,
+                              const float *target, const int32_t *labels, float dloss,
+                              float beta, float normaliser, int A);
+
+/* head_permute.c */
+void ps_cpu_head_permute_forward(ps_ctx_t *ctx, float *out, const float *inp, int nA, int D,
+                                 int H, int W);
+void ps_cpu_head_permute_backward(ps_ctx_t *ctx, float *dinp, const float *dout, int nA,
+                                  int D, int H, int W);
 
 #endif

@@ -1,9 +1,10 @@
-/* The CPU rounding backend (tests/lib/half_round.h says what is rounded and
+/* The CPU rounding backend (backend_half_round.h says what is rounded and
  * why).  Each entry mirrors the matching function of worker/engine/cuda/
  * (conv2d.cu, linear.cu, batchnorm.cu, layers.cu, pool.cu): same tag rules
  * (an output takes its input's storage; conv2d always writes half; linear's
  * output and xent are fp32), same rounding points. */
-#include "tests/lib/half_round.h"
+#include "worker/engine/backend_half_round.h"
+#include "layers/cpu_layers.h"
 #include "ps_error.h"
 #include "ps_half.h"
 #include "ps_log.h"
@@ -13,7 +14,7 @@
 #include <string.h>
 
 typedef struct hround {
-    int prec;
+    ps_precision_t prec;
     float loss_scale;
     const void **key; /* pointers tagged; val 1 half, 0 fp32 */
     unsigned char *val;
@@ -28,22 +29,30 @@ static hround_t *st(ps_ctx_t *ctx)
     hround_t *h = ctx ? (hround_t *)ctx->backend_state : NULL;
     if (!h) {
         ps_error("rounding backend used without ps_hround_init()");
-        abort(); /* a broken test harness, not an input error */
+        abort(); /* a broken caller (no ps_hround_init), not an input error */
     }
     return h;
 }
 
-float ps_hround_value(int prec, float x)
+float ps_hround_value(ps_precision_t prec, float x)
 {
-    if (prec == PS_HROUND_FP16) return ps_fp16_to_fp32_1(ps_fp32_to_fp16_1(x));
-    if (prec == PS_HROUND_BF16) return ps_bf16_to_fp32_1(ps_fp32_to_bf16_1(x));
+    if (prec == PS_PRECISION_FP16) return ps_fp16_to_fp32_1(ps_fp32_to_fp16_1(x));
+    if (prec == PS_PRECISION_BF16) return ps_bf16_to_fp32_1(ps_fp32_to_bf16_1(x));
     return x;
 }
 
-int ps_hround_init(ps_ctx_t *ctx, int prec, float loss_scale)
+static int valid_prec(ps_precision_t prec)
 {
-    if (!ctx || prec < PS_HROUND_OFF || prec > PS_HROUND_BF16 || !(loss_scale > 0))
-        return PS_EINVAL;
+    return prec == PS_PRECISION_FP32 || prec == PS_PRECISION_FP16 || prec == PS_PRECISION_BF16;
+}
+
+int ps_hround_init(ps_ctx_t *ctx, ps_precision_t prec, float loss_scale)
+{
+    if (!ctx || !valid_prec(prec) || !(loss_scale > 0)) return PS_EINVAL;
+    if (ctx->backend_state) {
+        ps_error("ps_hround_init: the context has a backend state already");
+        return PS_ESTATE;
+    }
     hround_t *h = calloc(1, sizeof *h);
     if (!h) return PS_ENOMEM;
     h->prec = prec;
@@ -450,8 +459,42 @@ static void r_accumulate(ps_ctx_t *ctx, float *acc, const float *x, size_t n)
     mark(h, acc, hh);
 }
 
+/* The precision and loss scale the rounding follows (ps_hround_init's,
+ * changed here as on CUDA; a precision change forgets every tag). */
+static int r_set_precision(ps_ctx_t *ctx, ps_precision_t precision)
+{
+    if (!valid_prec(precision)) {
+        ps_error("rounding backend: unknown precision %d", (int)precision);
+        return PS_EINVAL;
+    }
+    hround_t *h = st(ctx);
+    h->prec = precision;
+    h->n = 0;
+    return 0;
+}
+
+static int r_set_loss_scale(ps_ctx_t *ctx, float scale)
+{
+    if (!(scale > 0) || !isfinite(scale)) {
+        ps_error("rounding backend: loss scale %g must be finite and > 0", (double)scale);
+        return PS_EINVAL;
+    }
+    st(ctx)->loss_scale = scale;
+    return 0;
+}
+
 const ps_backend_t ps_backend_cpu_round = {
     .name = "cpu-round",
+    .async = 0,
+    .sync = ps_cpu_sync,
+    .set_precision = r_set_precision,
+    .set_loss_scale = r_set_loss_scale,
+    .events = ps_cpu_events,
+    .event_record = ps_cpu_event_record,
+    .event_query = ps_cpu_event_query,
+    .event_wait = ps_cpu_event_wait,
+    .mem_stats = ps_cpu_mem_stats,
+    .release = ps_hround_free,
     .conv2d_forward = r_conv_fwd,
     .conv2d_backward = r_conv_bwd,
     .bn_forward_train = r_bn_fwd_train,
@@ -476,154 +519,17 @@ const ps_backend_t ps_backend_cpu_round = {
     .consensus_backward = r_consensus_bwd,
     .add = r_add,
     .accumulate = r_accumulate,
-    /* NULL as on CUDA (backend_cuda.cu): the model takes the unfused path */
+    /* CUDA runs the detection layers in fp32: the CPU's, unrounded */
+    .upsample_add_forward = ps_cpu_upsample_add_forward,
+    .upsample_add_backward = ps_cpu_upsample_add_backward,
+    .count_pos = ps_cpu_count_pos,
+    .focal_forward = ps_cpu_focal_forward,
+    .focal_backward = ps_cpu_focal_backward,
+    .smoothl1_forward = ps_cpu_smoothl1_forward,
+    .smoothl1_backward = ps_cpu_smoothl1_backward,
+    .head_permute_forward = ps_cpu_head_permute_forward,
+    .head_permute_backward = ps_cpu_head_permute_backward,
+    /* NULL as on CUDA (cuda/backend_cuda_table.c): the model takes the unfused path */
     .bn_relu_forward_eval = NULL,
     .bn_relu_backward_eval = NULL,
 };
-
-/* ---- step snapshots ------------------------------------------------------ */
-
-double ps_hround_relerr(const float *a, const float *b, size_t n)
-{
-    double num = 0, den = 0;
-    for (size_t i = 0; i < n; i++) {
-        const double d = (double)a[i] - b[i];
-        num += d * d;
-        den += (double)b[i] * b[i];
-    }
-    if (isnan(num)) return INFINITY;
-    return den > 0 ? sqrt(num / den) : sqrt(num);
-}
-
-static void *xalloc(size_t bytes)
-{
-    void *p = calloc(1, bytes ? bytes : 1);
-    if (!p) {
-        ps_error("snapshot: out of memory for %zu bytes", bytes);
-        abort();
-    }
-    return p;
-}
-
-int ps_hround_snap(ps_hround_snap_t *s, const ps_model_t *m, int nlogits, float loss,
-                   double grad_scale)
-{
-    memset(s, 0, sizeof *s);
-    s->loss = loss;
-    s->nlogits = (size_t)nlogits;
-    s->logits = xalloc(s->nlogits * sizeof(float));
-    memcpy(s->logits, ps_model_logits(m), s->nlogits * sizeof(float));
-    int np = 0, nb = 0;
-    const ps_model_param_t *p = ps_model_params(m, &np);
-    s->name = xalloc((size_t)np * sizeof *s->name);
-    s->g = xalloc((size_t)np * sizeof *s->g);
-    s->numel = xalloc((size_t)np * sizeof *s->numel);
-    for (int i = 0; i < np; i++) {
-        if (!p[i].trainable) continue;
-        const int k = s->np++;
-        s->name[k] = strdup(p[i].name);
-        s->numel[k] = p[i].numel;
-        s->g[k] = xalloc(p[i].numel * sizeof(float));
-        for (size_t j = 0; j < p[i].numel; j++)
-            s->g[k][j] = (float)(p[i].g[j] * grad_scale);
-    }
-    const ps_model_buffer_t *b = ps_model_buffers(m, &nb);
-    for (int i = 0; i < nb; i++)
-        if (b[i].f32) s->nbufs += b[i].numel;
-    s->bufs = xalloc(s->nbufs * sizeof(float));
-    s->bname = xalloc((size_t)nb * sizeof *s->bname);
-    s->boff = xalloc(((size_t)nb + 1) * sizeof *s->boff);
-    size_t o = 0;
-    for (int i = 0; i < nb; i++)
-        if (b[i].f32) {
-            memcpy(s->bufs + o, b[i].f32, b[i].numel * sizeof(float));
-            s->bname[s->nb] = strdup(b[i].name);
-            s->boff[s->nb++] = o;
-            o += b[i].numel;
-        }
-    s->boff[s->nb] = o;
-    return 0;
-}
-
-void ps_hround_snap_free(ps_hround_snap_t *s)
-{
-    for (int i = 0; i < s->np; i++) {
-        free(s->name[i]);
-        free(s->g[i]);
-    }
-    free(s->name);
-    free(s->g);
-    free(s->numel);
-    for (int i = 0; i < s->nb; i++) free(s->bname[i]);
-    free(s->bname);
-    free(s->boff);
-    free(s->logits);
-    free(s->bufs);
-    memset(s, 0, sizeof *s);
-}
-
-double ps_hround_snap_cmp(const ps_hround_snap_t *a, const ps_hround_snap_t *ref,
-                          const char **worst, double *elog, double *ebuf)
-{
-    const int shape_ok = a->np == ref->np && a->nlogits == ref->nlogits &&
-                         a->nbufs == ref->nbufs;
-    if (elog) *elog = shape_ok ? ps_hround_relerr(a->logits, ref->logits, a->nlogits) : INFINITY;
-    if (ebuf) *ebuf = shape_ok ? ps_hround_relerr(a->bufs, ref->bufs, a->nbufs) : INFINITY;
-    if (worst) *worst = "(shape mismatch)";
-    if (!shape_ok) return INFINITY;
-    double w = 0;
-    for (int i = 0; i < a->np; i++) {
-        const double e = a->numel[i] == ref->numel[i]
-                             ? ps_hround_relerr(a->g[i], ref->g[i], a->numel[i])
-                             : INFINITY;
-        if (e > w || (i == 0 && e >= w)) {
-            w = e;
-            if (worst) *worst = ref->name[i];
-        }
-    }
-    return w;
-}
-
-int ps_hround_snap_equal(const ps_hround_snap_t *a, const ps_hround_snap_t *b)
-{
-    if (a->np != b->np || a->nlogits != b->nlogits || a->nbufs != b->nbufs ||
-        a->loss != b->loss)
-        return 0;
-    if (memcmp(a->logits, b->logits, a->nlogits * sizeof(float)) ||
-        memcmp(a->bufs, b->bufs, a->nbufs * sizeof(float)))
-        return 0;
-    for (int i = 0; i < a->np; i++)
-        if (a->numel[i] != b->numel[i] || memcmp(a->g[i], b->g[i], a->numel[i] * sizeof(float)))
-            return 0;
-    return 1;
-}
-
-const char *ps_hround_snap_worst_buf(const ps_hround_snap_t *a, const ps_hround_snap_t *ref,
-                                     double *e)
-{
-    *e = INFINITY;
-    if (a->nb != ref->nb || a->nbufs != ref->nbufs) return NULL;
-    const char *w = NULL;
-    *e = 0;
-    for (int i = 0; i < a->nb; i++) {
-        const size_t o = ref->boff[i], n = ref->boff[i + 1] - o;
-        const double x = ps_hround_relerr(a->bufs + o, ref->bufs + o, n);
-        if (!w || x > *e) {
-            *e = x;
-            w = ref->bname[i];
-        }
-    }
-    return w;
-}
-
-int ps_hround_snap_nonfinite(const ps_hround_snap_t *s)
-{
-    int n = 0;
-    for (int i = 0; i < s->np; i++)
-        for (size_t j = 0; j < s->numel[i]; j++)
-            if (!isfinite(s->g[i][j])) {
-                n++;
-                break;
-            }
-    return n;
-}
