@@ -11,7 +11,6 @@
 
 #include "ps_error.h"
 #include "ps_log.h"
-#include "ps_safetensors.h"
 
 double ps_worker_now(void)
 {
@@ -20,8 +19,7 @@ double ps_worker_now(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* mkdir -p */
-static int make_dirs(const char *path)
+int ps_worker_make_dirs(const char *path)
 {
     char buf[4096];
     if (snprintf(buf, sizeof buf, "%s", path) >= (int)sizeof buf) {
@@ -50,7 +48,7 @@ int ps_worker_output_open(ps_worker_t *p)
     const char *out = p->o->out;
     if (!out || !*out)
         return 0;
-    int rc = make_dirs(out);
+    int rc = ps_worker_make_dirs(out);
     if (rc)
         return rc;
     if (p->o->standalone)
@@ -64,15 +62,6 @@ int ps_worker_output_open(ps_worker_t *p)
     /* Line-buffered so progress can be followed (and tests can watch it) live. */
     setvbuf(p->csv, NULL, _IOLBF, 0);
     fprintf(p->csv, "iteration,loss,lr,step_ms,compute_ms,comm_wait_ms,data_wait_ms\n");
-    if (p->vid && p->rank == 0) {
-        snprintf(path, sizeof path, "%s/val%s.csv", out, p->o->standalone ? "-standalone" : "");
-        if (!(p->val_csv = fopen(path, "w"))) {
-            ps_error("cannot create %s: %s", path, strerror(errno));
-            return PS_EIO;
-        }
-        setvbuf(p->val_csv, NULL, _IOLBF, 0);
-        fprintf(p->val_csv, "iteration,epoch,loss,top1,top5,nonfinite\n");
-    }
     return 0;
 }
 
@@ -101,118 +90,51 @@ void ps_worker_record_step(ps_worker_t *p, uint64_t step, double loss, double t_
     int every = p->o->progress_every;
     if (every > 0 && ((step + 1) % (uint64_t)every == 0 || step + 1 == p->o->steps)) {
         double sps = s->counted ? p->batch * s->counted / s->sum_step : 0;
-        if (p->vid)
-            printf("iter %llu/%llu epoch %.2f loss %.4f lr %.5g clips/s %.1f data-wait %.1f ms "
-                   "compute %.1f ms comm-wait %.1f ms\n",
-                   (unsigned long long)step + 1, (unsigned long long)p->o->steps,
-                   ps_worker_video_epoch(p, step + 1), loss, (double)lr, sps, t_data * 1e3,
-                   t_compute * 1e3, t_comm * 1e3);
+        if (p->task->progress)
+            p->task->progress(p, step, loss, lr, sps, t_data, t_compute, t_comm);
         else
-        printf("iter %llu/%llu loss %.4f lr %.5g samples/s %.0f compute %.3f ms comm-wait %.3f ms\n",
-               (unsigned long long)step + 1, (unsigned long long)p->o->steps, loss, (double)lr,
-               sps, t_compute * 1e3, t_comm * 1e3);
+            printf("iter %llu/%llu loss %.4f lr %.5g samples/s %.0f compute %.3f ms comm-wait "
+                   "%.3f ms\n", (unsigned long long)step + 1, (unsigned long long)p->o->steps,
+                   loss, (double)lr, sps, t_compute * 1e3, t_comm * 1e3);
         fflush(stdout);
     }
 }
 
 int ps_worker_save_model(ps_worker_t *p)
 {
-    char path[4200], err[256] = "", buf[64];
+    char path[4200];
     const char *out = p->o->out;
-    if (!out || !*out || (p->rank != 0 && !(p->vid && p->o->save_all_ranks)))
+    if (!out || !*out || !p->task->save || (p->rank != 0 && !p->o->save_all_ranks))
         return 0;
     if (p->rank == 0)
         snprintf(path, sizeof path, "%s/model.safetensors", out);
     else /* --save-all-ranks: each worker's own copy (BN statistics tests) */
         snprintf(path, sizeof path, "%s/model-rank%d.safetensors", out, p->rank);
-    if (p->vid || p->det) {
-        int vrc = p->det ? ps_worker_det_save(p, path) : ps_worker_video_save(p, path);
-        if (vrc)
-            ps_error("cannot save the model to %s: %s", path, ps_strerror(vrc));
-        else
-            ps_info("model written to %s", path);
-        return vrc;
-    }
-    ps_st_writer_t *w = ps_st_writer_new();
-    if (!w) {
-        ps_error("cannot save %s: out of memory", path);
-        return PS_ENOMEM;
-    }
-    int rc = 0;
-    for (uint32_t i = 0; i < p->table.ntensors && !rc; i++) {
-        int64_t shape[2];
-        int nd = ps_smoke_shape(&p->dims, (int)i, shape);
-        rc = ps_st_writer_add(w, p->table.tensors[i].name, PS_ST_F32, nd, shape,
-                              p->w + p->table.tensor_offset[i]);
-    }
-    snprintf(buf, sizeof buf, "%llu", (unsigned long long)p->st.nloss);
-    if (!rc) rc = ps_st_writer_meta(w, "model", p->o->model);
-    if (!rc) rc = ps_st_writer_meta(w, "steps", buf);
-    if (!rc) rc = ps_st_writer_meta(w, "wire_dtype", p->o->standalone ? "none" : p->o->dtype);
-    if (!rc) rc = ps_st_writer_save(w, path, err, sizeof err);
-    ps_st_writer_destroy(&w);
-    if (rc) {
-        ps_error("cannot save the model to %s: %s (%s)", path, err, ps_strerror(rc));
-        return rc;
-    }
-    ps_info("model written to %s", path);
-    return 0;
+    int rc = p->task->save(p, path);
+    if (rc)
+        ps_error("cannot save the model to %s: %s", path, ps_strerror(rc));
+    else
+        ps_info("model written to %s", path);
+    return rc;
 }
 
-void ps_worker_print_final(ps_worker_t *p, uint64_t steps_done)
+double ps_worker_recent_loss(const ps_worker_t *p)
 {
-    if (p->det) {
-        ps_worker_det_print_final(p, steps_done);
-        return;
-    }
     const ps_worker_stats_t *s = &p->st;
     uint64_t n = s->nloss < 10 ? s->nloss : 10;
-    double loss = 0, acc = 0, ms = 1e3 / (s->counted ? (double)s->counted : 1.0);
+    double loss = 0;
     for (uint64_t i = 0; i < n; i++) loss += s->recent_loss[i];
-    loss = n ? loss / n : NAN;
-    if (p->vid) {
-        /* Validation on rank 0 only: the others would repeat the same pass
-         * (with the same BN statistics, --bn-sync) and print nan, with
-         * val=rank0 saying where the numbers are. */
-        double t0 = ps_worker_now();
-        if (p->rank == 0)
-            p->val_loss = ps_worker_video_eval(p, &p->top1, &p->top5, NULL);
-        double eval_s = ps_worker_now() - t0;
-        if (p->val_csv)
-            fprintf(p->val_csv, "%llu,%.3f,%.6f,%.4f,%.4f,%zu\n", (unsigned long long)steps_done,
-                    ps_worker_video_epoch(p, steps_done), p->val_loss, p->top1, p->top5,
-                    p->val_nonfinite);
-        double cps = s->sum_step > 0 ? (double)p->batch * s->counted / s->sum_step : 0;
-        printf("final: rank=%d workers=%d model=%s steps=%llu epochs=%.2f batch=%d loss=%.6f "
-               "top1=%.4f top5=%.4f val_loss=%.6f clips_per_s=%.2f cluster_clips_per_s=%.2f "
-               "step_ms=%.1f data_wait_ms=%.1f compute_ms=%.1f comm_wait_ms=%.1f eval_s=%.1f "
-               "wall_s=%.1f",
-               p->rank, p->nworkers, p->o->model, (unsigned long long)steps_done,
-               ps_worker_video_epoch(p, steps_done), p->batch, loss, p->top1, p->top5, p->val_loss,
-               cps, cps * p->nworkers, s->sum_step * ms, s->sum_data * ms, s->sum_compute * ms,
-               s->sum_comm * ms, eval_s, ps_worker_now() - s->t_start);
-        int nbn = 0;
-        uint32_t bn_crc = ps_worker_video_bn_crc(p, &nbn);
-        printf(" val=%s bn_sync=%d bn_stats=%d bn_crc=%08x", p->rank == 0 ? "here" : "rank0",
-               nbn > 0, nbn, (unsigned)bn_crc);
-        if (p->val_nonfinite) printf(" nonfinite=%zu", p->val_nonfinite);
-        if (p->o->out && *p->o->out)
-            printf(" out=%s%s", p->o->out, p->rank == 0 ? " model=model.safetensors" : "");
-        printf("\n");
-        fflush(stdout);
-        return;
-    }
-    double eval_loss = ps_worker_eval(p, &acc);
-    double sps = s->sum_step > 0 ? (double)p->batch * s->counted / s->sum_step : 0;
-    printf("final: rank=%d workers=%d steps=%llu batch=%d loss=%.6f eval_loss=%.6f "
-           "init_eval_loss=%.6f accuracy=%.4f samples_per_s=%.1f cluster_samples_per_s=%.1f "
-           "step_ms=%.3f compute_ms=%.3f comm_wait_ms=%.3f stale_drops=%llu wall_s=%.3f",
-           p->rank, p->nworkers, (unsigned long long)steps_done, p->batch, loss, eval_loss,
-           p->init_eval_loss, acc, sps, sps * p->nworkers, s->sum_step * ms,
-           s->sum_compute * ms, s->sum_comm * ms, (unsigned long long)s->stale_drops,
-           ps_worker_now() - s->t_start);
+    return n ? loss / n : NAN;
+}
+
+double ps_worker_per_s(const ps_worker_t *p)
+{
+    const ps_worker_stats_t *s = &p->st;
+    return s->sum_step > 0 ? (double)p->batch * s->counted / s->sum_step : 0;
+}
+
+void ps_worker_print_out(const ps_worker_t *p)
+{
     if (p->o->out && *p->o->out)
         printf(" out=%s%s", p->o->out, p->rank == 0 ? " model=model.safetensors" : "");
-    printf("\n");
-    fflush(stdout);
 }

@@ -1,5 +1,5 @@
 /* --overlap: per-layer gradient hand-off and per-layer weight waits in the
- * cluster loop (issues 5 and 7; P3 / ByteScheduler style).
+ * cluster loop (P3 / ByteScheduler style).
  *
  * Without it a step is forward, the whole backward, PUSHPULL of every
  * partition, wait for all of them, next forward.  With it:
@@ -45,7 +45,6 @@
  * were pushed clean would make the servers apply part of a skipped step.
  * The whole-step verdict is only known after the whole backward, so with
  * --loss-scale on the hand-off is off (logged; docs/cuda.md). */
-#include "config.h"
 #include "worker/psworker/psworker.h"
 
 #include <pthread.h>
@@ -70,8 +69,9 @@ struct ps_worker_overlap {
     ps_req_t **req;
     uint64_t *ver;
     ps_model_t *m;
-    ps_ctx_t *ctx;           /* the model's backend context and table */
-    const ps_backend_t *be;
+    const ps_backend_t *be;  /* the model's backend and context */
+    ps_ctx_t *ctx;
+    int async;               /* be->async: hand gradients to the communication thread */
     int sync;
     uint64_t step;           /* the step being computed */
     float *wnext;            /* (numel) replies land here */
@@ -400,38 +400,40 @@ int ps_worker_overlap_new(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64
     *out = NULL;
     if (!strcmp(o->overlap, "off"))
         return 0;
-    ps_ctx_t *ctx = NULL;
-    const ps_backend_t *be = NULL;
-    ps_model_t *m = ps_worker_video_model(p, &ctx, &be);
+    ps_model_t *m = p->task->model ? p->task->model(p) : NULL;
     if (!m) {
         if (asked)
             ps_info("--overlap: %s has no per-layer hooks: pushes after the whole backward",
                     o->model);
         return 0;
     }
-    if (o->ls_on) {
+    if (o->prec.ls_on) {
         ps_info("--overlap off: loss scaling is on, and servers skip an overflowed update per "
                 "partition, so early pushes could apply part of a skipped step "
                 "(docs/cuda.md)");
         return 0;
     }
+    /* An asynchronous backend records an event per partition after its last
+     * gradient; the host then reads the gradient (after its event) and
+     * writes the next layers' weights while kernels run, which the backend
+     * refuses (PS_EUNSUPPORTED, logged) where the device cannot share
+     * memory with the host concurrently. */
     uint32_t np = p->table.nparts;
-    /* each partition is handed over with an event (always complete on a
-     * synchronous backend); a backend that cannot (it says why) keeps the
-     * plain loop */
-    int rc = be->events(ctx, (int)np);
-    if (rc == PS_EUNSUPPORTED) {
-        ps_info("--overlap off: the %s backend cannot hand gradients over while it computes",
-                be->name);
-        return 0;
-    }
-    if (rc) {
-        ps_error("--overlap: cannot create %u completion events: %s", np, ps_strerror(rc));
-        return rc;
+    int async = p->be && p->be->async;
+    if (async) {
+        int rc = p->be->events(p->ctx, (int)np);
+        if (rc == PS_EUNSUPPORTED) {
+            ps_info("--overlap off: the device cannot hand gradients to the host during backward");
+            return 0;
+        }
+        if (rc) {
+            ps_error("--overlap: cannot create %u device events: %s", np, ps_strerror(rc));
+            return rc;
+        }
     }
     ps_worker_overlap_t *ov = calloc(1, sizeof *ov);
     if (!ov) {
-        be->events(ctx, 0);
+        if (async) p->be->events(p->ctx, 0);
         return PS_ENOMEM;
     }
     ov->p = p;
@@ -439,8 +441,9 @@ int ps_worker_overlap_new(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64
     ov->req = req;
     ov->ver = ver;
     ov->m = m;
-    ov->ctx = ctx;
-    ov->be = be;
+    ov->be = p->be;
+    ov->ctx = p->ctx;
+    ov->async = async;
     ov->sync = sync;
     ov->wnext = malloc(p->numel * sizeof(float));
     ov->gsend = malloc(p->numel * sizeof(float));
@@ -449,7 +452,7 @@ int ps_worker_overlap_new(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64
     ov->inflight = calloc(np, 1);
     ov->pushed = calloc(np, 1);
     ov->q = calloc(np, sizeof *ov->q);
-    rc = PS_ENOMEM;
+    int rc = PS_ENOMEM;
     if (!ov->wnext || !ov->gsend || !ov->npend || !ov->req_step || !ov->inflight || !ov->pushed ||
         !ov->q || (rc = build_maps(ov))) {
         if (rc == PS_ENOMEM) ps_error("--overlap: out of memory");
@@ -459,7 +462,7 @@ int ps_worker_overlap_new(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64
     pthread_mutex_init(&ov->mu, NULL);
     pthread_cond_init(&ov->cv, NULL);
     ov->mu_on = 1;
-    if (be->async) {
+    if (async) {
         if ((rc = pthread_create(&ov->thr, NULL, comm_main, ov))) {
             ps_error("--overlap: pthread_create: %s", strerror(rc));
             ps_worker_overlap_free(&ov);
@@ -470,7 +473,7 @@ int ps_worker_overlap_new(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64
     ps_model_set_hooks(m, on_grad_ready, on_weights_needed, ov);
     ps_info("--overlap on: each partition is pushed when its layers' backward is done%s; the "
             "next forward waits layer by layer for the partitions it reads",
-            be->async ? " (completion events, communication thread)" : "");
+            async ? " (device events, communication thread)" : "");
     *out = ov;
     return 0;
 }
@@ -492,7 +495,7 @@ void ps_worker_overlap_free(ps_worker_overlap_t **ovp)
         pthread_mutex_unlock(&ov->mu);
         pthread_join(ov->thr, NULL);
     }
-    if (ov->be) ov->be->events(ov->ctx, 0);
+    if (ov->async) ov->be->events(ov->ctx, 0);
     if (ov->mu_on) {
         pthread_mutex_destroy(&ov->mu);
         pthread_cond_destroy(&ov->cv);

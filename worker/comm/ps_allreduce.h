@@ -1,0 +1,55 @@
+/* Averaging a gradient over W workers without servers: the kinds of
+ * allreduce psworker's ring mode can use, as rows of a table.
+ *
+ *   ring   TCP ring (ps_ring.h): reduce-scatter + all-gather on the host
+ *   nccl   NCCL (ps_nccl.h) on a device copy of the buffer; compiled with
+ *          CUDA, and added by the program that reads --allreduce
+ *          (ps_allreduce_add_kind(&ps_allreduce_nccl)), so this library
+ *          never needs CUDA to link
+ *
+ * Every rank calls mean with the same n and dtype in the same order and
+ * gets the same bits back (the sum divided by (float)W as psd divides). */
+#ifndef PS_ALLREDUCE_H
+#define PS_ALLREDUCE_H
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ps_codec.h"
+
+typedef struct ps_allreduce_opts {
+    int timeout_ms;          /* longest wait for a peer (> 0) */
+    int nconn;               /* ring: connections to the right neighbour */
+    const char *device;      /* nccl: "cuda:N", else one GPU per rank (rank % visible) */
+    size_t max_numel;        /* nccl: largest buffer mean will be given */
+} ps_allreduce_opts_t;
+
+typedef struct ps_allreduce_kind {
+    const char *name;
+    /* 0 when this build can run it, else PS_EUNSUPPORTED with the reason in why */
+    int (*available)(char *why, size_t len);
+    int (*open)(void **state, int rank, int world, const char *const *peers,
+                const ps_allreduce_opts_t *o);
+    int (*mean)(void *state, float *buf, size_t n, ps_dtype_t dt);
+    void (*bytes)(void *state, uint64_t *sent, uint64_t *recv); /* NULL: not counted */
+    void (*close)(void *state);
+} ps_allreduce_kind_t;
+
+typedef struct ps_allreduce ps_allreduce_t;
+
+extern const ps_allreduce_kind_t ps_allreduce_ring;
+extern const ps_allreduce_kind_t ps_allreduce_nccl; /* libps_nccl.a (CUDA builds) */
+
+/* Add a kind (the ring is always there).  0, or PS_ENOMEM when the table is full. */
+int ps_allreduce_add_kind(const ps_allreduce_kind_t *k);
+/* 0 when `name` can run here; else PS_EINVAL (no such kind in this build)
+ * or the kind's PS_EUNSUPPORTED, the reason in why. */
+int ps_allreduce_check(const char *name, char *why, size_t len);
+/* Rank `rank` of `world`: peers[r] is rank r's endpoint.  0 or PS_E* (logged). */
+int ps_allreduce_open(ps_allreduce_t **ar, const char *kind, int rank, int world,
+                      const char *const *peers, const ps_allreduce_opts_t *o);
+/* buf[0..n) := the mean over the ranks, in place on the host. */
+int ps_allreduce_mean(ps_allreduce_t *ar, float *buf, size_t n, ps_dtype_t dt);
+/* Bytes this rank sent / received so far (0 where the kind does not count). */
+void ps_allreduce_bytes(const ps_allreduce_t *ar, uint64_t *sent, uint64_t *recv);
+void ps_allreduce_close(ps_allreduce_t **ar);
+#endif

@@ -1,0 +1,396 @@
+/* Training through psd servers (sync, async or bounded staleness).
+ *
+ * Step: compute this rank's mean gradient, PUSHPULL every partition (all in
+ * flight together, issued in partition order so the client's
+ * front-of-model priority matches), wait for all, which also brings back
+ * the weights of the next version.  The iteration sent with a partition's
+ * gradient is the version of the weights it was computed from; in sync mode
+ * that is the step number, in async / bounded-staleness modes the server
+ * uses it to measure staleness.  With --overlap (overlap.c) the pushes
+ * leave from the model's backward hooks and the replies are checked, by
+ * the same ps_worker_part_complete, from the next forward's hooks.
+ *
+ * Loss scaling: a worker that overflowed flags every PUSH of the step
+ * PS_FLAG_OVERFLOW; psd skips the update and echoes the flag on the
+ * WEIGHTS of that version, so every worker feeds the same verdict to its
+ * scaler and all scales stay identical. */
+#include "worker/psworker/psworker.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ps_error.h"
+#include "ps_log.h"
+#include "ps_wire.h"
+#include "worker/client/ps_client.h"
+
+/* Wait for every request in req[0..n) (NULL entries skipped), in order. */
+static int wait_all(ps_client_t *c, ps_req_t **req, uint64_t *ver, uint32_t n, const char *what)
+{
+    int first_err = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (!req[i])
+            continue;
+        int rc = ps_client_wait(c, req[i], -1, &ver[i]);
+        req[i] = NULL;
+        if (rc && !first_err) {
+            ps_error("%s of partition %u failed: %s (%s)", what, i, ps_strerror(rc),
+                     ps_client_last_error(c));
+            first_err = rc;
+        }
+    }
+    return first_err;
+}
+
+static int pull_all(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_t *ver)
+{
+    for (uint32_t i = 0; i < p->table.nparts; i++) {
+        int rc = ps_client_pull(c, i, 0, p->w + p->table.parts[i].offset, &req[i]);
+        if (rc) {
+            ps_error("pull of partition %u: %s", i, ps_strerror(rc));
+            wait_all(c, req, ver, i, "pull");
+            return rc;
+        }
+    }
+    return wait_all(c, req, ver, p->table.nparts, "pull");
+}
+
+/* Partition i's PUSHPULL of `step` (req[i]) is done or about to be: wait
+ * for it and run every check of a cluster step on it (OVERFLOW verdict,
+ * ROLLBACK, stale drop and re-pull in async modes, exactly one update per
+ * step in sync mode, versions going back).  Used by cluster_step after all
+ * pushes and by the overlap hooks (psworker_overlap.c) one partition at a
+ * time, as the next forward needs it.  dst: where the partition's weights
+ * land (the re-pull after a stale drop goes there too).  Returns 0 or the
+ * PS_E*; *first_rc keeps the first error of the step, logged once. */
+int ps_worker_part_complete(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_t *ver,
+                            uint32_t i, float *dst, uint64_t step, int sync, int *remote_ovf,
+                            int *first_rc)
+{
+    if (!req[i])
+        return 0;
+    uint64_t v = 0;
+    uint32_t rflags = 0;
+    int r = ps_client_wait_flags(c, req[i], -1, &v, &rflags);
+    req[i] = NULL;
+    /* psd's verdict on this step (sync): WEIGHTS of a skipped update */
+    if (!r && (rflags & PS_FLAG_OVERFLOW))
+        *remote_ovf = 1;
+    if (r == PS_ESTATE && sync && (rflags & PS_FLAG_ROLLBACK)) {
+        /* A server restarted from an older checkpoint (v): cluster_train
+         * rolls every server back once this step's requests are done. */
+        if (!p->rollback || v < p->rollback_to)
+            p->rollback_to = v;
+        p->rollback = 1;
+        return 0;
+    }
+    if (r == PS_ESTALE && !sync) {
+        p->st.stale_drops++;
+        ps_debug("partition %u: gradient of version %" PRIu64 " too stale, pulling", i, ver[i]);
+        r = ps_client_pull(c, i, 0, dst, &req[i]);
+        if (!r)
+            r = ps_client_wait(c, req[i], -1, &v);
+        req[i] = NULL;
+    }
+    if (r) {
+        if (!*first_rc)
+            ps_error("step %" PRIu64 ": partition %u failed: %s (%s)", step, i, ps_strerror(r),
+                     ps_client_last_error(c));
+        *first_rc = *first_rc ? *first_rc : r;
+        return r;
+    }
+    if (sync && v != step + 1 && !*first_rc) {
+        /* Exactly one update per step: anything else is a lost or doubled one. */
+        ps_error("step %" PRIu64 ": partition %u came back at version %" PRIu64
+                 ", expected %" PRIu64 " (lost or doubled update; or the servers do not "
+                 "run --mode sync: give psworker the same --mode)", step, i, v, step + 1);
+        *first_rc = PS_ESTATE;
+    }
+    if (!sync && v < ver[i]) {
+        /* The partition's version went backwards: its server restarted
+         * from an older checkpoint.  Residuals of lossy pushes were
+         * accumulated against weights that no longer exist. */
+        ps_warn("partition %u went back from version %" PRIu64 " to %" PRIu64
+                " (server restored a checkpoint): resetting error feedback", i, ver[i], v);
+        ps_client_ef_reset(c);
+    }
+    ver[i] = v;
+    return *first_rc;
+}
+
+/* One cluster step: push the gradient of every partition and get the new
+ * weights back.  A gradient refused as too stale (bounded staleness) is
+ * dropped and the partition's newest weights are pulled instead. */
+static int cluster_step(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_t *ver,
+                        uint64_t step, int sync, int local_ovf, int *remote_ovf)
+{
+    uint32_t n = p->table.nparts;
+    uint32_t pflags = ps_loss_scale_push_flags(local_ovf);
+    int rc = 0;
+    *remote_ovf = 0;
+    for (uint32_t i = 0; i < n && !rc; i++) {
+        size_t off = p->table.parts[i].offset;
+        rc = ps_client_pushpull(c, i, sync ? step : ver[i], p->grad + off, p->w + off, pflags,
+                                &req[i]);
+        if (rc)
+            ps_error("pushpull of partition %u at step %" PRIu64 ": %s", i, step,
+                     ps_strerror(rc));
+    }
+    for (uint32_t i = 0; i < n; i++)
+        ps_worker_part_complete(p, c, req, ver, i, p->w + p->table.parts[i].offset, step, sync,
+                                remote_ovf, &rc);
+    return rc;
+}
+
+/* Roll every server back to p->rollback_to (ps_client_rollback: the lowest
+ * version some server can restore), pull the weights of that version and
+ * return it in *next: the step to compute next.  The data of a step is a
+ * function of the step alone, so the steps redone repeat the lost ones. */
+static int rollback(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_t *ver, uint64_t step,
+                    uint64_t *next)
+{
+    uint64_t v = p->rollback_to;
+    int rc;
+    for (int tries = 0; tries < 8; tries++) {
+        p->rollback = 0;
+        ps_warn("step %" PRIu64 ": a server restarted from its checkpoint of version %" PRIu64
+                ": rolling every server back to it", step, v);
+        if ((rc = ps_client_rollback(c, &v))) {
+            ps_error("rollback to version %" PRIu64 " failed: %s (%s)", v, ps_strerror(rc),
+                     ps_client_last_error(c));
+            return rc;
+        }
+        if ((rc = pull_all(p, c, req, ver)))
+            return rc;
+        uint64_t lo = ver[0], hi = ver[0];
+        for (uint32_t i = 1; i < p->table.nparts; i++) {
+            lo = ver[i] < lo ? ver[i] : lo;
+            hi = ver[i] > hi ? ver[i] : hi;
+        }
+        if (lo == v && hi == v) {
+            /* Residuals of lossy pushes belong to the weights abandoned. */
+            ps_client_ef_reset(c);
+            ps_info("rolled back to step %" PRIu64 " (%" PRIu64 " step(s) to redo)", v, step - v);
+            *next = v;
+            return 0;
+        }
+        /* Another worker rolled some server further back meanwhile. */
+        v = lo;
+    }
+    ps_error("rollback: partition versions keep moving; giving up");
+    return PS_ESTATE;
+}
+
+/* A worker (re)started while the job runs must not wait at the start
+ * barrier (the others are training, not at the barrier): every server
+ * reporting a version above 0 means the job is under way or resumed from
+ * checkpoints, and the weights are there to pull. */
+static int job_under_way(ps_client_t *c, int nservers)
+{
+    for (int s = 0; s < nservers; s++) {
+        char *json = NULL;
+        if (ps_client_stats(c, s, &json) || !json)
+            return 0;
+        const char *k = strstr(json, "\"version\":");
+        unsigned long long v = k ? strtoull(k + 10, NULL, 10) : 0;
+        free(json);
+        if (v == 0)
+            return 0;
+    }
+    return 1;
+}
+
+/* --overlap: the step of the loop once ps_worker_compute returned.  The
+ * hooks already pushed what backward finished and checked the previous
+ * step's replies as the forward needed them; the rest is pushed here.
+ * Before a step that validates and after the last one every reply is
+ * checked at once, as the plain loop does within the step.  *t_wait: time
+ * blocked on replies.  Returns 0, or the PS_E*, with p->rollback set when
+ * the loop must roll back. */
+static int overlap_step(ps_worker_t *p, ps_worker_overlap_t *ov, uint64_t s, double *t_wait)
+{
+    int rc = ps_worker_overlap_end(ov, t_wait), remote = 0;
+    if (rc || p->rollback || p->compute_rc)
+        return rc;
+    if (s + 1 == p->o->steps || ps_worker_val_due(p, s + 1)) {
+        double t0 = ps_worker_now();
+        rc = ps_worker_overlap_wait_all(ov, &remote);
+        *t_wait += ps_worker_now() - t0;
+    }
+    return rc;
+}
+
+/* The state one cluster run carries between its phases. */
+typedef struct cluster {
+    ps_worker_t *p;
+    ps_client_t *c;
+    ps_req_t **req;
+    uint64_t *ver;
+    ps_worker_overlap_t *ov;
+    int sync;
+} cluster_t;
+
+/* Rank 0 sends the INIT (the spec and its initial weights); a server that
+ * holds a checkpoint of this model answers that it resumes from it. */
+static int send_init(cluster_t *k)
+{
+    ps_worker_t *p = k->p;
+    int from_ckpt = 0;
+    char *spec = ps_worker_spec_json(p);
+    if (!spec) {
+        ps_error("cannot build the model spec: out of memory");
+        return PS_ENOMEM;
+    }
+    int rc = ps_client_init(k->c, spec, p->w, &from_ckpt);
+    free(spec);
+    if (rc) {
+        ps_error("INIT failed: %s (%s)", ps_strerror(rc), ps_client_last_error(k->c));
+        return rc;
+    }
+    if (from_ckpt) ps_info("servers hold a checkpoint of this model: resuming from it");
+    return 0;
+}
+
+/* INIT, the start barrier (or joining a job under way), the first pull:
+ * *start = the step to compute first. */
+static int cluster_begin(cluster_t *k, uint64_t *start)
+{
+    ps_worker_t *p = k->p;
+    int rc;
+    if (p->rank == 0 && (rc = send_init(k))) return rc;
+    if (k->sync && job_under_way(k->c, p->table.nservers))
+        ps_info("the servers are past version 0: joining the running job (no start barrier)");
+    else if ((rc = ps_client_barrier(k->c))) {
+        ps_error("start barrier failed: %s (%s)", ps_strerror(rc), ps_client_last_error(k->c));
+        return rc;
+    }
+    if ((rc = pull_all(p, k->c, k->req, k->ver))) return rc;
+    uint64_t lo = k->ver[0], hi = k->ver[0];
+    for (uint32_t i = 1; i < p->table.nparts; i++)
+        hi = k->ver[i] > hi ? k->ver[i] : hi;
+    for (uint32_t i = 1; i < p->table.nparts; i++) {
+        /* One apart is a worker rejoining a running job mid-step: the
+         * partitions its previous life already pushed are one ahead; it
+         * starts from the lowest and those answer its pushes as retries. */
+        if (k->ver[i] != lo && k->sync && hi - (k->ver[i] < lo ? k->ver[i] : lo) > 1) {
+            ps_error("partitions start at different versions (%" PRIu64 " and %" PRIu64
+                     "): servers restored from checkpoints of different steps", lo, k->ver[i]);
+            return PS_ESTATE;
+        }
+        if (k->ver[i] < lo) lo = k->ver[i];
+    }
+    *start = k->sync ? lo : 0; /* versions count pushes, not steps, in async modes */
+    if (k->sync && lo > 0) ps_info("resuming at step %" PRIu64, lo);
+    return 0;
+}
+
+/* One step of the loop; *next = the step after it (a rollback moves it back). */
+static int cluster_one(cluster_t *k, uint64_t s, uint64_t *next)
+{
+    ps_worker_t *p = k->p;
+    int rc;
+    double t0 = ps_worker_now();
+    *next = s + 1;
+    ps_worker_ls_begin(p);
+    if (k->ov) ps_worker_overlap_begin(k->ov, s);
+    double loss = ps_worker_compute(p, s), t_wait = 0;
+    if (k->ov && (rc = overlap_step(p, k->ov, s, &t_wait))) return rc;
+    if (!(k->ov && p->rollback) && (rc = ps_worker_check_loss(p, loss, s))) return rc;
+    ps_worker_devmem_step(p, s);
+    int ovf = ps_worker_ls_prepare(p, s), remote = 0; /* ls is off with --overlap */
+    double t1 = ps_worker_now();
+    if (!k->ov && (rc = cluster_step(p, k->c, k->req, k->ver, s, k->sync, ovf, &remote)))
+        return rc;
+    if (p->rollback) return rollback(p, k->c, k->req, k->ver, s, next);
+    if (ovf && k->sync && !remote)
+        /* Our flagged pushes were skipped, yet no reply says so: a psd
+         * without the echo; the other workers cannot know either. */
+        ps_warn("step %" PRIu64 ": overflow pushed but no server reported the skip: "
+                "workers' loss scales may diverge (psd too old?)", s);
+    /* Async / bounded staleness: no step is shared, each worker's own
+     * overflow is its verdict (psd drops just that push). */
+    ps_worker_ls_finish(p, s, PS_WORKER_LS_WHERE(ovf), ovf || (k->sync && remote));
+    double t2 = ps_worker_now();
+    /* --overlap: the waits inside compute and after it are communication */
+    ps_worker_record_step(p, s, loss, t2 - t0, t1 - t0 - t_wait, t2 - t1 + t_wait);
+    /* rank 0 validated: the others wait here, not in a PUSHPULL */
+    if (ps_worker_validate(p, s + 1) && (rc = ps_client_barrier(k->c))) {
+        ps_error("validation barrier failed: %s (%s)", ps_strerror(rc), ps_client_last_error(k->c));
+        return rc;
+    }
+    return 0;
+}
+
+/* Everyone finished: in async modes the newest weights are on the servers,
+ * so every rank reads them back before evaluating / saving; a second
+ * barrier, so that nobody still pulls when rank 0 shuts the servers down. */
+static int cluster_end(cluster_t *k)
+{
+    ps_worker_t *p = k->p;
+    int rc;
+    if ((rc = ps_client_barrier(k->c))) {
+        ps_error("final barrier failed: %s (%s)", ps_strerror(rc), ps_client_last_error(k->c));
+        return rc;
+    }
+    if ((rc = pull_all(p, k->c, k->req, k->ver)) || (rc = ps_worker_finish(p, p->o->steps)))
+        return rc;
+    if ((rc = ps_client_barrier(k->c))) {
+        ps_error("exit barrier failed: %s (%s)", ps_strerror(rc), ps_client_last_error(k->c));
+        return rc;
+    }
+    if (p->rank == 0 && p->o->shutdown_servers && (rc = ps_client_shutdown_servers(k->c))) {
+        ps_error("SHUTDOWN of the servers failed: %s (%s)", ps_strerror(rc),
+                 ps_client_last_error(k->c));
+        return rc;
+    }
+    return 0;
+}
+
+static int cluster_train(cluster_t *k)
+{
+    ps_worker_t *p = k->p;
+    uint64_t start = 0;
+    int rc;
+    if ((rc = cluster_begin(k, &start)) || (rc = ps_worker_start(p))) return rc;
+    if (p->o->prec.ls_on && (rc = ps_loss_scale_init(&p->ls, &p->o->prec.ls_cfg))) return rc;
+    ps_client_counters_t c0, c1;
+    ps_client_counters(k->c, &c0);
+    p->st.t_start = ps_worker_now();
+    for (uint64_t s = start, next; s < p->o->steps; s = next)
+        if ((rc = cluster_one(k, s, &next))) return rc;
+    ps_client_counters(k->c, &c1);
+    p->st.wire_sent = c1.bytes_out - c0.bytes_out;
+    p->st.wire_recv = c1.bytes_in - c0.bytes_in;
+    return cluster_end(k);
+}
+
+int ps_worker_run_cluster(ps_worker_t *p)
+{
+    ps_client_t *c = NULL;
+    ps_worker_overlap_t *ov = NULL;
+    int rc, sync = !strcmp(p->o->mode, "sync");
+    ps_req_t **req = calloc(p->table.nparts, sizeof *req);
+    uint64_t *ver = calloc(p->table.nparts, sizeof *ver);
+
+    if (!req || !ver) {
+        rc = PS_ENOMEM;
+        goto out;
+    }
+    if ((rc = ps_worker_client_connect(p, &c)))
+        goto out;
+    if ((rc = ps_worker_overlap_new(p, c, req, ver, sync, &ov)))
+        goto out;
+    cluster_t k = {p, c, req, ver, ov, sync};
+    rc = cluster_train(&k);
+out:
+    /* Destroying the client stops its I/O thread before the buffers that
+     * in-flight requests point into (p->w, p->grad, the overlap's) are
+     * freed; the overlap's communication thread is idle between steps. */
+    ps_client_destroy(&c);
+    ps_worker_overlap_free(&ov);
+    free(req);
+    free(ver);
+    return rc;
+}

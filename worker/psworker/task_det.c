@@ -1,0 +1,568 @@
+/* The detection task: RetinaNet-FPN (worker/models/ps_retinanet.h) fed
+ * by the detection data pipeline (worker/det/det_data.h), trained by the
+ * same loops as every other task.  As for the video models (task_video.c)
+ * the trainable tensors live in one flat vector in model order (p->w,
+ * p->grad), copied into / out of the model's tables around each step.
+ *
+ * Data: rank r of W reads DistributedSampler's share, B images per step;
+ * step s is batch s % bpe of epoch s / bpe.  The anchor assignment runs in
+ * the loader threads.  Each rank normalises its losses by the positives of
+ * its own B images (Detectron / SimpleDet per-GPU normalisation); the
+ * servers average the W gradients.
+ *
+ * Validation (rank 0): the whole --val-json through the inference
+ * post-processing (ps_det_postprocess: score > 0.05, top 1000 per level,
+ * class-wise NMS 0.5, 100 per image), boxes mapped back to the original
+ * image, then the COCO evaluator (coco_eval.h): AP, AP50, AP75.
+ *
+ * --device cuda[:N]: the engine's CUDA backend, detection layers included,
+ * with the model's arenas in managed memory, as for the video models;
+ * every layer is queued on the backend's stream, so be->sync comes before
+ * the host reads gradients or outputs (the two losses come back by value,
+ * already waited for).  The loaders read a host copy of the anchors, never
+ * the arena. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ps_error.h"
+#include "ps_log.h"
+#include "worker/det/coco_eval.h"
+#include "worker/det/det_boxes.h"
+#include "worker/det/det_data.h"
+#include "worker/models/ps_retinanet.h"
+#include "worker/psworker/psworker.h"
+
+typedef struct det_opts {
+    char *train_json, *val_json;  /* COCO annotations */
+    char *val_root;         /* val images ("" = --root) */
+    int fpn_channels;       /* FPN / head width (256 = torchvision) */
+    int freeze_at;          /* frozen backbone stages (ps_retina_config_t) */
+    float clip_grad;        /* clip this worker's gradient to this L2 norm (0 = off) */
+    float score_thresh;     /* post-processing: keep scores above (0.05) */
+} det_opts_t;
+
+typedef struct det {
+    ps_ctx_t ctx;
+    const ps_backend_t *be;
+    ps_retina_t *m;
+    ps_det_dataset_t *train, *val;
+    ps_det_loader_t *tl, *vl;
+    ps_det_data_opts_t topt, vopt;
+    ps_det_batch_t tb, vb;
+    ps_tensor_spec_t *specs;
+    int nspecs, *param_of, A, K;
+    double map, ap50, ap75, eval_s;
+    size_t val_images, val_dets;  /* last validation: images, detections kept */
+    float score_thresh;
+    float *anchors;               /* (A, 4) host copy for the loader threads */
+} det_t;
+
+static const det_opts_t *dopts(const ps_worker_t *p) { return ps_worker_task_opts(p->o); }
+
+/* ---- options ---------------------------------------------------------------- */
+
+static int det_claims(const ps_worker_opts_t *o, const void *topts)
+{
+    (void)topts;
+    return !strncmp(o->model, "retinanet-", 10);
+}
+
+#define ROW(name, type, dst, help, def) rows[n++] = (ps_opt_t){name, type, dst, help, def}
+
+static size_t det_rows(void *topts, ps_opt_t *rows)
+{
+    det_opts_t *d = topts;
+    size_t n = 0;
+    ROW("train-json", PS_OPT_STRING, &d->train_json, "detector: COCO training annotations (images under --root)", "");
+    ROW("val-json", PS_OPT_STRING, &d->val_json, "detector: COCO validation annotations", "");
+    ROW("val-root", PS_OPT_STRING, &d->val_root, "detector: validation image folder (\"\" = --root)", "");
+    ROW("fpn-channels", PS_OPT_INT, &d->fpn_channels, "detector: FPN and head channels (256 = torchvision)", "256");
+    ROW("freeze-at", PS_OPT_INT, &d->freeze_at, "detector: frozen backbone stages (0 none, 2 = stem + layer1)", "2");
+    ROW("score-thresh", PS_OPT_FLOAT, &d->score_thresh, "detector: validation keeps detections scoring above this (0.05)", "0.05");
+    ROW("clip-grad", PS_OPT_FLOAT, &d->clip_grad, "detector: clip each worker's gradient to this L2 norm (0 = off)", "0");
+    return n;
+}
+
+static int det_check(ps_worker_opts_t *o)
+{
+    const det_opts_t *d = ps_worker_task_opts(o);
+    /* its losses have no loss scaling: fp16 gradients would underflow */
+    if (ps_worker_fp32_only(o, "the detector trains in fp32 only for now") ||
+        ps_worker_data_opts_check(o))
+        return PS_EINVAL;
+    if (d->fpn_channels < 8 || d->fpn_channels > 1024 || d->freeze_at < 0 || d->freeze_at > 5 ||
+        !(d->score_thresh >= 0 && d->score_thresh < 1) || !(d->clip_grad >= 0)) {
+        fprintf(stderr, "psworker: --fpn-channels must be in 8..1024, --freeze-at in 0..5, "
+                "--score-thresh in [0, 1), --clip-grad >= 0\n");
+        return PS_EINVAL;
+    }
+    if (!o->eval && !*d->train_json) {
+        fprintf(stderr, "psworker: --model %s needs --train-json (COCO annotations) and --root "
+                "(their images)\n", o->model);
+        return PS_EINVAL;
+    }
+    if (o->eval && !*d->val_json) {
+        fprintf(stderr, "psworker: --eval of a detector needs --val-json and --val-root\n");
+        return PS_EINVAL;
+    }
+    return 0;
+}
+
+/* ---- set-up ------------------------------------------------------------------ */
+
+static int load_set(const char *json, const char *root, int train, int skip_bad,
+                    ps_det_dataset_t **ds)
+{
+    char err[2048];
+    int rc = ps_det_dataset_load(ds, json, root, train, skip_bad, err, sizeof err);
+    if (rc) {
+        ps_error("%s", err);
+        return rc;
+    }
+    ps_info("%s: %zu images, %d classes (%zu without boxes left out, %zu bad records skipped)",
+            json, ps_det_dataset_size(*ds), ps_det_dataset_num_classes(*ds),
+            ps_det_dataset_skipped_empty(*ds), ps_det_dataset_skipped_records(*ds));
+    return 0;
+}
+
+static void data_opts(const ps_worker_opts_t *o, ps_det_data_opts_t *d, int train, int batch)
+{
+    ps_det_data_opts_default(d);
+    d->size = o->data.size;
+    d->train = train;
+    d->flip = train && o->data.flip;
+    d->seed = o->data_seed;
+    d->batch = batch;
+    d->threads = o->data.loader_threads;
+    d->prefetch = o->data.prefetch;
+    d->skip_bad = o->data.skip_bad;
+}
+
+/* The annotations, the classes (the same category ids in train and val)
+ * and the loaders' options. */
+static int det_data(ps_worker_t *p, det_t *d)
+{
+    const ps_worker_opts_t *o = p->o;
+    const det_opts_t *dop = dopts(p);
+    int rc;
+    if (!o->eval && (rc = load_set(dop->train_json, o->data.root, 1, o->data.skip_bad, &d->train)))
+        return rc;
+    if (*dop->val_json && (rc = load_set(dop->val_json, *dop->val_root ? dop->val_root : o->data.root,
+                                         0, o->data.skip_bad, &d->val)))
+        return rc;
+    d->K = o->data.num_classes;
+    if (!d->K) d->K = ps_det_dataset_num_classes(d->train ? d->train : d->val);
+    if ((d->train && ps_det_dataset_num_classes(d->train) != d->K) ||
+        (d->val && ps_det_dataset_num_classes(d->val) != d->K)) {
+        ps_error("--num-classes %d disagrees with the annotations' categories (train %d, val %d)",
+                 d->K, d->train ? ps_det_dataset_num_classes(d->train) : 0,
+                 d->val ? ps_det_dataset_num_classes(d->val) : 0);
+        return PS_EINVAL;
+    }
+    if (d->train && d->val)
+        for (int k = 0; k < d->K; k++)
+            if (ps_det_dataset_class_cat(d->train, k) != ps_det_dataset_class_cat(d->val, k)) {
+                ps_error("train and val annotations have different category ids");
+                return PS_EINVAL;
+            }
+    int vbatch = o->data.val_batch > 0 ? o->data.val_batch : p->batch;
+    data_opts(o, &d->topt, 1, p->batch);
+    data_opts(o, &d->vopt, 0, vbatch);
+    char err[512];
+    if (ps_det_data_opts_check(&d->topt, err, sizeof err)) {
+        ps_error("data options: %s", err);
+        return PS_EINVAL;
+    }
+    return 0;
+}
+
+/* The model on its device, initialised or loaded, and a host copy of its anchors. */
+static int det_model(ps_worker_t *p, det_t *d, int depth)
+{
+    const ps_worker_opts_t *o = p->o;
+    const det_opts_t *dop = dopts(p);
+    ps_retina_config_t cfg;
+    int rc;
+    ps_retina_config_default(&cfg);
+    cfg.depth = depth;
+    cfg.num_classes = d->K;
+    cfg.width = o->data.width;
+    cfg.fpn_channels = dop->fpn_channels;
+    cfg.freeze_at = dop->freeze_at;
+    if ((rc = ps_worker_open_device(p, &d->ctx, &d->be))) return rc;
+    int vbatch = d->vopt.batch, maxn = p->batch > vbatch ? p->batch : vbatch;
+    if ((rc = ps_retina_create(&d->m, &cfg, d->be, &d->ctx, maxn, o->data.size, o->data.size)))
+        return rc;
+    ps_retina_init(d->m, o->seed, 0);
+    if (*o->data.weights) {
+        if ((rc = ps_retina_load(d->m, o->data.weights))) return rc;
+        ps_info("weights loaded from %s", o->data.weights);
+    }
+    d->A = ps_retina_num_anchors(d->m);
+    d->anchors = malloc(sizeof(float) * 4 * (size_t)d->A);
+    if (!d->anchors) return PS_ENOMEM;
+    memcpy(d->anchors, ps_retina_anchors(d->m), sizeof(float) * 4 * (size_t)d->A);
+    return 0;
+}
+
+/* The flat vector's tensors, the partition table, the optimizer groups and
+ * p->w = the model's initial tensors. */
+static int det_table(ps_worker_t *p, det_t *d, uint32_t nservers)
+{
+    int rc;
+    d->nspecs = ps_retina_tensor_specs(d->m, &d->specs);
+    if (d->nspecs < 0) return d->nspecs;
+    rc = ps_partition_table_build(&p->table, d->specs, (uint32_t)d->nspecs,
+                                  (size_t)p->o->partition_bytes, nservers);
+    if (rc) {
+        ps_error("cannot build the partition table: %s", ps_strerror(rc));
+        return rc;
+    }
+    if ((rc = ps_worker_build_optim(p))) return rc;
+    int n = ps_retina_groups(d->m, p->optim.groups, PS_OPTIM_MAX_GROUPS);
+    if (n < 0) return n;
+    p->optim.ngroups = n;
+    d->param_of = malloc(sizeof(int) * (size_t)d->nspecs);
+    p->numel = 0;
+    for (int i = 0; i < d->nspecs; i++) p->numel += d->specs[i].numel;
+    p->nparam_numel = p->numel;
+    p->w = calloc(p->numel, sizeof(float));
+    p->grad = calloc(p->numel, sizeof(float));
+    if (!d->param_of || !p->w || !p->grad) {
+        ps_error("out of memory for the %s model", p->o->model);
+        return PS_ENOMEM;
+    }
+    int np;
+    const ps_model_param_t *par = ps_retina_params(d->m, &np);
+    size_t off = 0;
+    for (int i = 0; i < d->nspecs; i++) {
+        d->param_of[i] = ps_retina_find_param(d->m, d->specs[i].name);
+        if (d->param_of[i] < 0 || par[d->param_of[i]].numel != d->specs[i].numel) {
+            ps_error("model table mismatch at %s", d->specs[i].name);
+            return PS_EMISMATCH;
+        }
+        memcpy(p->w + off, par[d->param_of[i]].w, sizeof(float) * d->specs[i].numel);
+        off += d->specs[i].numel;
+    }
+    return 0;
+}
+
+static int det_setup(ps_worker_t *p, uint32_t nservers)
+{
+    const ps_worker_opts_t *o = p->o;
+    char *end;
+    long depth = strtol(o->model + 11, &end, 10);
+    if (strncmp(o->model, "retinanet-r", 11) || *end || (depth != 18 && depth != 34 && depth != 50)) {
+        ps_error("--model: unknown detector \"%s\" (retinanet-r18|34|50)", o->model);
+        return PS_EINVAL;
+    }
+    det_t *d = calloc(1, sizeof *d);
+    if (!d) return PS_ENOMEM;
+    p->ts = d;
+    d->map = d->ap50 = d->ap75 = NAN;
+    d->score_thresh = dopts(p)->score_thresh;
+    int rc;
+    if ((rc = det_data(p, d)) || (rc = det_model(p, d, (int)depth)) ||
+        (rc = det_table(p, d, nservers)))
+        return rc;
+    ps_info("model %s: %zu trainable parameters in %d tensors, %u partitions on %u server(s), "
+            "%d classes, %dx%d, width %d, FPN %d, freeze_at %d, %d anchors/image", o->model,
+            p->numel, d->nspecs, p->table.nparts, nservers, d->K, o->data.size, o->data.size,
+            o->data.width, dopts(p)->fpn_channels, dopts(p)->freeze_at, d->A);
+    return 0;
+}
+
+/* ---- a run ------------------------------------------------------------------- */
+
+/* The training loader, sharded by the rank now known. */
+static int det_start(ps_worker_t *p)
+{
+    det_t *d = p->ts;
+    char err[1024];
+    d->topt.rank = p->rank;
+    d->topt.world = p->nworkers;
+    if (ps_det_loader_new(d->train, &d->topt, d->anchors, d->A, &d->tl, err, sizeof err) ||
+        ps_det_batch_alloc(d->tl, &d->tb)) {
+        ps_error("training loader: %s", err);
+        return PS_EINVAL;
+    }
+    if (ps_det_loader_batches(d->tl) == 0) {
+        ps_error("%s: %zu images with boxes are fewer than one global batch of %d x %d",
+                 dopts(p)->train_json, ps_det_dataset_size(d->train), p->nworkers, p->batch);
+        return PS_EINVAL;
+    }
+    ps_info("epoch = %zu steps (%zu images per rank)", ps_det_loader_batches(d->tl),
+            ps_det_loader_samples(d->tl));
+    return 0;
+}
+
+static void scatter(ps_worker_t *p)
+{
+    det_t *d = p->ts;
+    int np;
+    const ps_model_param_t *par = ps_retina_params(d->m, &np);
+    size_t off = 0;
+    for (int i = 0; i < d->nspecs; i++) {
+        memcpy(par[d->param_of[i]].w, p->w + off, sizeof(float) * d->specs[i].numel);
+        off += d->specs[i].numel;
+    }
+}
+
+/* The model's gradients -> p->grad, clipped to --clip-grad: a worker-local
+ * clip_grad_norm_ (without BN in the backbone, frozen at identity when
+ * training from scratch, an early large step can diverge; the servers then
+ * average clipped gradients). */
+static void gather(ps_worker_t *p)
+{
+    det_t *d = p->ts;
+    int np;
+    const ps_model_param_t *par = ps_retina_params(d->m, &np);
+    size_t off = 0;
+    for (int i = 0; i < d->nspecs; i++) {
+        memcpy(p->grad + off, par[d->param_of[i]].g, sizeof(float) * d->specs[i].numel);
+        off += d->specs[i].numel;
+    }
+    float clip = dopts(p)->clip_grad;
+    if (clip > 0) {
+        double sq = 0;
+        for (size_t i = 0; i < p->numel; i++) sq += (double)p->grad[i] * p->grad[i];
+        float f = ps_optim_clip_factor(sq, clip);
+        if (f < 1)
+            for (size_t i = 0; i < p->numel; i++) p->grad[i] *= f;
+    }
+}
+
+static double det_compute(ps_worker_t *p, uint64_t step)
+{
+    det_t *d = p->ts;
+    size_t bpe = ps_det_loader_batches(d->tl);
+    uint64_t epoch = step / bpe;
+    size_t b = (size_t)(step % bpe);
+    if (ps_det_loader_epoch(d->tl) != epoch || ps_det_loader_position(d->tl) != b)
+        ps_det_loader_seek(d->tl, epoch, b);
+    int n = ps_det_loader_next(d->tl, &d->tb, &p->t_data);
+    if (n != p->batch) {
+        ps_error("training data: %s", n < 0 ? ps_det_loader_error(d->tl) : "short batch");
+        p->compute_rc = n < 0 ? n : PS_ESTATE;
+        return NAN;
+    }
+    scatter(p);
+    float lc = NAN, lb = NAN;
+    ps_retina_zero_grad(d->m);
+    int rc = ps_retina_forward(d->m, d->tb.img, n, d->tb.labels, d->tb.box_targets, 1, &lc, &lb);
+    if (!rc) rc = ps_retina_backward(d->m);
+    if (!rc) rc = d->be->sync(&d->ctx); /* before the host reads the gradients */
+    if (rc) {
+        ps_error("forward/backward failed at step %llu: %s", (unsigned long long)step,
+                 ps_strerror(rc));
+        p->compute_rc = rc;
+        return NAN;
+    }
+    gather(p);
+    return (double)lc + (double)lb;
+}
+
+static int image_dets(det_t *d, int i, const ps_det_geom_t *g, int64_t image_id,
+                      const ps_det_dataset_t *ds, ps_coco_det_t *out, float *boxes,
+                      float *scores, int32_t *labels)
+{
+    const float *lg[PS_RETINA_LEVELS], *dl[PS_RETINA_LEVELS], *an[PS_RETINA_LEVELS];
+    int An[PS_RETINA_LEVELS];
+    const float *L = ps_retina_cls_out(d->m), *B = ps_retina_box_out(d->m);
+    const float *anchors = d->anchors;
+    for (int l = 0; l < PS_RETINA_LEVELS; l++) {
+        int H, W, off;
+        ps_retina_level(d->m, l, &H, &W, NULL, &off);
+        lg[l] = L + ((size_t)i * d->A + off) * d->K;
+        dl[l] = B + ((size_t)i * d->A + off) * 4;
+        an[l] = anchors + (size_t)off * 4;
+        An[l] = H * W * PS_RETINA_ANCHORS;
+    }
+    ps_det_post_params_t pp;
+    ps_det_post_defaults(&pp);
+    pp.score_thresh = d->score_thresh;
+    int n = ps_det_postprocess(boxes, scores, labels, lg, dl, an, An, PS_RETINA_LEVELS, d->K,
+                               g->h, g->w, &pp);
+    if (n < 0) return n;
+    float sx = (float)g->w / g->orig_w, sy = (float)g->h / g->orig_h;
+    for (int k = 0; k < n; k++) {
+        float x1 = boxes[4 * k], x2 = boxes[4 * k + 2];
+        if (g->flip) {
+            float t = (float)g->w - x2;
+            x2 = (float)g->w - x1;
+            x1 = t;
+        }
+        out[k].image_id = image_id;
+        out[k].category_id = ps_det_dataset_class_cat(ds, labels[k]);
+        out[k].bbox[0] = x1 / sx;
+        out[k].bbox[1] = boxes[4 * k + 1] / sy;
+        out[k].bbox[2] = (x2 - x1) / sx;
+        out[k].bbox[3] = (boxes[4 * k + 3] - boxes[4 * k + 1]) / sy;
+        out[k].score = scores[k];
+    }
+    return n;
+}
+
+/* COCO evaluation of p->w on --val-json: 0 and d->map / ap50 / ap75, or PS_E*. */
+static int det_eval(ps_worker_t *p)
+{
+    det_t *d = p->ts;
+    char err[1024];
+    if (!d->val) return PS_EINVAL;
+    double t0 = ps_worker_now();
+    if (!d->vl) {
+        if (ps_det_loader_new(d->val, &d->vopt, d->anchors, d->A, &d->vl, err,
+                              sizeof err) || ps_det_batch_alloc(d->vl, &d->vb)) {
+            ps_error("validation loader: %s", err);
+            return PS_EINVAL;
+        }
+    }
+    scatter(p);
+    ps_det_loader_seek(d->vl, 0, 0);
+    size_t N = ps_det_dataset_size(d->val), ndet = 0;
+    ps_coco_det_t *dets = malloc(sizeof *dets * (N * 100 + 1));
+    float *boxes = malloc(sizeof(float) * 400), *scores = malloc(sizeof(float) * 100);
+    int32_t *labels = malloc(sizeof(int32_t) * 100);
+    int n = 0, rc = 0;
+    d->val_images = 0;
+    d->val_dets = 0;
+    while (dets && boxes && scores && labels && (n = ps_det_loader_next(d->vl, &d->vb, NULL)) > 0) {
+        if ((rc = ps_retina_forward(d->m, d->vb.img, n, NULL, NULL, 0, NULL, NULL)) ||
+            (rc = d->be->sync(&d->ctx))) /* the host reads the outputs next */
+            break;
+        for (int i = 0; i < n && !rc; i++) {
+            int k = image_dets(d, i, &d->vb.geom[i], ps_det_dataset_image_id(d->val, (size_t)d->vb.idx[i]),
+                               d->val, dets + ndet, boxes, scores, labels);
+            if (k < 0) rc = k;
+            else ndet += (size_t)k;
+        }
+        d->val_images += (size_t)n;
+    }
+    d->val_dets = ndet;
+    if (!dets || !boxes || !scores || !labels) rc = PS_ENOMEM;
+    if (n < 0) {
+        ps_error("validation data: %s", ps_det_loader_error(d->vl));
+        rc = n;
+    }
+    ps_coco_eval_result_t res;
+    if (!rc && !(rc = ps_coco_evaluate(&res, ps_det_dataset_coco(d->val), dets, (int)ndet))) {
+        d->map = res.stats[PS_COCO_AP];
+        d->ap50 = res.stats[PS_COCO_AP50];
+        d->ap75 = res.stats[PS_COCO_AP75];
+        if (ps_log_level >= PS_LOG_DEBUG) {
+            char buf[2048];
+            ps_coco_eval_format(&res, buf, sizeof buf);
+            ps_debug("COCO evaluation:\n%s", buf);
+        }
+        ps_coco_eval_free(&res);
+    }
+    free(dets), free(boxes), free(scores), free(labels);
+    d->eval_s = ps_worker_now() - t0;
+    if (rc) ps_error("validation failed: %s", ps_strerror(rc));
+    return rc;
+}
+
+
+static int det_validate(ps_worker_t *p, uint64_t step)
+{
+    det_t *d = p->ts;
+    if (!ps_worker_val_due(p, step) || !d->val) return 0;
+    /* rank 0 alone validates; the others wait at the cluster loop's barrier */
+    if (p->rank != 0) return 1;
+    if (det_eval(p)) return 1;
+    printf("val: iter=%llu images=%zu map=%.4f ap50=%.4f ap75=%.4f eval_s=%.1f\n",
+           (unsigned long long)step, d->val_images, d->map, d->ap50, d->ap75, d->eval_s);
+    fflush(stdout);
+    return 1;
+}
+
+static int det_save(ps_worker_t *p, const char *path)
+{
+    det_t *d = p->ts;
+    scatter(p);
+    return ps_retina_save(d->m, path);
+}
+
+static double epochs_of(const ps_worker_t *p, uint64_t steps)
+{
+    const det_t *d = p->ts;
+    size_t bpe = d->tl ? ps_det_loader_batches(d->tl) : 0;
+    return bpe ? (double)steps / (double)bpe : 0;
+}
+
+static void det_print_final(ps_worker_t *p, uint64_t steps_done)
+{
+    const ps_worker_stats_t *s = &p->st;
+    det_t *d = p->ts;
+    double ms = 1e3 / (s->counted ? (double)s->counted : 1.0);
+    d->eval_s = 0;
+    if (p->rank == 0 && d->val) det_eval(p); /* rank 0 only: the others would repeat it */
+    double ips = ps_worker_per_s(p);
+    printf("final: rank=%d workers=%d model=%s steps=%llu epochs=%.2f batch=%d loss=%.6f "
+           "map=%.4f ap50=%.4f ap75=%.4f val_images=%zu detections=%zu images_per_s=%.2f "
+           "cluster_images_per_s=%.2f step_ms=%.1f data_wait_ms=%.1f compute_ms=%.1f "
+           "comm_wait_ms=%.1f skipped=%zu eval_s=%.1f wall_s=%.1f",
+           p->rank, p->nworkers, p->o->model, (unsigned long long)steps_done,
+           epochs_of(p, steps_done), p->batch, ps_worker_recent_loss(p), d->map, d->ap50,
+           d->ap75, d->val_images, d->val_dets, ips, ips * p->nworkers, s->sum_step * ms,
+           s->sum_data * ms, s->sum_compute * ms, s->sum_comm * ms,
+           d->tl ? ps_det_loader_skipped(d->tl) : (size_t)0, d->eval_s,
+           ps_worker_now() - s->t_start);
+    ps_worker_print_out(p);
+    printf("\n");
+    fflush(stdout);
+}
+
+/* --eval: COCO evaluation of --weights on --val-json (p->w holds the
+ * loaded weights: setup copied them). */
+static int det_run_eval(ps_worker_t *p)
+{
+    int rc = det_eval(p);
+    if (rc) return rc;
+    det_t *d = p->ts;
+    printf("final: model=%s weights=%s images=%zu detections=%zu map=%.4f ap50=%.4f ap75=%.4f "
+           "images_per_s=%.2f wall_s=%.1f\n", p->o->model, p->o->data.weights, d->val_images,
+           d->val_dets, d->map, d->ap50, d->ap75,
+           d->eval_s > 0 ? (double)d->val_images / d->eval_s : 0, d->eval_s);
+    fflush(stdout);
+    return 0;
+}
+
+static void det_teardown(ps_worker_t *p)
+{
+    det_t *d = p->ts;
+    if (!d) return;
+    ps_det_loader_destroy(&d->tl);
+    ps_det_loader_destroy(&d->vl);
+    ps_det_batch_free(&d->tb);
+    ps_det_batch_free(&d->vb);
+    ps_det_dataset_free(&d->train);
+    ps_det_dataset_free(&d->val);
+    if (d->be) d->be->sync(&d->ctx);
+    ps_retina_destroy(&d->m);
+    if (d->be) d->be->release(&d->ctx);
+    ps_ctx_free(&d->ctx);
+    free(d->anchors), free(d->specs), free(d->param_of);
+    free(d);
+    p->ts = NULL;
+    p->be = NULL;
+    p->ctx = NULL;
+}
+
+const ps_task_t ps_task_det = {
+    .name = "detection",
+    .models = "retinanet-r18|34|50",
+    .opts_size = sizeof(det_opts_t),
+    .claims = det_claims,
+    .opt_rows = det_rows,
+    .check = det_check,
+    .setup = det_setup,
+    .start = det_start,
+    .compute = det_compute,
+    .validate = det_validate,
+    .save = det_save,
+    .print_final = det_print_final,
+    .eval = det_run_eval,
+    .teardown = det_teardown,
+};
