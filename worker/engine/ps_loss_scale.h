@@ -1,4 +1,4 @@
-/* Dynamic loss scaling for mixed-precision training (issue 5; SimpleDet,
+/* Dynamic loss scaling for mixed-precision training (SimpleDet,
  * Micikevicius et al. 2018).  The loss is multiplied by `scale` before
  * backward so small fp16 gradients do not flush to zero; the gradients are
  * divided by it again (exactly: the scale is always a power of two) before

@@ -163,7 +163,7 @@ const float *ps_model_logits(const ps_model_t *m);
 int ps_model_backward(ps_model_t *m);
 void ps_model_zero_grad(ps_model_t *m);
 
-/* Per-layer hooks (issues 5 and 7: overlap communication with compute).
+/* Per-layer hooks (to overlap communication with compute).
  * Both get the parameters [first, first+n) of the table (model order); a
  * layer group is the stem (conv1, bn1), one residual block, or fc.
  *   weights_needed  ps_model_forward (every forward, training or not) calls

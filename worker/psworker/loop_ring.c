@@ -49,55 +49,40 @@
 
 int ps_worker_ring_check(ps_worker_opts_t *o)
 {
-    const char *me = "psworker: --mode allreduce";
     ps_worker_ring_opts_t *r = &o->ring;
     char why[256];
-    if (*o->servers) {
-        fprintf(stderr, "%s runs without servers: give --peers instead of --servers\n", me);
-        return PS_EINVAL;
-    }
+    if (*o->servers)
+        return ps_worker_opt_error("--mode allreduce runs without servers: give --peers instead "
+                                   "of --servers");
     int np = ps_worker_count_fields(r->peers);
-    if (np < 1 || np > 65535) {
-        fprintf(stderr, "%s needs --peers tcp://HOST:PORT,... (one endpoint per rank, "
-                "rank r binds the r-th; 1..65535 of them)\n", me);
-        return PS_EINVAL;
-    }
+    if (np < 1 || np > 65535)
+        return ps_worker_opt_error("--mode allreduce needs --peers tcp://HOST:PORT,... (one "
+                                   "endpoint per rank, rank r binds the r-th; 1..65535 of them)");
     if (o->num_workers == 1) /* the default: the peer list says how many */
         o->num_workers = np;
-    if (o->num_workers != np) {
-        fprintf(stderr, "%s: --num-workers %d but --peers lists %d endpoints\n", me,
-                o->num_workers, np);
-        return PS_EINVAL;
-    }
-    if (o->rank < 0 || o->rank >= np) {
-        fprintf(stderr, "%s needs --rank in [0, %d) (there is no server to assign one)\n", me, np);
-        return PS_EINVAL;
-    }
-    if (strcmp(r->allreduce, "ring") && strcmp(r->allreduce, "nccl")) {
-        fprintf(stderr, "psworker: --allreduce: expected ring|nccl, got \"%s\"\n", r->allreduce);
-        return PS_EINVAL;
-    }
-    if (ps_allreduce_check(r->allreduce, why, sizeof why)) {
-        fprintf(stderr, "psworker: --allreduce %s: %s\n", r->allreduce, why);
-        return PS_EINVAL;
-    }
-    if (o->wire.codec_id != PS_CODEC_RAW) {
-        fprintf(stderr, "%s: --codec %s is not supported in ring mode: a ring forwards partial "
-                "sums, and a top-k, sign or lz4-framed partial sum is not closed under "
-                "addition (each hop would have to decode, add and re-compress with its own "
-                "error feedback).  Use --dtype fp16|bf16 for a smaller wire, or PS mode "
-                "(--servers) for topk/sign\n", me, ps_codec_name(o->wire.codec_id));
-        return PS_EINVAL;
-    }
-    if (o->wire.ef_rounding) {
-        fprintf(stderr, "%s: --ef-rounding is a PS-mode option (the residual of one push); "
-                "ring partial sums are rounded at every hop\n", me);
-        return PS_EINVAL;
-    }
-    if (r->ring_conns < 1 || r->ring_conns > 16) {
-        fprintf(stderr, "psworker: --ring-conns must be in [1, 16]\n");
-        return PS_EINVAL;
-    }
+    if (o->num_workers != np)
+        return ps_worker_opt_error("--mode allreduce: --num-workers %d but --peers lists %d "
+                                   "endpoints", o->num_workers, np);
+    if (o->rank < 0 || o->rank >= np)
+        return ps_worker_opt_error("--mode allreduce needs --rank in [0, %d) (there is no server "
+                                   "to assign one)", np);
+    if (strcmp(r->allreduce, "ring") && strcmp(r->allreduce, "nccl"))
+        return ps_worker_opt_error("--allreduce: expected ring|nccl, got \"%s\"", r->allreduce);
+    if (ps_allreduce_check(r->allreduce, why, sizeof why))
+        return ps_worker_opt_error("--allreduce %s: %s", r->allreduce, why);
+    if (o->wire.codec_id != PS_CODEC_RAW)
+        return ps_worker_opt_error(
+            "--mode allreduce: --codec %s is not supported in ring mode: a ring forwards partial "
+            "sums, and a top-k, sign or lz4-framed partial sum is not closed under addition "
+            "(each hop would have to decode, add and re-compress with its own error feedback).  "
+            "Use --dtype fp16|bf16 for a smaller wire, or PS mode (--servers) for topk/sign",
+            ps_codec_name(o->wire.codec_id));
+    if (o->wire.ef_rounding)
+        return ps_worker_opt_error("--mode allreduce: --ef-rounding is a PS-mode option (the "
+                                   "residual of one push); ring partial sums are rounded at "
+                                   "every hop");
+    if (r->ring_conns < 1 || r->ring_conns > 16)
+        return ps_worker_opt_error("--ring-conns must be in [1, 16]");
     return 0;
 }
 

@@ -211,8 +211,7 @@ char **ps_worker_split_list(const char *list, int *n)
 
 /* ---- checks of the common groups ------------------------------------------ */
 
-/* "psworker: <message>" on stderr; PS_EINVAL. */
-__attribute__((format(printf, 1, 2))) static int bad(const char *fmt, ...)
+int ps_worker_opt_error(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -236,28 +235,28 @@ static int wire_check(ps_worker_opts_t *o)
         free(w->dtype);
         w->dtype = name;
     } else if (ps_dtype_parse(w->dtype, &w->dt)) {
-        return bad("--dtype: expected fp32|fp16|bf16, got \"%s\"", w->dtype);
+        return ps_worker_opt_error("--dtype: expected fp32|fp16|bf16, got \"%s\"", w->dtype);
     }
     if (ps_codec_parse(w->codec, &w->codec_id))
-        return bad("--codec: expected raw|lz4|topk|sign, got \"%s\"", w->codec);
+        return ps_worker_opt_error("--codec: expected raw|lz4|topk|sign, got \"%s\"", w->codec);
     w->pull_codec_id = -1;
     if (*w->pull_codec) {
         ps_codec_t pc;
         if (ps_codec_parse(w->pull_codec, &pc) || (pc != PS_CODEC_RAW && pc != PS_CODEC_LZ4))
-            return bad("--pull-codec: expected raw|lz4 (weights are never sent lossy), got \"%s\"",
+            return ps_worker_opt_error("--pull-codec: expected raw|lz4 (weights are never sent lossy), got \"%s\"",
                        w->pull_codec);
         w->pull_codec_id = (int)pc;
     }
     if (w->dgc_momentum < -1 || w->dgc_momentum > 1)
-        return bad("--dgc-momentum must be 1 (on), 0 (off) or -1 (auto)");
+        return ps_worker_opt_error("--dgc-momentum must be 1 (on), 0 (off) or -1 (auto)");
     if (w->topk_warmup_steps < -1)
-        return bad("--topk-warmup-steps must be >= 0 (or -1 = auto)");
+        return ps_worker_opt_error("--topk-warmup-steps must be >= 0 (or -1 = auto)");
     if (!(w->topk_ratio >= 0 && w->topk_ratio <= 1))
-        return bad("--topk-ratio must be in (0, 1] (0 = default %g)",
+        return ps_worker_opt_error("--topk-ratio must be in (0, 1] (0 = default %g)",
                    (double)PS_CODEC_TOPK_DEFAULT_RATIO);
     int nk = !!*w->curve_server_keys + !!*w->curve_public_key + !!*w->curve_secret_key;
     if (nk != 0 && nk != 3)
-        return bad("CURVE needs all three of --curve-server-key, --curve-public-key and "
+        return ps_worker_opt_error("CURVE needs all three of --curve-server-key, --curve-public-key and "
                    "--curve-secret-key (or none)");
     return 0;
 }
@@ -269,7 +268,7 @@ static int static_scale(ps_worker_precision_opts_t *pr, const char *s)
     double v = strtod(s, &end);
     int e;
     if (end == s || *end || !(v >= 1 && v <= 16777216.0) || frexp(v, &e) != 0.5)
-        return bad("--loss-scale static:S: S must be a power of two in [1, 2^24], got \"%s\"", s);
+        return ps_worker_opt_error("--loss-scale static:S: S must be a power of two in [1, 2^24], got \"%s\"", s);
     pr->ls_on = 1;
     /* min = init = max: overflows still skip the step, the scale stays. */
     pr->ls_cfg.init_scale = pr->ls_cfg.min_scale = pr->ls_cfg.max_scale = (float)v;
@@ -283,7 +282,7 @@ static int precision_check(ps_worker_opts_t *o)
     ps_worker_precision_opts_t *pr = &o->prec;
     if (strcmp(pr->precision, "fp32") && strcmp(pr->precision, "fp16") &&
         strcmp(pr->precision, "bf16"))
-        return bad("--precision: expected fp32|fp16|bf16, got \"%s\"", pr->precision);
+        return ps_worker_opt_error("--precision: expected fp32|fp16|bf16, got \"%s\"", pr->precision);
     ps_loss_scale_config_default(&pr->ls_cfg);
     const char *ls = *pr->loss_scale ? pr->loss_scale
                      : !strcmp(pr->precision, "fp16") ? "dynamic" : "off";
@@ -294,14 +293,14 @@ static int precision_check(ps_worker_opts_t *o)
     } else if (!strncmp(ls, "static:", 7)) {
         if (static_scale(pr, ls + 7)) return PS_EINVAL;
     } else if (strcmp(ls, "off")) {
-        return bad("--loss-scale: expected dynamic|static:S|off, got \"%s\"", ls);
+        return ps_worker_opt_error("--loss-scale: expected dynamic|static:S|off, got \"%s\"", ls);
     }
     if (pr->loss_scale_window < 1 || pr->loss_scale_window > 1000000)
-        return bad("--loss-scale-window must be in [1, 1000000]");
+        return ps_worker_opt_error("--loss-scale-window must be in [1, 1000000]");
     if (pr->debug_overflow_at < -1)
-        return bad("--debug-overflow-at must be a step >= 0 (or -1 = off)");
+        return ps_worker_opt_error("--debug-overflow-at must be a step >= 0 (or -1 = off)");
     if (pr->debug_overflow_at >= 0 && !pr->ls_on)
-        return bad("--debug-overflow-at needs loss scaling (--loss-scale dynamic|static:S): "
+        return ps_worker_opt_error("--debug-overflow-at needs loss scaling (--loss-scale dynamic|static:S): "
                    "without it an Inf gradient is a divergence, not a skip");
     return 0;
 }
@@ -310,18 +309,18 @@ static int job_check(ps_worker_opts_t *o)
 {
     if (strcmp(o->mode, "sync") && strcmp(o->mode, "async") && strcmp(o->mode, "ssp") &&
         strcmp(o->mode, "allreduce"))
-        return bad("--mode: expected sync|async|ssp|allreduce, got \"%s\"", o->mode);
+        return ps_worker_opt_error("--mode: expected sync|async|ssp|allreduce, got \"%s\"", o->mode);
     if (*o->overlap && strcmp(o->overlap, "on") && strcmp(o->overlap, "off"))
-        return bad("--overlap: expected on|off, got \"%s\"", o->overlap);
+        return ps_worker_opt_error("--overlap: expected on|off, got \"%s\"", o->overlap);
     if (o->steps < 1 || o->steps > (UINT64_C(1) << 40))
-        return bad("--steps must be in [1, 2^40]");
+        return ps_worker_opt_error("--steps must be in [1, 2^40]");
     if (o->batch < 1 || o->batch > (1 << 20))
-        return bad("--batch must be in [1, 1048576] (got %d)", o->batch);
+        return ps_worker_opt_error("--batch must be in [1, 1048576] (got %d)", o->batch);
     if (o->partition_bytes < 4 || o->partition_bytes > (UINT64_C(1) << 32))
-        return bad("--partition-bytes must be in [4, 4 GiB]");
+        return ps_worker_opt_error("--partition-bytes must be in [4, 4 GiB]");
     if (o->step_sleep_ms < 0 || o->step_sleep_ms > 60000)
-        return bad("--step-sleep-ms must be in [0, 60000]");
-    if (o->threads < 0) return bad("--threads must be >= 0");
+        return ps_worker_opt_error("--step-sleep-ms must be in [0, 60000]");
+    if (o->threads < 0) return ps_worker_opt_error("--threads must be >= 0");
     return 0;
 }
 
@@ -331,13 +330,13 @@ static int cluster_check(ps_worker_opts_t *o)
     if (o->eval) o->standalone = 1; /* evaluation needs no servers */
     if (o->standalone) return 0;
     if (!strcmp(o->mode, "allreduce")) return ps_worker_ring_check(o);
-    if (!*o->servers) return bad("give --servers tcp://HOST:PORT[,...] or --standalone");
+    if (!*o->servers) return ps_worker_opt_error("give --servers tcp://HOST:PORT[,...] or --standalone");
     if (o->num_workers < 1 || o->num_workers > 65536)
-        return bad("--num-workers must be in [1, 65536]");
+        return ps_worker_opt_error("--num-workers must be in [1, 65536]");
     if (o->rank < -1 || o->rank >= o->num_workers)
-        return bad("--rank must be -1 (assigned) or in [0, %d)", o->num_workers);
+        return ps_worker_opt_error("--rank must be -1 (assigned) or in [0, %d)", o->num_workers);
     if (o->timeout_ms < 0 || o->retry_ms < 0 || o->heartbeat_ms < 0)
-        return bad("--timeout-ms, --retry-ms, --heartbeat-ms must be >= 0");
+        return ps_worker_opt_error("--timeout-ms, --retry-ms, --heartbeat-ms must be >= 0");
     return 0;
 }
 
@@ -347,7 +346,7 @@ int ps_worker_data_opts_check(const ps_worker_opts_t *o)
     if (d->size < 32 || d->size > 1024 || d->loader_threads < 0 || d->loader_threads > 64 ||
         d->prefetch < 1 || d->prefetch > 64 || d->val_every < 0 || d->val_batch < 0 ||
         d->num_classes < 0 || d->width < 8 || d->width > 512)
-        return bad("data options out of range: --size 32..1024, --loader-threads 0..64, "
+        return ps_worker_opt_error("data options out of range: --size 32..1024, --loader-threads 0..64, "
                    "--prefetch 1..64, --width 8..512, --val-every / --val-batch / "
                    "--num-classes >= 0");
     return 0;
@@ -355,12 +354,12 @@ int ps_worker_data_opts_check(const ps_worker_opts_t *o)
 
 int ps_worker_cpu_only(const ps_worker_opts_t *o, const char *why)
 {
-    return strcmp(o->device, "cpu") ? bad("--device %s: %s", o->device, why) : 0;
+    return strcmp(o->device, "cpu") ? ps_worker_opt_error("--device %s: %s", o->device, why) : 0;
 }
 
 int ps_worker_fp32_only(const ps_worker_opts_t *o, const char *why)
 {
-    return strcmp(o->prec.precision, "fp32") ? bad("--precision %s: %s", o->prec.precision, why)
+    return strcmp(o->prec.precision, "fp32") ? ps_worker_opt_error("--precision %s: %s", o->prec.precision, why)
                                               : 0;
 }
 
@@ -377,12 +376,12 @@ static void add_cuda(void)
 static int check_all(ps_worker_opts_t *o)
 {
     if (ps_log_set_level_str(o->log_level))
-        return bad("--log-level: expected error|warn|info|debug, got \"%s\"", o->log_level);
+        return ps_worker_opt_error("--log-level: expected error|warn|info|debug, got \"%s\"", o->log_level);
     int rc;
     if ((rc = wire_check(o)) || (rc = precision_check(o)) || (rc = job_check(o)))
         return rc;
     if ((o->task = ps_task_find(o)) < 0)
-        return bad("--model: unknown model \"%s\" (%s)", o->model, ps_task_models());
+        return ps_worker_opt_error("--model: unknown model \"%s\" (%s)", o->model, ps_task_models());
     const ps_task_t *t = ps_tasks[o->task];
     if ((rc = t->check(o))) return rc;
     return cluster_check(o);

@@ -118,6 +118,8 @@ int ps_worker_opts_parse(ps_worker_opts_t *o, int argc, char **argv);
 void ps_worker_opts_free(ps_worker_opts_t *o);
 /* The claiming task's own options. */
 void *ps_worker_task_opts(const ps_worker_opts_t *o);
+/* "psworker: <message>" on stderr, for a bad option; returns PS_EINVAL. */
+__attribute__((format(printf, 1, 2))) int ps_worker_opt_error(const char *fmt, ...);
 /* Checks of the data group (the tasks that use it call this). */
 int ps_worker_data_opts_check(const ps_worker_opts_t *o);
 /* --device is not cpu: refused with the task's reason (0 when it is cpu). */

@@ -92,20 +92,14 @@ static int det_check(ps_worker_opts_t *o)
         ps_worker_data_opts_check(o))
         return PS_EINVAL;
     if (d->fpn_channels < 8 || d->fpn_channels > 1024 || d->freeze_at < 0 || d->freeze_at > 5 ||
-        !(d->score_thresh >= 0 && d->score_thresh < 1) || !(d->clip_grad >= 0)) {
-        fprintf(stderr, "psworker: --fpn-channels must be in 8..1024, --freeze-at in 0..5, "
-                "--score-thresh in [0, 1), --clip-grad >= 0\n");
-        return PS_EINVAL;
-    }
-    if (!o->eval && !*d->train_json) {
-        fprintf(stderr, "psworker: --model %s needs --train-json (COCO annotations) and --root "
-                "(their images)\n", o->model);
-        return PS_EINVAL;
-    }
-    if (o->eval && !*d->val_json) {
-        fprintf(stderr, "psworker: --eval of a detector needs --val-json and --val-root\n");
-        return PS_EINVAL;
-    }
+        !(d->score_thresh >= 0 && d->score_thresh < 1) || !(d->clip_grad >= 0))
+        return ps_worker_opt_error("--fpn-channels must be in 8..1024, --freeze-at in 0..5, "
+                "--score-thresh in [0, 1), --clip-grad >= 0");
+    if (!o->eval && !*d->train_json)
+        return ps_worker_opt_error("--model %s needs --train-json (COCO annotations) and --root "
+                "(their images)", o->model);
+    if (o->eval && !*d->val_json)
+        return ps_worker_opt_error("--eval of a detector needs --val-json and --val-root");
     return 0;
 }
 

@@ -51,10 +51,8 @@ static int smoke_check(ps_worker_opts_t *o)
         ps_worker_fp32_only(o, "the smoke model computes in fp32 (fp16 / bf16 need a video "
                                "model on --device cuda[:N])"))
         return PS_EINVAL;
-    if (so->eval_samples < 1 || so->eval_samples > (1 << 20)) {
-        fprintf(stderr, "psworker: --eval-samples must be in [1, 1048576]\n");
-        return PS_EINVAL;
-    }
+    if (so->eval_samples < 1 || so->eval_samples > (1 << 20))
+        return ps_worker_opt_error("--eval-samples must be in [1, 1048576]");
     return 0;
 }
 

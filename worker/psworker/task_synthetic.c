@@ -61,19 +61,15 @@ static int parse_spec(synth_opts_t *s)
 {
     const char *spec = s->compute, *m = spec + strlen(SYNTH_PREFIX), *colon;
     if (strncmp(spec, SYNTH_PREFIX, strlen(SYNTH_PREFIX)) || !(colon = strrchr(m, ':')) ||
-        colon == m || (size_t)(colon - m) >= sizeof s->name) {
-        fprintf(stderr, "psworker: --compute: expected synthetic:<model>:<ms> with model one of "
-                "%s, got \"%s\"\n", psbench_model_names(), spec);
-        return PS_EINVAL;
-    }
+        colon == m || (size_t)(colon - m) >= sizeof s->name)
+        return ps_worker_opt_error("--compute: expected synthetic:<model>:<ms> with model one of "
+                "%s, got \"%s\"", psbench_model_names(), spec);
     memcpy(s->name, m, (size_t)(colon - m));
     s->name[colon - m] = 0;
     char *end;
     s->ms = strtod(colon + 1, &end);
-    if (end == colon + 1 || *end || !(s->ms >= 0 && s->ms <= 600000)) {
-        fprintf(stderr, "psworker: --compute %s: <ms> must be a number in [0, 600000]\n", spec);
-        return PS_EINVAL;
-    }
+    if (end == colon + 1 || *end || !(s->ms >= 0 && s->ms <= 600000))
+        return ps_worker_opt_error("--compute %s: <ms> must be a number in [0, 600000]", spec);
     return 0;
 }
 
@@ -81,16 +77,12 @@ static int synth_check(ps_worker_opts_t *o)
 {
     synth_opts_t *s = ps_worker_task_opts(o);
     if (parse_spec(s)) return PS_EINVAL;
-    if (o->standalone || o->eval) {
-        fprintf(stderr, "psworker: --compute synthetic needs --servers or --mode allreduce\n");
-        return PS_EINVAL;
-    }
+    if (o->standalone || o->eval)
+        return ps_worker_opt_error("--compute synthetic needs --servers or --mode allreduce");
     psbench_model_t m = {0};
-    if (psbench_model_build(&m, s->name)) {
-        fprintf(stderr, "psworker: --compute %s: unknown model \"%s\" (one of %s)\n", s->compute,
+    if (psbench_model_build(&m, s->name))
+        return ps_worker_opt_error("--compute %s: unknown model \"%s\" (one of %s)", s->compute,
                 s->name, psbench_model_names());
-        return PS_EINVAL;
-    }
     psbench_model_free(&m);
     if (ps_worker_cpu_only(o, "synthetic compute runs no model (it sleeps in place of a GPU)") ||
         ps_worker_fp32_only(o, "synthetic compute runs no model (--dtype sets the wire)"))

@@ -109,51 +109,35 @@ static size_t video_rows(void *topts, ps_opt_t *rows)
 static int video_check(ps_worker_opts_t *o)
 {
     video_opts_t *v = ps_worker_task_opts(o);
-    if (strcmp(o->prec.precision, "fp32") && !strcmp(o->device, "cpu")) {
-        /* fp16/bf16 compute is the CUDA backend's (docs/cuda.md): refuse
-         * rather than train in fp32 while the user believes it is fp16. */
-        fprintf(stderr, "psworker: --precision %s needs a video model on --device cuda[:N] "
-                "(the CPU engine computes in fp32)\n", o->prec.precision);
-        return PS_EINVAL;
-    }
+    /* fp16/bf16 compute is the CUDA backend's (docs/cuda.md): refuse rather
+     * than train in fp32 while the user believes it is fp16. */
+    if (strcmp(o->prec.precision, "fp32") && !strcmp(o->device, "cpu"))
+        return ps_worker_opt_error("--precision %s needs a video model on --device cuda[:N] "
+                                   "(the CPU engine computes in fp32)", o->prec.precision);
     if (ps_worker_data_opts_check(o)) return PS_EINVAL;
     if (v->frames < 1 || v->frames > 256 || v->val_clips < 1 || v->val_clips > 32 ||
-        v->scale_size < 0 || !(v->dropout >= 0 && v->dropout < 1)) {
-        fprintf(stderr, "psworker: video options out of range: --frames 1..256, --val-clips "
-                "1..32, --scale-size >= 0, --dropout [0,1)\n");
-        return PS_EINVAL;
-    }
+        v->scale_size < 0 || !(v->dropout >= 0 && v->dropout < 1))
+        return ps_worker_opt_error("video options out of range: --frames 1..256, --val-clips "
+                "1..32, --scale-size >= 0, --dropout [0,1)");
     static const char *const modes[] = {"train", "partial", "frozen"};
     static const int mode_of[] = {PS_MODEL_BN_TRAIN, PS_MODEL_BN_PARTIAL, PS_MODEL_BN_FROZEN};
     v->bn_mode = -1;
     for (int i = 0; i < 3 && *v->bn; i++)
         if (!strcmp(v->bn, modes[i])) v->bn_mode = mode_of[i];
-    if (*v->bn && v->bn_mode < 0) {
-        fprintf(stderr, "psworker: --bn: expected train|partial|frozen, got \"%s\"\n", v->bn);
-        return PS_EINVAL;
-    }
-    if (v->bn_mode == PS_MODEL_BN_TRAIN && v->partial_bn) {
-        fprintf(stderr, "psworker: --bn train contradicts --partial-bn\n");
-        return PS_EINVAL;
-    }
-    if (v->bn_sync != 0 && v->bn_sync != 1) {
-        fprintf(stderr, "psworker: --bn-sync must be 0 or 1\n");
-        return PS_EINVAL;
-    }
-    if (*v->predictions && !o->eval) {
-        fprintf(stderr, "psworker: --predictions goes with --eval (per-video rows of that "
-                "evaluation)\n");
-        return PS_EINVAL;
-    }
-    if (!o->eval && !*v->train_list) {
-        fprintf(stderr, "psworker: --model %s needs --train-list (and --root where the frame "
-                "folders are)\n", o->model);
-        return PS_EINVAL;
-    }
-    if (o->eval && !*v->val_list) {
-        fprintf(stderr, "psworker: --eval needs --val-list\n");
-        return PS_EINVAL;
-    }
+    if (*v->bn && v->bn_mode < 0)
+        return ps_worker_opt_error("--bn: expected train|partial|frozen, got \"%s\"", v->bn);
+    if (v->bn_mode == PS_MODEL_BN_TRAIN && v->partial_bn)
+        return ps_worker_opt_error("--bn train contradicts --partial-bn");
+    if (v->bn_sync != 0 && v->bn_sync != 1)
+        return ps_worker_opt_error("--bn-sync must be 0 or 1");
+    if (*v->predictions && !o->eval)
+        return ps_worker_opt_error("--predictions goes with --eval (per-video rows of that "
+                "evaluation)");
+    if (!o->eval && !*v->train_list)
+        return ps_worker_opt_error("--model %s needs --train-list (and --root where the frame "
+                "folders are)", o->model);
+    if (o->eval && !*v->val_list)
+        return ps_worker_opt_error("--eval needs --val-list");
     return 0;
 }
 
