@@ -1,6 +1,6 @@
 /* Internals of the ring (worker/comm/ps_ring.c: the allreduce; worker/
  * ps_ring_conn.c: sockets, connections, set-up and tear-down).  Not for use
- * outside libps_ring. */
+ * outside libps_comm. */
 #ifndef PS_RING_INT_H
 #define PS_RING_INT_H
 #include <stdint.h>

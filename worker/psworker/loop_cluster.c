@@ -61,7 +61,7 @@ static int pull_all(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_t *ve
  * for it and run every check of a cluster step on it (OVERFLOW verdict,
  * ROLLBACK, stale drop and re-pull in async modes, exactly one update per
  * step in sync mode, versions going back).  Used by cluster_step after all
- * pushes and by the overlap hooks (psworker_overlap.c) one partition at a
+ * pushes and by the overlap hooks (overlap.c) one partition at a
  * time, as the next forward needs it.  dst: where the partition's weights
  * land (the re-pull after a stale drop goes there too).  Returns 0 or the
  * PS_E*; *first_rc keeps the first error of the step, logged once. */

@@ -318,7 +318,7 @@ int ps_worker_overlap_end(ps_worker_overlap_t *ov, double *t_wait)
          * reported, a rollback's versions known) */
         ps_worker_overlap_wait_all(ov, NULL);
     } else {
-        /* BN statistics: w_pulled - local (psworker_video.c), then every
+        /* BN statistics: w_pulled - local (task_video.c), then every
          * partition the hooks did not push */
         ov->in_end = 1;
         for (uint32_t j = 0; j < p->table.ntensors; j++) {
