@@ -26,7 +26,7 @@ pub=$(cat "$T/w0.pub" 2>/dev/null) sec=$(cat "$T/w0.key" 2>/dev/null)
 ok $? "keygen writes 40-character Z85 public and secret keys"
 [ "$(stat -c %a "$T/w0.key" 2>/dev/null)" = 600 ] && [ "$(stat -c %a "$T/w0.pub" 2>/dev/null)" = 644 ]
 ok $? "keygen: secret key file is mode 0600, public 0644"
-grep -q -F "$pub" "$T/keygen.out"
+grep -q -F -- "$pub" "$T/keygen.out"
 ok $? "keygen prints the public key"
 run keygen2 "$PSCTL" keygen "$T/w0"
 [ $rc != 0 ] && [ "$(cat "$T/w0.key")" = "$sec" ] && grep -q -- --force "$T/keygen2.out"
