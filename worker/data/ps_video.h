@@ -77,6 +77,11 @@ const char *ps_video_list_name(const ps_video_list_t *l, size_t i); /* frame_dir
 int ps_video_list_num_classes(const ps_video_list_t *l);  /* max label + 1 */
 size_t ps_video_list_skipped(const ps_video_list_t *l);   /* bad entries dropped */
 int ps_video_list_is_packed(const ps_video_list_t *l);
+/* The first video whose label is min_label or more: its index, or -1 if
+ * none.  where (may be NULL) gets its place for messages: "list:line" for a
+ * list file, "pack_dir (list line N)" for a packed one.  How a caller checks
+ * the labels against a class count (every label below it) or for gaps. */
+long ps_video_list_find_label(const ps_video_list_t *l, int min_label, char *where, size_t n);
 
 /* The encoded bytes of frame `frame` (1-based) of video i: a malloc'd copy in
  * *buf (caller frees).  Errors name the list file and line. */

@@ -288,6 +288,20 @@ int ps_video_list_num_classes(const ps_video_list_t *l) { return l->num_classes;
 size_t ps_video_list_skipped(const ps_video_list_t *l) { return l->skipped; }
 int ps_video_list_is_packed(const ps_video_list_t *l) { return l->packed; }
 
+long ps_video_list_find_label(const ps_video_list_t *l, int min_label, char *where, size_t n)
+{
+    for (size_t i = 0; i < l->n; i++) {
+        if (l->v[i].label < min_label) continue;
+        if (where && n) {
+            if (l->packed) snprintf(where, n, "%s (list line %d)", l->source, l->v[i].line);
+            else snprintf(where, n, "%s:%d", l->source, l->v[i].line);
+        }
+        return (long)i;
+    }
+    if (where && n) where[0] = 0;
+    return -1;
+}
+
 int ps_video_read_frame_bytes(const ps_video_list_t *l, size_t i, int frame,
                               uint8_t **buf, size_t *len, char *err, size_t errlen)
 {

@@ -137,7 +137,8 @@ static size_t data_rows(ps_worker_data_opts_t *o, ps_opt_t *rows)
     ROW("val-every", PS_OPT_INT, &o->val_every, "validate every N steps on rank 0 (0 = end only)", "0");
     ROW("val-batch", PS_OPT_INT, &o->val_batch, "samples per validation forward (0 = --batch)", "0");
     ROW("width", PS_OPT_INT, &o->width, "ResNet stem width (64 = torchvision)", "64");
-    ROW("num-classes", PS_OPT_INT, &o->num_classes, "classes (0 = from the data)", "0");
+    ROW("num-classes", PS_OPT_INT, &o->num_classes, "classes N, labels 0..N-1 (0 = from the data: "
+        "the largest label + 1, and video labels must then be 0..K-1 without gaps)", "0");
     ROW("weights", PS_OPT_STRING, &o->weights, "safetensors to start from (or to evaluate with --eval)", "");
     return n;
 }

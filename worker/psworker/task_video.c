@@ -167,8 +167,8 @@ static int load_list(const ps_worker_opts_t *o, const char *path, ps_video_list_
     int rc = v->packed ? ps_video_list_load_packed(path, &lo, l, err, sizeof err)
                        : ps_video_list_load(path, &lo, l, err, sizeof err);
     if (rc) ps_error("%s", err);
-    else ps_info("%s: %zu videos, %d classes%s", path, ps_video_list_size(*l),
-                 ps_video_list_num_classes(*l), v->packed ? " (packed)" : "");
+    else ps_info("%s: %zu videos, largest label %d%s", path, ps_video_list_size(*l),
+                 ps_video_list_num_classes(*l) - 1, v->packed ? " (packed)" : "");
     return rc;
 }
 
@@ -186,6 +186,91 @@ static void base_opts(const ps_worker_opts_t *o, ps_video_opts_t *lv)
     lv->skip_bad = o->data.skip_bad;
 }
 
+/* --num-classes N: every label of both lists must be below N (a class
+ * without videos is allowed: a small validation list may miss some).  A
+ * label at or above N would index past the model's outputs.  PS_EINVAL
+ * (a usage error, exit 2) naming the first such video. */
+static int classes_given(const video_t *v, int n)
+{
+    const ps_video_list_t *lists[2] = {v->train, v->val};
+    char where[4200];
+    for (int k = 0; k < 2; k++) {
+        long i = lists[k] ? ps_video_list_find_label(lists[k], n, where, sizeof where) : -1;
+        if (i < 0) continue;
+        ps_error("%s: label %d is outside --num-classes %d (labels 0..%d)", where,
+                 ps_video_list_label(lists[k], (size_t)i), n, n - 1);
+        return PS_EINVAL;
+    }
+    ps_info("%d classes (--num-classes)", n);
+    return 0;
+}
+
+/* The smallest label in 0..k-1 that no video of either list has, k if
+ * none is missing, PS_ENOMEM. */
+static int first_missing_label(const video_t *v, int k)
+{
+    const ps_video_list_t *lists[2] = {v->train, v->val};
+    unsigned char *seen = calloc((size_t)k, 1);
+    if (!seen) {
+        ps_error("out of memory for the label set (%d labels)", k);
+        return PS_ENOMEM;
+    }
+    for (int j = 0; j < 2; j++)
+        for (size_t i = 0; lists[j] && i < ps_video_list_size(lists[j]); i++)
+            seen[ps_video_list_label(lists[j], i)] = 1;
+    int m = 0;
+    while (m < k && seen[m]) m++;
+    free(seen);
+    return m;
+}
+
+/* No --num-classes (0): the count is the largest label + 1 over both lists,
+ * and their labels must be exactly 0..K-1.  A gap ({0,1,2,7}) is far more
+ * often a wrong list or a typo than classes left out on purpose, and it
+ * would silently add untrained outputs; a user who means it gives --num-classes. */
+static int classes_from_data(const video_t *v, const video_opts_t *vo, int *classes)
+{
+    int k = 0;
+    if (v->train) k = ps_video_list_num_classes(v->train);
+    if (v->val && ps_video_list_num_classes(v->val) > k) k = ps_video_list_num_classes(v->val);
+    if (k < 2) {
+        ps_error("the lists hold %d class(es); give --num-classes", k);
+        return PS_EINVAL;
+    }
+    int m = first_missing_label(v, k);
+    if (m < 0) return m;
+    if (m < k) {
+        /* the first video past the gap, the train list's if it has one */
+        char where[4200];
+        const ps_video_list_t *l = v->train;
+        long i = l ? ps_video_list_find_label(l, m, where, sizeof where) : -1;
+        if (i < 0) i = ps_video_list_find_label(l = v->val, m, where, sizeof where);
+        ps_error("the labels are not 0..%d: no video has label %d, yet %s has label %d.  With "
+                 "the class count from the data (no --num-classes) the labels must be 0..K-1 "
+                 "without gaps: fix the list, or give --num-classes %d if classes without videos "
+                 "are meant", k - 1, m, where, ps_video_list_label(l, (size_t)i), k);
+        return PS_EINVAL;
+    }
+    ps_info("%d classes from the data: labels 0..%d in %s%s%s", k, k - 1,
+            v->train ? vo->train_list : "", v->train && v->val ? " and " : "",
+            v->val ? vo->val_list : "");
+    *classes = k;
+    return 0;
+}
+
+/* The number of classes of the model (both lists loaded). */
+static int video_classes(const ps_worker_opts_t *o, const video_t *v, int *classes)
+{
+    int n = o->data.num_classes;
+    if (n <= 0) return classes_from_data(v, ps_worker_task_opts(o), classes);
+    if (n < 2) {
+        ps_error("--num-classes %d: a classifier needs at least 2", n);
+        return PS_EINVAL;
+    }
+    *classes = n;
+    return classes_given(v, n);
+}
+
 /* The lists, the number of classes and the loaders' options. */
 static int video_data(ps_worker_t *p, video_t *v, int *classes)
 {
@@ -195,16 +280,7 @@ static int video_data(ps_worker_t *p, video_t *v, int *classes)
     int rc;
     if (!o->eval && (rc = load_list(o, vo->train_list, &v->train))) return rc;
     if (*vo->val_list && (rc = load_list(o, vo->val_list, &v->val))) return rc;
-    *classes = o->data.num_classes;
-    if (!*classes) {
-        if (v->train) *classes = ps_video_list_num_classes(v->train);
-        if (v->val && ps_video_list_num_classes(v->val) > *classes)
-            *classes = ps_video_list_num_classes(v->val);
-    }
-    if (*classes < 2) {
-        ps_error("the lists hold %d class(es); give --num-classes", *classes);
-        return PS_EINVAL;
-    }
+    if ((rc = video_classes(o, v, classes))) return rc;
     base_opts(o, &v->topt);
     v->topt.train = 1;
     v->topt.batch = p->batch;
