@@ -51,6 +51,9 @@ char *psd_stats_json(const psd_t *s)
     cJSON_AddNumberToObject(o, "weights_copied", (double)s->mx.weights_cow);
     cJSON_AddNumberToObject(o, "peer_disconnects", (double)s->mx.disconnects);
     cJSON_AddNumberToObject(o, "max_msg_bytes", (double)s->maxmsg);
+    cJSON_AddNumberToObject(o, "http_connections", s->http_nconns);
+    cJSON_AddNumberToObject(o, "http_timeouts", (double)s->mx.http_timeouts);
+    cJSON_AddNumberToObject(o, "http_rejected", (double)s->mx.http_rejected);
     uint64_t errs = 0;
     for (int i = 0; i < PSD_NERR; i++) errs += s->mx.errors[i];
     cJSON_AddNumberToObject(o, "errors", (double)errs);
@@ -117,12 +120,19 @@ void psd_stats_log(psd_t *s)
                 ru.ru_nvcsw, ru.ru_nivcsw, ru.ru_maxrss);
 }
 
-/* ---- HTTP ---- */
+/* ---- HTTP ----
+ * One connection per request (Connection: close).  Each connection has a
+ * deadline timer from the accept: the request and the answer's write must
+ * be done by then, or the connection is closed (http_timeouts).  The
+ * connection lives until both its handles (TCP, timer) are closed. */
 
-typedef struct http_conn {
+typedef struct psd_http_conn {
     uv_tcp_t tcp;
+    uv_timer_t deadline;
     uv_write_t wr;
     psd_t *s;
+    struct psd_http_conn *prev, *next; /* s->http_conns */
+    int open_handles;                  /* freed when the last one closes */
     size_t len;
     char req[4096];
     char *resp;
@@ -165,6 +175,15 @@ static size_t render(const psd_t *s, char *buf, size_t cap)
       (unsigned long long)s->mx.disconnects);
     P("# HELP psd_max_message_bytes ZMQ_MAXMSGSIZE: larger frames end the sender's connection.\n"
       "# TYPE psd_max_message_bytes gauge\npsd_max_message_bytes %lld\n", (long long)s->maxmsg);
+    P("# HELP psd_http_connections Open connections to this /metrics listener.\n"
+      "# TYPE psd_http_connections gauge\npsd_http_connections %d\n", s->http_nconns);
+    P("# HELP psd_http_timeouts_total /metrics connections closed for not completing their "
+      "request within %d ms.\n"
+      "# TYPE psd_http_timeouts_total counter\npsd_http_timeouts_total %llu\n",
+      PSD_HTTP_DEADLINE_MS, (unsigned long long)s->mx.http_timeouts);
+    P("# HELP psd_http_rejected_total /metrics connections closed at accept (%d already open).\n"
+      "# TYPE psd_http_rejected_total counter\npsd_http_rejected_total %llu\n",
+      PSD_HTTP_MAX_CONNS, (unsigned long long)s->mx.http_rejected);
     P("# HELP psd_errors_total ERROR replies sent, by code.\n# TYPE psd_errors_total counter\n");
     for (int i = 1; i < PSD_NERR; i++)
         if (s->mx.errors[i]) P("psd_errors_total{code=\"%s\"} %llu\n", ps_errname(-i),
@@ -177,14 +196,35 @@ static size_t render(const psd_t *s, char *buf, size_t cap)
 static void on_closed(uv_handle_t *h)
 {
     http_conn_t *c = h->data;
+    if (--c->open_handles > 0) return;
     free(c->resp);
     free(c);
 }
 
+/* Closes both handles (again: a no-op) and drops c from the open list. */
+static void conn_close(http_conn_t *c)
+{
+    if (uv_is_closing((uv_handle_t *)&c->tcp)) return;
+    psd_t *s = c->s;
+    if (c->prev) c->prev->next = c->next;
+    else s->http_conns = c->next;
+    if (c->next) c->next->prev = c->prev;
+    s->http_nconns--;
+    uv_close((uv_handle_t *)&c->deadline, on_closed);
+    uv_close((uv_handle_t *)&c->tcp, on_closed);
+}
+
+static void on_deadline(uv_timer_t *t)
+{
+    http_conn_t *c = t->data;
+    c->s->mx.http_timeouts++;
+    conn_close(c);
+}
+
 static void on_written(uv_write_t *w, int status)
 {
-    http_conn_t *c = w->data;
-    uv_close((uv_handle_t *)&c->tcp, on_closed);
+    (void)status; /* closed either way; a cancelled write means it is closing already */
+    conn_close(w->data);
 }
 
 static void respond(http_conn_t *c, int code, const char *ctype, const char *body, size_t blen)
@@ -193,7 +233,7 @@ static void respond(http_conn_t *c, int code, const char *ctype, const char *bod
     size_t cap = blen + 256;
     c->resp = malloc(cap);
     if (!c->resp) {
-        uv_close((uv_handle_t *)&c->tcp, on_closed);
+        conn_close(c);
         return;
     }
     int n = snprintf(c->resp, cap,
@@ -204,8 +244,7 @@ static void respond(http_conn_t *c, int code, const char *ctype, const char *bod
     uv_buf_t b = uv_buf_init(c->resp, (unsigned)(n + blen));
     c->wr.data = c;
     uv_read_stop((uv_stream_t *)&c->tcp);
-    if (uv_write(&c->wr, (uv_stream_t *)&c->tcp, &b, 1, on_written) < 0)
-        uv_close((uv_handle_t *)&c->tcp, on_closed);
+    if (uv_write(&c->wr, (uv_stream_t *)&c->tcp, &b, 1, on_written) < 0) conn_close(c);
 }
 
 static void on_alloc(uv_handle_t *h, size_t want, uv_buf_t *buf)
@@ -218,7 +257,7 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
 {
     http_conn_t *c = st->data;
     if (nread < 0) {
-        uv_close((uv_handle_t *)st, on_closed);
+        conn_close(c);
         return;
     }
     c->len += (size_t)nread;
@@ -238,6 +277,8 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
     }
 }
 
+/* A new connection: refused (closed at once, http_rejected) when
+ * PSD_HTTP_MAX_CONNS are open, else read under its deadline. */
 static void on_conn(uv_stream_t *server, int status)
 {
     psd_t *s = server->data;
@@ -246,11 +287,23 @@ static void on_conn(uv_stream_t *server, int status)
     if (!c) return;
     c->s = s;
     uv_tcp_init(s->loop, &c->tcp);
-    c->tcp.data = c;
+    uv_timer_init(s->loop, &c->deadline);
+    c->tcp.data = c->deadline.data = c;
+    c->open_handles = 2;
+    c->next = s->http_conns;
+    if (c->next) c->next->prev = c;
+    s->http_conns = c;
+    s->http_nconns++;
     if (uv_accept(server, (uv_stream_t *)&c->tcp) < 0) {
-        uv_close((uv_handle_t *)&c->tcp, on_closed);
+        conn_close(c);
         return;
     }
+    if (s->http_nconns > PSD_HTTP_MAX_CONNS) {
+        s->mx.http_rejected++;
+        conn_close(c);
+        return;
+    }
+    uv_timer_start(&c->deadline, on_deadline, PSD_HTTP_DEADLINE_MS, 0);
     uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
 }
 
@@ -278,8 +331,10 @@ int psd_metrics_start(psd_t *s)
     return 0;
 }
 
+/* The listener and every open connection (freed by the loop's last run). */
 void psd_metrics_stop(psd_t *s)
 {
     if (s->http_on && !uv_is_closing((uv_handle_t *)&s->http)) uv_close((uv_handle_t *)&s->http, NULL);
     s->http_on = 0;
+    while (s->http_conns) conn_close(s->http_conns);
 }
