@@ -301,6 +301,12 @@ typedef struct psd {
     uv_poll_t monpoll;
     struct psd_conn *conns;     /* accepted connections: fd -> peer address */
     size_t nconns, conns_cap;
+    /* The close log's rate limit (psd_loop.c): lines logged one by one in
+     * the interval that began at connlog_since (uv_now ms), and the closes
+     * past the burst, summed up in one line when the interval ends. */
+    uint64_t connlog_since;
+    unsigned connlog_lines;
+    uint64_t connlog_more;
     int stopping;
     int exit_code;              /* process exit status once the loop ends */
     psd_store_t st;

@@ -142,6 +142,44 @@ static void conn_accepted(psd_t *s, mon_batch_t *b, size_t i)
     snprintf(s->conns[k].addr, sizeof s->conns[k].addr, "%s", addr);
 }
 
+/* Close lines are rate-limited so that a flood of connections cannot fill
+ * the disk: the first CONNLOG_BURST of an interval of CONNLOG_INTERVAL_MS
+ * are logged one by one, the rest summed up in one line when the interval
+ * ends (or psd stops).  peer_disconnects counts every close regardless. */
+#define CONNLOG_BURST 5
+#define CONNLOG_INTERVAL_MS 10000
+
+/* Ends the interval when it is over (or at once with force): the summary
+ * line of the closes not logged, if any; the next close opens a new one. */
+static void conn_log_flush(psd_t *s, int force)
+{
+    uint64_t now = s->loop ? uv_now(s->loop) : 0;
+    if (!s->connlog_lines && !s->connlog_more) return; /* no interval open */
+    uint64_t ms = now > s->connlog_since ? now - s->connlog_since : 0;
+    if (!force && ms < CONNLOG_INTERVAL_MS) return;
+    if (s->connlog_more)
+        ps_info("... and %llu more connections closed in the last %llu s (logged one by one: the "
+                "first %d per %d s; peer_disconnects counts all)",
+                (unsigned long long)s->connlog_more,
+                (unsigned long long)(ms < 1000 ? 1 : (ms + 500) / 1000), CONNLOG_BURST,
+                CONNLOG_INTERVAL_MS / 1000);
+    s->connlog_lines = 0;
+    s->connlog_more = 0;
+}
+
+/* Whether this close gets its own line (else it is counted for the summary). */
+static int conn_log_admit(psd_t *s)
+{
+    conn_log_flush(s, 0);
+    if (!s->connlog_lines && !s->connlog_more) s->connlog_since = s->loop ? uv_now(s->loop) : 0;
+    if (s->connlog_lines < CONNLOG_BURST) {
+        s->connlog_lines++;
+        return 1;
+    }
+    s->connlog_more++;
+    return 0;
+}
+
 static void conn_closed(psd_t *s, int fd)
 {
     char addr[64] = "an unknown peer";
@@ -152,6 +190,7 @@ static void conn_closed(psd_t *s, int fd)
             break;
         }
     s->mx.disconnects++;
+    if (!conn_log_admit(s)) return;
     ps_info("connection from %s closed (the peer went away, or ZeroMQ dropped it for a protocol "
             "error such as a frame over ZMQ_MAXMSGSIZE %lld bytes)",
             addr, (long long)s->maxmsg);
@@ -173,6 +212,7 @@ static void monitor_drain(psd_t *s)
         b.n = 0;
     }
     free(b.ev);
+    conn_log_flush(s, 0); /* the drain timer calls here: summaries come on time */
 }
 
 static void on_monitor(uv_poll_t *h, int status, int events)
@@ -411,6 +451,7 @@ static void close_walk(uv_handle_t *h, void *arg)
 
 void psd_loop_close(psd_t *s)
 {
+    conn_log_flush(s, 1); /* closes not yet summed up */
     if (s->loop) {
         psd_metrics_stop(s);
         uv_walk(s->loop, close_walk, NULL);
