@@ -23,7 +23,8 @@
     X(SHUTDOWN,   -16, "shutting down")                                     \
     X(VERSION,    -17, "protocol version mismatch")                         \
     X(STALE,      -18, "request too stale")                                 \
-    X(CUDA,       -19, "CUDA error")
+    X(CUDA,       -19, "CUDA error")                                        \
+    X(FAILED,     -20, "the job was stopped by a failure")
 
 enum {
     PS_OK = 0,

@@ -12,6 +12,18 @@
 
 int ps_log_level = PS_LOG_INFO;
 static char log_prog[64] = "ps";
+/* The first ERROR line of the process: the cause a failing program reports
+ * (later errors usually follow from it). */
+static pthread_mutex_t first_mu = PTHREAD_MUTEX_INITIALIZER;
+static char first_error[1024];
+
+const char *ps_log_first_error(char *buf, size_t len)
+{
+    pthread_mutex_lock(&first_mu);
+    snprintf(buf, len, "%s", first_error);
+    pthread_mutex_unlock(&first_mu);
+    return buf;
+}
 
 void ps_log_set_prog(const char *prog)
 {
@@ -44,6 +56,11 @@ void ps_log_write(int level, const char *file, int line, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    if (level == PS_LOG_ERROR) {
+        pthread_mutex_lock(&first_mu);
+        if (!first_error[0]) snprintf(first_error, sizeof first_error, "%s", msg);
+        pthread_mutex_unlock(&first_mu);
+    }
     /* One fprintf per line so concurrent threads do not interleave mid-line. */
     fprintf(stderr, "%s.%03ld %s %s %s:%d: %s\n", stamp, (long)(tv.tv_usec / 1000),
             log_prog, tags[level < 0 ? 0 : level > 3 ? 3 : level],

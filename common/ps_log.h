@@ -3,6 +3,7 @@
  * call costs one integer compare. */
 #ifndef PS_LOG_H
 #define PS_LOG_H
+#include <stddef.h>
 
 enum { PS_LOG_ERROR = 0, PS_LOG_WARN = 1, PS_LOG_INFO = 2, PS_LOG_DEBUG = 3 };
 
@@ -14,6 +15,9 @@ void ps_log_set_prog(const char *prog);
 int ps_log_set_level_str(const char *s);
 void ps_log_write(int level, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
+/* The first ERROR message logged by this process ("" if none), copied to
+ * buf: what a failing program gives as its cause. */
+const char *ps_log_first_error(char *buf, size_t len);
 
 #define PS_LOG_(lvl, ...)                                                   \
     do {                                                                    \

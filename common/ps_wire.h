@@ -23,6 +23,9 @@
                                     older checkpoint), or to a request that a
                                     rollback cancelled: `iteration` = the
                                     version to roll back to (MSG_ROLLBACK) */
+#define PS_FLAG_DONE       0x10u /* BYE: the worker finished its steps */
+#define PS_FLAG_FAILED     0x20u /* BYE: the worker failed: error_code and
+                                    error_text say why, and the job stops */
 
 /* Largest header frame accepted.  Headers are small except INIT's body, the
  * JSON model spec (ResNet-50: ~160 tensors, RetinaNet ~300, ~20-30 KB), so

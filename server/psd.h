@@ -184,6 +184,7 @@ typedef struct psd_part {
                              * version carry PS_FLAG_OVERFLOW so every worker
                              * learns the step was skipped (not checkpointed) */
     uint64_t *last_iter;    /* (W) async/ssp: last iteration applied per rank + 1 (0: none) */
+    uint64_t wait_since_ms; /* sync: uv_now of the first push for `version` (psd_late.c) */
     psd_waiter_t *waiters;  /* PULL / PUSHPULL replies pending on a version */
     int nwaiters;
     psd_buf_t *cache[PSD_NDTYPE][PSD_NCODEC]; /* encoded weights at `version` */
@@ -225,7 +226,12 @@ typedef struct psd_store {
 } psd_store_t;
 
 /* Worker membership (psd_members.c). */
-typedef enum { PSD_W_UNKNOWN = 0, PSD_W_LIVE, PSD_W_LOST, PSD_W_LEFT } psd_wstate_t;
+/* UNKNOWN: never heard from; LOST: silent past the timeout; LEFT: said BYE
+ * before the end; DONE: said BYE after its last step; FAILED: said it
+ * failed (the job stops, psd_jobfail.c). */
+typedef enum {
+    PSD_W_UNKNOWN = 0, PSD_W_LIVE, PSD_W_LOST, PSD_W_LEFT, PSD_W_DONE, PSD_W_FAILED
+} psd_wstate_t;
 
 typedef struct psd_worker {
     psd_wstate_t state;
@@ -248,6 +254,11 @@ typedef struct psd_worker {
                                  * others passed long ago (answered at once) */
     char host[64];
     uint64_t lost_ms;           /* uv_now when it was declared lost */
+    uint64_t session;           /* its process's token from HELLO (0: none sent) */
+    uint64_t steps;             /* sync steps it contributed (pushes of this
+                                 * server's first partition counted once each) */
+    int back;                   /* said HELLO again after the job failed */
+    char refused[224];          /* why its last HELLO was refused ("" none) */
 } psd_worker_t;
 
 /* A CHECKPOINT / SHUTDOWN requester waiting for the checkpoint in flight. */
@@ -262,7 +273,7 @@ typedef struct psd_ackwait {
 typedef struct psd_ckpt_job psd_ckpt_job_t; /* psd_checkpoint.c */
 
 /* Counters, incremented where things happen, reported by psd_metrics.c. */
-#define PSD_NERR 20 /* PS_E* codes are -1..-19 */
+#define PSD_NERR 21 /* PS_E* codes are -1..-20 */
 typedef struct psd_metrics {
     uint64_t bytes_in, bytes_out, msgs_in, msgs_out, updates, skipped;
     uint64_t errors[PSD_NERR];
@@ -340,6 +351,12 @@ typedef struct psd {
     uv_timer_t linger_timer;
     psd_peers_t *peers;         /* waiting requests per peer (--max-peer-inflight) */
     void *zap;                  /* psd_curve.c: ZAP handler state, NULL without --curve */
+    /* The job failed (psd_jobfail.c): every training request gets fail_text
+     * until every rank has said HELLO again. */
+    int job_failed;
+    char fail_text[512];
+    uint64_t barrier_since_ms;  /* uv_now of the first arrival at the pending barrier */
+    uint64_t late_logged_ms;    /* last "waiting for ..." log line (psd_late.c) */
 } psd_t;
 
 /* ---- psd_loop.c ---- */
@@ -427,6 +444,30 @@ void psd_waiters_notify(psd_t *s, psd_part_t *p);
 /* p was rolled back to v: answer every waiter wanting a later version
  * ERROR(PS_ESTATE, PS_FLAG_ROLLBACK, v). */
 void psd_waiters_cancel(psd_t *s, psd_part_t *p, uint64_t v);
+/* Answer every waiter of p with ERROR(code, text) (the job failed). */
+void psd_waiters_fail(psd_t *s, psd_part_t *p, int code, const char *text);
+
+/* ---- psd_jobfail.c: a failed worker stops the job ---- */
+/* Record the failure (the first one wins), log it, answer every waiting
+ * request of the job with ERROR(PS_EFAILED, text). */
+void psd_jobfail(psd_t *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Whether m is a training request the failed job refuses (answered here). */
+int psd_jobfail_refuse(psd_t *s, ps_wire_msg_t *m);
+/* A HELLO of rank r after the failure: when every rank is back, the job
+ * may start again (logged). */
+void psd_jobfail_hello(psd_t *s, int r);
+
+/* ---- psd_late.c: who the server waits for ---- */
+/* Called by the handlers when a rank's gradient for p's current version
+ * arrives (the first one starts p's wait). */
+void psd_late_arrived(psd_t *s, psd_part_t *p, int rank);
+/* Seconds rank r has kept this server waiting (0: not late). */
+double psd_late_seconds(const psd_t *s, int r);
+/* One line of what this server waits for ("" when nothing): the barrier's
+ * missing ranks, or the step and partitions the late ranks hold up. */
+void psd_late_describe(const psd_t *s, char *buf, size_t len);
+/* Timer: log that line every 10 s while a wait lasts over 10 s. */
+void psd_late_check(psd_t *s);
 
 /* ---- psd_members.c ---- */
 int psd_members_set_count(psd_t *s, int nworkers, char *err, size_t errlen);
@@ -438,11 +479,24 @@ int psd_members_live_count(const psd_t *s);
 /* Rank r's gradient / barrier is waited for (live, or lost under
  * --on-worker-loss=wait). */
 int psd_members_required(const psd_t *s, int r);
-void psd_handle_hello(psd_t *s, ps_wire_msg_t *m);
+/* HELLO: the rank welcomed, or -1 when refused; `refusal` (len bytes) is
+ * set when the refusal keeps the job from starting (the caller stops it). */
+int psd_handle_hello(psd_t *s, ps_wire_msg_t *m, char *refusal, size_t len);
 void psd_handle_barrier(psd_t *s, ps_wire_msg_t *m);
-/* 1 when the worker left (the caller rechecks the pending sync updates:
- * psd_recheck_pending), 0 when the BYE was refused. */
+/* BYE: PSD_BYE_REFUSED (not from the process that holds the rank), LEFT,
+ * DONE, or FAILED (the caller stops the job: psd_jobfail).  After LEFT /
+ * DONE the caller rechecks the pending sync updates (psd_recheck_pending). */
+enum { PSD_BYE_REFUSED = 0, PSD_BYE_LEFT, PSD_BYE_DONE, PSD_BYE_FAILED };
 int psd_handle_bye(psd_t *s, ps_wire_msg_t *m);
+/* The rank of the process whose session m carries (-1: none bound). */
+int psd_members_rank_of(const psd_t *s, const ps_wire_msg_t *m);
+/* Answer every worker at the barrier with ERROR(code, text). */
+void psd_members_fail_barrier(psd_t *s, int code, const char *text);
+/* Tell every worker that said HELLO that this server shuts down (an
+ * unsolicited SHUTDOWN, so it fails at once instead of timing out). */
+void psd_members_notify_shutdown(psd_t *s, const char *why);
+/* A sync step of rank r was counted (its first owned partition's push). */
+void psd_members_count_step(psd_t *s, int r);
 /* Timer: mark silent workers lost and release the barriers they block;
  * 1 when one was lost (the caller rechecks the pending sync updates). */
 int psd_members_check(psd_t *s);

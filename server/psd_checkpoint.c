@@ -768,6 +768,12 @@ void psd_shutdown_begin(psd_t *s, const char *why, psd_ackwait_t *w)
     }
     if (w) answer_waiters(s, w, 0);
     if (s->ckpt_job || !s->shutting) return; /* after_work calls back */
+    /* Asked to (SHUTDOWN): the job ends here, and its workers are told at
+     * once rather than retrying into a closed socket.  A signal may be a
+     * restart: the workers keep retrying (and say whom they wait for). */
+    if (!s->shutdown_by_signal && !uv_is_active((uv_handle_t *)&s->linger_timer))
+        psd_members_notify_shutdown(s, "asked to by a SHUTDOWN request (psctl shutdown, or "
+                                       "rank 0's --shutdown-servers)");
     /* Keep the loop (and the socket) up a little, so the ACK just queued
      * leaves before the socket closes, and retries still get an answer. */
     if (!uv_is_active((uv_handle_t *)&s->linger_timer))

@@ -25,6 +25,7 @@ static void send_ack(psd_t *s, ps_wire_msg_t *m, uint32_t flags)
 
 static void after_update(psd_t *s, psd_part_t *p)
 {
+    p->wait_since_ms = 0;
     psd_waiters_notify(s, p);
     psd_checkpoint_maybe(s);
 }
@@ -252,6 +253,7 @@ static void push_sync(psd_t *s, ps_wire_msg_t *m, psd_part_t *p, int rank, int p
         }
         p->have[rank] = 1;
         p->overflow |= ovf;
+        psd_late_arrived(s, p, rank);
     }
     int n;
     if (pushpull) {
@@ -370,6 +372,53 @@ static void handle_shutdown(psd_t *s, ps_wire_msg_t *m)
     psd_shutdown_begin(s, "SHUTDOWN request", w);
 }
 
+static void handle_hello(psd_t *s, ps_wire_msg_t *m)
+{
+    char refusal[320];
+    int r = psd_handle_hello(s, m, refusal, sizeof refusal);
+    if (refusal[0]) psd_jobfail(s, "%s", refusal);
+    else if (r >= 0 && s->job_failed) psd_jobfail_hello(s, r);
+}
+
+static void handle_bye(psd_t *s, ps_wire_msg_t *m)
+{
+    const Ps__Header *h = m->hdr;
+    int out = psd_handle_bye(s, m);
+    if (out == PSD_BYE_FAILED)
+        psd_jobfail(s, "worker rank %d failed: %s%s%s", h->rank,
+                    h->has_error_code ? ps_strerror(h->error_code) : "error",
+                    h->error_text && *h->error_text ? ": " : "",
+                    h->error_text ? h->error_text : "");
+    else if (out != PSD_BYE_REFUSED)
+        psd_recheck_pending(s);
+}
+
+/* A request that changes the job's state must come from a worker of the
+ * job: INIT from rank 0's process, ROLLBACK from any rank's (by the session
+ * token bound at HELLO).  Servers whose workers sent no tokens (tools and
+ * tests that speak the protocol by hand) check nothing: plaintext mode
+ * trusts the network (docs/protocol.md, "What a server trusts"). */
+static int member_ok(psd_t *s, ps_wire_msg_t *m)
+{
+    int bound = 0;
+    for (int r = 0; r < s->nworkers; r++) bound |= s->workers[r].assigned && s->workers[r].session;
+    if (!bound || (s->o.curve && psd_curve_is_admin(s, m))) return 1;
+    int r = psd_members_rank_of(s, m);
+    const char *what = ps_wire_type_name(m->hdr->type);
+    if (m->hdr->type == PS__MSG_TYPE__MSG_INIT && r != 0 && s->workers[0].session) {
+        psd_send_error(s, PSD_ID_OF(m), m->hdr, PS_EAUTH,
+                       "%s refused: only the process that holds rank 0 sends the model", what);
+        return 0;
+    }
+    if (r < 0) {
+        psd_send_error(s, PSD_ID_OF(m), m->hdr, PS_EAUTH,
+                       "%s refused: not from a worker of this job (no HELLO with this session)",
+                       what);
+        return 0;
+    }
+    return 1;
+}
+
 /* Admin verbs need an admin key under --curve. */
 static int admin_ok(psd_t *s, ps_wire_msg_t *m)
 {
@@ -409,9 +458,12 @@ void psd_handle(psd_t *s, ps_wire_msg_t *m)
         default: break;
         }
     }
+    if (psd_jobfail_refuse(s, m)) return;
     switch (h->type) {
-    case PS__MSG_TYPE__MSG_HELLO: psd_handle_hello(s, m); break;
-    case PS__MSG_TYPE__MSG_INIT: handle_init(s, m); break;
+    case PS__MSG_TYPE__MSG_HELLO: handle_hello(s, m); break;
+    case PS__MSG_TYPE__MSG_INIT:
+        if (member_ok(s, m)) handle_init(s, m);
+        break;
     case PS__MSG_TYPE__MSG_PUSH: handle_push(s, m, 0); break;
     case PS__MSG_TYPE__MSG_PUSHPULL: handle_push(s, m, 1); break;
     case PS__MSG_TYPE__MSG_PULL: handle_pull(s, m); break;
@@ -426,10 +478,10 @@ void psd_handle(psd_t *s, ps_wire_msg_t *m)
     case PS__MSG_TYPE__MSG_SHUTDOWN:
         if (admin_ok(s, m)) handle_shutdown(s, m);
         break;
-    case PS__MSG_TYPE__MSG_BYE:
-        if (psd_handle_bye(s, m)) psd_recheck_pending(s);
+    case PS__MSG_TYPE__MSG_BYE: handle_bye(s, m); break;
+    case PS__MSG_TYPE__MSG_ROLLBACK:
+        if (member_ok(s, m)) psd_handle_rollback(s, m);
         break;
-    case PS__MSG_TYPE__MSG_ROLLBACK: psd_handle_rollback(s, m); break;
     default:
         psd_send_error(s, PSD_ID_OF(m), h, PS_EPROTO, "unexpected message type %d (%s) for a server",
                        (int)h->type, ps_wire_type_name(h->type));

@@ -292,6 +292,7 @@ static void on_hb(uv_timer_t *t)
      * checking before reading them declared every worker lost at once. */
     drain(s);
     if (psd_members_check(s)) psd_recheck_pending(s);
+    psd_late_check(s);
     psd_errors_log_flush(s);
     drain(s);
 }

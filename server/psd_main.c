@@ -52,7 +52,9 @@ static int parse_args(psd_opts_t *o, int argc, char **argv)
         {"stats-every-s", PS_OPT_INT, &o->stats_every_s, "log a stats line every N seconds (0: off)", "60"},
         {"log-level", PS_OPT_STRING, &o->log_level, "error | warn | info | debug", "info"},
         {"on-worker-loss", PS_OPT_STRING, &o->on_worker_loss,
-         "continue: a lost worker no longer holds up sync steps (averaged over those who pushed); wait: it does", "continue"},
+         "wait: a lost worker, or one that left before the end, holds up sync steps until it "
+         "comes back (the wait is logged, naming it); continue: steps go on without it "
+         "(averaged over those who pushed)", "wait"},
         {"max-peer-inflight", PS_OPT_INT, &o->max_peer_inflight,
          "requests one peer may have waiting for a reply (more get PS_EAGAIN; 0: no cap)", "1024"},
         {"io-threads", PS_OPT_INT, &o->io_threads,

@@ -50,18 +50,22 @@ int psd_members_set_count(psd_t *s, int n, char *err, size_t errlen)
     return 0;
 }
 
+/* Heard from and neither silent nor gone: a rank never heard from is not
+ * live (it is still waited for: psd_members_required). */
 int psd_members_is_live(const psd_t *s, int r)
 {
-    if (r < 0 || r >= s->nworkers) return 0;
-    psd_wstate_t st = s->workers[r].state;
-    return st == PSD_W_UNKNOWN || st == PSD_W_LIVE;
+    return r >= 0 && r < s->nworkers && s->workers[r].state == PSD_W_LIVE;
 }
 
 int psd_members_required(const psd_t *s, int r)
 {
-    if (psd_members_is_live(s, r)) return 1;
-    /* --on-worker-loss=wait: a lost (not departed) worker is waited for. */
-    return !s->o.loss_continue && r >= 0 && r < s->nworkers && s->workers[r].state == PSD_W_LOST;
+    if (r < 0 || r >= s->nworkers) return 0;
+    psd_wstate_t st = s->workers[r].state;
+    if (st == PSD_W_UNKNOWN || st == PSD_W_LIVE) return 1;
+    /* --on-worker-loss=wait (the default): a lost worker, or one that left
+     * before the end, is waited for: a sync job of W workers never goes on
+     * with fewer unless the user chose continue. */
+    return !s->o.loss_continue && (st == PSD_W_LOST || st == PSD_W_LEFT);
 }
 
 int psd_members_live_count(const psd_t *s)
@@ -71,11 +75,27 @@ int psd_members_live_count(const psd_t *s)
     return n;
 }
 
+int psd_members_rank_of(const psd_t *s, const ps_wire_msg_t *m)
+{
+    const Ps__Header *h = m->hdr;
+    if (!h->has_session || !h->session) return -1;
+    for (int r = 0; r < s->nworkers; r++)
+        if (s->workers[r].assigned && s->workers[r].session == h->session) return r;
+    return -1;
+}
+
+void psd_members_count_step(psd_t *s, int r)
+{
+    if (r >= 0 && r < s->nworkers) s->workers[r].steps++;
+}
+
 void psd_members_seen(psd_t *s, int r)
 {
     if (r < 0 || r >= s->nworkers) return;
     psd_worker_t *w = &s->workers[r];
     w->last_seen_ms = uv_now(s->loop);
+    if (w->state == PSD_W_DONE || w->state == PSD_W_FAILED)
+        return; /* its late messages (a heartbeat racing the BYE) do not revive it */
     if (w->state == PSD_W_LOST || w->state == PSD_W_LEFT)
         ps_info("worker rank %d is back", r);
     w->state = PSD_W_LIVE;
@@ -107,6 +127,7 @@ static void barrier_try_release(psd_t *s)
     }
     if (!arrived) return;
     ps_info("barrier released (%d workers)", arrived);
+    s->barrier_since_ms = 0;
     int starts = !s->job_started;
     s->job_started = 1;
     uint64_t now = uv_now(s->loop);
@@ -122,8 +143,58 @@ static void barrier_try_release(psd_t *s)
     }
 }
 
-void psd_handle_hello(psd_t *s, ps_wire_msg_t *m)
+void psd_members_fail_barrier(psd_t *s, int code, const char *text)
 {
+    for (int r = 0; r < s->nworkers; r++) {
+        psd_worker_t *w = &s->workers[r];
+        if (!w->at_barrier) continue;
+        Ps__Header q;
+        ps_wire_header_init(&q, PS__MSG_TYPE__MSG_BARRIER);
+        q.request_id = w->barrier_req;
+        psd_send_error(s, w->bid, w->bidlen, &q, code, "%s", text);
+        w->barrier_done = w->barrier_req;
+        w->at_barrier = 0;
+    }
+    s->barrier_since_ms = 0;
+}
+
+void psd_members_notify_shutdown(psd_t *s, const char *why)
+{
+    for (int r = 0; r < s->nworkers; r++) {
+        psd_worker_t *w = &s->workers[r];
+        if (!w->assigned || w->state == PSD_W_DONE || w->state == PSD_W_LEFT) continue;
+        Ps__Header h;
+        ps_wire_header_init(&h, PS__MSG_TYPE__MSG_SHUTDOWN);
+        h.error_text = (char *)why;
+        psd_send(s, w->id, w->idlen, &h, NULL, 0);
+    }
+}
+
+/* A HELLO for rank r was refused (text: why).  Before the job started that
+ * worker cannot join, so the job cannot start: the refusal goes to the
+ * caller, which stops it (the workers at the start barrier, and those that
+ * come, get the reason instead of a silent wait).  Once the job runs, a
+ * refused HELLO is a stranger's and changes nothing. */
+static void hello_refused(psd_t *s, int r, const char *text, char *refusal, size_t len)
+{
+    if (s->job_started) return;
+    /* A rank already held (or, asking for any rank, all of them held): the
+     * job has its workers, and the refused one is not one of them. */
+    int free_rank = 0;
+    for (int q = 0; q < s->nworkers; q++)
+        free_rank |= (r < 0 || q == r) && !s->workers[q].assigned;
+    if (s->nworkers > 0 && !free_rank) return;
+    if (r >= 0 && r < s->nworkers) {
+        snprintf(s->workers[r].refused, sizeof s->workers[r].refused, "%s", text);
+        snprintf(refusal, len, "worker rank %d cannot join: its HELLO was refused: %s", r, text);
+    } else {
+        snprintf(refusal, len, "a worker cannot join: its HELLO was refused: %s", text);
+    }
+}
+
+int psd_handle_hello(psd_t *s, ps_wire_msg_t *m, char *refusal, size_t len)
+{
+    refusal[0] = 0;
     const Ps__Header *h = m->hdr;
     char err[256] = "";
     int rc;
@@ -131,11 +202,13 @@ void psd_handle_hello(psd_t *s, ps_wire_msg_t *m)
     if (h->has_table_hash) {
         uint64_t known = s->st.have_table ? s->st.table.hash : s->table_hash_seen;
         if ((s->st.have_table || s->have_hash_seen) && h->table_hash != known) {
-            psd_send_error(s, PSD_ID_OF(m), h, PS_EMISMATCH,
-                           "partition table hash 0x%016llx differs from the cluster's 0x%016llx: "
-                           "the worker's model or partition_bytes / num_servers differ",
-                           (unsigned long long)h->table_hash, (unsigned long long)known);
-            return;
+            char why[200];
+            snprintf(why, sizeof why, "partition table hash 0x%016llx differs from the cluster's "
+                     "0x%016llx: the worker's model or partition_bytes / num_servers differ",
+                     (unsigned long long)h->table_hash, (unsigned long long)known);
+            psd_send_error(s, PSD_ID_OF(m), h, PS_EMISMATCH, "%s", why);
+            hello_refused(s, h->has_rank ? h->rank : -1, why, refusal, len);
+            return -1;
         }
         s->table_hash_seen = h->table_hash;
         s->have_hash_seen = 1;
@@ -143,19 +216,20 @@ void psd_handle_hello(psd_t *s, ps_wire_msg_t *m)
     if (h->has_num_workers && h->num_workers > 0 &&
         (rc = psd_members_set_count(s, (int)h->num_workers, err, sizeof err))) {
         psd_send_error(s, PSD_ID_OF(m), h, rc, "HELLO: %s", err);
-        return;
+        if (rc == PS_EMISMATCH) hello_refused(s, h->has_rank ? h->rank : -1, err, refusal, len);
+        return -1;
     }
     if (s->nworkers <= 0) {
         psd_send_error(s, PSD_ID_OF(m), h, PS_ESTATE,
                        "HELLO: cluster size unknown (send num_workers or start psd with --num-workers)");
-        return;
+        return -1;
     }
     int rank = h->has_rank ? h->rank : -1;
     if (rank < 0) {
         if (s->o.server_id != 0) {
             psd_send_error(s, PSD_ID_OF(m), h, PS_ESTATE,
                            "HELLO with rank -1 must go to server 0 (this is server %d)", s->o.server_id);
-            return;
+            return -1;
         }
         /* A retried HELLO comes from the same socket: same rank again. */
         for (int r = 0; r < s->nworkers && rank < 0; r++)
@@ -170,22 +244,28 @@ void psd_handle_hello(psd_t *s, ps_wire_msg_t *m)
         if (rank < 0) {
             psd_send_error(s, PSD_ID_OF(m), h, PS_ERANGE, "HELLO: all %d ranks are taken by live workers",
                            s->nworkers);
-            return;
+            return -1;
         }
     } else if (rank >= s->nworkers) {
         psd_send_error(s, PSD_ID_OF(m), h, PS_ERANGE, "HELLO: rank %d but the cluster has %d workers", rank,
                        s->nworkers);
-        return;
+        return -1;
     }
     psd_worker_t *w = &s->workers[rank];
-    if (!w->assigned || !psd_reply_same_id(w->id, w->idlen, m)) {
+    uint64_t session = h->has_session ? h->session : 0;
+    if (!w->assigned || !psd_reply_same_id(w->id, w->idlen, m) || w->session != session) {
         /* A new process (or a first HELLO) for this rank: its request ids
-         * start over, so nothing of a previous life's barriers applies. */
+         * start over, so nothing of a previous life's barriers applies, and
+         * a rank that had finished, failed or left is in the job again. */
         w->at_barrier = 0;
         w->barrier_done = 0;
         w->rejoined = s->job_started;
+        if (w->state == PSD_W_DONE || w->state == PSD_W_FAILED || w->state == PSD_W_LEFT)
+            w->state = PSD_W_UNKNOWN;
     }
     w->assigned = 1;
+    w->session = session;
+    w->refused[0] = 0;
     psd_reply_keep_id(w->id, &w->idlen, m);
     if (h->has_body) {
         size_t n = h->body.len < sizeof w->host - 1 ? h->body.len : sizeof w->host - 1;
@@ -211,6 +291,7 @@ void psd_handle_hello(psd_t *s, ps_wire_msg_t *m)
     }
     if (s->st.from_ckpt) r.has_flags = 1, r.flags = PS_FLAG_FROM_CKPT;
     psd_send(s, PSD_ID_OF(m), &r, NULL, 0);
+    return rank;
 }
 
 static int check_rank(psd_t *s, ps_wire_msg_t *m, const char *what)
@@ -258,6 +339,7 @@ void psd_handle_barrier(psd_t *s, ps_wire_msg_t *m)
         }
     }
     /* A retry replaces the pending entry: one reply, to the latest request. */
+    if (!s->barrier_since_ms) s->barrier_since_ms = uv_now(s->loop);
     w->at_barrier = 1;
     w->barrier_req = m->hdr->request_id;
     psd_reply_keep_id(w->bid, &w->bidlen, m);
@@ -266,14 +348,35 @@ void psd_handle_barrier(psd_t *s, ps_wire_msg_t *m)
 
 int psd_handle_bye(psd_t *s, ps_wire_msg_t *m)
 {
+    const Ps__Header *h = m->hdr;
     int r = check_rank(s, m, "BYE");
-    if (r < 0) return 0;
-    s->workers[r].state = PSD_W_LEFT;
-    s->workers[r].at_barrier = 0;
-    ps_info("worker rank %d left (BYE); %d live", r, psd_members_live_count(s));
-    psd_send_ack(s, PSD_ID_OF(m), m->hdr->request_id);
-    barrier_try_release(s);
-    return 1;
+    if (r < 0) return PSD_BYE_REFUSED;
+    psd_worker_t *w = &s->workers[r];
+    uint64_t session = h->has_session ? h->session : 0;
+    /* Only the process that holds the rank may take it out of the job (or
+     * an admin key under --curve): a BYE is a membership change. */
+    if (!(s->o.curve && psd_curve_is_admin(s, m)) && (!w->assigned || w->session != session)) {
+        ps_warn("BYE for rank %d refused: it does not come from the process that said HELLO as "
+                "rank %d (session %016llx, that process's is %016llx)", r, r,
+                (unsigned long long)session, (unsigned long long)w->session);
+        psd_send_error(s, PSD_ID_OF(m), h, PS_EAUTH,
+                       "BYE for rank %d refused: not the process that holds rank %d", r, r);
+        return PSD_BYE_REFUSED;
+    }
+    uint32_t f = h->has_flags ? h->flags : 0;
+    int out = f & PS_FLAG_FAILED ? PSD_BYE_FAILED : f & PS_FLAG_DONE ? PSD_BYE_DONE : PSD_BYE_LEFT;
+    w->state = out == PSD_BYE_FAILED ? PSD_W_FAILED : out == PSD_BYE_DONE ? PSD_W_DONE : PSD_W_LEFT;
+    w->at_barrier = 0;
+    if (out == PSD_BYE_DONE)
+        ps_info("worker rank %d finished (BYE); %d live", r, psd_members_live_count(s));
+    else if (out == PSD_BYE_LEFT)
+        ps_info("worker rank %d left before the end (BYE); %d live; %s", r,
+                psd_members_live_count(s),
+                s->o.loss_continue ? "steps go on without it (--on-worker-loss=continue)"
+                                   : "steps wait for it to come back (--on-worker-loss=wait)");
+    psd_send_ack(s, PSD_ID_OF(m), h->request_id);
+    if (out != PSD_BYE_FAILED) barrier_try_release(s);
+    return out;
 }
 
 int psd_members_check(psd_t *s)

@@ -78,7 +78,7 @@ char *psd_stats_json(const psd_t *s)
     uint64_t now = s->loop ? uv_now(s->loop) : 0;
     for (int r = 0; ws && r < s->nworkers; r++) {
         const psd_worker_t *w = &s->workers[r];
-        static const char *const names[] = {"unknown", "live", "lost", "left"};
+        static const char *const names[] = {"unknown", "live", "lost", "left", "done", "failed"};
         cJSON *e = cJSON_CreateObject();
         if (!e) break;
         cJSON_AddNumberToObject(e, "rank", r);
@@ -86,8 +86,15 @@ char *psd_stats_json(const psd_t *s)
         cJSON_AddStringToObject(e, "host", w->host);
         cJSON_AddNumberToObject(e, "last_seen_ms_ago",
                                 w->state == PSD_W_UNKNOWN ? -1.0 : (double)(now - w->last_seen_ms));
+        cJSON_AddNumberToObject(e, "steps", (double)w->steps);
+        cJSON_AddNumberToObject(e, "behind_s", psd_late_seconds(s, r));
+        if (w->refused[0]) cJSON_AddStringToObject(e, "hello_refused", w->refused);
         cJSON_AddItemToArray(ws, e);
     }
+    char late[512];
+    psd_late_describe(s, late, sizeof late);
+    if (late[0]) cJSON_AddStringToObject(o, "late", late);
+    if (s->job_failed) cJSON_AddStringToObject(o, "job_failed", s->fail_text);
     /* The INIT spec (psctl export rebuilds the table from it); left out if
      * it would not fit in a reply header. */
     if (s->st.spec_json && strlen(s->st.spec_json) < PS_WIRE_MAX_HEADER / 2)
@@ -159,6 +166,13 @@ static size_t render(const psd_t *s, char *buf, size_t cap)
       (unsigned long long)s->mx.skipped);
     P("# HELP psd_live_workers Workers currently considered live.\n"
       "# TYPE psd_live_workers gauge\npsd_live_workers %d\n", psd_members_live_count(s));
+    P("# HELP psd_rank_behind_seconds How long a rank has kept this server waiting (a sync "
+      "step or a barrier it has not reached; 0: not late).\n"
+      "# TYPE psd_rank_behind_seconds gauge\n");
+    for (int r = 0; r < s->nworkers; r++)
+        P("psd_rank_behind_seconds{rank=\"%d\"} %.3f\n", r, psd_late_seconds(s, r));
+    P("# HELP psd_job_failed 1 when a worker's failure stopped the job (STATS job_failed says why).\n"
+      "# TYPE psd_job_failed gauge\npsd_job_failed %d\n", s->job_failed);
     P("# HELP psd_aggregation_seconds Time summing worker gradients.\n"
       "# TYPE psd_aggregation_seconds summary\npsd_aggregation_seconds_sum %.9f\n"
       "psd_aggregation_seconds_count %llu\n",

@@ -104,3 +104,18 @@ void psd_waiters_cancel(psd_t *s, psd_part_t *p, uint64_t v)
         w = next;
     }
 }
+
+void psd_waiters_fail(psd_t *s, psd_part_t *p, int code, const char *text)
+{
+    psd_waiter_t *w = take(s, p, 0, UINT64_MAX);
+    while (w) {
+        psd_waiter_t *next = w->next;
+        Ps__Header q;
+        ps_wire_header_init(&q, PS__MSG_TYPE__MSG_PUSHPULL);
+        q.request_id = w->request_id;
+        q.has_partition = 1, q.partition = p->id;
+        psd_send_error(s, w->id, w->idlen, &q, code, "%s", text);
+        free(w);
+        w = next;
+    }
+}

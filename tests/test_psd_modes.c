@@ -131,7 +131,8 @@ static void test_ssp(void)
 static void test_lost_worker(void)
 {
     tpsd_t S;
-    const char *args[] = {"--worker-timeout-ms", "300", "--heartbeat-ms", "50", NULL};
+    const char *args[] = {"--worker-timeout-ms", "300", "--heartbeat-ms", "50", "--on-worker-loss",
+                          "continue", NULL};
     /* 3 workers: ranks 0 and 2 push (both through d0), rank 1 goes silent. */
     void *d0 = setup(&S, args, 3);
     if (!ok(d0 != NULL, "loss: psd started and initialised")) return;

@@ -218,9 +218,12 @@ int main(void)
     is_int(t_call(D[0], &st, NULL, 0, NULL, 0, NULL, et, sizeof et), PS__MSG_TYPE__MSG_ACK, "STATS");
     ok(strstr(et, "\"updates\":") && strstr(et, "\"live_workers\":3"), "STATS body: %.200s", et);
 
-    /* BYE from one worker: the remaining two complete iterations alone. */
+    /* BYE from a worker that finished (PS_FLAG_DONE): the remaining two
+     * complete iterations alone (a BYE before the end is waited for:
+     * tests/test_psd_members.c). */
     Ps__Header bye;
     t_hdr(&bye, PS__MSG_TYPE__MSG_BYE, 2, 0);
+    bye.has_flags = 1, bye.flags = PS_FLAG_DONE;
     is_int(t_call(D[2], &bye, NULL, 0, NULL, 0, NULL, NULL, 0), PS__MSG_TYPE__MSG_ACK, "BYE");
     send_push(0, 0, 4, 0, 0, 9200);
     send_push(1, 0, 4, 1, 0, 9201);

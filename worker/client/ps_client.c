@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
@@ -31,6 +32,7 @@ void ps_client_opts_default(ps_client_opts_t *o)
     o->timeout_ms = 300000;
     o->retry_ms = 5000;
     o->heartbeat_ms = 1000;
+    o->stall_warn_ms = 10000;
     o->max_inflight = 8;
     o->send_queue_bytes = PS_CLIENT_SEND_QUEUE_DEFAULT;
     o->pull_codec = -1;
@@ -209,6 +211,10 @@ int ps_client_new(ps_client_t **cp, const ps_client_opts_t *o, const ps_partitio
     if (c->o.send_queue_bytes == 0) c->o.send_queue_bytes = PS_CLIENT_SEND_QUEUE_DEFAULT;
     c->t = t;
     c->rank = o->rank;
+    /* The session token binds this process to its rank on every server;
+     * 0 means none, so draw again on the 2^-64 chance. */
+    while (!c->session && getrandom(&c->session, sizeof c->session, 0) != sizeof c->session) {
+    }
     c->efd = -1;
     c->params.topk_ratio = o->topk_ratio;
     c->pull_codec = o->pull_codec >= 0 ? (ps_codec_t)o->pull_codec
@@ -637,6 +643,26 @@ static int read_welcome(ps_client_t *c, ps_req_t *r, void *arg)
     return 0;
 }
 
+/* The WELCOME of server s > 0: the rank server 0 gave, the same table. */
+static int read_welcome_other(ps_client_t *c, ps_req_t *r, int s)
+{
+    if (r->result < 0) return r->result;
+    if (r->reply_has_hash && r->reply_hash != c->t->hash) {
+        ps_client_set_error(c, "server %d (%s) has partition table hash %016llx, this worker "
+                            "%016llx", s, c->endpoints[s], (unsigned long long)r->reply_hash,
+                            (unsigned long long)c->t->hash);
+        ps_error("%s", c->last_error);
+        return PS_EMISMATCH;
+    }
+    if (r->reply_rank != c->rank) {
+        ps_client_set_error(c, "server %d (%s) gave rank %d, server 0 gave %d", s,
+                            c->endpoints[s], r->reply_rank, c->rank);
+        ps_error("%s", c->last_error);
+        return PS_EPROTO;
+    }
+    return 0;
+}
+
 int ps_client_hello(ps_client_t *c)
 {
     char host[256] = "?";
@@ -646,7 +672,36 @@ int ps_client_hello(ps_client_t *c)
     ps_req_t *r = ctl_req(c, PS__MSG_TYPE__MSG_HELLO, 0, host, strlen(host));
     if (!r) return PS_ENOMEM;
     int rc = ctl_call(c, r, read_welcome, NULL);
+    if (rc < 0) return rc;
+    /* The other servers, all at once, with the rank server 0 gave. */
+    int S = c->o.nservers;
+    ps_req_t **rs = calloc((size_t)S, sizeof *rs);
+    if (!rs) return PS_ENOMEM;
+    for (int s = 1; s < S && !rc; s++) {
+        if (!(rs[s] = ctl_req(c, PS__MSG_TYPE__MSG_HELLO, s, host, strlen(host)))) rc = PS_ENOMEM;
+        else req_submit(c, rs[s]);
+    }
+    for (int s = 1; s < S && rs[s]; s++) {
+        wait_done_locked(c, rs[s], -1);
+        pthread_mutex_unlock(&c->mu); /* done: the reply fields no longer change */
+        int r1 = read_welcome_other(c, rs[s], s);
+        pthread_mutex_lock(&c->mu);
+        req_release_locked(c, rs[s]);
+        pthread_mutex_unlock(&c->mu);
+        if (r1 < 0 && rc == 0) rc = r1;
+    }
+    free(rs);
     return rc < 0 ? rc : c->rank;
+}
+
+void ps_client_set_outcome(ps_client_t *c, int outcome, int code, const char *text)
+{
+    if (!c) return;
+    pthread_mutex_lock(&c->mu);
+    c->outcome = outcome;
+    c->outcome_code = code;
+    snprintf(c->outcome_text, sizeof c->outcome_text, "%s", text ? text : "");
+    pthread_mutex_unlock(&c->mu);
 }
 
 int ps_client_init(ps_client_t *c, const char *spec_json, const float *flat_weights,

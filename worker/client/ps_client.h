@@ -63,6 +63,11 @@ typedef struct ps_client_opts {
     int retry_ms;                /* resend an unanswered request after this, then
                                     after 2x, 4x ... up to 60 s (0 = off) */
     int heartbeat_ms;            /* HEARTBEAT period to every server (0 = off) */
+    int stall_warn_ms;           /* log a warning naming the server, its endpoint,
+                                    the message, partitions and step when requests
+                                    of a server stay unanswered this long, then at
+                                    2x, 4x ... up to every 60 s (0 = off; default
+                                    10 s) */
     int max_inflight;            /* PULLs of the current weights (min_version 0) and INIT
                                     weights outstanding per server (default 8);
                                     these are answered by the server on its own.
@@ -115,8 +120,17 @@ int ps_client_new(ps_client_t **c, const ps_client_opts_t *o, const ps_partition
  * waiting on c any more. */
 void ps_client_destroy(ps_client_t **c);
 
-/* HELLO to server 0: returns the rank (>= 0) or a negative PS_E*. */
+/* HELLO to server 0, which assigns the rank, then with that rank to every
+ * other server (each binds the rank to this process's session token):
+ * returns the rank (>= 0) or a negative PS_E*. */
 int ps_client_hello(ps_client_t *c);
+/* How this worker's BYE (at ps_client_destroy) ends its part in the job:
+ * PS_CLIENT_DONE, it finished; PS_CLIENT_FAILED, it failed with `code` and
+ * `text` (the servers stop the job and give every worker that error);
+ * PS_CLIENT_LEFT (the default until one of the others is set), it left
+ * early.  Call before ps_client_destroy; the last call wins. */
+enum { PS_CLIENT_LEFT = 0, PS_CLIENT_DONE = 1, PS_CLIENT_FAILED = 2 };
+void ps_client_set_outcome(ps_client_t *c, int outcome, int code, const char *text);
 int ps_client_rank(const ps_client_t *c);
 
 /* Rank 0 only: send the model spec (JSON, see docs/protocol.md) to every

@@ -69,6 +69,7 @@ struct ps_req {
     size_t reply_body_len;
 
     /* timers (I/O thread, monotonic ms) */
+    int64_t t_submit;       /* when the I/O thread took it */
     int64_t t_deadline;     /* 0 = never */
     int64_t t_retry;        /* next resend, 0 = none */
     int retry_delay;
@@ -93,6 +94,9 @@ typedef struct ps_client_server {
     int blocked;            /* last send hit EAGAIN: poll for POLLOUT */
     int reset;              /* reopen the socket to make ZeroMQ let go of frames */
     int64_t next_heartbeat;
+    int64_t stall_next;     /* next stall warning (0: nothing stalled) */
+    int stall_gap;          /* ms to the one after */
+    int shut;               /* the server said it shuts down: fail at once */
 } ps_client_server_t;
 
 struct ps_client {
@@ -102,6 +106,9 @@ struct ps_client {
     void *zctx;
     ps_client_server_t *srv;
     int rank;
+    uint64_t session;       /* random token of this process (HELLO binds the rank to it) */
+    int outcome, outcome_code;    /* PS_CLIENT_* of the BYE, under mu */
+    char outcome_text[256];
     size_t maxmsg;
 
     pthread_t io;

@@ -5,8 +5,11 @@
  * resends unanswered requests with exponential backoff, fails them after
  * timeout_ms, and sends heartbeats. */
 #include <errno.h>
+#include <netdb.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -135,6 +138,8 @@ static void fill_header(ps_client_t *c, ps_req_t *r, Ps__Header *h)
     h->table_hash = c->t->hash;
     h->has_num_workers = 1;
     h->num_workers = (uint32_t)c->o.num_workers;
+    h->has_session = 1;
+    h->session = c->session;
     h->has_num_servers = 1;
     h->num_servers = c->t->nservers;
     if (r->body) {
@@ -376,6 +381,27 @@ static int expected_reply(int req_type, int reply_type)
     }
 }
 
+static void fail_all(ps_client_t *c, ps_req_t *r, int result);
+
+/* Server s said it shuts down (an unsolicited SHUTDOWN): everything waiting
+ * on it, and everything sent to it from now on, fails at once with
+ * PS_ESHUTDOWN instead of waiting for the request timeout. */
+static void server_shut(ps_client_t *c, int s, const char *why)
+{
+    ps_client_server_t *sv = &c->srv[s];
+    if (!sv->shut) {
+        ps_client_set_error(c, "server %d (%s) shut down%s%s", s, sv->endpoint, *why ? ": " : "",
+                            why);
+        if (sv->pending || sv->inflight) ps_error("%s", c->last_error);
+        else ps_info("%s", c->last_error);
+    }
+    sv->shut = 1;
+    fail_all(c, sv->pending, PS_ESHUTDOWN);
+    fail_all(c, sv->inflight, PS_ESHUTDOWN);
+    sv->pending = sv->inflight = NULL;
+    sv->ninflight = 0;
+}
+
 static void handle_reply(ps_client_t *c, int s, ps_wire_msg_t *m, int rc, const char *err)
 {
     ps_client_server_t *sv = &c->srv[s];
@@ -398,6 +424,10 @@ static void handle_reply(ps_client_t *c, int s, ps_wire_msg_t *m, int rc, const 
         return;
     }
     const Ps__Header *h = m->hdr;
+    if (h->type == PS__MSG_TYPE__MSG_SHUTDOWN && !h->request_id) {
+        server_shut(c, s, h->error_text ? h->error_text : "");
+        return;
+    }
     ps_req_t *r = lookup(c, s, h);
     if (h->type == PS__MSG_TYPE__MSG_ERROR) {
         atomic_fetch_add(&c->errors, 1);
@@ -489,6 +519,93 @@ static void fail_timeout(ps_client_t *c, int s, ps_req_t *r)
     complete(c, r, PS_ETIMEOUT);
 }
 
+/* What a request that stays unanswered waits for, as the server sees it. */
+static const char *stall_hint(int type)
+{
+    switch (type) {
+    case PS__MSG_TYPE__MSG_HELLO: return "is psd running there, and is it this job's server?";
+    case PS__MSG_TYPE__MSG_BARRIER:
+        return "the server holds the barrier for workers that have not arrived (its log and "
+               "`psctl status` name them)";
+    case PS__MSG_TYPE__MSG_PUSH:
+    case PS__MSG_TYPE__MSG_PUSHPULL:
+        return "a sync server answers once every worker pushed this step (its log and `psctl "
+               "status` name the late ones), or the server is stalled";
+    default: return "the server is busy, stalled or gone";
+    }
+}
+
+/* A TCP connect to a tcp://HOST:PORT endpoint, to say in a stall warning
+ * whether anything listens there.  At most 200 ms; "" for other schemes. */
+static void probe_endpoint(const char *ep, char *out, size_t len)
+{
+    char host[256];
+    const char *hp = !strncmp(ep, "tcp://", 6) ? ep + 6 : NULL, *colon;
+    out[0] = 0;
+    if (!hp || !(colon = strrchr(hp, ':')) || (size_t)(colon - hp) >= sizeof host) return;
+    int n = (int)(colon - hp);
+    if (n >= 2 && hp[0] == '[' && hp[n - 1] == ']') hp++, n -= 2; /* [::1] */
+    memcpy(host, hp, (size_t)n);
+    host[n] = 0;
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai = NULL;
+    if (getaddrinfo(host, colon + 1, &hints, &ai) || !ai) {
+        snprintf(out, len, "; %s does not resolve", host);
+        return;
+    }
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_NONBLOCK, 0), err = 0;
+    socklen_t el = sizeof err;
+    if (fd >= 0 && (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0 || errno == EINPROGRESS)) {
+        struct pollfd pf = {fd, POLLOUT, 0};
+        if (poll(&pf, 1, 200) == 1 && !getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el))
+            snprintf(out, len, err ? "; connecting to it: %s (nothing listens at that port?)"
+                                   : "; it accepts TCP connections", strerror(err));
+    } else if (fd >= 0) {
+        snprintf(out, len, "; connecting to it: %s", strerror(errno));
+    }
+    if (fd >= 0) close(fd);
+    freeaddrinfo(ai);
+}
+
+/* Requests of server s unanswered for stall_warn_ms: one line naming the
+ * server, its endpoint, what waits (message, partitions, step), for how
+ * long and why it may, then again at 2x, 4x ... up to every 60 s while
+ * anything stays unanswered.  No wait goes on without a word. */
+static void stall_check(ps_client_t *c, int s, int64_t now)
+{
+    ps_client_server_t *sv = &c->srv[s];
+    const ps_req_t *old = NULL;
+    uint32_t plo = UINT32_MAX, phi = 0;
+    int n = 0;
+    for (int list = 0; list < 2; list++)
+        for (const ps_req_t *r = list ? sv->inflight : sv->pending; r; r = r->next) {
+            n++;
+            if (!old || r->t_submit < old->t_submit) old = r;
+            if (r->part != PS_PART_NONE) {
+                plo = r->part < plo ? r->part : plo;
+                phi = r->part > phi ? r->part : phi;
+            }
+        }
+    if (!old || c->o.stall_warn_ms <= 0 || now - old->t_submit < c->o.stall_warn_ms) {
+        sv->stall_next = 0;
+        sv->stall_gap = c->o.stall_warn_ms;
+        return;
+    }
+    if (sv->stall_next && now < sv->stall_next) return;
+    char parts[48] = "", step[40] = "", probe[320] = "";
+    if (plo != UINT32_MAX)
+        snprintf(parts, sizeof parts, plo == phi ? " of partition %u" : " of partitions %u-%u",
+                 plo, phi);
+    if (old->type == PS__MSG_TYPE__MSG_PUSH || old->type == PS__MSG_TYPE__MSG_PUSHPULL)
+        snprintf(step, sizeof step, " at step %llu", (unsigned long long)old->iteration);
+    if (old->type == PS__MSG_TYPE__MSG_HELLO || old->nsent == 0)
+        probe_endpoint(sv->endpoint, probe, sizeof probe);
+    ps_warn("server %d (%s): %d request(s) unanswered for %.1f s, the oldest %s%s%s (sent %d "
+            "time(s))%s; %s", s, sv->endpoint, n, (double)(now - old->t_submit) / 1e3,
+            ps_wire_type_name(old->type), parts, step, old->nsent, probe, stall_hint(old->type));
+    sv->stall_gap = sv->stall_gap * 2 > 60000 ? 60000 : sv->stall_gap * 2;
+    sv->stall_next = now + sv->stall_gap;
+}
+
 static void run_timers(ps_client_t *c, int64_t now)
 {
     for (int s = 0; s < c->o.nservers; s++) {
@@ -528,6 +645,7 @@ static void run_timers(ps_client_t *c, int64_t now)
             }
             pp = &r->next;
         }
+        stall_check(c, s, now);
         if (c->o.heartbeat_ms > 0 && now >= sv->next_heartbeat) {
             Ps__Header h;
             ps_wire_header_init(&h, PS__MSG_TYPE__MSG_HEARTBEAT);
@@ -547,12 +665,17 @@ static int next_timeout(ps_client_t *c, int64_t now)
     for (int s = 0; s < c->o.nservers; s++) {
         ps_client_server_t *sv = &c->srv[s];
         if (sv->blocked && sv->pending) next = now + BLOCKED_POLL_MS;
-        for (ps_req_t *r = sv->pending; r; r = r->next)
+        int64_t stall = c->o.stall_warn_ms > 0 ? c->o.stall_warn_ms : INT64_MAX / 4;
+        for (ps_req_t *r = sv->pending; r; r = r->next) {
             if (r->t_deadline && r->t_deadline < next) next = r->t_deadline;
+            if (!sv->stall_next && r->t_submit + stall < next) next = r->t_submit + stall;
+        }
         for (ps_req_t *r = sv->inflight; r; r = r->next) {
             if (r->t_deadline && r->t_deadline < next) next = r->t_deadline;
             if (r->t_retry && r->t_retry < next) next = r->t_retry;
+            if (!sv->stall_next && r->t_submit + stall < next) next = r->t_submit + stall;
         }
+        if (sv->stall_next && sv->stall_next < next) next = sv->stall_next;
         if (c->o.heartbeat_ms > 0 && sv->next_heartbeat < next) next = sv->next_heartbeat;
     }
     if (next == INT64_MAX) return -1;
@@ -585,18 +708,21 @@ static void take_submitted(ps_client_t *c, int64_t now)
     pthread_mutex_unlock(&c->mu);
     while (r) {
         ps_req_t *next = r->next;
+        r->next = NULL;
+        r->t_submit = now;
         r->t_deadline = c->o.timeout_ms > 0 ? now + c->o.timeout_ms : 0;
-        pending_insert(&c->srv[r->server], r);
+        if (c->srv[r->server].shut) complete(c, r, PS_ESHUTDOWN);
+        else pending_insert(&c->srv[r->server], r);
         r = next;
     }
 }
 
-static void fail_all(ps_client_t *c, ps_req_t *r)
+static void fail_all(ps_client_t *c, ps_req_t *r, int result)
 {
     while (r) {
         ps_req_t *next = r->next;
         r->next = NULL;
-        complete(c, r, PS_ESHUTDOWN);
+        complete(c, r, result);
         r = next;
     }
 }
@@ -620,7 +746,18 @@ static void say_bye(ps_client_t *c)
         h.rank = c->rank;
         h.has_request_id = 1;
         h.request_id = BYE_REQUEST_ID;
-        sent[s] = c->srv[s].sock &&
+        h.has_session = 1;
+        h.session = c->session;
+        pthread_mutex_lock(&c->mu);
+        if (c->outcome == PS_CLIENT_DONE) {
+            h.has_flags = 1, h.flags = PS_FLAG_DONE;
+        } else if (c->outcome == PS_CLIENT_FAILED) {
+            h.has_flags = 1, h.flags = PS_FLAG_FAILED;
+            h.has_error_code = 1, h.error_code = c->outcome_code;
+            h.error_text = c->outcome_text;
+        }
+        pthread_mutex_unlock(&c->mu);
+        sent[s] = c->srv[s].sock && !c->srv[s].shut &&
                   ps_wire_send(c->srv[s].sock, NULL, 0, &h, NULL, 0, NULL, NULL, ZMQ_DONTWAIT) == 0;
         waiting += sent[s];
     }
@@ -714,8 +851,8 @@ void *ps_client_io_main(void *arg)
 
     take_submitted(c, now);
     for (int s = 0; s < S; s++) {
-        fail_all(c, c->srv[s].pending);
-        fail_all(c, c->srv[s].inflight);
+        fail_all(c, c->srv[s].pending, PS_ESHUTDOWN);
+        fail_all(c, c->srv[s].inflight, PS_ESHUTDOWN);
         c->srv[s].pending = c->srv[s].inflight = NULL;
         c->srv[s].ninflight = 0;
     }

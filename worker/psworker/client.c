@@ -51,6 +51,7 @@ int ps_worker_client_connect(ps_worker_t *p, ps_client_t **cp)
     co.timeout_ms = o->timeout_ms;
     co.retry_ms = o->retry_ms;
     co.heartbeat_ms = o->heartbeat_ms;
+    co.stall_warn_ms = o->stall_warn_ms;
     if ((rc = ps_client_new(&c, &co, &p->table))) {
         ps_error("cannot create the client for %s: %s", o->servers, ps_strerror(rc));
         goto out;

@@ -385,6 +385,16 @@ int ps_worker_run_cluster(ps_worker_t *p)
     cluster_t k = {p, c, req, ver, ov, sync};
     rc = cluster_train(&k);
 out:
+    /* The BYE tells the servers how this worker's part ended: finished, or
+     * failed with its first error (then they stop the job for everyone,
+     * rather than let the others train on with fewer). */
+    if (c && !rc) {
+        ps_client_set_outcome(c, PS_CLIENT_DONE, 0, NULL);
+    } else if (c) {
+        char why[512];
+        ps_log_first_error(why, sizeof why);
+        ps_client_set_outcome(c, PS_CLIENT_FAILED, rc, why[0] ? why : ps_strerror(rc));
+    }
     /* Destroying the client stops its I/O thread before the buffers that
      * in-flight requests point into (p->w, p->grad, the overlap's) are
      * freed; the overlap's communication thread is idle between steps. */

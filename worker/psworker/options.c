@@ -67,6 +67,7 @@ static size_t job_rows(ps_worker_opts_t *o, ps_opt_t *rows)
     ROW("timeout-ms", PS_OPT_INT, &o->timeout_ms, "fail a request unanswered this long (0 = never)", "300000");
     ROW("retry-ms", PS_OPT_INT, &o->retry_ms, "resend an unanswered request after this", "5000");
     ROW("heartbeat-ms", PS_OPT_INT, &o->heartbeat_ms, "heartbeat period (0 = off)", "1000");
+    ROW("stall-warn-ms", PS_OPT_INT, &o->stall_warn_ms, "warn, naming the server, message and partitions, when requests stay unanswered this long, then at 2x, 4x ... up to every 60 s (0 = off)", "10000");
     ROW("shutdown-servers", PS_OPT_BOOL, &o->shutdown_servers, "rank 0 shuts the servers down at the end", "false");
     ROW("step-sleep-ms", PS_OPT_INT, &o->step_sleep_ms, "sleep this long per step (emulated compute, tests)", "0");
     return n;
@@ -336,8 +337,9 @@ static int cluster_check(ps_worker_opts_t *o)
         return ps_worker_opt_error("--num-workers must be in [1, 65536]");
     if (o->rank < -1 || o->rank >= o->num_workers)
         return ps_worker_opt_error("--rank must be -1 (assigned) or in [0, %d)", o->num_workers);
-    if (o->timeout_ms < 0 || o->retry_ms < 0 || o->heartbeat_ms < 0)
-        return ps_worker_opt_error("--timeout-ms, --retry-ms, --heartbeat-ms must be >= 0");
+    if (o->timeout_ms < 0 || o->retry_ms < 0 || o->heartbeat_ms < 0 || o->stall_warn_ms < 0)
+        return ps_worker_opt_error("--timeout-ms, --retry-ms, --heartbeat-ms, --stall-warn-ms "
+                                   "must be >= 0");
     return 0;
 }
 

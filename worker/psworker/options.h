@@ -98,6 +98,7 @@ typedef struct ps_worker_opts {
     char *log_level;
     int progress_every;     /* progress line every N steps (0 = off) */
     int timeout_ms, retry_ms, heartbeat_ms;
+    int stall_warn_ms;      /* log what a request waits for after this long (0 = off) */
     int shutdown_servers;   /* rank 0 sends SHUTDOWN to every psd at the end */
     int step_sleep_ms;      /* extra "compute" per step (demos, fault tests) */
     ps_worker_optim_opts_t optim;

@@ -309,6 +309,10 @@ static int cmd_status(psctl_t *p)
                        (num(b[s], "bytes_out") - num(x, "bytes_out")) / dt / 1048576.0);
             }
             printf("\n");
+            /* what the server waits for, and a failure that stopped the job */
+            const char *late = str(x, "late"), *fail = str(x, "job_failed");
+            if (strcmp(late, "-")) printf("  %s\n", late);
+            if (strcmp(fail, "-")) printf("  JOB STOPPED: %s\n", fail);
             const char *h = str(x, "table_hash");
             if (strcmp(h, "-")) {
                 if (hash0 && strcmp(hash0, h))
