@@ -285,6 +285,12 @@ typedef struct psd_metrics {
     uint64_t agg_count, apply_count;
     uint64_t http_timeouts;  /* /metrics connections closed at their deadline */
     uint64_t http_rejected;  /* closed at accept: PSD_HTTP_MAX_CONNS were open */
+    /* Checkpoint writes (psd_checkpoint.c).  A failed write is an error:
+     * STATS `errors` counts it with the ERROR replies. */
+    uint64_t ckpt_writes;   /* files made durable (fsync'd, renamed into place) */
+    uint64_t ckpt_failures; /* writes that saved nothing (the previous files stand) */
+    double ckpt_fail_time;  /* wall clock (Unix seconds) of the last failure, 0: none */
+    char ckpt_error[640];   /* its cause: path and errno text ("" : none) */
 } psd_metrics_t;
 
 typedef struct psd {
@@ -331,7 +337,17 @@ typedef struct psd {
     int have_hash_seen;
     psd_metrics_t mx;
     uint64_t updates_at_ckpt;
-    uint64_t aligned_v;         /* version of the last aligned checkpoint taken (0: none) */
+    uint64_t aligned_v;         /* version of the newest aligned checkpoint that is durable
+                                 * (written here, loaded at start, or restored; 0: none) */
+    uint64_t aligned_taken;     /* version of the newest aligned snapshot taken, written or
+                                 * not: one snapshot per version */
+    uint64_t ckpt_version;      /* shard version (slowest partition) of the newest durable
+                                 * checkpoint written or loaded, if have_ckpt */
+    int have_ckpt;
+    char ckpt_none[700];        /* no checkpoint was loaded at start: why (the ERROR text a
+                                 * worker of a job under way gets names it) */
+    double ckpt_fail_logged;    /* psd_now_s of the last failure logged (0: log the next) */
+    uint64_t ckpt_fail_quiet;   /* failures since then not logged (rate limit) */
     uint64_t rollbacks;         /* MSG_ROLLBACKs that restored partitions */
     uint64_t ckpt_seq;
     /* Checkpoint writer (psd_checkpoint.c): at most one write in flight on
@@ -345,14 +361,18 @@ typedef struct psd {
     psd_ackwait_t *ckpt_waiters;/* not yet in a snapshot: the next write answers them */
     psd_ackwait_t *ckpt_waiters_done; /* covered by the write in flight */
     /* Orderly stop: SHUTDOWN / signal refuse further updates, wait for the
-     * checkpoint, answer, then keep serving replies for a short linger. */
+     * final checkpoint, answer, keep serving replies for a short linger,
+     * exit: 0, or 1 when the final checkpoint could not be written. */
     int shutting;               /* no more updates; exit once the checkpoint is out */
-    int shutdown_by_signal;     /* exit even if that checkpoint fails */
+    int final_done;             /* the final checkpoint's outcome is known */
+    int final_rc;               /* and it is 0 or the PS_E* of its write */
+    psd_ackwait_t *shutdown_waiters; /* SHUTDOWN requests, answered when final_done */
     uv_timer_t linger_timer;
     psd_peers_t *peers;         /* waiting requests per peer (--max-peer-inflight) */
     void *zap;                  /* psd_curve.c: ZAP handler state, NULL without --curve */
     /* The job failed (psd_jobfail.c): every training request gets fail_text
      * until every rank has said HELLO again. */
+    int shutdown_asked;         /* a SHUTDOWN request (not only a signal) stops this server */
     int job_failed;
     char fail_text[512];
     uint64_t barrier_since_ms;  /* uv_now of the first arrival at the pending barrier */
@@ -385,11 +405,16 @@ int psd_checkpoint_start(psd_t *s, psd_ackwait_t *w);
 /* Write synchronously on the loop thread (0 or PS_E*); tests of the format. */
 int psd_checkpoint_write(psd_t *s);
 /* Orderly stop (SHUTDOWN request w, or a signal with w NULL): refuse
- * further updates, checkpoint when a directory is set, answer w once it is
- * durable, keep serving for a short linger so replies get out, then stop
- * the loop.  A failed checkpoint cancels a requested SHUTDOWN (w gets the
- * ERROR), not a signal. */
+ * further updates, checkpoint when a directory is set, answer w ACK once
+ * that write ended, keep serving for a short linger so replies get out,
+ * then stop the loop.  A final checkpoint that fails does not keep the
+ * server up: it is logged, the ACK's body says so, and psd exits 1. */
 void psd_shutdown_begin(psd_t *s, const char *why, psd_ackwait_t *w);
+/* This server holds no partition table: why it has no state of the job a
+ * PUSH / PULL / ROLLBACK presumes (no INIT since it started, and the
+ * checkpoint it could have resumed from: none, unusable, or its last
+ * write failed), for the ERROR text. */
+void psd_checkpoint_why_none(const psd_t *s, char *buf, size_t cap);
 /* A malloc'd waiter for the request m (NULL when out of memory). */
 psd_ackwait_t *psd_ackwait_new(const ps_wire_msg_t *m);
 /* Load the newest good checkpoint of this server from the directory, if any:

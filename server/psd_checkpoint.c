@@ -17,17 +17,25 @@
  * The writer makes it durable (temp, fsync, rename, fsync dir); the last two
  * are kept, and at start the newest one that verifies is loaded.
  * The state is copied on the loop thread (a memcpy, cheap next to fsync) and
- * written on libuv's thread pool, at most one write in flight. */
+ * written on libuv's thread pool, at most one write in flight.
+ * A write that fails (full disk, I/O error, ...) saves nothing: the files
+ * before it stand, nothing reports it as done (STATS' checkpoint versions
+ * move only on a durable file), it is counted and logged with its cause,
+ * a CHECKPOINT request covered by it gets ERROR with that cause, and a
+ * failed final checkpoint makes psd exit 1.  A note in the directory
+ * (marker_update) lets a restarted server say why it has no checkpoint. */
 #include "psd.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ps_crc32c.h"
@@ -123,6 +131,53 @@ static void prune(psd_t *s)
     free(seqs);
 }
 
+/* A failed write leaves a note, DIR/psd-<server>.ckpt-failed holding
+ * "<UTC time> <cause>", which the next write that succeeds removes.  A
+ * server restarted after its writes failed finds no checkpoint of the job,
+ * and the note is how it can tell the workers why.  Best effort: on a full
+ * disk the note may stay empty (creating it needs no data block). */
+static void marker_path(char *buf, size_t cap, const char *dir, int sid)
+{
+    snprintf(buf, cap, "%s/psd-%d.ckpt-failed", dir, sid);
+}
+
+/* Pool thread (or the loop thread for a synchronous write). */
+static void marker_update(const char *path, int failed, const char *cause)
+{
+    if (!failed) {
+        if (unlink(path) < 0 && errno != ENOENT) ps_warn("cannot remove %s: %s", path, strerror(errno));
+        return;
+    }
+    char stamp[32], line[768];
+    time_t t = time(NULL);
+    struct tm tm;
+    gmtime_r(&t, &tm);
+    strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", &tm);
+    int n = snprintf(line, sizeof line, "%s %s\n", stamp, cause);
+    size_t len = (size_t)(n < (int)sizeof line ? n : (int)sizeof line - 1);
+    /* Overwritten in place, then cut: a note already there keeps its data
+     * block, so a full disk cannot take it away between two failures. */
+    int fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0 || pwrite(fd, line, len, 0) != (ssize_t)len || ftruncate(fd, (off_t)len) < 0)
+        ps_debug("cannot record the failure in %s: %s", path, strerror(errno));
+    if (fd >= 0) close(fd);
+}
+
+/* The note a previous run left: 1 and its text in buf ("" when it could
+ * not be written), or 0 when there is none. */
+static int marker_read(const char *dir, int sid, char *buf, size_t cap)
+{
+    char path[4096];
+    marker_path(path, sizeof path, dir, sid);
+    buf[0] = 0;
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    if (!fgets(buf, (int)cap, f)) buf[0] = 0;
+    fclose(f);
+    buf[strcspn(buf, "\n")] = 0;
+    return 1;
+}
+
 /* A checkpoint taken on the loop thread and written on a pool thread: the
  * writer refers only to the job's own copies (`data`), so the loop may go
  * on changing the live weights while the file is written and fsync'd. */
@@ -130,9 +185,12 @@ struct psd_ckpt_job {
     ps_st_writer_t *w;
     float *data;            /* copies of every tensor in the writer */
     char path[4096];
+    char marker[4096];      /* the failure note (marker_update) */
     char err[512];
     int rc;
     uint64_t seq, updates;
+    uint64_t vmin, vmax;    /* versions of the partitions in the file */
+    uint64_t aligned;       /* the aligned version k*N the file holds (0: none) */
     uint32_t nparts;
     size_t bytes;
     double t0, t_snap;      /* start, end of the snapshot */
@@ -146,11 +204,96 @@ static void job_free(psd_ckpt_job_t *j)
     free(j);
 }
 
-/* Copy the shard's state into a new job (loop thread).  NULL on failure (logged). */
-static psd_ckpt_job_t *snapshot(psd_t *s)
+/* Lowest and highest version of the owned partitions; 0 when there is none
+ * or one has no weights yet. */
+static int shard_versions(const psd_t *s, uint64_t *vmin, uint64_t *vmax)
+{
+    int any = 0;
+    *vmin = UINT64_MAX, *vmax = 0;
+    for (uint32_t i = 0; i < s->st.table.nparts; i++) {
+        const psd_part_t *p = &s->st.parts[i];
+        if (!p->owned) continue;
+        if (!p->initialised) return 0;
+        *vmin = p->version < *vmin ? p->version : *vmin;
+        *vmax = p->version > *vmax ? p->version : *vmax;
+        any = 1;
+    }
+    return any;
+}
+
+/* The version k*N (--checkpoint-every-steps, sync) every owned partition
+ * is at, which a rollback can restore; 0 when they are not. */
+static uint64_t aligned_version(const psd_t *s)
+{
+    uint64_t n = (uint64_t)s->o.checkpoint_every_steps, lo, hi;
+    if (!n || s->mode != PSD_SYNC || !shard_versions(s, &lo, &hi) || lo != hi || !lo || lo % n) return 0;
+    return lo;
+}
+
+/* The tensors of one partition into the job (at *dst, advanced): w.i, m.i
+ * and g.i.r per pending rank, the CRC over them, and its `versions` entry. */
+static int snap_part(psd_t *s, psd_ckpt_job_t *j, uint32_t i, float **dst, uint32_t *crc, cJSON *vers)
+{
+    psd_part_t *p = &s->st.parts[i];
+    int W = s->st.nworkers, rc;
+    char names[32];
+    int64_t shape[1] = {(int64_t)p->numel};
+    size_t nb = p->numel * sizeof(float);
+    for (int k = 0; k < 2 + W; k++) {
+        if (k >= 2 && (!p->slots || !p->have[k - 2])) continue;
+        memcpy(*dst, k == 0 ? p->w : k == 1 ? p->m : psd_store_slot(p, k - 2), nb);
+        if (k < 2) snprintf(names, sizeof names, "%c.%u", k ? 'm' : 'w', i);
+        else snprintf(names, sizeof names, "g.%u.%d", i, k - 2);
+        if ((rc = ps_st_writer_add(j->w, names, PS_ST_F32, 1, shape, *dst))) return rc;
+        *crc = ps_crc32c(*crc, *dst, nb);
+        *dst += p->numel;
+        j->bytes += nb;
+    }
+    cJSON *e = cJSON_CreateArray(), *pend = cJSON_CreateArray(), *last = cJSON_CreateArray();
+    if (!e || !pend || !last) {
+        cJSON_Delete(e), cJSON_Delete(pend), cJSON_Delete(last);
+        return PS_ENOMEM;
+    }
+    cJSON_AddItemToArray(e, cJSON_CreateNumber(i));
+    cJSON_AddItemToArray(e, cJSON_CreateNumber((double)p->version));
+    cJSON_AddItemToArray(e, cJSON_CreateNumber(p->initialised));
+    cJSON_AddItemToArray(e, cJSON_CreateNumber(p->overflow));
+    for (int r = 0; r < W; r++) {
+        cJSON_AddItemToArray(last, cJSON_CreateNumber((double)p->last_iter[r]));
+        if (p->slots && p->have[r]) cJSON_AddItemToArray(pend, cJSON_CreateNumber(r));
+    }
+    cJSON_AddItemToArray(e, pend);
+    cJSON_AddItemToArray(e, last);
+    cJSON_AddItemToArray(vers, e);
+    return 0;
+}
+
+/* The metadata of the file (see the top of this file). */
+static int snap_meta(psd_t *s, psd_ckpt_job_t *j, const char *vjson, uint32_t crc)
 {
     psd_store_t *st = &s->st;
-    char num[64], names[32];
+    char num[64];
+    int rc;
+    snprintf(num, sizeof num, "%d", s->o.server_id);
+    if ((rc = ps_st_writer_meta(j->w, "format", CKPT_FORMAT)) ||
+        (rc = ps_st_writer_meta(j->w, "server_id", num)) ||
+        (rc = ps_st_writer_meta(j->w, "spec", st->spec_json)) ||
+        (rc = ps_st_writer_meta(j->w, "optim", st->optim_json ? st->optim_json : "{}")) ||
+        (rc = ps_st_writer_meta(j->w, "versions", vjson)))
+        return rc;
+    snprintf(num, sizeof num, "%016llx", (unsigned long long)st->table.hash);
+    if ((rc = ps_st_writer_meta(j->w, "table_hash", num))) return rc;
+    snprintf(num, sizeof num, "%llu", (unsigned long long)st->updates);
+    if ((rc = ps_st_writer_meta(j->w, "updates", num))) return rc;
+    snprintf(num, sizeof num, "%08x", crc);
+    return ps_st_writer_meta(j->w, "data_crc32c", num);
+}
+
+/* Copy the shard's state into a new job (loop thread).  NULL on failure,
+ * with the cause in err. */
+static psd_ckpt_job_t *snapshot(psd_t *s, char *err, size_t errlen)
+{
+    psd_store_t *st = &s->st;
     int rc = PS_ENOMEM;
     int W = st->nworkers;
     psd_ckpt_job_t *j = calloc(1, sizeof *j);
@@ -171,65 +314,24 @@ static psd_ckpt_job_t *snapshot(psd_t *s)
     if (!j->w || !j->data) goto out;
     float *dst = j->data;
     uint32_t crc = 0;
-    for (uint32_t i = 0; i < st->table.nparts; i++) {
-        psd_part_t *p = &st->parts[i];
-        if (!p->owned) continue;
-        int64_t shape[1] = {(int64_t)p->numel};
-        size_t nb = p->numel * sizeof(float);
-        for (int k = 0; k < 2; k++) {
-            memcpy(dst, k ? p->m : p->w, nb);
-            snprintf(names, sizeof names, "%c.%u", k ? 'm' : 'w', i);
-            if ((rc = ps_st_writer_add(j->w, names, PS_ST_F32, 1, shape, dst))) goto out;
-            crc = ps_crc32c(crc, dst, nb);
-            dst += p->numel;
-            j->bytes += nb;
-        }
-        cJSON *e = cJSON_CreateArray(), *pend = cJSON_CreateArray(), *last = cJSON_CreateArray();
-        cJSON_AddItemToArray(e, cJSON_CreateNumber(i));
-        cJSON_AddItemToArray(e, cJSON_CreateNumber((double)p->version));
-        cJSON_AddItemToArray(e, cJSON_CreateNumber(p->initialised));
-        cJSON_AddItemToArray(e, cJSON_CreateNumber(p->overflow));
-        for (int r = 0; r < W; r++) {
-            cJSON_AddItemToArray(last, cJSON_CreateNumber((double)p->last_iter[r]));
-            if (!p->slots || !p->have[r]) continue;
-            memcpy(dst, psd_store_slot(p, r), nb);
-            snprintf(names, sizeof names, "g.%u.%d", i, r);
-            if ((rc = ps_st_writer_add(j->w, names, PS_ST_F32, 1, shape, dst))) goto out;
-            crc = ps_crc32c(crc, dst, nb);
-            dst += p->numel;
-            j->bytes += nb;
-            cJSON_AddItemToArray(pend, cJSON_CreateNumber(r));
-        }
-        cJSON_AddItemToArray(e, pend);
-        cJSON_AddItemToArray(e, last);
-        cJSON_AddItemToArray(vers, e);
-    }
+    for (uint32_t i = 0; i < st->table.nparts; i++)
+        if (st->parts[i].owned && (rc = snap_part(s, j, i, &dst, &crc, vers))) goto out;
     rc = PS_ENOMEM;
-    if (!(vjson = cJSON_PrintUnformatted(vers))) goto out;
-    snprintf(num, sizeof num, "%d", s->o.server_id);
-    if ((rc = ps_st_writer_meta(j->w, "format", CKPT_FORMAT)) ||
-        (rc = ps_st_writer_meta(j->w, "server_id", num)) ||
-        (rc = ps_st_writer_meta(j->w, "spec", st->spec_json)) ||
-        (rc = ps_st_writer_meta(j->w, "optim", st->optim_json ? st->optim_json : "{}")) ||
-        (rc = ps_st_writer_meta(j->w, "versions", vjson)))
-        goto out;
-    snprintf(num, sizeof num, "%016llx", (unsigned long long)st->table.hash);
-    if ((rc = ps_st_writer_meta(j->w, "table_hash", num))) goto out;
-    snprintf(num, sizeof num, "%llu", (unsigned long long)st->updates);
-    if ((rc = ps_st_writer_meta(j->w, "updates", num))) goto out;
-    snprintf(num, sizeof num, "%08x", crc);
-    if ((rc = ps_st_writer_meta(j->w, "data_crc32c", num))) goto out;
+    if (!(vjson = cJSON_PrintUnformatted(vers)) || (rc = snap_meta(s, j, vjson, crc))) goto out;
     /* Sequence numbers are taken here, in snapshot order, so files sort
      * by the state they hold. */
     j->seq = ++s->ckpt_seq;
     j->updates = st->updates;
     j->nparts = st->nowned;
+    if (!shard_versions(s, &j->vmin, &j->vmax)) j->vmin = j->vmax = 0;
+    j->aligned = aligned_version(s);
     ckpt_path(j->path, sizeof j->path, s->o.checkpoint_dir, s->o.server_id, j->seq);
+    marker_path(j->marker, sizeof j->marker, s->o.checkpoint_dir, s->o.server_id);
     j->t_snap = psd_now_s();
     rc = 0;
 out:
     if (rc) {
-        ps_error("checkpoint snapshot failed: %s", ps_strerror(rc));
+        snprintf(err, errlen, "snapshot of the shard: %s", ps_strerror(rc));
         job_free(j);
         j = NULL;
     }
@@ -238,50 +340,121 @@ out:
     return j;
 }
 
-/* The slow part, off the loop thread: write, fsync, rename, fsync dir. */
+/* The newest durable checkpoint, for log lines. */
+static void durable_desc(const psd_t *s, char *buf, size_t cap)
+{
+    if (s->have_ckpt) snprintf(buf, cap, "version %llu", (unsigned long long)s->ckpt_version);
+    else snprintf(buf, cap, "none");
+}
+
+/* A failed checkpoint write (any kind, at any stage): counted, kept for
+ * STATS, logged with what it was and the cause; a failure that repeats
+ * every step is logged at most once every CKPT_FAIL_LOG_S seconds. */
+#define CKPT_FAIL_LOG_S 10.0
+static void record_failure(psd_t *s, const char *what, const char *cause)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    s->mx.ckpt_failures++;
+    s->mx.ckpt_fail_time = now.tv_sec + now.tv_nsec * 1e-9;
+    snprintf(s->mx.ckpt_error, sizeof s->mx.ckpt_error, "%s", cause);
+    double t = psd_now_s();
+    if (s->ckpt_fail_logged > 0 && t - s->ckpt_fail_logged < CKPT_FAIL_LOG_S) {
+        s->ckpt_fail_quiet++;
+        return;
+    }
+    char dur[64], quiet[96] = "";
+    durable_desc(s, dur, sizeof dur);
+    if (s->ckpt_fail_quiet)
+        snprintf(quiet, sizeof quiet, ", %llu of them since the previous line not logged",
+                 (unsigned long long)s->ckpt_fail_quiet);
+    ps_error("checkpoint %s not written: %s (%llu failed write(s) so far%s; newest durable "
+             "checkpoint: %s)", what, cause, (unsigned long long)s->mx.ckpt_failures, quiet, dur);
+    s->ckpt_fail_logged = t;
+    s->ckpt_fail_quiet = 0;
+}
+
+static void record_success(psd_t *s, const psd_ckpt_job_t *j)
+{
+    s->mx.ckpt_writes++;
+    /* One write at a time, in snapshot order: this file is the newest. */
+    s->ckpt_version = j->vmin;
+    s->have_ckpt = 1;
+    if (j->aligned) s->aligned_v = j->aligned;
+    if (s->ckpt_fail_logged > 0)
+        ps_warn("checkpoint writes succeed again (%llu failed before)",
+                (unsigned long long)s->mx.ckpt_failures);
+    s->ckpt_fail_logged = 0;
+    s->ckpt_fail_quiet = 0;
+}
+
+/* The slow part, off the loop thread: write, fsync, rename, fsync dir;
+ * then the failure note. */
 static void job_save(psd_ckpt_job_t *j)
 {
     j->rc = ps_st_writer_save(j->w, j->path, j->err, sizeof j->err);
+    if (j->rc && !j->err[0]) snprintf(j->err, sizeof j->err, "%s", ps_strerror(j->rc));
+    marker_update(j->marker, j->rc != 0, j->err);
 }
 
-/* Back on the loop thread: log, prune, remember. */
+/* Back on the loop thread: count, log, prune, remember. */
 static int job_finish(psd_t *s, psd_ckpt_job_t *j)
 {
-    int rc = j->rc;
-    if (rc) {
-        ps_error("checkpoint %s failed: %s", j->path, j->err);
-    } else {
-        ps_info("checkpoint written: %s (%u partitions, %.1f MiB, snapshot %.0f ms, write %.0f ms)",
-                j->path, j->nparts, j->bytes / 1048576.0, (j->t_snap - j->t0) * 1e3,
-                (psd_now_s() - j->t_snap) * 1e3);
-        prune(s);
+    if (j->rc) {
+        char what[4200];
+        snprintf(what, sizeof what, "%s (versions %llu..%llu%s)", j->path,
+                 (unsigned long long)j->vmin, (unsigned long long)j->vmax,
+                 j->aligned ? ", aligned" : "");
+        record_failure(s, what, j->err);
+        return j->rc;
     }
-    return rc;
+    ps_info("checkpoint written: %s (%u partitions, versions %llu..%llu%s, %.1f MiB, snapshot %.0f ms, "
+            "write %.0f ms)", j->path, j->nparts, (unsigned long long)j->vmin,
+            (unsigned long long)j->vmax, j->aligned ? ", aligned" : "", j->bytes / 1048576.0,
+            (j->t_snap - j->t0) * 1e3, (psd_now_s() - j->t_snap) * 1e3);
+    record_success(s, j);
+    prune(s);
+    return 0;
 }
 
+/* The directory, made if missing; PS_EIO recorded as a failed write. */
 static int mkdir_ckpt(psd_t *s)
 {
     if (mkdir(s->o.checkpoint_dir, 0755) < 0 && errno != EEXIST) {
-        ps_error("checkpoint dir %s: %s", s->o.checkpoint_dir, strerror(errno));
+        char cause[600];
+        snprintf(cause, sizeof cause, "mkdir %s: %s", s->o.checkpoint_dir, strerror(errno));
+        record_failure(s, "directory", cause);
         return PS_EIO;
     }
     return 0;
 }
 
+/* mkdir + snapshot; NULL when either failed (recorded). */
+static psd_ckpt_job_t *job_new(psd_t *s, int *rc)
+{
+    char err[512];
+    if ((*rc = mkdir_ckpt(s))) return NULL;
+    psd_ckpt_job_t *j = snapshot(s, err, sizeof err);
+    *rc = j ? 0 : PS_ENOMEM;
+    if (!j) record_failure(s, "snapshot", err);
+    return j;
+}
+
 int psd_checkpoint_write(psd_t *s)
 {
     if (!s->st.have_table) return PS_ESTATE;
-    int rc = mkdir_ckpt(s);
-    if (rc) return rc;
+    int rc;
     s->updates_at_ckpt = s->st.updates;
-    psd_ckpt_job_t *j = snapshot(s);
-    if (!j) return PS_ENOMEM;
+    psd_ckpt_job_t *j = job_new(s, &rc);
+    if (!j) return rc;
     job_save(j);
     rc = job_finish(s, j);
     job_free(j);
     return rc;
 }
 
+/* CHECKPOINT requests covered by a write that ended with rc: ACK when the
+ * file is durable, else ERROR with the cause. */
 static void answer_waiters(psd_t *s, psd_ackwait_t *list, int rc)
 {
     while (list) {
@@ -293,8 +466,8 @@ static void answer_waiters(psd_t *s, psd_ackwait_t *list, int rc)
             Ps__Header q;
             ps_wire_header_init(&q, (Ps__MsgType)w->type);
             q.request_id = w->request_id;
-            psd_send_error(s, w->id, w->idlen, &q, rc, "checkpoint failed: %s (see the server log)",
-                           ps_strerror(rc));
+            psd_send_error(s, w->id, w->idlen, &q, rc, "server %d: checkpoint not written: %s",
+                           s->o.server_id, s->mx.ckpt_error[0] ? s->mx.ckpt_error : ps_strerror(rc));
         }
         free(w);
     }
@@ -304,6 +477,15 @@ static void answer_waiters(psd_t *s, psd_ackwait_t *list, int rc)
     if (s->drain) s->drain(s);
 }
 
+static void free_waiters(psd_ackwait_t *w)
+{
+    while (w) {
+        psd_ackwait_t *n = w->next;
+        free(w);
+        w = n;
+    }
+}
+
 static void on_work(uv_work_t *req)
 {
     job_save(req->data);
@@ -311,6 +493,7 @@ static void on_work(uv_work_t *req)
 
 static int launch(psd_t *s);
 static void after_work(uv_work_t *req, int status);
+static void final_checkpoint_done(psd_t *s, int rc);
 
 /* Write j on the pool (or here when no pool thread can take it: better
  * than not at all).  Returns 1 when queued (s->ckpt_job = j, finished by
@@ -334,48 +517,40 @@ static void after_work(uv_work_t *req, int status)
 {
     psd_t *s = (psd_t *)((char *)req - offsetof(psd_t, ckpt_work));
     psd_ckpt_job_t *j = req->data;
-    int rc = status < 0 ? PS_EIO : job_finish(s, j);
+    if (status < 0) {
+        j->rc = PS_EIO;
+        snprintf(j->err, sizeof j->err, "the write did not run: %s", uv_strerror(status));
+    }
+    int rc = job_finish(s, j);
     job_free(j);
     s->ckpt_job = NULL;
-    if (s->ckpt_next && s->stopping) {
+    /* The waiters' state is in the file just written only if they were
+     * queued before its snapshot; later ones wait for the next write. */
+    psd_ackwait_t *done = s->ckpt_waiters_done;
+    s->ckpt_waiters_done = NULL;
+    if (s->stopping) { /* the loop is closing: nobody to answer */
         job_free(s->ckpt_next);
         s->ckpt_next = NULL;
+        free_waiters(done);
+        return;
     }
     if (s->ckpt_next) { /* an aligned snapshot waited for this write */
         psd_ckpt_job_t *nj = s->ckpt_next;
         s->ckpt_next = NULL;
         queue_job(s, nj);
     }
-    /* The waiters' state is in the file just written only if they were
-     * queued before its snapshot; later ones wait for the next write. */
-    psd_ackwait_t *done = s->ckpt_waiters_done;
-    s->ckpt_waiters_done = NULL;
-    if (s->stopping) { /* the loop is closing: nobody to answer */
-        while (done) {
-            psd_ackwait_t *n = done->next;
-            free(done);
-            done = n;
-        }
-        return;
-    }
     answer_waiters(s, done, rc);
     if (s->ckpt_again && !s->ckpt_job) {
         s->ckpt_again = 0;
-        int rc2 = launch(s);
-        if (rc2 || !s->ckpt_job) {
+        rc = launch(s);
+        if (rc || !s->ckpt_job) {
             done = s->ckpt_waiters;
             s->ckpt_waiters = NULL;
-            answer_waiters(s, done, rc2);
+            answer_waiters(s, done, rc);
         }
     }
-    if (!s->ckpt_job && s->shutting) {
-        if (rc && !s->shutdown_by_signal) {
-            ps_error("SHUTDOWN cancelled: the checkpoint failed; still serving");
-            s->shutting = 0;
-        } else {
-            psd_shutdown_begin(s, NULL, NULL);
-        }
-    }
+    /* Stopping: the write that ended last holds the final state. */
+    if (!s->ckpt_job && s->shutting) final_checkpoint_done(s, rc);
 }
 
 static int launch(psd_t *s)
@@ -389,11 +564,10 @@ static int launch(psd_t *s)
         s->ckpt_again = 1;
         return 0;
     }
-    int rc = mkdir_ckpt(s);
-    if (rc) return rc;
+    int rc;
     s->updates_at_ckpt = s->st.updates;
-    psd_ckpt_job_t *j = snapshot(s);
-    if (!j) return PS_ENOMEM;
+    psd_ckpt_job_t *j = job_new(s, &rc);
+    if (!j) return rc;
     if ((rc = queue_job(s, j)) != 1) return rc; /* written here already */
     /* Everyone waiting so far is covered by this snapshot. */
     psd_ackwait_t **tail = &s->ckpt_waiters_done;
@@ -432,22 +606,18 @@ int psd_checkpoint_start(psd_t *s, psd_ackwait_t *w)
  * go past k*N once every worker got every partition at k*N (a worker pushes
  * step k*N after its whole step k*N-1 came back), so the moment the last
  * owned partition reaches k*N none is beyond it: the snapshot is exactly
- * version k*N on every server, and a rollback to it is consistent. */
+ * version k*N on every server, and a rollback to it is consistent.  Taken
+ * once per version (aligned_taken); STATS' aligned_checkpoint_version moves
+ * only when the file is durable (record_success). */
 static void maybe_aligned(psd_t *s)
 {
-    uint64_t n = (uint64_t)s->o.checkpoint_every_steps, v = UINT64_MAX;
-    for (uint32_t i = 0; i < s->st.table.nparts; i++) {
-        const psd_part_t *p = &s->st.parts[i];
-        if (!p->owned) continue;
-        if (!p->initialised || (v != UINT64_MAX && p->version != v)) return;
-        v = p->version;
-    }
-    if (v == UINT64_MAX || v == 0 || v % n || v <= s->aligned_v || s->shutting) return;
-    s->aligned_v = v;
-    if (mkdir_ckpt(s)) return;
-    psd_ckpt_job_t *j = snapshot(s);
+    uint64_t v = aligned_version(s);
+    if (!v || v <= s->aligned_taken || s->shutting) return;
+    s->aligned_taken = v;
+    int rc;
+    psd_ckpt_job_t *j = job_new(s, &rc);
     if (!j) return;
-    ps_info("aligned checkpoint of version %llu", (unsigned long long)v);
+    ps_debug("aligned snapshot of version %llu taken: writing %s", (unsigned long long)v, j->path);
     if (s->ckpt_job) {
         /* Only the newest one waits: an older one still queued is dropped
          * (the write in flight keeps the previous version restorable). */
@@ -667,6 +837,25 @@ out:
     return rc;
 }
 
+/* After a checkpoint was loaded: what STATS reports of it, and a warning
+ * when the previous run's last write had failed (the file is older than
+ * the state that server reached). */
+static void loaded(psd_t *s, const char *path, const char *note, int noted)
+{
+    uint64_t vmin = 0, vmax = 0;
+    if (!shard_versions(s, &vmin, &vmax)) vmin = vmax = 0;
+    s->ckpt_version = vmin;
+    s->have_ckpt = 1;
+    if ((s->aligned_v = aligned_version(s))) s->aligned_taken = s->aligned_v;
+    ps_info("loaded checkpoint %s: %u partitions, versions %llu..%llu, table 0x%016llx", path,
+            s->st.nowned, (unsigned long long)vmin, (unsigned long long)vmax,
+            (unsigned long long)s->st.table.hash);
+    if (noted)
+        ps_warn("the last checkpoint write before this start failed (%s): resumed from the newest "
+                "file that exists, older than the state this server had reached",
+                note[0] ? note : "cause not recorded");
+}
+
 int psd_checkpoint_load(psd_t *s)
 {
     const char *dir = s->o.checkpoint_dir;
@@ -682,23 +871,15 @@ int psd_checkpoint_load(psd_t *s)
         ps_error("--checkpoint-dir %s: cannot list: %s", dir, strerror(errno));
         return PS_EIO;
     }
+    char note[600];
+    int noted = marker_read(dir, s->o.server_id, note, sizeof note);
     if (n) s->ckpt_seq = seqs[0]; /* new files sort after every existing one */
     for (size_t i = 0; i < n; i++) {
         char path[4096], err[1024] = "";
         ckpt_path(path, sizeof path, dir, s->o.server_id, seqs[i]);
         int lrc = try_load(s, path, err, sizeof err);
         if (lrc == 0) {
-            uint64_t vmin = UINT64_MAX, vmax = 0;
-            for (uint32_t k = 0; k < s->st.table.nparts; k++)
-                if (s->st.parts[k].owned) {
-                    uint64_t v = s->st.parts[k].version;
-                    vmin = v < vmin ? v : vmin;
-                    vmax = v > vmax ? v : vmax;
-                }
-            if (!s->st.nowned) vmin = 0;
-            ps_info("loaded checkpoint %s: %u partitions, versions %llu..%llu, table 0x%016llx", path,
-                    s->st.nowned, (unsigned long long)vmin, (unsigned long long)vmax,
-                    (unsigned long long)s->st.table.hash);
+            loaded(s, path, note, noted);
             free(seqs);
             return 0;
         }
@@ -712,9 +893,31 @@ int psd_checkpoint_load(psd_t *s)
             if (rename(path, aside) == 0) ps_warn("renamed to %s", aside);
         }
     }
-    if (n) ps_error("no usable checkpoint in %s: starting empty (INIT will set the weights)", dir);
+    /* No state: a worker of a job under way will be told why. */
+    if (noted && note[0])
+        snprintf(s->ckpt_none, sizeof s->ckpt_none, "its last write failed: %s", note);
+    else if (noted)
+        snprintf(s->ckpt_none, sizeof s->ckpt_none,
+                 "its last write failed; the cause could not be recorded, the disk may be full");
+    else if (n)
+        snprintf(s->ckpt_none, sizeof s->ckpt_none, "none of the %zu file(s) in %s is usable", n, dir);
+    else
+        snprintf(s->ckpt_none, sizeof s->ckpt_none, "none in %s", dir);
+    if (n || noted)
+        ps_error("no usable checkpoint in %s (%s): starting empty (INIT will set the weights)", dir,
+                 s->ckpt_none);
     free(seqs);
     return 0;
+}
+
+void psd_checkpoint_why_none(const psd_t *s, char *buf, size_t cap)
+{
+    if (!s->o.checkpoint_dir || !s->o.checkpoint_dir[0])
+        snprintf(buf, cap, "server %d holds no state of this job: no INIT since it started, and it "
+                 "runs without --checkpoint-dir (a restart loses the job)", s->o.server_id);
+    else
+        snprintf(buf, cap, "server %d has no checkpoint of this job (%s) and no INIT since it started",
+                 s->o.server_id, s->ckpt_none[0] ? s->ckpt_none : "none loaded");
 }
 
 psd_ackwait_t *psd_ackwait_new(const ps_wire_msg_t *m)
@@ -739,43 +942,91 @@ static void on_linger(uv_timer_t *t)
     uv_stop(s->loop);
 }
 
+/* SHUTDOWN requests get ACK once the final checkpoint's outcome is known:
+ * the server stops either way.  When that checkpoint failed the ACK's body
+ * says so (and psd exits 1). */
+static void answer_shutdown(psd_t *s)
+{
+    psd_ackwait_t *list = s->shutdown_waiters;
+    char body[800] = "";
+    s->shutdown_waiters = NULL;
+    if (s->final_rc)
+        snprintf(body, sizeof body, "server %d stops without a final checkpoint (exit status 1): %s",
+                 s->o.server_id, s->mx.ckpt_error);
+    while (list) {
+        psd_ackwait_t *w = list;
+        list = w->next;
+        Ps__Header h;
+        ps_wire_header_init(&h, PS__MSG_TYPE__MSG_ACK);
+        h.has_request_id = 1, h.request_id = w->request_id;
+        if (body[0]) h.has_body = 1, h.body.data = (uint8_t *)body, h.body.len = strlen(body);
+        psd_send(s, w->id, w->idlen, &h, NULL, 0);
+        free(w);
+    }
+    if (s->drain) s->drain(s);
+}
+
+/* Answer, and keep the loop (and the socket) up a little, so the ACKs just
+ * queued leave before the socket closes, and retries still get an answer. */
+static void shutdown_finish(psd_t *s)
+{
+    /* Asked to (SHUTDOWN): the job ends here, and its workers are told at
+     * once rather than retrying into a closed socket.  A signal may be a
+     * restart: the workers keep retrying (and say whom they wait for). */
+    int notify = s->shutdown_asked && !uv_is_active((uv_handle_t *)&s->linger_timer);
+    answer_shutdown(s); /* first: the requester's own wait ends with its ACK */
+    if (notify)
+        psd_members_notify_shutdown(s, "asked to by a SHUTDOWN request (psctl shutdown, or "
+                                       "rank 0's --shutdown-servers)");
+    if (!uv_is_active((uv_handle_t *)&s->linger_timer))
+        uv_timer_start(&s->linger_timer, on_linger, PSD_LINGER_MS, 0);
+}
+
+/* The final checkpoint ended with rc (0: durable).  A server that could
+ * not save its state must not look like one that did: exit status 1. */
+static void final_checkpoint_done(psd_t *s, int rc)
+{
+    if (s->final_done) return;
+    s->final_done = 1;
+    s->final_rc = rc;
+    if (rc) {
+        s->exit_code = 1;
+        if (s->have_ckpt)
+            ps_error("final checkpoint not written: %s; stopping anyway, exit status 1 (newest durable "
+                     "checkpoint: version %llu; the updates since are lost)", s->mx.ckpt_error,
+                     (unsigned long long)s->ckpt_version);
+        else
+            ps_error("final checkpoint not written: %s; stopping anyway, exit status 1 (no durable "
+                     "checkpoint: this shard's state is lost)", s->mx.ckpt_error);
+    }
+    shutdown_finish(s);
+}
+
 void psd_shutdown_begin(psd_t *s, const char *why, psd_ackwait_t *w)
 {
     if (s->stopping) {
         free(w);
         return;
     }
-    if (why && !s->shutting) {
-        s->shutting = 1;
-        s->shutdown_by_signal = w == NULL;
-        ps_info("shutting down (%s): no further updates%s", why,
-                s->o.checkpoint_dir && s->o.checkpoint_dir[0] && s->st.have_table
-                    ? "; checkpointing first" : "");
-        if (s->o.checkpoint_dir && s->o.checkpoint_dir[0] && s->st.have_table) {
-            psd_checkpoint_start(s, w);
-            w = NULL;
-        }
-    } else if (why && s->ckpt_job) {
-        /* A repeated SHUTDOWN (a retry) while the checkpoint is written:
-         * answered with the others when it is durable. */
-        if (w) {
-            w->next = s->ckpt_waiters_done;
-            s->ckpt_waiters_done = w;
-        }
-        return;
-    } else if (why && !w && s->shutdown_by_signal == 0) {
-        s->shutdown_by_signal = 1; /* a signal during a requested shutdown */
+    if (w) {
+        w->next = s->shutdown_waiters;
+        s->shutdown_waiters = w;
+        s->shutdown_asked = 1;
     }
-    if (w) answer_waiters(s, w, 0);
-    if (s->ckpt_job || !s->shutting) return; /* after_work calls back */
-    /* Asked to (SHUTDOWN): the job ends here, and its workers are told at
-     * once rather than retrying into a closed socket.  A signal may be a
-     * restart: the workers keep retrying (and say whom they wait for). */
-    if (!s->shutdown_by_signal && !uv_is_active((uv_handle_t *)&s->linger_timer))
-        psd_members_notify_shutdown(s, "asked to by a SHUTDOWN request (psctl shutdown, or "
-                                       "rank 0's --shutdown-servers)");
-    /* Keep the loop (and the socket) up a little, so the ACK just queued
-     * leaves before the socket closes, and retries still get an answer. */
-    if (!uv_is_active((uv_handle_t *)&s->linger_timer))
-        uv_timer_start(&s->linger_timer, on_linger, PSD_LINGER_MS, 0);
+    if (!s->shutting) {
+        int save = s->o.checkpoint_dir && s->o.checkpoint_dir[0] && s->st.have_table;
+        s->shutting = 1;
+        ps_info("shutting down (%s): no further updates%s", why ? why : "?",
+                save ? "; checkpointing first" : "");
+        if (!save) {
+            final_checkpoint_done(s, 0);
+            return;
+        }
+        int rc = psd_checkpoint_start(s, NULL);
+        if (!s->ckpt_job) final_checkpoint_done(s, rc); /* written here, or failed */
+        return; /* else after_work ends the stop */
+    }
+    /* A repeated SHUTDOWN (a retry) or a signal: answered like the first
+     * once the final checkpoint's outcome is known. */
+    if (s->final_done) shutdown_finish(s);
 }

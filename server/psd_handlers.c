@@ -63,8 +63,9 @@ static psd_part_t *check_part(psd_t *s, ps_wire_msg_t *m, int need_weights)
     const Ps__Header *h = m->hdr;
     const char *what = ps_wire_type_name(h->type);
     if (!s->st.have_table) {
-        psd_send_error(s, PSD_ID_OF(m), h, PS_ESTATE, "%s before INIT: the server has no partition table",
-                       what);
+        char why[900];
+        psd_checkpoint_why_none(s, why, sizeof why);
+        psd_send_error(s, PSD_ID_OF(m), h, PS_ESTATE, "%s before INIT: %s", what, why);
         return NULL;
     }
     if (!h->has_partition || h->partition >= s->st.table.nparts) {

@@ -17,6 +17,14 @@ static const char *mode_name(psd_mode_t m)
     return m == PSD_SYNC ? "sync" : m == PSD_ASYNC ? "async" : "ssp";
 }
 
+/* STATS `errors`: ERROR replies sent plus checkpoint writes that failed. */
+static uint64_t error_count(const psd_t *s)
+{
+    uint64_t errs = s->mx.ckpt_failures;
+    for (int i = 0; i < PSD_NERR; i++) errs += s->mx.errors[i];
+    return errs;
+}
+
 char *psd_stats_json(const psd_t *s)
 {
     cJSON *o = cJSON_CreateObject();
@@ -40,7 +48,13 @@ char *psd_stats_json(const psd_t *s)
     cJSON_AddNumberToObject(o, "version", (double)vmin); /* the shard's slowest partition */
     cJSON_AddNumberToObject(o, "version_max", (double)vmax);
     cJSON_AddNumberToObject(o, "rollbacks", (double)s->rollbacks);
+    /* Checkpoints: versions of durable files only; failed writes counted. */
     cJSON_AddNumberToObject(o, "aligned_checkpoint_version", (double)s->aligned_v);
+    cJSON_AddNumberToObject(o, "checkpoint_version", s->have_ckpt ? (double)s->ckpt_version : -1.0);
+    cJSON_AddNumberToObject(o, "checkpoint_writes", (double)s->mx.ckpt_writes);
+    cJSON_AddNumberToObject(o, "checkpoint_failures", (double)s->mx.ckpt_failures);
+    cJSON_AddStringToObject(o, "checkpoint_last_error", s->mx.ckpt_error);
+    cJSON_AddNumberToObject(o, "checkpoint_last_error_time", s->mx.ckpt_fail_time);
     cJSON_AddNumberToObject(o, "updates", (double)s->mx.updates);
     cJSON_AddNumberToObject(o, "skipped_updates", (double)s->mx.skipped);
     cJSON_AddNumberToObject(o, "bytes_in", (double)s->mx.bytes_in);
@@ -54,9 +68,7 @@ char *psd_stats_json(const psd_t *s)
     cJSON_AddNumberToObject(o, "http_connections", s->http_nconns);
     cJSON_AddNumberToObject(o, "http_timeouts", (double)s->mx.http_timeouts);
     cJSON_AddNumberToObject(o, "http_rejected", (double)s->mx.http_rejected);
-    uint64_t errs = 0;
-    for (int i = 0; i < PSD_NERR; i++) errs += s->mx.errors[i];
-    cJSON_AddNumberToObject(o, "errors", (double)errs);
+    cJSON_AddNumberToObject(o, "errors", (double)error_count(s));
     cJSON_AddNumberToObject(o, "live_workers", psd_members_live_count(s));
     cJSON_AddNumberToObject(o, "num_workers", s->nworkers);
     cJSON_AddNumberToObject(o, "owned_partitions", s->st.nowned);
@@ -108,13 +120,13 @@ char *psd_stats_json(const psd_t *s)
 
 void psd_stats_log(psd_t *s)
 {
-    uint64_t errs = 0;
-    for (int i = 0; i < PSD_NERR; i++) errs += s->mx.errors[i];
-    ps_info("stats: %llu updates, in %.1f MiB, out %.1f MiB, %d/%d workers live, %llu errors, "
-            "sum %.3f s, apply %.3f s, weights copied %llu times (send in flight)",
+    ps_info("stats: %llu updates, in %.1f MiB, out %.1f MiB, %d/%d workers live, %llu errors "
+            "(%llu failed checkpoint writes), sum %.3f s, apply %.3f s, weights copied %llu times "
+            "(send in flight)",
             (unsigned long long)s->mx.updates, s->mx.bytes_in / 1048576.0,
             s->mx.bytes_out / 1048576.0, psd_members_live_count(s), s->nworkers,
-            (unsigned long long)errs, s->mx.agg_seconds,
+            (unsigned long long)error_count(s), (unsigned long long)s->mx.ckpt_failures,
+            s->mx.agg_seconds,
             s->mx.apply_seconds, (unsigned long long)s->mx.weights_cow);
     /* Load-independent cost figures (wall clock is useless on a shared
      * machine): CPU time and page faults of the whole process, all threads. */
@@ -198,11 +210,27 @@ static size_t render(const psd_t *s, char *buf, size_t cap)
     P("# HELP psd_http_rejected_total /metrics connections closed at accept (%d already open).\n"
       "# TYPE psd_http_rejected_total counter\npsd_http_rejected_total %llu\n",
       PSD_HTTP_MAX_CONNS, (unsigned long long)s->mx.http_rejected);
-    P("# HELP psd_errors_total ERROR replies sent, by code.\n# TYPE psd_errors_total counter\n");
+    P("# HELP psd_checkpoint_writes_total Checkpoint files made durable (fsync'd, renamed into place).\n"
+      "# TYPE psd_checkpoint_writes_total counter\npsd_checkpoint_writes_total %llu\n",
+      (unsigned long long)s->mx.ckpt_writes);
+    P("# HELP psd_checkpoint_failures_total Checkpoint writes that failed (nothing saved; the "
+      "cause is in the log and STATS checkpoint_last_error).\n"
+      "# TYPE psd_checkpoint_failures_total counter\npsd_checkpoint_failures_total %llu\n",
+      (unsigned long long)s->mx.ckpt_failures);
+    P("# HELP psd_checkpoint_last_failure_timestamp_seconds Unix time of the last failed checkpoint "
+      "write (0: none).\n# TYPE psd_checkpoint_last_failure_timestamp_seconds gauge\n"
+      "psd_checkpoint_last_failure_timestamp_seconds %.3f\n", s->mx.ckpt_fail_time);
+    P("# HELP psd_aligned_checkpoint_version Version of the newest durable aligned checkpoint "
+      "(what a rollback can restore; 0: none).\n# TYPE psd_aligned_checkpoint_version gauge\n"
+      "psd_aligned_checkpoint_version %llu\n", (unsigned long long)s->aligned_v);
+    P("# HELP psd_errors_total Errors: ERROR replies sent, by code, and failed checkpoint writes "
+      "(code=\"checkpoint_write\").\n# TYPE psd_errors_total counter\n");
     for (int i = 1; i < PSD_NERR; i++)
         if (s->mx.errors[i]) P("psd_errors_total{code=\"%s\"} %llu\n", ps_errname(-i),
                                (unsigned long long)s->mx.errors[i]);
     if (s->mx.errors[0]) P("psd_errors_total{code=\"other\"} %llu\n", (unsigned long long)s->mx.errors[0]);
+    if (s->mx.ckpt_failures)
+        P("psd_errors_total{code=\"checkpoint_write\"} %llu\n", (unsigned long long)s->mx.ckpt_failures);
 #undef P
     return n;
 }

@@ -129,7 +129,9 @@ void psd_handle_rollback(psd_t *s, ps_wire_msg_t *m)
 {
     const Ps__Header *h = m->hdr;
     if (!s->st.have_table) {
-        psd_send_error(s, PSD_ID_OF(m), h, PS_ESTATE, "ROLLBACK before INIT: no state");
+        char why[900];
+        psd_checkpoint_why_none(s, why, sizeof why);
+        psd_send_error(s, PSD_ID_OF(m), h, PS_ESTATE, "ROLLBACK before INIT: %s", why);
         return;
     }
     if (s->mode != PSD_SYNC) {
@@ -160,17 +162,23 @@ void psd_handle_rollback(psd_t *s, ps_wire_msg_t *m)
         return;
     }
     if (vmax > v) {
-        char err[512] = "", used[4200] = "";
+        char err[1400] = "", used[4200] = "";
         int rc = s->o.checkpoint_dir && s->o.checkpoint_dir[0]
                      ? restore(s, v, err, sizeof err, used, sizeof used)
                      : (snprintf(err, sizeof err, "psd runs without --checkpoint-dir"), PS_EUNSUPPORTED);
+        if (rc && s->mx.ckpt_failures) {
+            /* Say why the file is missing when this server's writes failed. */
+            size_t k = strlen(err);
+            snprintf(err + k, sizeof err - k, " (%llu checkpoint write(s) failed here, the last: %s)",
+                     (unsigned long long)s->mx.ckpt_failures, s->mx.ckpt_error);
+        }
         if (rc) {
             ps_error("ROLLBACK to version %llu impossible: %s", (unsigned long long)v, err);
             psd_send_error(s, PSD_ID_OF(m), h, rc, "ROLLBACK to version %llu: %s", (unsigned long long)v,
                            err);
             return;
         }
-        s->aligned_v = v;
+        s->aligned_v = s->aligned_taken = v; /* restored from a durable file of v */
         s->rollbacks++;
         ps_warn("rolled back from versions %llu..%llu to %llu (%s): %llu step(s) to redo",
                 (unsigned long long)vmin, (unsigned long long)vmax, (unsigned long long)v, used,
