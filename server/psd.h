@@ -13,10 +13,12 @@
  *                     -> loop, checkpoint, metrics, members, reply, store, peers, pool
  *   psd_loop.c        libuv + the ZMQ fd (drain), timers, signals, socket
  *                     monitor (connection log)
- *                     -> handlers, checkpoint, metrics, curve, members, maxmsg, reply
+ *                     -> handlers, checkpoint, metrics, late, curve, members,
+ *                     maxmsg, reply
  *   psd_handlers.c    one function per message type; the sync / async update
- *                     path -> rollback, checkpoint, spec, metrics, curve,
- *                     waiters, members, reply, store
+ *                     path -> rollback, checkpoint, spec, metrics, jobfail,
+ *                     late, curve, waiters, members, reply, store
+ *   psd_jobfail.c     a failed worker stops the job -> waiters, members, reply
  *   psd_rollback.c    MSG_ROLLBACK: restore an aligned checkpoint
  *                     -> checkpoint, waiters, reply, store
  *   psd_checkpoint.c  checkpoint files (snapshot, write off the loop thread,
@@ -24,10 +26,13 @@
  *                     -> spec, members, reply, store
  *   psd_spec.c        the INIT spec: parse, check, hold its table
  *                     -> maxmsg, members, store
- *   psd_metrics.c     the STATS reply, stats log line, HTTP /metrics -> members
+ *   psd_metrics.c     the STATS reply, stats log line, HTTP /metrics
+ *                     -> late, members
+ *   psd_late.c        who the server waits for; steps per rank -> members
  *   psd_curve.c       --curve: CURVE server + ZAP allow-list thread
  *   psd_waiters.c     requests waiting for a partition version -> reply, peers
- *   psd_members.c     ranks, liveness, BARRIER, BYE -> reply
+ *   psd_members.c     ranks, session tokens, liveness, BARRIER, BYE
+ *                     -> curve, reply
  *   psd_maxmsg.c      ZMQ_MAXMSGSIZE: message bound, the limit at the bind
  *   psd_reply.c       every send: counters, dropped replies, the ERROR log,
  *                     WEIGHTS -> store
