@@ -145,7 +145,9 @@ print(" ".join(str(s.getsockname()[1]) for s in ss))' "$1"
             return
         fi
     done
-    local i; for ((i = 0; i < $1; i++)); do echo -n "$((20000 + (RANDOM * 7 + $$ + i * 13) % 30000)) "; done
+    local i out=
+    for ((i = 0; i < $1; i++)); do out="$out${out:+ }$((20000 + (RANDOM * 7 + $$ + i * 13) % 30000))"; done
+    echo "$out"
 }
 # peers_of N: tcp://127.0.0.1:p,... for a ring of N ranks on free ports.
 peers_of() {
