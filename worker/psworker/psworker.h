@@ -14,6 +14,7 @@
  *   client.c           the psd client from the options (HELLO, rank)
  *   optim.c            the optimizer configuration and the INIT spec
  *   output.c           CSV, progress lines, the model file, final-line helpers
+ *   metrics.c          --metrics-port: this worker's /metrics
  *
  * The loops see a ps_worker_t and its task (task.h); task state is the
  * task's own (p->ts). */
@@ -49,6 +50,8 @@ typedef struct ps_worker_devmem {
     size_t alloc_peak, used_peak, total; /* bytes */
 } ps_worker_devmem_t;
 
+typedef struct ps_worker_metrics ps_worker_metrics_t; /* metrics.c */
+
 typedef struct ps_worker {
     const ps_worker_opts_t *o;
     const ps_task_t *task;
@@ -69,6 +72,7 @@ typedef struct ps_worker {
     int compute_rc; /* PS_E* when the last compute failed for a reason other
                        than divergence (already logged) */
     FILE *csv;
+    ps_worker_metrics_t *mx;  /* --metrics-port: the /metrics snapshot (NULL: off) */
     ps_worker_stats_t st;
     ps_worker_devmem_t devmem;
     int rollback;           /* sync: a server asked to roll back (restarted from a checkpoint) */
@@ -189,4 +193,11 @@ double ps_worker_recent_loss(const ps_worker_t *p);
 double ps_worker_per_s(const ps_worker_t *p);
 /* " out=DIR model=model.safetensors" (rank 0) at the end of a final: line. */
 void ps_worker_print_out(const ps_worker_t *p);
+/* metrics.c: --metrics-port.  start: once the rank is known (0, or the
+ * listener's PS_E*, logged); step: after each step, t = {step, data wait,
+ * compute, comm wait} seconds; stop: in teardown.  No-ops when off. */
+int ps_worker_metrics_start(ps_worker_t *p);
+void ps_worker_metrics_step(ps_worker_t *p, uint64_t step, double loss, float lr,
+                            const double t[4]);
+void ps_worker_metrics_stop(ps_worker_t *p);
 #endif

@@ -547,6 +547,7 @@ static void det_teardown(ps_worker_t *p)
 const ps_task_t ps_task_det = {
     .name = "detection",
     .models = "retinanet-r18|34|50",
+    .unit = "images",
     .opts_size = sizeof(det_opts_t),
     .claims = det_claims,
     .opt_rows = det_rows,

@@ -830,6 +830,7 @@ static void video_teardown(ps_worker_t *p)
 const ps_task_t ps_task_video = {
     .name = "video",
     .models = "tsm-r18|34|50 | tsn-r18|34|50",
+    .unit = "clips",
     .opts_size = sizeof(video_opts_t),
     .claims = video_claims,
     .opt_rows = video_rows,
