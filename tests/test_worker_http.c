@@ -24,8 +24,8 @@ static pid_t start_worker(const char *const *extra)
     static char exe[512];
     snprintf(exe, sizeof exe, "%s/psworker", b && *b ? b : ".");
     const char *argv[40] = {exe, "--standalone", "--out", dir, "--progress-every", "0",
-                            "--log-level", "info"};
-    int n = 8;
+                            "--no-plots", "--log-level", "info"};
+    int n = 9;
     for (int i = 0; extra[i] && n < 38; i++) argv[n++] = extra[i];
     argv[n] = NULL;
     fflush(stdout);

@@ -72,6 +72,7 @@ static size_t job_rows(ps_worker_opts_t *o, ps_opt_t *rows)
     ROW("step-sleep-ms", PS_OPT_INT, &o->step_sleep_ms, "sleep this long per step (emulated compute, tests)", "0");
     ROW("metrics-port", PS_OPT_INT, &o->metrics_port, "Prometheus /metrics of this worker on this port (0 = off)", "0");
     ROW("metrics-bind", PS_OPT_STRING, &o->metrics_bind, "address of the /metrics listener", "127.0.0.1");
+    ROW("plots", PS_OPT_BOOL, &o->plots, "rank 0 draws PNG plots of the run into DIR/plots/ at the end (--out; needs gnuplot)", "true");
     return n;
 }
 

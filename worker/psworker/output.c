@@ -1,5 +1,6 @@
 /* psworker's output: the per-iteration CSV, progress lines on stdout, the
- * model file and the final "final:" summary line that scripts parse. */
+ * model file, the final "final:" summary line that scripts parse, and the
+ * run's plots (worker/plot/). */
 #include "worker/psworker/psworker.h"
 
 #include <errno.h>
@@ -11,6 +12,7 @@
 
 #include "ps_error.h"
 #include "ps_log.h"
+#include "worker/plot/ps_plot.h"
 
 double ps_worker_now(void)
 {
@@ -64,6 +66,22 @@ int ps_worker_output_open(ps_worker_t *p)
     /* the last column: the step's samples, named by what a sample is */
     fprintf(p->csv, "iteration,loss,lr,step_ms,compute_ms,comm_wait_ms,data_wait_ms,%s\n",
             p->task->unit ? p->task->unit : "samples");
+    return 0;
+}
+
+int ps_worker_val_csv_open(const ps_worker_t *p, const char *header, FILE **f)
+{
+    const char *out = p->o->out;
+    *f = NULL;
+    if (p->rank != 0 || !out || !*out) return 0;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/val%s.csv", out, p->o->standalone ? "-standalone" : "");
+    if (!(*f = fopen(path, "w"))) {
+        ps_error("cannot create %s: %s", path, strerror(errno));
+        return PS_EIO;
+    }
+    setvbuf(*f, NULL, _IOLBF, 0);
+    fprintf(*f, "%s\n", header);
     return 0;
 }
 
@@ -140,4 +158,24 @@ void ps_worker_print_out(const ps_worker_t *p)
 {
     if (p->o->out && *p->o->out)
         printf(" out=%s%s", p->o->out, p->rank == 0 ? " model=model.safetensors" : "");
+}
+
+void ps_worker_plot(const ps_worker_t *p)
+{
+    const char *out = p->o->out;
+    if (!out || !*out || p->rank != 0 || !p->o->plots || !p->st.nloss) return;
+    ps_plot_report_t rep;
+    int rc = ps_plot_run(out, &rep);
+    if (rc == PS_EUNSUPPORTED) return; /* said how to get them */
+    if (rc) {
+        ps_warn("no plots of this run (%s); after fixing the cause: psctl plot %s",
+                ps_strerror(rc), out);
+        return;
+    }
+    char list[PS_PLOT_MAX * (PS_PLOT_PATH + 1)] = "";
+    size_t n = 0;
+    for (int i = 0; i < rep.n && n < sizeof list; i++)
+        n += (size_t)snprintf(list + n, sizeof list - n, " %s", rep.files[i].path);
+    ps_info("plots:%s", list);
+    if (*rep.note) ps_info("plots: %s", rep.note);
 }
