@@ -22,6 +22,24 @@ ps_ensure_packages() {
         { echo "apt-get install failed" >&2; exit 1; }
 }
 
+# Packages a script can do without (gnuplot for the plots): installed as
+# root; as a user, a note with the apt-get line, and 1 (the caller goes on).
+ps_want_packages() {
+    local missing=() p
+    for p in "$@"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    if [ "$(id -u)" != 0 ]; then
+        echo "note: ${missing[*]} not installed (as root: apt-get install -y ${missing[*]})" >&2
+        return 1
+    fi
+    echo "installing: ${missing[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null ||
+        { echo "apt-get install ${missing[*]} failed: going on without" >&2; return 1; }
+}
+
 # Configure (once) and build in the source tree.
 ps_build() {
     [ -x ./configure ] || autoreconf -fi >/dev/null || { echo "autoreconf failed" >&2; exit 1; }
