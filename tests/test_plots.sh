@@ -141,6 +141,15 @@ cp -r "$T/run" "$T/torn" && printf '12,0.5' >>"$T/torn/metrics-rank1.csv"
 ok $? "a last line without its newline (a run still writing): plotted without it" || show "$T/torn.out"
 grep -q "metrics-rank1.csv: its last line is still being written" "$T/torn.out"
 ok $? "... and said so"
+# a rank that failed before its first step, validation not reached yet: plotted without them
+cp -r "$T/run" "$T/early" && head -n 1 "$T/run/metrics-rank1.csv" >"$T/early/metrics-rank1.csv" &&
+    head -n 1 "$T/run/val.csv" >"$T/early/val.csv"
+"$PSCTL" plot "$T/early" >"$T/early.out" 2>&1 && grep -q "metrics-rank1.csv: no step recorded (left out)" "$T/early.out" &&
+    grep -q "val.csv has no finite top1/top5 or map/ap50/ap75 yet: no validation plot" "$T/early.out" &&
+    grep -q "^plot: $T/early/plots/throughput.png steps=0..11 " "$T/early.out" &&
+    [ ! -e "$T/early/plots/val.png" ]
+ok $? "a rank without steps and a val.csv without rows: left out, said, the rest plotted (the old val.png removed)" ||
+    show "$T/early.out"
 "$PSCTL" plot >"$T/usage.out" 2>&1
 [ $? = 2 ] && grep -q "plot takes one argument" "$T/usage.out"
 ok $? "psctl plot without a directory: usage error, exit 2"

@@ -221,10 +221,9 @@ static int load_steps(plot_run_t *r, int i)
         return PS_ECORRUPT;
     }
     r->unit = unit;
-    if (!t->nrows) {
-        ps_error("%s: no step recorded yet", path);
-        return PS_ENOTFOUND;
-    }
+    if (!t->nrows)
+        snprintf(r->note + strlen(r->note), sizeof r->note - strlen(r->note),
+                 "%s%s: no step recorded (left out)", *r->note ? "; " : "", path);
     if (torn)
         snprintf(r->note + strlen(r->note), sizeof r->note - strlen(r->note),
                  "%s%s: its last line is still being written (left out)", *r->note ? "; " : "",
@@ -254,6 +253,21 @@ int plot_run_load(plot_run_t *r, const char *dir)
                          "run directory (--out)?", dir);
             return rc;
         }
+    /* a rank that recorded no step (it failed at the start) is left out */
+    int kept = 0;
+    for (int i = 0; i < r->nranks; i++) {
+        if (!r->steps[i].nrows) {
+            plot_table_free(&r->steps[i]);
+            continue;
+        }
+        r->ranks[kept] = r->ranks[i];
+        r->steps[kept++] = r->steps[i];
+    }
+    r->nranks = kept;
+    if (!kept) {
+        ps_error("%s: no step recorded yet in its metrics CSV files", dir);
+        return PS_ENOTFOUND;
+    }
     char path[PS_PLOT_PATH + 64];
     snprintf(path, sizeof path, "%s/%s", dir, valname);
     struct stat st;
@@ -266,6 +280,10 @@ int plot_run_load(plot_run_t *r, const char *dir)
     int torn;
     if ((rc = plot_table_read(&r->val, path, val_cols, &torn))) return rc;
     r->have_val = 1;
+    if (torn)
+        snprintf(r->note + strlen(r->note), sizeof r->note - strlen(r->note),
+                 "%s%s: its last line is still being written (left out)", *r->note ? "; " : "",
+                 path);
     return 0;
 }
 

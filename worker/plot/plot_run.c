@@ -178,7 +178,8 @@ static int read_ranges(const char *dir, const int *wanted, ps_plot_report_t *rep
     return 0;
 }
 
-/* NAME.part -> NAME for every PNG, then the script. */
+/* NAME.part -> NAME for every PNG, then the script; a PNG of a plot not
+ * drawn this time (an earlier drawing's) is removed. */
 static int commit(const char *dir, const int *wanted)
 {
     char a[PS_PLOT_PATH + 128], b[PS_PLOT_PATH + 64];
@@ -201,6 +202,8 @@ static int commit(const char *dir, const int *wanted)
             return PS_EIO;
         }
     }
+    for (int k = 0; k < plot_nkinds; k++)
+        if (!wanted[k]) remove_in(dir, plot_kinds[k].png);
     path_in(a, sizeof a, dir, "plots.gp.tmp");
     path_in(b, sizeof b, dir, "plots.gp");
     if (rename(a, b)) {

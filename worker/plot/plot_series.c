@@ -153,7 +153,7 @@ static int emit_aligned(const plot_run_t *r, FILE *f, const char *name, row_fn *
 {
     aligned_t a;
     if (align(r, fn, &a)) return PS_ENOMEM;
-    double *x = malloc((a.n + 1) * sizeof *x), *m = malloc((a.n + 1) * sizeof *m);
+    double *x = calloc(a.n + 1, sizeof *x), *m = calloc(a.n + 1, sizeof *m);
     double *it = malloc((a.n + 1) * sizeof *it);
     if (!x || !m || !it) {
         free(x), free(m), free(it), aligned_free(&a);
@@ -202,17 +202,45 @@ static void common_x(const plot_run_t *r, FILE *f)
     fprintf(f, "set xlabel \"step\"\nset xrange [0:%.0f]\n", last_iteration(r));
 }
 
-static int always(const plot_run_t *r, char *note, size_t cap)
+/* ---- what a plot needs: gnuplot fails on a plot without a finite point ---- */
+
+static int col_finite(const plot_table_t *t, const char *name)
 {
-    (void)r, (void)note, (void)cap;
-    return 1;
+    int c = plot_table_col(t, name);
+    for (size_t j = 0; c >= 0 && j < t->nrows; j++)
+        if (isfinite(plot_at(t, j, c))) return 1;
+    return 0;
+}
+
+static int nothing(const char *what, const char *png, char *note, size_t cap)
+{
+    snprintf(note, cap, "no finite %s in the CSV files: no %s", what, png);
+    return 0;
+}
+
+static int loss_wanted(const plot_run_t *r, char *note, size_t cap)
+{
+    for (int i = 0; i < r->nranks; i++)
+        if (col_finite(&r->steps[i], "loss")) return 1;
+    return nothing("loss", "loss.png", note, cap);
+}
+
+static int lr_wanted(const plot_run_t *r, char *note, size_t cap)
+{
+    return col_finite(&r->steps[0], "lr") || nothing("lr", "lr.png", note, cap);
+}
+
+static int split_wanted(const plot_run_t *r, char *note, size_t cap)
+{
+    return col_finite(&r->steps[0], "step_ms") || nothing("step_ms", "step_split.png", note, cap);
 }
 
 /* ---- loss.png ---- */
 
+/* val.csv has a finite value in this column */
 static int val_has(const plot_run_t *r, const char *col)
 {
-    return r->have_val && plot_table_col(&r->val, col) >= 0;
+    return r->have_val && col_finite(&r->val, col);
 }
 
 static int emit_loss(const plot_run_t *r, FILE *f)
@@ -309,7 +337,7 @@ static int val_wanted(const plot_run_t *r, char *note, size_t cap)
     if (!r->have_val) return 0; /* plot_run_load said so */
     for (int k = 0; k < NVAL; k++)
         if (val_has(r, val_cols[k][0])) return 1;
-    snprintf(note, cap, "%s has no top1/top5 or map/ap50/ap75 column: no validation plot",
+    snprintf(note, cap, "%s has no finite top1/top5 or map/ap50/ap75 yet: no validation plot",
              r->val.path);
     return 0;
 }
@@ -347,6 +375,19 @@ static void draw_val(const plot_run_t *r, FILE *f)
 
 /* ---- throughput.png ---- */
 
+static int rate_wanted(const plot_run_t *r, char *note, size_t cap)
+{
+    aligned_t a;
+    int any = 0;
+    if (align(r, row_rate, &a)) return 0;
+    for (size_t i = 0; i < a.n && !any; i++) any = a.count[i] == r->nranks;
+    aligned_free(&a);
+    if (!any)
+        snprintf(note, cap, "no step that every rank recorded with a positive step_ms: no "
+                 "throughput.png");
+    return any;
+}
+
 static int emit_rate(const plot_run_t *r, FILE *f)
 {
     return emit_aligned(r, f, "rate", row_rate, 1, 0);
@@ -356,12 +397,12 @@ static void draw_rate(const plot_run_t *r, FILE *f)
 {
     size_t n = r->steps[0].nrows;
     common_x(r, f);
-    fprintf(f, "set title \"throughput of %s%d worker%s (thick: %zu-step average)\"\n"
+    fprintf(f, "set title \"throughput, %s%d worker%s (thick: %zu-step average)\"\n"
             "set ylabel \"%s/s\"\nset yrange [0:*]\n"
             "plot $rate using 1:2 with lines lc rgb \"%s\" lw 1 title \"per step\", \\\n"
             "     $rate using 1:3 with lines lc rgb \"%s\" lw 2.5 title \"average\"\n"
             "set yrange [*:*]\n",
-            r->nranks > 1 ? "all " : "", r->nranks, r->nranks > 1 ? "s" : "", window(n), r->unit,
+            r->nranks > 1 ? "sum of the " : "", r->nranks, r->nranks > 1 ? "s" : "", window(n), r->unit,
             C_RAW, C_AVG);
 }
 
@@ -421,10 +462,10 @@ static void draw_split(const plot_run_t *r, FILE *f)
 }
 
 const plot_kind_t plot_kinds[] = {
-    {.png = "loss.png", .wanted = always, .emit = emit_loss, .draw = draw_loss},
-    {.png = "lr.png", .wanted = always, .emit = emit_lr, .draw = draw_lr},
+    {.png = "loss.png", .wanted = loss_wanted, .emit = emit_loss, .draw = draw_loss},
+    {.png = "lr.png", .wanted = lr_wanted, .emit = emit_lr, .draw = draw_lr},
     {.png = "val.png", .wanted = val_wanted, .emit = emit_val, .draw = draw_val},
-    {.png = "throughput.png", .wanted = always, .emit = emit_rate, .draw = draw_rate},
-    {.png = "step_split.png", .wanted = always, .emit = emit_split, .draw = draw_split},
+    {.png = "throughput.png", .wanted = rate_wanted, .emit = emit_rate, .draw = draw_rate},
+    {.png = "step_split.png", .wanted = split_wanted, .emit = emit_split, .draw = draw_split},
 };
 const int plot_nkinds = (int)(sizeof plot_kinds / sizeof plot_kinds[0]);

@@ -19,8 +19,11 @@
  *                   communication wait (moving averages, stacked)
  *   plots.gp        the gnuplot script with its data inline:
  *                   `cd DIR/plots && gnuplot plots.gp` draws them again.
+ * A plot without data (no validation yet, a column all NaN) is left out,
+ * and *rep's note says why; a rank whose CSV has no row is left out too.
  * Every file is written under a temporary name and renamed into place when
- * gnuplot succeeded, so a failure leaves the previous plots (or none). */
+ * gnuplot succeeded, so a failure leaves the previous plots (or none); on
+ * success a PNG of an earlier drawing that was not drawn again is removed. */
 #ifndef PS_PLOT_H
 #define PS_PLOT_H
 #include <stdio.h>
