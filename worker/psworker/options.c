@@ -31,7 +31,8 @@ static const char usage[] =
     "or a detector (retinanet-r18|34|50) on COCO-format data.\n"
     "Rank r of W trains on global batch positions r*B..r*B+B-1 of each step's\n"
     "W*B samples, so --standalone --batch W*B sees exactly the same data.\n"
-    "Writes DIR/metrics-rankR.csv and (rank 0) DIR/model.safetensors with --out DIR;\n"
+    "Writes DIR/metrics-rankR.csv and (rank 0) DIR/model.safetensors, DIR/val.csv and\n"
+    "DIR/plots/*.png (gnuplot) with --out DIR;\n"
     "the last stdout line starts with \"final:\" and holds key=value results.\n"
     "--mode allreduce --peers tcp://H:P,... --rank R: no servers, the workers average\n"
     "gradients over a ring (or NCCL) and each applies the same optimizer locally.";
