@@ -21,6 +21,7 @@ typedef struct {
     int is_det;                    /* gen-det: --classes has the detector's range */
     /* gen-det: -1 = the generator's default; its size defaults to 128 */
     int det_images, det_val, det_size, det_classes, det_quality, det_minobj, det_maxobj;
+    int det_masks;                 /* gen-det --masks */
     double det_minsz, det_maxsz;
     uint64_t det_seed;
     ps_video_gen_opts_t g;         /* gen-video */
@@ -69,15 +70,17 @@ static int cmd_gen_det(args_t *a)
     if (a->det_maxobj > 0) d.max_objects = a->det_maxobj;
     if (a->det_minsz > 0) d.min_size = (float)a->det_minsz;
     if (a->det_maxsz > 0) d.max_size = (float)a->det_maxsz;
+    d.masks = a->det_masks;
     const char *out = a->out ? a->out : "data/det";
     int rc = ps_det_gen(out, a->det_images, a->det_size, a->det_seed, &d, err, sizeof err);
     if (rc < 0) {
         fprintf(stderr, "psdata: %s\n", err);
         return rc == PS_EINVAL ? 2 : 1;
     }
-    printf("wrote %d train + %d val images (%dx%d, %d classes, %d..%d objects) to %s: "
+    printf("wrote %d train + %d val images (%dx%d, %d classes, %d..%d objects%s) to %s: "
            "annotations/instances_train.json, annotations/instances_val.json\n", a->det_images,
-           d.n_val, a->det_size, a->det_size, d.classes, d.min_objects, d.max_objects, out);
+           d.n_val, a->det_size, a->det_size, d.classes, d.min_objects, d.max_objects,
+           d.masks ? ", instance masks" : "", out);
     return 0;
 }
 
@@ -175,8 +178,10 @@ static const struct command {
 "      --images N         training images (default 2000)\n"
 "      --val-images N     validation images (default max(1, N/5))\n"
 "      --size S           image width and height in pixels (default 128)\n"
-"      --classes C        shape classes 1..5 (circle, square, triangle, diamond,\n"
-"                         cross; default 5)\n"
+"      --classes C        shape classes 1..6 (circle, square, triangle, diamond,\n"
+"                         cross, ring; default 5)\n"
+"      --masks            instance masks as COCO 'segmentation': polygons along the\n"
+"                         pixel edges (exact), compressed RLE for the ring's hole\n"
 "      --min-objects N, --max-objects N   objects per image (default 2..6)\n"
 "      --min-size F, --max-size F         object side / image side (0.12..0.40)\n"
 "      --seed X           dataset seed (default 1)\n"
@@ -224,7 +229,7 @@ static void unknown_command(const char *name)
 
 enum { O_OUT = 256, O_VIDEOS, O_FRAMES, O_SIZE, O_SEED, O_CLASSES, O_VALF, O_QUALITY, O_SPEED,
        O_CLUTTER, O_MOVERS, O_LIST, O_ROOT, O_TMPL, O_SHARD, O_SKIP, O_PACKED, O_MINF, O_HELP,
-       O_IMAGES, O_VALIMG, O_MINOBJ, O_MAXOBJ, O_MINSZ, O_MAXSZ };
+       O_IMAGES, O_VALIMG, O_MINOBJ, O_MAXOBJ, O_MINSZ, O_MAXSZ, O_MASKS };
 
 static const struct option OPTS[] = {
     { "out", 1, 0, O_OUT }, { "videos", 1, 0, O_VIDEOS }, { "frames", 1, 0, O_FRAMES },
@@ -236,7 +241,8 @@ static const struct option OPTS[] = {
     { "min-frames", 1, 0, O_MINF }, { "help", 0, 0, O_HELP },
     { "images", 1, 0, O_IMAGES }, { "val-images", 1, 0, O_VALIMG },
     { "min-objects", 1, 0, O_MINOBJ }, { "max-objects", 1, 0, O_MAXOBJ },
-    { "min-size", 1, 0, O_MINSZ }, { "max-size", 1, 0, O_MAXSZ }, { 0, 0, 0, 0 }
+    { "min-size", 1, 0, O_MINSZ }, { "max-size", 1, 0, O_MAXSZ }, { "masks", 0, 0, O_MASKS },
+    { 0, 0, 0, 0 }
 };
 
 static int num(const char *opt, const char *s, double lo, double hi, double *out)
@@ -318,6 +324,7 @@ static int parse_args(args_t *a, int argc, char **argv)
             a->shard_videos = (int)v;
             break;
         case O_SKIP: a->lo.skip_bad = 1; break;
+        case O_MASKS: a->det_masks = 1; break;
         case O_PACKED: a->packed = optarg; break;
         case O_MINF:
             if (num("min-frames", optarg, 1, 1e6, &v)) return 2;
