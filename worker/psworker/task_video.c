@@ -48,7 +48,6 @@ typedef struct video_opts {
     int partial_bn;
     char *bn;               /* BN mode train|partial|frozen ("" = --partial-bn) */
     int bn_sync;            /* average BN running statistics over the workers */
-    char *predictions;      /* --eval: per-video CSV (video,label,pred,logits...) */
     int bn_mode;            /* derived: PS_MODEL_BN_* value, -1 = from --partial-bn */
 } video_opts_t;
 
@@ -102,7 +101,6 @@ static size_t video_rows(void *topts, ps_opt_t *rows)
     ROW("partial-bn", PS_OPT_BOOL, &v->partial_bn, "video: TSM partial BN (only bn1 updates statistics)", "false");
     ROW("bn", PS_OPT_STRING, &v->bn, "video: BN mode train|partial|frozen (frozen: running stats, fixed affine)", "");
     ROW("bn-sync", PS_OPT_INT, &v->bn_sync, "video: average BN running statistics over the workers (1) or not (0)", "1");
-    ROW("predictions", PS_OPT_STRING, &v->predictions, "--eval: write per-video predictions and logits to this CSV", "");
     return n;
 }
 
@@ -130,7 +128,7 @@ static int video_check(ps_worker_opts_t *o)
         return ps_worker_opt_error("--bn train contradicts --partial-bn");
     if (v->bn_sync != 0 && v->bn_sync != 1)
         return ps_worker_opt_error("--bn-sync must be 0 or 1");
-    if (*v->predictions && !o->eval)
+    if (*o->data.predictions && !o->eval)
         return ps_worker_opt_error("--predictions goes with --eval (per-video rows of that "
                 "evaluation)");
     if (!o->eval && !*v->train_list)
@@ -765,7 +763,7 @@ static int video_eval(ps_worker_t *p)
     double t0 = ps_worker_now();
     size_t n = 0;
     FILE *pred = NULL;
-    const char *pp = vopts(p)->predictions;
+    const char *pp = p->o->data.predictions; /* per-video CSV (video,label,pred,logits...) */
     if (*pp) {
         if (!(pred = fopen(pp, "w"))) {
             ps_error("--predictions %s: %s", pp, strerror(errno));
