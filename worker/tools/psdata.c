@@ -2,7 +2,8 @@
  *   psdata gen-video  writes the moving-texture direction dataset
  *   psdata gen-det    writes the shapes-on-clutter detection dataset (COCO)
  *   psdata pack       packs a list's frames into shards for sequential reads
- *   psdata check      loads a list (or a pack) and decodes every frame */
+ *   psdata check      loads a list (or a pack) and decodes every frame
+ *   psdata check-det  loads COCO annotations, decodes every image and mask */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,7 +12,9 @@
 #include "ps_error.h"
 #include "ps_log.h"
 #include "worker/data/ps_video.h"
+#include "worker/data/ps_image.h"
 #include "worker/data/video_gen.h"
+#include "worker/det/coco_json.h"
 #include "worker/det/gen_det.h"
 
 /* Every option, whichever command it belongs to: all commands share one
@@ -26,7 +29,7 @@ typedef struct {
     uint64_t det_seed;
     ps_video_gen_opts_t g;         /* gen-video */
     ps_video_list_opts_t lo;       /* pack, check */
-    const char *list, *out, *packed;
+    const char *list, *out, *packed, *json;
     int shard_videos;
 } args_t;
 
@@ -152,6 +155,77 @@ static int cmd_check(args_t *a)
     return bad ? 1 : 0;
 }
 
+/* Image i of c (under root): decodes at the size the JSON gives; 0 or -1
+ * with the reason on stderr */
+static int check_image(const ps_coco_t *c, int i, const char *root)
+{
+    char path[4096], err[1024];
+    const ps_coco_image_t *im = &c->images[i];
+    snprintf(path, sizeof path, "%s%s%s", root, *root ? "/" : "", im->file_name);
+    uint8_t *buf = NULL, *rgb = NULL;
+    size_t len;
+    int w = 0, h = 0;
+    int rc = ps_read_file(path, &buf, &len, err, sizeof err);
+    if (!rc) rc = ps_jpeg_decode(buf, len, &rgb, &w, &h, err, sizeof err);
+    free(buf);
+    free(rgb);
+    if (!rc && (w != im->width || h != im->height))
+        snprintf(err, sizeof err, "image is %dx%d, the annotations say %dx%d", w, h, im->width,
+                 im->height), rc = -1;
+    if (rc) fprintf(stderr, "psdata: %s: %s\n", path, err);
+    return rc ? -1 : 0;
+}
+
+/* COCO annotations (strict, or --skip-bad), every image decoded and every
+ * segmentation turned into its mask; counts on stdout, exit 1 when
+ * anything was bad */
+static int cmd_check_det(args_t *a)
+{
+    char err[2048];
+    ps_coco_t c;
+    ps_coco_skips_t sk;
+    if (!a->json) {
+        fprintf(stderr, "psdata: check-det needs --json (see --help)\n");
+        return 2;
+    }
+    if (ps_coco_load(&c, a->json, a->lo.skip_bad, &sk, err, sizeof err) < 0) {
+        fprintf(stderr, "psdata: %s\n", err);
+        return 1;
+    }
+    int *inst = calloc((size_t)c.nimages + 1, sizeof(int));
+    size_t bad = 0, kinds[4] = {0}, crowd = 0, empty_masks = 0, no_inst = 0;
+    for (int k = 0; inst && k < c.nanns; k++) {
+        const ps_coco_ann_t *an = &c.anns[k];
+        int im = ps_coco_find_image(&c, an->image_id);
+        kinds[an->segm.kind]++;
+        crowd += an->iscrowd;
+        if (!an->iscrowd && an->bbox[2] > 0 && an->bbox[3] > 0) inst[im]++;
+        ps_rle_t r;
+        if (an->segm.kind == PS_COCO_SEGM_NONE) continue;
+        if (ps_coco_segm_rle(&an->segm, c.images[im].height, c.images[im].width, &r) < 0) {
+            fprintf(stderr, "psdata: %s: annotation %lld: out of memory\n", a->json,
+                    (long long)an->id);
+            bad++;
+            continue;
+        }
+        empty_masks += ps_rle_area(&r) == 0;
+        ps_rle_free(&r);
+    }
+    for (int i = 0; inst && i < c.nimages; i++) {
+        no_inst += inst[i] == 0;
+        if (check_image(&c, i, a->lo.root ? a->lo.root : "")) bad++;
+    }
+    printf("images=%d annotations=%d crowd=%zu polygons=%zu rle=%zu no_segmentation=%zu "
+           "empty_masks=%zu images_without_instances=%zu skipped_records=%d bad=%zu\n",
+           c.nimages, c.nanns, crowd, kinds[PS_COCO_SEGM_POLY],
+           kinds[PS_COCO_SEGM_RLE] + kinds[PS_COCO_SEGM_RLE_STR], kinds[PS_COCO_SEGM_NONE],
+           empty_masks, no_inst, sk.images + sk.anns, bad);
+    int ret = !inst || bad ? 1 : 0;
+    free(inst);
+    ps_coco_free(&c);
+    return ret;
+}
+
 /* The subcommands: name, one line for the usage text, the options text printed
  * under it, and the handler (which returns the exit code). */
 static const struct command {
@@ -201,6 +275,14 @@ static const struct command {
     {"check", "load a list (or --packed DIR) and decode every frame; report counts",
 "      --list L | --packed DIR, --root R, --tmpl T, --skip-bad, --min-frames N\n",
      cmd_check},
+    {"check-det", "load COCO annotations, decode every image and mask; report counts",
+"      --json J           COCO annotations (instances_*.json)\n"
+"      --root R           the folder of their images\n"
+"      --skip-bad         skip bad records (counted in skipped_records) instead of failing\n"
+"    Malformed records (segmentations included) are errors naming the file, the\n"
+"    record and its id; an unreadable image, or one of another size than the\n"
+"    JSON says, is reported and makes the exit status 1.\n",
+     cmd_check_det},
 };
 enum { NCOMMANDS = sizeof COMMANDS / sizeof COMMANDS[0] };
 
@@ -229,7 +311,7 @@ static void unknown_command(const char *name)
 
 enum { O_OUT = 256, O_VIDEOS, O_FRAMES, O_SIZE, O_SEED, O_CLASSES, O_VALF, O_QUALITY, O_SPEED,
        O_CLUTTER, O_MOVERS, O_LIST, O_ROOT, O_TMPL, O_SHARD, O_SKIP, O_PACKED, O_MINF, O_HELP,
-       O_IMAGES, O_VALIMG, O_MINOBJ, O_MAXOBJ, O_MINSZ, O_MAXSZ, O_MASKS };
+       O_IMAGES, O_VALIMG, O_MINOBJ, O_MAXOBJ, O_MINSZ, O_MAXSZ, O_MASKS, O_JSON };
 
 static const struct option OPTS[] = {
     { "out", 1, 0, O_OUT }, { "videos", 1, 0, O_VIDEOS }, { "frames", 1, 0, O_FRAMES },
@@ -242,6 +324,7 @@ static const struct option OPTS[] = {
     { "images", 1, 0, O_IMAGES }, { "val-images", 1, 0, O_VALIMG },
     { "min-objects", 1, 0, O_MINOBJ }, { "max-objects", 1, 0, O_MAXOBJ },
     { "min-size", 1, 0, O_MINSZ }, { "max-size", 1, 0, O_MAXSZ }, { "masks", 0, 0, O_MASKS },
+    { "json", 1, 0, O_JSON },
     { 0, 0, 0, 0 }
 };
 
@@ -325,6 +408,7 @@ static int parse_args(args_t *a, int argc, char **argv)
             break;
         case O_SKIP: a->lo.skip_bad = 1; break;
         case O_MASKS: a->det_masks = 1; break;
+        case O_JSON: a->json = optarg; break;
         case O_PACKED: a->packed = optarg; break;
         case O_MINF:
             if (num("min-frames", optarg, 1, 1e6, &v)) return 2;
