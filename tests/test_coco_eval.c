@@ -41,7 +41,7 @@ static int read_stats(const char *p, double *want, int *nw, long long *cat_id, d
 static double golden_eval(const char *gt_name, const char *dt_name, const char *stats_name,
                           int segm, ps_coco_t *gt, ps_coco_det_t **dets, int *nd)
 {
-    char p[4200], err[512];
+    char p[4200], err[512] = "";
     ps_rle_t *masks = NULL;
     snprintf(p, sizeof p, "%s/%s", gold_dir, gt_name);
     is_int(ps_coco_load(gt, p, 0, NULL, err, sizeof err), 0, "load golden GT %s (%s)", gt_name, err);
@@ -88,7 +88,7 @@ static double golden_eval(const char *gt_name, const char *dt_name, const char *
 
 static void golden(void)
 {
-    char err[512];
+    char err[512] = "";
     ps_coco_t gt;
     ps_coco_det_t *dets;
     int nd;
@@ -141,7 +141,7 @@ static const char *GT_OK =
 
 static double eval_text(const char *gtj, const char *dtj, int stat)
 {
-    char err[512];
+    char err[512] = "";
     ps_coco_t gt;
     ps_coco_det_t *d;
     int nd;
@@ -234,7 +234,7 @@ static void bad_inputs(void)
              "{\"id\":7,\"image_id\":1,\"category_id\":1,\"bbox\":[1,1,2,2]}]}", img);
     ps_coco_t gt;
     ps_coco_skips_t sk;
-    char err[512];
+    char err[512] = "";
     is_int(ps_coco_parse(&gt, buf, strlen(buf), "t.json", 1, &sk, err, sizeof err), 0, "lenient load");
     ok(gt.nanns == 1 && sk.anns == 2 && gt.anns[0].id == 7, "lenient: 2 skipped, 1 kept");
 

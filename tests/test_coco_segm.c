@@ -46,7 +46,7 @@ static char *gt_with(const char *anns)
 
 static void read_forms(void)
 {
-    char err[512];
+    char err[512] = "";
     ps_coco_t c;
     const char *j = gt_with(GOOD);
     is_int(ps_coco_parse(&c, j, strlen(j), "t.json", 0, NULL, err, sizeof err), 0,
@@ -177,7 +177,7 @@ static void bad_segmentations(void)
 /* results with masks: written, read back by the results reader, evaluated */
 static void results_and_eval(void)
 {
-    char err[512], dir[] = "/tmp/test_coco_segm_XXXXXX", p[600];
+    char err[512] = "", dir[] = "/tmp/test_coco_segm_XXXXXX", p[600];
     ok(mkdtemp(dir) != NULL, "temp dir");
     ps_coco_t c;
     const char *j = gt_with(GOOD4);
@@ -273,7 +273,7 @@ static void results_and_eval(void)
  * false positive inside the crowd region */
 static void crowd_and_empty(void)
 {
-    char err[512];
+    char err[512] = "";
     const char *j = gt_with(
         "{\"id\":1,\"image_id\":1,\"category_id\":1,\"bbox\":[2,1,4,3],"
         "\"segmentation\":[[2,1,6,1,6,4,2,4]]},"

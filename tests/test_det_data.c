@@ -90,7 +90,7 @@ static const char *GT_JSON =
 
 int main(void)
 {
-    char err[2048];
+    char err[2048] = "";
     if (!mkdtemp(dir)) {
         printf("Bail out! mkdtemp\n");
         return 1;

@@ -86,7 +86,7 @@ static char *slurp(const char *path, size_t *len)
 static void check_split(const char *dir, const char *split, int nimg, int size, int ncats,
                         int *cls_seen)
 {
-    char p[4200], err[512];
+    char p[4200], err[512] = "";
     ps_coco_t c;
     snprintf(p, sizeof p, "%s/annotations/instances_%s.json", dir, split);
     is_int(ps_coco_load(&c, p, 0, NULL, err, sizeof err), 0, "%s JSON loads strictly (%s)", split,
@@ -156,7 +156,7 @@ static void morph(uint8_t *m, int size, int n)
 /* The masks of a --masks dataset against its boxes, areas and pixels */
 static void check_masks(const char *dir, const char *split, int size, int *ring_rle)
 {
-    char p[4200], err[512];
+    char p[4200], err[512] = "";
     ps_coco_t c;
     snprintf(p, sizeof p, "%s/annotations/instances_%s.json", dir, split);
     is_int(ps_coco_load(&c, p, 0, NULL, err, sizeof err), 0, "%s with masks loads strictly (%s)",
@@ -228,7 +228,7 @@ static int rm_rf(const char *dir)
 int main(void)
 {
     char d1[] = "/tmp/test_det_gen_XXXXXX", d2[] = "/tmp/test_det_gen_XXXXXX";
-    char err[512];
+    char err[512] = "";
     if (!mkdtemp(d1) || !mkdtemp(d2)) {
         printf("Bail out! mkdtemp\n");
         return 1;

@@ -147,7 +147,7 @@ static int ell_px(int x, int y) { return (x == 20 && y >= 2 && y <= 6) || (x >= 
 
 static void pipeline(void)
 {
-    char err[2048];
+    char err[2048] = "";
     ok(!write_jpeg("a.jpg", 32, 16), "32x16 JPEG written");
     const char *gt = write_json("gt.json", GT);
     ps_det_dataset_t *ds = NULL;
@@ -247,7 +247,7 @@ static void pipeline(void)
  * each instance's mask fills its box */
 static void generated(void)
 {
-    char gd[600], err[2048], js[700], root[700];
+    char gd[600], err[2048] = "", js[700], root[700];
     snprintf(gd, sizeof gd, "%s/gen", dir);
     ps_det_gen_opts_t go;
     ps_det_gen_defaults(&go, 8);
