@@ -144,33 +144,30 @@ static void expect_bad(const char *ann, const char *needle, const char *what)
 
 static void bad_segmentations(void)
 {
+    static const char *const cases[][3] = { /* segmentation, message, what */
+        {"[[1,1,3,1,3]]", "odd number of coordinates (5)", "odd count"},
+        {"[[1,1,3,1]]", "2 points, a polygon needs at least 3", "two points"},
+        {"[]", "empty list of polygons", "no polygons"},
+        {"[[1,1,3,1,3,\"x\"]]", "[0][5]: not a finite number", "a string coordinate"},
+        {"[1,2,3,4,5,6]", "[0]: not an array", "a flat list"},
+        {"[[1,1,30,1,3,3]]", "x = 30 of point 1 outside the image (10x8)", "a point outside the image"},
+        {"[[1,1,3,1,3,-4]]", "y = -4 of point 2 outside", "negative y"},
+        {"{\"size\":[8,10],\"counts\":[5,3,70]}", "sum to 78, not 8*10", "counts not summing to h*w"},
+        {"{\"size\":[8,10],\"counts\":[5,-3,78]}", "counts[1]: not a count", "a negative count"},
+        {"{\"size\":[8,10],\"counts\":\"1 2\"}", "bad character 0x20", "a bad character"},
+        {"{\"size\":[8,10],\"counts\":\"P\"}", "cut off", "a truncated string"},
+        {"{\"size\":[10,8],\"counts\":[80]}", "[10, 8] is not the image's [8, 10]", "RLE size swapped"},
+        {"{\"size\":[8,10]}", "needs 'size' and 'counts'", "no counts"},
+        {"{\"size\":[8],\"counts\":[80]}", "size: not [height, width]", "size of one number"},
+        {"{\"size\":[8,10],\"counts\":{}}", "neither a list nor a string", "counts an object"},
+        {"7", "neither polygons", "a number"},
+    };
     ps_log_level = -1;
-    expect_bad("\"segmentation\":[[1,1,3,1,3]]", "odd number of coordinates (5)", "odd count");
-    expect_bad("\"segmentation\":[[1,1,3,1]]", "2 points, a polygon needs at least 3",
-               "two points");
-    expect_bad("\"segmentation\":[]", "empty list of polygons", "no polygons");
-    expect_bad("\"segmentation\":[[1,1,3,1,3,\"x\"]]", "[0][5]: not a finite number",
-               "a string coordinate");
-    expect_bad("\"segmentation\":[1,2,3,4,5,6]", "[0]: not an array", "a flat list");
-    expect_bad("\"segmentation\":[[1,1,30,1,3,3]]", "x = 30 of point 1 outside the image (10x8)",
-               "a point outside the image");
-    expect_bad("\"segmentation\":[[1,1,3,1,3,-4]]", "y = -4 of point 2 outside", "negative y");
-    expect_bad("\"segmentation\":{\"size\":[8,10],\"counts\":[5,3,70]}", "sum to 78, not 8*10",
-               "counts not summing to h*w");
-    expect_bad("\"segmentation\":{\"size\":[8,10],\"counts\":[5,-3,78]}", "counts[1]: not a count",
-               "a negative count");
-    expect_bad("\"segmentation\":{\"size\":[8,10],\"counts\":\"1 2\"}", "bad character 0x20",
-               "a bad character");
-    expect_bad("\"segmentation\":{\"size\":[8,10],\"counts\":\"P\"}", "cut off",
-               "a truncated string");
-    expect_bad("\"segmentation\":{\"size\":[10,8],\"counts\":[80]}",
-               "[10, 8] is not the image's [8, 10]", "RLE size swapped");
-    expect_bad("\"segmentation\":{\"size\":[8,10]}", "needs 'size' and 'counts'", "no counts");
-    expect_bad("\"segmentation\":{\"size\":[8],\"counts\":[80]}", "size: not [height, width]",
-               "size of one number");
-    expect_bad("\"segmentation\":{\"size\":[8,10],\"counts\":{}}", "neither a list nor a string",
-               "counts an object");
-    expect_bad("\"segmentation\":7", "neither polygons", "a number");
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char field[256];
+        snprintf(field, sizeof field, "\"segmentation\":%s", cases[i][0]);
+        expect_bad(field, cases[i][1], cases[i][2]);
+    }
     ps_log_level = PS_LOG_INFO;
 }
 

@@ -15,6 +15,7 @@
 
 #include "ps_error.h"
 #include "ps_log.h"
+#include "tests/lib/det_testutil.h"
 #include "tests/lib/golden_io.h"
 #include "tests/lib/tap.h"
 #include "worker/data/ps_image.h"
@@ -90,25 +91,6 @@ static void golden(void)
     golden_free();
 }
 
-/* w x h JPEG of one colour */
-static int write_jpeg(const char *name, int w, int h)
-{
-    uint8_t *px = malloc((size_t)w * h * 3), *buf = NULL;
-    size_t len;
-    char err[256], path[512];
-    memset(px, 128, (size_t)w * h * 3);
-    int rc = ps_jpeg_encode(px, w, h, 90, &buf, &len, err, sizeof err);
-    free(px);
-    if (rc) return rc;
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "wb");
-    if (!f) return PS_EIO;
-    fwrite(buf, 1, len, f);
-    fclose(f);
-    free(buf);
-    return 0;
-}
-
 static const char *write_json(const char *name, const char *text)
 {
     static char path[4][512];
@@ -148,7 +130,7 @@ static int ell_px(int x, int y) { return (x == 20 && y >= 2 && y <= 6) || (x >= 
 static void pipeline(void)
 {
     char err[2048] = "";
-    ok(!write_jpeg("a.jpg", 32, 16), "32x16 JPEG written");
+    ok(!det_write_jpeg(dir, "a.jpg", 32, 16, 128, 128, 128), "32x16 JPEG written");
     const char *gt = write_json("gt.json", GT);
     ps_det_dataset_t *ds = NULL;
     is_int(ps_det_dataset_load(&ds, gt, dir, 1, 0, err, sizeof err), 0, "loads (%s)", err);

@@ -23,14 +23,10 @@ import random
 
 import numpy as np
 import pycocotools.mask as mu
+from coco_golden import counts_str as rs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 rng = random.Random(20261203)
-
-
-def rs(r):
-    s = r["counts"]
-    return s.decode() if isinstance(s, bytes) else s
 
 
 def coord(v):

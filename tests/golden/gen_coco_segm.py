@@ -16,8 +16,6 @@ scores, one image with more than 100 detections) and
 tests/golden/coco_segm_stats.txt: COCOeval(segm).stats with repr, then the
 per-category AP as "cat <id> <ap>".
 """
-import contextlib
-import io
 import json
 import math
 import os
@@ -25,16 +23,10 @@ import random
 
 import numpy as np
 import pycocotools.mask as mu
-from pycocotools.coco import COCO
-from pycocotools.cocoeval import COCOeval
+from coco_golden import counts_str, write_stats
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 rng = random.Random(20261204)
-
-
-def counts_str(r):
-    c = r["counts"]
-    return c.decode() if isinstance(c, bytes) else c
 
 
 def uncompressed(mask):
@@ -188,21 +180,7 @@ with open(os.path.join(HERE, "coco_segm_gt.json"), "w") as f:
 with open(os.path.join(HERE, "coco_segm_dt.json"), "w") as f:
     json.dump(dets, f)
 
-with contextlib.redirect_stdout(io.StringIO()):
-    gt = COCO(os.path.join(HERE, "coco_segm_gt.json"))
-    dt = gt.loadRes(os.path.join(HERE, "coco_segm_dt.json"))
-    ev = COCOeval(gt, dt, "segm")
-    ev.evaluate()
-    ev.accumulate()
-    ev.summarize()
-with open(os.path.join(HERE, "coco_segm_stats.txt"), "w") as f:
-    f.write("# COCOeval(segm).stats from pycocotools (gen_coco_segm.py)\n")
-    for s in ev.stats:
-        f.write(repr(float(s)) + "\n")
-    pr = ev.eval["precision"][:, :, :, 0, 2]
-    for k, c in enumerate(ev.params.catIds):
-        p = pr[:, :, k]
-        ap = float(np.mean(p[p > -1])) if (p > -1).any() else -1.0
-        f.write("cat %d %r\n" % (c, ap))
+stats = write_stats(HERE, "coco_segm_gt.json", "coco_segm_dt.json", "segm", "coco_segm_stats.txt",
+                    "gen_coco_segm.py")
 print(len(images), "images", len(anns), "annotations", len(dets), "detections")
-print("stats", [round(float(s), 4) for s in ev.stats])
+print("stats", [round(float(s), 4) for s in stats])

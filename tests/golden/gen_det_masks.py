@@ -2,7 +2,7 @@
 """Golden mask resizes and Mask R-CNN mask targets for tests/test_det_masks.c,
 made by PyTorch + torchvision 0.14 (Debian's python3-torch, python3-torchvision):
     /usr/bin/python3 tests/golden/gen_det_masks.py
-writes tests/golden/det_masks.bin (PSGOLD1 records, as gen_det.py):
+writes tests/golden/det_masks.bin (PSGOLD1 records, psgold.py):
   rs<i>_in (i32 ih x iw), rs<i>_out (i32 oh x ow): a 0/1 mask through
       F.interpolate(mode="nearest", size=(oh, ow)), as GeneralizedRCNNTransform
       resizes target masks (up, down, 2x, unchanged, odd ratios);
@@ -13,9 +13,9 @@ writes tests/golden/det_masks.bin (PSGOLD1 records, as gen_det.py):
       the image, and at M = 28, 14, 7, 5.
 """
 import os
-import struct
 
 import numpy as np
+import psgold
 import torch
 import torch.nn.functional as F
 from torchvision.models.detection.roi_heads import project_masks_on_boxes
@@ -27,7 +27,6 @@ records = []
 
 
 def put(name, a, code):
-    a = np.ascontiguousarray(a.astype("<i4" if code else "<f4"))
     records.append((name, code, a))
 
 
@@ -76,11 +75,5 @@ for i, ((h, w), M) in enumerate(cases):
     put("mt%d_M" % i, np.array([M]), 1)
     put("mt%d_out" % i, out.numpy(), 0)
 
-with open(OUT, "wb") as f:
-    f.write(b"PSGOLD1\n")
-    for name, code, a in records:
-        nb = name.encode()
-        f.write(struct.pack("<I", len(nb)) + nb + struct.pack("<II", code, a.ndim))
-        f.write(struct.pack("<%dI" % a.ndim, *a.shape))
-        f.write(a.tobytes())
+psgold.write(OUT, records)
 print(len(records), "records ->", OUT)

@@ -5,23 +5,15 @@
 #include <math.h>
 #include <stddef.h>
 
-/* upsample_nearest2d's source index, in float as the kernel computes it */
-static int nearest_src(int dst, int in, int out)
-{
-    if (in == out) return dst;
-    if (out == 2 * in) return dst >> 1;
-    float scale = (float)in / (float)out;
-    int s = (int)floorf((float)dst * scale);
-    return s < in - 1 ? s : in - 1;
-}
+#include "ps_util.h"
 
 void ps_det_mask_resize(uint8_t *dst, int dst_stride, int oh, int ow, const uint8_t *src,
                         int src_stride, int ih, int iw, int flip)
 {
     for (int y = 0; y < oh; y++) {
-        const uint8_t *row = src + (size_t)nearest_src(y, ih, oh) * src_stride;
+        const uint8_t *row = src + (size_t)ps_nearest_src(y, ih, oh) * src_stride;
         uint8_t *d = dst + (size_t)y * dst_stride;
-        for (int x = 0; x < ow; x++) d[flip ? ow - 1 - x : x] = row[nearest_src(x, iw, ow)];
+        for (int x = 0; x < ow; x++) d[flip ? ow - 1 - x : x] = row[ps_nearest_src(x, iw, ow)];
     }
 }
 
