@@ -240,7 +240,9 @@ static int parse_ann_segm(ps_coco_ann_t *a, const cJSON *o, int i, const ps_coco
     ps_rle_t r;
     if ((rc = ps_coco_segm_rle(&a->segm, img->height, img->width, &r))) {
         ps_coco_segm_free(&a->segm);
-        return fail(err, n, rc, "%s: %s", where, ps_strerror(rc));
+        if (rc == PS_ENOMEM) return fail(err, n, rc, "%s: out of memory", where);
+        return fail(err, n, PS_ECORRUPT, "%s.segmentation: a polygon too long to rasterise",
+                    where);
     }
     a->area = (double)ps_rle_area(&r);
     ps_rle_free(&r);

@@ -173,6 +173,10 @@ int ps_rle_from_polygon(ps_rle_t *r, const double *xy, int k, int h, int w)
         int dx = abs(gx[j] - gx[j + 1]), dy = abs(gy[j] - gy[j + 1]);
         npts += (size_t)(dx > dy ? dx : dy) + 1;
     }
+    if (npts > PS_RLE_MAX_POLY_POINTS) { /* a boundary no image has: refuse, not 100 GB */
+        free(gx), free(gy);
+        return PS_EINVAL;
+    }
     int *u = malloc(sizeof(int) * npts), *v = malloc(sizeof(int) * npts);
     uint32_t *pos = malloc(sizeof(uint32_t) * (npts + 1));
     int rc = PS_ENOMEM;

@@ -33,6 +33,9 @@
 
 /* The largest h*w an RLE may describe (counts are 32-bit, as COCO's). */
 #define PS_RLE_MAX_PIXELS 0xFFFFFFFFull
+/* The most boundary points (on the 1/5-pixel grid) a polygon may have:
+ * a perimeter of 3.3 million pixels. */
+#define PS_RLE_MAX_POLY_POINTS (1u << 24)
 
 typedef struct ps_rle {
     int h, w;          /* the image's height and width */
@@ -52,7 +55,8 @@ int ps_rle_encode(ps_rle_t *r, const uint8_t *mask, int stride, int h, int w);
 void ps_rle_decode(const ps_rle_t *r, uint8_t *mask, int stride);
 
 /* One polygon of k points xy[2k] (x, y pairs, finite, |v| <= 1e6) in an
- * h x w image (pycocotools' frPyObjects of one polygon). */
+ * h x w image (pycocotools' frPyObjects of one polygon); PS_EINVAL beyond
+ * PS_RLE_MAX_POLY_POINTS. */
 int ps_rle_from_polygon(ps_rle_t *r, const double *xy, int k, int h, int w);
 /* Union (intersect 0) or intersection of n >= 1 masks of one size into
  * *out (a new RLE; may not alias the inputs).  PS_EINVAL on sizes that

@@ -153,6 +153,9 @@ int ps_coco_segm_parse(ps_coco_segm_t *s, const cJSON *it, int h, int w, int res
 {
     memset(s, 0, sizeof *s);
     int rc;
+    if ((uint64_t)h * (uint64_t)w > PS_RLE_MAX_PIXELS)
+        return fail(err, errlen, PS_ECORRUPT, "%s.segmentation: the image (%dx%d) is too large "
+                    "for a COCO mask (32-bit counts)", where, w, h);
     if (cJSON_IsArray(it) && !results)
         rc = parse_polygons(s, it, h, w, where, err, errlen);
     else if (cJSON_IsObject(it))
