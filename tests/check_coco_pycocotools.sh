@@ -8,27 +8,34 @@
 #     bbox and segm stats equal the C evaluator's;
 #   - psworker --eval --predictions FILE (RetinaNet): pycocotools' AP, AP50,
 #     AP75 of FILE equal what psworker printed.
-# pycocotools comes from a venv this check makes once under the build tree
-# ($PS_PYCOCO_VENV, default tests/pycocotools-venv; it sees Debian's numpy),
-# or from the interpreter $PS_PYCOCO_PYTHON names.
+# pycocotools comes from a venv this check makes once ($PS_PYCOCO_VENV,
+# default ~/.cache/psd-pycocotools-venv; it sees Debian's numpy), or from the
+# interpreter $PS_PYCOCO_PYTHON names.
 top_builddir=${top_builddir:-.}
 top_srcdir=${top_srcdir:-.}
 for b in psdata psworker tests/tools/coco_results; do
     [ -x "$top_builddir/$b" ] || { echo "1..0 # SKIP $b not built"; exit 77; }
 done
+# the venv: made once, under a lock (several builds or checks may start it
+# at once), in the user's cache so the sanitizer build and later runs reuse it
+make_venv() {
+    "$venv/bin/python" -c "import pycocotools.coco" >/dev/null 2>&1 && return 0
+    rm -rf "$venv"
+    echo "# making $venv: pip install pycocotools (once)"
+    { /usr/bin/python3 -m venv --system-site-packages "$venv" &&
+      timeout 600 "$venv/bin/pip" install -q --disable-pip-version-check pycocotools; } \
+        >"$venv.log" 2>&1
+}
 PYC=${PS_PYCOCO_PYTHON:-}
 if [ -z "$PYC" ]; then
-    venv=${PS_PYCOCO_VENV:-$top_builddir/tests/pycocotools-venv}
-    if ! "$venv/bin/python" -c "import pycocotools.coco" >/dev/null 2>&1; then
-        rm -rf "$venv"
-        echo "# making $venv: pip install pycocotools (once)"
-        if ! { /usr/bin/python3 -m venv --system-site-packages "$venv" &&
-               timeout 600 "$venv/bin/pip" install -q --disable-pip-version-check pycocotools; } \
-               >"$venv.log" 2>&1; then
-            echo "1..0 # SKIP pycocotools cannot be installed here (see $venv.log)"
-            exit 77
-        fi
-    fi
+    cache=${XDG_CACHE_HOME:-${HOME:+$HOME/.cache}}
+    venv=${PS_PYCOCO_VENV:-${cache:-$top_builddir/tests}/psd-pycocotools-venv}
+    mkdir -p "$(dirname "$venv")"
+    if command -v flock >/dev/null 2>&1; then
+        ( flock 9; make_venv ) 9>"$venv.lock"
+    else
+        make_venv
+    fi || { echo "1..0 # SKIP pycocotools cannot be installed here (see $venv.log)"; exit 77; }
     PYC=$venv/bin/python
 fi
 "$PYC" -c "import pycocotools.coco, numpy" >/dev/null 2>&1 ||
