@@ -38,6 +38,8 @@
 static pid_t g_children[MAXPROC];
 static int g_nchildren;
 static char g_tmpdir[PATH_MAX];
+static const char *g_psd_args[32]; /* --psd-arg: passed on to every psd */
+static int g_npsd_args;
 
 static void kill_children(int sig)
 {
@@ -80,6 +82,8 @@ static void usage(FILE *f)
             "                          requests answered without other workers (initial\n"
             "                          pulls), never pushes (see ps_client.h)\n"
             "  --psd PATH              psd binary (default: next to psbench)\n"
+            "  --psd-arg ARG           pass ARG on to every psd (repeat for more:\n"
+            "                          --psd-arg --threads --psd-arg 1)\n"
             "  --mode ps|ring          ps (default): psd servers; ring: no servers, the\n"
             "                          workers allreduce over a ZeroMQ ring (worker/comm/ps_ring.h;\n"
             "                          dense dtypes only, --servers ignored, servers=0)\n"
@@ -230,10 +234,15 @@ static int start_psd(const char *psd, int s, const psbench_cfg_t *cfg, char *end
         prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive psbench */
         if (getppid() != parent) _exit(1);
         if (cfg->netns && enter_netns(cfg->netns, s) < 0) _exit(126);
-        execl(psd, "psd", "--port", "0", "--bind", bind, "--port-file", portfile,
+        const char *argv[64] = {"psd", "--port", "0", "--bind", bind, "--port-file", portfile,
               "--server-id", a_id, "--num-servers", a_ns, "--num-workers", a_nw,
-              "--max-partition-bytes", a_pb, "--log-level", ps_log_level >= PS_LOG_INFO ? "info" : "warn", "--stats-every-s", "0",
-              (char *)NULL);
+              "--max-partition-bytes", a_pb, "--log-level", ps_log_level >= PS_LOG_INFO ? "info" : "warn",
+              "--stats-every-s", "0"};
+        int na = 0;
+        while (argv[na]) na++;
+        for (int k = 0; k < g_npsd_args && na < 63; k++) argv[na++] = g_psd_args[k];
+        argv[na] = NULL;
+        execv(psd, (char *const *)argv);
         fprintf(stderr, "psbench: exec %s: %s\n", psd, strerror(errno));
         _exit(127);
     }
@@ -655,6 +664,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--partition-bytes")) bad = parse_size(v, &base.partition_bytes) < 0 || base.partition_bytes < 4;
         else if (!strcmp(a, "--max-inflight")) bad = (base.max_inflight = atoi(v)) < 1;
         else if (!strcmp(a, "--psd")) psd = v;
+        else if (!strcmp(a, "--psd-arg")) bad = g_npsd_args == 32 || !(g_psd_args[g_npsd_args++] = v);
         else if (!strcmp(a, "--model")) {
             psbench_model_t m;
             bad = psbench_model_build(&m, v) < 0;
