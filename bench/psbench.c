@@ -77,7 +77,7 @@ static void usage(FILE *f)
             "                          else raw)\n"
             "  --iters K               timed iterations (default 20)\n"
             "  --warmup K              untimed iterations first (default 3)\n"
-            "  --partition-bytes N     partition size (default 4M)\n"
+            "  --partition-bytes N     partition size (default 1M, psworker's)\n"
             "  --max-inflight N        client window per server (default 8); bounds only\n"
             "                          requests answered without other workers (initial\n"
             "                          pulls), never pushes (see ps_client.h)\n"
@@ -596,7 +596,7 @@ int main(int argc, char **argv)
     ps_dtype_t dts[MAXLIST] = {PS_DT_FP32};
     ps_codec_t cds[MAXLIST] = {PS_CODEC_RAW};
     psbench_cfg_t base = {0};
-    base.partition_bytes = (size_t)4 << 20;
+    base.partition_bytes = (size_t)1 << 20;
     base.pull_codec = -1;
     base.iters = 20;
     base.warmup = 3;
