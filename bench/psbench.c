@@ -1,7 +1,7 @@
 /* psbench: push+pull throughput of an N-byte FP32 gradient per worker per
  * iteration through synchronous psd, against the loopback TCP ceiling
- * measured in the same run and the reference ps-lite figures
- * (docs/performance.md).
+ * measured in the same run, with the CPU it took (psd and workers); the
+ * side-by-side comparison with ps-lite is bench/pslite_compare.sh.
  *
  *   psbench --servers 1,2 --workers 1,2 --bytes 25M,100M --codec raw --dtype fp32
  *   psbench --model tsm-r50 --compute-ms 200 --overlap on,off --netns psn42 ...
@@ -307,20 +307,6 @@ static double pct(const double *v, int n, double q)
     return v[i] + (pos - i) * (v[i + 1] - v[i]);
 }
 
-/* Reference ps-lite sync figures (same machine type, loopback). */
-static void pslite_ref(const psbench_cfg_t *c, double *plain, double *tuned)
-{
-    *plain = *tuned = 0;
-    int s11 = c->servers == 1 && c->workers == 1, s22 = c->servers == 2 && c->workers == 2;
-    if (c->bytes == (size_t)25 << 20) {
-        if (s11) *plain = 1.04, *tuned = 1.41;
-        if (s22) *plain = 0.59, *tuned = 0.97;
-    } else if (c->bytes == (size_t)100 << 20) {
-        if (s11) *plain = 0.53;
-        if (s22) *plain = 0.29;
-    }
-}
-
 /* Read every worker's results as they come; the first worker that dies
  * without them brings the others down at once (they would otherwise sit in
  * a barrier or a sync step until their timeout). */
@@ -379,6 +365,8 @@ static int collect(const psbench_cfg_t *cfg, int *fds, pid_t *wpids, double *tim
             sum->wire_in += r.wire_in / W;
             if (!(r.check_err <= sum->check_err)) sum->check_err = r.check_err;
             sum->check_skipped |= r.check_skipped;
+            sum->cpu_self += r.cpu_self, sum->csw_self += r.csw_self;
+            sum->cpu_psd += r.cpu_psd, sum->csw_psd += r.csw_psd; /* rank 0's alone */
         }
     }
 out:
@@ -450,7 +438,7 @@ static int run_config(const char *psd, const psbench_cfg_t *cfg, double loop_bps
     double *times = calloc((size_t)W * cfg->iters, sizeof *times);
     double *ctimes = calloc((size_t)W * cfg->iters, sizeof *ctimes);
     double *wtimes = calloc((size_t)W * cfg->iters, sizeof *wtimes);
-    psbench_result_t res = {0, 0, 0, 0};
+    psbench_result_t res = {0};
     if (!times || !ctimes || !wtimes) {
         free(times);
         free(ctimes);
@@ -471,6 +459,8 @@ static int run_config(const char *psd, const psbench_cfg_t *cfg, double loop_bps
             goto out;
         }
         spids[s] = g_children[g_nchildren - 1];
+        psbench_psd_pid[s] = (int)spids[s];
+        psbench_npsd = s + 1;
         epp[s] = eps[s];
     }
     for (int w = 0; w < W; w++) {
@@ -533,8 +523,7 @@ out:
         qsort(ctimes, (size_t)n, sizeof *ctimes, cmp_double);
         qsort(wtimes, (size_t)n, sizeof *wtimes, cmp_double);
         double med = pct(times, n, 0.5), p10 = pct(times, n, 0.1), p90 = pct(times, n, 0.9);
-        double gbps = (double)cfg->bytes / med / 1e9, lg = loop_bps / 1e9, pl, pt;
-        pslite_ref(cfg, &pl, &pt);
+        double gbps = (double)cfg->bytes / med / 1e9, lg = loop_bps / 1e9;
         char ratio[48] = "";
         if (cfg->codec == PS_CODEC_TOPK)
             snprintf(ratio, sizeof ratio, " topk_ratio=%g",
@@ -566,9 +555,13 @@ out:
         }
         if (lg > 0) printf(" loopback_gbps=%.3f ratio_loopback=%.3f", lg, gbps / lg);
         else printf(" loopback_gbps=NA ratio_loopback=NA");
-        if (pl > 0) printf(" pslite_gbps=%.2f ratio_pslite=%.2f", pl, gbps / pl);
-        else printf(" pslite_gbps=NA ratio_pslite=NA");
-        if (pt > 0) printf(" pslite_tuned_gbps=%.2f ratio_pslite_tuned=%.2f", pt, gbps / pt);
+        /* CPU per GB of gradient pushed by all workers over the timed
+         * iterations, and context switches per iteration */
+        double gb = (double)W * (double)cfg->bytes * cfg->iters / 1e9;
+        if (!cfg->ring)
+            printf(" cpu_psd_s_per_gb=%.3f", res.cpu_psd / gb);
+        printf(" cpu_worker_s_per_gb=%.3f csw_per_iter_psd=%.1f csw_per_iter_workers=%.1f",
+               res.cpu_self / gb, res.csw_psd / cfg->iters, res.csw_self / cfg->iters);
         if (cfg->check && res.check_skipped) {
             printf(" check=skipped");
         } else if (cfg->check) {
