@@ -48,66 +48,73 @@ CELLS=("1 1 4194304" "2 1 4194304" "1 2 4194304" "2 2 4194304"
 # a dry run of the script itself: PSLITE_CELLS="1 1 4194304;2 2 4194304" PSLITE_WIRES=0
 [ -n "${PSLITE_CELLS:-}" ] && IFS=';' read -ra CELLS <<<"$PSLITE_CELLS"
 
-T=(/usr/bin/time -a -f "cpu_s=%e_%U_%S" )
-# time(1) writes elapsed_user_system; sum user + system
+T=(/usr/bin/time -a -f "cpu_s=%e_%U_%S")
+# cpu_sum FILE: user + system seconds summed over the time(1) lines in FILE
 cpu_sum() { sed -n 's/^cpu_s=[^_]*_\([^_]*\)_\(.*\)$/\1 \2/p' "$1" | awk '{ s += $1 + $2 } END { printf "%.3f", s }'; }
+# per_gb CPU W N ITERS: CPU seconds per GB of gradient pushed by all W workers
+per_gb() { awk -v c="$1" -v w="$2" -v n="$3" -v it="$4" 'BEGIN { printf "%.2f", c / (w * n * it / 1e9) }'; }
 
-# run_pslite S W N: prints "gbps iters cpu_s"
+# Each runner prints "GBPS SERVER_CPU_PER_GB WORKER_CPU_PER_GB" (NA NA NA on failure).
+# ps-lite: bench_pp's own warm-up (3) and timed iterations, plus one checking
+# pull; its CPU is taken over the whole process lives (start-up included).
 run_pslite() {
     local S=$1 W=$2 N=$3 port log=$tmp/pl pids=() wp=() rc=0
-    rm -rf "$log"; mkdir -p "$log"; : >"$log/cpu"
+    rm -rf "$log"; mkdir -p "$log"; : >"$log/cpu_srv"; : >"$log/cpu_wrk"; : >"$log/cpu_sch"
     port=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
     export DMLC_PS_ROOT_URI=127.0.0.1 DMLC_PS_ROOT_PORT=$port DMLC_NUM_SERVER=$S DMLC_NUM_WORKER=$W \
            DMLC_NODE_HOST=127.0.0.1 DMLC_INTERFACE=lo
-    (cd "$tmp/pslite" && DMLC_ROLE=scheduler timeout 120 "${T[@]}" -o "$log/cpu" ./bench_pp --bytes "$N" \
+    (cd "$tmp/pslite" && DMLC_ROLE=scheduler timeout 120 "${T[@]}" -o "$log/cpu_sch" ./bench_pp --bytes "$N" \
         >"$log/sched" 2>&1) & pids+=($!)
     for i in $(seq 1 "$S"); do
-        (cd "$tmp/pslite" && DMLC_ROLE=server timeout 120 "${T[@]}" -o "$log/cpu" ./bench_pp --bytes "$N" \
+        (cd "$tmp/pslite" && DMLC_ROLE=server timeout 120 "${T[@]}" -o "$log/cpu_srv" ./bench_pp --bytes "$N" \
             >"$log/server$i" 2>&1) & pids+=($!)
     done
     for i in $(seq 1 "$W"); do
-        (cd "$tmp/pslite" && DMLC_ROLE=worker timeout 120 "${T[@]}" -o "$log/cpu" ./bench_pp --bytes "$N" \
+        (cd "$tmp/pslite" && DMLC_ROLE=worker timeout 120 "${T[@]}" -o "$log/cpu_wrk" ./bench_pp --bytes "$N" \
             >"$log/worker$i" 2>&1) & wp+=($!)
     done
     for p in "${wp[@]}"; do wait "$p" || rc=1; done
     for p in "${pids[@]}"; do wait "$p" || true; done
     unset DMLC_PS_ROOT_URI DMLC_PS_ROOT_PORT DMLC_NUM_SERVER DMLC_NUM_WORKER DMLC_NODE_HOST DMLC_INTERFACE
-    local line; line=$(grep -h '^pslite S=' "$log"/worker* | head -n 1)
-    local bad; bad=$(grep -h 'check=' "$log"/worker* | grep -vc 'check=ok')
+    local line bad it
+    line=$(grep -h '^pslite S=' "$log"/worker* | head -n 1)
+    bad=$(grep -h 'check=' "$log"/worker* | grep -vc 'check=ok')
     if [ $rc -ne 0 ] || [ -z "$line" ] || [ "$bad" -ne 0 ]; then
         echo "pslite_compare: ps-lite $S x $W $N failed or its check failed:" >&2
         tail -n 5 "$log"/* >&2; echo "NA NA NA"; return
     fi
-    echo "$(echo "$line" | sed -n 's/.*gbps=\([0-9.]*\).*/\1/p') $(echo "$line" | sed -n 's/.* iters=\([0-9]*\).*/\1/p') $(cpu_sum "$log/cpu")"
+    it=$(( $(echo "$line" | sed -n 's/.* iters=\([0-9]*\).*/\1/p') + 4 ))
+    echo "$(echo "$line" | sed -n 's/.*gbps=\([0-9.]*\).*/\1/p')" \
+         "$(per_gb "$(cpu_sum "$log/cpu_srv")" "$W" "$N" "$it")" \
+         "$(per_gb "$(awk -v a="$(cpu_sum "$log/cpu_wrk")" -v b="$(cpu_sum "$log/cpu_sch")" 'BEGIN { print a + b }')" "$W" "$N" "$it")"
 }
 
-# run_psbench S W N [psbench flags]: prints "gbps iters cpu_s"
+# psd: psbench measures psd's and the workers' CPU over its timed iterations.
 run_psbench() {
     local S=$1 W=$2 N=$3 out; shift 3
-    : >"$tmp/pscpu"
-    out=$("${T[@]}" -o "$tmp/pscpu" timeout 300 "$build/psbench" --psd "$build/psd" --servers "$S" \
-          --workers "$W" --bytes "$N" --iters 40 --check --pump-seconds 0 "$@" 2>"$tmp/psbench.err" | tail -n 1)
+    out=$(timeout 300 "$build/psbench" --psd "$build/psd" --servers "$S" --workers "$W" --bytes "$N" \
+          --iters 40 --check --pump-seconds 0 "$@" 2>"$tmp/psbench.err" | tail -n 1)
     if ! echo "$out" | grep -q 'check=ok'; then
         echo "pslite_compare: psbench $S x $W $N $* failed or its check failed:" >&2
         tail -n 5 "$tmp/psbench.err" >&2; echo "$out" >&2; echo "NA NA NA"; return
     fi
-    # psbench waits for its children, so time(1) sees psd and the workers too
-    echo "$(echo "$out" | sed -n 's/.*gbps_per_worker=\([0-9.]*\).*/\1/p') 40 $(cpu_sum "$tmp/pscpu")"
+    echo "$(echo "$out" | sed -n 's/.*gbps_per_worker=\([0-9.]*\).*/\1/p')" \
+         "$(echo "$out" | sed -n 's/.*cpu_psd_s_per_gb=\([0-9.]*\).*/\1/p')" \
+         "$(echo "$out" | sed -n 's/.*cpu_worker_s_per_gb=\([0-9.]*\).*/\1/p')"
 }
 
+# the floor: every process's CPU over its whole life (pp_floor's children)
 run_floor() {
     local S=$1 W=$2 N=$3 out
     : >"$tmp/flcpu"
     out=$("${T[@]}" -o "$tmp/flcpu" timeout 120 "$build/bench/pp_floor" --servers "$S" --workers "$W" \
           --bytes "$N" --iters 40) || { echo "NA NA NA"; return; }
-    echo "$(echo "$out" | sed -n 's/.*gbps=\([0-9.]*\).*/\1/p') 40 $(cpu_sum "$tmp/flcpu")"
+    echo "$(echo "$out" | sed -n 's/.*gbps=\([0-9.]*\).*/\1/p') $(per_gb "$(cpu_sum "$tmp/flcpu")" "$W" "$N" 43) -"
 }
 
 median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0 || v[1] == "NA") print "NA"; else if (NR % 2) print v[(NR + 1) / 2]; else printf "%.3f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-# cpu seconds per GB of gradient moved (all workers' pushes): cpu / (W * N * (warmup + iters))
-cpu_per_gb() { awk -v c="$1" -v w="$2" -v n="$3" -v it="$4" 'BEGIN { if (c == "NA" || it == "NA") print "NA"; else printf "%.2f", c / (w * n * (it + 3) / 1e9) }'; }
 
-declare -A G C
+declare -A G CS CW
 kinds=(pslite psbench floor)
 for r in $(seq 1 "$rounds"); do
     ci=0
@@ -115,11 +122,10 @@ for r in $(seq 1 "$rounds"); do
         set -- $cell
         for k in 0 1 2; do
             kind=${kinds[$(( (k + r + ci) % 3 ))]}
-            res=$(run_$kind "$1" "$2" "$3")
-            set -- $cell $res
-            G[$kind,$cell]+="$4 "
-            C[$kind,$cell]+="$(cpu_per_gb "$6" "$2" "$3" "$5") "
-            set -- $cell
+            read -r g cs cw < <(run_$kind "$1" "$2" "$3")
+            G[$kind,$cell]+="$g "
+            CS[$kind,$cell]+="$cs "
+            CW[$kind,$cell]+="$cw "
         done
         ci=$((ci + 1))
         echo "# round $r: $1 x $2 $(( $3 >> 20 )) MiB done"
@@ -128,18 +134,18 @@ done
 
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a == "NA" || b == "NA" || b == 0) print "NA"; else printf "%.2f", a / b }'; }
 echo
-echo "| S x W | size | psd (ours) | ps-lite | floor | ours / ps-lite | ours / floor | CPU s/GB ours | ps-lite | floor |"
-echo "|---|---|---|---|---|---|---|---|---|---|"
+echo "| S x W | size | psd (ours) | ps-lite | floor | ours / ps-lite | ours / floor | CPU s/GB: psd | ours' workers | ps-lite servers | ps-lite workers | floor (all) |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+med() { echo $1 | tr ' ' '\n' | median; }
 for cell in "${CELLS[@]}"; do
     set -- $cell
-    o=$(echo ${G[psbench,$cell]} | tr ' ' '\n' | median)
-    p=$(echo ${G[pslite,$cell]} | tr ' ' '\n' | median)
-    f=$(echo ${G[floor,$cell]} | tr ' ' '\n' | median)
-    co=$(echo ${C[psbench,$cell]} | tr ' ' '\n' | median)
-    cp=$(echo ${C[pslite,$cell]} | tr ' ' '\n' | median)
-    cf=$(echo ${C[floor,$cell]} | tr ' ' '\n' | median)
-    echo "| $1 x $2 | $(( $3 >> 20 )) MiB | $o | $p | $f | $(ratio "$o" "$p") | $(ratio "$o" "$f") | $co | $cp | $cf |"
+    o=$(med "${G[psbench,$cell]}"); p=$(med "${G[pslite,$cell]}"); f=$(med "${G[floor,$cell]}")
+    echo "| $1 x $2 | $(( $3 >> 20 )) MiB | $o | $p | $f | $(ratio "$o" "$p") | $(ratio "$o" "$f") |" \
+         "$(med "${CS[psbench,$cell]}") | $(med "${CW[psbench,$cell]}") | $(med "${CS[pslite,$cell]}") |" \
+         "$(med "${CW[pslite,$cell]}") | $(med "${CS[floor,$cell]}") |"
 done
+echo "(GB/s of fp32 gradient per worker = N / median iteration; CPU seconds per GB of gradient pushed by"
+echo " all workers, user + system; ps-lite's workers include its scheduler)"
 
 [ "${PSLITE_WIRES:-1}" = 0 ] && exit 0
 echo
@@ -151,10 +157,10 @@ for cell in "1 1 26214400" "2 2 26214400"; do
     for wire in "--dtype fp16" "--dtype bf16" "--codec lz4" "--dtype fp16 --codec lz4"; do
         vals=""
         for r in $(seq 1 "$rounds"); do
-            res=$(run_psbench "$1" "$2" "$3" $wire); vals+="${res%% *} "
+            read -r g _ < <(run_psbench "$1" "$2" "$3" $wire); vals+="$g "
         done
         o=$(echo $vals | tr ' ' '\n' | median)
-        f32=$(echo ${G[psbench,$cell]} | tr ' ' '\n' | median)
+        f32=$(med "${G[psbench,$cell]}")
         echo "| $1 x $2 | $(( $3 >> 20 )) MiB | ${wire//--/} | $o | $f32 |"
     done
 done
