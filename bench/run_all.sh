@@ -6,8 +6,9 @@ B=${1:-.}
 SRC=$(cd "$(dirname "$0")/.." && pwd)
 cd "$B" || exit 1
 echo "### uptime: $(uptime)"
-echo "### psbench fp32 raw (ps-lite comparison)"
+echo "### psbench fp32 raw, then against ps-lite and the bare-TCP floor (where ../shared has the peer)"
 timeout 600 ./psbench --servers 1,2 --workers 1,2 --bytes 25M,100M --dtype fp32 --codec raw --iters 20
+timeout 3600 bash "$SRC/bench/pslite_compare.sh" . 3
 echo "### psbench fp16/bf16/lz4/topk/sign"
 timeout 600 ./psbench --servers 1,2 --workers 1,2 --bytes 25M --dtype fp16,bf16 --codec raw --iters 15 --pump-seconds 0
 timeout 600 ./psbench --servers 1,2 --workers 1,2 --bytes 25M --dtype fp32,fp16 --codec lz4 --iters 15 --pump-seconds 0
