@@ -205,6 +205,52 @@ static int build_index(ps_vfile_index_t *ix, pkt_rec_t *r, int n, int all_ts, co
     return 0;
 }
 
+/* Seconds from the first frame to position j. */
+static double frame_time(const ps_vfile_index_t *ix, int j)
+{
+    return (ix->off ? (double)ix->off[j] : j * ix->dur) * ix->tb;
+}
+
+/* The video's length as its container declares it (seconds), and how far
+ * the frames may fall short of it; -1 when nothing is declared.  A cut
+ * file keeps the header of the whole one, which is how truncation shows
+ * where the demuxer reads on to the end without a complaint (Matroska). */
+static double declared_length(const AVFormatContext *f, const AVStream *st, double *slack)
+{
+    *slack = 0.05;
+    if (st->duration != AV_NOPTS_VALUE && st->duration > 0) return (double)st->duration * av_q2d(st->time_base);
+    const AVDictionaryEntry *t = av_dict_get(st->metadata, "DURATION", NULL, 0);
+    int hh, mm;
+    double ss;
+    if (t && sscanf(t->value, "%d:%d:%lf", &hh, &mm, &ss) == 3) return hh * 3600.0 + mm * 60.0 + ss;
+    if (f->duration == AV_NOPTS_VALUE || f->duration <= 0) return -1;
+    /* the whole file's length: other streams may run longer */
+    double d = (double)f->duration / AV_TIME_BASE;
+    *slack = d / 10 > 1 ? d / 10 : 1;
+    return d;
+}
+
+/* A file that holds less than its header promises: PS_ECORRUPT. */
+static int check_complete(const ps_vfile_index_t *ix, const AVFormatContext *f, const AVStream *st,
+                          const char *path, char *err, size_t errlen)
+{
+    if (st->nb_frames > 0 && ix->n < st->nb_frames) {
+        ps_errf(err, errlen, "%s: holds %d of the %lld video frames its header declares (truncated?)", path,
+                ix->n, (long long)st->nb_frames);
+        return PS_ECORRUPT;
+    }
+    if (st->nb_frames > 0 || !ix->has_ts) return 0;
+    double slack, want = declared_length(f, st, &slack);
+    double frame = ix->n > 1 ? frame_time(ix, ix->n - 1) / (ix->n - 1) : 0;
+    double have = frame_time(ix, ix->n - 1) + frame;
+    if (want > 0 && have + 2 * frame + slack < want) {
+        ps_errf(err, errlen, "%s: its frames end at %.2f s of the %.2f s its header declares (truncated?)",
+                path, have, want);
+        return PS_ECORRUPT;
+    }
+    return 0;
+}
+
 int ps_vfile_probe(const char *path, ps_vfile_index_t **out, char *err, size_t errlen)
 {
     AVFormatContext *f;
@@ -229,6 +275,7 @@ int ps_vfile_probe(const char *path, ps_vfile_index_t **out, char *err, size_t e
         ix->height = f->streams[si]->codecpar->height;
         rc = build_index(ix, r, n, all_ts, f->streams[si]);
         if (rc == PS_ENOMEM) ps_errf(err, errlen, "out of memory");
+        if (rc == 0) rc = check_complete(ix, f, f->streams[si], path, err, errlen);
     }
     free(r);
     avformat_close_input(&f);
@@ -250,12 +297,6 @@ void ps_vfile_index_free(ps_vfile_index_t **ixp)
 int ps_vfile_source_frames(const ps_vfile_index_t *ix) { return ix->n; }
 int ps_vfile_keyframes(const ps_vfile_index_t *ix) { return ix->nkey; }
 void ps_vfile_size(const ps_vfile_index_t *ix, int *w, int *h) { *w = ix->width; *h = ix->height; }
-
-/* Seconds from the first frame to position j. */
-static double frame_time(const ps_vfile_index_t *ix, int j)
-{
-    return (ix->off ? (double)ix->off[j] : j * ix->dur) * ix->tb;
-}
 
 int ps_vfile_frames(const ps_vfile_index_t *ix, double fps)
 {

@@ -54,9 +54,9 @@ static void put64(wbuf_t *b, uint64_t v) { put32(b, (uint32_t)v); put32(b, (uint
 static uint32_t get32(const uint8_t *p) { return p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
 static uint64_t get64(const uint8_t *p) { return get32(p) | (uint64_t)get32(p + 4) << 32; }
 
-/* Writes path via a temp file + rename so a crash never leaves half a shard
+/* Writes path via a temp file + rename so a crash never leaves half a file
  * under the final name. */
-static int write_file(const char *path, const void *p, size_t n, char *err, size_t errlen)
+int ps_write_file_atomic(const char *path, const void *p, size_t n, char *err, size_t errlen)
 {
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -156,9 +156,9 @@ int ps_pack_builder_write(ps_pack_builder_t *b, const char *dir, size_t shard, c
     /* the data first: an index under its final name means a whole shard */
     char path[4096];
     snprintf(path, sizeof path, "%s/shard-%05zu.bin", dir, shard);
-    int rc = write_file(path, b->data.p, b->data.n, err, errlen);
+    int rc = ps_write_file_atomic(path, b->data.p, b->data.n, err, errlen);
     snprintf(path, sizeof path, "%s/shard-%05zu.idx", dir, shard);
-    if (rc == 0) rc = write_file(path, b->idx.p, b->idx.n, err, errlen);
+    if (rc == 0) rc = ps_write_file_atomic(path, b->idx.p, b->idx.n, err, errlen);
     b->idx.n = n; /* the checksum comes off again: the builder stays usable */
     return rc;
 }
