@@ -94,6 +94,27 @@ int ps_class_names_load(const char *path, ps_class_names_t **out, char *err, siz
     return 0;
 }
 
+int ps_class_names_load_n(const char *path, int n, ps_class_names_t **out, char *err, size_t errlen)
+{
+    int rc = ps_class_names_load(path, out, err, errlen);
+    if (rc == 0 && (*out)->n != n) {
+        ps_errf(err, errlen, "%s names %d classes, the model has %d", path, (*out)->n, n);
+        ps_class_names_free(out);
+        rc = PS_EMISMATCH;
+    }
+    return rc;
+}
+
+void ps_csv_put_name(FILE *f, const ps_class_names_t *c, int cls)
+{
+    fputs(",\"", f);
+    for (const char *q = cls >= 0 && cls < c->n ? c->name[cls] : ""; *q; q++) {
+        if (*q == '"') fputc('"', f);
+        fputc(*q, f);
+    }
+    fputc('"', f);
+}
+
 /* ---- CSV ------------------------------------------------------------------------- */
 
 /* Splits a CSV line in place (RFC 4180 quotes, "" inside quotes): the

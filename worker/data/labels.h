@@ -8,6 +8,7 @@
 #ifndef PS_LABELS_H
 #define PS_LABELS_H
 #include <stddef.h>
+#include <stdio.h>
 
 typedef struct ps_class_names {
     char **name;           /* name[i]: class i */
@@ -17,7 +18,11 @@ typedef struct ps_class_names {
 /* Reads a class-name file; a duplicate or empty name is an error naming
  * the line. */
 int ps_class_names_load(const char *path, ps_class_names_t **out, char *err, size_t errlen);
+/* The same, and exactly n names (a model's classes), else PS_EMISMATCH. */
+int ps_class_names_load_n(const char *path, int n, ps_class_names_t **out, char *err, size_t errlen);
 void ps_class_names_free(ps_class_names_t **c);
+/* Writes ",\"name of class c\"" (CSV-quoted; "" for c < 0) to f. */
+void ps_csv_put_name(FILE *f, const ps_class_names_t *c, int cls);
 /* The index of a name, -1 if absent. */
 int ps_class_names_find(const ps_class_names_t *c, const char *name);
 

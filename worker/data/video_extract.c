@@ -218,7 +218,7 @@ static int decode_video(job_t *j, size_t i, sink_t *s, int *frames, char *m, siz
         rc = PS_ENOMEM;
     } else {
         for (int k = 0; k < n; k++) want[k] = k + 1;
-        ps_vfile_opts_t vo = { j->o->short_side, j->o->fps };
+        ps_vfile_opts_t vo = { j->o->short_side, j->o->fps, NULL };
         rc = ps_vfile_decode(path, ix, &vo, want, n, put_frame, s, m, mlen);
     }
     free(want);

@@ -361,6 +361,7 @@ typedef struct dec {
     struct SwsContext *sws;
     int si;
     int draining;        /* the end of the file was sent to the decoder */
+    long decoded;        /* pictures out of the decoder */
     uint8_t *rgb, *out;  /* decoded size, output size */
     size_t rgb_cap, out_cap;
 } dec_t;
@@ -508,6 +509,7 @@ static int dec_reach(dec_t *d, int s, int *cur, char *err, size_t errlen)
     for (;;) {
         int rc = dec_next(d, err, errlen);
         if (rc <= 0) return rc;
+        d->decoded++;
         int pos;
         if (d->ix->has_ts) {
             int64_t ts = d->fr->best_effort_timestamp;
@@ -571,6 +573,7 @@ int ps_vfile_decode(const char *path, const ps_vfile_index_t *ix, const ps_vfile
         }
         rc = fn(k, d.out, w, h, user, err, errlen);
     }
+    if (o->decoded) *o->decoded += d.decoded;
     dec_close(&d);
     sws_freeContext(d.sws);
     av_packet_free(&d.pkt);

@@ -44,6 +44,8 @@ void ps_vfile_size(const ps_vfile_index_t *ix, int *w, int *h);
 typedef struct ps_vfile_opts {
     int short_side;      /* shorter side of the output frames (0 = as decoded) */
     double fps;          /* output frame rate (0 = the video's frames) */
+    long *decoded;       /* optional: pictures the decoder produced are added
+                            here (what seeking saves; tests, benchmarks) */
 } ps_vfile_opts_t;
 
 /* Called once per requested frame, in request order: the k-th request's

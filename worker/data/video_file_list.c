@@ -67,7 +67,7 @@ static int file_frames(const ps_video_list_t *l, size_t i, const int *idx, int n
     qsort(wt, (size_t)n, sizeof *wt, cmp_want);
     for (int k = 0; k < n; k++) sorted[k] = wt[k].frame;
     sink_t s = { wt, px, w, h };
-    ps_vfile_opts_t vo = { l->short_side, l->fps };
+    ps_vfile_opts_t vo = { l->short_side, l->fps, NULL };
     if (ps_video_file_path(l->root, e->name, path, sizeof path) < 0) {
         ps_errf(m, sizeof m, "path too long");
         rc = PS_ERANGE;
