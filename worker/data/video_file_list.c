@@ -83,7 +83,9 @@ static int file_frames(const ps_video_list_t *l, size_t i, const int *idx, int n
     return rc;
 }
 
-const ps_video_source_t ps_video_source_file = { "video file", file_frames };
+static void file_free_entry(ps_video_entry_t *e) { ps_vfile_index_free(&e->vix); }
+
+const ps_video_source_t ps_video_source_file = { "video file", file_frames, file_free_entry };
 
 int ps_video_list_load_videos(const char *list_path, const ps_video_list_opts_t *oin,
                               ps_video_list_t **out, char *err, size_t errlen)

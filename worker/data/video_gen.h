@@ -10,7 +10,7 @@ typedef struct ps_video_gen_opts {
     int frames;            /* frames per video */
     int size;              /* frames are size x size */
     uint64_t seed;
-    int classes;           /* 2 (left/right), 4 (up/down/left/right) or 8 (+diagonals) */
+    int classes;           /* 2 (up/down), 4 (up/down/left/right) or 8 (+diagonals) */
     double val_fraction;
     int quality;           /* JPEG quality */
     double speed;          /* pixels per frame; 0 = size/16 (at least 1) */

@@ -14,7 +14,6 @@
 #include "ps_error.h"
 #include "ps_log.h"
 #include "worker/data/ps_image.h"
-#include "worker/data/video_file.h"
 
 void ps_video_list_opts_default(ps_video_list_opts_t *o)
 {
@@ -85,7 +84,7 @@ void ps_video_list_free(ps_video_list_t **lp)
     if (!l) return;
     for (size_t i = 0; i < l->n; i++) {
         free(l->v[i].name);
-        ps_vfile_index_free(&l->v[i].vix);
+        if (l->src->free_entry) l->src->free_entry(&l->v[i]);
     }
     free(l->v);
     for (int s = 0; s < l->n_shards; s++) {
@@ -418,7 +417,7 @@ static int jpeg_frames(const ps_video_list_t *l, size_t i, const int *idx, int n
     return 0;
 }
 
-const ps_video_source_t ps_video_source_jpeg = { "JPEG frames", jpeg_frames };
+const ps_video_source_t ps_video_source_jpeg = { "JPEG frames", jpeg_frames, NULL };
 
 int ps_video_read_frames(const ps_video_list_t *l, size_t i, const int *idx, int n, uint8_t **px,
                          int *w, int *h, char *err, size_t errlen)

@@ -32,6 +32,8 @@ typedef struct ps_video_source {
      * names the list line and the file. */
     int (*read_frames)(const ps_video_list_t *l, size_t i, const int *idx, int n, uint8_t **px,
                        int *w, int *h, char *err, size_t errlen);
+    /* frees what the kind keeps per entry (NULL: nothing) */
+    void (*free_entry)(ps_video_entry_t *e);
 } ps_video_source_t;
 
 extern const ps_video_source_t ps_video_source_jpeg;  /* video_list.c */
