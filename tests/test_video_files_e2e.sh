@@ -30,6 +30,36 @@ head -n 1 "$T/frames/train.txt" | grep -q '^vid_000000_000000_000001 12 0$' &&
     [ -f "$T/frames/vid_000000_000000_000001/img_00012.jpg" ]
 ok $? "frames/train.txt in the TSM format, 12 frames per folder"
 
+# a run killed (SIGKILL) once a few videos are done, then run again: every
+# folder under its final name is whole, the list appears only at the end,
+# the second run redoes only what the first did not finish
+"$PSDATA" extract --list "$T/lists/train.txt" --root "$V" --out "$T/killed" --short-side 32 --threads 1 \
+    >/dev/null 2>"$T/kill.err" &
+xp=$!
+PIDS+=("$xp")
+for _ in $(seq 1 200); do
+    [ "$(find "$T/killed" -name .frames 2>/dev/null | wc -l)" -ge 2 ] && break
+    sleep 0.02
+done
+kill -KILL "$xp" 2>/dev/null
+wait "$xp" 2>/dev/null
+whole=1
+for d in "$T"/killed/vid_*; do
+    case $d in *.extracting) continue ;; esac
+    [ -d "$d" ] || continue
+    [ "$(ls "$d"/img_*.jpg | wc -l)" -eq 12 ] && [ "$(cat "$d/.frames")" = 12 ] || whole=0
+done
+# a marker inside NAME.extracting is a folder not yet renamed: not done
+done_first=$(find "$T/killed" -path '*.extracting' -prune -o -name .frames -print | wc -l)
+[ $whole = 1 ] && { [ ! -f "$T/killed/train.txt" ] || [ "$done_first" -eq 19 ]; }
+ok $? "killed after $done_first of 19 videos: each finished folder whole, no list yet"
+"$PSDATA" extract --list "$T/lists/train.txt" --root "$V" --out "$T/killed" --short-side 32 --threads 1 \
+    >"$T/resume.out" 2>"$T/resume.err"
+rc=$?
+[ $rc -eq 0 ] && grep -q "$((19 - done_first)) extracted .* $done_first done before, 0 bad" "$T/resume.out" &&
+    cmp -s "$T/killed/train.txt" "$T/frames/train.txt" && ! ls -d "$T"/killed/*.extracting >/dev/null 2>&1
+ok $? "run again: $(cat "$T/resume.out"); the list equals an uninterrupted run's"
+
 MODEL=(--model tsm-r18 --width 8 --size 32 --frames 4 --flip 0 --dropout 0 --threads 1
        --loader-threads 1 --lr 0.01 --momentum 0.9 --seed 5 --data-seed 9 --batch 2)
 start_cluster 1 2 --mode sync
