@@ -11,7 +11,7 @@
  * Every source is read from the page cache after a warm-up pass, so the
  * figures are decode and assembly cost, not disk reads.
  *
- *   bench/loader_bench [--dir DIR] [--videos N] [--frames F] [--size S] [--gop G]
+ *   bench/loader_bench [--dir DIR] [--videos N] [--frames F] [--size S] [--gop G] [--bframes B]
  *                      [--list L --root R] [--short-side N] [--segments T] [--crop C]
  *                      [--batch B] [--batches K] [--threads N] [--mode train|test] [--clips K] */
 #include <getopt.h>
@@ -32,7 +32,7 @@
 
 typedef struct args {
     const char *dir, *list, *root, *mode;
-    int videos, frames, size, gop, short_side, segments, crop, batch, batches, threads, clips;
+    int videos, frames, size, gop, short_side, segments, crop, batch, batches, threads, clips, bframes;
 } args_t;
 
 static double cpu_s(void)
@@ -58,6 +58,7 @@ static int make_videos(const args_t *a, char *list, size_t n)
     g.size = a->size;
     g.frames = a->frames;
     char path[4096], err[1024];
+    ps_vfile_enc_t enc = { 25, a->gop, 3, a->bframes };
     snprintf(path, sizeof path, "%s/videos", a->dir);
     if (ps_mkdir_p(path) < 0) { perror(path); return -1; }
     snprintf(list, n, "%s/videos.txt", a->dir);
@@ -67,7 +68,7 @@ static int make_videos(const args_t *a, char *list, size_t n)
         snprintf(path, sizeof path, "%s/videos/vid_%05d.mp4", a->dir, v);
         src_t s = { &g, v };
         if (access(path, F_OK) != 0 &&
-            ps_vfile_write(path, a->size, a->size, a->frames, 25, a->gop, 3, gen_frame, &s, err, sizeof err) < 0) {
+            ps_vfile_write(path, a->size, a->size, a->frames, &enc, gen_frame, &s, err, sizeof err) < 0) {
             fprintf(stderr, "loader_bench: %s\n", err);
             fclose(f);
             return -1;
@@ -159,19 +160,20 @@ static int measure(const args_t *a, const ps_video_list_t *l, result_t *r)
 
 static void usage(void)
 {
-    fputs("usage: loader_bench [--dir DIR] [--videos N] [--frames F] [--size S] [--gop G]\n"
+    fputs("usage: loader_bench [--dir DIR] [--videos N] [--frames F] [--size S] [--gop G] [--bframes B]\n"
           "                    [--list L --root R] [--short-side N] [--segments T] [--crop C]\n"
           "                    [--batch B] [--batches K] [--threads N] [--mode train|test] [--clips K]\n", stderr);
 }
 
 int main(int argc, char **argv)
 {
-    args_t a = { "loader-bench", NULL, NULL, "train", 32, 64, 128, 12, 128, 8, 112, 4, 10, 2, 1 };
+    args_t a = { "loader-bench", NULL, NULL, "train", 32, 64, 128, 12, 128, 8, 112, 4, 10, 2, 1, 0 };
     static const struct option opts[] = {
         { "dir", 1, 0, 'd' }, { "videos", 1, 0, 'n' }, { "frames", 1, 0, 'f' }, { "size", 1, 0, 's' },
         { "gop", 1, 0, 'g' }, { "list", 1, 0, 'l' }, { "root", 1, 0, 'r' }, { "short-side", 1, 0, 'S' },
         { "segments", 1, 0, 'T' }, { "crop", 1, 0, 'c' }, { "batch", 1, 0, 'b' }, { "batches", 1, 0, 'k' },
-        { "threads", 1, 0, 't' }, { "mode", 1, 0, 'm' }, { "clips", 1, 0, 'K' }, { 0, 0, 0, 0 }
+        { "threads", 1, 0, 't' }, { "mode", 1, 0, 'm' }, { "clips", 1, 0, 'K' }, { "bframes", 1, 0, 'B' },
+        { 0, 0, 0, 0 }
     };
     int c;
     while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -191,6 +193,7 @@ int main(int argc, char **argv)
         case 't': a.threads = atoi(optarg); break;
         case 'm': a.mode = optarg; break;
         case 'K': a.clips = atoi(optarg); break;
+        case 'B': a.bframes = atoi(optarg); break;
         default: usage(); return 2;
         }
     }
@@ -235,8 +238,8 @@ int main(int argc, char **argv)
     printf("probe   video   %zu videos listed in %.3f s (%.2f ms per video)\n", ps_video_list_size(l[2]), probe_s,
            1e3 * probe_s / (double)ps_video_list_size(l[2]));
     printf("loader: %s, %d segments, crop %d, %d clip(s) per sample, batch %d x %d batches, %d threads, "
-           "short side %d, GOP %d\n", a.mode, a.segments, a.crop, strcmp(a.mode, "train") ? a.clips : 1, a.batch,
-           a.batches, a.threads, a.short_side, a.gop);
+           "short side %d, GOP %d, %d B-frames\n", a.mode, a.segments, a.crop, strcmp(a.mode, "train") ? a.clips : 1, a.batch,
+           a.batches, a.threads, a.short_side, a.gop, a.bframes);
     static const char *const name[3] = { "frames", "packed", "video" };
     result_t r[3];
     printf("%-8s %10s %14s\n", "source", "clips/s", "CPU ms/clip");

@@ -30,14 +30,21 @@ static inline int vt_frame(int t, uint8_t *rgb, void *user)
 }
 
 /* Writes generated video v (w x h <= the generator's size) to path. */
+static inline int vt_write_b(const char *path, const ps_video_gen_opts_t *g, int v, int w, int h, int n,
+                             int fps, int gop, int bframes)
+{
+    vt_src_t s = { g, v, w, h };
+    ps_vfile_enc_t enc = { fps, gop, 3, bframes };
+    char err[1024];
+    int rc = ps_vfile_write(path, w, h, n, &enc, vt_frame, &s, err, sizeof err);
+    if (rc < 0) printf("# %s\n", err);
+    return rc;
+}
+
 static inline int vt_write(const char *path, const ps_video_gen_opts_t *g, int v, int w, int h, int n,
                            int fps, int gop)
 {
-    vt_src_t s = { g, v, w, h };
-    char err[1024];
-    int rc = ps_vfile_write(path, w, h, n, fps, gop, 3, vt_frame, &s, err, sizeof err);
-    if (rc < 0) printf("# %s\n", err);
-    return rc;
+    return vt_write_b(path, g, v, w, h, n, fps, gop, 0);
 }
 
 /* Mean |difference| of the luma (0..255) of a w x h picture and generated

@@ -43,9 +43,10 @@ static int put_frame(enc_t *e, AVFrame *fr)
     return rc;
 }
 
-int ps_vfile_write(const char *path, int w, int h, int n, int fps, int gop, int q,
+int ps_vfile_write(const char *path, int w, int h, int n, const ps_vfile_enc_t *enc,
                    ps_vfile_source_fn frame, void *user, char *err, size_t errlen)
 {
+    int fps = enc->fps, gop = enc->gop, q = enc->q;
     char tmp[4200], m[256];
     enc_t e = { 0 };
     AVFrame *fr = NULL;
@@ -54,9 +55,10 @@ int ps_vfile_write(const char *path, int w, int h, int n, int fps, int gop, int 
     int rc = 0, av = 0;
     const char *what = "";
     ps_vfile_log_init();
-    if (w < 16 || h < 16 || (w | h) & 1 || n < 1 || fps < 1 || gop < 1 || q < 2 || q > 31) {
-        ps_errf(err, errlen, "%s: bad video parameters %dx%d (even, >= 16), %d frames, %d fps, gop %d, q %d (2..31)",
-                path, w, h, n, fps, gop, q);
+    if (w < 16 || h < 16 || (w | h) & 1 || n < 1 || fps < 1 || gop < 1 || q < 2 || q > 31 ||
+        enc->bframes < 0 || enc->bframes > 8) {
+        ps_errf(err, errlen, "%s: bad video parameters %dx%d (even, >= 16), %d frames, %d fps, gop %d, q %d "
+                "(2..31), %d B-frames (0..8)", path, w, h, n, fps, gop, q, enc->bframes);
         return PS_EINVAL;
     }
     const AVOutputFormat *of = av_guess_format(NULL, path, NULL);
@@ -81,7 +83,7 @@ int ps_vfile_write(const char *path, int w, int h, int n, int fps, int gop, int 
     e.cc->time_base = (AVRational){ 1, fps };
     e.cc->framerate = (AVRational){ fps, 1 };
     e.cc->gop_size = gop;
-    e.cc->max_b_frames = 0;
+    e.cc->max_b_frames = enc->bframes;
     e.cc->flags |= AV_CODEC_FLAG_QSCALE;
     e.cc->global_quality = FF_QP2LAMBDA * q;
     if (e.oc->oformat->flags & AVFMT_GLOBALHEADER) e.cc->flags |= AV_CODEC_FLAG_GLOBAL_HEADER;

@@ -150,9 +150,10 @@ static int read_packets(AVFormatContext *f, int si, const char *path, pkt_rec_t 
                 r = nr;
                 cap = nc;
             }
-            int64_t ts = pkt->pts != AV_NOPTS_VALUE ? pkt->pts : pkt->dts;
-            if (ts == AV_NOPTS_VALUE) *all_ts = 0;
-            r[*n].ts = ts;
+            /* presentation times only: a decode time stands for none (AVI
+             * gives B-frames no pts; mixing the two misplaces frames) */
+            if (pkt->pts == AV_NOPTS_VALUE) *all_ts = 0;
+            r[*n].ts = pkt->pts;
             r[*n].key = (pkt->flags & AV_PKT_FLAG_KEY) != 0;
             (*n)++;
         }

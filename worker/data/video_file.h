@@ -63,13 +63,21 @@ int ps_vfile_decode(const char *path, const ps_vfile_index_t *ix, const ps_vfile
                     const int *want, int n, ps_vfile_frame_fn fn, void *user, char *err,
                     size_t errlen);
 
+/* How ps_vfile_write encodes. */
+typedef struct ps_vfile_enc {
+    int fps;             /* frames per second */
+    int gop;             /* a keyframe every gop frames */
+    int q;               /* quantiser, 2 (best) .. 31 */
+    int bframes;         /* B-frames between reference frames (0: none; with
+                            them presentation and decoding order differ) */
+} ps_vfile_enc_t;
+
 /* Writes a video file (container from the name's extension: .mp4, .avi,
- * .mkv, ...) of n frames of w x h (even) RGB8 pictures from frame(t, rgb,
- * user), encoded with MPEG-4 part 2 (FFmpeg's own encoder) at quantiser q
- * (2 = best .. 31), a keyframe every gop frames, fps frames per second.
- * Written to path.tmp and renamed when complete. */
+ * .mkv, .mov) of n frames of w x h (even) RGB8 pictures from frame(t, rgb,
+ * user), encoded with MPEG-4 part 2 (FFmpeg's own encoder).  Written to
+ * path.tmp and renamed when complete. */
 typedef int (*ps_vfile_source_fn)(int t, uint8_t *rgb, void *user);
-int ps_vfile_write(const char *path, int w, int h, int n, int fps, int gop, int q,
+int ps_vfile_write(const char *path, int w, int h, int n, const ps_vfile_enc_t *enc,
                    ps_vfile_source_fn frame, void *user, char *err, size_t errlen);
 
 #endif

@@ -162,8 +162,8 @@ static int gen_src(int t, uint8_t *rgb, void *user)
     return ps_video_gen_frame(g->o, g->v, t, rgb, NULL);
 }
 
-int ps_video_gen_files(const ps_video_gen_opts_t *o, const char *container, int fps, int gop, char *err,
-                       size_t errlen)
+int ps_video_gen_files(const ps_video_gen_opts_t *o, const char *container, const ps_vfile_enc_t *enc,
+                       char *err, size_t errlen)
 {
     int rc = check_opts(o, err, errlen);
     if (rc < 0) return rc;
@@ -172,14 +172,14 @@ int ps_video_gen_files(const ps_video_gen_opts_t *o, const char *container, int 
                 o->size);
         return PS_EINVAL;
     }
-    int secs = (o->frames + fps - 1) / fps, n_val = (int)lround(o->videos * o->val_fraction);
+    int secs = (o->frames + enc->fps - 1) / enc->fps, n_val = (int)lround(o->videos * o->val_fraction);
     char first_err[1024] = "";
 #pragma omp parallel for schedule(dynamic)
     for (int v = 0; v < o->videos; v++) {
         char path[4200], m[1024];
         snprintf(path, sizeof path, "%s/vid_%06d_000000_%06d.%s", o->out, v, secs, container);
         gen_src_t g = { o, v };
-        int vrc = ps_vfile_write(path, o->size, o->size, o->frames, fps, gop, 3, gen_src, &g, m, sizeof m);
+        int vrc = ps_vfile_write(path, o->size, o->size, o->frames, enc, gen_src, &g, m, sizeof m);
         if (vrc < 0) {
 #pragma omp critical
             {

@@ -23,14 +23,15 @@ void ps_video_gen_opts_default(ps_video_gen_opts_t *o);
  * (opts, v, t).  *label gets the video's class. */
 int ps_video_gen_frame(const ps_video_gen_opts_t *o, int v, int t, uint8_t *rgb, int *label);
 int ps_video_gen(const ps_video_gen_opts_t *o, char *err, size_t errlen);
-/* The same videos as files (video_file.h's writer: MPEG-4 part 2 at
- * quantiser 3, fps frames per second, a keyframe every gop frames) in the
- * container `container` (mp4, avi, mkv, mov): out/vid_NNNNNN_000000_EEEEEE.C
+/* The same videos as files (video_file.h's writer, MPEG-4 part 2 encoded
+ * as enc says) in the container `container` (mp4, avi, mkv, mov):
+ * out/vid_NNNNNN_000000_EEEEEE.C
  * (Kinetics' names: id, start and end second), a Kinetics-style
  * out/labels.csv (label,youtube_id,time_start,time_end,split; labels are
  * class names such as "moving up"; the last round(videos * val_fraction)
  * are split "val") and out/classes.txt (the names in label order). */
-int ps_video_gen_files(const ps_video_gen_opts_t *o, const char *container, int fps, int gop, char *err,
-                       size_t errlen);
+struct ps_vfile_enc;
+int ps_video_gen_files(const ps_video_gen_opts_t *o, const char *container, const struct ps_vfile_enc *enc,
+                       char *err, size_t errlen);
 
 #endif

@@ -15,6 +15,7 @@
 #include "worker/data/labels.h"
 #include "worker/data/ps_video.h"
 #include "worker/data/video_extract.h"
+#include "worker/data/video_file.h"
 #include "worker/data/video_gen.h"
 #include "worker/det/gen_det.h"
 
@@ -33,7 +34,7 @@ typedef struct {
     int shard_videos;
     const char *container;         /* gen-video: write video files of this container */
     double fps;                    /* gen-video: video rate (0 = 25); extract: output rate */
-    int gop, threads, short_side, quality_set;
+    int gop, bframes, threads, short_side, quality_set;
     ps_csv_lists_opts_t cl;        /* csv-lists */
 } args_t;
 
@@ -162,14 +163,14 @@ static int cmd_gen_video_files(args_t *a)
 {
     char err[2048];
     if (a->out) a->g.out = a->out;
-    int fps = a->fps > 0 ? (int)a->fps : 25, gop = a->gop > 0 ? a->gop : 8;
-    if (ps_video_gen_files(&a->g, a->container, fps, gop, err, sizeof err) < 0) {
+    ps_vfile_enc_t enc = { a->fps > 0 ? (int)a->fps : 25, a->gop > 0 ? a->gop : 8, 3, a->bframes };
+    if (ps_video_gen_files(&a->g, a->container, &enc, err, sizeof err) < 0) {
         fprintf(stderr, "psdata: gen-video: %s\n", err);
         return 1;
     }
-    printf("wrote %d %s videos of %d frames (%dx%d, %d fps, keyframe every %d, %d classes) to %s: "
-           "labels.csv, classes.txt\n", a->g.videos, a->container, a->g.frames, a->g.size, a->g.size, fps,
-           gop, a->g.classes, a->g.out);
+    printf("wrote %d %s videos of %d frames (%dx%d, %d fps, keyframe every %d, %d B-frames, %d classes) to %s: "
+           "labels.csv, classes.txt\n", a->g.videos, a->container, a->g.frames, a->g.size, a->g.size, enc.fps,
+           enc.gop, enc.bframes, a->g.classes, a->g.out);
     return 0;
 }
 
@@ -238,6 +239,7 @@ static const struct command {
 "                         mkv, mov); the size must be even\n"
 "      --fps R            video files: frames per second (default 25)\n"
 "      --gop N            video files: a keyframe every N frames (default 8)\n"
+"      --bframes N        video files: B-frames between references (default 0)\n"
 "    Writes DIR/vid_NNNNNN/img_00001.jpg ... and DIR/train.txt, DIR/val.txt\n"
 "    (lines 'vid_NNNNNN num_frames label'; use DIR as the root).  With\n"
 "    --container: DIR/vid_NNNNNN_000000_EEEEEE.C (Kinetics' file names), a\n"
@@ -325,7 +327,7 @@ static void unknown_command(const char *name)
 enum { O_OUT = 256, O_VIDEOS, O_FRAMES, O_SIZE, O_SEED, O_CLASSES, O_VALF, O_QUALITY, O_SPEED,
        O_CLUTTER, O_MOVERS, O_LIST, O_ROOT, O_TMPL, O_SHARD, O_SKIP, O_PACKED, O_MINF, O_HELP,
        O_IMAGES, O_VALIMG, O_MINOBJ, O_MAXOBJ, O_MINSZ, O_MAXSZ, O_CONTAINER, O_FPS, O_GOP,
-       O_THREADS, O_SHORT, O_CSV, O_CNAMES, O_NAME, O_EXT };
+       O_THREADS, O_SHORT, O_CSV, O_CNAMES, O_NAME, O_EXT, O_BFRAMES };
 
 static const struct option OPTS[] = {
     { "out", 1, 0, O_OUT }, { "videos", 1, 0, O_VIDEOS }, { "frames", 1, 0, O_FRAMES },
@@ -340,7 +342,8 @@ static const struct option OPTS[] = {
     { "min-size", 1, 0, O_MINSZ }, { "max-size", 1, 0, O_MAXSZ },
     { "container", 1, 0, O_CONTAINER }, { "fps", 1, 0, O_FPS }, { "gop", 1, 0, O_GOP },
     { "threads", 1, 0, O_THREADS }, { "short-side", 1, 0, O_SHORT }, { "csv", 1, 0, O_CSV },
-    { "class-names", 1, 0, O_CNAMES }, { "name", 1, 0, O_NAME }, { "ext", 1, 0, O_EXT }, { 0, 0, 0, 0 }
+    { "class-names", 1, 0, O_CNAMES }, { "name", 1, 0, O_NAME }, { "ext", 1, 0, O_EXT },
+    { "bframes", 1, 0, O_BFRAMES }, { 0, 0, 0, 0 }
 };
 
 static int num(const char *opt, const char *s, double lo, double hi, double *out)
@@ -431,6 +434,7 @@ static int parse_args(args_t *a, int argc, char **argv)
         case O_CONTAINER: a->container = optarg; break;
         case O_FPS: if (num("fps", optarg, 0, 1000, &v)) return 2; a->fps = v; break;
         case O_GOP: if (num("gop", optarg, 1, 1000, &v)) return 2; a->gop = (int)v; break;
+        case O_BFRAMES: if (num("bframes", optarg, 0, 8, &v)) return 2; a->bframes = (int)v; break;
         case O_THREADS: if (num("threads", optarg, 0, 1024, &v)) return 2; a->threads = (int)v; break;
         case O_SHORT: if (num("short-side", optarg, 0, 8192, &v)) return 2; a->short_side = (int)v; break;
         case O_CSV: a->cl.csv = optarg; break;
