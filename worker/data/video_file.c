@@ -116,7 +116,7 @@ static int cmp_rec(const void *a, const void *b)
 
 /* Packets of the stream, the ones a decoder turns into pictures. */
 static int read_packets(AVFormatContext *f, int si, const char *path, pkt_rec_t **out, int *n,
-                        int *all_ts, char *err, size_t errlen)
+                        int *all_ts, int *skipped, char *err, size_t errlen)
 {
     AVPacket *pkt = av_packet_alloc();
     pkt_rec_t *r = NULL;
@@ -124,6 +124,7 @@ static int read_packets(AVFormatContext *f, int si, const char *path, pkt_rec_t 
     char m[256];
     *n = 0;
     *all_ts = 1;
+    *skipped = 0;
     if (!pkt) { ps_errf(err, errlen, "out of memory"); return PS_ENOMEM; }
     for (;;) {
         int e = av_read_frame(f, pkt);
@@ -136,7 +137,8 @@ static int read_packets(AVFormatContext *f, int si, const char *path, pkt_rec_t 
         }
         /* Empty packets (AVI's dropped frames) and the pre-roll an edit list
          * discards never become pictures. */
-        if (pkt->stream_index == si && pkt->size > 0 && !(pkt->flags & AV_PKT_FLAG_DISCARD)) {
+        if (pkt->stream_index == si && (pkt->size == 0 || (pkt->flags & AV_PKT_FLAG_DISCARD))) (*skipped)++;
+        else if (pkt->stream_index == si) {
             if (pkt->flags & AV_PKT_FLAG_CORRUPT) {
                 ps_errf(err, errlen, "%s: video packet %d is marked corrupt by the demuxer", path, *n);
                 rc = PS_ECORRUPT;
@@ -232,12 +234,13 @@ static double declared_length(const AVFormatContext *f, const AVStream *st, doub
 }
 
 /* A file that holds less than its header promises: PS_ECORRUPT. */
-static int check_complete(const ps_vfile_index_t *ix, const AVFormatContext *f, const AVStream *st,
-                          const char *path, char *err, size_t errlen)
+static int check_complete(const ps_vfile_index_t *ix, int skipped, const AVFormatContext *f,
+                          const AVStream *st, const char *path, char *err, size_t errlen)
 {
-    if (st->nb_frames > 0 && ix->n < st->nb_frames) {
+    /* the header counts the packets a reader skips too */
+    if (st->nb_frames > 0 && ix->n + skipped < st->nb_frames) {
         ps_errf(err, errlen, "%s: holds %d of the %lld video frames its header declares (truncated?)", path,
-                ix->n, (long long)st->nb_frames);
+                ix->n + skipped, (long long)st->nb_frames);
         return PS_ECORRUPT;
     }
     if (st->nb_frames > 0 || !ix->has_ts) return 0;
@@ -255,11 +258,11 @@ static int check_complete(const ps_vfile_index_t *ix, const AVFormatContext *f, 
 int ps_vfile_probe(const char *path, ps_vfile_index_t **out, char *err, size_t errlen)
 {
     AVFormatContext *f;
-    int si, n = 0, all_ts, rc;
+    int si, n = 0, all_ts, skipped, rc;
     pkt_rec_t *r = NULL;
     *out = NULL;
     if ((rc = ps_vfile_open(path, &f, &si, err, errlen)) < 0) return rc;
-    rc = read_packets(f, si, path, &r, &n, &all_ts, err, errlen);
+    rc = read_packets(f, si, path, &r, &n, &all_ts, &skipped, err, errlen);
     if (rc == 0 && n == 0) {
         ps_errf(err, errlen, "%s: the video stream holds no frames", path);
         rc = PS_ECORRUPT;
@@ -276,7 +279,7 @@ int ps_vfile_probe(const char *path, ps_vfile_index_t **out, char *err, size_t e
         ix->height = f->streams[si]->codecpar->height;
         rc = build_index(ix, r, n, all_ts, f->streams[si]);
         if (rc == PS_ENOMEM) ps_errf(err, errlen, "out of memory");
-        if (rc == 0) rc = check_complete(ix, f, f->streams[si], path, err, errlen);
+        if (rc == 0) rc = check_complete(ix, skipped, f, f->streams[si], path, err, errlen);
     }
     free(r);
     avformat_close_input(&f);
@@ -416,7 +419,9 @@ static int dec_next(dec_t *d, char *err, size_t errlen)
             ps_errf(err, errlen, "%s: read error: %s", d->path, m);
             return PS_ECORRUPT;
         }
-        if (d->pkt->stream_index != d->si || d->pkt->size == 0 || (d->pkt->flags & AV_PKT_FLAG_DISCARD)) {
+        /* a packet to discard (an edit list's pre-roll) is still decoded:
+         * later frames may refer to it; its picture comes out flagged */
+        if (d->pkt->stream_index != d->si || d->pkt->size == 0) {
             av_packet_unref(d->pkt);
             continue;
         }
@@ -511,6 +516,7 @@ static int dec_reach(dec_t *d, int s, int *cur, char *err, size_t errlen)
         int rc = dec_next(d, err, errlen);
         if (rc <= 0) return rc;
         d->decoded++;
+        if (d->fr->flags & AV_FRAME_FLAG_DISCARD) continue; /* not a frame of the video (probe) */
         int pos;
         if (d->ix->has_ts) {
             int64_t ts = d->fr->best_effort_timestamp;
