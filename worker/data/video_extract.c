@@ -62,12 +62,6 @@ typedef struct job {
     double t_last;
 } job_t;
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 /* ---- files and folders ---------------------------------------------------------- */
 
@@ -329,7 +323,7 @@ static int write_shard(job_t *j, size_t s, char *m, size_t mlen)
 
 static void progress(job_t *j)
 {
-    double t = now_s();
+    double t = ps_now_s();
     if (t - j->t_last < PROGRESS_S) return;
     j->t_last = t;
     ps_info("extract: %zu of %zu videos done (%zu before this run), %zu bad", j->st.extracted +
@@ -522,7 +516,7 @@ int ps_video_extract(const ps_video_extract_opts_t *o, ps_video_extract_stats_t 
         pthread_t *th = calloc((size_t)nt, sizeof *th);
         int started = 0;
         pthread_mutex_init(&j.mu, NULL);
-        j.t_last = now_s();
+        j.t_last = ps_now_s();
         for (; th && started < nt; started++)
             if (pthread_create(&th[started], NULL, worker, &j) != 0) break;
         if (started == 0) worker(&j);

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "ps_error.h"
@@ -18,6 +19,9 @@ int ps_video_file_path(const char *root, const char *name, char *buf, size_t n)
                                               : snprintf(buf, n, "%s", name);
     return k < 0 || (size_t)k >= n ? PS_ERANGE : 0;
 }
+
+#define PROGRESS_S 10.0 /* progress line period while probing */
+
 
 typedef struct want { int frame, slot; } want_t;
 
@@ -109,8 +113,9 @@ int ps_video_list_load_videos(const char *list_path, const ps_video_list_opts_t 
     int *code = rc == 0 ? calloc(l->n ? l->n : 1, sizeof *code) : NULL;
     if (rc == 0 && (!why || !code)) { ps_errf(err, errlen, "out of memory"); rc = PS_ENOMEM; }
     if (rc == 0) {
-        long n = (long)l->n, cores = sysconf(_SC_NPROCESSORS_ONLN);
+        long n = (long)l->n, cores = sysconf(_SC_NPROCESSORS_ONLN), done = 0;
         int nt = o.probe_threads > 0 ? o.probe_threads : cores > 0 ? (int)cores : 1;
+        double t_log = ps_now_s();
         /* probes are independent file reads: in parallel, reported in list order below */
 #pragma omp parallel for schedule(dynamic) num_threads(nt)
         for (long i = 0; i < n; i++) {
@@ -130,6 +135,14 @@ int ps_video_list_load_videos(const char *list_path, const ps_video_list_opts_t 
             if (r < 0) {
                 code[i] = r;
                 why[i] = strdup(m);
+            }
+#pragma omp critical(probe_progress)
+            {
+                /* a long list takes a while: say how far it is */
+                if (++done < n && ps_now_s() - t_log >= PROGRESS_S) {
+                    t_log = ps_now_s();
+                    ps_info("%s: %ld of %ld videos probed", list_path, done, n);
+                }
             }
         }
         size_t k = 0;
