@@ -77,7 +77,15 @@ int ps_vfile_open(const char *path, AVFormatContext **fmt, int *stream, char *er
         ps_errf(err, errlen, "%s: %s", path, strerror(errno));
         return errno == ENOENT ? PS_ENOTFOUND : PS_EIO;
     }
-    int rc = avformat_open_input(fmt, path, NULL, NULL);
+    /* local files only: "file:" so a name with a colon is not taken for a
+     * protocol, and no protocol but file for what a container may refer
+     * to (an HLS or concat "video" naming URLs) */
+    char url[4200];
+    AVDictionary *opts = NULL;
+    snprintf(url, sizeof url, "file:%s", path);
+    av_dict_set(&opts, "protocol_whitelist", "file", 0);
+    int rc = avformat_open_input(fmt, url, NULL, &opts);
+    av_dict_free(&opts);
     if (rc < 0) {
         ps_vfile_averr(rc, m, sizeof m);
         ps_errf(err, errlen, "%s: not a video file FFmpeg can read: %s", path, m);
