@@ -43,6 +43,7 @@ for _ in $(seq 1 200); do
 done
 kill -KILL "$xp" 2>/dev/null
 wait "$xp" 2>/dev/null
+unset 'PIDS[-1]' # reaped: its number may belong to another process by the cleanup
 whole=1
 for d in "$T"/killed/vid_*; do
     case $d in *.extracting) continue ;; esac
