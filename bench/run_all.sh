@@ -19,4 +19,11 @@ echo "### engine_bench"
 timeout 900 sh "$SRC/bench/engine_bench.sh" . 10
 echo "### ring_bench"
 timeout 600 sh "$SRC/bench/ring_bench.sh" .
+echo "### loader_bench (frames, shards, video files on the fly)"
+for g in 12 125; do
+    timeout 900 ./bench/loader_bench --dir "/tmp/loader-bench-gop$g" --videos 64 --frames 250 --size 320 \
+        --gop $g --short-side 256 --crop 224 --segments 8 --batch 8 --batches 16 --threads 2 --mode train
+done
+timeout 900 ./bench/loader_bench --dir /tmp/loader-bench-gop12 --videos 64 --frames 250 --size 320 --gop 12 \
+    --short-side 256 --crop 224 --segments 8 --batch 4 --batches 4 --threads 2 --mode test --clips 10
 echo "### uptime: $(uptime)"
