@@ -141,6 +141,7 @@ static size_t data_rows(ps_worker_data_opts_t *o, ps_opt_t *rows)
     ROW("num-classes", PS_OPT_INT, &o->num_classes, "classes N, labels 0..N-1 (0 = from the data: "
         "the largest label + 1, and video labels must then be 0..K-1 without gaps)", "0");
     ROW("weights", PS_OPT_STRING, &o->weights, "safetensors to start from (or to evaluate with --eval)", "");
+    ROW("predictions", PS_OPT_STRING, &o->predictions, "write predictions here: video --eval per-video CSV; detector: each validation's COCO results file", "");
     return n;
 }
 

@@ -49,7 +49,6 @@ typedef struct video_opts {
     int partial_bn;
     char *bn;               /* BN mode train|partial|frozen ("" = --partial-bn) */
     int bn_sync;            /* average BN running statistics over the workers */
-    char *predictions;      /* --eval: per-video CSV (video,label,pred,logits...) */
     char *video_list, *val_video_list; /* video files decoded on the fly, in place of the lists */
     int short_side;         /* video files: shorter side of the decoded frames */
     float fps;              /* video files: frames per second (0 = every frame) */
@@ -109,7 +108,6 @@ static size_t video_rows(void *topts, ps_opt_t *rows)
     ROW("partial-bn", PS_OPT_BOOL, &v->partial_bn, "video: TSM partial BN (only bn1 updates statistics)", "false");
     ROW("bn", PS_OPT_STRING, &v->bn, "video: BN mode train|partial|frozen (frozen: running stats, fixed affine)", "");
     ROW("bn-sync", PS_OPT_INT, &v->bn_sync, "video: average BN running statistics over the workers (1) or not (0)", "1");
-    ROW("predictions", PS_OPT_STRING, &v->predictions, "--eval: write per-video predictions and logits to this CSV", "");
     ROW("video-list", PS_OPT_STRING, &v->video_list, "video: video files 'path label' (relative to --root) decoded on the fly, in place of --train-list", "");
     ROW("val-video-list", PS_OPT_STRING, &v->val_video_list, "video: validation video files, in place of --val-list", "");
     ROW("short-side", PS_OPT_INT, &v->short_side, "video files: shorter side of the decoded frames (psdata extract's --short-side)", "256");
@@ -142,7 +140,7 @@ static int video_check(ps_worker_opts_t *o)
         return ps_worker_opt_error("--bn train contradicts --partial-bn");
     if (v->bn_sync != 0 && v->bn_sync != 1)
         return ps_worker_opt_error("--bn-sync must be 0 or 1");
-    if (*v->predictions && !o->eval)
+    if (*o->data.predictions && !o->eval)
         return ps_worker_opt_error("--predictions goes with --eval (per-video rows of that "
                 "evaluation)");
     if ((*v->video_list && *v->train_list) || (*v->val_video_list && *v->val_list))
@@ -150,7 +148,7 @@ static int video_check(ps_worker_opts_t *o)
                 "give one of each pair");
     if (v->packed && (*v->video_list || *v->val_video_list))
         return ps_worker_opt_error("--packed reads pack directories, --video-list video files: not both");
-    if (*v->class_names && !*v->predictions)
+    if (*v->class_names && !*o->data.predictions)
         return ps_worker_opt_error("--class-names goes with --predictions (it names the classes there)");
     if (v->short_side < 0 || v->short_side > 8192 || !(v->fps >= 0 && v->fps <= 1000))
         return ps_worker_opt_error("--short-side 0..8192, --fps 0..1000");
@@ -795,7 +793,7 @@ static int video_eval(ps_worker_t *p)
     double t0 = ps_worker_now();
     size_t n = 0;
     FILE *pred = NULL;
-    const char *pp = vopts(p)->predictions, *cn = vopts(p)->class_names;
+    const char *pp = p->o->data.predictions, *cn = vopts(p)->class_names; /* per-video CSV */
     char err[1024];
     if (*cn && ps_class_names_load_n(cn, ps_model_config(v->m)->num_classes, &v->names, err, sizeof err)) {
         ps_error("--class-names %s", err);

@@ -4,7 +4,8 @@
  *   psdata pack       packs a list's frames into shards for sequential reads
  *   psdata check      loads a list (or a pack) and decodes every frame
  *   psdata extract    decodes a list of video files into frame folders or shards
- *   psdata csv-lists  turns annotation CSVs (Kinetics) into lists of video files */
+ *   psdata csv-lists  turns annotation CSVs (Kinetics) into lists of video files
+ *   psdata check-det  loads COCO annotations, decodes every image and mask */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,9 +15,11 @@
 #include "ps_log.h"
 #include "worker/data/labels.h"
 #include "worker/data/ps_video.h"
+#include "worker/data/ps_image.h"
 #include "worker/data/video_extract.h"
 #include "worker/data/video_file.h"
 #include "worker/data/video_gen.h"
+#include "worker/det/coco_json.h"
 #include "worker/det/gen_det.h"
 
 /* Every option, whichever command it belongs to: all commands share one
@@ -26,11 +29,12 @@ typedef struct {
     int is_det;                    /* gen-det: --classes has the detector's range */
     /* gen-det: -1 = the generator's default; its size defaults to 128 */
     int det_images, det_val, det_size, det_classes, det_quality, det_minobj, det_maxobj;
+    int det_masks;                 /* gen-det --masks */
     double det_minsz, det_maxsz;
     uint64_t det_seed;
     ps_video_gen_opts_t g;         /* gen-video */
     ps_video_list_opts_t lo;       /* pack, check */
-    const char *list, *out, *packed;
+    const char *list, *out, *packed, *json;
     int shard_videos;
     const char *container;         /* gen-video: write video files of this container */
     double fps;                    /* gen-video: video rate (0 = 25); extract: output rate */
@@ -79,15 +83,17 @@ static int cmd_gen_det(args_t *a)
     if (a->det_maxobj > 0) d.max_objects = a->det_maxobj;
     if (a->det_minsz > 0) d.min_size = (float)a->det_minsz;
     if (a->det_maxsz > 0) d.max_size = (float)a->det_maxsz;
+    d.masks = a->det_masks;
     const char *out = a->out ? a->out : "data/det";
     int rc = ps_det_gen(out, a->det_images, a->det_size, a->det_seed, &d, err, sizeof err);
     if (rc < 0) {
         fprintf(stderr, "psdata: %s\n", err);
         return rc == PS_EINVAL ? 2 : 1;
     }
-    printf("wrote %d train + %d val images (%dx%d, %d classes, %d..%d objects) to %s: "
+    printf("wrote %d train + %d val images (%dx%d, %d classes, %d..%d objects%s) to %s: "
            "annotations/instances_train.json, annotations/instances_val.json\n", a->det_images,
-           d.n_val, a->det_size, a->det_size, d.classes, d.min_objects, d.max_objects, out);
+           d.n_val, a->det_size, a->det_size, d.classes, d.min_objects, d.max_objects,
+           d.masks ? ", instance masks" : "", out);
     return 0;
 }
 
@@ -157,6 +163,77 @@ static int cmd_check(args_t *a)
            ps_video_list_skipped(l), ps_video_list_num_classes(l), frames, bad);
     ps_video_list_free(&l);
     return bad ? 1 : 0;
+}
+
+/* Image i of c (under root): decodes at the size the JSON gives; 0 or -1
+ * with the reason on stderr */
+static int check_image(const ps_coco_t *c, int i, const char *root)
+{
+    char path[4096], err[1024];
+    const ps_coco_image_t *im = &c->images[i];
+    snprintf(path, sizeof path, "%s%s%s", root, *root ? "/" : "", im->file_name);
+    uint8_t *buf = NULL, *rgb = NULL;
+    size_t len;
+    int w = 0, h = 0;
+    int rc = ps_read_file(path, &buf, &len, err, sizeof err);
+    if (!rc) rc = ps_jpeg_decode(buf, len, &rgb, &w, &h, err, sizeof err);
+    free(buf);
+    free(rgb);
+    if (!rc && (w != im->width || h != im->height))
+        snprintf(err, sizeof err, "image is %dx%d, the annotations say %dx%d", w, h, im->width,
+                 im->height), rc = -1;
+    if (rc) fprintf(stderr, "psdata: %s: %s\n", path, err);
+    return rc ? -1 : 0;
+}
+
+/* COCO annotations (strict, or --skip-bad), every image decoded and every
+ * segmentation turned into its mask; counts on stdout, exit 1 when
+ * anything was bad */
+static int cmd_check_det(args_t *a)
+{
+    char err[2048];
+    ps_coco_t c;
+    ps_coco_skips_t sk;
+    if (!a->json) {
+        fprintf(stderr, "psdata: check-det needs --json (see --help)\n");
+        return 2;
+    }
+    if (ps_coco_load(&c, a->json, a->lo.skip_bad, &sk, err, sizeof err) < 0) {
+        fprintf(stderr, "psdata: %s\n", err);
+        return 1;
+    }
+    int *inst = calloc((size_t)c.nimages + 1, sizeof(int));
+    size_t bad = 0, kinds[4] = {0}, crowd = 0, empty_masks = 0, no_inst = 0;
+    for (int k = 0; inst && k < c.nanns; k++) {
+        const ps_coco_ann_t *an = &c.anns[k];
+        int im = ps_coco_find_image(&c, an->image_id);
+        kinds[an->segm.kind]++;
+        crowd += an->iscrowd;
+        if (!an->iscrowd && an->bbox[2] > 0 && an->bbox[3] > 0) inst[im]++;
+        ps_rle_t r;
+        if (an->segm.kind == PS_COCO_SEGM_NONE) continue;
+        if (ps_coco_segm_rle(&an->segm, c.images[im].height, c.images[im].width, &r) < 0) {
+            fprintf(stderr, "psdata: %s: annotation %lld: out of memory\n", a->json,
+                    (long long)an->id);
+            bad++;
+            continue;
+        }
+        empty_masks += ps_rle_area(&r) == 0;
+        ps_rle_free(&r);
+    }
+    for (int i = 0; inst && i < c.nimages; i++) {
+        no_inst += inst[i] == 0;
+        if (check_image(&c, i, a->lo.root ? a->lo.root : "")) bad++;
+    }
+    printf("images=%d annotations=%d crowd=%zu polygons=%zu rle=%zu no_segmentation=%zu "
+           "empty_masks=%zu images_without_instances=%zu skipped_records=%d bad=%zu\n",
+           c.nimages, c.nanns, crowd, kinds[PS_COCO_SEGM_POLY],
+           kinds[PS_COCO_SEGM_RLE] + kinds[PS_COCO_SEGM_RLE_STR], kinds[PS_COCO_SEGM_NONE],
+           empty_masks, no_inst, sk.images + sk.anns, bad);
+    int ret = !inst || bad ? 1 : 0;
+    free(inst);
+    ps_coco_free(&c);
+    return ret;
 }
 
 static int cmd_gen_video_files(args_t *a)
@@ -251,8 +328,10 @@ static const struct command {
 "      --images N         training images (default 2000)\n"
 "      --val-images N     validation images (default max(1, N/5))\n"
 "      --size S           image width and height in pixels (default 128)\n"
-"      --classes C        shape classes 1..5 (circle, square, triangle, diamond,\n"
-"                         cross; default 5)\n"
+"      --classes C        shape classes 1..6 (circle, square, triangle, diamond,\n"
+"                         cross, ring; default 5)\n"
+"      --masks            instance masks as COCO 'segmentation': polygons along the\n"
+"                         pixel edges (exact), compressed RLE for the ring's hole\n"
 "      --min-objects N, --max-objects N   objects per image (default 2..6)\n"
 "      --min-size F, --max-size F         object side / image side (0.12..0.40)\n"
 "      --seed X           dataset seed (default 1)\n"
@@ -298,6 +377,14 @@ static const struct command {
 "                         {label}, {label_}, {split}); default: the usual ones\n"
 "      --ext E[,E...]     extensions tried (default mp4,webm,mkv,avi)\n",
      cmd_csv_lists},
+    {"check-det", "load COCO annotations, decode every image and mask; report counts",
+"      --json J           COCO annotations (instances_*.json)\n"
+"      --root R           the folder of their images\n"
+"      --skip-bad         skip bad records (counted in skipped_records) instead of failing\n"
+"    Malformed records (segmentations included) are errors naming the file, the\n"
+"    record and its id; an unreadable image, or one of another size than the\n"
+"    JSON says, is reported and makes the exit status 1.\n",
+     cmd_check_det},
 };
 enum { NCOMMANDS = sizeof COMMANDS / sizeof COMMANDS[0] };
 
@@ -327,7 +414,7 @@ static void unknown_command(const char *name)
 enum { O_OUT = 256, O_VIDEOS, O_FRAMES, O_SIZE, O_SEED, O_CLASSES, O_VALF, O_QUALITY, O_SPEED,
        O_CLUTTER, O_MOVERS, O_LIST, O_ROOT, O_TMPL, O_SHARD, O_SKIP, O_PACKED, O_MINF, O_HELP,
        O_IMAGES, O_VALIMG, O_MINOBJ, O_MAXOBJ, O_MINSZ, O_MAXSZ, O_CONTAINER, O_FPS, O_GOP,
-       O_THREADS, O_SHORT, O_CSV, O_CNAMES, O_NAME, O_EXT, O_BFRAMES };
+       O_THREADS, O_SHORT, O_CSV, O_CNAMES, O_NAME, O_EXT, O_BFRAMES, O_MASKS, O_JSON };
 
 static const struct option OPTS[] = {
     { "out", 1, 0, O_OUT }, { "videos", 1, 0, O_VIDEOS }, { "frames", 1, 0, O_FRAMES },
@@ -343,7 +430,8 @@ static const struct option OPTS[] = {
     { "container", 1, 0, O_CONTAINER }, { "fps", 1, 0, O_FPS }, { "gop", 1, 0, O_GOP },
     { "threads", 1, 0, O_THREADS }, { "short-side", 1, 0, O_SHORT }, { "csv", 1, 0, O_CSV },
     { "class-names", 1, 0, O_CNAMES }, { "name", 1, 0, O_NAME }, { "ext", 1, 0, O_EXT },
-    { "bframes", 1, 0, O_BFRAMES }, { 0, 0, 0, 0 }
+    { "bframes", 1, 0, O_BFRAMES }, { "masks", 0, 0, O_MASKS }, { "json", 1, 0, O_JSON },
+    { 0, 0, 0, 0 }
 };
 
 static int num(const char *opt, const char *s, double lo, double hi, double *out)
@@ -426,6 +514,8 @@ static int parse_args(args_t *a, int argc, char **argv)
             a->shard_videos = (int)v;
             break;
         case O_SKIP: a->lo.skip_bad = 1; break;
+        case O_MASKS: a->det_masks = 1; break;
+        case O_JSON: a->json = optarg; break;
         case O_PACKED: a->packed = optarg; break;
         case O_MINF:
             if (num("min-frames", optarg, 1, 1e6, &v)) return 2;
