@@ -3,7 +3,8 @@
 # needs (as root), or prints the exact apt-get line and stops (as a user).
 PS_DEBIAN_PACKAGES="build-essential autoconf automake libtool pkg-config \
 libzmq3-dev libprotobuf-c-dev protobuf-c-compiler liblz4-dev libuv1-dev \
-libopenblas-dev libcjson-dev libjpeg62-turbo-dev procps"
+libopenblas-dev libcjson-dev libjpeg62-turbo-dev libavformat-dev libavcodec-dev \
+libswscale-dev libavutil-dev procps"
 
 # The packages among "$@" that are not installed, on one line.
 ps_missing_packages() {

@@ -199,7 +199,7 @@ EVERY=$((STEPS / 10 > 0 ? STEPS / 10 : 1))
 # (psworker flags given after the options override this).  ResNet-18 is
 # 45 MB: 4 MiB partitions spread it over the servers.
 PART_BYTES=2048
-[ $VIDEO = 1 ] && PART_BYTES=$((4 << 20))
+[ $VIDEO = 1 ] && PART_BYTES=$((1 << 20))
 [ $DET = 1 ] && PART_BYTES=$((1 << 20))
 # create the logs here: the watchers below read them before a worker may have
 for ((r = 0; r < WORKERS; r++)); do : >"$RUN/worker$r.log"; done

@@ -1,5 +1,5 @@
-/* Video data pipeline: TSM list files (or packed shards), JPEG frames,
- * TSN segment sampling, TSM's augmentation, and a threaded loader with a
+/* Video data pipeline: TSM list files (or packed shards) of JPEG frames, or
+ * lists of video files decoded on the fly, TSN segment sampling, TSM's augmentation, and a threaded loader with a
  * bounded prefetch queue.
  *
  * Legend: N videos in a list, T = n_segment frames per clip, B samples
@@ -53,6 +53,11 @@ typedef struct ps_video_list_opts {
     int check_frames;      /* 1: the first and the last frame file must exist */
     int verify_jpeg;       /* 1: read every frame's JPEG header at load (slow) */
     int min_frames;        /* videos with fewer frames are bad (TSM: 3); >= 1 */
+    /* video-file lists (ps_video_list_load_videos): the frames as psdata
+     * extract writes them (video_file.h) */
+    int short_side;        /* shorter side of a frame (256; 0 = as decoded) */
+    double fps;            /* frame rate (0 = every frame of the video) */
+    int probe_threads;     /* videos probed at once (0 = one per core) */
 } ps_video_list_opts_t;
 
 void ps_video_list_opts_default(ps_video_list_opts_t *o);
@@ -67,6 +72,15 @@ int ps_video_list_load(const char *list_path, const ps_video_list_opts_t *o,
 /* Reads a dataset written by ps_video_pack() (psdata pack) from its
  * directory; same videos, same order, same labels as the list it came from. */
 int ps_video_list_load_packed(const char *dir, const ps_video_list_opts_t *o,
+                              ps_video_list_t **out, char *err, size_t errlen);
+/* Reads a list of video files, `path label` per line (path relative to
+ * root; any container FFmpeg reads), for decoding on the fly.  Every video
+ * is probed here (its packets demuxed, not decoded: frame count, times,
+ * keyframes), so num_frames is the count psdata extract would write with
+ * the same short_side and fps, and a sample decodes the same frames as
+ * from the extracted folder.  A missing, unreadable or video-less file is
+ * an error naming the list line and the file (skip_bad: a counted skip). */
+int ps_video_list_load_videos(const char *list_path, const ps_video_list_opts_t *o,
                               ps_video_list_t **out, char *err, size_t errlen);
 void ps_video_list_free(ps_video_list_t **l);
 
@@ -87,6 +101,10 @@ long ps_video_list_find_label(const ps_video_list_t *l, int min_label, char *whe
  * *buf (caller frees).  Errors name the list file and line. */
 int ps_video_read_frame_bytes(const ps_video_list_t *l, size_t i, int frame,
                               uint8_t **buf, size_t *len, char *err, size_t errlen);
+/* Decoded RGB8 (h*w*3, caller frees) of frames idx[0..n) (1-based, any
+ * order) of video i: px[k] is w[k] x h[k].  On failure none is left. */
+int ps_video_read_frames(const ps_video_list_t *l, size_t i, const int *idx, int n, uint8_t **px,
+                         int *w, int *h, char *err, size_t errlen);
 /* Decoded RGB8 (h*w*3, caller frees) of frame `frame` of video i. */
 int ps_video_read_frame(const ps_video_list_t *l, size_t i, int frame,
                         uint8_t **rgb, int *w, int *h, char *err, size_t errlen);

@@ -54,7 +54,7 @@ static size_t job_rows(ps_worker_opts_t *o, ps_opt_t *rows)
     ROW("batch", PS_OPT_INT, &o->batch, "samples per worker per step (B)", "32");
     ROW("seed", PS_OPT_UINT64, &o->seed, "weight initialisation seed", "1");
     ROW("data-seed", PS_OPT_UINT64, &o->data_seed, "data order, augmentation and generated dataset seed", "1");
-    ROW("partition-bytes", PS_OPT_UINT64, &o->partition_bytes, "max bytes per partition", "4194304");
+    ROW("partition-bytes", PS_OPT_UINT64, &o->partition_bytes, "max bytes per partition (1 MiB: several per server even for small models, so pushes, updates and replies pipeline)", "1048576");
     ROW("device", PS_OPT_STRING, &o->device, "compute device cpu | cuda | cuda:N (video models, detector)", "cpu");
     ROW("threads", PS_OPT_INT, &o->threads, "compute threads (0 = all cores)", "0");
     ROW("overlap", PS_OPT_STRING, &o->overlap, "on|off: push each partition when its layers' backward ends, wait per layer in the next forward (default on for video models without --loss-scale)", "");
@@ -145,6 +145,7 @@ static size_t data_rows(ps_worker_data_opts_t *o, ps_opt_t *rows)
     ROW("num-classes", PS_OPT_INT, &o->num_classes, "classes N, labels 0..N-1 (0 = from the data: "
         "the largest label + 1, and video labels must then be 0..K-1 without gaps)", "0");
     ROW("weights", PS_OPT_STRING, &o->weights, "safetensors to start from (or to evaluate with --eval)", "");
+    ROW("predictions", PS_OPT_STRING, &o->predictions, "write predictions here: video --eval per-video CSV; detector: each validation's COCO results file", "");
     return n;
 }
 

@@ -74,6 +74,8 @@ typedef struct ps_worker_data_opts {
     int width;              /* ResNet stem width (64 = torchvision) */
     int num_classes;        /* 0 = from the data */
     char *weights;          /* safetensors to start from / to evaluate */
+    char *predictions;      /* the task's predictions file ("" = none): video --eval's
+                               per-video CSV, the detector's COCO results */
 } ps_worker_data_opts_t;
 
 typedef struct ps_worker_opts {

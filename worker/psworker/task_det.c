@@ -99,8 +99,9 @@ static int det_check(ps_worker_opts_t *o)
     if (!o->eval && !*d->train_json)
         return ps_worker_opt_error("--model %s needs --train-json (COCO annotations) and --root "
                 "(their images)", o->model);
-    if (o->eval && !*d->val_json)
-        return ps_worker_opt_error("--eval of a detector needs --val-json and --val-root");
+    if ((o->eval || *o->data.predictions) && !*d->val_json)
+        return ps_worker_opt_error("--eval and --predictions of a detector need --val-json and "
+                "--val-root");
     return 0;
 }
 
@@ -441,6 +442,9 @@ static int det_eval(ps_worker_t *p)
         ps_error("validation data: %s", ps_det_loader_error(d->vl));
         rc = n;
     }
+    /* --predictions: the results file pycocotools' loadRes reads */
+    if (!rc && *p->o->data.predictions)
+        rc = ps_coco_save_results(dets, NULL, (int)ndet, p->o->data.predictions, err, sizeof err);
     ps_coco_eval_result_t res;
     if (!rc && !(rc = ps_coco_evaluate(&res, ps_det_dataset_coco(d->val), dets, (int)ndet))) {
         d->map = res.stats[PS_COCO_AP];

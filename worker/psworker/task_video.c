@@ -33,6 +33,7 @@
 #include "ps_crc32c.h"
 #include "ps_error.h"
 #include "ps_log.h"
+#include "worker/data/labels.h"
 #include "worker/data/ps_video.h"
 #include "worker/models/ps_model.h"
 #include "worker/psworker/psworker.h"
@@ -48,7 +49,11 @@ typedef struct video_opts {
     int partial_bn;
     char *bn;               /* BN mode train|partial|frozen ("" = --partial-bn) */
     int bn_sync;            /* average BN running statistics over the workers */
-    char *predictions;      /* --eval: per-video CSV (video,label,pred,logits...) */
+    char *video_list, *val_video_list; /* video files decoded on the fly, in place of the lists */
+    int short_side;         /* video files: shorter side of the decoded frames */
+    float fps;              /* video files: frames per second (0 = every frame) */
+    char *class_names;      /* --predictions: class i's name is line i + 1 of this file */
+    const char *train_src, *val_src; /* derived: the training / validation list of either kind */
     int bn_mode;            /* derived: PS_MODEL_BN_* value, -1 = from --partial-bn */
 } video_opts_t;
 
@@ -73,6 +78,7 @@ typedef struct video {
     size_t val_nonfinite;   /* videos of the last validation whose logits were
                                NaN/Inf: counted wrong, val_loss NaN */
     FILE *val_csv;          /* rank 0: one row per validation */
+    ps_class_names_t *names; /* --class-names */
 } video_t;
 
 static const video_opts_t *vopts(const ps_worker_t *p) { return ps_worker_task_opts(p->o); }
@@ -102,7 +108,11 @@ static size_t video_rows(void *topts, ps_opt_t *rows)
     ROW("partial-bn", PS_OPT_BOOL, &v->partial_bn, "video: TSM partial BN (only bn1 updates statistics)", "false");
     ROW("bn", PS_OPT_STRING, &v->bn, "video: BN mode train|partial|frozen (frozen: running stats, fixed affine)", "");
     ROW("bn-sync", PS_OPT_INT, &v->bn_sync, "video: average BN running statistics over the workers (1) or not (0)", "1");
-    ROW("predictions", PS_OPT_STRING, &v->predictions, "--eval: write per-video predictions and logits to this CSV", "");
+    ROW("video-list", PS_OPT_STRING, &v->video_list, "video: video files 'path label' (relative to --root) decoded on the fly, in place of --train-list", "");
+    ROW("val-video-list", PS_OPT_STRING, &v->val_video_list, "video: validation video files, in place of --val-list", "");
+    ROW("short-side", PS_OPT_INT, &v->short_side, "video files: shorter side of the decoded frames (psdata extract's --short-side)", "256");
+    ROW("fps", PS_OPT_FLOAT, &v->fps, "video files: frames per second (psdata extract's --fps; 0 = every frame)", "0");
+    ROW("class-names", PS_OPT_STRING, &v->class_names, "--predictions: class-name file (class i = line i+1), names added to each row", "");
     return n;
 }
 
@@ -130,14 +140,25 @@ static int video_check(ps_worker_opts_t *o)
         return ps_worker_opt_error("--bn train contradicts --partial-bn");
     if (v->bn_sync != 0 && v->bn_sync != 1)
         return ps_worker_opt_error("--bn-sync must be 0 or 1");
-    if (*v->predictions && !o->eval)
+    if (*o->data.predictions && !o->eval)
         return ps_worker_opt_error("--predictions goes with --eval (per-video rows of that "
                 "evaluation)");
-    if (!o->eval && !*v->train_list)
-        return ps_worker_opt_error("--model %s needs --train-list (and --root where the frame "
-                "folders are)", o->model);
-    if (o->eval && !*v->val_list)
-        return ps_worker_opt_error("--eval needs --val-list");
+    if ((*v->video_list && *v->train_list) || (*v->val_video_list && *v->val_list))
+        return ps_worker_opt_error("--video-list / --val-video-list replace --train-list / --val-list: "
+                "give one of each pair");
+    if (v->packed && (*v->video_list || *v->val_video_list))
+        return ps_worker_opt_error("--packed reads pack directories, --video-list video files: not both");
+    if (*v->class_names && !*o->data.predictions)
+        return ps_worker_opt_error("--class-names goes with --predictions (it names the classes there)");
+    if (v->short_side < 0 || v->short_side > 8192 || !(v->fps >= 0 && v->fps <= 1000))
+        return ps_worker_opt_error("--short-side 0..8192, --fps 0..1000");
+    v->train_src = *v->video_list ? v->video_list : v->train_list;
+    v->val_src = *v->val_video_list ? v->val_video_list : v->val_list;
+    if (!o->eval && !*v->train_src)
+        return ps_worker_opt_error("--model %s needs --train-list or --video-list (and --root where the "
+                "frame folders or videos are)", o->model);
+    if (o->eval && !*v->val_src)
+        return ps_worker_opt_error("--eval needs --val-list or --val-video-list");
     return 0;
 }
 
@@ -164,11 +185,15 @@ static int load_list(const ps_worker_opts_t *o, const char *path, ps_video_list_
     lo.root = o->data.root;
     lo.tmpl = v->tmpl;
     lo.skip_bad = o->data.skip_bad;
-    int rc = v->packed ? ps_video_list_load_packed(path, &lo, l, err, sizeof err)
-                       : ps_video_list_load(path, &lo, l, err, sizeof err);
+    lo.short_side = v->short_side;
+    lo.fps = v->fps;
+    int files = path == v->video_list || path == v->val_video_list;
+    int rc = files ? ps_video_list_load_videos(path, &lo, l, err, sizeof err)
+             : v->packed ? ps_video_list_load_packed(path, &lo, l, err, sizeof err)
+                         : ps_video_list_load(path, &lo, l, err, sizeof err);
     if (rc) ps_error("%s", err);
     else ps_info("%s: %zu videos, largest label %d%s", path, ps_video_list_size(*l),
-                 ps_video_list_num_classes(*l) - 1, v->packed ? " (packed)" : "");
+                 ps_video_list_num_classes(*l) - 1, v->packed ? " (packed)" : files ? " (video files)" : "");
     return rc;
 }
 
@@ -252,8 +277,8 @@ static int classes_from_data(const video_t *v, const video_opts_t *vo, int *clas
         return PS_EINVAL;
     }
     ps_info("%d classes from the data: labels 0..%d in %s%s%s", k, k - 1,
-            v->train ? vo->train_list : "", v->train && v->val ? " and " : "",
-            v->val ? vo->val_list : "");
+            v->train ? vo->train_src : "", v->train && v->val ? " and " : "",
+            v->val ? vo->val_src : "");
     *classes = k;
     return 0;
 }
@@ -278,8 +303,8 @@ static int video_data(ps_worker_t *p, video_t *v, int *classes)
     const video_opts_t *vo = vopts(p);
     char err[1024];
     int rc;
-    if (!o->eval && (rc = load_list(o, vo->train_list, &v->train))) return rc;
-    if (*vo->val_list && (rc = load_list(o, vo->val_list, &v->val))) return rc;
+    if (!o->eval && (rc = load_list(o, vo->train_src, &v->train))) return rc;
+    if (*vo->val_src && (rc = load_list(o, vo->val_src, &v->val))) return rc;
     if ((rc = video_classes(o, v, classes))) return rc;
     base_opts(o, &v->topt);
     v->topt.train = 1;
@@ -303,7 +328,7 @@ static int video_data(ps_worker_t *p, video_t *v, int *classes)
         if (shortv)
             ps_warn("%s: %zu of %zu videos have at most --frames %d frames: TSM's test sampling "
                     "then takes frame 1 for every segment (no motion in those clips)",
-                    vo->val_list, shortv, ps_video_list_size(v->val), vo->frames);
+                    vo->val_src, shortv, ps_video_list_size(v->val), vo->frames);
     }
     v->max_clips = p->batch > v->vopt.batch * v->K ? p->batch : v->vopt.batch * v->K;
     return 0;
@@ -505,7 +530,7 @@ static int video_start(ps_worker_t *p)
     }
     if (ps_video_loader_batches(v->tl) == 0) {
         ps_error("%s: %zu videos are fewer than one global batch of %d x %d",
-                 vopts(p)->train_list, ps_video_list_size(v->train), p->nworkers, p->batch);
+                 vopts(p)->train_src, ps_video_list_size(v->train), p->nworkers, p->batch);
         return PS_EINVAL;
     }
     ps_info("epoch = %zu steps (%zu samples per rank)", ps_video_loader_batches(v->tl),
@@ -612,6 +637,9 @@ static void prediction_row(FILE *pred, const video_t *v, int i, const double *av
     fprintf(pred, "%lld,%s,%d,%d", (long long)v->idx[i],
             ps_video_list_name(v->val, (size_t)v->idx[i]), v->labels[i], best);
     for (int c = 0; c < C; c++) fprintf(pred, ",%.9g", avg[c]);
+    /* names last, so the logit columns stay where they are; quoted as CSV */
+    for (int k = 0; v->names && k < 2; k++)
+        ps_csv_put_name(pred, v->names, k ? best : v->labels[i]);
     fputc('\n', pred);
 }
 
@@ -755,7 +783,12 @@ static int video_eval(ps_worker_t *p)
     double t0 = ps_worker_now();
     size_t n = 0;
     FILE *pred = NULL;
-    const char *pp = vopts(p)->predictions;
+    const char *pp = p->o->data.predictions, *cn = vopts(p)->class_names; /* per-video CSV */
+    char err[1024];
+    if (*cn && ps_class_names_load_n(cn, ps_model_config(v->m)->num_classes, &v->names, err, sizeof err)) {
+        ps_error("--class-names %s", err);
+        return PS_EINVAL;
+    }
     if (*pp) {
         if (!(pred = fopen(pp, "w"))) {
             ps_error("--predictions %s: %s", pp, strerror(errno));
@@ -764,7 +797,7 @@ static int video_eval(ps_worker_t *p)
         int C = ps_model_config(v->m)->num_classes;
         fprintf(pred, "index,video,label,pred");
         for (int c = 0; c < C; c++) fprintf(pred, ",logit%d", c);
-        fputc('\n', pred);
+        fputs(v->names ? ",label_name,pred_name\n" : "\n", pred);
     }
     double loss = video_eval_pass(p, &n, pred);
     double dt = ps_worker_now() - t0;
@@ -805,6 +838,7 @@ static void video_teardown(ps_worker_t *p)
     ps_video_loader_destroy(&v->vl);
     ps_video_list_free(&v->train);
     ps_video_list_free(&v->val);
+    ps_class_names_free(&v->names);
     if (v->be) v->be->sync(&v->ctx);
     ps_model_destroy(&v->m);
     if (v->be) v->be->release(&v->ctx);
