@@ -35,6 +35,7 @@ int main(int argc, char **argv)
     rc = o.eval ? ps_worker_run_eval(&p)
          : o.standalone ? ps_worker_run_standalone(&p)
          : ring ? ps_worker_run_ring(&p) : ps_worker_run_cluster(&p);
+    if (!o.eval) ps_worker_plot(&p); /* a failed run's curves too: they show why */
     ps_worker_teardown(&p);
     ps_worker_opts_free(&o);
     if (rc) fprintf(stderr, "psworker: training failed: %s\n", ps_strerror(rc));

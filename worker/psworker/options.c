@@ -31,7 +31,8 @@ static const char usage[] =
     "or a detector (retinanet-r18|34|50) on COCO-format data.\n"
     "Rank r of W trains on global batch positions r*B..r*B+B-1 of each step's\n"
     "W*B samples, so --standalone --batch W*B sees exactly the same data.\n"
-    "Writes DIR/metrics-rankR.csv and (rank 0) DIR/model.safetensors with --out DIR;\n"
+    "Writes DIR/metrics-rankR.csv and (rank 0) DIR/model.safetensors, DIR/val.csv and\n"
+    "DIR/plots/*.png (gnuplot) with --out DIR;\n"
     "the last stdout line starts with \"final:\" and holds key=value results.\n"
     "--mode allreduce --peers tcp://H:P,... --rank R: no servers, the workers average\n"
     "gradients over a ring (or NCCL) and each applies the same optimizer locally.";
@@ -70,6 +71,9 @@ static size_t job_rows(ps_worker_opts_t *o, ps_opt_t *rows)
     ROW("stall-warn-ms", PS_OPT_INT, &o->stall_warn_ms, "warn, naming the server, message and partitions, when requests stay unanswered this long, then at 2x, 4x ... up to every 60 s (0 = off)", "10000");
     ROW("shutdown-servers", PS_OPT_BOOL, &o->shutdown_servers, "rank 0 shuts the servers down at the end", "false");
     ROW("step-sleep-ms", PS_OPT_INT, &o->step_sleep_ms, "sleep this long per step (emulated compute, tests)", "0");
+    ROW("metrics-port", PS_OPT_INT, &o->metrics_port, "Prometheus /metrics of this worker on this port (0 = off)", "0");
+    ROW("metrics-bind", PS_OPT_STRING, &o->metrics_bind, "address of the /metrics listener", "127.0.0.1");
+    ROW("plots", PS_OPT_BOOL, &o->plots, "rank 0 draws PNG plots of the run into DIR/plots/ at the end (--out; needs gnuplot)", "true");
     return n;
 }
 
@@ -324,6 +328,8 @@ static int job_check(ps_worker_opts_t *o)
     if (o->step_sleep_ms < 0 || o->step_sleep_ms > 60000)
         return ps_worker_opt_error("--step-sleep-ms must be in [0, 60000]");
     if (o->threads < 0) return ps_worker_opt_error("--threads must be >= 0");
+    if (o->metrics_port < 0 || o->metrics_port > 65535)
+        return ps_worker_opt_error("--metrics-port must be in [0, 65535] (0 = off)");
     return 0;
 }
 

@@ -103,6 +103,9 @@ typedef struct ps_worker_opts {
     int stall_warn_ms;      /* log what a request waits for after this long (0 = off) */
     int shutdown_servers;   /* rank 0 sends SHUTDOWN to every psd at the end */
     int step_sleep_ms;      /* extra "compute" per step (demos, fault tests) */
+    int metrics_port;       /* /metrics on this port (0 = off) */
+    char *metrics_bind;     /* ... on this address */
+    int plots;              /* rank 0 draws DIR/plots/ at the end (--out) */
     ps_worker_optim_opts_t optim;
     ps_worker_wire_opts_t wire;
     ps_worker_ring_opts_t ring;

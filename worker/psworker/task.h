@@ -41,6 +41,8 @@ typedef struct ps_task {
     const char *name;   /* "smoke", "video", "detection", "synthetic" */
     const char *models; /* the --model values it takes, for --help and errors */
     unsigned flags;     /* PS_TASK_* */
+    const char *unit;   /* what a sample is ("clips", "images"): the CSV's
+                           samples column and /metrics say it (NULL: "samples") */
     size_t opts_size;   /* bytes of the task's own options (0: none) */
 
     /* 1 when this task runs the job the options describe (topts: the

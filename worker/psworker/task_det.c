@@ -56,6 +56,7 @@ typedef struct det {
     size_t val_images, val_dets;  /* last validation: images, detections kept */
     float score_thresh;
     float *anchors;               /* (A, 4) host copy for the loader threads */
+    FILE *val_csv;                /* rank 0: one row per validation */
 } det_t;
 
 static const det_opts_t *dopts(const ps_worker_t *p) { return ps_worker_task_opts(p->o); }
@@ -289,7 +290,8 @@ static int det_start(ps_worker_t *p)
     }
     ps_info("epoch = %zu steps (%zu images per rank)", ps_det_loader_batches(d->tl),
             ps_det_loader_samples(d->tl));
-    return 0;
+    return d->val ? ps_worker_val_csv_open(p, "iteration,epoch,map,ap50,ap75,images", &d->val_csv)
+                  : 0;
 }
 
 static void scatter(ps_worker_t *p)
@@ -462,6 +464,16 @@ static int det_eval(ps_worker_t *p)
 }
 
 
+static double epochs_of(const ps_worker_t *p, uint64_t steps);
+
+static void val_csv_row(ps_worker_t *p, uint64_t step)
+{
+    det_t *d = p->ts;
+    if (d->val_csv)
+        fprintf(d->val_csv, "%llu,%.3f,%.4f,%.4f,%.4f,%zu\n", (unsigned long long)step,
+                epochs_of(p, step), d->map, d->ap50, d->ap75, d->val_images);
+}
+
 static int det_validate(ps_worker_t *p, uint64_t step)
 {
     det_t *d = p->ts;
@@ -472,6 +484,7 @@ static int det_validate(ps_worker_t *p, uint64_t step)
     printf("val: iter=%llu images=%zu map=%.4f ap50=%.4f ap75=%.4f eval_s=%.1f\n",
            (unsigned long long)step, d->val_images, d->map, d->ap50, d->ap75, d->eval_s);
     fflush(stdout);
+    val_csv_row(p, step);
     return 1;
 }
 
@@ -495,7 +508,8 @@ static void det_print_final(ps_worker_t *p, uint64_t steps_done)
     det_t *d = p->ts;
     double ms = 1e3 / (s->counted ? (double)s->counted : 1.0);
     d->eval_s = 0;
-    if (p->rank == 0 && d->val) det_eval(p); /* rank 0 only: the others would repeat it */
+    if (p->rank == 0 && d->val && !det_eval(p)) /* rank 0 only: the others would repeat it */
+        val_csv_row(p, steps_done);
     double ips = ps_worker_per_s(p);
     printf("final: rank=%d workers=%d model=%s steps=%llu epochs=%.2f batch=%d loss=%.6f "
            "map=%.4f ap50=%.4f ap75=%.4f val_images=%zu detections=%zu images_per_s=%.2f "
@@ -537,6 +551,7 @@ static void det_teardown(ps_worker_t *p)
     ps_det_batch_free(&d->vb);
     ps_det_dataset_free(&d->train);
     ps_det_dataset_free(&d->val);
+    if (d->val_csv) fclose(d->val_csv);
     if (d->be) d->be->sync(&d->ctx);
     ps_retina_destroy(&d->m);
     if (d->be) d->be->release(&d->ctx);
@@ -551,6 +566,7 @@ static void det_teardown(ps_worker_t *p)
 const ps_task_t ps_task_det = {
     .name = "detection",
     .models = "retinanet-r18|34|50",
+    .unit = "images",
     .opts_size = sizeof(det_opts_t),
     .claims = det_claims,
     .opt_rows = det_rows,

@@ -535,17 +535,7 @@ static int video_start(ps_worker_t *p)
     }
     ps_info("epoch = %zu steps (%zu samples per rank)", ps_video_loader_batches(v->tl),
             ps_video_loader_samples(v->tl));
-    const char *out = p->o->out;
-    if (p->rank != 0 || !out || !*out) return 0;
-    char path[4200];
-    snprintf(path, sizeof path, "%s/val%s.csv", out, p->o->standalone ? "-standalone" : "");
-    if (!(v->val_csv = fopen(path, "w"))) {
-        ps_error("cannot create %s: %s", path, strerror(errno));
-        return PS_EIO;
-    }
-    setvbuf(v->val_csv, NULL, _IOLBF, 0);
-    fprintf(v->val_csv, "iteration,epoch,loss,top1,top5,nonfinite\n");
-    return 0;
+    return ps_worker_val_csv_open(p, "iteration,epoch,loss,top1,top5,nonfinite", &v->val_csv);
 }
 
 /* p->w -> the model's tensors (and BN statistics). */
@@ -864,6 +854,7 @@ static void video_teardown(ps_worker_t *p)
 const ps_task_t ps_task_video = {
     .name = "video",
     .models = "tsm-r18|34|50 | tsn-r18|34|50",
+    .unit = "clips",
     .opts_size = sizeof(video_opts_t),
     .claims = video_claims,
     .opt_rows = video_rows,

@@ -5,6 +5,7 @@
  *   psctl --servers LIST export FILE   pull every partition -> FILE.safetensors
  *   psctl --servers LIST shutdown      checkpoint (if configured) and stop
  *   psctl keygen PREFIX                CURVE key pair: PREFIX.pub, PREFIX.key
+ *   psctl plot DIR                     PNG plots of a psworker run directory
  *
  * psctl talks to the servers with the same client library as psworker, but
  * never says HELLO: it takes no rank, so it does not count as a worker,
@@ -43,6 +44,7 @@
 #include "ps_optim.h"
 #include "ps_partition.h"
 #include "ps_safetensors.h"
+#include "worker/plot/ps_plot.h"
 
 #define PSCTL_MAX_SERVERS 1024
 
@@ -82,6 +84,8 @@ static const char usage[] =
     "  shutdown        every server checkpoints (when configured) and exits\n"
     "  keygen PREFIX   CURVE key pair: PREFIX.pub (Z85 public key), PREFIX.key\n"
     "                  (Z85 secret key, mode 0600)\n"
+    "  plot DIR        PNG plots of a psworker run directory (--out) into DIR/plots\n"
+    "                  from its CSV files (needs gnuplot)\n"
     "CURVE (psd --curve): --curve-server-key FILE[,FILE...] (one shared, or one per\n"
     "server) with --curve-public-key FILE --curve-secret-key FILE (psctl keygen).\n"
     "--servers defaults to $PSCTL_SERVERS.  Exit status: 0 ok, 1 a server failed\n"
@@ -750,26 +754,29 @@ int main(int argc, char **argv)
         return 2;
     }
     if (npos < 1) {
-        fprintf(stderr, "psctl: no verb given (status, checkpoint, export, shutdown, keygen; see --help)\n");
+        fprintf(stderr, "psctl: no verb given (status, checkpoint, export, shutdown, keygen, plot; see --help)\n");
         return 2;
     }
     const char *verb = argv[1], *arg = npos >= 2 ? argv[2] : NULL;
-    int want_arg = !strcmp(verb, "export") || !strcmp(verb, "keygen");
+    int want_arg = !strcmp(verb, "export") || !strcmp(verb, "keygen") || !strcmp(verb, "plot");
     if (strcmp(verb, "status") && strcmp(verb, "checkpoint") && strcmp(verb, "shutdown") && !want_arg) {
-        fprintf(stderr, "psctl: unknown verb \"%s\" (status, checkpoint, export, shutdown, keygen)\n", verb);
+        fprintf(stderr, "psctl: unknown verb \"%s\" (status, checkpoint, export, shutdown, keygen, plot)\n", verb);
         return 2;
     }
     if (npos != 1 + want_arg) {
         fprintf(stderr, "psctl: %s %s\n", verb,
-                want_arg ? "takes one argument (a file name or prefix)" : "takes no argument");
+                want_arg ? "takes one argument (a file name, prefix or directory)" : "takes no argument");
         return 2;
     }
     if (o->timeout_ms < 1 || o->interval_ms < 0 || o->server < -1) {
         fprintf(stderr, "psctl: need --timeout-ms >= 1, --interval-ms >= 0, --server >= -1\n");
         return 2;
     }
+    ps_plot_report_t rep;
     if (!strcmp(verb, "keygen")) {
         rc = cmd_keygen(&p, arg);
+    } else if (!strcmp(verb, "plot")) { /* no servers: the run directory's CSV files */
+        if (!(rc = ps_plot_run(arg, &rep))) ps_plot_report_print(&rep, stdout);
     } else {
         if ((rc = split_servers(&p)) || (rc = split_keys(&p))) return 2;
         if (o->server >= p.nserv) {
