@@ -25,9 +25,14 @@ typedef struct bn {
 
 /* A residual block: 2 convs (BasicBlock) or 3 (Bottleneck), optional
  * downsample (1x1 conv + BN) on the identity. */
+/* block_t.shift: where the block shifts its input in time */
+enum { SHIFT_NONE = 0, SHIFT_RES = 1, SHIFT_BLOCK = 2 };
+
 typedef struct block {
     int nconv;
-    int shift;          /* temporal shift on the input of conv1 */
+    int shift;          /* SHIFT_RES: the input of conv1 only ('blockres');
+                           SHIFT_BLOCK: conv1 and the identity / downsample
+                           ('block') */
     int cin, cout, H, W, P, Q;
     conv_t conv[3];
     bn_t bn[3];
