@@ -22,4 +22,13 @@ int ps_fail_at(const char *file, int line, int code, char *err, size_t errlen,
  * bytes counts as failure: errno EIO). */
 int ps_write_all(int fd, const void *buf, size_t n);
 
+/* Write the n pieces bufs[i][0..lens[i]) one after the other as the whole
+ * file at path, atomically: path.tmp.PID (a stale one is removed first),
+ * fsync, rename over path, fsync the directory.  A failure before the
+ * rename leaves path untouched and no tmp behind.  Returns 0 or PS_EIO /
+ * PS_EINVAL (path too long) with "<what>: <step> <file>: <errno text>" in
+ * err and the log (ps_fail). */
+int ps_write_file_atomic(const char *path, const void *const *bufs, const size_t *lens,
+                         size_t n, const char *what, char *err, size_t errlen);
+
 #endif
