@@ -242,6 +242,17 @@ enum {
  * backbone: load through ps_retina_load) with a message naming the file and
  * tensor. */
 int ps_model_load(ps_model_t *m, const char *path, int flags);
+/* ---- ONNX (onnx_resnet.c) ------------------------------------------------- */
+
+/* The model in evaluation mode as an ONNX graph (onnx_graph.h: opset 17):
+ * input "clips" (batch, T, 3, H, W) at the size the model was created
+ * for, batch symbolic; output "logits" (batch, K), the mean over the T
+ * frames of fc's output, as ps_model_logits after an evaluation forward.
+ * The temporal shift is Slice / Pad / Concat on a (batch, T, C, H, W)
+ * view; BN uses the running statistics; initializers carry the torchvision
+ * names.  Written atomically.  Returns 0 or PS_E* (logged). */
+int ps_model_export_onnx(const ps_model_t *m, const char *path);
+
 /* 1 if the last load replaced fc (class count differed). */
 int ps_model_fc_replaced(const ps_model_t *m);
 

@@ -145,6 +145,13 @@ int ps_retina_save(const ps_retina_t *m, const char *path);
 int ps_retina_load_weights(ps_retina_t *m, const char *path, int partial);
 /* ps_retina_load_weights(m, path, 0). */
 int ps_retina_load(ps_retina_t *m, const char *path);
+/* The model without its losses as an ONNX graph (onnx_graph.h: opset 17;
+ * onnx_retinanet.c): input "images" (batch, 3, H, W) at the size the model
+ * was created for; outputs "cls_logits" (batch, A, K) and "bbox_regression"
+ * (batch, A, 4), ps_retina_cls_out / ps_retina_box_out of an inference
+ * forward.  Anchors, decoding and NMS stay outside.  Written atomically;
+ * 0 or PS_E* (logged). */
+int ps_retina_export_onnx(const ps_retina_t *m, const char *path);
 /* Only the classifier kinds above (a detector checkpoint is refused). */
 int ps_retina_load_backbone(ps_retina_t *m, const char *path);
 

@@ -117,6 +117,14 @@ const float *ps_resnet_stage_out(const ps_model_t *m, int s, int *C, int *P, int
 void ps_resnet_backward_features(ps_model_t *m, const float *const dstage[4], int N,
                                  int freeze_at);
 
+/* onnx_resnet.c: stem and blocks of m into graph g from the value x (N
+ * images), tensor names prefixed with prefix ("backbone.body." in a
+ * detector); the values of the four stages' outputs into stage_out (may be
+ * NULL).  Returns the last block's output (NULL after a graph error). */
+struct ps_onnx;
+const char *ps_resnet_onnx_trunk(struct ps_onnx *g, const ps_model_t *m, const char *prefix,
+                                 const char *x, const char *stage_out[4]);
+
 /* resnet_params.c */
 int ps_resnet_build(ps_model_t *m); /* architecture + tables + arena */
 void ps_resnet_free_tables(ps_model_t *m);
