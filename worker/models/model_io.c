@@ -35,8 +35,11 @@ static int check_tsm_place(const ps_model_t *m, const char *path)
     ps_st_file_t f;
     char err[256] = "";
     if (ps_st_open(&f, path, err, sizeof err)) return 0; /* the loader reports it */
+    const ps_weights_format_t *fm =
+        ps_weights_detect(&f, ps_weights_resnet_formats, PS_WEIGHTS_RESNET_NFORMATS);
     int place = ps_weights_tsm_place(&f);
     ps_st_close(&f);
+    if (fm != &ps_weights_tsm && fm != &ps_weights_tsm_bare) return 0; /* our names: no record */
     static const char *const names[] = {"blockres", "block"};
     if (place == PS_EMISMATCH) {
         ps_error("model load %s: the checkpoint shifts both conv1 inputs (blockres) and whole "

@@ -101,6 +101,17 @@ int ps_weights_load(const ps_weights_target_t *t, const char *path,
                     const ps_weights_format_t *const *formats, int nformats, unsigned flags,
                     ps_weights_report_t *rep);
 
+/* The format of an open file: the first of formats[0..n) that detects it,
+ * or NULL. */
+const ps_weights_format_t *ps_weights_detect(const ps_st_file_t *f,
+                                             const ps_weights_format_t *const *formats, int n);
+
+/* The shape of the file tensor that becomes model tensor `name` under the
+ * file's format: 0 with *ndim and shape[0..*ndim) (room for 8), PS_ENOTFOUND
+ * when the file has none, or the file's PS_EIO / PS_ECORRUPT (logged). */
+int ps_weights_tensor_shape(const char *path, const ps_weights_format_t *const *formats,
+                            int nformats, const char *name, int *ndim, int64_t *shape);
+
 /* The name a file tensor gets under a format's rules into out[outlen];
  * 0, 1 when a DROP rule skips it, PS_ERANGE when it does not fit. */
 int ps_weights_map_name(const ps_weights_format_t *f, const char *name, char *out,

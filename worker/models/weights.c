@@ -53,8 +53,8 @@ int ps_weights_map_name(const ps_weights_format_t *f, const char *name, char *ou
     return 0;
 }
 
-static const ps_weights_format_t *pick_format(const ps_st_file_t *f,
-                                              const ps_weights_format_t *const *formats, int n)
+const ps_weights_format_t *ps_weights_detect(const ps_st_file_t *f,
+                                             const ps_weights_format_t *const *formats, int n)
 {
     for (int i = 0; i < n; i++) {
         const char *d = formats[i]->detect;
@@ -64,6 +64,30 @@ static const ps_weights_format_t *pick_format(const ps_st_file_t *f,
             if (!strncmp(f->tensors[k].name, d, ld)) return formats[i];
     }
     return NULL;
+}
+
+int ps_weights_tensor_shape(const char *path, const ps_weights_format_t *const *formats,
+                            int nformats, const char *name, int *ndim, int64_t *shape)
+{
+    ps_st_file_t f;
+    char err[256] = "", mapped[NAME_MAX_LEN];
+    int r = ps_st_open(&f, path, err, sizeof err);
+    if (r) {
+        ps_error("weights %s: %s", path, err);
+        return r;
+    }
+    const ps_weights_format_t *fm = ps_weights_detect(&f, formats, nformats);
+    r = PS_ENOTFOUND;
+    for (size_t k = 0; fm && k < f.ntensors && r; k++) {
+        if (ps_weights_map_name(fm, f.tensors[k].name, mapped, sizeof mapped) ||
+            strcmp(mapped, name))
+            continue;
+        *ndim = f.tensors[k].ndim;
+        memcpy(shape, f.tensors[k].shape, sizeof(int64_t) * (size_t)*ndim);
+        r = 0;
+    }
+    ps_st_close(&f);
+    return r;
 }
 
 static void fmt_shape(char *buf, size_t len, int ndim, const int64_t *s64, const int *s32)
@@ -337,7 +361,7 @@ int ps_weights_load(const ps_weights_target_t *t, const char *path,
         ps_error("%s weights %s: %s", t->what, path, err);
         return r;
     }
-    const ps_weights_format_t *fm = pick_format(&L.f, formats, nformats);
+    const ps_weights_format_t *fm = ps_weights_detect(&L.f, formats, nformats);
     if (!fm) {
         ps_error("%s weights %s: no tensor name of a known kind (first: %s)", t->what, path,
                  L.f.ntensors ? L.f.tensors[0].name : "none: the file is empty");

@@ -74,6 +74,7 @@ typedef struct ps_worker_data_opts {
     int width;              /* ResNet stem width (64 = torchvision) */
     int num_classes;        /* 0 = from the data */
     char *weights;          /* safetensors to start from / to evaluate */
+    int weights_partial;    /* --weights may lack model tensors / hold others (listed) */
 } ps_worker_data_opts_t;
 
 typedef struct ps_worker_opts {
@@ -81,6 +82,7 @@ typedef struct ps_worker_opts {
     char *servers;          /* "tcp://h:p,tcp://h:p" (server 0 first) */
     int standalone;         /* no servers: same model, same ps_optim, one process */
     int eval;               /* --eval: evaluate --weights and exit */
+    char *export_onnx;      /* --export-onnx FILE: write the model as ONNX and exit ("" = no) */
     int rank;               /* -1: assigned by server 0 */
     int num_workers;        /* W */
     char *model;

@@ -35,6 +35,7 @@
 #include "ps_log.h"
 #include "worker/data/ps_video.h"
 #include "worker/models/ps_model.h"
+#include "worker/models/ps_weights.h"
 #include "worker/psworker/psworker.h"
 
 typedef struct video_opts {
@@ -44,6 +45,10 @@ typedef struct video_opts {
     int frames;             /* T segments per clip */
     int scale_size;         /* test: shorter side before the centre crop (0 = size*256/224) */
     int val_clips;          /* clips per validation video */
+    int test_clips;         /* --eval: clips per video (0 = val_clips) */
+    int test_crops;         /* --eval: 1 centre crop, 3 TSM's three crops */
+    char *shift_place;      /* blockres|block ("" = the --weights checkpoint's, else blockres) */
+    int shift_div;          /* 1/N each way (0 = the --weights file's tsm.shift_div, else 8) */
     float dropout;
     int partial_bn;
     char *bn;               /* BN mode train|partial|frozen ("" = --partial-bn) */
@@ -98,6 +103,14 @@ static size_t video_rows(void *topts, ps_opt_t *rows)
     ROW("frames", PS_OPT_INT, &v->frames, "video: segments T per clip", "8");
     ROW("scale-size", PS_OPT_INT, &v->scale_size, "video: test resize of the shorter side (0 = size*256/224)", "0");
     ROW("val-clips", PS_OPT_INT, &v->val_clips, "video: clips per validation video", "1");
+    ROW("test-clips", PS_OPT_INT, &v->test_clips, "--eval: clips per video, evenly spaced (0 = --val-clips)", "0");
+    ROW("test-crops", PS_OPT_INT, &v->test_crops, "--eval: 1 = centre crop of the shorter side scaled to --scale-size; "
+        "3 = TSM's three crops along the longer side, the shorter side scaled to --size (full resolution) "
+        "unless --scale-size", "1");
+    ROW("shift-place", PS_OPT_STRING, &v->shift_place, "video: TSM's shift placement blockres|block (\"\" = the "
+        "--weights TSM checkpoint's, else blockres)", "");
+    ROW("shift-div", PS_OPT_INT, &v->shift_div, "video: 1/N of the channels shift each way (0 = the --weights "
+        "file's tsm.shift_div, else 8)", "0");
     ROW("dropout", PS_OPT_FLOAT, &v->dropout, "video: dropout before fc", "0.5");
     ROW("partial-bn", PS_OPT_BOOL, &v->partial_bn, "video: TSM partial BN (only bn1 updates statistics)", "false");
     ROW("bn", PS_OPT_STRING, &v->bn, "video: BN mode train|partial|frozen (frozen: running stats, fixed affine)", "");
@@ -116,9 +129,20 @@ static int video_check(ps_worker_opts_t *o)
                                    "(the CPU engine computes in fp32)", o->prec.precision);
     if (ps_worker_data_opts_check(o)) return PS_EINVAL;
     if (v->frames < 1 || v->frames > 256 || v->val_clips < 1 || v->val_clips > 32 ||
-        v->scale_size < 0 || !(v->dropout >= 0 && v->dropout < 1))
+        v->test_clips < 0 || v->test_clips > 32 || v->scale_size < 0 ||
+        !(v->dropout >= 0 && v->dropout < 1) || (v->shift_div && (v->shift_div < 2 || v->shift_div > 64)))
         return ps_worker_opt_error("video options out of range: --frames 1..256, --val-clips "
-                "1..32, --scale-size >= 0, --dropout [0,1)");
+                "1..32, --test-clips 0..32, --scale-size >= 0, --dropout [0,1), --shift-div 0 or 2..64");
+    if (v->test_crops != 1 && v->test_crops != 3)
+        return ps_worker_opt_error("--test-crops: 1 or 3, got %d", v->test_crops);
+    if ((v->test_crops != 1 || v->test_clips) && !o->eval)
+        return ps_worker_opt_error("--test-clips / --test-crops go with --eval (TSM's test protocol; "
+                "validation during training uses --val-clips, centre crop)");
+    if (*v->shift_place && strcmp(v->shift_place, "blockres") && strcmp(v->shift_place, "block"))
+        return ps_worker_opt_error("--shift-place: expected blockres|block, got \"%s\"", v->shift_place);
+    if ((*v->shift_place || v->shift_div) && strncmp(o->model, "tsm-", 4))
+        return ps_worker_opt_error("--shift-place / --shift-div need a tsm-* model (--model %s has no shift)",
+                o->model);
     static const char *const modes[] = {"train", "partial", "frozen"};
     static const int mode_of[] = {PS_MODEL_BN_TRAIN, PS_MODEL_BN_PARTIAL, PS_MODEL_BN_FROZEN};
     v->bn_mode = -1;
@@ -133,7 +157,7 @@ static int video_check(ps_worker_opts_t *o)
     if (*v->predictions && !o->eval)
         return ps_worker_opt_error("--predictions goes with --eval (per-video rows of that "
                 "evaluation)");
-    if (!o->eval && !*v->train_list)
+    if (!o->eval && !*o->export_onnx && !*v->train_list)
         return ps_worker_opt_error("--model %s needs --train-list (and --root where the frame "
                 "folders are)", o->model);
     if (o->eval && !*v->val_list)
@@ -258,10 +282,36 @@ static int classes_from_data(const video_t *v, const video_opts_t *vo, int *clas
     return 0;
 }
 
+/* No list (--export-onnx): the classifier of --weights says. */
+static int classes_from_weights(const ps_worker_opts_t *o, int *classes)
+{
+    int64_t shape[8];
+    int nd = 0;
+    if (!*o->data.weights) {
+        ps_error("--export-onnx without --weights or lists: give --num-classes");
+        return PS_EINVAL;
+    }
+    int rc = ps_weights_tensor_shape(o->data.weights, ps_weights_resnet_formats,
+                                     PS_WEIGHTS_RESNET_NFORMATS, "fc.weight", &nd, shape);
+    if (rc) {
+        ps_error("%s: no classifier (fc.weight) to take the class count from: give --num-classes",
+                 o->data.weights);
+        return rc;
+    }
+    if (nd != 2 || shape[0] < 2 || shape[0] > (1 << 20)) {
+        ps_error("%s: fc.weight is not (K >= 2, features): give --num-classes", o->data.weights);
+        return PS_EMISMATCH;
+    }
+    *classes = (int)shape[0];
+    ps_info("%d classes from %s's fc.weight", *classes, o->data.weights);
+    return 0;
+}
+
 /* The number of classes of the model (both lists loaded). */
 static int video_classes(const ps_worker_opts_t *o, const video_t *v, int *classes)
 {
     int n = o->data.num_classes;
+    if (n <= 0 && !v->train && !v->val) return classes_from_weights(o, classes);
     if (n <= 0) return classes_from_data(v, ps_worker_task_opts(o), classes);
     if (n < 2) {
         ps_error("--num-classes %d: a classifier needs at least 2", n);
@@ -278,7 +328,7 @@ static int video_data(ps_worker_t *p, video_t *v, int *classes)
     const video_opts_t *vo = vopts(p);
     char err[1024];
     int rc;
-    if (!o->eval && (rc = load_list(o, vo->train_list, &v->train))) return rc;
+    if (!o->eval && !*o->export_onnx && (rc = load_list(o, vo->train_list, &v->train))) return rc;
     if (*vo->val_list && (rc = load_list(o, vo->val_list, &v->val))) return rc;
     if ((rc = video_classes(o, v, classes))) return rc;
     base_opts(o, &v->topt);
@@ -287,6 +337,13 @@ static int video_data(ps_worker_t *p, video_t *v, int *classes)
     base_opts(o, &v->vopt);
     v->vopt.train = 0;
     v->vopt.n_clips = vo->val_clips;
+    if (o->eval) { /* TSM's test protocol */
+        if (vo->test_clips) v->vopt.n_clips = vo->test_clips;
+        v->vopt.n_crops = vo->test_crops;
+        /* three crops: full resolution (the shorter side scaled to the crop
+         * size, as TSM's --full_res) unless --scale-size says otherwise */
+        if (vo->test_crops == 3 && !vo->scale_size) v->vopt.scale_size = o->data.size;
+    }
     v->vopt.batch = o->data.val_batch > 0 ? o->data.val_batch : p->batch;
     v->vopt.shuffle = 0;
     v->vopt.drop_last = 0;
@@ -306,6 +363,43 @@ static int video_data(ps_worker_t *p, video_t *v, int *classes)
                     vo->val_list, shortv, ps_video_list_size(v->val), vo->frames);
     }
     v->max_clips = p->batch > v->vopt.batch * v->K ? p->batch : v->vopt.batch * v->K;
+    if (*o->export_onnx) v->max_clips = 1; /* the graph has a symbolic batch */
+    return 0;
+}
+
+/* --shift-place / --shift-div, or what --weights says: a TSM checkpoint's
+ * names place the shift, worker/models/torch2safetensors.py records TSM's
+ * shift_div (from the checkpoint's file name) as tsm.shift_div.  A flag
+ * that contradicts the file is a usage error naming both. */
+static int shift_options(const ps_worker_opts_t *o, const video_opts_t *vo, ps_model_config_t *cfg)
+{
+    static const char *const places[] = {"blockres", "block"};
+    int place = !*vo->shift_place ? -1 : !strcmp(vo->shift_place, "block");
+    cfg->shift_place = place < 0 ? PS_MODEL_SHIFT_BLOCKRES : place;
+    cfg->shift_div = vo->shift_div ? vo->shift_div : 8;
+    if (!cfg->shift) return 0;
+    ps_st_file_t f;
+    char err[256];
+    if (*o->data.weights && !ps_st_open(&f, o->data.weights, err, sizeof err)) {
+        int fplace = ps_weights_tsm_place(&f); /* both at once: the load refuses the file */
+        const char *md = ps_st_meta(&f, "tsm.shift_div");
+        int fdiv = md ? atoi(md) : 0;
+        ps_st_close(&f);
+        if (fplace >= 0 && place >= 0 && place != fplace) {
+            ps_error("--shift-place %s, but %s is a TSM checkpoint with the shift placed '%s'",
+                     places[place], o->data.weights, places[fplace]);
+            return PS_EINVAL;
+        }
+        if (fdiv && vo->shift_div && vo->shift_div != fdiv) {
+            ps_error("--shift-div %d, but %s says tsm.shift_div %d", vo->shift_div,
+                     o->data.weights, fdiv);
+            return PS_EINVAL;
+        }
+        if (fplace >= 0) cfg->shift_place = fplace;
+        if (fdiv >= 2 && fdiv <= 64) cfg->shift_div = fdiv;
+    }
+    ps_info("temporal shift: place %s, 1/%d of the channels each way", places[cfg->shift_place],
+            cfg->shift_div);
     return 0;
 }
 
@@ -327,6 +421,7 @@ static int video_model(ps_worker_t *p, video_t *v, int classes)
         cfg.partial_bn = vo->bn_mode == PS_MODEL_BN_PARTIAL;
     }
     cfg.width = o->data.width;
+    if ((rc = shift_options(o, vo, &cfg))) return rc;
     if ((rc = ps_worker_open_device(p, &v->ctx, &v->be))) return rc;
     if (strcmp(o->prec.precision, "fp32")) {
         int prec = !strcmp(o->prec.precision, "bf16") ? PS_PRECISION_BF16 : PS_PRECISION_FP16;
@@ -344,7 +439,8 @@ static int video_model(ps_worker_t *p, video_t *v, int classes)
     ps_model_set_seed(v->m, o->seed);
     if (*o->data.weights) {
         rc = ps_model_load(v->m, o->data.weights,
-                           o->eval ? PS_MODEL_LOAD_STRICT : PS_MODEL_LOAD_REPLACE_FC);
+                           (o->eval ? PS_MODEL_LOAD_STRICT : PS_MODEL_LOAD_REPLACE_FC) |
+                               (o->data.weights_partial ? PS_MODEL_LOAD_PARTIAL : 0));
         if (rc) return rc;
         ps_info("weights loaded from %s%s", o->data.weights,
                 ps_model_fc_replaced(v->m) ? " (fc replaced)" : "");
@@ -590,8 +686,10 @@ static double video_compute(ps_worker_t *p, uint64_t step)
     return loss;
 }
 
-/* One video's clip-averaged logits into avg; its loss and ranks of the
- * label into the sums.  0 when a logit is not finite: a diverged model,
+/* One video's logits averaged over its K views (clips x crops) into avg:
+ * the raw logits, as TSM's test_models.py averages them (its --softmax,
+ * off by default, would apply after the mean and not change the ranking);
+ * its loss and ranks of the label into the sums.  0 when a logit is not finite: a diverged model,
  * and NaN compares false with everything, so the rank count would call the
  * video correct; it is wrong for top-1 and top-5 instead. */
 static int score_video(const float *lg, int K, int C, int y, double *avg, double *loss,
@@ -625,8 +723,8 @@ static void prediction_row(FILE *pred, const video_t *v, int i, const double *av
     fputc('\n', pred);
 }
 
-/* Validation over the whole --val-list (TSM's test: the mean of the clips'
- * scores): mean loss, top-1/top-5; with pred one CSV row per video.  Videos
+/* Validation over the whole --val-list (TSM's test: the mean of the views'
+ * logits): mean loss, top-1/top-5; with pred one CSV row per video.  Videos
  * with non-finite logits count as wrong and make the loss NaN. */
 static double video_eval_pass(ps_worker_t *p, size_t *videos, FILE *pred)
 {
@@ -783,9 +881,10 @@ static int video_eval(ps_worker_t *p)
         return PS_EIO;
     }
     if (!n) return PS_EIO;
-    printf("final: model=%s weights=%s videos=%zu clips=%d top1=%.4f top5=%.4f val_loss=%.6f "
-           "clips_per_s=%.2f wall_s=%.1f", p->o->model, p->o->data.weights, n, v->K, v->top1,
-           v->top5, loss, (double)n * v->K / dt, dt);
+    /* TSM's tables: "1-clip centre crop" and "N-clip x 3-crop" top-1 */
+    printf("final: model=%s weights=%s videos=%zu clips=%d crops=%d top1=%.4f top5=%.4f "
+           "val_loss=%.6f clips_per_s=%.2f wall_s=%.1f", p->o->model, p->o->data.weights, n,
+           v->vopt.n_clips, v->vopt.n_crops, v->top1, v->top5, loss, (double)n * v->K / dt, dt);
     if (v->val_nonfinite) printf(" nonfinite=%zu", v->val_nonfinite);
     printf("\n");
     fflush(stdout);
@@ -803,6 +902,14 @@ static int video_loss_scale(ps_worker_t *p, float scale, size_t *scaled)
     if (v->be->set_loss_scale(&v->ctx, scale)) return 0;
     *scaled = p->nparam_numel;
     return 1;
+}
+
+/* --export-onnx: the model as setup left it (p->w: --weights or the init). */
+static int video_export(ps_worker_t *p, const char *path)
+{
+    video_t *v = p->ts;
+    scatter(p);
+    return ps_model_export_onnx(v->m, path);
 }
 
 static ps_model_t *video_model_of(ps_worker_t *p) { return ((video_t *)p->ts)->m; }
@@ -842,6 +949,7 @@ const ps_task_t ps_task_video = {
     .progress = video_progress,
     .print_final = video_print_final,
     .eval = video_eval,
+    .export_onnx = video_export,
     .loss_scale = video_loss_scale,
     .model = video_model_of,
     .teardown = video_teardown,
