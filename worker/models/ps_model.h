@@ -82,6 +82,10 @@ enum { PS_MODEL_SHIFT_BLOCKRES = 0, PS_MODEL_SHIFT_BLOCK = 1 };
  *            reproducibility); running statistics never change. */
 enum { PS_MODEL_BN_TRAIN = 0, PS_MODEL_BN_PARTIAL = 1, PS_MODEL_BN_FROZEN = 2 };
 
+/* "tsm-r18|34|50" / "tsn-r18|34|50" -> depth, shift (1 TSM, 0 TSN);
+ * PS_EINVAL for another name. */
+int ps_model_parse_name(const char *name, int *depth, int *shift);
+
 /* Defaults: TSM-ResNet-50, 400 classes, T 8, shift_div 8, dropout 0.5,
  * partial BN on, width 64, eps 1e-5, momentum 0.1. */
 void ps_model_config_default(ps_model_config_t *c);

@@ -44,6 +44,18 @@ void ps_model_config_default(ps_model_config_t *c)
     c->bn_momentum = 0.1f;
 }
 
+int ps_model_parse_name(const char *name, int *depth, int *shift)
+{
+    if (!strncmp(name, "tsm-r", 5)) *shift = 1;
+    else if (!strncmp(name, "tsn-r", 5)) *shift = 0;
+    else return PS_EINVAL;
+    char *end;
+    long d = strtol(name + 5, &end, 10);
+    if (*end || (d != 18 && d != 34 && d != 50)) return PS_EINVAL;
+    *depth = (int)d;
+    return 0;
+}
+
 /* ---- tables ---------------------------------------------------------------- */
 
 static int add_param(ps_model_t *m, const char *name, int ndim, const int *shape, int group,

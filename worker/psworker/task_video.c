@@ -167,18 +167,6 @@ static int video_check(ps_worker_opts_t *o)
 
 /* ---- set-up ------------------------------------------------------------------ */
 
-static int parse_model(const char *name, int *depth, int *shift)
-{
-    if (!strncmp(name, "tsm-r", 5)) *shift = 1;
-    else if (!strncmp(name, "tsn-r", 5)) *shift = 0;
-    else return PS_EINVAL;
-    char *end;
-    long d = strtol(name + 5, &end, 10);
-    if (*end || (d != 18 && d != 34 && d != 50)) return PS_EINVAL;
-    *depth = (int)d;
-    return 0;
-}
-
 static int load_list(const ps_worker_opts_t *o, const char *path, ps_video_list_t **l)
 {
     const video_opts_t *v = ps_worker_task_opts(o);
@@ -411,7 +399,7 @@ static int video_model(ps_worker_t *p, video_t *v, int classes)
     ps_model_config_t cfg;
     int rc;
     ps_model_config_default(&cfg);
-    parse_model(o->model, &cfg.depth, &cfg.shift);
+    ps_model_parse_name(o->model, &cfg.depth, &cfg.shift);
     cfg.num_classes = classes;
     cfg.n_segment = vo->frames;
     cfg.dropout = vo->dropout;
@@ -559,7 +547,7 @@ static int video_setup(ps_worker_t *p, uint32_t nservers)
 {
     const ps_worker_opts_t *o = p->o;
     int classes, rc, depth, shift;
-    if (parse_model(o->model, &depth, &shift)) {
+    if (ps_model_parse_name(o->model, &depth, &shift)) {
         ps_error("--model: unknown model \"%s\" (smoke, tsm-r18|34|50, tsn-r18|34|50)", o->model);
         return PS_EINVAL;
     }
