@@ -49,6 +49,8 @@ from taplib import ok, plan  # noqa: E402
 
 K, T, H, CLIPS, WIDTH = 5, 4, 32, 2, 8
 CONV = os.path.join(_here, "..", "..", "worker", "models", "torch2safetensors.py")
+sys.path.insert(0, os.path.dirname(CONV))
+import torch2safetensors as T2S  # noqa: E402
 
 
 def run(args):
@@ -73,8 +75,17 @@ def our_name(k):
 
 
 def convert(pth, st):
-    rc, out = run([sys.executable, CONV, pth, st])
-    ok(rc == 0, "torch2safetensors converts %s" % os.path.basename(pth), out[-300:])
+    """worker/models/torch2safetensors.py's main, in this process (one torch
+    import for the whole check)."""
+    argv, sys.argv = sys.argv, [CONV, pth, st]
+    try:
+        T2S.main()
+        rc = 0
+    except SystemExit as e:
+        rc = e.code or 0
+    finally:
+        sys.argv = argv
+    ok(rc == 0, "torch2safetensors converts %s" % os.path.basename(pth))
     return G.read_safetensors(st)
 
 
