@@ -61,6 +61,32 @@ static int check_tsm_place(const ps_model_t *m, const char *path)
     return 0;
 }
 
+int ps_model_file_info(const char *path, ps_model_file_info_t *info)
+{
+    ps_st_file_t f;
+    char err[256] = "";
+    info->shift_place = -1;
+    info->shift_div = info->num_classes = 0;
+    int r = ps_st_open(&f, path, err, sizeof err);
+    if (r) {
+        ps_error("model weights %s: %s", path, err);
+        return r;
+    }
+    const ps_weights_format_t *fm =
+        ps_weights_detect(&f, ps_weights_resnet_formats, PS_WEIGHTS_RESNET_NFORMATS);
+    if (fm == &ps_weights_tsm || fm == &ps_weights_tsm_bare) {
+        int place = ps_weights_tsm_place(&f);
+        info->shift_place = place >= 0 ? place : -1;
+    }
+    const char *div = ps_st_meta(&f, "tsm.shift_div");
+    if (div && atoi(div) >= 2 && atoi(div) <= 64) info->shift_div = atoi(div);
+    long k = ps_weights_find(&f, fm, "fc.weight");
+    if (k >= 0 && f.tensors[k].ndim == 2 && f.tensors[k].shape[0] <= (1 << 20))
+        info->num_classes = (int)f.tensors[k].shape[0];
+    ps_st_close(&f);
+    return 0;
+}
+
 int ps_model_load(ps_model_t *m, const char *path, int flags)
 {
     if (m->features_only) {

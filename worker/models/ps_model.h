@@ -246,6 +246,18 @@ enum {
  * backbone: load through ps_retina_load) with a message naming the file and
  * tensor. */
 int ps_model_load(ps_model_t *m, const char *path, int flags);
+/* What a weights file says about the model it fits (model_io.c), for
+ * options not given: TSM's shift placement from the names of an official
+ * TSM checkpoint (PS_MODEL_SHIFT_*, -1: not such a checkpoint, or no
+ * shift), its shift_div from the tsm.shift_div metadata that
+ * worker/models/torch2safetensors.py records (0: none), the class count
+ * from the classifier's rows (0: none).  0, or the file's PS_EIO /
+ * PS_ECORRUPT (logged). */
+typedef struct ps_model_file_info {
+    int shift_place, shift_div, num_classes;
+} ps_model_file_info_t;
+int ps_model_file_info(const char *path, ps_model_file_info_t *info);
+
 /* ---- ONNX (onnx_resnet.c) ------------------------------------------------- */
 
 /* The model in evaluation mode as an ONNX graph (onnx_graph.h: opset 17):

@@ -106,6 +106,10 @@ int ps_weights_load(const ps_weights_target_t *t, const char *path,
 const ps_weights_format_t *ps_weights_detect(const ps_st_file_t *f,
                                              const ps_weights_format_t *const *formats, int n);
 
+/* The index in f of the tensor that becomes model tensor `name` under fm's
+ * rules, or -1 (fm NULL: -1). */
+long ps_weights_find(const ps_st_file_t *f, const ps_weights_format_t *fm, const char *name);
+
 /* The shape of the file tensor that becomes model tensor `name` under the
  * file's format: 0 with *ndim and shape[0..*ndim) (room for 8), PS_ENOTFOUND
  * when the file has none, or the file's PS_EIO / PS_ECORRUPT (logged). */

@@ -66,28 +66,33 @@ const ps_weights_format_t *ps_weights_detect(const ps_st_file_t *f,
     return NULL;
 }
 
+long ps_weights_find(const ps_st_file_t *f, const ps_weights_format_t *fm, const char *name)
+{
+    char mapped[NAME_MAX_LEN];
+    for (size_t k = 0; fm && k < f->ntensors; k++)
+        if (!ps_weights_map_name(fm, f->tensors[k].name, mapped, sizeof mapped) &&
+            !strcmp(mapped, name))
+            return (long)k;
+    return -1;
+}
+
 int ps_weights_tensor_shape(const char *path, const ps_weights_format_t *const *formats,
                             int nformats, const char *name, int *ndim, int64_t *shape)
 {
     ps_st_file_t f;
-    char err[256] = "", mapped[NAME_MAX_LEN];
+    char err[256] = "";
     int r = ps_st_open(&f, path, err, sizeof err);
     if (r) {
         ps_error("weights %s: %s", path, err);
         return r;
     }
-    const ps_weights_format_t *fm = ps_weights_detect(&f, formats, nformats);
-    r = PS_ENOTFOUND;
-    for (size_t k = 0; fm && k < f.ntensors && r; k++) {
-        if (ps_weights_map_name(fm, f.tensors[k].name, mapped, sizeof mapped) ||
-            strcmp(mapped, name))
-            continue;
+    long k = ps_weights_find(&f, ps_weights_detect(&f, formats, nformats), name);
+    if (k >= 0) {
         *ndim = f.tensors[k].ndim;
         memcpy(shape, f.tensors[k].shape, sizeof(int64_t) * (size_t)*ndim);
-        r = 0;
     }
     ps_st_close(&f);
-    return r;
+    return k >= 0 ? 0 : PS_ENOTFOUND;
 }
 
 static void fmt_shape(char *buf, size_t len, int ndim, const int64_t *s64, const int *s32)

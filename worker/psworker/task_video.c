@@ -35,7 +35,6 @@
 #include "ps_log.h"
 #include "worker/data/ps_video.h"
 #include "worker/models/ps_model.h"
-#include "worker/models/ps_weights.h"
 #include "worker/psworker/psworker.h"
 
 typedef struct video_opts {
@@ -273,24 +272,13 @@ static int classes_from_data(const video_t *v, const video_opts_t *vo, int *clas
 /* No list (--export-onnx): the classifier of --weights says. */
 static int classes_from_weights(const ps_worker_opts_t *o, int *classes)
 {
-    int64_t shape[8];
-    int nd = 0;
-    if (!*o->data.weights) {
-        ps_error("--export-onnx without --weights or lists: give --num-classes");
+    ps_model_file_info_t fi;
+    if (!*o->data.weights || ps_model_file_info(o->data.weights, &fi) || fi.num_classes < 2) {
+        ps_error("no lists and no classifier in --weights (\"%s\") to take the class count "
+                 "from: give --num-classes", o->data.weights);
         return PS_EINVAL;
     }
-    int rc = ps_weights_tensor_shape(o->data.weights, ps_weights_resnet_formats,
-                                     PS_WEIGHTS_RESNET_NFORMATS, "fc.weight", &nd, shape);
-    if (rc) {
-        ps_error("%s: no classifier (fc.weight) to take the class count from: give --num-classes",
-                 o->data.weights);
-        return rc;
-    }
-    if (nd != 2 || shape[0] < 2 || shape[0] > (1 << 20)) {
-        ps_error("%s: fc.weight is not (K >= 2, features): give --num-classes", o->data.weights);
-        return PS_EMISMATCH;
-    }
-    *classes = (int)shape[0];
+    *classes = fi.num_classes;
     ps_info("%d classes from %s's fc.weight", *classes, o->data.weights);
     return 0;
 }
@@ -363,31 +351,23 @@ static int shift_options(const ps_worker_opts_t *o, const video_opts_t *vo, ps_m
 {
     static const char *const places[] = {"blockres", "block"};
     int place = !*vo->shift_place ? -1 : !strcmp(vo->shift_place, "block");
-    cfg->shift_place = place < 0 ? PS_MODEL_SHIFT_BLOCKRES : place;
-    cfg->shift_div = vo->shift_div ? vo->shift_div : 8;
-    if (!cfg->shift) return 0;
-    ps_st_file_t f;
-    char err[256];
-    if (*o->data.weights && !ps_st_open(&f, o->data.weights, err, sizeof err)) {
-        int fplace = ps_weights_tsm_place(&f); /* both at once: the load refuses the file */
-        const char *md = ps_st_meta(&f, "tsm.shift_div");
-        int fdiv = md ? atoi(md) : 0;
-        ps_st_close(&f);
-        if (fplace >= 0 && place >= 0 && place != fplace) {
-            ps_error("--shift-place %s, but %s is a TSM checkpoint with the shift placed '%s'",
-                     places[place], o->data.weights, places[fplace]);
-            return PS_EINVAL;
-        }
-        if (fdiv && vo->shift_div && vo->shift_div != fdiv) {
-            ps_error("--shift-div %d, but %s says tsm.shift_div %d", vo->shift_div,
-                     o->data.weights, fdiv);
-            return PS_EINVAL;
-        }
-        if (fplace >= 0) cfg->shift_place = fplace;
-        if (fdiv >= 2 && fdiv <= 64) cfg->shift_div = fdiv;
+    ps_model_file_info_t fi = {.shift_place = -1};
+    if (cfg->shift && *o->data.weights) ps_model_file_info(o->data.weights, &fi); /* the load reports a bad file */
+    if (fi.shift_place >= 0 && place >= 0 && place != fi.shift_place) {
+        ps_error("--shift-place %s, but %s is a TSM checkpoint with the shift placed '%s'",
+                 places[place], o->data.weights, places[fi.shift_place]);
+        return PS_EINVAL;
     }
-    ps_info("temporal shift: place %s, 1/%d of the channels each way", places[cfg->shift_place],
-            cfg->shift_div);
+    if (fi.shift_div && vo->shift_div && vo->shift_div != fi.shift_div) {
+        ps_error("--shift-div %d, but %s says tsm.shift_div %d", vo->shift_div, o->data.weights,
+                 fi.shift_div);
+        return PS_EINVAL;
+    }
+    cfg->shift_place = place >= 0 ? place : fi.shift_place >= 0 ? fi.shift_place : PS_MODEL_SHIFT_BLOCKRES;
+    cfg->shift_div = vo->shift_div ? vo->shift_div : fi.shift_div ? fi.shift_div : 8;
+    if (cfg->shift)
+        ps_info("temporal shift: place %s, 1/%d of the channels each way",
+                places[cfg->shift_place], cfg->shift_div);
     return 0;
 }
 
