@@ -14,8 +14,8 @@
 #     clip centre crop and 2 clips x 3 crops (TSM's test protocol); the two
 #     files give identical outputs.
 #  3. Bad input: a weights file with a wrong shape, an export into a missing
-#     folder: an error naming the tensor / file, no output written, an
-#     existing file left as it was.
+#     folder, psctl asked for another depth: an error naming the tensor /
+#     file, no output written, an existing file left as it was.
 # About 20 s on one core once the venv exists.
 PY=${PS_PYTHON:-/usr/bin/python3}
 . "$(dirname "$0")/lib/integration_common.sh" || { echo "Bail out! cannot read lib/integration_common.sh"; exit 99; }
@@ -84,6 +84,17 @@ spec=$(ls "$T"/ckpt/psd-0-*.safetensors 2>/dev/null | tail -n 1)
     "$T/c.onnx" >"$T/psctl.out" 2>&1 && grep -q "102 tensors from the servers" "$T/psctl.out"
 ok $? "psctl export --onnx: every tensor (weights, averaged BN statistics) from the servers" ||
     show_log "$T/psctl.out"
+"$PSW" --export-onnx "$T/auto.onnx" --model tsm-r18 --width 16 --size 32 --frames 4 --weights "$W" \
+    >"$T/auto.out" 2>"$T/auto.err" && grep -q "4 classes from" "$T/auto.err" && cmp -s "$T/w.onnx" "$T/auto.onnx"
+ok $? "--export-onnx without lists or --num-classes: 4 classes from fc.weight, the same file" ||
+    show_log "$T/auto.err"
+"$PSCTL" --servers "$SERVERS" export --onnx --model tsm-r34 --frames 4 --size 32 --spec "$spec" \
+    "$T/r34.onnx" >"$T/r34.out" 2>&1
+rc=$?
+[ $rc -ne 0 ] && grep -q "layer1.2.conv1.weight is not on the servers" "$T/r34.out" &&
+    grep -q -- "--like" "$T/r34.out" && [ ! -e "$T/r34.onnx" ]
+ok $? "psctl export --onnx --model tsm-r34 of an R18: exit $rc naming the missing tensor and --like" ||
+    show_log "$T/r34.out"
 "$PSW" --eval "${COMMON[@]}" --weights "$W" --predictions "$T/p1.csv" --log-level warn \
     >"$T/e1.out" 2>"$T/e1.err"
 ok $? "psworker --eval, 1 clip, centre crop" || show_log "$T/e1.err"
