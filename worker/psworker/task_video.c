@@ -352,7 +352,8 @@ static int shift_options(const ps_worker_opts_t *o, const video_opts_t *vo, ps_m
     static const char *const places[] = {"blockres", "block"};
     int place = !*vo->shift_place ? -1 : !strcmp(vo->shift_place, "block");
     ps_model_file_info_t fi = {.shift_place = -1};
-    if (cfg->shift && *o->data.weights) ps_model_file_info(o->data.weights, &fi); /* the load reports a bad file */
+    if (cfg->shift && *o->data.weights) /* a bad file: the load below reports it */
+        ps_model_file_info(o->data.weights, &fi);
     if (fi.shift_place >= 0 && place >= 0 && place != fi.shift_place) {
         ps_error("--shift-place %s, but %s is a TSM checkpoint with the shift placed '%s'",
                  places[place], o->data.weights, places[fi.shift_place]);
@@ -363,7 +364,9 @@ static int shift_options(const ps_worker_opts_t *o, const video_opts_t *vo, ps_m
                  fi.shift_div);
         return PS_EINVAL;
     }
-    cfg->shift_place = place >= 0 ? place : fi.shift_place >= 0 ? fi.shift_place : PS_MODEL_SHIFT_BLOCKRES;
+    cfg->shift_place = place >= 0            ? place
+                       : fi.shift_place >= 0 ? fi.shift_place
+                                             : PS_MODEL_SHIFT_BLOCKRES;
     cfg->shift_div = vo->shift_div ? vo->shift_div : fi.shift_div ? fi.shift_div : 8;
     if (cfg->shift)
         ps_info("temporal shift: place %s, 1/%d of the channels each way",
@@ -657,9 +660,10 @@ static double video_compute(ps_worker_t *p, uint64_t step)
 /* One video's logits averaged over its K views (clips x crops) into avg:
  * the raw logits, as TSM's test_models.py averages them (its --softmax,
  * off by default, would apply after the mean and not change the ranking);
- * its loss and ranks of the label into the sums.  0 when a logit is not finite: a diverged model,
- * and NaN compares false with everything, so the rank count would call the
- * video correct; it is wrong for top-1 and top-5 instead. */
+ * its loss and ranks of the label into the sums.  0 when a logit is not
+ * finite: a diverged model, and NaN compares false with everything, so the
+ * rank count would call the video correct; it is wrong for top-1 and top-5
+ * instead. */
 static int score_video(const float *lg, int K, int C, int y, double *avg, double *loss,
                        size_t *c1, size_t *c5)
 {
