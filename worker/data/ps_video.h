@@ -124,6 +124,8 @@ typedef struct ps_video_opts {
     int max_distort;      /* |i - j| of the (h, w) scale pair (TSM: 1) */
     int more_fix_crop;    /* 13 fixed offsets instead of 5 (TSM: 1) */
     int n_clips;          /* testing: clips per video (evenly spaced) */
+    int n_crops;          /* testing: 1 = centre crop; 3 = three crops along the
+                             longer side (TSM's GroupFullResSample, below) */
     float mean[3], std[3];/* ImageNet normalisation */
     uint64_t seed;
     int rank, world;      /* DistributedSampler position (0, 1 = all) */
@@ -141,7 +143,8 @@ typedef struct ps_video_opts {
 
 void ps_video_opts_default(ps_video_opts_t *o);
 int ps_video_opts_check(const ps_video_opts_t *o, char *err, size_t errlen);
-/* Clips per sample: train ? 1 : n_clips. */
+/* Clips per sample: train ? 1 : n_clips * n_crops.  A test sample's clip
+ * k = clip * n_crops + crop. */
 int ps_video_clips_per_sample(const ps_video_opts_t *o);
 
 /* TSN training indices (TSM's _sample_indices, new_length 1): 1-based. */
@@ -149,6 +152,16 @@ void ps_video_tsn_train_indices(int num_frames, int T, ps_vrng_t *r, int *out);
 /* TSN test indices (TSM's _get_val_indices for n_clips 1; clip c of n
  * shifts the point inside each span to tick*(c+0.5)/n): 1-based. */
 void ps_video_tsn_test_indices(int num_frames, int T, int clip, int n_clips, int *out);
+
+/* Test crop `crop` of n_crops (1 or 3) for a frame already scaled to
+ * img_w x img_h: 1 = the centre (offsets round((img - crop) / 2), Python's
+ * round); 3 = TSM's GroupFullResSample without flips, step = (img - crop)
+ * // 4 along the longer side and offsets 0, 4*step, 2*step there (left,
+ * right, centre), 2*step of the other side's step across.  (TSM steps along
+ * the width whatever the shape, so a portrait video gets three identical
+ * centre crops there; here the three go along the longer side.) */
+void ps_video_test_crop(int img_w, int img_h, int crop_w, int crop_h, int n_crops, int crop,
+                        int *x, int *y);
 
 /* GroupMultiScaleCrop's choice for an image of w x h (fix_crop on). */
 typedef struct ps_video_crop { int x, y, w, h; int flip; } ps_video_crop_t;

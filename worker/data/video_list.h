@@ -66,9 +66,6 @@ int ps_video_tmpl_ok(const char *tmpl);
 /* root/name/tmpl(frame) into buf; PS_ERANGE if it does not fit. */
 int ps_video_frame_path(const ps_video_list_t *l, size_t i, int frame, char *buf, size_t n);
 int ps_video_list_add(ps_video_list_t *l, const char *name, int frames, int label, int line);
-/* Writes a whole file through path.tmp, fsync and a rename: the final name
- * never holds half a file.  0 or PS_EIO (err names the file). */
-int ps_write_file_atomic(const char *path, const void *p, size_t n, char *err, size_t errlen);
 /* mkdir -p; 0 or -1 with errno set. */
 int ps_mkdir_p(const char *path);
 ps_video_list_t *ps_video_list_alloc(const char *source, const char *root, const char *tmpl);

@@ -24,6 +24,7 @@ static const char usage[] =
     "[--config FILE] (--servers tcp://H:P[,tcp://H:P...] | --standalone) [options]\n"
     "       psworker --eval --model tsm-r18 --weights model.safetensors --val-list L --root R\n"
     "       psworker --eval --model retinanet-r18 --weights W --val-json J --val-root R\n"
+    "       psworker --export-onnx FILE.onnx --model tsm-r50 --weights W [--num-classes K]\n"
     "Train a model with sync data-parallel SGD through psd servers, or alone with\n"
     "--standalone: the built-in smoke model (2-layer MLP on generated data), a\n"
     "video model (tsm-r18|34|50 with temporal shift, tsn-r18|34|50 without) on a\n"
@@ -46,6 +47,7 @@ static size_t job_rows(ps_worker_opts_t *o, ps_opt_t *rows)
     ROW("servers", PS_OPT_STRING, &o->servers, "comma-separated psd endpoints, server 0 first", "");
     ROW("standalone", PS_OPT_BOOL, &o->standalone, "train alone, no servers (reference run)", "false");
     ROW("eval", PS_OPT_BOOL, &o->eval, "evaluate --weights on the validation data and exit", "false");
+    ROW("export-onnx", PS_OPT_STRING, &o->export_onnx, "write the model (--weights, else the initialisation) as ONNX to FILE and exit (video models, detector)", "");
     ROW("rank", PS_OPT_INT, &o->rank, "worker rank, -1 = assigned by server 0", "-1");
     ROW("num-workers", PS_OPT_INT, &o->num_workers, "number of workers W in the cluster", "1");
     ROW("model", PS_OPT_STRING, &o->model, "smoke | tsm-r18|34|50 | tsn-r18|34|50 | retinanet-r18|34|50", "smoke");
@@ -144,7 +146,10 @@ static size_t data_rows(ps_worker_data_opts_t *o, ps_opt_t *rows)
     ROW("width", PS_OPT_INT, &o->width, "ResNet stem width (64 = torchvision)", "64");
     ROW("num-classes", PS_OPT_INT, &o->num_classes, "classes N, labels 0..N-1 (0 = from the data: "
         "the largest label + 1, and video labels must then be 0..K-1 without gaps)", "0");
-    ROW("weights", PS_OPT_STRING, &o->weights, "safetensors to start from (or to evaluate with --eval)", "");
+    ROW("weights", PS_OPT_STRING, &o->weights, "safetensors to start from (or to evaluate with --eval): "
+        "ours, a torchvision ResNet (fc of another size re-initialised; a detector's backbone), an official TSM checkpoint", "");
+    ROW("weights-partial", PS_OPT_BOOL, &o->weights_partial, "--weights may lack model tensors (they keep their "
+        "initialisation) and hold unknown ones (skipped); each is listed in the log", "false");
     ROW("predictions", PS_OPT_STRING, &o->predictions, "write predictions here: video --eval per-video CSV; detector: each validation's COCO results file", "");
     return n;
 }
@@ -336,7 +341,9 @@ static int job_check(ps_worker_opts_t *o)
 /* Where the workers meet: servers, or the ring's peers. */
 static int cluster_check(ps_worker_opts_t *o)
 {
-    if (o->eval) o->standalone = 1; /* evaluation needs no servers */
+    if (o->eval && *o->export_onnx)
+        return ps_worker_opt_error("--eval and --export-onnx are two runs: give one");
+    if (o->eval || *o->export_onnx) o->standalone = 1; /* neither needs servers */
     if (o->standalone) return 0;
     if (!strcmp(o->mode, "allreduce")) return ps_worker_ring_check(o);
     if (!*o->servers) return ps_worker_opt_error("give --servers tcp://HOST:PORT[,...] or --standalone");

@@ -76,6 +76,7 @@ typedef struct ps_worker_data_opts {
     char *weights;          /* safetensors to start from / to evaluate */
     char *predictions;      /* the task's predictions file ("" = none): video --eval's
                                per-video CSV, the detector's COCO results */
+    int weights_partial;    /* --weights may lack model tensors / hold others (listed) */
 } ps_worker_data_opts_t;
 
 typedef struct ps_worker_opts {
@@ -83,6 +84,7 @@ typedef struct ps_worker_opts {
     char *servers;          /* "tcp://h:p,tcp://h:p" (server 0 first) */
     int standalone;         /* no servers: same model, same ps_optim, one process */
     int eval;               /* --eval: evaluate --weights and exit */
+    char *export_onnx;      /* --export-onnx FILE: write the model as ONNX and exit ("" = no) */
     int rank;               /* -1: assigned by server 0 */
     int num_workers;        /* W */
     char *model;

@@ -148,6 +148,8 @@ int ps_worker_run_cluster(ps_worker_t *p);
 int ps_worker_run_ring(ps_worker_t *p);
 int ps_worker_run_standalone(ps_worker_t *p);
 int ps_worker_run_eval(ps_worker_t *p);
+/* --export-onnx: the task's model as ONNX (loop_standalone.c). */
+int ps_worker_run_export(ps_worker_t *p);
 /* loop_cluster.c: wait for partition i's request req[i] of `step` and run
  * every check of a cluster step on it (verdict, rollback, stale re-pull
  * into dst, version); 0 or the PS_E*, the step's first error kept (and

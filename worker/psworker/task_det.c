@@ -31,6 +31,7 @@
 #include "worker/det/det_boxes.h"
 #include "worker/det/det_data.h"
 #include "worker/models/ps_retinanet.h"
+#include "worker/models/ps_weights.h"
 #include "worker/psworker/psworker.h"
 
 typedef struct det_opts {
@@ -96,7 +97,7 @@ static int det_check(ps_worker_opts_t *o)
         !(d->score_thresh >= 0 && d->score_thresh < 1) || !(d->clip_grad >= 0))
         return ps_worker_opt_error("--fpn-channels must be in 8..1024, --freeze-at in 0..5, "
                 "--score-thresh in [0, 1), --clip-grad >= 0");
-    if (!o->eval && !*d->train_json)
+    if (!o->eval && !*o->export_onnx && !*d->train_json)
         return ps_worker_opt_error("--model %s needs --train-json (COCO annotations) and --root "
                 "(their images)", o->model);
     if ((o->eval || *o->data.predictions) && !*d->val_json)
@@ -135,6 +136,31 @@ static void data_opts(const ps_worker_opts_t *o, ps_det_data_opts_t *d, int trai
     d->skip_bad = o->data.skip_bad;
 }
 
+/* No annotations (--export-onnx): the class count of --weights' cls_logits
+ * (9 anchors x K outputs). */
+static int classes_from_weights(const ps_worker_opts_t *o, int *K)
+{
+    static const ps_weights_format_t own = {.name = "retinanet"};
+    const ps_weights_format_t *const f[1] = {&own};
+    int64_t shape[8];
+    int nd = 0;
+    if (!*o->data.weights || ps_weights_tensor_shape(o->data.weights, f, 1,
+                                                     "head.classification_head.cls_logits.bias",
+                                                     &nd, shape)) {
+        ps_error("--export-onnx of a detector without annotations: give --num-classes (or "
+                 "--weights of a detector)");
+        return PS_EINVAL;
+    }
+    if (nd != 1 || shape[0] % PS_RETINA_ANCHORS || shape[0] < PS_RETINA_ANCHORS) {
+        ps_error("%s: cls_logits.bias has %lld outputs, not 9 anchors x K", o->data.weights,
+                 (long long)shape[0]);
+        return PS_EMISMATCH;
+    }
+    *K = (int)(shape[0] / PS_RETINA_ANCHORS);
+    ps_info("%d classes from %s's cls_logits", *K, o->data.weights);
+    return 0;
+}
+
 /* The annotations, the classes (the same category ids in train and val)
  * and the loaders' options. */
 static int det_data(ps_worker_t *p, det_t *d)
@@ -142,12 +168,14 @@ static int det_data(ps_worker_t *p, det_t *d)
     const ps_worker_opts_t *o = p->o;
     const det_opts_t *dop = dopts(p);
     int rc;
-    if (!o->eval && (rc = load_set(dop->train_json, o->data.root, 1, o->data.skip_bad, &d->train)))
+    if (!o->eval && !*o->export_onnx &&
+        (rc = load_set(dop->train_json, o->data.root, 1, o->data.skip_bad, &d->train)))
         return rc;
     if (*dop->val_json && (rc = load_set(dop->val_json, *dop->val_root ? dop->val_root : o->data.root,
                                          0, o->data.skip_bad, &d->val)))
         return rc;
     d->K = o->data.num_classes;
+    if (!d->K && !d->train && !d->val) return classes_from_weights(o, &d->K);
     if (!d->K) d->K = ps_det_dataset_num_classes(d->train ? d->train : d->val);
     if ((d->train && ps_det_dataset_num_classes(d->train) != d->K) ||
         (d->val && ps_det_dataset_num_classes(d->val) != d->K)) {
@@ -188,11 +216,13 @@ static int det_model(ps_worker_t *p, det_t *d, int depth)
     cfg.freeze_at = dop->freeze_at;
     if ((rc = ps_worker_open_device(p, &d->ctx, &d->be))) return rc;
     int vbatch = d->vopt.batch, maxn = p->batch > vbatch ? p->batch : vbatch;
+    if (*o->export_onnx) maxn = 1; /* the graph has a symbolic batch */
     if ((rc = ps_retina_create(&d->m, &cfg, d->be, &d->ctx, maxn, o->data.size, o->data.size)))
         return rc;
     ps_retina_init(d->m, o->seed, 0);
     if (*o->data.weights) {
-        if ((rc = ps_retina_load(d->m, o->data.weights))) return rc;
+        if ((rc = ps_retina_load_weights(d->m, o->data.weights, o->data.weights_partial)))
+            return rc;
         ps_info("weights loaded from %s", o->data.weights);
     }
     d->A = ps_retina_num_anchors(d->m);
@@ -541,6 +571,15 @@ static int det_run_eval(ps_worker_t *p)
     return 0;
 }
 
+/* --export-onnx: the detector as setup left it (p->w: --weights or the init). */
+static int det_export(ps_worker_t *p, const char *path)
+{
+    det_t *d = p->ts;
+    scatter(p);
+    if (d->be) d->be->sync(&d->ctx);
+    return ps_retina_export_onnx(d->m, path);
+}
+
 static void det_teardown(ps_worker_t *p)
 {
     det_t *d = p->ts;
@@ -578,5 +617,6 @@ const ps_task_t ps_task_det = {
     .save = det_save,
     .print_final = det_print_final,
     .eval = det_run_eval,
+    .export_onnx = det_export,
     .teardown = det_teardown,
 };
