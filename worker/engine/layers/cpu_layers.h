@@ -150,4 +150,36 @@ void ps_cpu_head_permute_forward(ps_ctx_t *ctx, float *out, const float *inp, in
 void ps_cpu_head_permute_backward(ps_ctx_t *ctx, float *dinp, const float *dout, int nA,
                                   int D, int H, int W);
 
+/* ---- 3-D video layers ---------------------------------------------------- */
+
+/* conv3d.c, conv3d_col.c */
+void ps_cpu_conv3d_forward(ps_ctx_t *ctx, float *out, const float *inp, const float *w,
+                           const float *b, const ps_conv3d_desc_t *d, int N, int D, int H,
+                           int W);
+void ps_cpu_conv3d_backward(ps_ctx_t *ctx, float *dinp, float *dw, float *db,
+                            const float *dout, const float *inp, const float *w,
+                            const ps_conv3d_desc_t *d, int N, int D, int H, int W);
+/* Floats of one thread's vol2col buffer at most (unless one output frame
+ * needs more): longer clips are cut into output-frame ranges.  0 restores
+ * the default (16 MiB).  Process-wide, for tests (set before sizing). */
+void ps_conv3d_set_col_cap(size_t floats);
+/* vol2col / col2vol for one clip and group, output frames [o0, o1) (conv3d_col.c).
+ * col is (Cg*KT*R*S) x ((o1-o0)*P*Q); x / dx hold the group's first channel
+ * (Cg blocks of D*H*W).  col2vol ADDS into dx. */
+void ps_cpu_vol2col(float *col, const float *x, int Cg, int D, int H, int W,
+                    const ps_conv3d_desc_t *d, int P, int Q, int o0, int o1);
+void ps_cpu_col2vol(float *dx, const float *col, int Cg, int D, int H, int W,
+                    const ps_conv3d_desc_t *d, int P, int Q, int o0, int o1);
+
+/* pool3d.c */
+void ps_cpu_maxpool3d_forward(ps_ctx_t *ctx, float *out, int32_t *argmax, const float *inp,
+                              const ps_pool3d_desc_t *d, int N, int C, int D, int H, int W);
+void ps_cpu_maxpool3d_backward(ps_ctx_t *ctx, float *dinp, const float *dout,
+                               const int32_t *argmax, const ps_pool3d_desc_t *d, int N, int C,
+                               int D, int H, int W);
+void ps_cpu_avgpool3d_forward(ps_ctx_t *ctx, float *out, const float *inp,
+                              const ps_pool3d_desc_t *d, int N, int C, int D, int H, int W);
+void ps_cpu_avgpool3d_backward(ps_ctx_t *ctx, float *dinp, const float *dout,
+                               const ps_pool3d_desc_t *d, int N, int C, int D, int H, int W);
+
 #endif
