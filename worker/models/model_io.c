@@ -14,9 +14,8 @@
 
 int ps_model_save(const ps_model_t *m, const char *path)
 {
-    char arch[64];
-    snprintf(arch, sizeof arch, "%s-resnet%d", m->cfg.shift ? "tsm" : "tsn", m->cfg.depth);
-    return ps_mtab_save(m->params, m->nparams, m->buffers, m->nbuffers, arch, "model", path);
+    return ps_mtab_save(m->params, m->nparams, m->buffers, m->nbuffers, m->arch_name, "model",
+                        path);
 }
 
 static int shape_matches(const ps_st_tensor_t *t, int ndim, const int *shape)
@@ -38,6 +37,36 @@ static void fmt_shape(char *buf, size_t len, int ndim, const int64_t *s64, const
 
 static int is_fc(const ps_model_t *m, int i) { return i == m->fc_pw || i == m->fc_pb; }
 
+/* A 2-D kernel (K, C, R, S) in the file for a 3-D one (K, C, T, R, S). */
+static int inflatable(const ps_st_tensor_t *t, const ps_model_param_t *p)
+{
+    return p->ndim == 5 && t->ndim == 4 && t->shape[0] == p->shape[0] &&
+           t->shape[1] == p->shape[1] && t->shape[2] == p->shape[3] &&
+           t->shape[3] == p->shape[4];
+}
+
+/* Read the 2-D kernel of p's name and spread it over p's T slices: each
+ * slice kernel / T (mean inflation), or the centre slice T/2 = kernel and
+ * the others 0 (centre). */
+static int read_inflated(const ps_st_file_t *f, ps_model_param_t *p, int centre, char *err,
+                         size_t errlen)
+{
+    const int T = p->shape[2];
+    const size_t KC = (size_t)p->shape[0] * p->shape[1], RS = (size_t)p->shape[3] * p->shape[4];
+    float *k2 = malloc(KC * RS * sizeof *k2);
+    if (!k2) return PS_ENOMEM;
+    int r = ps_st_read_f32(f, p->name, k2, KC * RS, err, errlen);
+    for (size_t kc = 0; kc < KC && !r; kc++)
+        for (int t = 0; t < T; t++) {
+            float *dst = p->w + (kc * T + t) * RS;
+            const float *src = k2 + kc * RS;
+            for (size_t i = 0; i < RS; i++)
+                dst[i] = centre ? (t == T / 2 ? src[i] : 0.0f) : src[i] / (float)T;
+        }
+    free(k2);
+    return r;
+}
+
 /* Pass 1: everything the file must satisfy, before a single weight moves. */
 static int validate(ps_model_t *m, const ps_st_file_t *f, const char *path, int flags,
                     int *replace_fc)
@@ -57,7 +86,7 @@ static int validate(ps_model_t *m, const ps_st_file_t *f, const char *path, int 
                      ps_st_dtype_name(t->dtype));
             return PS_EMISMATCH;
         }
-        if (shape_matches(t, p->ndim, p->shape)) continue;
+        if (shape_matches(t, p->ndim, p->shape) || inflatable(t, p)) continue;
         /* fc with another class count: same feature size, other K */
         if (is_fc(m, i) && (flags & PS_MODEL_LOAD_REPLACE_FC) && t->ndim == p->ndim &&
             (p->ndim == 1 || t->shape[1] == p->shape[1])) {
@@ -105,8 +134,8 @@ static int validate(ps_model_t *m, const ps_st_file_t *f, const char *path, int 
         for (int i = 0; i < m->nbuffers && !known; i++)
             known = !strcmp(m->buffers[i].name, name);
         if (!known) {
-            ps_error("model load %s: unexpected tensor %s (not in ResNet-%d)", path, name,
-                     m->cfg.depth);
+            ps_error("model load %s: unexpected tensor %s (not in %s)", path, name,
+                     m->arch_name);
             return PS_EMISMATCH;
         }
     }
@@ -125,16 +154,28 @@ int ps_model_load(ps_model_t *m, const char *path, int flags)
     int replace_fc = 0;
     if ((r = validate(m, &f, path, flags, &replace_fc))) goto out;
 
+    int inflated = 0;
     for (int i = 0; i < m->nparams; i++) {
         ps_model_param_t *p = &m->params[i];
         if (replace_fc && is_fc(m, i)) continue;
-        if ((r = ps_st_read_f32(&f, p->name, p->w, p->numel, err, sizeof err))) {
+        const ps_st_tensor_t *t = ps_st_find(&f, p->name);
+        if (t && inflatable(t, p)) {
+            inflated++;
+            r = read_inflated(&f, p, flags & PS_MODEL_LOAD_INFLATE_CENTRE, err, sizeof err);
+        } else {
+            r = ps_st_read_f32(&f, p->name, p->w, p->numel, err, sizeof err);
+        }
+        if (r) {
             ps_error("model load %s: %s", path, err);
             goto out; /* cannot happen after validate() short of a broken reader */
         }
     }
     if ((r = ps_mtab_read_buffers(&f, m->buffers, m->nbuffers, "model", path))) goto out;
     m->fc_replaced = replace_fc;
+    m->inflated = inflated;
+    if (inflated)
+        ps_info("model load %s: %d 2-D kernels inflated to 3-D (%s inflation)", path, inflated,
+                flags & PS_MODEL_LOAD_INFLATE_CENTRE ? "centre" : "mean");
     if (replace_fc) {
         /* TSM fine-tuning: a fresh fc, trained faster (lr x5 weight, x10 bias) */
         ps_resnet_init_fc(m, m->seed);

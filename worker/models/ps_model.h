@@ -41,6 +41,12 @@
 #include "worker/engine/ps_engine.h"
 
 typedef struct ps_model_config {
+    char arch[32];     /* "" (default): the 2-D ResNet below (depth, shift);
+                          else a 3-D video model by name (ps_video3d.h:
+                          "i3d-r50-311", "r3d-18", ...), which reads only
+                          num_classes, n_segment (its clip's frames T),
+                          dropout, partial_bn / bn_mode, width and the BN
+                          constants */
     int depth;         /* 18, 34 or 50 */
     int num_classes;   /* K */
     int n_segment;     /* T frames per clip (TSM: 8) */
@@ -91,7 +97,7 @@ enum {
     PS_MODEL_NGROUPS = 5
 };
 
-#define PS_MODEL_MAX_NDIM 4
+#define PS_MODEL_MAX_NDIM 5 /* conv3d weights (K, C, T, R, S) */
 
 /* One learnable tensor, in model (= torchvision state-dict) order. */
 typedef struct ps_model_param {
@@ -223,14 +229,27 @@ enum {
     /* the file's fc.weight / fc.bias are ignored: an ImageNet classifier
      * seeding a model without fc (a detector backbone, ps_retina_t) */
     PS_MODEL_LOAD_IGNORE_FC = 2,
+    /* a 4-D (K, C, R, S) file tensor for a 5-D (K, C, T, R, S) model weight
+     * is inflated along T (I3D's ImageNet initialisation): by default each
+     * of the T slices is the 2-D kernel / T ("mean" inflation: a clip of T
+     * equal frames then gives the 2-D net's response); with this flag the
+     * centre slice is the 2-D kernel and the others are 0 ("centre") */
+    PS_MODEL_LOAD_INFLATE_CENTRE = 4,
 };
 /* Load a safetensors file with torchvision names.  Every model tensor must
- * be present with the same shape (num_batches_tracked may be missing: 0),
+ * be present with the same shape (num_batches_tracked may be missing: 0;
+ * a 3-D model's conv weights may be 2-D ones, inflated on load, see
+ * PS_MODEL_LOAD_INFLATE_CENTRE),
  * and no unknown tensor may be present; on any error nothing is changed.
  * Returns 0, PS_EIO, PS_ECORRUPT, PS_ENOTFOUND or PS_EMISMATCH with a
  * message naming the file and tensor. */
 int ps_model_load(ps_model_t *m, const char *path, int flags);
 /* 1 if the last load replaced fc (class count differed). */
 int ps_model_fc_replaced(const ps_model_t *m);
+/* Tensors the last load inflated from 2-D to 3-D (0 for a 2-D model). */
+int ps_model_inflated(const ps_model_t *m);
+/* The architecture's name as saved in the file's "ps.arch" metadata
+ * ("tsm-resnet50", "i3d-r50-311", ...). */
+const char *ps_model_arch(const ps_model_t *m);
 
 #endif

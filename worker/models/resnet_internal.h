@@ -43,7 +43,26 @@ typedef struct block {
     const float *x;     /* block input (previous y), set by forward */
 } block_t;
 
+/* What differs between the model families behind ps_model.h: the 2-D
+ * ResNets (resnet.c) and the 3-D video models (video3d.c).  Everything
+ * else -- the parameter and buffer tables, the arena, the head's buffers,
+ * init, save, load, groups, hooks -- is the same code for both, on the
+ * fields of struct ps_model below. */
+typedef struct ps_model_family {
+    const char *name;
+    int (*forward)(ps_model_t *m, const float *input, int nclips, const int32_t *labels,
+                   int training, float *loss);
+    int (*backward)(ps_model_t *m);
+    void (*flops)(const ps_model_t *m, int nclips, double *fwd, double *bwd);
+    void (*free_impl)(ps_model_t *m); /* what the family allocated besides the tables */
+} ps_model_family_t;
+extern const ps_model_family_t ps_resnet_family;
+
 struct ps_model {
+    const ps_model_family_t *family;
+    void *impl;            /* the family's own state (3-D models: video3d.c) */
+    char arch_name[48];    /* "ps.arch" of saved files */
+    int inflated;          /* tensors the last load inflated */
     ps_model_config_t cfg;
     const ps_backend_t *be;
     ps_ctx_t *ctx;
@@ -112,8 +131,28 @@ const float *ps_resnet_stage_out(const ps_model_t *m, int s, int *C, int *P, int
 void ps_resnet_backward_features(ps_model_t *m, const float *const dstage[4], int N,
                                  int freeze_at);
 
+/* resnet.c: the 2-D ResNet (cfg->arch ""); model.c picks it */
+int ps_resnet_create(ps_model_t **out, const ps_model_config_t *cfg, const ps_backend_t *be,
+                     ps_ctx_t *ctx, int max_clips, int H, int W);
+/* video3d.c: a 3-D video model (cfg->arch names it) */
+int ps_v3d_create(ps_model_t **out, const ps_model_config_t *cfg, const ps_backend_t *be,
+                  ps_ctx_t *ctx, int max_clips, int H, int W);
+
+/* resnet.c: one BN forward / backward in the model's BN mode (batch or
+ * running statistics, frozen affine), shared with the 3-D models */
+void ps_resnet_bn_fwd(ps_model_t *m, bn_t *b, float *out, const float *in, int N, int HW,
+                      int training);
+void ps_resnet_bn_bwd(ps_model_t *m, bn_t *b, float *din, const float *dout, const float *in,
+                      int N, int HW);
+
 /* resnet_params.c */
 int ps_resnet_build(ps_model_t *m); /* architecture + tables + arena */
+/* A BN's five tensors under name (name.weight ... name.num_batches_tracked),
+ * trainable per the model's BN mode; its saved statistics from the arena;
+ * its pointers resolved after the arena is committed. */
+int ps_resnet_def_bn(ps_model_t *m, bn_t *b, const char *name, int C, int first);
+void ps_resnet_take_bn(ps_arena_t *a, bn_t *b);
+void ps_resnet_resolve_bn(ps_model_t *m, bn_t *b);
 void ps_resnet_free_tables(ps_model_t *m);
 void ps_resnet_init_fc(ps_model_t *m, uint64_t seed);
 

@@ -18,7 +18,8 @@
  * works on whole clips, each thread with its own column buffer and
  * single-threaded vol2col + sgemm + col2vol; weight gradients are
  * accumulated per thread (thread 0 straight into dw, the others into
- * zeroed workspace copies) and summed at the end.  With one clip (or one
+ * zeroed workspace copies; a static share of the clips each, so the sum
+ * is reproducible) and summed at the end.  With one clip (or one
  * thread) the clip's vol2col / col2vol rows and GEMMs are split instead.
  * Workspace (ps_conv3d_workspace, exact for the current thread count):
  * team * CRS*P*Q*frames_per_chunk + (team-1) * the weight size. */
@@ -265,7 +266,10 @@ void ps_cpu_conv3d_backward(ps_ctx_t *ctx, float *dinp, float *dw, float *db,
             float *my = ws + p.per_thread * t;
             float *mydw = !dw ? NULL : t == 0 ? dw : red + p.nw * (t - 1);
             if (mydw && t > 0) memset(mydw, 0, p.nw * sizeof(float));
-#pragma omp for schedule(dynamic, 1)
+            /* static: each thread always sums the same clips into its dw
+             * copy, so the weight gradient is the same bit for bit on every
+             * run with this thread count */
+#pragma omp for schedule(static)
             for (int n = 0; n < N; n++) bwd_clip(&p, d, dinp, mydw, dout, inp, w, my, n, D, H, W);
             /* (implicit barrier) the threads' partial weight gradients */
             if (dw && nth > 1) {
