@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -351,11 +352,25 @@ int ps_video_read_frame_bytes(const ps_video_list_t *l, size_t i, int frame,
 int ps_video_read_frame(const ps_video_list_t *l, size_t i, int frame,
                         uint8_t **rgb, int *w, int *h, char *err, size_t errlen)
 {
+    return ps_video_read_frame_io(l, i, frame, rgb, w, h, NULL, err, errlen);
+}
+
+int ps_video_read_frame_io(const ps_video_list_t *l, size_t i, int frame, uint8_t **rgb,
+                           int *w, int *h, ps_video_io_t *io, char *err, size_t errlen)
+{
     uint8_t *b;
     size_t n;
     *rgb = NULL;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     int rc = ps_video_read_frame_bytes(l, i, frame, &b, &n, err, errlen);
     if (rc < 0) return rc;
+    if (io) {
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        io->frames++;
+        io->bytes += n;
+        io->read_s += (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    }
     char m[300];
     rc = ps_jpeg_decode(b, n, rgb, w, h, m, sizeof m);
     free(b);
