@@ -58,19 +58,24 @@ def train_clip(N, T, stride, stream):
     return np.mod(off + np.arange(T) * stride, N) + 1
 
 
-lines = []
-for N, T, stride, n in [(16, 8, 2, 1), (16, 8, 2, 3), (40, 8, 2, 2), (10, 8, 2, 1),
-                        (64, 32, 2, 1), (5, 4, 3, 2), (33, 16, 1, 4), (16, 8, 1, 1)]:
-    for c, row in enumerate(test_clips(N, T, stride, n)):
-        lines.append("test %d %d %d %d %d %s" % (N, T, stride, c, n, " ".join(map(str, row))))
-for N, T, stride, seed, epoch, index in [(16, 8, 2, 7, 0, 3), (40, 8, 2, 7, 1, 5),
-                                         (100, 32, 2, 1, 0, 0), (10, 8, 2, 7, 0, 1),
-                                         (16, 8, 1, 99, 3, 12), (17, 4, 4, 5, 2, 8)]:
-    row = train_clip(N, T, stride, Stream(seed, epoch, index))
-    lines.append("train %d %d %d %d %d %d %s" % (N, T, stride, seed, epoch, index,
-                                                 " ".join(map(str, row))))
-out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "video_dense.txt")
-with open(out, "w") as f:
-    f.write("# dense sampling indices (gen_video_dense.py): mmaction2 SampleFrames, loop, 1-based\n")
-    f.write("\n".join(lines) + "\n")
-print("wrote %s: %d lines" % (out, len(lines)))
+def main():
+    lines = []
+    for N, T, stride, n in [(16, 8, 2, 1), (16, 8, 2, 3), (40, 8, 2, 2), (10, 8, 2, 1),
+                            (64, 32, 2, 1), (5, 4, 3, 2), (33, 16, 1, 4), (16, 8, 1, 1)]:
+        for c, row in enumerate(test_clips(N, T, stride, n)):
+            lines.append("test %d %d %d %d %d %s" % (N, T, stride, c, n, " ".join(map(str, row))))
+    for N, T, stride, seed, epoch, index in [(16, 8, 2, 7, 0, 3), (40, 8, 2, 7, 1, 5),
+                                             (100, 32, 2, 1, 0, 0), (10, 8, 2, 7, 0, 1),
+                                             (16, 8, 1, 99, 3, 12), (17, 4, 4, 5, 2, 8)]:
+        row = train_clip(N, T, stride, Stream(seed, epoch, index))
+        lines.append("train %d %d %d %d %d %d %s" % (N, T, stride, seed, epoch, index,
+                                                     " ".join(map(str, row))))
+    out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "video_dense.txt")
+    with open(out, "w") as f:
+        f.write("# dense sampling indices (gen_video_dense.py): mmaction2 SampleFrames, loop, 1-based\n")
+        f.write("\n".join(lines) + "\n")
+    print("wrote %s: %d lines" % (out, len(lines)))
+
+
+if __name__ == "__main__":
+    main()

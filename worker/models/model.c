@@ -16,8 +16,29 @@ int ps_model_create(ps_model_t **out, const ps_model_config_t *cfg, const ps_bac
 {
     if (out) *out = NULL;
     if (!out || !cfg) return PS_EINVAL;
-    if (cfg->arch[0]) return ps_v3d_create(out, cfg, be, ctx, max_clips, H, W);
-    return ps_resnet_create(out, cfg, be, ctx, max_clips, H, W);
+    if (cfg->arch[0]) return ps_v3d_create(out, cfg, be, ctx, max_clips, H, W, 0);
+    return ps_resnet_create(out, cfg, be, ctx, max_clips, H, W, 0);
+}
+
+int ps_model_count(const ps_model_config_t *cfg, int H, int W, ps_model_count_t *c)
+{
+    if (!cfg || !c) return PS_EINVAL;
+    memset(c, 0, sizeof *c);
+    ps_ctx_t ctx; /* not used: nothing is allocated or computed */
+    memset(&ctx, 0, sizeof ctx);
+    ps_model_t *m = NULL;
+    int r = cfg->arch[0] ? ps_v3d_create(&m, cfg, &ps_backend_cpu, &ctx, 1, H, W, 1)
+                         : ps_resnet_create(&m, cfg, &ps_backend_cpu, &ctx, 1, H, W, 1);
+    if (r) return r;
+    for (int i = 0; i < m->nparams; i++) {
+        c->params += m->params[i].numel;
+        if (m->params[i].trainable) c->trainable += m->params[i].numel;
+    }
+    for (int i = 0; i < m->nbuffers; i++)
+        if (m->buffers[i].ndim == 1) c->bn_stats += m->buffers[i].numel;
+    m->family->flops(m, 1, &c->fwd_flops, &c->bwd_flops);
+    ps_model_destroy(&m);
+    return 0;
 }
 
 void ps_model_destroy(ps_model_t **mp)

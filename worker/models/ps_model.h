@@ -207,6 +207,18 @@ int ps_model_tensor_specs(const ps_model_t *m, ps_tensor_spec_t **specs);
 /* Floating-point operations of one forward / backward over nclips clips,
  * counted from the layer shapes (2 per multiply-add; convs and fc only). */
 void ps_model_flops(const ps_model_t *m, int nclips, double *fwd, double *bwd);
+
+/* What a model of cfg costs, from its shapes alone (no memory for weights
+ * or activations, so the paper's sizes can be counted anywhere). */
+typedef struct ps_model_count {
+    size_t params;        /* learnable elements */
+    size_t trainable;     /* of which trainable in cfg's BN mode (what is pushed) */
+    size_t bn_stats;      /* BN running mean / var elements (--bn-sync sends them too) */
+    double fwd_flops;     /* one clip's forward, 2 per multiply-add of convs and fc */
+    double bwd_flops;     /* its backward (input and weight gradients) */
+} ps_model_count_t;
+/* 0, or PS_EINVAL (bad config, logged) / PS_ENOMEM. */
+int ps_model_count(const ps_model_config_t *cfg, int H, int W, ps_model_count_t *c);
 /* Dropout masks are a pure function of (seed, forward counter): forward
  * number k (0-based, counted from this call; every forward counts) draws
  * its mask with seed ^ (0x9E3779B97F4A7C15 * (k + 1)) through the backend's

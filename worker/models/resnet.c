@@ -10,7 +10,7 @@
 #include <string.h>
 
 static int create(ps_model_t **out, const ps_model_config_t *cfg, const ps_backend_t *be,
-                  ps_ctx_t *ctx, int max_clips, int H, int W, int features_only)
+                  ps_ctx_t *ctx, int max_clips, int H, int W, int features_only, int count_only)
 {
     *out = NULL;
     if (!cfg || !be || !ctx) return PS_EINVAL;
@@ -48,6 +48,7 @@ static int create(ps_model_t **out, const ps_model_config_t *cfg, const ps_backe
     m->W = W;
     m->max_n = (size_t)max_clips * cfg->n_segment;
     m->features_only = features_only;
+    m->count_only = count_only;
     m->bn_mode = cfg->bn_mode == PS_MODEL_BN_FROZEN                      ? PS_MODEL_BN_FROZEN
                  : cfg->bn_mode == PS_MODEL_BN_PARTIAL || cfg->partial_bn ? PS_MODEL_BN_PARTIAL
                                                                           : PS_MODEL_BN_TRAIN;
@@ -58,7 +59,7 @@ static int create(ps_model_t **out, const ps_model_config_t *cfg, const ps_backe
         ps_model_destroy(&m);
         return r;
     }
-    ps_model_init(m, 0, 0);
+    if (!count_only) ps_model_init(m, 0, 0);
     ps_debug("model: ResNet-%d (%s), %d params, arena %zu MiB", cfg->depth,
              cfg->shift ? "TSM" : "TSN", m->nparams, m->arena.size >> 20);
     *out = m;
@@ -66,9 +67,9 @@ static int create(ps_model_t **out, const ps_model_config_t *cfg, const ps_backe
 }
 
 int ps_resnet_create(ps_model_t **out, const ps_model_config_t *cfg, const ps_backend_t *be,
-                     ps_ctx_t *ctx, int max_clips, int H, int W)
+                     ps_ctx_t *ctx, int max_clips, int H, int W, int count_only)
 {
-    return create(out, cfg, be, ctx, max_clips, H, W, 0);
+    return create(out, cfg, be, ctx, max_clips, H, W, 0, count_only);
 }
 
 int ps_resnet_create_features(ps_model_t **out, const ps_model_config_t *cfg,
@@ -80,7 +81,7 @@ int ps_resnet_create_features(ps_model_t **out, const ps_model_config_t *cfg,
     c.shift = 0;
     c.dropout = 0.f;
     c.num_classes = 1;
-    return create(out, &c, be, ctx, max_n, H, W, 1);
+    return create(out, &c, be, ctx, max_n, H, W, 1, 0);
 }
 
 /* A block's parameters are contiguous in the table (resnet_params.c defines

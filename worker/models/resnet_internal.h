@@ -63,6 +63,7 @@ struct ps_model {
     void *impl;            /* the family's own state (3-D models: video3d.c) */
     char arch_name[48];    /* "ps.arch" of saved files */
     int inflated;          /* tensors the last load inflated */
+    int count_only;        /* tables and shapes only, no arena (ps_model_count) */
     ps_model_config_t cfg;
     const ps_backend_t *be;
     ps_ctx_t *ctx;
@@ -133,10 +134,10 @@ void ps_resnet_backward_features(ps_model_t *m, const float *const dstage[4], in
 
 /* resnet.c: the 2-D ResNet (cfg->arch ""); model.c picks it */
 int ps_resnet_create(ps_model_t **out, const ps_model_config_t *cfg, const ps_backend_t *be,
-                     ps_ctx_t *ctx, int max_clips, int H, int W);
+                     ps_ctx_t *ctx, int max_clips, int H, int W, int count_only);
 /* video3d.c: a 3-D video model (cfg->arch names it) */
 int ps_v3d_create(ps_model_t **out, const ps_model_config_t *cfg, const ps_backend_t *be,
-                  ps_ctx_t *ctx, int max_clips, int H, int W);
+                  ps_ctx_t *ctx, int max_clips, int H, int W, int count_only);
 
 /* resnet.c: one BN forward / backward in the model's BN mode (batch or
  * running statistics, frozen affine), shared with the 3-D models */

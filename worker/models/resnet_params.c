@@ -291,7 +291,7 @@ static size_t conv_ws(const conv_t *c, int N)
 int ps_resnet_build(ps_model_t *m)
 {
     int r = define(m);
-    if (r) return r;
+    if (r || m->count_only) return r;
     ps_arena_begin_sizing(&m->arena);
     layout(m, &m->arena);
     if ((r = ps_arena_commit(&m->arena))) return r;

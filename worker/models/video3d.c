@@ -24,7 +24,7 @@ static void v3d_free_impl(ps_model_t *m)
 extern const ps_model_family_t ps_v3d_family;
 
 int ps_v3d_create(ps_model_t **out, const ps_model_config_t *cfg, const ps_backend_t *be,
-                  ps_ctx_t *ctx, int max_clips, int H, int W)
+                  ps_ctx_t *ctx, int max_clips, int H, int W, int count_only)
 {
     *out = NULL;
     if (!be || !ctx) return PS_EINVAL;
@@ -65,6 +65,7 @@ int ps_v3d_create(ps_model_t **out, const ps_model_config_t *cfg, const ps_backe
     m->H = H;
     m->W = W;
     m->fc_pw = m->fc_pb = -1;
+    m->count_only = count_only;
     m->bn_mode = cfg->bn_mode == PS_MODEL_BN_FROZEN                      ? PS_MODEL_BN_FROZEN
                  : cfg->bn_mode == PS_MODEL_BN_PARTIAL || cfg->partial_bn ? PS_MODEL_BN_PARTIAL
                                                                           : PS_MODEL_BN_TRAIN;
@@ -75,7 +76,7 @@ int ps_v3d_create(ps_model_t **out, const ps_model_config_t *cfg, const ps_backe
         ps_model_destroy(&m);
         return r;
     }
-    ps_model_init(m, 0, 0);
+    if (!count_only) ps_model_init(m, 0, 0);
     ps_debug("model: %s, %d params, arena %zu MiB", arch->name, m->nparams,
              m->arena.size >> 20);
     *out = m;

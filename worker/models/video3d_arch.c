@@ -375,7 +375,7 @@ int ps_v3d_build(ps_model_t *m)
 {
     v3d_t *v = v3d_of(m);
     int r = v->arch->define(m, v->arch);
-    if (r) return r;
+    if (r || m->count_only) return r;
     ps_arena_begin_sizing(&m->arena);
     layout(m, &m->arena);
     if ((r = ps_arena_commit(&m->arena))) return r;
