@@ -18,6 +18,9 @@
  *     over T change nothing); with mean inflation every slice of every
  *     kernel is the 2-D kernel / T;
  *   - a few SGD steps on one batch lower the loss (R(2+1)D, width 8);
+ *   - the per-layer hooks --overlap uses: weights_needed before each
+ *     group's weights are read, in model order; grad_ready once its
+ *     gradients are final, in reverse order; each parameter once;
  *   - a clip too short for the architecture is refused at create. */
 #include "tests/lib/model_check.h"
 #include "tests/lib/tap.h"
@@ -280,6 +283,71 @@ static void check_loss_falls(ps_ctx_t *ctx)
     ps_model_destroy(&m);
 }
 
+/* ---- per-layer hooks (what --overlap relies on) ----------------------------------- */
+
+typedef struct hooklog {
+    int n, ranges[256][2];
+    const ps_model_param_t *P;
+    int bad_early; /* gradients that changed after their grad_ready */
+    float **snap;
+} hooklog_t;
+
+static void on_range(void *ctx, int first, int n)
+{
+    hooklog_t *h = ctx;
+    if (h->n < 256) h->ranges[h->n][0] = first, h->ranges[h->n][1] = n;
+    h->n++;
+    if (h->snap)
+        for (int i = first; i < first + n; i++)
+            memcpy(h->snap[i], h->P[i].g, h->P[i].numel * sizeof(float));
+}
+
+/* weights_needed covers every parameter once in model order before it is
+ * read, grad_ready once in reverse order after its gradient is final. */
+static void check_hooks(ps_ctx_t *ctx, const char *arch)
+{
+    const int clips = 2, T = 4, H = 32;
+    ps_model_t *m = make(ctx, arch, 8, clips, T, H, 3, 0.f);
+    if (!ok(m != NULL, "%s (hooks) created", arch)) return;
+    int np;
+    const ps_model_param_t *P = ps_model_params(m, &np);
+    hooklog_t need = {0}, ready = {0};
+    ready.P = P;
+    ready.snap = alloc_like(P, np);
+    ps_model_set_hooks(m, on_range, on_range, &need);
+    const size_t nx = (size_t)clips * T * 3 * H * H;
+    float *x = malloc(nx * sizeof *x);
+    ps_model_hash_fill(x, nx, "input", 3, 1.0);
+    int32_t labels[2] = {0, 2};
+    float loss;
+    ps_model_zero_grad(m);
+    ps_model_forward(m, x, clips, labels, 1, &loss);
+    ps_model_set_hooks(m, on_range, NULL, &ready);
+    ps_model_backward(m);
+    int next = 0, order_ok = need.n <= 256;
+    for (int i = 0; i < need.n && order_ok; i++) {
+        order_ok = need.ranges[i][0] == next && need.ranges[i][1] > 0;
+        next += need.ranges[i][1];
+    }
+    ok(order_ok && next == np, "%s: weights_needed covers each of %d parameters once, in model "
+       "order (%d calls)", arch, np, need.n);
+    next = np, order_ok = ready.n <= 256;
+    for (int i = 0; i < ready.n && order_ok; i++) {
+        order_ok = ready.ranges[i][0] + ready.ranges[i][1] == next;
+        next = ready.ranges[i][0];
+    }
+    ok(order_ok && next == 0, "%s: grad_ready covers each parameter once, in reverse order (%d "
+       "calls)", arch, ready.n);
+    int changed = 0;
+    for (int i = 0; i < np; i++)
+        changed += memcmp(ready.snap[i], P[i].g, P[i].numel * sizeof(float)) != 0;
+    ok(changed == 0, "%s: every gradient at its grad_ready == the final one (%d differ)", arch,
+       changed);
+    free_like(ready.snap, np);
+    free(x);
+    ps_model_destroy(&m);
+}
+
 static void check_refusals(ps_ctx_t *ctx)
 {
     ps_model_t *m = make(ctx, "i3d-r50-311", 8, 1, 1, 32, 3, 0.f);
@@ -302,6 +370,8 @@ int main(int argc, char **argv)
         check_variant(&ctx, variants[i]);
     check_inflation(&ctx);
     check_loss_falls(&ctx);
+    check_hooks(&ctx, "r2plus1d-18");
+    check_hooks(&ctx, "i3d-r50-333");
     check_refusals(&ctx);
     ps_ctx_free(&ctx);
     return tap_done();

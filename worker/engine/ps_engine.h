@@ -15,7 +15,8 @@
  *   C   input channels, K output channels (or classes)
  *   H,W input height/width;  P,Q output height/width
  *   R,S kernel height/width
- * Layout: NCHW, fp32 on the CPU backend.
+ * Layout: NCHW, fp32 on the CPU backend.  The 3-D video layers (their own
+ * block of the table, legend there) take clips as NCDHW. 
  *
  * Gradient contract:
  *   - parameter gradients (dw, db, dgamma, dbeta) are ACCUMULATED (+=): the
