@@ -13,6 +13,7 @@
  *     fp32): atol 2e-3 / 1e-2 * max|ref| -- one rounding of each operand
  *     to 11 / 8 significant bits, averaged over the reduction. */
 #include "tests/lib/cuda_testutil.h"
+#include "tests/lib/cuda_devbuf.h"
 #include "tests/lib/tap.h"
 #include "worker/engine/cuda/ps_cuda.h"
 #include "worker/engine/cuda/ps_cuda_backend.h"
@@ -27,32 +28,7 @@
 static ps_ctx_t cctx, gctx;
 static const ps_backend_t *C_ = &ps_backend_cpu, *G_ = &ps_backend_cuda;
 
-static void *dup_dev(const void *h, size_t bytes)
-{
-    void *d = NULL;
-    if (ps_cuda_malloc(&d, bytes ? bytes : 4) || ps_cuda_memcpy_h2d(d, h, bytes)) {
-        printf("Bail out! device allocation/copy failed\n");
-        exit(1);
-    }
-    return d;
-}
-static float *dev(const float *h, size_t n) { return dup_dev(h, n * sizeof(float)); }
-static float *dev_nan(size_t n)
-{
-    float *h = hnan(n);
-    float *d = dev(h, n);
-    free(h);
-    return d;
-}
-static void *down_bytes(const void *d, size_t bytes)
-{
-    void *h = malloc(bytes ? bytes : 4);
-    if (ps_cuda_backend_sync(&gctx) || ps_cuda_memcpy_d2h(h, d, bytes)) {
-        printf("Bail out! device sync/copy failed (a kernel fault?)\n");
-        exit(1);
-    }
-    return h;
-}
+static void *down_bytes(const void *d, size_t bytes) { return down_ctx(&gctx, d, bytes); }
 static void cmp(const float *dgot, const float *want, size_t n, double atol, double rtol,
                 const char *what)
 {

@@ -13,6 +13,7 @@
  * parameter gradients start from a non-zero value (they must accumulate);
  * the workspace is sized exactly with a guard band that must survive. */
 #include "tests/lib/golden_io.h"
+#include "tests/lib/layer_check.h"
 #include "tests/lib/gradcheck.h"
 #include "tests/lib/tap.h"
 #include "worker/engine/layers/cpu_layers.h"
@@ -33,46 +34,6 @@
 static ps_ctx_t ctx;
 static const ps_backend_t *be = &ps_backend_cpu;
 
-static const float *F_(const char *prefix, const char *field, size_t want)
-{
-    char nm[96];
-    snprintf(nm, sizeof nm, "%s%s", prefix, field);
-    golden_rec_t *r = golden_find(nm);
-    if (!r || r->dtype != 0 || (want && r->numel != want)) {
-        printf("Bail out! golden record %s missing or of the wrong size\n", nm);
-        exit(1);
-    }
-    return r->data;
-}
-static const int32_t *I_(const char *prefix, const char *field)
-{
-    char nm[96];
-    snprintf(nm, sizeof nm, "%s%s", prefix, field);
-    golden_rec_t *r = golden_find(nm);
-    if (!r || r->dtype != 1) {
-        printf("Bail out! golden record %s missing\n", nm);
-        exit(1);
-    }
-    return r->data;
-}
-static float *nanbuf(size_t n)
-{
-    float *p = malloc((n ? n : 1) * sizeof(float));
-    for (size_t i = 0; i < n; i++) p[i] = NAN;
-    return p;
-}
-static float *constbuf(size_t n, float v)
-{
-    float *p = malloc((n ? n : 1) * sizeof(float));
-    for (size_t i = 0; i < n; i++) p[i] = v;
-    return p;
-}
-static float *plus(const float *ref, size_t n, float v)
-{
-    float *p = malloc((n ? n : 1) * sizeof(float));
-    for (size_t i = 0; i < n; i++) p[i] = ref[i] + v;
-    return p;
-}
 
 static void set_threads(int n)
 {
@@ -216,45 +177,14 @@ static void test_pools(void)
  * AdaptiveAvgPool3d(1). */
 static void test_bn_gap(void)
 {
-    const char *p = "bn3d_train.";
-    const int32_t *c = I_(p, "cfg");
-    const int N = c[0], C = c[1], HW = c[2] * c[3] * c[4];
-    const size_t n = (size_t)N * C * HW;
-    float *y = nanbuf(n), *mean = nanbuf(C), *rstd = nanbuf(C);
-    float *rm = malloc(C * sizeof(float)), *rv = malloc(C * sizeof(float));
-    memcpy(rm, F_(p, "rm0", C), C * sizeof(float));
-    memcpy(rv, F_(p, "rv0", C), C * sizeof(float));
-    const float *x = F_(p, "x", n), *g = F_(p, "gamma", C), *bt = F_(p, "beta", C);
-    be->bn_forward_train(&ctx, y, mean, rstd, rm, rv, x, g, bt, 1e-5f, 0.1f, N, C, HW);
-    allclose(y, F_(p, "out", n), (long)n, ATOL, RTOL, "bn3d train forward");
-    allclose(rm, F_(p, "rm1", C), C, 1e-5, 1e-5, "bn3d train running mean");
-    allclose(rv, F_(p, "rv1", C), C, 1e-5, 1e-4, "bn3d train running var (unbiased over N*T*H*W)");
-    float *dx = nanbuf(n), *dg = constbuf(C, PRIOR), *db = constbuf(C, PRIOR);
-    be->bn_backward_train(&ctx, dx, dg, db, F_(p, "dout", n), x, g, mean, rstd, N, C, HW);
-    allclose(dx, F_(p, "dx", n), (long)n, ATOL, RTOL, "bn3d train dinp");
-    float *rg = plus(F_(p, "dgamma", C), C, PRIOR), *rb = plus(F_(p, "dbeta", C), C, PRIOR);
-    allclose(dg, rg, C, ATOL, RTOL, "bn3d train dgamma");
-    allclose(db, rb, C, ATOL, RTOL, "bn3d train dbeta");
-    free(y), free(mean), free(rstd), free(rm), free(rv), free(dx), free(dg), free(db);
-    free(rg), free(rb);
+    const int32_t *c = I_("bn3d_train.", "cfg");
+    check_bn_golden(be, &ctx, "bn3d_train.", "bn3d_eval.", c[0], c[1], c[2] * c[3] * c[4],
+                    "bn3d (N,T,H,W)");
 
-    p = "bn3d_eval.";
-    x = F_(p, "x", n), g = F_(p, "gamma", C), bt = F_(p, "beta", C);
-    const float *erm = F_(p, "rm", C), *erv = F_(p, "rv", C);
-    y = nanbuf(n), dx = nanbuf(n), dg = constbuf(C, PRIOR), db = constbuf(C, PRIOR);
-    be->bn_forward_eval(&ctx, y, x, g, bt, erm, erv, 1e-5f, N, C, HW);
-    allclose(y, F_(p, "out", n), (long)n, ATOL, RTOL, "bn3d eval forward");
-    be->bn_backward_eval(&ctx, dx, dg, db, F_(p, "dout", n), x, g, erm, erv, 1e-5f, N, C, HW);
-    allclose(dx, F_(p, "dx", n), (long)n, ATOL, RTOL, "bn3d eval dinp");
-    rg = plus(F_(p, "dgamma", C), C, PRIOR), rb = plus(F_(p, "dbeta", C), C, PRIOR);
-    allclose(dg, rg, C, ATOL, RTOL, "bn3d eval dgamma");
-    allclose(db, rb, C, ATOL, RTOL, "bn3d eval dbeta");
-    free(y), free(dx), free(dg), free(db), free(rg), free(rb);
-
-    p = "gap3d.";
+    const char *p = "gap3d.";
     c = I_(p, "cfg");
     const int gN = c[0], gC = c[1], gHW = c[2] * c[3] * c[4];
-    y = nanbuf((size_t)gN * gC), dx = nanbuf((size_t)gN * gC * gHW);
+    float *y = nanbuf((size_t)gN * gC), *dx = nanbuf((size_t)gN * gC * gHW);
     be->avgpool_forward(&ctx, y, F_(p, "x", (size_t)gN * gC * gHW), gN, gC, gHW);
     allclose(y, F_(p, "out", gN * gC), gN * gC, 1e-6, 1e-5, "global average pool over TxHxW");
     be->avgpool_backward(&ctx, dx, F_(p, "dout", gN * gC), gN, gC, gHW);

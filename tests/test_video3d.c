@@ -40,15 +40,6 @@
 #define DROPOUT_SEED 42
 #define LINE_MAX_ 1000000
 
-static int find_buffer(const ps_model_t *m, const char *name)
-{
-    int n;
-    const ps_model_buffer_t *b = ps_model_buffers(m, &n);
-    for (int i = 0; i < n; i++)
-        if (!strcmp(b[i].name, name)) return i;
-    return -1;
-}
-
 static ps_model_t *make(ps_ctx_t *ctx, const char *arch, int width, int clips, int T, int H, int K,
                         float dropout)
 {
@@ -132,26 +123,8 @@ static void check_variant(ps_ctx_t *ctx, const char *name)
             double ref_norm;
             bad_grad += check_grad_line(name, tname, line, off, &P[pi], &ref_norm, &worst_norm,
                                         &worst_elem);
-        } else if (sscanf(line, "buf %127s %*d%n", tname, &off) == 1 && off > 0) {
-            int bi = find_buffer(m, tname);
-            const ps_model_buffer_t *b = bi >= 0 ? &ps_model_buffers(m, NULL)[bi] : NULL;
-            nbuf++;
-            if (!b || !b->f32) {
-                bad_buf++;
-                diag("%s: buffer %s missing", name, tname);
-                continue;
-            }
-            bad_buf += check_sample_list(line + off, b->f32, b->numel, name, tname, NULL);
-        } else if (sscanf(line, "count %127s", tname) == 1) {
-            long long want = 0;
-            sscanf(line, "count %*s %lld", &want);
-            int bi = find_buffer(m, tname);
-            nbuf++;
-            if (bi < 0 || !ps_model_buffers(m, NULL)[bi].i64 ||
-                *ps_model_buffers(m, NULL)[bi].i64 != want) {
-                bad_buf++;
-                diag("%s: %s differs from PyTorch's %lld", name, tname, want);
-            }
+        } else {
+            check_buffer_line(m, name, line, &nbuf, &bad_buf);
         }
     } while (fgets(line, LINE_MAX_, f));
     int unseen = 0;

@@ -11,31 +11,16 @@ and parameters, the forward outputs, a random upstream gradient "<case>.dout"
 and the gradients PyTorch's autograd computes from it.
 """
 import os
-import struct
 import sys
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from psgold import put, rnd, write  # noqa: E402
+
 torch.manual_seed(20261212)
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "layers3d_golden.bin")
-records = []
-
-
-def put(name, t):
-    a = t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else np.asarray(t)
-    if a.dtype in (np.int64, np.int32):
-        a, code = a.astype("<i4"), 1
-    else:
-        a, code = a.astype("<f4"), 0
-    if a.ndim == 0:
-        a = a.reshape(1)
-    records.append((name, code, a))
-
-
-def rnd(*shape, scale=1.0):
-    return (torch.randn(*shape) * scale).requires_grad_(True)
 
 
 # ---- conv3d: N C D H W K  KT R S  st sh sw  pt ph pw  dt dh dw  groups bias ----
@@ -140,11 +125,4 @@ y.backward(dy)
 put("gap3d.cfg", [2, 5, 3, 4, 3])
 put("gap3d.x", x); put("gap3d.out", y); put("gap3d.dout", dy); put("gap3d.dx", x.grad)
 
-with open(OUT, "wb") as f:
-    f.write(b"PSGOLD1\n")
-    for name, code, a in records:
-        nb = name.encode()
-        f.write(struct.pack("<I", len(nb)) + nb + struct.pack("<II", code, a.ndim))
-        f.write(struct.pack("<%dI" % a.ndim, *a.shape))
-        f.write(a.tobytes())
-print("wrote %s: %d records, %d bytes" % (OUT, len(records), os.path.getsize(OUT)), file=sys.stderr)
+write(OUT)

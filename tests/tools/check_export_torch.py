@@ -61,8 +61,14 @@ STD = np.array([0.229, 0.224, 0.225], np.float32)
 
 
 def load_clip(d, F, T, scale, crop, tmpl):
+    return load_frames(d, val_indices(F, T), scale, crop, tmpl)
+
+
+def load_frames(d, inds, scale, crop, tmpl):
+    """Frames inds (1-based) of folder d through TSM's test transform:
+    (len(inds), 3, crop, crop)."""
     out = []
-    for i in val_indices(F, T):
+    for i in inds:
         im = Image.open(os.path.join(d, tmpl % i)).convert("RGB")
         w, h = im.size
         if w < h:

@@ -36,7 +36,6 @@ import sys
 try:
     import numpy as np
     import torch
-    from PIL import Image
 except ImportError as e:
     print("1..0 # SKIP %s" % e)
     sys.exit(77)
@@ -47,6 +46,7 @@ sys.path.insert(0, os.path.join(_here, "..", "lib"))
 import gen_resnet as G  # noqa: E402
 import gen_video3d as V  # noqa: E402
 import gen_video_dense as D  # noqa: E402
+import check_export_torch as CE  # noqa: E402
 from taplib import ok, plan  # noqa: E402
 
 
@@ -87,18 +87,14 @@ def check_export(d):
                                                 type(net).__name__)):
         return
     x = V.hash_clip(clips, T, H, H, seed)
-    net.eval()
-    with torch.no_grad():
-        lt = net(x)
-    lc = torch.from_numpy(np.fromfile(os.path.join(d, "logits_eval.bin"), dtype=np.float32))
-    good, msg = close(lc.view_as(lt), lt)
-    ok(good, "%s: eval logits equal PyTorch's" % arch, msg)
-    net.train()
-    with torch.no_grad():
-        lt = net(x)
-    lc = torch.from_numpy(np.fromfile(os.path.join(d, "logits_train.bin"), dtype=np.float32))
-    good, msg = close(lc.view_as(lt), lt)
-    ok(good, "%s: training-mode (batch BN) logits equal PyTorch's" % arch, msg)
+    for mode, fname, what in (("eval", "logits_eval.bin", "eval logits"),
+                              ("train", "logits_train.bin", "training-mode (batch BN) logits")):
+        net.train(mode == "train")
+        with torch.no_grad():
+            lt = net(x)
+        lc = torch.from_numpy(np.fromfile(os.path.join(d, fname), dtype=np.float32))
+        good, msg = close(lc.view_as(lt), lt)
+        ok(good, "%s: %s equal PyTorch's" % (arch, what), msg)
     after, _ = G.read_safetensors(os.path.join(d, "model_after.safetensors"))
     cur = net.state_dict()
     bad = [k for k in cur if "running" in k and not close(after[k], cur[k])[0]]
@@ -147,32 +143,10 @@ def check_inflate(d, mode, file2d):
        msg)
 
 
-MEAN = np.array([0.485, 0.456, 0.406], np.float32)
-STD = np.array([0.229, 0.224, 0.225], np.float32)
-
-
 def load_frames(d, inds, scale, crop, tmpl):
-    out = []
-    for i in inds:
-        im = Image.open(os.path.join(d, tmpl % i)).convert("RGB")
-        w, h = im.size
-        if w < h:
-            ow, oh = scale, int(scale * h / w)
-        else:
-            oh, ow = scale, int(scale * w / h)
-        im = im.resize((ow, oh), Image.BILINEAR)
-        top, left = int(round((oh - crop) / 2.0)), int(round((ow - crop) / 2.0))
-        a = np.asarray(im.crop((left, top, left + crop, top + crop))).astype(np.float32) / 255
-        out.append(((a - MEAN) / STD).transpose(2, 0, 1))
-    # (T, 3, H, W) -> (1, 3, T, H, W)
-    return torch.from_numpy(np.stack(out).astype(np.float32)).permute(1, 0, 2, 3).unsqueeze(0)
-
-
-def final_kv(path):
-    for line in open(path):
-        if line.startswith("final:"):
-            return dict(kv.split("=", 1) for kv in line.split()[1:] if "=" in kv)
-    return {}
+    """TSM's test transform (check_export_torch.py) of frames inds, as
+    PyTorch's video models take a clip: (1, 3, T, H, W)."""
+    return CE.load_frames(d, inds, scale, crop, tmpl).permute(1, 0, 2, 3).unsqueeze(0)
 
 
 def check_eval(a):
@@ -212,7 +186,7 @@ def check_eval(a):
     ok(bad_logit == 0, "%s: per-video logits (mean of %d dense clips): psworker --eval == "
        "PyTorch for all %d videos (worst |diff| %.3g)" % (arch, n, m, worst))
     ok(bad_pred == 0, "%s: per-video predictions equal (%d of %d differ)" % (arch, bad_pred, m))
-    ev = final_kv(a.eval_out)
+    ev = CE.final_kv(a.eval_out)
     ok(ev.get("top1") == "%.4f" % (c1 / float(m)) and ev.get("top5") == "%.4f" % (c5 / float(m)),
        "%s: --eval top1=%s top5=%s, PyTorch %.4f / %.4f" % (arch, ev.get("top1"), ev.get("top5"),
                                                            c1 / float(m), c5 / float(m)))

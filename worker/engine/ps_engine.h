@@ -114,6 +114,13 @@ typedef struct ps_pool3d_desc {
                               included (1, PyTorch's default) or by the part
                               inside the input (0) */
 } ps_pool3d_desc_t;
+/* 1 when d and the shape make a valid 3-D convolution / pooling window
+ * (pooling: padding at most half the window, PyTorch's rule); else 0 with
+ * one error line naming `who` (the layer and backend).  Both backends
+ * check their arguments with these. */
+int ps_conv3d_check(const char *who, const ps_conv3d_desc_t *d, int N, int D, int H, int W);
+int ps_pool3d_check(const char *who, const ps_pool3d_desc_t *d, int N, int C, int D, int H,
+                    int W);
 
 /* ---- precisions and device memory figures ------------------------------- */
 

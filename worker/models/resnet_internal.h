@@ -153,6 +153,10 @@ int ps_resnet_build(ps_model_t *m); /* architecture + tables + arena */
  * its pointers resolved after the arena is committed. */
 int ps_resnet_def_bn(ps_model_t *m, bn_t *b, const char *name, int C, int first);
 void ps_resnet_take_bn(ps_arena_t *a, bn_t *b);
+/* The head's buffers from the arena: pooled features, dropout mask and
+ * their gradients for `rows` rows (frames of a 2-D model, clips of a 3-D
+ * one), logits, probabilities and labels for max_clips clips. */
+void ps_resnet_take_head(ps_arena_t *a, ps_model_t *m, size_t rows);
 void ps_resnet_resolve_bn(ps_model_t *m, bn_t *b);
 void ps_resnet_free_tables(ps_model_t *m);
 void ps_resnet_init_fc(ps_model_t *m, uint64_t seed);
@@ -166,6 +170,12 @@ void ps_mtab_free(ps_model_param_t **params, int *np, ps_model_buffer_t **buffer
 int ps_mtab_find(const ps_model_param_t *params, int n, const char *name);
 void ps_mtab_zero_grad(ps_model_param_t *params, int n);
 int ps_mtab_tensor_specs(const ps_model_param_t *params, int n, ps_tensor_spec_t **specs);
+/* The tables' memory from arena a (pass 1 sizes, pass 2 hands out):
+ * every weight, then every gradient, each in model order (the trainable
+ * part of a model is then nearly one flat vector for the optimizer), then
+ * the float buffers. */
+void ps_mtab_take(ps_arena_t *a, ps_model_param_t *params, int np, ps_model_buffer_t *buffers,
+                  int nb);
 /* Every parameter (F32) and buffer (F32, num_batches_tracked as 0-dim I64)
  * with metadata format=pt, ps.arch=arch. */
 int ps_mtab_save(const ps_model_param_t *params, int np, const ps_model_buffer_t *buffers,

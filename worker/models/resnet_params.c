@@ -214,13 +214,8 @@ static size_t umax(size_t a, size_t b) { return a > b ? a : b; }
  * same order (ps_arena_t's contract). */
 static void layout(ps_model_t *m, ps_arena_t *a)
 {
-    size_t N = m->max_n, K = m->cfg.num_classes, B = m->max_clips;
-    /* parameters first, then gradients, each in model order: the trainable
-     * part of the model is (nearly) one flat vector for the optimizer */
-    for (int i = 0; i < m->nparams; i++) TAKE(m->params[i].w, m->params[i].numel);
-    for (int i = 0; i < m->nparams; i++) TAKE(m->params[i].g, m->params[i].numel);
-    for (int i = 0; i < m->nbuffers; i++)
-        if (m->buffers[i].ndim == 1) TAKE(m->buffers[i].f32, m->buffers[i].numel);
+    size_t N = m->max_n, K = m->cfg.num_classes;
+    ps_mtab_take(a, m->params, m->nparams, m->buffers, m->nbuffers);
 
     TAKE(m->input, N * 3 * m->H * m->W);
     size_t c0 = (size_t)m->conv1.d.K * m->conv1.P * m->conv1.Q;
@@ -252,14 +247,19 @@ static void layout(ps_model_t *m, ps_arena_t *a)
     m->max_act = mx;
     for (int i = 0; i < 4; i++) TAKE(m->gbuf[i], N * mx);
     TAKE(m->tmp, N * mx);
-    size_t F = m->feat_C;
-    TAKE(m->feat, N * F);
-    TAKE(m->featd, N * F);
-    TAKE(m->dfeat, N * F);
-    TAKE(m->dfeatd, N * F);
-    TAKE(m->mask, (N * F + 3) / 4);
     TAKE(m->lframe, N * K);
     TAKE(m->dlframe, N * K);
+    ps_resnet_take_head(a, m, N);
+}
+
+void ps_resnet_take_head(ps_arena_t *a, ps_model_t *m, size_t rows)
+{
+    const size_t F = m->feat_C, K = m->cfg.num_classes, B = m->max_clips;
+    TAKE(m->feat, rows * F);
+    TAKE(m->featd, rows * F);
+    TAKE(m->dfeat, rows * F);
+    TAKE(m->dfeatd, rows * F);
+    TAKE(m->mask, (rows * F + 3) / 4);
     TAKE(m->logits, B * K);
     TAKE(m->probs, B * K);
     TAKE(m->dlogits, B * K);

@@ -330,11 +330,8 @@ static void take_pool(ps_arena_t *a, v3pool_t *pl, size_t B, size_t *mx)
 static void layout(ps_model_t *m, ps_arena_t *a)
 {
     v3d_t *v = v3d_of(m);
-    const size_t B = (size_t)m->max_clips, K = (size_t)m->cfg.num_classes;
-    for (int i = 0; i < m->nparams; i++) TAKE(m->params[i].w, m->params[i].numel);
-    for (int i = 0; i < m->nparams; i++) TAKE(m->params[i].g, m->params[i].numel);
-    for (int i = 0; i < m->nbuffers; i++)
-        if (m->buffers[i].ndim == 1) TAKE(m->buffers[i].f32, m->buffers[i].numel);
+    const size_t B = (size_t)m->max_clips;
+    ps_mtab_take(a, m->params, m->nparams, m->buffers, m->nbuffers);
     TAKE(v->input, B * 3 * (size_t)m->cfg.n_segment * m->H * m->W);
     size_t mx = 0;
     for (int i = 0; i < v->nstem; i++) take_unit(a, &v->stem[i], B, 1, &mx);
@@ -351,16 +348,7 @@ static void layout(ps_model_t *m, ps_arena_t *a)
     }
     v->max_act = mx;
     for (int i = 0; i < 4; i++) TAKE(v->gbuf[i], B * mx);
-    const size_t F = (size_t)m->feat_C;
-    TAKE(m->feat, B * F);
-    TAKE(m->featd, B * F);
-    TAKE(m->dfeat, B * F);
-    TAKE(m->dfeatd, B * F);
-    TAKE(m->mask, (B * F + 3) / 4);
-    TAKE(m->logits, B * K);
-    TAKE(m->probs, B * K);
-    TAKE(m->dlogits, B * K);
-    TAKE(m->labels, B);
+    ps_resnet_take_head(a, m, B); /* one feature row per clip */
 }
 
 static size_t resolve_unit(ps_model_t *m, v3conv_t *u)

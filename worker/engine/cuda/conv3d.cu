@@ -38,23 +38,6 @@ struct ps_cu_conv3d_entry {
     size_t ws[3]; // bytes
 };
 
-static int conv3d_valid(const ps_conv3d_desc_t *d, int N, int D, int H, int W)
-{
-    if (!d || N <= 0 || D <= 0 || H <= 0 || W <= 0 || d->C <= 0 || d->K <= 0 || d->KT <= 0 ||
-        d->R <= 0 || d->S <= 0 || d->stride_t <= 0 || d->stride_h <= 0 || d->stride_w <= 0 ||
-        d->pad_t < 0 || d->pad_h < 0 || d->pad_w < 0 || d->dil_t <= 0 || d->dil_h <= 0 ||
-        d->dil_w <= 0 || d->groups <= 0 || d->C % d->groups || d->K % d->groups ||
-        ps_conv_out(D, d->KT, d->stride_t, d->pad_t, d->dil_t) <= 0 ||
-        ps_conv_out(H, d->R, d->stride_h, d->pad_h, d->dil_h) <= 0 ||
-        ps_conv_out(W, d->S, d->stride_w, d->pad_w, d->dil_w) <= 0) {
-        ps_error("conv3d (cuda): invalid descriptor or shape (N=%d D=%d H=%d W=%d C=%d K=%d "
-                 "kernel %dx%dx%d groups=%d)", N, D, H, W, d ? d->C : 0, d ? d->K : 0,
-                 d ? d->KT : 0, d ? d->R : 0, d ? d->S : 0, d ? d->groups : 0);
-        return 0;
-    }
-    return 1;
-}
-
 // ---- graph API helpers (a failure inside a layer is a device fault) -------
 
 static cudnnBackendDescriptor_t be_new(cudnnBackendDescriptorType_t t)
@@ -358,7 +341,7 @@ void ps_cu_conv3d_forward(ps_ctx_t *ctx, float *out, const float *inp, const flo
                           const float *b, const ps_conv3d_desc_t *d, int N, int D, int H, int W)
 {
     ps_cu_state *s = cu_state(ctx);
-    if (!conv3d_valid(d, N, D, H, W) || refuse_half(s, inp, NULL)) return;
+    if (!ps_conv3d_check("conv3d (cuda)", d, N, D, H, W) || refuse_half(s, inp, NULL)) return;
     ps_cu_conv3d_entry *e = entry3(s, d, N, D, H, W);
     const size_t OPQ = opq(d, D, H, W), DHW = (size_t)D * H * W;
     const int Cg = d->C / d->groups, TRS = d->KT * d->R * d->S;
@@ -386,7 +369,7 @@ void ps_cu_conv3d_backward(ps_ctx_t *ctx, float *dinp, float *dw, float *db, con
                            int D, int H, int W)
 {
     ps_cu_state *s = cu_state(ctx);
-    if (!conv3d_valid(d, N, D, H, W) || refuse_half(s, inp, dout)) return;
+    if (!ps_conv3d_check("conv3d (cuda)", d, N, D, H, W) || refuse_half(s, inp, dout)) return;
     ps_cu_conv3d_entry *e = entry3(s, d, N, D, H, W);
     const size_t OPQ = opq(d, D, H, W), DHW = (size_t)D * H * W;
     const int Cg = d->C / d->groups, TRS = d->KT * d->R * d->S;

@@ -41,22 +41,22 @@ void ps_conv3d_set_col_cap(size_t floats)
     col_cap = floats ? floats : DEFAULT_COL_CAP;
 }
 
-static int conv3d_valid(const ps_conv3d_desc_t *d, int N, int D, int H, int W)
+int ps_conv3d_check(const char *who, const ps_conv3d_desc_t *d, int N, int D, int H, int W)
 {
     if (!d || N <= 0 || D <= 0 || H <= 0 || W <= 0 || d->C <= 0 || d->K <= 0 || d->KT <= 0 ||
         d->R <= 0 || d->S <= 0 || d->stride_t <= 0 || d->stride_h <= 0 || d->stride_w <= 0 ||
         d->pad_t < 0 || d->pad_h < 0 || d->pad_w < 0 || d->dil_t <= 0 || d->dil_h <= 0 ||
         d->dil_w <= 0 || d->groups <= 0 || d->C % d->groups || d->K % d->groups) {
-        ps_error("conv3d: invalid descriptor or shape (N=%d D=%d H=%d W=%d C=%d K=%d "
-                 "kernel %dx%dx%d groups=%d)", N, D, H, W, d ? d->C : 0, d ? d->K : 0,
+        ps_error("%s: invalid descriptor or shape (N=%d D=%d H=%d W=%d C=%d K=%d "
+                 "kernel %dx%dx%d groups=%d)", who, N, D, H, W, d ? d->C : 0, d ? d->K : 0,
                  d ? d->KT : 0, d ? d->R : 0, d ? d->S : 0, d ? d->groups : 0);
         return 0;
     }
     if (ps_conv_out(D, d->KT, d->stride_t, d->pad_t, d->dil_t) <= 0 ||
         ps_conv_out(H, d->R, d->stride_h, d->pad_h, d->dil_h) <= 0 ||
         ps_conv_out(W, d->S, d->stride_w, d->pad_w, d->dil_w) <= 0) {
-        ps_error("conv3d: kernel %dx%dx%d (dilation %d,%d,%d) larger than the padded input "
-                 "%dx%dx%d", d->KT, d->R, d->S, d->dil_t, d->dil_h, d->dil_w, D, H, W);
+        ps_error("%s: kernel %dx%dx%d (dilation %d,%d,%d) larger than the padded input "
+                 "%dx%dx%d", who, d->KT, d->R, d->S, d->dil_t, d->dil_h, d->dil_w, D, H, W);
         return 0;
     }
     return 1;
@@ -103,7 +103,7 @@ static void plan3(plan3_t *p, const ps_conv3d_desc_t *d, int N, int D, int H, in
 
 size_t ps_conv3d_workspace(const ps_conv3d_desc_t *d, int N, int D, int H, int W)
 {
-    if (!conv3d_valid(d, N, D, H, W)) return 0;
+    if (!ps_conv3d_check("conv3d", d, N, D, H, W)) return 0;
     plan3_t p;
     plan3(&p, d, N, D, H, W);
     return p.per_thread * p.team + (p.team > 1 ? p.nw * (p.team - 1) : 0);
@@ -162,7 +162,7 @@ void ps_cpu_conv3d_forward(ps_ctx_t *ctx, float *out, const float *inp, const fl
                            const float *b, const ps_conv3d_desc_t *d, int N, int D, int H,
                            int W)
 {
-    if (!conv3d_valid(d, N, D, H, W)) return;
+    if (!ps_conv3d_check("conv3d", d, N, D, H, W)) return;
     plan3_t p;
     plan3(&p, d, N, D, H, W);
     int failed;
@@ -233,24 +233,10 @@ void ps_cpu_conv3d_backward(ps_ctx_t *ctx, float *dinp, float *dw, float *db,
                             const float *dout, const float *inp, const float *w,
                             const ps_conv3d_desc_t *d, int N, int D, int H, int W)
 {
-    if (!conv3d_valid(d, N, D, H, W)) return;
+    if (!ps_conv3d_check("conv3d", d, N, D, H, W)) return;
     plan3_t p;
     plan3(&p, d, N, D, H, W);
-    if (db) {
-        /* bias gradient: sum of dout over clips and positions (accumulated) */
-#pragma omp parallel for schedule(static) if (team_max() > 1)
-        for (int k = 0; k < d->K; k++) {
-            double s = 0;
-            for (int n = 0; n < N; n++) {
-                const float *o = dout + ((size_t)n * d->K + k) * p.OPQ;
-                float sp = 0;
-#pragma omp simd reduction(+ : sp)
-                for (size_t i = 0; i < p.OPQ; i++) sp += o[i];
-                s += sp;
-            }
-            db[k] += (float)s;
-        }
-    }
+    if (db) ps_cpu_conv_bias_grad(db, dout, N, d->K, p.OPQ); /* accumulated */
     if (!dw && !dinp) return;
     int failed;
     float *ws = workspace3(ctx, d, N, D, H, W, &failed);
@@ -272,14 +258,7 @@ void ps_cpu_conv3d_backward(ps_ctx_t *ctx, float *dinp, float *dw, float *db,
 #pragma omp for schedule(static)
             for (int n = 0; n < N; n++) bwd_clip(&p, d, dinp, mydw, dout, inp, w, my, n, D, H, W);
             /* (implicit barrier) the threads' partial weight gradients */
-            if (dw && nth > 1) {
-#pragma omp for schedule(static)
-                for (size_t i = 0; i < p.nw; i++) {
-                    float s = dw[i];
-                    for (int u = 1; u < nth; u++) s += red[p.nw * (u - 1) + i];
-                    dw[i] = s;
-                }
-            }
+            if (dw && nth > 1) ps_cpu_sum_partials(dw, red, p.nw, nth);
         }
         return;
     }

@@ -10,8 +10,8 @@
 #include <math.h>
 #include <string.h>
 
-static int pool3d_valid(const char *what, const ps_pool3d_desc_t *d, int N, int C, int D,
-                        int H, int W)
+int ps_pool3d_check(const char *who, const ps_pool3d_desc_t *d, int N, int C, int D, int H,
+                    int W)
 {
     if (!d || N <= 0 || C <= 0 || D <= 0 || H <= 0 || W <= 0 || d->KT <= 0 || d->R <= 0 ||
         d->S <= 0 || d->stride_t <= 0 || d->stride_h <= 0 || d->stride_w <= 0 ||
@@ -21,7 +21,7 @@ static int pool3d_valid(const char *what, const ps_pool3d_desc_t *d, int N, int 
         ps_conv_out(H, d->R, d->stride_h, d->pad_h, 1) <= 0 ||
         ps_conv_out(W, d->S, d->stride_w, d->pad_w, 1) <= 0) {
         ps_error("%s: invalid window or shape (N=%d C=%d D=%d H=%d W=%d, window %dx%dx%d "
-                 "stride %d,%d,%d pad %d,%d,%d; pad must be <= half the window)", what, N, C, D,
+                 "stride %d,%d,%d pad %d,%d,%d; pad must be <= half the window)", who, N, C, D,
                  H, W, d ? d->KT : 0, d ? d->R : 0, d ? d->S : 0, d ? d->stride_t : 0,
                  d ? d->stride_h : 0, d ? d->stride_w : 0, d ? d->pad_t : 0, d ? d->pad_h : 0,
                  d ? d->pad_w : 0);
@@ -30,62 +30,81 @@ static int pool3d_valid(const char *what, const ps_pool3d_desc_t *d, int N, int 
     return 1;
 }
 
-/* Output extent and the clipped window [lo, hi) of output index i on one axis. */
-static void window(int i, int stride, int pad, int k, int in, int *lo, int *hi)
+/* The output grid and, for output j, its window clipped to the input:
+ * frames [t0,t1), rows [h0,h1), columns [w0,w1). */
+typedef struct grid3 { int D, H, W, O, P, Q; } grid3_t;
+typedef struct win3 { int t0, t1, h0, h1, w0, w1; } win3_t;
+
+static grid3_t grid(const ps_pool3d_desc_t *d, int D, int H, int W)
+{
+    grid3_t g = {D, H, W, ps_conv_out(D, d->KT, d->stride_t, d->pad_t, 1),
+                 ps_conv_out(H, d->R, d->stride_h, d->pad_h, 1),
+                 ps_conv_out(W, d->S, d->stride_w, d->pad_w, 1)};
+    return g;
+}
+
+static void clip1(int i, int stride, int pad, int k, int in, int *lo, int *hi)
 {
     int a = i * stride - pad, b = a + k;
     *lo = a < 0 ? 0 : a;
     *hi = b > in ? in : b;
 }
 
-typedef struct out3 { int O, P, Q; } out3_t;
-
-static out3_t out_size(const ps_pool3d_desc_t *d, int D, int H, int W)
+static win3_t window(const ps_pool3d_desc_t *d, const grid3_t *g, size_t j)
 {
-    out3_t o = {ps_conv_out(D, d->KT, d->stride_t, d->pad_t, 1),
-                ps_conv_out(H, d->R, d->stride_h, d->pad_h, 1),
-                ps_conv_out(W, d->S, d->stride_w, d->pad_w, 1)};
-    return o;
+    win3_t w;
+    clip1((int)(j / ((size_t)g->P * g->Q)), d->stride_t, d->pad_t, d->KT, g->D, &w.t0, &w.t1);
+    clip1((int)(j / g->Q % g->P), d->stride_h, d->pad_h, d->R, g->H, &w.h0, &w.h1);
+    clip1((int)(j % g->Q), d->stride_w, d->pad_w, d->S, g->W, &w.w0, &w.w1);
+    return w;
+}
+
+/* The divisor of one window: its full size, or its part inside the input. */
+static float divisor(const ps_pool3d_desc_t *d, const win3_t *w)
+{
+    if (d->count_include_pad) return (float)(d->KT * d->R * d->S);
+    return (float)((w->t1 - w->t0) * (w->h1 - w->h0) * (w->w1 - w->w0));
+}
+
+/* One pass of either forward: max (argmax saved) or average. */
+static void pool_forward(int max, float *out, int32_t *argmax, const float *inp,
+                         const ps_pool3d_desc_t *d, int N, int C, int D, int H, int W)
+{
+    const grid3_t g = grid(d, D, H, W);
+    const size_t DHW = (size_t)D * H * W, OPQ = (size_t)g.O * g.P * g.Q;
+#pragma omp parallel for schedule(static)
+    for (int nc = 0; nc < N * C; nc++) {
+        const float *x = inp + (size_t)nc * DHW;
+        for (size_t j = 0; j < OPQ; j++) {
+            const win3_t b = window(d, &g, j);
+            float m = max ? -INFINITY : 0.0f;
+            int32_t idx = -1;
+            for (int t = b.t0; t < b.t1; t++)
+                for (int h = b.h0; h < b.h1; h++)
+                    for (int w = b.w0; w < b.w1; w++) {
+                        const int32_t i = (int32_t)(((size_t)t * H + h) * W + w);
+                        const float v = x[i];
+                        if (!max) {
+                            m += v;
+                        } else if (idx < 0 || v > m || isnan(v)) {
+                            m = v;
+                            idx = i;
+                            if (isnan(v)) goto done;
+                        }
+                    }
+        done:
+            out[(size_t)nc * OPQ + j] = max ? m : m / divisor(d, &b);
+            if (max) argmax[(size_t)nc * OPQ + j] = idx;
+        }
+    }
 }
 
 void ps_cpu_maxpool3d_forward(ps_ctx_t *ctx, float *out, int32_t *argmax, const float *inp,
                               const ps_pool3d_desc_t *d, int N, int C, int D, int H, int W)
 {
     (void)ctx;
-    if (!pool3d_valid("maxpool3d", d, N, C, D, H, W)) return;
-    const out3_t o = out_size(d, D, H, W);
-    const size_t DHW = (size_t)D * H * W, OPQ = (size_t)o.O * o.P * o.Q;
-#pragma omp parallel for schedule(static)
-    for (int nc = 0; nc < N * C; nc++) {
-        const float *x = inp + (size_t)nc * DHW;
-        float *y = out + (size_t)nc * OPQ;
-        int32_t *am = argmax + (size_t)nc * OPQ;
-        size_t j = 0;
-        for (int ot = 0; ot < o.O; ot++)
-            for (int p = 0; p < o.P; p++)
-                for (int q = 0; q < o.Q; q++, j++) {
-                    int t0, t1, h0, h1, w0, w1;
-                    window(ot, d->stride_t, d->pad_t, d->KT, D, &t0, &t1);
-                    window(p, d->stride_h, d->pad_h, d->R, H, &h0, &h1);
-                    window(q, d->stride_w, d->pad_w, d->S, W, &w0, &w1);
-                    float m = -INFINITY;
-                    int32_t idx = -1;
-                    for (int t = t0; t < t1; t++)
-                        for (int h = h0; h < h1; h++)
-                            for (int w = w0; w < w1; w++) {
-                                const int32_t i = (int32_t)(((size_t)t * H + h) * W + w);
-                                const float v = x[i];
-                                if (idx < 0 || v > m || isnan(v)) {
-                                    m = v;
-                                    idx = i;
-                                    if (isnan(v)) goto done;
-                                }
-                            }
-                done:
-                    y[j] = m;
-                    am[j] = idx;
-                }
-    }
+    if (ps_pool3d_check("maxpool3d", d, N, C, D, H, W))
+        pool_forward(1, out, argmax, inp, d, N, C, D, H, W);
 }
 
 void ps_cpu_maxpool3d_backward(ps_ctx_t *ctx, float *dinp, const float *dout,
@@ -93,9 +112,9 @@ void ps_cpu_maxpool3d_backward(ps_ctx_t *ctx, float *dinp, const float *dout,
                                int D, int H, int W)
 {
     (void)ctx;
-    if (!dinp || !pool3d_valid("maxpool3d", d, N, C, D, H, W)) return;
-    const out3_t o = out_size(d, D, H, W);
-    const size_t DHW = (size_t)D * H * W, OPQ = (size_t)o.O * o.P * o.Q;
+    if (!dinp || !ps_pool3d_check("maxpool3d", d, N, C, D, H, W)) return;
+    const grid3_t g = grid(d, D, H, W);
+    const size_t DHW = (size_t)D * H * W, OPQ = (size_t)g.O * g.P * g.Q;
 #pragma omp parallel for schedule(static)
     for (int nc = 0; nc < N * C; nc++) {
         float *dx = dinp + (size_t)nc * DHW;
@@ -108,65 +127,31 @@ void ps_cpu_maxpool3d_backward(ps_ctx_t *ctx, float *dinp, const float *dout,
     }
 }
 
-/* The divisor of one window: its full size, or its part inside the input. */
-static float divisor(const ps_pool3d_desc_t *d, int t0, int t1, int h0, int h1, int w0, int w1)
-{
-    if (d->count_include_pad) return (float)(d->KT * d->R * d->S);
-    return (float)((t1 - t0) * (h1 - h0) * (w1 - w0));
-}
-
 void ps_cpu_avgpool3d_forward(ps_ctx_t *ctx, float *out, const float *inp,
                               const ps_pool3d_desc_t *d, int N, int C, int D, int H, int W)
 {
     (void)ctx;
-    if (!pool3d_valid("avgpool3d", d, N, C, D, H, W)) return;
-    const out3_t o = out_size(d, D, H, W);
-    const size_t DHW = (size_t)D * H * W, OPQ = (size_t)o.O * o.P * o.Q;
-#pragma omp parallel for schedule(static)
-    for (int nc = 0; nc < N * C; nc++) {
-        const float *x = inp + (size_t)nc * DHW;
-        float *y = out + (size_t)nc * OPQ;
-        size_t j = 0;
-        for (int ot = 0; ot < o.O; ot++)
-            for (int p = 0; p < o.P; p++)
-                for (int q = 0; q < o.Q; q++, j++) {
-                    int t0, t1, h0, h1, w0, w1;
-                    window(ot, d->stride_t, d->pad_t, d->KT, D, &t0, &t1);
-                    window(p, d->stride_h, d->pad_h, d->R, H, &h0, &h1);
-                    window(q, d->stride_w, d->pad_w, d->S, W, &w0, &w1);
-                    float s = 0;
-                    for (int t = t0; t < t1; t++)
-                        for (int h = h0; h < h1; h++)
-                            for (int w = w0; w < w1; w++) s += x[((size_t)t * H + h) * W + w];
-                    y[j] = s / divisor(d, t0, t1, h0, h1, w0, w1);
-                }
-    }
+    if (ps_pool3d_check("avgpool3d", d, N, C, D, H, W))
+        pool_forward(0, out, NULL, inp, d, N, C, D, H, W);
 }
 
 void ps_cpu_avgpool3d_backward(ps_ctx_t *ctx, float *dinp, const float *dout,
                                const ps_pool3d_desc_t *d, int N, int C, int D, int H, int W)
 {
     (void)ctx;
-    if (!dinp || !pool3d_valid("avgpool3d", d, N, C, D, H, W)) return;
-    const out3_t o = out_size(d, D, H, W);
-    const size_t DHW = (size_t)D * H * W, OPQ = (size_t)o.O * o.P * o.Q;
+    if (!dinp || !ps_pool3d_check("avgpool3d", d, N, C, D, H, W)) return;
+    const grid3_t g = grid(d, D, H, W);
+    const size_t DHW = (size_t)D * H * W, OPQ = (size_t)g.O * g.P * g.Q;
 #pragma omp parallel for schedule(static)
     for (int nc = 0; nc < N * C; nc++) {
         float *dx = dinp + (size_t)nc * DHW;
-        const float *dy = dout + (size_t)nc * OPQ;
         memset(dx, 0, DHW * sizeof(float));
-        size_t j = 0;
-        for (int ot = 0; ot < o.O; ot++)
-            for (int p = 0; p < o.P; p++)
-                for (int q = 0; q < o.Q; q++, j++) {
-                    int t0, t1, h0, h1, w0, w1;
-                    window(ot, d->stride_t, d->pad_t, d->KT, D, &t0, &t1);
-                    window(p, d->stride_h, d->pad_h, d->R, H, &h0, &h1);
-                    window(q, d->stride_w, d->pad_w, d->S, W, &w0, &w1);
-                    const float g = dy[j] / divisor(d, t0, t1, h0, h1, w0, w1);
-                    for (int t = t0; t < t1; t++)
-                        for (int h = h0; h < h1; h++)
-                            for (int w = w0; w < w1; w++) dx[((size_t)t * H + h) * W + w] += g;
-                }
+        for (size_t j = 0; j < OPQ; j++) {
+            const win3_t b = window(d, &g, j);
+            const float gv = dout[(size_t)nc * OPQ + j] / divisor(d, &b);
+            for (int t = b.t0; t < b.t1; t++)
+                for (int h = b.h0; h < b.h1; h++)
+                    for (int w = b.w0; w < b.w1; w++) dx[((size_t)t * H + h) * W + w] += gv;
+        }
     }
 }
