@@ -70,6 +70,11 @@ typedef struct ps_worker {
     float *grad;    /* (numel) this step's mean gradient */
     float *mom;     /* (numel) momentum buffers (local update only) */
     double t_data;  /* seconds the last compute waited for data */
+    /* what loading the last compute's batch cost (the loader's threads; 0
+     * for tasks that do not measure it): encoded bytes read, seconds reading
+     * them and seconds decoding them into the input */
+    uint64_t data_bytes;
+    double t_read, t_decode;
     int compute_rc; /* PS_E* when the last compute failed for a reason other
                        than divergence (already logged) */
     FILE *csv;

@@ -82,7 +82,8 @@ double ps_worker_compute(ps_worker_t *p, uint64_t step)
         struct timespec ts = {p->o->step_sleep_ms / 1000, (p->o->step_sleep_ms % 1000) * 1000000L};
         nanosleep(&ts, NULL);
     }
-    p->t_data = 0;
+    p->t_data = p->t_read = p->t_decode = 0;
+    p->data_bytes = 0;
     return p->task->compute(p, step);
 }
 
