@@ -26,6 +26,10 @@
 #define PS_FLAG_DONE       0x10u /* BYE: the worker finished its steps */
 #define PS_FLAG_FAILED     0x20u /* BYE: the worker failed: error_code and
                                     error_text say why, and the job stops */
+#define PS_FLAG_EXACT      0x40u /* PULL (sync): the weights of exactly version
+                                    min_version, also when the partition is one
+                                    update past it (a worker that died between
+                                    its pushes of that step computes it again) */
 
 /* Largest header frame accepted.  Headers are small except INIT's body, the
  * JSON model spec (ResNet-50: ~160 tensors, RetinaNet ~300, ~20-30 KB), so

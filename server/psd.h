@@ -144,6 +144,7 @@ typedef struct psd_waiter {
     uint8_t idlen;
     uint64_t request_id;
     uint64_t min_version;   /* reply once version >= this */
+    int exact;              /* PS_FLAG_EXACT: only version == min_version will do */
     int dtype, codec;       /* encoding of the WEIGHTS reply */
 } psd_waiter_t;
 
@@ -189,6 +190,14 @@ typedef struct psd_part {
                              * version carry PS_FLAG_OVERFLOW so every worker
                              * learns the step was skipped (not checkpointed) */
     uint64_t *last_iter;    /* (W) async/ssp: last iteration applied per rank + 1 (0: none) */
+    float *prev;            /* (numel) sync: the weights of version prev_version, the
+                             * one before `version`, kept by every update: a
+                             * worker that died between its pushes of that step
+                             * computes it again from them (PULL with
+                             * PS_FLAG_EXACT) when some partitions are already
+                             * one update ahead; NULL until the first update */
+    uint64_t prev_version;  /* UINT64_MAX: prev holds no version */
+    int prev_skipped;       /* version prev_version came from a skipped update */
     uint64_t wait_since_ms; /* sync: uv_now of the first push for `version` (psd_late.c) */
     psd_waiter_t *waiters;  /* PULL / PUSHPULL replies pending on a version */
     int nwaiters;
@@ -566,6 +575,10 @@ void psd_errors_log_flush(psd_t *s);
 /* WEIGHTS of p at its version, zero-copy (ERROR if it cannot be encoded). */
 void psd_send_weights(psd_t *s, const void *id, size_t idlen, uint64_t request_id, psd_part_t *p,
                       int dtype, int codec);
+/* WEIGHTS of p at version v exactly: its current weights, or those kept
+ * from the version before (p->prev); ERROR(PS_ESTATE) when neither is v. */
+void psd_send_weights_of(psd_t *s, const void *id, size_t idlen, uint64_t request_id,
+                         psd_part_t *p, uint64_t v, int dtype, int codec);
 /* Codec of the WEIGHTS reply: Header.reply_codec when present (a PUSHPULL
  * whose gradient is TOPK / SIGN wants its weights exact), else the request's. */
 int psd_reply_codec(const Ps__Header *h);
@@ -585,6 +598,12 @@ void psd_store_apply_sync(psd_t *s, psd_part_t *p);
 void psd_store_apply_async(psd_t *s, psd_part_t *p, const float *grad);
 /* Encoded weights of p at its current version (new reference) or NULL. */
 psd_buf_t *psd_store_encoded(psd_t *s, psd_part_t *p, int dtype, int codec, int *err);
+/* The weights of the version before (p->prev), encoded into a buffer of
+ * their own (one reference, not cached: asked for only by a rejoining
+ * worker), or NULL with *err. */
+psd_buf_t *psd_store_encoded_prev(psd_t *s, psd_part_t *p, int dtype, int codec, int *err);
+/* Forget the kept previous version (the weights were replaced). */
+void psd_store_forget_prev(psd_part_t *p);
 void psd_store_drop_cache(psd_part_t *p);
 /* Before writing p->w: drop the encoded replies and, when a zero-copy send
  * of the weights is still in flight, move them to a fresh buffer.  0, or

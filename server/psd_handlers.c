@@ -168,6 +168,7 @@ static void handle_init(psd_t *s, ps_wire_msg_t *m)
     if (decode_into(s, m, p, s->st.gsum)) return;
     psd_store_weights_writable(s, p);
     memcpy(p->w, s->st.gsum, p->numel * sizeof(float));
+    psd_store_forget_prev(p);
     p->version = h->has_iteration ? h->iteration : 0;
     p->initialised = 1;
     ps_debug("partition %u initialised (%zu elements, version %llu)", p->id, p->numel,
@@ -320,7 +321,12 @@ static void handle_pull(psd_t *s, ps_wire_msg_t *m)
     psd_part_t *p = check_part(s, m, 1);
     if (!p) return;
     uint64_t want = m->hdr->has_min_version ? m->hdr->min_version : 0;
-    if (p->version >= want)
+    if (p->version >= want && (m->hdr->flags & PS_FLAG_EXACT))
+        /* a worker that died between its pushes of step `want` comes back:
+         * it computes that step from version `want` everywhere */
+        psd_send_weights_of(s, PSD_ID_OF(m), m->hdr->request_id, p, want, m->hdr->dtype,
+                            psd_reply_codec(m->hdr));
+    else if (p->version >= want)
         psd_send_weights(s, PSD_ID_OF(m), m->hdr->request_id, p, m->hdr->dtype,
                          psd_reply_codec(m->hdr));
     else psd_waiters_add(s, m, p, want);

@@ -113,6 +113,7 @@ static int restore(psd_t *s, uint64_t v, char *err, size_t errlen, char *used, s
             p->direct = NULL;
             p->overflow = 0;
             p->skipped_ver = 0;
+            psd_store_forget_prev(p);
             p->version = v;
             psd_waiters_cancel(s, p, v); /* that future is gone */
             psd_waiters_notify(s, p);

@@ -504,6 +504,12 @@ int ps_client_pull(ps_client_t *c, uint32_t part, uint64_t min_version, float *d
     return data_req(c, PS__MSG_TYPE__MSG_PULL, part, 0, min_version, NULL, dst, 0, req);
 }
 
+int ps_client_pull_exact(ps_client_t *c, uint32_t part, uint64_t version, float *dst,
+                         ps_req_t **req)
+{
+    return data_req(c, PS__MSG_TYPE__MSG_PULL, part, 0, version, NULL, dst, PS_FLAG_EXACT, req);
+}
+
 int ps_client_pushpull(ps_client_t *c, uint32_t part, uint64_t iteration, const float *grad,
                        float *dst, uint32_t flags, ps_req_t **req)
 {

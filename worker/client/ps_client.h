@@ -158,6 +158,13 @@ int ps_client_pull(ps_client_t *c, uint32_t part, uint64_t min_version, float *d
                    ps_req_t **req);
 int ps_client_pushpull(ps_client_t *c, uint32_t part, uint64_t iteration, const float *grad,
                        float *dst, uint32_t flags, ps_req_t **req);
+/* pull_exact (sync): the weights of exactly `version` (PS_FLAG_EXACT): the
+ * current ones, or those of the version before, which a sync server keeps;
+ * waits while the partition is below it, and fails with PS_ESTATE when it
+ * is further ahead.  A worker that died between its pushes of a step finds
+ * some partitions one update ahead and computes the step from these. */
+int ps_client_pull_exact(ps_client_t *c, uint32_t part, uint64_t version, float *dst,
+                         ps_req_t **req);
 
 /* Wait for one request (timeout_ms < 0: forever).  Returns the request's
  * result: 0, or the server's PS_E* code (its text via ps_client_last_error),

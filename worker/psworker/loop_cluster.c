@@ -18,6 +18,7 @@
 
 #include <inttypes.h>
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -130,6 +131,8 @@ static int cluster_step(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_t
     uint32_t pflags = ps_loss_scale_push_flags(local_ovf);
     int rc = 0;
     *remote_ovf = 0;
+    int die = p->o->debug_die_mid_step >= 0 && step == (uint64_t)p->o->debug_die_mid_step;
+    if (die) n = n > 1 ? n / 2 : n;
     for (uint32_t i = 0; i < n && !rc; i++) {
         size_t off = p->table.parts[i].offset;
         rc = ps_client_pushpull(c, i, sync ? step : ver[i], p->grad + off, p->w + off, pflags,
@@ -141,6 +144,15 @@ static int cluster_step(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_t
     for (uint32_t i = 0; i < n; i++)
         ps_worker_part_complete(p, c, req, ver, i, p->w + p->table.parts[i].offset, step, sync,
                                 remote_ovf, &rc);
+    if (die) {
+        /* --debug-die-mid-step: a worker lost between its pushes of a step,
+         * deterministically (a timed kill hits this only by chance): the
+         * partitions below n are updated with its gradient, the rest wait
+         * for it. */
+        ps_warn("step %" PRIu64 ": --debug-die-mid-step: %u of %u partitions pushed and "
+                "answered; SIGKILL now", step, n, p->table.nparts);
+        raise(SIGKILL);
+    }
     return rc;
 }
 
@@ -253,6 +265,30 @@ static int send_init(cluster_t *k)
     return 0;
 }
 
+/* A worker that died between its pushes of step `lo` left the partitions
+ * it had pushed one update ahead (the others' gradients and its own were
+ * in); it must compute step lo from version lo everywhere, so those
+ * partitions are pulled again at exactly lo (the servers keep one version
+ * back).  0, PS_EAGAIN when a partition moved meanwhile (pull again), or
+ * the PS_E* of a failed pull. */
+static int pull_ahead_at(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_t *ver,
+                         uint64_t lo)
+{
+    uint32_t n = 0;
+    int rc = 0;
+    for (uint32_t i = 0; i < p->table.nparts && !rc; i++)
+        if (ver[i] != lo) {
+            rc = ps_client_pull_exact(c, i, lo, p->w + p->table.parts[i].offset, &req[i]);
+            n++;
+        }
+    if (rc) ps_error("pull of version %" PRIu64 ": %s", lo, ps_strerror(rc));
+    int wrc = wait_all(c, req, ver, p->table.nparts, "pull of the version before");
+    if (rc || wrc) return rc ? rc : wrc == PS_ESTATE ? PS_EAGAIN : wrc;
+    ps_info("%u partition(s) one step ahead (pushed by this rank's previous process before it "
+            "stopped): pulled at version %" PRIu64 " with the others", n, lo);
+    return 0;
+}
+
 /* INIT, the start barrier (or joining a job under way), the first pull:
  * *start = the step to compute first. */
 static int cluster_begin(cluster_t *k, uint64_t *start)
@@ -266,23 +302,33 @@ static int cluster_begin(cluster_t *k, uint64_t *start)
         ps_error("start barrier failed: %s (%s)", ps_strerror(rc), ps_client_last_error(k->c));
         return rc;
     }
-    if ((rc = pull_all(p, k->c, k->req, k->ver))) return rc;
-    uint64_t lo = k->ver[0], hi = k->ver[0];
-    for (uint32_t i = 1; i < p->table.nparts; i++)
-        hi = k->ver[i] > hi ? k->ver[i] : hi;
-    for (uint32_t i = 1; i < p->table.nparts; i++) {
-        /* One apart is a worker rejoining a running job mid-step: the
-         * partitions its previous life already pushed are one ahead; it
-         * starts from the lowest and those answer its pushes as retries. */
-        if (k->ver[i] != lo && k->sync && hi - (k->ver[i] < lo ? k->ver[i] : lo) > 1) {
+    for (int tries = 0;; tries++) {
+        if ((rc = pull_all(p, k->c, k->req, k->ver))) return rc;
+        uint64_t lo = k->ver[0], hi = k->ver[0];
+        for (uint32_t i = 1; i < p->table.nparts; i++) {
+            lo = k->ver[i] < lo ? k->ver[i] : lo;
+            hi = k->ver[i] > hi ? k->ver[i] : hi;
+        }
+        *start = k->sync ? lo : 0; /* versions count pushes, not steps, in async modes */
+        if (!k->sync || hi == lo) break;
+        if (hi - lo > 1) {
             ps_error("partitions start at different versions (%" PRIu64 " and %" PRIu64
-                     "): servers restored from checkpoints of different steps", lo, k->ver[i]);
+                     "): servers restored from checkpoints of different steps", lo, hi);
             return PS_ESTATE;
         }
-        if (k->ver[i] < lo) lo = k->ver[i];
+        /* One apart: this rank rejoins a step its previous process left
+         * half pushed. */
+        rc = pull_ahead_at(p, k->c, k->req, k->ver, lo);
+        if (rc != PS_EAGAIN) {
+            if (rc) return rc;
+            break;
+        }
+        if (tries == 8) {
+            ps_error("partition versions keep moving while this worker joins; giving up");
+            return PS_ESTATE;
+        }
     }
-    *start = k->sync ? lo : 0; /* versions count pushes, not steps, in async modes */
-    if (k->sync && lo > 0) ps_info("resuming at step %" PRIu64, lo);
+    if (k->sync && *start > 0) ps_info("resuming at step %" PRIu64, *start);
     return 0;
 }
 
@@ -353,6 +399,10 @@ static int cluster_train(cluster_t *k)
     ps_worker_t *p = k->p;
     uint64_t start = 0;
     int rc;
+    if (k->ov && p->o->debug_die_mid_step >= 0) {
+        ps_error("--debug-die-mid-step needs --overlap off (it splits the plain loop's pushes)");
+        return PS_EINVAL;
+    }
     if ((rc = cluster_begin(k, &start)) || (rc = ps_worker_start(p))) return rc;
     if (p->o->prec.ls_on && (rc = ps_loss_scale_init(&p->ls, &p->o->prec.ls_cfg))) return rc;
     ps_client_counters_t c0, c1;

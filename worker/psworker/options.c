@@ -70,6 +70,7 @@ static size_t job_rows(ps_worker_opts_t *o, ps_opt_t *rows)
     ROW("stall-warn-ms", PS_OPT_INT, &o->stall_warn_ms, "warn, naming the server, message and partitions, when requests stay unanswered this long, then at 2x, 4x ... up to every 60 s (0 = off)", "10000");
     ROW("shutdown-servers", PS_OPT_BOOL, &o->shutdown_servers, "rank 0 shuts the servers down at the end", "false");
     ROW("step-sleep-ms", PS_OPT_INT, &o->step_sleep_ms, "sleep this long per step (emulated compute, tests)", "0");
+    ROW("debug-die-mid-step", PS_OPT_INT, &o->debug_die_mid_step, "testing: at step N push half the partitions, wait for their weights, then SIGKILL this worker (-1 = off)", "-1");
     return n;
 }
 
@@ -322,6 +323,10 @@ static int job_check(ps_worker_opts_t *o)
         return ps_worker_opt_error("--partition-bytes must be in [4, 4 GiB]");
     if (o->step_sleep_ms < 0 || o->step_sleep_ms > 60000)
         return ps_worker_opt_error("--step-sleep-ms must be in [0, 60000]");
+    if (o->debug_die_mid_step < -1)
+        return ps_worker_opt_error("--debug-die-mid-step must be a step >= 0 (or -1 = off)");
+    if (o->debug_die_mid_step >= 0 && (strcmp(o->mode, "sync") || o->standalone))
+        return ps_worker_opt_error("--debug-die-mid-step needs --mode sync through servers");
     if (o->threads < 0) return ps_worker_opt_error("--threads must be >= 0");
     return 0;
 }
