@@ -37,7 +37,8 @@
  *   psd_reply.c       every send: counters, dropped replies, the ERROR log,
  *                     WEIGHTS -> store
  *   psd_store.c       partitions, slots, versions, sum + apply, encoded
- *                     weights -> pool
+ *                     weights -> skips, pool
+ *   psd_skips.c       the sync steps skipped for a loss-scale overflow
  *   psd_peers.c       waiting requests counted per peer
  *   psd_pool.c        summation threads
  * One call goes back up, at run time: psd_t.drain, which the loop sets and
@@ -237,6 +238,9 @@ typedef struct psd_store {
     size_t scratch_cap;
     int from_ckpt;               /* state was loaded from a checkpoint */
     uint64_t updates;            /* shard updates applied (all partitions) */
+    uint64_t *skips;             /* sync: versions whose update was skipped for a
+                                  * loss-scale overflow, ascending (psd_skips.c) */
+    size_t nskips, skips_cap;
 } psd_store_t;
 
 /* Worker membership (psd_members.c). */
@@ -585,6 +589,17 @@ int psd_reply_codec(const Ps__Header *h);
 /* Keep m's routing identity for a later reply (at most 255 bytes); is it id? */
 void psd_reply_keep_id(uint8_t dst[256], uint8_t *dlen, const ps_wire_msg_t *m);
 int psd_reply_same_id(const uint8_t *id, size_t idlen, const ps_wire_msg_t *m);
+
+/* ---- psd_skips.c: the sync steps skipped for a loss-scale overflow ---- */
+/* Record that the update of version v was skipped (once per step). */
+void psd_skips_add(psd_store_t *st, uint64_t v);
+/* Forget the skips of versions >= v (a rollback to v). */
+void psd_skips_cut(psd_store_t *st, uint64_t v);
+/* "[v,...]" (malloc'd, NULL when out of memory). */
+char *psd_skips_json(const psd_store_t *st);
+/* Replace the list with a JSON array of versions (a checkpoint's); 0 or
+ * PS_EINVAL with the cause in err. */
+int psd_skips_parse(psd_store_t *st, const char *json, char *err, size_t errlen);
 
 /* ---- psd_store.c ---- */
 int psd_mode_parse(const char *s, psd_mode_t *m);

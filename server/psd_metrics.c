@@ -57,6 +57,9 @@ char *psd_stats_json(const psd_t *s)
     cJSON_AddNumberToObject(o, "checkpoint_last_error_time", s->mx.ckpt_fail_time);
     cJSON_AddNumberToObject(o, "updates", (double)s->mx.updates);
     cJSON_AddNumberToObject(o, "skipped_updates", (double)s->mx.skipped);
+    cJSON *sk = cJSON_AddArrayToObject(o, "skipped_steps");
+    for (size_t i = 0; sk && i < s->st.nskips; i++)
+        cJSON_AddItemToArray(sk, cJSON_CreateNumber((double)s->st.skips[i]));
     cJSON_AddNumberToObject(o, "bytes_in", (double)s->mx.bytes_in);
     cJSON_AddNumberToObject(o, "bytes_out", (double)s->mx.bytes_out);
     cJSON_AddNumberToObject(o, "msgs_in", (double)s->mx.msgs_in);

@@ -180,6 +180,7 @@ void psd_handle_rollback(psd_t *s, ps_wire_msg_t *m)
             return;
         }
         s->aligned_v = s->aligned_taken = v; /* restored from a durable file of v */
+        psd_skips_cut(&s->st, v);           /* those steps are redone */
         s->rollbacks++;
         ps_warn("rolled back from versions %llu..%llu to %llu (%s): %llu step(s) to redo",
                 (unsigned long long)vmin, (unsigned long long)vmax, (unsigned long long)v, used,

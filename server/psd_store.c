@@ -127,6 +127,7 @@ void psd_store_free(psd_store_t *st)
     free(st->optim_json);
     free(st->gsum);
     free(st->scratch);
+    free(st->skips);
     memset(st, 0, sizeof *st);
 }
 
@@ -509,6 +510,7 @@ void psd_store_apply_sync(psd_t *s, psd_part_t *p)
         ps_info("partition %u iteration %llu: loss-scale overflow flagged, update skipped",
                 p->id, (unsigned long long)p->version);
         s->mx.skipped++;
+        psd_skips_add(&s->st, p->version);
         if (prev) memcpy(prev, p->w, p->numel * sizeof(float));
     } else if (n > 0 && fused_apply(s, p, src_of, n, (float)n, prev)) {
         /* done in one pass, the previous weights copied in it */

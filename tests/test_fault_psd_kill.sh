@@ -27,6 +27,7 @@
 # step, so the steps redone are the same arithmetic; one lost or doubled
 # step would show as ~1e-3, a step computed from mixed versions as ~1e-5.
 . "$(dirname "$0")/lib/integration_common.sh" || { echo "Bail out! cannot read lib/integration_common.sh"; exit 99; }
+. "$(dirname "$0")/lib/fault_cluster.sh" || { echo "Bail out! cannot read lib/fault_cluster.sh"; exit 99; }
 
 B=8
 STEPS=140
@@ -50,63 +51,22 @@ wait "$PID_0" "$PID_1" 2>/dev/null
 mv "$T/psd0.log" "$T/ref/psd0.log"; mv "$T/psd1.log" "$T/ref/psd1.log"
 
 # ---- the faulty run ----
-PSCTL=$top_builddir/psctl
-[ -x "$PSCTL" ] || { echo "1..0 # SKIP $PSCTL not built"; exit 77; }
 mkdir -p "$T/ck0" "$T/ck1" "$T/run"
 start_psd 0 2 2 "${PSDF[@]}" --checkpoint-dir "$T/ck0" &&
     start_psd 1 2 2 "${PSDF[@]}" --checkpoint-dir "$T/ck1"
 ok $? "2 psd started with --checkpoint-every-steps $N"
 SERVERS=tcp://127.0.0.1:$PORT_0,tcp://127.0.0.1:$PORT_1
-start_worker() { # RANK LOGSUFFIX [flags]: WPID = timeout(1), WCHILD = the psworker
-    local r=$1 sfx=$2; shift 2
-    timeout -k 2 80 "$PSW" --servers "$SERVERS" --rank "$r" --num-workers 2 --out "$T/run" \
-        --progress-every 0 --log-level info "${COMMON[@]}" --step-sleep-ms 15 "$@" \
-        >"$T/run/w$r$sfx.out" 2>"$T/run/w$r$sfx.err" &
-    WPID=$!
-    PIDS+=($WPID)
-    WCHILD=
-    for _ in $(seq 1 100); do
-        WCHILD=$(pgrep -P "$WPID" | head -n 1)
-        [ -n "$WCHILD" ] && break
-        sleep 0.01
-    done
-}
-start_worker 0 ""; W0=$WPID; C0=$WCHILD
-start_worker 1 "" --debug-die-mid-step $KILL_W_AT; W1=$WPID; C1=$WCHILD
+fc_start_worker 0 "" "$T/run" "${COMMON[@]}" --step-sleep-ms 15; W0=$WPID; C0=$WCHILD
+fc_start_worker 1 "" "$T/run" "${COMMON[@]}" --step-sleep-ms 15 --debug-die-mid-step $KILL_W_AT
+W1=$WPID; C1=$WCHILD
 
-wait_rows() { # wait until rank 0's CSV has $1 rows (at most 60 s); prints the count
-    local seen=0
-    for _ in $(seq 1 6000); do
-        seen=$(csv_rows "$T/run/metrics-rank0.csv")
-        [ "$seen" -ge "$1" ] && break
-        sleep 0.01
-    done
-    echo "$seen"
-}
-# stat1 KEY: a number from psd 1's STATS (empty when it does not answer)
-stat1() {
-    "$PSCTL" --servers "tcp://127.0.0.1:$PORT_1" --timeout-ms 5000 status --json 2>/dev/null |
-        sed -n "s/^[[:space:]]*\"$1\":[[:space:]]*\([0-9]*\).*/\1/p" | head -n 1
-}
-seen=$(wait_rows $KILL_PSD_AT)
-placed=
-for _ in $(seq 1 100); do
-    kill -STOP "$C0" "$C1" 2>/dev/null
-    a=$(stat1 aligned_checkpoint_version); vmax=$(stat1 version_max)
-    if [ -n "$a" ] && [ -n "$vmax" ] && [ "$a" -ge $N ] && [ "$vmax" -lt $((a + N)) ] &&
-        [ "$vmax" -gt "$a" ]; then
-        placed=1
-        break
-    fi
-    kill -CONT "$C0" "$C1" 2>/dev/null
-    sleep 0.05
-done
+fc_wait_rows "$T/run/metrics-rank0.csv" $KILL_PSD_AT >/dev/null
+fc_kill_psd_placed 1 $N "$C0" "$C1"
+placed=$?
+a=$FC_A vmax=$FC_VMAX
 seen=$(csv_rows "$T/run/metrics-rank0.csv")
-[ -n "$placed" ] && [ "$seen" -ge $KILL_PSD_AT ] && [ "$seen" -lt $KILL_W_AT ]
-ok $? "workers stopped at step $seen (>= $KILL_PSD_AT, < $KILL_W_AT); psd 1 at versions ..${vmax:-?}, aligned checkpoint ${a:-?} durable"
-kill -KILL "$PID_1"
-wait "$PID_1" 2>/dev/null
-diag "psd 1 SIGKILLed at rank 0's step ~$seen (its partitions at most at $vmax)"
+[ $placed -eq 0 ] && [ "$seen" -ge $KILL_PSD_AT ] && [ "$seen" -lt $KILL_W_AT ]
+ok $? "psd 1 SIGKILLed with the workers stopped at step $seen (>= $KILL_PSD_AT, < $KILL_W_AT): its partitions at ..${vmax:-?}, aligned checkpoint ${a:-?} durable"
 PS_PORT=$PORT_1 start_psd 1 2 2 "${PSDF[@]}" --checkpoint-dir "$T/ck1"
 ok $? "psd 1 restarted on port $PORT_1 with the same flags"
 kill -CONT "$C0" "$C1" 2>/dev/null
@@ -116,7 +76,7 @@ rc1=$?
 [ $rc1 -eq 137 ] && grep -q 'debug-die-mid-step' "$T/run/w1.err"
 ok $? "worker 1 killed itself between its pushes of step $KILL_W_AT (exit $rc1)"
 grep 'debug-die-mid-step' "$T/run/w1.err" | sed 's/^/# /'
-start_worker 1 ".restart"; W1=$WPID
+fc_start_worker 1 ".restart" "$T/run" "${COMMON[@]}" --step-sleep-ms 15; W1=$WPID
 
 rc=0
 wait "$W0" || { rc=1; echo "# worker 0 failed"; show_log "$T/run/w0.err"; }
@@ -153,6 +113,6 @@ ok $? "and pulled the partitions one step ahead at version $KILL_W_AT"
 
 compare "$T/run/model.safetensors" "$T/ref/model.safetensors" 1e-6
 ok $? "final weights == the fault-free run's (norm_rel <= 1e-6; expected bitwise equal)"
-compare "$T/run/model.safetensors" "$T/ref/model.safetensors" 0
-ok $? "and bitwise equal (tol 0)"
+compare "$T/run/model.safetensors" "$T/ref/model.safetensors" 0 "" --bytes
+ok $? "and bitwise equal (every tensor's bytes)"
 tap_done

@@ -96,6 +96,7 @@ const ps_model_config_t *ps_model_config(const ps_model_t *m) { return &m->cfg; 
 const float *ps_model_logits(const ps_model_t *m) { return m->logits; }
 int ps_model_fc_replaced(const ps_model_t *m) { return m->fc_replaced; }
 void ps_model_set_seed(ps_model_t *m, uint64_t seed) { m->seed = seed; m->step = 0; }
+void ps_model_set_step(ps_model_t *m, uint64_t step) { m->step = step; }
 
 const ps_model_param_t *ps_model_params(const ps_model_t *m, int *n)
 {

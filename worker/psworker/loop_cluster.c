@@ -156,6 +156,51 @@ static int cluster_step(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_t
     return rc;
 }
 
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Sync with loss scaling, resuming or rolling back to `step`: the scale an
+ * uninterrupted run holds there, replayed from the steps the servers
+ * skipped (STATS skipped_steps of every server, merged). */
+static int restore_loss_scale(ps_worker_t *p, ps_client_t *c, uint64_t step)
+{
+    if (!p->o->prec.ls_on) return 0;
+    uint64_t *skips = NULL;
+    size_t n = 0, cap = 0;
+    int rc = 0;
+    for (uint32_t s = 0; s < p->table.nservers && !rc; s++) {
+        char *json = NULL;
+        if ((rc = ps_client_stats(c, (int)s, &json))) {
+            ps_error("STATS of server %u (for the loss-scale verdicts): %s (%s)", s,
+                     ps_strerror(rc), ps_client_last_error(c));
+            break;
+        }
+        const char *k = json ? strstr(json, "\"skipped_steps\":[") : NULL;
+        for (char *e = k ? (char *)k + 17 : NULL; e && *e != ']';) {
+            char *end;
+            unsigned long long v = strtoull(e, &end, 10);
+            if (end == e) break;
+            if (n == cap) {
+                uint64_t *nn = realloc(skips, (cap = cap ? 2 * cap : 64) * sizeof *nn);
+                if (!nn) { rc = PS_ENOMEM; break; }
+                skips = nn;
+            }
+            if (v < step) skips[n++] = v;
+            e = *end == ',' ? end + 1 : end;
+        }
+        free(json);
+    }
+    if (!rc) {
+        qsort(skips, n, sizeof *skips, cmp_u64);
+        rc = ps_worker_ls_replay(p, step, skips, n);
+    }
+    free(skips);
+    return rc;
+}
+
 /* Roll every server back to p->rollback_to (ps_client_rollback: the lowest
  * version some server can restore), pull the weights of that version and
  * return it in *next: the step to compute next.  The data of a step is a
@@ -186,7 +231,7 @@ static int rollback(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_t *ve
             ps_client_ef_reset(c);
             ps_info("rolled back to step %" PRIu64 " (%" PRIu64 " step(s) to redo)", v, step - v);
             *next = v;
-            return 0;
+            return restore_loss_scale(p, c, v);
         }
         /* Another worker rolled some server further back meanwhile. */
         v = lo;
@@ -405,6 +450,7 @@ static int cluster_train(cluster_t *k)
     }
     if ((rc = cluster_begin(k, &start)) || (rc = ps_worker_start(p))) return rc;
     if (p->o->prec.ls_on && (rc = ps_loss_scale_init(&p->ls, &p->o->prec.ls_cfg))) return rc;
+    if (k->sync && start > 0 && (rc = restore_loss_scale(p, k->c, start))) return rc;
     ps_client_counters_t c0, c1;
     ps_client_counters(k->c, &c0);
     p->st.t_start = ps_worker_now();

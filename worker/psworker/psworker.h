@@ -78,6 +78,10 @@ typedef struct ps_worker {
     ps_loss_scale_t ls;
     int ls_in_backend;      /* the backend scaled this step's loss itself */
     size_t ls_scaled_numel; /* ... which scaled p->grad[0..this) */
+    /* the model's step counters (BN num_batches_tracked), set from the step
+     * before each compute (state.c) */
+    struct ps_worker_counter *counters;
+    int ncounters;
 } ps_worker_t;
 
 /* step.c: what every loop does around a step. */
@@ -108,6 +112,11 @@ void ps_worker_ls_begin(ps_worker_t *p);
 int ps_worker_ls_prepare(ps_worker_t *p, uint64_t step);
 int ps_worker_ls_finish(ps_worker_t *p, uint64_t step, const char *where, int verdict);
 void ps_worker_ls_report(const ps_worker_t *p);
+/* Sync: the scaler as an uninterrupted run holds it before `step`: from its
+ * start, over steps 0..step-1 with the cluster's verdicts (skips: the steps
+ * whose update the servers skipped, ascending).  A worker that resumes or
+ * rolls back calls it.  0, or the PS_E* of the scaler's settings. */
+int ps_worker_ls_replay(ps_worker_t *p, uint64_t step, const uint64_t *skips, size_t n);
 #define PS_WORKER_LS_WHERE(local) ((local) ? "on this worker" : "on another worker")
 /* The step's update on this worker's own fp32 master copy (--standalone,
  * ring mode): ps_optim over every partition of p->grad into p->w / p->mom.
@@ -120,6 +129,17 @@ void ps_worker_devmem_report(const ps_worker_t *p);
 /* After the last step: the loss-scale summary, the model file, the device
  * memory line and the task's final line.  0 or the save's PS_E*. */
 int ps_worker_finish(ps_worker_t *p, uint64_t steps_done);
+
+/* state.c: what follows from the step alone (the model's step counters,
+ * its dropout counter), set before each compute so a restarted or rolled
+ * back run holds what an uninterrupted one does.  init after the task's
+ * setup (their values at step 0); at: set them for `step`; spec: the INIT
+ * spec's ",\"counters\":[...]" member into buf (cap bytes; buf NULL:
+ * measure), returns its length (0: none). */
+int ps_worker_state_init(ps_worker_t *p);
+void ps_worker_state_at(ps_worker_t *p, uint64_t step);
+void ps_worker_state_free(ps_worker_t *p);
+size_t ps_worker_state_spec(const ps_worker_t *p, char *buf, size_t cap);
 
 /* optim.c */
 int ps_worker_build_optim(ps_worker_t *p);

@@ -565,6 +565,40 @@ static int check_hashes(psctl_t *p)
     return 0;
 }
 
+/* The model's step counters (BN num_batches_tracked) from the spec's
+ * "counters": [[name, value at step 0, per step], ...]: each a 0-dim int64
+ * tensor with its value at the exported version, as the workers hold it
+ * (worker/psworker/state.c).  Skipped, with a note, when the partitions are
+ * at different versions (no one step to give).  *vals (malloc'd, kept
+ * until the file is written) holds the values. */
+static int add_counters(ps_st_writer_t *wr, const char *spec, uint64_t vmin, uint64_t vmax,
+                        int64_t **vals)
+{
+    cJSON *j = cJSON_Parse(spec);
+    const cJSON *cs = j ? cJSON_GetObjectItemCaseSensitive(j, "counters") : NULL;
+    int n = cJSON_IsArray(cs) ? cJSON_GetArraySize(cs) : 0, rc = 0;
+    if (n > 0 && vmin != vmax)
+        printf("note: the %d step counters (num_batches_tracked) are left out: partitions at "
+               "versions %llu..%llu\n", n, (unsigned long long)vmin, (unsigned long long)vmax);
+    if (n <= 0 || vmin != vmax || !(*vals = calloc((size_t)n, sizeof **vals))) {
+        cJSON_Delete(j);
+        return n > 0 && vmin == vmax ? PS_ENOMEM : 0;
+    }
+    for (int i = 0; i < n && !rc; i++) {
+        const cJSON *e = cJSON_GetArrayItem(cs, i), *nm = cJSON_GetArrayItem(e, 0),
+                    *b = cJSON_GetArrayItem(e, 1), *k = cJSON_GetArrayItem(e, 2);
+        if (!cJSON_IsString(nm) || !cJSON_IsNumber(b) || !cJSON_IsNumber(k)) {
+            fprintf(stderr, "psctl: spec: counters[%d] is not [name, base, per_step]\n", i);
+            rc = PS_EINVAL;
+            break;
+        }
+        (*vals)[i] = (int64_t)b->valuedouble + (int64_t)vmin * (int64_t)k->valuedouble;
+        rc = ps_st_writer_add(wr, nm->valuestring, PS_ST_I64, 0, NULL, &(*vals)[i]);
+    }
+    cJSON_Delete(j);
+    return rc;
+}
+
 static int cmd_export(psctl_t *p, const char *path)
 {
     char *spec = load_spec(p);
@@ -578,6 +612,7 @@ static int cmd_export(psctl_t *p, const char *path)
     uint64_t *ver = NULL;
     ps_req_t **rq = NULL;
     ps_st_writer_t *wr = NULL;
+    int64_t *counters = NULL;
     ps_st_file_t like;
     int have_like = 0;
     memset(&like, 0, sizeof like);
@@ -643,6 +678,7 @@ static int cmd_export(psctl_t *p, const char *path)
         rc = ps_st_writer_add(wr, t->tensors[i].name, PS_ST_F32, nd, shape,
                               w + t->tensor_offset[i]);
     }
+    if (!rc) rc = add_counters(wr, spec, vmin, vmax, &counters);
     char buf[64];
     if (!rc) rc = ps_st_writer_meta(wr, "format", "psctl-export-1");
     snprintf(buf, sizeof buf, "%016llx", (unsigned long long)t->hash);
@@ -666,6 +702,7 @@ static int cmd_export(psctl_t *p, const char *path)
                "stop the workers first for a consistent snapshot\n");
 out:
     ps_st_writer_destroy(&wr);
+    free(counters);
     if (have_like) ps_st_close(&like);
     free(rq);
     free(ver);
