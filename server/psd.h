@@ -504,6 +504,9 @@ void psd_jobfail_hello(psd_t *s, int r);
 /* Called by the handlers when a rank's gradient for p's current version
  * arrives (the first one starts p's wait). */
 void psd_late_arrived(psd_t *s, psd_part_t *p, int rank);
+/* A sync update of p is about to be applied: count the step of each rank
+ * in it (steps per rank; on this server's first partition). */
+void psd_late_applying(psd_t *s, const psd_part_t *p);
 /* Seconds rank r has kept this server waiting (0: not late). */
 double psd_late_seconds(const psd_t *s, int r);
 /* One line of what this server waits for ("" when nothing): the barrier's
@@ -540,6 +543,10 @@ void psd_members_fail_barrier(psd_t *s, int code, const char *text);
 void psd_members_notify_shutdown(psd_t *s, const char *why);
 /* A sync step of rank r was counted (its first owned partition's push). */
 void psd_members_count_step(psd_t *s, int r);
+/* The steps each rank contributed as "[n0,n1,...]" (malloc'd, NULL: out of
+ * memory), and back from a checkpoint's copy (entries past W ignored). */
+char *psd_members_steps_json(const psd_t *s);
+void psd_members_steps_load(psd_t *s, const char *json);
 /* Timer: mark silent workers lost and release the barriers they block;
  * 1 when one was lost (the caller rechecks the pending sync updates). */
 int psd_members_check(psd_t *s);

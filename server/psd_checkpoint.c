@@ -285,9 +285,11 @@ static int snap_meta(psd_t *s, psd_ckpt_job_t *j, const char *vjson, uint32_t cr
     if ((rc = ps_st_writer_meta(j->w, "table_hash", num))) return rc;
     snprintf(num, sizeof num, "%llu", (unsigned long long)st->updates);
     if ((rc = ps_st_writer_meta(j->w, "updates", num))) return rc;
-    char *skips = psd_skips_json(st);
-    rc = skips ? ps_st_writer_meta(j->w, "skipped_steps", skips) : PS_ENOMEM;
+    char *skips = psd_skips_json(st), *steps = psd_members_steps_json(s);
+    rc = skips && steps ? ps_st_writer_meta(j->w, "skipped_steps", skips) : PS_ENOMEM;
+    if (!rc) rc = ps_st_writer_meta(j->w, "rank_steps", steps);
     free(skips);
+    free(steps);
     if (rc) return rc;
     snprintf(num, sizeof num, "%08x", crc);
     return ps_st_writer_meta(j->w, "data_crc32c", num);
@@ -835,6 +837,7 @@ static int try_load(psd_t *s, const char *path, char *err, size_t errlen)
         reset_state(s);
         goto out;
     }
+    psd_members_steps_load(s, ps_st_meta(&f, "rank_steps"));
     st->updates = mt.upd ? strtoull(mt.upd, NULL, 10) : 0;
     st->from_ckpt = 1;
     s->updates_at_ckpt = st->updates;

@@ -30,6 +30,14 @@ static void after_update(psd_t *s, psd_part_t *p)
     psd_checkpoint_maybe(s);
 }
 
+/* Every required gradient of p's step is in: update, answer, checkpoint. */
+static void apply_sync(psd_t *s, psd_part_t *p)
+{
+    psd_late_applying(s, p);
+    psd_store_apply_sync(s, p);
+    after_update(s, p);
+}
+
 /* Whether p's next sync update can be made: every rank whose gradient is
  * required (psd_members_required) has pushed one; *ncontrib: how many did. */
 static int sync_ready(psd_t *s, psd_part_t *p, int *ncontrib)
@@ -49,10 +57,7 @@ void psd_recheck_pending(psd_t *s)
     for (uint32_t i = 0; i < s->st.table.nparts; i++) {
         psd_part_t *p = &s->st.parts[i];
         int n;
-        if (p->owned && p->initialised && sync_ready(s, p, &n)) {
-            psd_store_apply_sync(s, p);
-            after_update(s, p);
-        }
+        if (p->owned && p->initialised && sync_ready(s, p, &n)) apply_sync(s, p);
     }
 }
 
@@ -263,10 +268,7 @@ static void push_sync(psd_t *s, ps_wire_msg_t *m, psd_part_t *p, int rank, int p
     } else if (!(h->flags & PS_FLAG_NO_REPLY)) {
         send_ack(s, m, 0);
     }
-    if (sync_ready(s, p, &n)) {
-        psd_store_apply_sync(s, p);
-        after_update(s, p);
-    }
+    if (sync_ready(s, p, &n)) apply_sync(s, p);
 out:
     /* Not applied now (the reply could not be queued): the payload dies
      * with the message, so keep a copy in the rank's slot. */

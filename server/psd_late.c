@@ -28,7 +28,16 @@ void psd_late_arrived(psd_t *s, psd_part_t *p, int rank)
     int n = 0;
     for (int r = 0; r < s->st.nworkers; r++) n += p->have[r] != 0;
     if (n == 1) p->wait_since_ms = uv_now(s->loop);
-    if ((int)p->id == first_owned(s)) psd_members_count_step(s, rank);
+    (void)rank;
+}
+
+void psd_late_applying(psd_t *s, const psd_part_t *p)
+{
+    /* counted at the update, not at arrival: a rollback to an aligned
+     * checkpoint then restores exactly the counts of its version */
+    if ((int)p->id != first_owned(s)) return;
+    for (int r = 0; r < s->st.nworkers; r++)
+        if (p->have[r]) psd_members_count_step(s, r);
 }
 
 /* Rank r holds up p's update: it is required and has not pushed. */

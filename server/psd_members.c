@@ -89,6 +89,31 @@ void psd_members_count_step(psd_t *s, int r)
     if (r >= 0 && r < s->nworkers) s->workers[r].steps++;
 }
 
+char *psd_members_steps_json(const psd_t *s)
+{
+    size_t cap = 8 + 24 * (size_t)(s->nworkers > 0 ? s->nworkers : 0), n = 0;
+    char *out = malloc(cap);
+    if (!out) return NULL;
+    n += (size_t)snprintf(out, cap, "[");
+    for (int r = 0; r < s->nworkers; r++)
+        n += (size_t)snprintf(out + n, cap - n, "%s%llu", r ? "," : "",
+                              (unsigned long long)s->workers[r].steps);
+    snprintf(out + n, cap - n, "]");
+    return out;
+}
+
+void psd_members_steps_load(psd_t *s, const char *json)
+{
+    const char *c = json && *json == '[' ? json + 1 : NULL;
+    for (int r = 0; c && r < s->nworkers && *c && *c != ']'; r++) {
+        char *end;
+        unsigned long long v = strtoull(c, &end, 10);
+        if (end == c) break;
+        s->workers[r].steps = v;
+        c = *end == ',' ? end + 1 : end;
+    }
+}
+
 void psd_members_seen(psd_t *s, int r)
 {
     if (r < 0 || r >= s->nworkers) return;

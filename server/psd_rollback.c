@@ -118,6 +118,7 @@ static int restore(psd_t *s, uint64_t v, char *err, size_t errlen, char *used, s
             psd_waiters_cancel(s, p, v); /* that future is gone */
             psd_waiters_notify(s, p);
         }
+        psd_members_steps_load(s, ps_st_meta(&f, "rank_steps")); /* as of v */
         snprintf(used, usedlen, "%s", path);
         ps_st_close(&f);
         rc = 0;

@@ -102,10 +102,20 @@ int ps_worker_part_complete(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint
         *first_rc = *first_rc ? *first_rc : r;
         return r;
     }
-    if (sync && v != step + 1 && !*first_rc) {
-        /* Exactly one update per step: anything else is a lost or doubled one. */
+    if (sync && v > step + 1) {
+        /* The servers went on without this rank (declared lost under
+         * --on-worker-loss continue while it was stopped or cut off): its
+         * push was answered as a retry with the current weights.  The loop
+         * catches up from the servers' version (catch_up). */
+        if (!p->behind)
+            ps_warn("step %" PRIu64 ": partition %u is at version %" PRIu64 " already: the "
+                    "servers went on without this rank (--on-worker-loss continue); catching up",
+                    step, i, v);
+        p->behind = 1;
+    } else if (sync && v != step + 1 && !*first_rc) {
+        /* Exactly one update per step: anything else is a lost one. */
         ps_error("step %" PRIu64 ": partition %u came back at version %" PRIu64
-                 ", expected %" PRIu64 " (lost or doubled update; or the servers do not "
+                 ", expected %" PRIu64 " (lost update; or the servers do not "
                  "run --mode sync: give psworker the same --mode)", step, i, v, step + 1);
         *first_rc = PS_ESTATE;
     }
@@ -269,7 +279,7 @@ static int job_under_way(ps_client_t *c, int nservers)
 static int overlap_step(ps_worker_t *p, ps_worker_overlap_t *ov, uint64_t s, double *t_wait)
 {
     int rc = ps_worker_overlap_end(ov, t_wait), remote = 0;
-    if (rc || p->rollback || p->compute_rc)
+    if (rc || p->rollback || p->behind || p->compute_rc)
         return rc;
     if (s + 1 == p->o->steps || ps_worker_val_due(p, s + 1)) {
         double t0 = ps_worker_now();
@@ -334,19 +344,13 @@ static int pull_ahead_at(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_
     return 0;
 }
 
-/* INIT, the start barrier (or joining a job under way), the first pull:
- * *start = the step to compute first. */
-static int cluster_begin(cluster_t *k, uint64_t *start)
+/* Pull every partition and find the step to compute: the lowest version
+ * (sync; partitions one ahead pulled again at it, pull_ahead_at), 0 in
+ * async modes (versions count pushes there). */
+static int pull_start(cluster_t *k, uint64_t *start)
 {
     ps_worker_t *p = k->p;
     int rc;
-    if (p->rank == 0 && (rc = send_init(k))) return rc;
-    if (k->sync && job_under_way(k->c, p->table.nservers))
-        ps_info("the servers are past version 0: joining the running job (no start barrier)");
-    else if ((rc = ps_client_barrier(k->c))) {
-        ps_error("start barrier failed: %s (%s)", ps_strerror(rc), ps_client_last_error(k->c));
-        return rc;
-    }
     for (int tries = 0;; tries++) {
         if ((rc = pull_all(p, k->c, k->req, k->ver))) return rc;
         uint64_t lo = k->ver[0], hi = k->ver[0];
@@ -373,8 +377,40 @@ static int cluster_begin(cluster_t *k, uint64_t *start)
             return PS_ESTATE;
         }
     }
+    return 0;
+}
+
+/* INIT, the start barrier (or joining a job under way), the first pull:
+ * *start = the step to compute first. */
+static int cluster_begin(cluster_t *k, uint64_t *start)
+{
+    ps_worker_t *p = k->p;
+    int rc;
+    if (p->rank == 0 && (rc = send_init(k))) return rc;
+    if (k->sync && job_under_way(k->c, p->table.nservers))
+        ps_info("the servers are past version 0: joining the running job (no start barrier)");
+    else if ((rc = ps_client_barrier(k->c))) {
+        ps_error("start barrier failed: %s (%s)", ps_strerror(rc), ps_client_last_error(k->c));
+        return rc;
+    }
+    if ((rc = pull_start(k, start))) return rc;
     if (k->sync && *start > 0) ps_info("resuming at step %" PRIu64, *start);
     return 0;
+}
+
+/* The servers went on without this rank: pull, start again at their
+ * version with the loss scale of that step, forget error feedback (it
+ * belongs to weights long gone). */
+static int catch_up(cluster_t *k, uint64_t step, uint64_t *next)
+{
+    ps_worker_t *p = k->p;
+    p->behind = 0;
+    int rc = pull_start(k, next);
+    if (rc) return rc;
+    ps_client_ef_reset(k->c);
+    ps_warn("step %" PRIu64 ": caught up with the servers at step %" PRIu64 " (%" PRIu64
+            " step(s) of this rank missed)", step, *next, *next - step - 1);
+    return restore_loss_scale(p, k->c, *next);
 }
 
 /* One step of the loop; *next = the step after it (a rollback moves it back). */
@@ -388,13 +424,14 @@ static int cluster_one(cluster_t *k, uint64_t s, uint64_t *next)
     if (k->ov) ps_worker_overlap_begin(k->ov, s);
     double loss = ps_worker_compute(p, s), t_wait = 0;
     if (k->ov && (rc = overlap_step(p, k->ov, s, &t_wait))) return rc;
-    if (!(k->ov && p->rollback) && (rc = ps_worker_check_loss(p, loss, s))) return rc;
+    if (!(k->ov && (p->rollback || p->behind)) && (rc = ps_worker_check_loss(p, loss, s))) return rc;
     ps_worker_devmem_step(p, s);
     int ovf = ps_worker_ls_prepare(p, s), remote = 0; /* ls is off with --overlap */
     double t1 = ps_worker_now();
     if (!k->ov && (rc = cluster_step(p, k->c, k->req, k->ver, s, k->sync, ovf, &remote)))
         return rc;
     if (p->rollback) return rollback(p, k->c, k->req, k->ver, s, next);
+    if (p->behind) return catch_up(k, s, next);
     if (ovf && k->sync && !remote)
         /* Our flagged pushes were skipped, yet no reply says so: a psd
          * without the echo; the other workers cannot know either. */
@@ -414,6 +451,30 @@ static int cluster_one(cluster_t *k, uint64_t s, uint64_t *next)
     return 0;
 }
 
+/* Sync: the steps each rank contributed, as the servers counted them (the
+ * largest count over servers: one that owns nothing counts nothing), into
+ * p->rank_steps for the final line.  Best effort: left "" on a failure. */
+static void count_rank_steps(ps_worker_t *p, ps_client_t *c)
+{
+    uint64_t most[64] = {0};
+    int n = p->nworkers < 64 ? p->nworkers : 64;
+    for (uint32_t s = 0; s < p->table.nservers; s++) {
+        char *json = NULL;
+        if (ps_client_stats(c, (int)s, &json) || !json) return;
+        const char *k = strstr(json, "\"workers\":[");
+        for (int r = 0; k && r < n && (k = strstr(k, "\"steps\":")); r++) {
+            uint64_t v = strtoull(k + 8, NULL, 10);
+            most[r] = v > most[r] ? v : most[r];
+            k += 8;
+        }
+        free(json);
+    }
+    size_t len = 0;
+    for (int r = 0; r < n && len < sizeof p->rank_steps; r++)
+        len += (size_t)snprintf(p->rank_steps + len, sizeof p->rank_steps - len, "%s%llu",
+                                r ? "," : "", (unsigned long long)most[r]);
+}
+
 /* Everyone finished: in async modes the newest weights are on the servers,
  * so every rank reads them back before evaluating / saving; a second
  * barrier, so that nobody still pulls when rank 0 shuts the servers down. */
@@ -425,6 +486,7 @@ static int cluster_end(cluster_t *k)
         ps_error("final barrier failed: %s (%s)", ps_strerror(rc), ps_client_last_error(k->c));
         return rc;
     }
+    if (k->sync) count_rank_steps(p, k->c);
     if ((rc = pull_all(p, k->c, k->req, k->ver)) || (rc = ps_worker_finish(p, p->o->steps)))
         return rc;
     if ((rc = ps_client_barrier(k->c))) {

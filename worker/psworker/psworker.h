@@ -73,6 +73,8 @@ typedef struct ps_worker {
     ps_worker_devmem_t devmem;
     int rollback;           /* sync: a server asked to roll back (restarted from a checkpoint) */
     uint64_t rollback_to;   /* the lowest version asked for this step */
+    int behind;             /* sync: the servers went on without this rank (it
+                               was lost under --on-worker-loss continue) */
     /* loss scaling: identical on every worker, each feeds it the cluster's
      * verdict; this step's backend part (step.c) */
     ps_loss_scale_t ls;
@@ -82,6 +84,10 @@ typedef struct ps_worker {
      * before each compute (state.c) */
     struct ps_worker_counter *counters;
     int ncounters;
+    /* sync through servers: the steps each rank contributed, as the servers
+     * counted them ("140,140"; a lost rank under --on-worker-loss continue
+     * shows fewer), for the final line; "" otherwise */
+    char rank_steps[256];
 } ps_worker_t;
 
 /* step.c: what every loop does around a step. */
@@ -207,6 +213,7 @@ int ps_worker_save_model(ps_worker_t *p);
 double ps_worker_recent_loss(const ps_worker_t *p);
 /* Samples per second over the counted steps. */
 double ps_worker_per_s(const ps_worker_t *p);
-/* " out=DIR model=model.safetensors" (rank 0) at the end of a final: line. */
+/* " rank_steps=A,B out=DIR model=model.safetensors" (rank 0) at the end of
+ * a final: line. */
 void ps_worker_print_out(const ps_worker_t *p);
 #endif
