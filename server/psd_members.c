@@ -224,6 +224,19 @@ int psd_handle_hello(psd_t *s, ps_wire_msg_t *m, char *refusal, size_t len)
     char err[256] = "";
     int rc;
 
+    /* Checked before anything is kept, so a misconfigured worker that
+     * comes first cannot make the cluster's table its own. */
+    uint32_t nserv = s->st.have_table ? s->st.table.nservers
+                                      : (uint32_t)(s->o.num_servers > 0 ? s->o.num_servers : 0);
+    if (h->has_num_servers && h->num_servers && nserv && h->num_servers != nserv) {
+        char why[200];
+        snprintf(why, sizeof why, "the worker's --servers lists %u server(s), the cluster has %u "
+                 "(psd --num-servers): give every worker all the servers, server 0 first",
+                 h->num_servers, nserv);
+        psd_send_error(s, PSD_ID_OF(m), h, PS_EMISMATCH, "%s", why);
+        hello_refused(s, h->has_rank ? h->rank : -1, why, refusal, len);
+        return -1;
+    }
     if (h->has_table_hash) {
         uint64_t known = s->st.have_table ? s->st.table.hash : s->table_hash_seen;
         if ((s->st.have_table || s->have_hash_seen) && h->table_hash != known) {
@@ -235,14 +248,16 @@ int psd_handle_hello(psd_t *s, ps_wire_msg_t *m, char *refusal, size_t len)
             hello_refused(s, h->has_rank ? h->rank : -1, why, refusal, len);
             return -1;
         }
-        s->table_hash_seen = h->table_hash;
-        s->have_hash_seen = 1;
     }
     if (h->has_num_workers && h->num_workers > 0 &&
         (rc = psd_members_set_count(s, (int)h->num_workers, err, sizeof err))) {
         psd_send_error(s, PSD_ID_OF(m), h, rc, "HELLO: %s", err);
         if (rc == PS_EMISMATCH) hello_refused(s, h->has_rank ? h->rank : -1, err, refusal, len);
         return -1;
+    }
+    if (h->has_table_hash) {
+        s->table_hash_seen = h->table_hash;
+        s->have_hash_seen = 1;
     }
     if (s->nworkers <= 0) {
         psd_send_error(s, PSD_ID_OF(m), h, PS_ESTATE,

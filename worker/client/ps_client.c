@@ -635,8 +635,8 @@ static int read_welcome(ps_client_t *c, ps_req_t *r, void *arg)
         return PS_EMISMATCH;
     }
     if (r->reply_nservers && r->reply_nservers != c->t->nservers) {
-        ps_client_set_error(c, "server 0 says %u servers, this worker has %u", r->reply_nservers,
-                            c->t->nservers);
+        ps_client_set_error(c, "server 0 says the cluster has %u servers, this worker's "
+                            "--servers lists %u", r->reply_nservers, c->t->nservers);
         ps_error("%s", c->last_error);
         return PS_EMISMATCH;
     }

@@ -138,6 +138,10 @@ static void fill_header(ps_client_t *c, ps_req_t *r, Ps__Header *h)
     h->table_hash = c->t->hash;
     h->has_num_workers = 1;
     h->num_workers = (uint32_t)c->o.num_workers;
+    if (r->type == PS__MSG_TYPE__MSG_HELLO) {
+        h->has_num_servers = 1;
+        h->num_servers = (uint32_t)c->o.nservers;
+    }
     h->has_session = 1;
     h->session = c->session;
     h->has_num_servers = 1;
@@ -402,6 +406,37 @@ static void server_shut(ps_client_t *c, int s, const char *why)
     sv->ninflight = 0;
 }
 
+/* A stalled request that waits on other workers (a sync push, a barrier):
+ * ask the server whom it waits for.  The STATS goes with request_id 0,
+ * which no request of the pool ever has (generations start at 1), and its
+ * answer is logged by late_reply. */
+static void late_probe(ps_client_t *c, int s, const ps_req_t *old)
+{
+    if (old->type != PS__MSG_TYPE__MSG_PUSH && old->type != PS__MSG_TYPE__MSG_PUSHPULL &&
+        old->type != PS__MSG_TYPE__MSG_BARRIER)
+        return;
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__MSG_TYPE__MSG_STATS);
+    h.has_rank = 1, h.rank = c->rank;
+    h.has_request_id = 1, h.request_id = 0;
+    ps_wire_send(c->srv[s].sock, NULL, 0, &h, NULL, 0, NULL, NULL, ZMQ_DONTWAIT);
+}
+
+/* The answer to late_probe: the server's "late" line, e.g. "step 812:
+ * waiting 4.1 s for rank 3 (partitions 0-11 of server 1)". */
+static void late_reply(ps_client_t *c, int s, const Ps__Header *h)
+{
+    char late[400] = "";
+    const char *b = (const char *)h->body.data, *end = b + h->body.len;
+    const char *k = memmem(b, h->body.len, "\"late\":\"", 8);
+    if (k) {
+        size_t n = 0;
+        for (k += 8; k < end && *k != '"' && n + 1 < sizeof late; k++) late[n++] = *k;
+        late[n] = 0;
+    }
+    if (late[0]) ps_warn("server %d (%s) says: %s", s, c->srv[s].endpoint, late);
+}
+
 static void handle_reply(ps_client_t *c, int s, ps_wire_msg_t *m, int rc, const char *err)
 {
     ps_client_server_t *sv = &c->srv[s];
@@ -426,6 +461,10 @@ static void handle_reply(ps_client_t *c, int s, ps_wire_msg_t *m, int rc, const 
     const Ps__Header *h = m->hdr;
     if (h->type == PS__MSG_TYPE__MSG_SHUTDOWN && !h->request_id) {
         server_shut(c, s, h->error_text ? h->error_text : "");
+        return;
+    }
+    if (h->type == PS__MSG_TYPE__MSG_ACK && !h->request_id && h->has_body) {
+        late_reply(c, s, h);
         return;
     }
     ps_req_t *r = lookup(c, s, h);
@@ -602,6 +641,7 @@ static void stall_check(ps_client_t *c, int s, int64_t now)
     ps_warn("server %d (%s): %d request(s) unanswered for %.1f s, the oldest %s%s%s (sent %d "
             "time(s))%s; %s", s, sv->endpoint, n, (double)(now - old->t_submit) / 1e3,
             ps_wire_type_name(old->type), parts, step, old->nsent, probe, stall_hint(old->type));
+    if (old->nsent > 0) late_probe(c, s, old);
     sv->stall_gap = sv->stall_gap * 2 > 60000 ? 60000 : sv->stall_gap * 2;
     sv->stall_next = now + sv->stall_gap;
 }
