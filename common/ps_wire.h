@@ -26,6 +26,9 @@
 #define PS_FLAG_DONE       0x10u /* BYE: the worker finished its steps */
 #define PS_FLAG_FAILED     0x20u /* BYE: the worker failed: error_code and
                                     error_text say why, and the job stops */
+#define PS_FLAG_PREFLIGHT  0x80u /* STATS: add what `psctl check` needs (the
+                                    flags, the clock; the server writes a probe
+                                    file in its checkpoint directory) */
 #define PS_FLAG_EXACT      0x40u /* PULL (sync): the weights of exactly version
                                     min_version, also when the partition is one
                                     update past it (a worker that died between

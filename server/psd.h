@@ -27,7 +27,9 @@
  *   psd_spec.c        the INIT spec: parse, check, hold its table
  *                     -> maxmsg, members, store
  *   psd_metrics.c     the STATS reply, stats log line, HTTP /metrics
- *                     -> late, members
+ *                     -> preflight, late, members
+ *   psd_preflight.c   psctl check's STATS members (flags, clock, a probe
+ *                     write in the checkpoint directory)
  *   psd_late.c        who the server waits for; steps per rank -> members
  *   psd_curve.c       --curve: CURVE server + ZAP allow-list thread
  *   psd_waiters.c     requests waiting for a partition version -> reply, peers
@@ -464,8 +466,17 @@ int psd_spec_hold(psd_t *s, const char *json, size_t len, const uint64_t *want_h
 #define PSD_HTTP_DEADLINE_MS 5000
 int psd_metrics_start(psd_t *s);
 void psd_metrics_stop(psd_t *s);
-/* STATS body: malloc'd JSON. */
-char *psd_stats_json(const psd_t *s);
+/* STATS body: malloc'd JSON; with preflight, psctl check's members too
+ * (psd_preflight.c: that writes a probe file in the checkpoint directory). */
+char *psd_stats_json(const psd_t *s, int preflight);
+
+/* ---- psd_preflight.c ---- */
+/* Add "preflight": {time_unix, host, num_servers, num_workers (the flags),
+ * checkpoint_every_steps, checkpoint_dir, checkpoint_dir_error ("" when a
+ * probe file was written and synced there), checkpoint_free_bytes,
+ * checkpoint_bytes (one file of this shard, 0 before INIT)} to o. */
+struct cJSON;
+void psd_preflight_add(const psd_t *s, struct cJSON *o);
 void psd_stats_log(psd_t *s);
 
 /* ---- psd_curve.c ---- */

@@ -336,7 +336,7 @@ static void handle_pull(psd_t *s, ps_wire_msg_t *m)
 
 static void handle_stats(psd_t *s, ps_wire_msg_t *m)
 {
-    char *json = psd_stats_json(s);
+    char *json = psd_stats_json(s, (m->hdr->flags & PS_FLAG_PREFLIGHT) != 0);
     if (!json) {
         psd_send_error(s, PSD_ID_OF(m), m->hdr, PS_ENOMEM, "STATS: out of memory");
         return;

@@ -25,7 +25,7 @@ static uint64_t error_count(const psd_t *s)
     return errs;
 }
 
-char *psd_stats_json(const psd_t *s)
+char *psd_stats_json(const psd_t *s, int preflight)
 {
     cJSON *o = cJSON_CreateObject();
     if (!o) return NULL;
@@ -116,6 +116,7 @@ char *psd_stats_json(const psd_t *s)
         cJSON_AddStringToObject(o, "spec", s->st.spec_json);
     cJSON_AddNumberToObject(o, "aggregation_seconds", s->mx.agg_seconds);
     cJSON_AddNumberToObject(o, "apply_seconds", s->mx.apply_seconds);
+    if (preflight) psd_preflight_add(s, o);
     char *txt = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     return txt;

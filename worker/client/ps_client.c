@@ -827,12 +827,18 @@ int ps_client_rollback(ps_client_t *c, uint64_t *version)
     return PS_ESTATE;
 }
 
-int ps_client_stats(ps_client_t *c, int server, char **json)
+int ps_client_stats_ex(ps_client_t *c, int server, uint32_t flags, char **json)
 {
     if (json) *json = NULL;
     if (!c || !json || server < 0 || server >= c->o.nservers) return PS_EINVAL;
     ps_req_t *r = ctl_req(c, PS__MSG_TYPE__MSG_STATS, server, NULL, 0);
+    if (r) r->flags = flags;
     return r ? ctl_call(c, r, read_body, json) : PS_EAGAIN;
+}
+
+int ps_client_stats(ps_client_t *c, int server, char **json)
+{
+    return ps_client_stats_ex(c, server, 0, json);
 }
 
 int ps_client_checkpoint(ps_client_t *c, int server)

@@ -191,8 +191,10 @@ const char *ps_client_last_error(const ps_client_t *c);
 
 /* Blocking conveniences. */
 int ps_client_barrier(ps_client_t *c);
-/* STATS of one server: *json is malloc'd (caller frees). */
+/* STATS of one server: *json is malloc'd (caller frees).  _ex: with
+ * Header.flags (PS_FLAG_PREFLIGHT: psctl check's members too). */
 int ps_client_stats(ps_client_t *c, int server, char **json);
+int ps_client_stats_ex(ps_client_t *c, int server, uint32_t flags, char **json);
 int ps_client_checkpoint(ps_client_t *c, int server);
 /* Sync mode, after a server restarted from an older checkpoint: a push or
  * pushpull then fails with PS_ESTATE and reply flag PS_FLAG_ROLLBACK

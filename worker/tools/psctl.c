@@ -4,6 +4,8 @@
  *   psctl --servers LIST checkpoint    every server writes a checkpoint now
  *   psctl --servers LIST export FILE   pull every partition -> FILE.safetensors
  *   psctl --servers LIST shutdown      checkpoint (if configured) and stop
+ *   psctl --servers LIST check         preflight: what is wrong, what to fix
+ *                                      (psctl_check.c)
  *   psctl keygen PREFIX                CURVE key pair: PREFIX.pub, PREFIX.key
  *
  * psctl talks to the servers with the same client library as psworker, but
@@ -24,19 +26,16 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
-#include <netdb.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 
 #include "worker/client/ps_client.h"
+#include "worker/tools/psctl_check.h"
 #include "ps_config.h"
 #include "ps_error.h"
 #include "ps_log.h"
@@ -59,6 +58,8 @@ typedef struct psctl_opts {
     char *curve_server_key;  /* FILE (shared) or FILE,FILE,... (one per server) */
     char *curve_public_key;  /* this client's Z85 public key file */
     char *curve_secret_key;  /* this client's Z85 secret key file */
+    int num_workers;    /* check: the workers' --num-workers (0: not checked) */
+    int max_skew_ms;    /* check: largest clock difference accepted */
 } psctl_opts_t;
 
 typedef struct psctl {
@@ -80,6 +81,9 @@ static const char usage[] =
     "  export FILE     pull every partition and write the model as safetensors\n"
     "                  (needs --spec: the INIT spec JSON or a psd checkpoint file)\n"
     "  shutdown        every server checkpoints (when configured) and exits\n"
+    "  check           preflight: every server answers, ids, sizes, modes, CURVE,\n"
+    "                  checkpoint directories (writable, room for a checkpoint: --spec),\n"
+    "                  clocks; prints what to fix, exit 1 on any problem\n"
     "  keygen PREFIX   CURVE key pair: PREFIX.pub (Z85 public key), PREFIX.key\n"
     "                  (Z85 secret key, mode 0600)\n"
     "CURVE (psd --curve): --curve-server-key FILE[,FILE...] (one shared, or one per\n"
@@ -346,51 +350,6 @@ static int cmd_checkpoint(psctl_t *p)
     return failed ? PS_EIO : 0;
 }
 
-/* 1: nothing listens at endpoint any more (connection refused / socket
- * gone), 0: something accepts connections, -1: cannot tell. */
-static int endpoint_down(const char *ep)
-{
-    int fd = -1, res = -1;
-    if (!strncmp(ep, "ipc://", 6)) {
-        struct sockaddr_un ua = {.sun_family = AF_UNIX};
-        if (strlen(ep + 6) >= sizeof ua.sun_path) return -1;
-        strcpy(ua.sun_path, ep + 6);
-        if ((fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0) return -1;
-        res = connect(fd, (struct sockaddr *)&ua, sizeof ua) == 0 ? 0
-              : (errno == ECONNREFUSED || errno == ENOENT) ? 1 : -1;
-        close(fd);
-        return res;
-    }
-    char host[256], *colon;
-    if (strncmp(ep, "tcp://", 6) || snprintf(host, sizeof host, "%s", ep + 6) >= (int)sizeof host ||
-        !(colon = strrchr(host, ':')))
-        return -1;
-    *colon = 0;
-    const char *port = colon + 1;
-    if (host[0] == '[' && colon > host + 1 && colon[-1] == ']') { /* [v6]:port */
-        colon[-1] = 0;
-        memmove(host, host + 1, strlen(host));
-    }
-    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai = NULL;
-    if (getaddrinfo(host, port, &hints, &ai) || !ai) return -1;
-    if ((fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0)) >= 0) {
-        if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
-            res = 0;
-        } else if (errno == ECONNREFUSED) {
-            res = 1;
-        } else if (errno == EINPROGRESS) {
-            struct pollfd pf = {.fd = fd, .events = POLLOUT};
-            int err = 0;
-            socklen_t el = sizeof err;
-            if (poll(&pf, 1, 1000) == 1 && !getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el))
-                res = err == 0 ? 0 : err == ECONNREFUSED ? 1 : -1;
-        }
-        close(fd);
-    }
-    freeaddrinfo(ai);
-    return res;
-}
-
 /* SHUTDOWN server by server, each on its own connection.  A server closes
  * its socket right after the ACK, and that ACK can be lost with the
  * connection (seen with libzmq: the reply is dropped when the peer's
@@ -423,7 +382,7 @@ static int cmd_shutdown(psctl_t *p)
             rc = ps_client_shutdown_servers(c);
             if (rc == 0) state = 0;
             else if (rc != PS_ETIMEOUT) state = -2;
-            else if (endpoint_down(p->ep[s]) == 1) state = 1;
+            else if (psctl_endpoint_down(p->ep[s]) == 1) state = 1;
             else if (now_s() >= t_end) break;
         }
         if (state == 0) printf("server %d: SHUTDOWN acknowledged\n", s);
@@ -711,6 +670,25 @@ out:
     return rc;
 }
 
+/* ---- check ---------------------------------------------------------------- */
+
+static int cmd_check(psctl_t *p)
+{
+    int rc = 0;
+    if (p->o.spec && *p->o.spec) { /* the model's table: the room a checkpoint needs */
+        char *spec = load_spec(p);
+        ps_client_destroy(&p->c);
+        rc = spec ? table_from_spec(p, spec) : PS_EINVAL;
+        free(spec);
+        if (rc || (rc = connect_client(p))) return rc;
+    }
+    psctl_check_in_t in = {.c = p->c, .ep = p->ep, .nserv = p->nserv,
+                           .num_workers = p->o.num_workers,
+                           .table = p->o.spec && *p->o.spec ? &p->table : NULL,
+                           .max_skew_ms = p->o.max_skew_ms};
+    return psctl_check(&in);
+}
+
 /* ---- keygen --------------------------------------------------------------- */
 
 /* Write text to path created with `mode` (never wider: O_EXCL unless force,
@@ -770,6 +748,8 @@ int main(int argc, char **argv)
         {"spec", PS_OPT_STRING, &o->spec, "export: model spec JSON file or psd checkpoint", ""},
         {"like", PS_OPT_STRING, &o->like, "export: take tensor shapes from this safetensors file", ""},
         {"force", PS_OPT_BOOL, &o->force, "keygen: overwrite existing key files", "false"},
+        {"num-workers", PS_OPT_INT, &o->num_workers, "check: the workers' --num-workers (0: not checked)", "0"},
+        {"max-clock-skew-ms", PS_OPT_INT, &o->max_skew_ms, "check: largest clock difference to a server", "2000"},
         {"log-level", PS_OPT_STRING, &o->log_level, "error | warn | info | debug", "warn"},
         {"curve-server-key", PS_OPT_STRING, &o->curve_server_key,
          "CURVE: servers' public key file (one shared, or FILE,FILE,... per server)", ""},
@@ -792,8 +772,10 @@ int main(int argc, char **argv)
     }
     const char *verb = argv[1], *arg = npos >= 2 ? argv[2] : NULL;
     int want_arg = !strcmp(verb, "export") || !strcmp(verb, "keygen");
-    if (strcmp(verb, "status") && strcmp(verb, "checkpoint") && strcmp(verb, "shutdown") && !want_arg) {
-        fprintf(stderr, "psctl: unknown verb \"%s\" (status, checkpoint, export, shutdown, keygen)\n", verb);
+    if (strcmp(verb, "status") && strcmp(verb, "checkpoint") && strcmp(verb, "shutdown") &&
+        strcmp(verb, "check") && !want_arg) {
+        fprintf(stderr, "psctl: unknown verb \"%s\" (status, checkpoint, export, shutdown, check, "
+                        "keygen)\n", verb);
         return 2;
     }
     if (npos != 1 + want_arg) {
@@ -816,6 +798,7 @@ int main(int argc, char **argv)
         if (!(rc = connect_client(&p))) {
             if (!strcmp(verb, "status")) rc = cmd_status(&p);
             else if (!strcmp(verb, "checkpoint")) rc = cmd_checkpoint(&p);
+            else if (!strcmp(verb, "check")) rc = cmd_check(&p);
             else if (!strcmp(verb, "shutdown")) {
                 ps_client_destroy(&p.c); /* one connection per server instead */
                 rc = cmd_shutdown(&p);
