@@ -148,6 +148,7 @@ typedef struct psd_waiter {
     uint64_t request_id;
     uint64_t min_version;   /* reply once version >= this */
     int exact;              /* PS_FLAG_EXACT: only version == min_version will do */
+    int state;              /* PS_FLAG_STATE: the reply carries weights and momentum */
     int dtype, codec;       /* encoding of the WEIGHTS reply */
 } psd_waiter_t;
 
@@ -589,6 +590,10 @@ void psd_send_ack(psd_t *s, const void *id, size_t idlen, uint64_t request_id);
  * logged (at most 20 lines a second). */
 void psd_send_error(psd_t *s, const void *id, size_t idlen, const Ps__Header *req, int code,
                     const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* ERROR(PS_ESTATE) with PS_FLAG_REBUILD: this server holds nothing of the
+ * job (text: why), the workers that keep state rebuild it. */
+void psd_send_rebuild_error(psd_t *s, const void *id, size_t idlen, const Ps__Header *req,
+                            const char *text);
 /* ERROR(PS_ESTATE) with PS_FLAG_ROLLBACK and iteration = v. */
 void psd_send_rollback_error(psd_t *s, const void *id, size_t idlen, const Ps__Header *req,
                              uint64_t v, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
@@ -597,6 +602,9 @@ void psd_errors_log_flush(psd_t *s);
 /* WEIGHTS of p at its version, zero-copy (ERROR if it cannot be encoded). */
 void psd_send_weights(psd_t *s, const void *id, size_t idlen, uint64_t request_id, psd_part_t *p,
                       int dtype, int codec);
+/* WEIGHTS of p at its version with PS_FLAG_STATE: raw fp32 weights then
+ * momentum, for the worker that keeps p's state. */
+void psd_send_state(psd_t *s, const void *id, size_t idlen, uint64_t request_id, psd_part_t *p);
 /* WEIGHTS of p at version v exactly: its current weights, or those kept
  * from the version before (p->prev); ERROR(PS_ESTATE) when neither is v. */
 void psd_send_weights_of(psd_t *s, const void *id, size_t idlen, uint64_t request_id,

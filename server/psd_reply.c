@@ -8,8 +8,10 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "ps_crc32c.h"
 #include "ps_error.h"
 #include "ps_log.h"
 
@@ -87,6 +89,26 @@ void psd_send_error(psd_t *s, const void *id, size_t idlen, const Ps__Header *re
     }
 }
 
+void psd_send_rebuild_error(psd_t *s, const void *id, size_t idlen, const Ps__Header *req,
+                            const char *text)
+{
+    count_error(s, PS_ESTATE);
+    psd_errors_log_flush(s);
+    if (err_in_window++ < 20)
+        ps_warn("%s from rank %d: %s (the workers rebuild this server)",
+                ps_wire_type_name(req->type), req->has_rank ? req->rank : -1, text);
+    else
+        err_suppressed++;
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__MSG_TYPE__MSG_ERROR);
+    h.has_request_id = 1, h.request_id = req->request_id;
+    h.has_partition = req->has_partition, h.partition = req->partition;
+    h.has_error_code = 1, h.error_code = PS_ESTATE;
+    h.error_text = (char *)text;
+    h.has_flags = 1, h.flags = PS_FLAG_REBUILD;
+    psd_send(s, id, idlen, &h, NULL, 0);
+}
+
 void psd_send_rollback_error(psd_t *s, const void *id, size_t idlen, const Ps__Header *req,
                              uint64_t v, const char *fmt, ...)
 {
@@ -115,9 +137,12 @@ int psd_reply_codec(const Ps__Header *h)
 }
 
 /* WEIGHTS of p at version v from the encoded buffer b (one reference,
- * handed to the send), zero-copy. */
+ * handed to the send), zero-copy.  flags: PS_FLAG_OVERFLOW when the update
+ * that made this version was skipped for a loss-scale overflow (every
+ * worker's scaler must see the same verdict), PS_FLAG_STATE when b holds
+ * weights then momentum. */
 static void send_buf(psd_t *s, const void *id, size_t idlen, uint64_t request_id, psd_part_t *p,
-                     psd_buf_t *b, uint64_t v, int skipped, int dtype, int codec)
+                     psd_buf_t *b, uint64_t v, uint32_t flags, int dtype, int codec)
 {
     Ps__Header h;
     ps_wire_header_init(&h, PS__MSG_TYPE__MSG_WEIGHTS);
@@ -127,9 +152,7 @@ static void send_buf(psd_t *s, const void *id, size_t idlen, uint64_t request_id
     h.has_dtype = 1, h.dtype = dtype;
     h.has_codec = 1, h.codec = codec;
     h.has_numel = 1, h.numel = p->numel;
-    /* The update that made this version was skipped for a loss-scale
-     * overflow: say so, every worker's scaler must see the same verdict. */
-    if (skipped) h.has_flags = 1, h.flags = PS_FLAG_OVERFLOW;
+    if (flags) h.has_flags = 1, h.flags = flags;
     /* Zero-copy: every reply of this version shares the one encoded buffer. */
     int rc = ps_wire_send_crc(s->sock, id, idlen, &h, b->data, b->len, b->crc, psd_buf_zmq_free, b,
                               ZMQ_DONTWAIT);
@@ -141,6 +164,11 @@ static void send_buf(psd_t *s, const void *id, size_t idlen, uint64_t request_id
     }
     s->mx.msgs_out++;
     s->mx.bytes_out += b->len + 64;
+}
+
+static uint32_t skipped_flag(const psd_part_t *p)
+{
+    return p->skipped_ver && p->skipped_ver == p->version ? PS_FLAG_OVERFLOW : 0;
 }
 
 static void encode_error(psd_t *s, const void *id, size_t idlen, uint64_t request_id,
@@ -163,8 +191,25 @@ void psd_send_weights(psd_t *s, const void *id, size_t idlen, uint64_t request_i
         encode_error(s, id, idlen, request_id, p, dtype, codec, err);
         return;
     }
-    send_buf(s, id, idlen, request_id, p, b, p->version,
-             p->skipped_ver && p->skipped_ver == p->version, dtype, codec);
+    send_buf(s, id, idlen, request_id, p, b, p->version, skipped_flag(p), dtype, codec);
+}
+
+void psd_send_state(psd_t *s, const void *id, size_t idlen, uint64_t request_id, psd_part_t *p)
+{
+    size_t n = p->numel;
+    psd_buf_t *b = malloc(sizeof *b + 2 * n * sizeof(float));
+    if (!b) {
+        encode_error(s, id, idlen, request_id, p, PS_DT_FP32, PS_CODEC_RAW, PS_ENOMEM);
+        return;
+    }
+    atomic_init(&b->refs, 1);
+    b->version = p->version;
+    b->len = 2 * n * sizeof(float);
+    memcpy(b->data, p->w, n * sizeof(float));
+    memcpy(b->data + n * sizeof(float), p->m, n * sizeof(float));
+    b->crc = ps_crc32c(0, b->data, b->len);
+    send_buf(s, id, idlen, request_id, p, b, p->version, skipped_flag(p) | PS_FLAG_STATE,
+             PS_DT_FP32, PS_CODEC_RAW);
 }
 
 void psd_send_weights_of(psd_t *s, const void *id, size_t idlen, uint64_t request_id,
@@ -191,7 +236,8 @@ void psd_send_weights_of(psd_t *s, const void *id, size_t idlen, uint64_t reques
         encode_error(s, id, idlen, request_id, p, dtype, codec, err);
         return;
     }
-    send_buf(s, id, idlen, request_id, p, b, v, p->prev_skipped, dtype, codec);
+    send_buf(s, id, idlen, request_id, p, b, v, p->prev_skipped ? PS_FLAG_OVERFLOW : 0, dtype,
+             codec);
 }
 
 void psd_reply_keep_id(uint8_t dst[256], uint8_t *dlen, const ps_wire_msg_t *m)

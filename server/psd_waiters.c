@@ -47,6 +47,8 @@ int psd_waiters_add(psd_t *s, ps_wire_msg_t *m, psd_part_t *p, uint64_t min_vers
     w->request_id = h->request_id;
     w->min_version = min_version;
     w->exact = h->type == PS__MSG_TYPE__MSG_PULL && (h->flags & PS_FLAG_EXACT);
+    w->state = h->type == PS__MSG_TYPE__MSG_PUSHPULL && (h->flags & PS_FLAG_STATE) &&
+               s->mode == PSD_SYNC;
     w->dtype = h->dtype;
     w->codec = psd_reply_codec(h);
     /* Append: replies go out in arrival order. */
@@ -84,7 +86,9 @@ void psd_waiters_notify(psd_t *s, psd_part_t *p)
     psd_waiter_t *w = take(s, p, 0, p->version);
     while (w) {
         psd_waiter_t *next = w->next;
-        if (w->exact)
+        if (w->state)
+            psd_send_state(s, w->id, w->idlen, w->request_id, p);
+        else if (w->exact)
             psd_send_weights_of(s, w->id, w->idlen, w->request_id, p, w->min_version, w->dtype,
                                 w->codec);
         else

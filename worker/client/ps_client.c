@@ -221,6 +221,7 @@ int ps_client_new(ps_client_t **cp, const ps_client_opts_t *o, const ps_partitio
                     : o->codec == PS_CODEC_LZ4 ? PS_CODEC_LZ4 : PS_CODEC_RAW;
     pthread_mutex_init(&c->mu, NULL);
     pthread_mutex_init(&c->ef_mu, NULL);
+    pthread_mutex_init(&c->keep_mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -233,7 +234,7 @@ int ps_client_new(ps_client_t **cp, const ps_client_opts_t *o, const ps_partitio
     for (uint32_t p = 0; p < t->nparts; p++)
         if (t->parts[p].numel > maxnumel) maxnumel = t->parts[p].numel;
     size_t b1 = ps_codec_bound(PS_DT_FP32, PS_CODEC_LZ4, maxnumel);
-    size_t b2 = maxnumel * 4;
+    size_t b2 = maxnumel * 4 * (o->keep_state ? 2 : 1); /* state replies: weights, momentum */
     c->maxmsg = (b1 > b2 ? b1 : b2) + PS_WIRE_MAX_HEADER + 4096;
     tune_malloc();
 
@@ -252,6 +253,7 @@ int ps_client_new(ps_client_t **cp, const ps_client_opts_t *o, const ps_partitio
         goto fail;
     }
     if (ps_client_uses_ef(c, o->dtype, o->codec) && (rc = ef_new(c)) < 0) goto fail;
+    if ((rc = ps_client_keep_init(c)) < 0) goto fail;
     if ((rc = ps_client_curve_load(c)) < 0) goto fail;
     for (uint32_t i = c->npool; i-- > 0;) {
         ps_req_t *r = &c->pool[i];
@@ -349,6 +351,8 @@ void ps_client_destroy(ps_client_t **cp)
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
     pthread_mutex_destroy(&c->ef_mu);
+    ps_client_keep_free(c);
+    pthread_mutex_destroy(&c->keep_mu);
     free(c);
     *cp = NULL;
 }
@@ -441,6 +445,15 @@ static void req_submit(ps_client_t *c, ps_req_t *r)
     ps_client_io_wake(c);
 }
 
+ps_req_t *ps_client_req_alloc(ps_client_t *c, int type, int server, uint32_t part)
+{
+    return req_alloc(c, type, server, part);
+}
+
+void ps_client_req_abandon(ps_client_t *c, ps_req_t *r) { req_abandon(c, r); }
+
+void ps_client_req_submit(ps_client_t *c, ps_req_t *r) { req_submit(c, r); }
+
 static int check_part(ps_client_t *c, uint32_t part, const void *p1, const void *p2)
 {
     if (part >= c->t->nparts) {
@@ -472,6 +485,8 @@ static int data_req(ps_client_t *c, int type, uint32_t part, uint64_t iteration,
     r->flags = flags;
     r->numel = c->t->parts[part].numel;
     if (type == PS__MSG_TYPE__MSG_PUSH && (flags & PS_FLAG_NO_REPLY)) r->no_reply = 1;
+    /* the partitions this worker keeps: their weights and momentum come back */
+    if (type == PS__MSG_TYPE__MSG_PUSHPULL && ps_client_keeps(c, part)) r->flags |= PS_FLAG_STATE;
     /* PS_PART_EXACT (BN statistics): raw fp32 both ways, whatever the wire
      * dtype / codec; the server answers in the request's dtype and
      * reply_codec, and decodes each push by its own header. */
@@ -502,6 +517,12 @@ int ps_client_push(ps_client_t *c, uint32_t part, uint64_t iteration, const floa
 int ps_client_pull(ps_client_t *c, uint32_t part, uint64_t min_version, float *dst, ps_req_t **req)
 {
     return data_req(c, PS__MSG_TYPE__MSG_PULL, part, 0, min_version, NULL, dst, 0, req);
+}
+
+int ps_client_pull_ex(ps_client_t *c, uint32_t part, uint64_t min_version, uint32_t flags,
+                      float *dst, ps_req_t **req)
+{
+    return data_req(c, PS__MSG_TYPE__MSG_PULL, part, 0, min_version, NULL, dst, flags, req);
 }
 
 int ps_client_pull_exact(ps_client_t *c, uint32_t part, uint64_t version, float *dst,
@@ -708,6 +729,12 @@ void ps_client_set_outcome(ps_client_t *c, int outcome, int code, const char *te
     c->outcome_code = code;
     snprintf(c->outcome_text, sizeof c->outcome_text, "%s", text ? text : "");
     pthread_mutex_unlock(&c->mu);
+}
+
+int ps_client_send_spec(ps_client_t *c, int server, const char *spec_json)
+{
+    ps_req_t *r = ctl_req(c, PS__MSG_TYPE__MSG_INIT, server, spec_json, strlen(spec_json));
+    return r ? ctl_call(c, r, NULL, NULL) : PS_ENOMEM;
 }
 
 int ps_client_init(ps_client_t *c, const char *spec_json, const float *flat_weights,

@@ -93,6 +93,12 @@ typedef struct ps_client_opts {
     uint64_t topk_warmup_steps;  /* topk: density warm-up over the first iterations,
                                     25% down to topk_ratio (ps_ef_topk_warmup_ratio;
                                     default 0 = off) */
+    int keep_state;              /* sync: keep an exact copy (weights of two versions,
+                                    momentum) of 1/W of the partitions (the j-th of
+                                    server s is kept by rank (s + 1 + j) mod W),
+                                    brought by their PUSHPULL replies, so a
+                                    server that lost everything is rebuilt
+                                    (ps_client_rebuild; default 0) */
 
     /* CURVE: all three set = encrypted, authenticated connections;
      * all unset = plain TCP.  Files hold one Z85 key (40 characters), as
@@ -165,6 +171,10 @@ int ps_client_pushpull(ps_client_t *c, uint32_t part, uint64_t iteration, const 
  * some partitions one update ahead and computes the step from these. */
 int ps_client_pull_exact(ps_client_t *c, uint32_t part, uint64_t version, float *dst,
                          ps_req_t **req);
+/* pull with Header.flags (PS_FLAG_REBUILD: wait for the partition's INIT on a
+ * server being rebuilt, instead of an error). */
+int ps_client_pull_ex(ps_client_t *c, uint32_t part, uint64_t min_version, uint32_t flags,
+                      float *dst, ps_req_t **req);
 
 /* Wait for one request (timeout_ms < 0: forever).  Returns the request's
  * result: 0, or the server's PS_E* code (its text via ps_client_last_error),
@@ -206,6 +216,16 @@ int ps_client_checkpoint(ps_client_t *c, int server);
  * partition and recompute from step *version), or PS_E* (e.g. PS_ENOTFOUND:
  * a server has no checkpoint of that version; text in last_error). */
 int ps_client_rollback(ps_client_t *c, uint64_t *version);
+/* Sync with keep_state, after a push failed with PS_ESTATE and reply flag
+ * PS_FLAG_REBUILD (the server restarted empty): give server `server` the
+ * spec and the state of the partitions this worker keeps (their version,
+ * and the weights of the one before).  Every worker calls it; then each
+ * pulls with ps_client_pull_ex(..., PS_FLAG_REBUILD, ...), which waits for
+ * the partitions other workers give back.  0 or PS_E*. */
+int ps_client_rebuild(ps_client_t *c, int server, const char *spec_json);
+/* keep_state: the INIT spec (copied), which the client sends a server that
+ * lost its state the moment it says so, with the partitions kept here. */
+int ps_client_set_spec(ps_client_t *c, const char *spec_json);
 int ps_client_shutdown_servers(ps_client_t *c);
 
 /* Error feedback of topk / sign (and ef_rounding) pushes: each partition's

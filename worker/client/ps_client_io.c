@@ -118,7 +118,8 @@ static void fill_header(ps_client_t *c, ps_req_t *r, Ps__Header *h)
         h->partition = PS_PART_NONE;
     }
     if (r->type == PS__MSG_TYPE__MSG_PUSH || r->type == PS__MSG_TYPE__MSG_PUSHPULL ||
-        r->type == PS__MSG_TYPE__MSG_ROLLBACK) {
+        r->type == PS__MSG_TYPE__MSG_ROLLBACK ||
+        (r->type == PS__MSG_TYPE__MSG_INIT && (r->flags & PS_FLAG_STATE))) {
         h->has_iteration = 1;
         h->iteration = r->iteration;
     }
@@ -468,6 +469,10 @@ static void handle_reply(ps_client_t *c, int s, ps_wire_msg_t *m, int rc, const 
         return;
     }
     ps_req_t *r = lookup(c, s, h);
+    if (h->type == PS__MSG_TYPE__MSG_ERROR && h->has_flags && (h->flags & PS_FLAG_REBUILD))
+        ps_client_keep_give_back(c, s);
+    else if (h->type == PS__MSG_TYPE__MSG_WEIGHTS)
+        sv->gave_back = 0; /* whole again: a later loss is given back again */
     if (h->type == PS__MSG_TYPE__MSG_ERROR) {
         atomic_fetch_add(&c->errors, 1);
         ps_client_set_error(c, "server %d: %s (%s, partition %d): %s", s,
@@ -499,6 +504,14 @@ static void handle_reply(ps_client_t *c, int s, ps_wire_msg_t *m, int rc, const 
                             ps_wire_type_name(h->type), ps_wire_type_name(r->type));
         ps_warn("%s", c->last_error);
         result = PS_EPROTO;
+    } else if (h->type == PS__MSG_TYPE__MSG_WEIGHTS && h->has_flags &&
+               (h->flags & PS_FLAG_STATE)) {
+        /* a partition this worker keeps: weights and momentum */
+        r->reply_flags = h->flags;
+        r->version = h->iteration;
+        result = ps_client_keep_reply(c, r, h->iteration,
+                                      m->has_payload ? zmq_msg_data(&m->payload) : "",
+                                      m->has_payload ? zmq_msg_size(&m->payload) : 0);
     } else if (h->type == PS__MSG_TYPE__MSG_WEIGHTS) {
         r->reply_flags = h->has_flags ? h->flags : 0; /* PS_FLAG_OVERFLOW: step skipped */
         result = decode_weights(c, s, r, m);

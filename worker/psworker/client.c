@@ -52,6 +52,7 @@ int ps_worker_client_connect(ps_worker_t *p, ps_client_t **cp)
     co.retry_ms = o->retry_ms;
     co.heartbeat_ms = o->heartbeat_ms;
     co.stall_warn_ms = o->stall_warn_ms;
+    co.keep_state = o->replicate_state && !strcmp(o->mode, "sync");
     if ((rc = ps_client_new(&c, &co, &p->table))) {
         ps_error("cannot create the client for %s: %s", o->servers, ps_strerror(rc));
         goto out;

@@ -21,6 +21,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "ps_error.h"
 #include "ps_log.h"
@@ -45,10 +46,13 @@ static int wait_all(ps_client_t *c, ps_req_t **req, uint64_t *ver, uint32_t n, c
     return first_err;
 }
 
-static int pull_all(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_t *ver)
+/* Pull every partition's current weights into p->w (flags: PS_FLAG_REBUILD
+ * waits for partitions a server being rebuilt does not hold yet). */
+static int pull_all_ex(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_t *ver,
+                       uint32_t flags)
 {
     for (uint32_t i = 0; i < p->table.nparts; i++) {
-        int rc = ps_client_pull(c, i, 0, p->w + p->table.parts[i].offset, &req[i]);
+        int rc = ps_client_pull_ex(c, i, 0, flags, p->w + p->table.parts[i].offset, &req[i]);
         if (rc) {
             ps_error("pull of partition %u: %s", i, ps_strerror(rc));
             wait_all(c, req, ver, i, "pull");
@@ -56,6 +60,11 @@ static int pull_all(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_t *ve
         }
     }
     return wait_all(c, req, ver, p->table.nparts, "pull");
+}
+
+static int pull_all(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_t *ver)
+{
+    return pull_all_ex(p, c, req, ver, 0);
 }
 
 /* Partition i's PUSHPULL of `step` (req[i]) is done or about to be: wait
@@ -85,6 +94,13 @@ int ps_worker_part_complete(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint
         if (!p->rollback || v < p->rollback_to)
             p->rollback_to = v;
         p->rollback = 1;
+        return 0;
+    }
+    if (r == PS_ESTATE && sync && (rflags & PS_FLAG_REBUILD)) {
+        /* A server restarted with nothing of the job: cluster_one rebuilds
+         * it from the workers' copies once this step's requests are done. */
+        uint32_t srv = p->table.parts[i].server;
+        p->rebuild |= UINT64_C(1) << (srv < 63 ? srv : 63);
         return 0;
     }
     if (r == PS_ESTALE && !sync) {
@@ -279,7 +295,7 @@ static int job_under_way(ps_client_t *c, int nservers)
 static int overlap_step(ps_worker_t *p, ps_worker_overlap_t *ov, uint64_t s, double *t_wait)
 {
     int rc = ps_worker_overlap_end(ov, t_wait), remote = 0;
-    if (rc || p->rollback || p->behind || p->compute_rc)
+    if (rc || p->rollback || p->behind || p->rebuild || p->compute_rc)
         return rc;
     if (s + 1 == p->o->steps || ps_worker_val_due(p, s + 1)) {
         double t0 = ps_worker_now();
@@ -347,12 +363,12 @@ static int pull_ahead_at(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_
 /* Pull every partition and find the step to compute: the lowest version
  * (sync; partitions one ahead pulled again at it, pull_ahead_at), 0 in
  * async modes (versions count pushes there). */
-static int pull_start(cluster_t *k, uint64_t *start)
+static int pull_start(cluster_t *k, uint64_t *start, uint32_t flags)
 {
     ps_worker_t *p = k->p;
     int rc;
     for (int tries = 0;; tries++) {
-        if ((rc = pull_all(p, k->c, k->req, k->ver))) return rc;
+        if ((rc = pull_all_ex(p, k->c, k->req, k->ver, flags))) return rc;
         uint64_t lo = k->ver[0], hi = k->ver[0];
         for (uint32_t i = 1; i < p->table.nparts; i++) {
             lo = k->ver[i] < lo ? k->ver[i] : lo;
@@ -376,6 +392,9 @@ static int pull_start(cluster_t *k, uint64_t *start)
             ps_error("partition versions keep moving while this worker joins; giving up");
             return PS_ESTATE;
         }
+        /* a server being rebuilt may not have the version before yet */
+        struct timespec ts = {0, 50000000L * (tries + 1)};
+        nanosleep(&ts, NULL);
     }
     return 0;
 }
@@ -393,7 +412,7 @@ static int cluster_begin(cluster_t *k, uint64_t *start)
         ps_error("start barrier failed: %s (%s)", ps_strerror(rc), ps_client_last_error(k->c));
         return rc;
     }
-    if ((rc = pull_start(k, start))) return rc;
+    if ((rc = pull_start(k, start, 0))) return rc;
     if (k->sync && *start > 0) ps_info("resuming at step %" PRIu64, *start);
     return 0;
 }
@@ -405,11 +424,48 @@ static int catch_up(cluster_t *k, uint64_t step, uint64_t *next)
 {
     ps_worker_t *p = k->p;
     p->behind = 0;
-    int rc = pull_start(k, next);
+    int rc = pull_start(k, next, 0);
     if (rc) return rc;
     ps_client_ef_reset(k->c);
     ps_warn("step %" PRIu64 ": caught up with the servers at step %" PRIu64 " (%" PRIu64
             " step(s) of this rank missed)", step, *next, *next - step - 1);
+    return restore_loss_scale(p, k->c, *next);
+}
+
+/* A server restarted with nothing of the job (its disk lost too): every
+ * worker gives it the spec and the partitions it keeps (--replicate-state),
+ * then pulls everything, waiting for the partitions the others give back,
+ * and goes on from the lowest version (a worker one step ahead computes
+ * that step again: its data is a function of the step, and the servers
+ * keep the version before).  Nothing is lost or redone on the servers. */
+static int rebuild(cluster_t *k, uint64_t step, uint64_t *next)
+{
+    ps_worker_t *p = k->p;
+    int rc = 0;
+    uint64_t lost = p->rebuild;
+    p->rebuild = 0;
+    if (!p->o->replicate_state) {
+        ps_error("step %" PRIu64 ": a server restarted without the job's state (%s), and this "
+                 "job keeps no copy of it: run with --replicate-state to rebuild a lost server, "
+                 "or give psd a --checkpoint-dir that survives", step, ps_client_last_error(k->c));
+        return PS_ESTATE;
+    }
+    char *spec = ps_worker_spec_json(p);
+    if (!spec) return PS_ENOMEM;
+    for (uint32_t s = 0; s < p->table.nservers && !rc; s++) {
+        if (!(lost & (UINT64_C(1) << (s < 63 ? s : 63)))) continue;
+        ps_warn("step %" PRIu64 ": server %u restarted with nothing of the job: rebuilding it "
+                "from the workers' copies", step, s);
+        rc = ps_client_rebuild(k->c, (int)s, spec);
+    }
+    free(spec);
+    if (!rc) rc = pull_start(k, next, PS_FLAG_REBUILD);
+    if (rc) {
+        ps_error("rebuilding a server failed: %s (%s)", ps_strerror(rc), ps_client_last_error(k->c));
+        return rc;
+    }
+    ps_client_ef_reset(k->c);
+    ps_info("servers whole again: going on at step %" PRIu64, *next);
     return restore_loss_scale(p, k->c, *next);
 }
 
@@ -424,7 +480,9 @@ static int cluster_one(cluster_t *k, uint64_t s, uint64_t *next)
     if (k->ov) ps_worker_overlap_begin(k->ov, s);
     double loss = ps_worker_compute(p, s), t_wait = 0;
     if (k->ov && (rc = overlap_step(p, k->ov, s, &t_wait))) return rc;
-    if (!(k->ov && (p->rollback || p->behind)) && (rc = ps_worker_check_loss(p, loss, s))) return rc;
+    if (!(k->ov && (p->rollback || p->behind || p->rebuild)) &&
+        (rc = ps_worker_check_loss(p, loss, s)))
+        return rc;
     ps_worker_devmem_step(p, s);
     int ovf = ps_worker_ls_prepare(p, s), remote = 0; /* ls is off with --overlap */
     double t1 = ps_worker_now();
@@ -432,6 +490,7 @@ static int cluster_one(cluster_t *k, uint64_t s, uint64_t *next)
         return rc;
     if (p->rollback) return rollback(p, k->c, k->req, k->ver, s, next);
     if (p->behind) return catch_up(k, s, next);
+    if (p->rebuild) return rebuild(k, s, next);
     if (ovf && k->sync && !remote)
         /* Our flagged pushes were skipped, yet no reply says so: a psd
          * without the echo; the other workers cannot know either. */
@@ -529,6 +588,7 @@ int ps_worker_run_cluster(ps_worker_t *p)
     ps_client_t *c = NULL;
     ps_worker_overlap_t *ov = NULL;
     int rc, sync = !strcmp(p->o->mode, "sync");
+    char *spec = NULL;
     ps_req_t **req = calloc(p->table.nparts, sizeof *req);
     uint64_t *ver = calloc(p->table.nparts, sizeof *ver);
 
@@ -538,6 +598,13 @@ int ps_worker_run_cluster(ps_worker_t *p)
     }
     if ((rc = ps_worker_client_connect(p, &c)))
         goto out;
+    /* --replicate-state: the client gives a server that lost its state the
+     * spec and the partitions kept here as soon as it says so */
+    if (p->o->replicate_state && sync &&
+        (!(spec = ps_worker_spec_json(p)) || ps_client_set_spec(c, spec))) {
+        rc = PS_ENOMEM;
+        goto out;
+    }
     if ((rc = ps_worker_overlap_new(p, c, req, ver, sync, &ov)))
         goto out;
     cluster_t k = {p, c, req, ver, ov, sync};
@@ -558,6 +625,7 @@ out:
      * freed; the overlap's communication thread is idle between steps. */
     ps_client_destroy(&c);
     ps_worker_overlap_free(&ov);
+    free(spec);
     free(req);
     free(ver);
     return rc;

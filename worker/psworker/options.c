@@ -70,6 +70,7 @@ static size_t job_rows(ps_worker_opts_t *o, ps_opt_t *rows)
     ROW("stall-warn-ms", PS_OPT_INT, &o->stall_warn_ms, "warn, naming the server, message and partitions, when requests stay unanswered this long, then at 2x, 4x ... up to every 60 s (0 = off)", "10000");
     ROW("shutdown-servers", PS_OPT_BOOL, &o->shutdown_servers, "rank 0 shuts the servers down at the end", "false");
     ROW("step-sleep-ms", PS_OPT_INT, &o->step_sleep_ms, "sleep this long per step (emulated compute, tests)", "0");
+    ROW("replicate-state", PS_OPT_BOOL, &o->replicate_state, "sync: each worker keeps an exact copy of the servers' state of 1/W of the partitions (weights of two versions, momentum; sent with their replies), so a server that restarts empty, its disk lost, is rebuilt from the workers with no step lost", "false");
     ROW("debug-die-mid-step", PS_OPT_INT, &o->debug_die_mid_step, "testing: at step N push half the partitions, wait for their weights, then SIGKILL this worker (-1 = off)", "-1");
     return n;
 }

@@ -75,6 +75,8 @@ typedef struct ps_worker {
     uint64_t rollback_to;   /* the lowest version asked for this step */
     int behind;             /* sync: the servers went on without this rank (it
                                was lost under --on-worker-loss continue) */
+    uint64_t rebuild;       /* sync: servers that restarted empty (PS_FLAG_REBUILD),
+                               bit s for server s (bit 63: 63 and above) */
     /* loss scaling: identical on every worker, each feeds it the cluster's
      * verdict; this step's backend part (step.c) */
     ps_loss_scale_t ls;
