@@ -355,8 +355,9 @@ static int pull_ahead_at(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_
     if (rc) ps_error("pull of version %" PRIu64 ": %s", lo, ps_strerror(rc));
     int wrc = wait_all(c, req, ver, p->table.nparts, "pull of the version before");
     if (rc || wrc) return rc ? rc : wrc == PS_ESTATE ? PS_EAGAIN : wrc;
-    ps_info("%u partition(s) one step ahead (pushed by this rank's previous process before it "
-            "stopped): pulled at version %" PRIu64 " with the others", n, lo);
+    ps_info("%u partition(s) one step ahead (this rank's pushes of step %" PRIu64 " were in "
+            "there before it stopped or lost them): pulled at version %" PRIu64
+            " with the others", n, lo, lo);
     return 0;
 }
 

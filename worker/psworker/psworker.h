@@ -10,7 +10,11 @@
  *   loop_standalone.c  --standalone: the one-process reference, and --eval
  *   overlap.c          --overlap: per-layer pushes and weight waits (cluster loop)
  *   step.c             what every loop does around a step: compute, loss
- *                      scaling, the local update, device memory figures
+ *                      scaling (and its replay from the servers' verdicts),
+ *                      the local update, device memory figures
+ *   state.c            what follows from the step alone (BN
+ *                      num_batches_tracked, the dropout counter), set
+ *                      before each compute
  *   client.c           the psd client from the options (HELLO, rank)
  *   optim.c            the optimizer configuration and the INIT spec
  *   output.c           CSV, progress lines, the model file, final-line helpers
