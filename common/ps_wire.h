@@ -38,6 +38,9 @@
 #define PS_FLAG_REBUILD    0x200u /* ERROR: this server holds nothing of the job
                                     (started empty): the workers rebuild it;
                                     PULL: wait for the partition's INIT */
+#define PS_FLAG_JOIN       0x400u /* HELLO (to server 0): join a running sync job
+                                    at the next step boundary (psworker --join);
+                                    WELCOME: iteration = its first step */
 #define PS_FLAG_EXACT      0x40u /* PULL (sync): the weights of exactly version
                                     min_version, also when the partition is one
                                     update past it (a worker that died between

@@ -34,7 +34,8 @@
  *   psd_curve.c       --curve: CURVE server + ZAP allow-list thread
  *   psd_waiters.c     requests waiting for a partition version -> reply, peers
  *   psd_members.c     ranks, session tokens, liveness, BARRIER, BYE
- *                     -> curve, reply
+ *                     -> elastic, curve, reply
+ *   psd_elastic.c     membership epochs (join, drain, MEMBERS) -> reply
  *   psd_maxmsg.c      ZMQ_MAXMSGSIZE: message bound, the limit at the bind
  *   psd_reply.c       every send: counters, dropped replies, the ERROR log,
  *                     WEIGHTS -> store
@@ -94,6 +95,8 @@ typedef struct psd_opts {
     int server_id;
     int num_servers;
     int num_workers;       /* 0: learn from HELLO / INIT */
+    int max_workers;       /* elastic (sync): the most workers at once (> num_workers
+                            * makes the job elastic; psd_elastic.c) */
     char *mode;            /* sync | async | ssp */
     int staleness;         /* ssp: refuse pushes older than version - staleness */
     int threads;           /* summation threads (0: one per CPU, at most 8) */
@@ -221,6 +224,8 @@ typedef struct psd_spec {
     ps_partition_table_t table;
     ps_optim_config_t optim;
     int nworkers;                /* W */
+    int elastic_linear;          /* "elastic": {"lr": "linear"} */
+    long long global_batch;      /* "elastic": {"global_batch": N} (0: none) */
     size_t max_numel;            /* largest partition this server would own */
     const char *json;            /* the spec as received (len bytes) */
     size_t len;
@@ -293,6 +298,13 @@ typedef struct psd_ackwait {
 
 typedef struct psd_ckpt_job psd_ckpt_job_t; /* psd_checkpoint.c */
 
+/* Elastic membership (psd_elastic.c): from version `from` on, the sync
+ * updates wait for the ranks in `ranks` (bit r: rank r). */
+typedef struct psd_epoch {
+    uint64_t from;
+    uint64_t ranks;
+} psd_epoch_t;
+
 /* Counters, incremented where things happen, reported by psd_metrics.c. */
 #define PSD_NERR 21 /* PS_E* codes are -1..-20 */
 typedef struct psd_metrics {
@@ -350,7 +362,12 @@ typedef struct psd {
     psd_store_t st;
     psd_pool_t *pool;           /* summation threads */
     psd_worker_t *workers;      /* (nworkers) */
-    int nworkers;               /* W, 0 until known */
+    int nworkers;               /* ranks: W, or --max-workers in an elastic job; 0 until known */
+    int w0;                     /* the workers the job starts with (HELLO / INIT num_workers) */
+    psd_epoch_t *epochs;        /* elastic: the membership epochs, by `from` (NULL: fixed W) */
+    int nepochs;
+    int elastic_linear;         /* the spec's lr rule: 1 linear scaling, 0 keep-batch */
+    long long global_batch;     /* the spec's global batch (keep-batch must split it) */
     int job_started;            /* a barrier was released or a gradient pushed
                                  * here: only from then on can a silent worker
                                  * be declared lost (psd_members.c) */
@@ -409,6 +426,26 @@ void psd_loop_close(psd_t *s);
 void psd_handle(psd_t *s, ps_wire_msg_t *m);
 /* After a worker was lost or left: partitions whose remaining slots are complete. */
 void psd_recheck_pending(psd_t *s);
+
+/* ---- psd_elastic.c: membership that changes at step boundaries ---- */
+/* Rank r is in the job at version v (always, in a job that is not elastic). */
+int psd_elastic_active(const psd_t *s, int r, uint64_t v);
+/* How many ranks are in the job at version v. */
+int psd_elastic_count(const psd_t *s, uint64_t v);
+/* The lr factor of version v: W_v / W0 under linear scaling, else 1. */
+float psd_elastic_lr_scale(const psd_t *s, uint64_t v);
+/* Once the cluster size is known: the first epoch when --max-workers > W0
+ * (0, or PS_E* logged). */
+int psd_elastic_init(psd_t *s);
+/* HELLO with PS_FLAG_JOIN on server 0: the rank the joiner gets (its first
+ * step in *from), or -1 with the cause in err. */
+int psd_elastic_join(psd_t *s, uint64_t *from, char *err, size_t len);
+/* The epochs as JSON [[from,[ranks]],...] (malloc'd), and back (a longer
+ * list replaces the one held; 0 or PS_EINVAL with the cause). */
+char *psd_elastic_json(const psd_t *s);
+int psd_elastic_parse(psd_t *s, const char *json, char *err, size_t len);
+void psd_handle_members(psd_t *s, ps_wire_msg_t *m);
+void psd_handle_drain(psd_t *s, ps_wire_msg_t *m);
 
 /* ---- psd_rollback.c ---- */
 /* MSG_ROLLBACK(V), sync mode: restore every owned partition above version V
@@ -534,9 +571,10 @@ void psd_members_seen(psd_t *s, int rank);
 void psd_members_pushed(psd_t *s, int rank);
 int psd_members_is_live(const psd_t *s, int rank);
 int psd_members_live_count(const psd_t *s);
-/* Rank r's gradient / barrier is waited for (live, or lost under
- * --on-worker-loss=wait). */
-int psd_members_required(const psd_t *s, int r);
+/* Rank r's gradient of version v / its barrier (v = UINT64_MAX: at the
+ * newest membership) is waited for: it is in the job then, and live, or
+ * lost / left under --on-worker-loss=wait. */
+int psd_members_required(const psd_t *s, int r, uint64_t v);
 /* HELLO: the rank welcomed, or -1 when refused; `refusal` (len bytes) is
  * set when the refusal keeps the job from starting (the caller stops it). */
 int psd_handle_hello(psd_t *s, ps_wire_msg_t *m, char *refusal, size_t len);

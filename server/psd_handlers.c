@@ -45,7 +45,7 @@ static int sync_ready(psd_t *s, psd_part_t *p, int *ncontrib)
     int n = 0;
     for (int r = 0; r < s->st.nworkers; r++) {
         if (p->have[r]) n++;
-        else if (psd_members_required(s, r)) return 0;
+        else if (psd_members_required(s, r, p->version)) return 0;
     }
     *ncontrib = n;
     return n > 0;
@@ -554,6 +554,13 @@ void psd_handle(psd_t *s, ps_wire_msg_t *m)
     case PS__MSG_TYPE__MSG_BYE: handle_bye(s, m); break;
     case PS__MSG_TYPE__MSG_ROLLBACK:
         if (member_ok(s, m)) psd_handle_rollback(s, m);
+        break;
+    case PS__MSG_TYPE__MSG_MEMBERS:
+        if (member_ok(s, m)) psd_handle_members(s, m);
+        break;
+    case PS__MSG_TYPE__MSG_DRAIN: /* psctl drain, or the worker itself (SIGTERM) */
+        if ((h->has_rank && psd_members_rank_of(s, m) == h->rank) || admin_ok(s, m))
+            psd_handle_drain(s, m);
         break;
     default:
         psd_send_error(s, PSD_ID_OF(m), h, PS_EPROTO, "unexpected message type %d (%s) for a server",

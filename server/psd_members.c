@@ -33,21 +33,26 @@ int psd_members_set_count(psd_t *s, int n, char *err, size_t errlen)
         snprintf(err, errlen, "num_workers %d out of range 1..65536", n);
         return PS_ERANGE;
     }
-    if (s->nworkers == n) return 0;
-    if (s->nworkers > 0) {
-        snprintf(err, errlen, "num_workers %d differs from the cluster size %d", n, s->nworkers);
+    if (s->w0 == n) return 0;
+    if (s->w0 > 0) {
+        snprintf(err, errlen, "num_workers %d differs from the cluster size %d", n, s->w0);
         return PS_EMISMATCH;
     }
-    s->workers = calloc(n, sizeof *s->workers);
+    /* an elastic job has room for --max-workers ranks */
+    int cap = s->o.max_workers > n ? s->o.max_workers : n;
+    s->workers = calloc(cap, sizeof *s->workers);
     if (!s->workers) {
-        snprintf(err, errlen, "out of memory for %d workers", n);
+        snprintf(err, errlen, "out of memory for %d workers", cap);
         return PS_ENOMEM;
     }
     uint64_t now = uv_now(s->loop);
-    for (int r = 0; r < n; r++) s->workers[r].last_seen_ms = now;
-    s->nworkers = n;
+    for (int r = 0; r < cap; r++) s->workers[r].last_seen_ms = now;
+    s->nworkers = cap;
+    s->w0 = n;
     ps_info("cluster size: %d workers", n);
-    return 0;
+    int rc = psd_elastic_init(s);
+    if (rc) snprintf(err, errlen, "--max-workers: at most 64 in an elastic job");
+    return rc;
 }
 
 /* Heard from and neither silent nor gone: a rank never heard from is not
@@ -57,9 +62,9 @@ int psd_members_is_live(const psd_t *s, int r)
     return r >= 0 && r < s->nworkers && s->workers[r].state == PSD_W_LIVE;
 }
 
-int psd_members_required(const psd_t *s, int r)
+int psd_members_required(const psd_t *s, int r, uint64_t v)
 {
-    if (r < 0 || r >= s->nworkers) return 0;
+    if (!psd_elastic_active(s, r, v)) return 0;
     psd_wstate_t st = s->workers[r].state;
     if (st == PSD_W_UNKNOWN || st == PSD_W_LIVE) return 1;
     /* --on-worker-loss=wait (the default): a lost worker, or one that left
@@ -143,12 +148,23 @@ static void barrier_ack(psd_t *s, const void *id, size_t idlen, uint64_t req, in
     psd_send(s, id, idlen, &h, NULL, 0);
 }
 
+/* The membership a barrier waits for: the one in force at this server's
+ * lowest partition version (the start: 0; the end: the last step), or the
+ * newest before the table is known. */
+static uint64_t barrier_version(const psd_t *s)
+{
+    uint64_t v = UINT64_MAX;
+    for (uint32_t i = 0; s->st.have_table && i < s->st.table.nparts; i++)
+        if (s->st.parts[i].owned && s->st.parts[i].version < v) v = s->st.parts[i].version;
+    return v;
+}
+
 static void barrier_try_release(psd_t *s)
 {
     int arrived = 0;
     for (int r = 0; r < s->nworkers; r++) {
         if (s->workers[r].at_barrier) arrived++;
-        else if (psd_members_required(s, r)) return;
+        else if (psd_members_required(s, r, barrier_version(s))) return;
     }
     if (!arrived) return;
     ps_info("barrier released (%d workers)", arrived);
@@ -265,7 +281,15 @@ int psd_handle_hello(psd_t *s, ps_wire_msg_t *m, char *refusal, size_t len)
         return -1;
     }
     int rank = h->has_rank ? h->rank : -1;
-    if (rank < 0) {
+    uint64_t join_at = 0;
+    if (h->has_flags && (h->flags & PS_FLAG_JOIN)) {
+        /* psworker --join: a new rank from the next step boundary on */
+        char why[300] = "";
+        if ((rank = psd_elastic_join(s, &join_at, why, sizeof why)) < 0) {
+            psd_send_error(s, PSD_ID_OF(m), h, PS_ESTATE, "HELLO to join: %s", why);
+            return -1;
+        }
+    } else if (rank < 0) {
         if (s->o.server_id != 0) {
             psd_send_error(s, PSD_ID_OF(m), h, PS_ESTATE,
                            "HELLO with rank -1 must go to server 0 (this is server %d)", s->o.server_id);
@@ -330,6 +354,8 @@ int psd_handle_hello(psd_t *s, ps_wire_msg_t *m, char *refusal, size_t len)
         r.table_hash = s->st.have_table ? s->st.table.hash : s->table_hash_seen;
     }
     if (s->st.from_ckpt) r.has_flags = 1, r.flags = PS_FLAG_FROM_CKPT;
+    if (join_at) r.has_flags = 1, r.flags |= PS_FLAG_JOIN, r.has_iteration = 1, r.iteration = join_at;
+    if (s->nepochs) r.has_epochs = 1, r.epochs = (uint32_t)s->nepochs;
     psd_send(s, PSD_ID_OF(m), &r, NULL, 0);
     return rank;
 }

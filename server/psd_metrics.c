@@ -73,7 +73,15 @@ char *psd_stats_json(const psd_t *s, int preflight)
     cJSON_AddNumberToObject(o, "http_rejected", (double)s->mx.http_rejected);
     cJSON_AddNumberToObject(o, "errors", (double)error_count(s));
     cJSON_AddNumberToObject(o, "live_workers", psd_members_live_count(s));
-    cJSON_AddNumberToObject(o, "num_workers", s->nworkers);
+    cJSON_AddNumberToObject(o, "num_workers", s->w0);
+    if (s->nepochs) { /* elastic: the membership, and how many are in it now */
+        char *ej = psd_elastic_json(s);
+        cJSON *ea = ej ? cJSON_Parse(ej) : NULL;
+        free(ej);
+        if (ea) cJSON_AddItemToObject(o, "epochs", ea);
+        cJSON_AddNumberToObject(o, "max_workers", s->nworkers);
+        cJSON_AddNumberToObject(o, "active_workers", psd_elastic_count(s, UINT64_MAX));
+    }
     cJSON_AddNumberToObject(o, "owned_partitions", s->st.nowned);
     cJSON_AddBoolToObject(o, "from_checkpoint", s->st.from_ckpt);
     if (s->st.have_table) {

@@ -153,6 +153,7 @@ static void send_buf(psd_t *s, const void *id, size_t idlen, uint64_t request_id
     h.has_codec = 1, h.codec = codec;
     h.has_numel = 1, h.numel = p->numel;
     if (flags) h.has_flags = 1, h.flags = flags;
+    if (s->nepochs) h.has_epochs = 1, h.epochs = (uint32_t)s->nepochs; /* elastic */
     /* Zero-copy: every reply of this version shares the one encoded buffer. */
     int rc = ps_wire_send_crc(s->sock, id, idlen, &h, b->data, b->len, b->crc, psd_buf_zmq_free, b,
                               ZMQ_DONTWAIT);

@@ -248,7 +248,8 @@ int psd_store_hold(psd_t *s, psd_spec_t *sp, char *err, size_t errlen)
     st->table = sp->table;
     st->have_table = 1;
     st->optim = sp->optim;
-    st->nworkers = sp->nworkers;
+    /* slots for every rank the job may have (elastic: --max-workers) */
+    st->nworkers = s->nworkers > sp->nworkers ? s->nworkers : sp->nworkers;
     st->optim_json = ps_optim_config_to_json(&sp->optim);
     st->spec_json = strndup(sp->json, sp->len);
     int rc = alloc_shard(s, err, errlen);
@@ -270,7 +271,10 @@ static void apply_grad(psd_t *s, psd_part_t *p, const float *g)
 {
     psd_store_weights_writable(s, p);
     double t0 = psd_now_s();
-    int rc = ps_optim_apply_partition(&s->st.optim, &s->st.table, p->id, p->w, p->m, g, p->version);
+    ps_optim_config_t c = s->st.optim;
+    float k = psd_elastic_lr_scale(s, p->version);
+    c.lr *= k, c.min_lr *= k; /* every schedule is linear in (lr, min_lr) */
+    int rc = ps_optim_apply_partition(&c, &s->st.table, p->id, p->w, p->m, g, p->version);
     if (rc) ps_error("partition %u: optimizer step failed: %s", p->id, ps_strerror(rc));
     s->mx.apply_seconds += psd_now_s() - t0;
     s->mx.apply_count++;
@@ -447,8 +451,10 @@ static int fused_apply(psd_t *s, psd_part_t *p, const float *const *src_of, int 
         /* AVERAGE groups (BN statistics, ps_optim.h) are not SGD: unfused path */
         if (c->group_kind[p->seg[k].group] != PS_GROUP_SGD) return 0;
         const ps_param_group_t *g = &c->groups[p->seg[k].group];
-        /* As ps_optim_apply_partition computes them. */
-        p->seg[k].lr = ps_optim_lr_group(c, p->version, g->lr_mult);
+        /* As ps_optim_apply_partition computes them (elastic linear
+         * scaling: times W_v / W0) */
+        p->seg[k].lr = ps_optim_lr_group(c, p->version, g->lr_mult) *
+                       psd_elastic_lr_scale(s, p->version);
         p->seg[k].wd = (float)((double)c->weight_decay * g->wd_mult);
     }
     psd_store_weights_writable(s, p);

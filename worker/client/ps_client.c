@@ -648,7 +648,7 @@ static int ctl_call(ps_client_t *c, ps_req_t *r, reply_fn read, void *arg)
 
 static int read_welcome(ps_client_t *c, ps_req_t *r, void *arg)
 {
-    (void)arg;
+    if (arg) *(uint64_t *)arg = r->version; /* joining: the first step */
     if (r->reply_has_hash && r->reply_hash != c->t->hash) {
         ps_client_set_error(c, "server 0 has partition table hash %016llx, this worker %016llx",
                             (unsigned long long)r->reply_hash, (unsigned long long)c->t->hash);
@@ -690,7 +690,7 @@ static int read_welcome_other(ps_client_t *c, ps_req_t *r, int s)
     return 0;
 }
 
-int ps_client_hello(ps_client_t *c)
+static int hello(ps_client_t *c, uint32_t flags, uint64_t *from)
 {
     char host[256] = "?";
     if (!c) return PS_EINVAL;
@@ -698,7 +698,8 @@ int ps_client_hello(ps_client_t *c)
     host[sizeof host - 1] = 0;
     ps_req_t *r = ctl_req(c, PS__MSG_TYPE__MSG_HELLO, 0, host, strlen(host));
     if (!r) return PS_ENOMEM;
-    int rc = ctl_call(c, r, read_welcome, NULL);
+    r->flags = flags;
+    int rc = ctl_call(c, r, read_welcome, from);
     if (rc < 0) return rc;
     /* The other servers, all at once, with the rank server 0 gave. */
     int S = c->o.nservers;
@@ -719,6 +720,43 @@ int ps_client_hello(ps_client_t *c)
     }
     free(rs);
     return rc < 0 ? rc : c->rank;
+}
+
+int ps_client_hello(ps_client_t *c) { return hello(c, 0, NULL); }
+
+int ps_client_join(ps_client_t *c, uint64_t *from)
+{
+    return hello(c, PS_FLAG_JOIN, from);
+}
+
+int ps_client_members(ps_client_t *c, const char *json)
+{
+    int rc = 0;
+    for (int s = 0; s < c->o.nservers && !rc; s++) {
+        ps_req_t *r = ctl_req(c, PS__MSG_TYPE__MSG_MEMBERS, s, json, strlen(json));
+        rc = r ? ctl_call(c, r, NULL, NULL) : PS_ENOMEM;
+    }
+    return rc;
+}
+
+static int read_step(ps_client_t *c, ps_req_t *r, void *arg)
+{
+    (void)c;
+    *(uint64_t *)arg = r->version;
+    return 0;
+}
+
+int ps_client_drain(ps_client_t *c, int rank, uint64_t *from)
+{
+    ps_req_t *r = ctl_req(c, PS__MSG_TYPE__MSG_DRAIN, 0, NULL, 0);
+    if (!r) return PS_ENOMEM;
+    r->rank_arg = rank;
+    return ctl_call(c, r, read_step, from);
+}
+
+unsigned ps_client_epochs_seen(const ps_client_t *c)
+{
+    return atomic_load(&c->epochs_seen);
 }
 
 void ps_client_set_outcome(ps_client_t *c, int outcome, int code, const char *text)

@@ -130,6 +130,21 @@ void ps_client_destroy(ps_client_t **c);
  * other server (each binds the rank to this process's session token):
  * returns the rank (>= 0) or a negative PS_E*. */
 int ps_client_hello(ps_client_t *c);
+/* Elastic sync jobs (psd --max-workers above --num-workers):
+ * join: HELLO with PS_FLAG_JOIN instead: server 0 gives a new rank, in the
+ * job from step *from on; returns the rank or PS_E*.
+ * members: the membership epochs (JSON [[from,[ranks]],...], from server
+ * 0's STATS "epochs") to every server; a worker does it before it pushes
+ * the first step of a new epoch.  0 or PS_E*.
+ * drain: ask server 0 to take `rank` out of the job; *from = its first step
+ * without it.  0 or PS_E* (text in last_error).
+ * epochs_seen: the most membership epochs any reply named (a change to
+ * fetch when above what the caller knows). */
+int ps_client_join(ps_client_t *c, uint64_t *from);
+int ps_client_members(ps_client_t *c, const char *json);
+int ps_client_drain(ps_client_t *c, int rank, uint64_t *from);
+unsigned ps_client_epochs_seen(const ps_client_t *c);
+
 /* How this worker's BYE (at ps_client_destroy) ends its part in the job:
  * PS_CLIENT_DONE, it finished; PS_CLIENT_FAILED, it failed with `code` and
  * `text` (the servers stop the job and give every worker that error);

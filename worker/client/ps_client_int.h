@@ -36,6 +36,7 @@ struct ps_req {
     uint32_t part;          /* partition or PS_PART_NONE */
     uint64_t iteration, min_version;
     uint32_t flags;
+    int rank_arg;           /* DRAIN: the rank to take out (Header.rank) */
     uint64_t seq;           /* submission order, ties in the priority queue */
     int no_reply;           /* PS_FLAG_NO_REPLY push: done once sent */
 
@@ -164,6 +165,8 @@ struct ps_client {
     pthread_mutex_t keep_mu;
     char *spec;             /* the INIT spec (ps_client_set_spec): a server's rebuild */
     int *keeper;            /* (nparts) the rank that keeps each partition */
+
+    atomic_uint epochs_seen;  /* elastic: the most membership epochs a reply named */
 
     char last_error[512];
     atomic_uint_fast64_t bytes_out, bytes_in, requests, retries, errors;

@@ -101,7 +101,7 @@ static void fill_header(ps_client_t *c, ps_req_t *r, Ps__Header *h)
 {
     ps_wire_header_init(h, (Ps__MsgType)r->type);
     h->has_rank = 1;
-    h->rank = c->rank;
+    h->rank = r->type == PS__MSG_TYPE__MSG_DRAIN ? r->rank_arg : c->rank;
     h->has_request_id = 1;
     h->request_id = ((uint64_t)r->gen << 32) | r->slot;
     if (r->part != PS_PART_NONE) {
@@ -469,6 +469,8 @@ static void handle_reply(ps_client_t *c, int s, ps_wire_msg_t *m, int rc, const 
         return;
     }
     ps_req_t *r = lookup(c, s, h);
+    if (h->has_epochs && h->epochs > atomic_load(&c->epochs_seen))
+        atomic_store(&c->epochs_seen, h->epochs); /* elastic: a membership change */
     if (h->type == PS__MSG_TYPE__MSG_ERROR && h->has_flags && (h->flags & PS_FLAG_REBUILD))
         ps_client_keep_give_back(c, s);
     else if (h->type == PS__MSG_TYPE__MSG_WEIGHTS)
@@ -518,6 +520,7 @@ static void handle_reply(ps_client_t *c, int s, ps_wire_msg_t *m, int rc, const 
     } else {
         r->reply_flags = h->has_flags ? h->flags : 0;
         r->reply_rank = h->has_rank ? h->rank : -1;
+        if (h->has_iteration) r->version = h->iteration; /* WELCOME to join, DRAIN: a step */
         r->reply_has_hash = h->has_table_hash;
         r->reply_hash = h->table_hash;
         r->reply_nworkers = h->has_num_workers ? h->num_workers : 0;

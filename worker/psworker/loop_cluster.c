@@ -400,12 +400,61 @@ static int pull_start(cluster_t *k, uint64_t *start, uint32_t flags)
     return 0;
 }
 
+/* Elastic membership: a reply named more epochs than this worker knows.
+ * Take them from server 0 (STATS "epochs") and tell every server, before
+ * any push of the step the change begins at (elastic.c). */
+static int elastic_sync(cluster_t *k)
+{
+    char *json = NULL;
+    int rc = ps_client_stats(k->c, 0, &json);
+    const char *e = json ? strstr(json, "\"epochs\":[") : NULL;
+    if (!rc && !e) rc = PS_EPROTO;
+    if (!rc) {
+        /* the array: up to its matching bracket */
+        const char *a = e + 9, *z = a;
+        for (int depth = 0; *z; z++) {
+            depth += *z == '[' ? 1 : *z == ']' ? -1 : 0;
+            if (!depth) break;
+        }
+        char *list = strndup(a, (size_t)(z - a) + 1);
+        rc = !list ? PS_ENOMEM : ps_worker_elastic_set(k->p, list);
+        if (!rc) rc = ps_client_members(k->c, list);
+        free(list);
+    }
+    free(json);
+    if (rc) ps_error("membership change: %s (%s)", ps_strerror(rc), ps_client_last_error(k->c));
+    return rc;
+}
+
+/* --join: server 0 gave this rank its first step; the others compute the
+ * steps before it.  Pull the weights of that version (waiting for it). */
+static int join_begin(cluster_t *k, uint64_t *start)
+{
+    ps_worker_t *p = k->p;
+    int rc = elastic_sync(k);
+    uint32_t n = p->table.nparts;
+    ps_info("joining the running job at step %" PRIu64, p->join_at);
+    for (uint32_t i = 0; i < n && !rc; i++)
+        rc = ps_client_pull(k->c, i, p->join_at, p->w + p->table.parts[i].offset, &k->req[i]);
+    int wrc = wait_all(k->c, k->req, k->ver, n, "pull of the joining step");
+    if (rc || wrc) return rc ? rc : wrc;
+    for (uint32_t i = 0; i < n; i++)
+        if (k->ver[i] != p->join_at) {
+            ps_error("joining at step %" PRIu64 ": partition %u is at version %" PRIu64, p->join_at,
+                     i, k->ver[i]);
+            return PS_ESTATE;
+        }
+    *start = p->join_at;
+    return 0;
+}
+
 /* INIT, the start barrier (or joining a job under way), the first pull:
  * *start = the step to compute first. */
 static int cluster_begin(cluster_t *k, uint64_t *start)
 {
     ps_worker_t *p = k->p;
     int rc;
+    if (p->o->join) return join_begin(k, start);
     if (p->rank == 0 && (rc = send_init(k))) return rc;
     if (k->sync && job_under_way(k->c, p->table.nservers))
         ps_info("the servers are past version 0: joining the running job (no start barrier)");
@@ -470,6 +519,26 @@ static int rebuild(cluster_t *k, uint64_t step, uint64_t *next)
     return restore_loss_scale(p, k->c, *next);
 }
 
+static volatile sig_atomic_t sigterm_seen;
+static void on_sigterm(int sig) { (void)sig; sigterm_seen = 1; }
+
+/* SIGTERM in a sync job: leave gracefully -- ask server 0 to drain this
+ * rank; it trains to the step before the boundary and ends there. */
+static int drain_self(cluster_t *k)
+{
+    ps_worker_t *p = k->p;
+    uint64_t from = 0;
+    p->drain_asked = 1;
+    int rc = ps_client_drain(k->c, p->rank, &from);
+    if (rc) {
+        ps_error("SIGTERM: cannot leave the job gracefully: %s (%s); stopping", ps_strerror(rc),
+                 ps_client_last_error(k->c));
+        return PS_ESHUTDOWN;
+    }
+    ps_warn("SIGTERM: leaving the job at step %" PRIu64 " (drained; the others go on)", from);
+    return 0;
+}
+
 /* One step of the loop; *next = the step after it (a rollback moves it back). */
 static int cluster_one(cluster_t *k, uint64_t s, uint64_t *next)
 {
@@ -477,6 +546,14 @@ static int cluster_one(cluster_t *k, uint64_t s, uint64_t *next)
     int rc;
     double t0 = ps_worker_now();
     *next = s + 1;
+    if (sigterm_seen && !p->drain_asked && (rc = drain_self(k))) return rc;
+    if (k->sync && !ps_worker_elastic_at(p, s)) {
+        /* drained: this rank is not in the job from step s on */
+        ps_info("membership: rank %d leaves the job at step %" PRIu64, p->rank, s);
+        p->drained = 1;
+        *next = p->o->steps;
+        return 0;
+    }
     ps_worker_ls_begin(p);
     if (k->ov) ps_worker_overlap_begin(k->ov, s);
     double loss = ps_worker_compute(p, s), t_wait = 0;
@@ -492,6 +569,8 @@ static int cluster_one(cluster_t *k, uint64_t s, uint64_t *next)
     if (p->rollback) return rollback(p, k->c, k->req, k->ver, s, next);
     if (p->behind) return catch_up(k, s, next);
     if (p->rebuild) return rebuild(k, s, next);
+    if (k->sync && ps_client_epochs_seen(k->c) > (unsigned)p->nepochs && (rc = elastic_sync(k)))
+        return rc;
     if (ovf && k->sync && !remote)
         /* Our flagged pushes were skipped, yet no reply says so: a psd
          * without the echo; the other workers cannot know either. */
@@ -517,16 +596,18 @@ static int cluster_one(cluster_t *k, uint64_t s, uint64_t *next)
 static void count_rank_steps(ps_worker_t *p, ps_client_t *c)
 {
     uint64_t most[64] = {0};
-    int n = p->nworkers < 64 ? p->nworkers : 64;
+    int n = 0; /* every rank the servers list (an elastic job's joiners too) */
     for (uint32_t s = 0; s < p->table.nservers; s++) {
         char *json = NULL;
         if (ps_client_stats(c, (int)s, &json) || !json) return;
         const char *k = strstr(json, "\"workers\":[");
-        for (int r = 0; k && r < n && (k = strstr(k, "\"steps\":")); r++) {
+        int r = 0;
+        for (; k && r < 64 && (k = strstr(k, "\"steps\":")); r++) {
             uint64_t v = strtoull(k + 8, NULL, 10);
             most[r] = v > most[r] ? v : most[r];
             k += 8;
         }
+        n = r > n ? r : n;
         free(json);
     }
     size_t len = 0;
@@ -576,11 +657,16 @@ static int cluster_train(cluster_t *k)
     ps_client_counters_t c0, c1;
     ps_client_counters(k->c, &c0);
     p->st.t_start = ps_worker_now();
-    for (uint64_t s = start, next; s < p->o->steps; s = next)
+    uint64_t s = start, next;
+    for (; s < p->o->steps && !p->drained; s = next) {
+        p->steps_done = s;
         if ((rc = cluster_one(k, s, &next))) return rc;
+    }
     ps_client_counters(k->c, &c1);
     p->st.wire_sent = c1.bytes_out - c0.bytes_out;
     p->st.wire_recv = c1.bytes_in - c0.bytes_in;
+    /* drained: the others go on; this rank's part ends here */
+    if (p->drained) return ps_worker_finish(p, p->steps_done);
     return cluster_end(k);
 }
 
@@ -597,6 +683,12 @@ int ps_worker_run_cluster(ps_worker_t *p)
         rc = PS_ENOMEM;
         goto out;
     }
+    if (p->o->join && !(p->task->flags & PS_TASK_ELASTIC)) {
+        ps_error("--join: the %s task shards its data once, at start; joining a running job "
+                 "needs --model smoke for now", p->task->name);
+        rc = PS_EINVAL;
+        goto out;
+    }
     if ((rc = ps_worker_client_connect(p, &c)))
         goto out;
     /* --replicate-state: the client gives a server that lost its state the
@@ -608,6 +700,10 @@ int ps_worker_run_cluster(ps_worker_t *p)
     }
     if ((rc = ps_worker_overlap_new(p, c, req, ver, sync, &ov)))
         goto out;
+    if (sync) { /* SIGTERM leaves the job gracefully (drain_self) */
+        struct sigaction sa = {.sa_handler = on_sigterm};
+        sigaction(SIGTERM, &sa, NULL);
+    }
     cluster_t k = {p, c, req, ver, ov, sync};
     rc = cluster_train(&k);
 out:

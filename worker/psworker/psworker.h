@@ -12,6 +12,8 @@
  *   step.c             what every loop does around a step: compute, loss
  *                      scaling (and its replay from the servers' verdicts),
  *                      the local update, device memory figures
+ *   elastic.c          membership that changes at step boundaries (--join,
+ *                      drain): the data split and batch of each step
  *   state.c            what follows from the step alone (BN
  *                      num_batches_tracked, the dropout counter), set
  *                      before each compute
@@ -94,6 +96,18 @@ typedef struct ps_worker {
      * counted them ("140,140"; a lost rank under --on-worker-loss continue
      * shows fewer), for the final line; "" otherwise */
     char rank_steps[256];
+    /* elastic membership (elastic.c): the epochs known, W and B the job
+     * started with; before each compute: this rank's place among the
+     * ranks of the step (shard) and the step's first sample */
+    struct ps_worker_epoch *epochs;
+    int nepochs;
+    int w0, b0;
+    int shard;
+    uint64_t step_first;
+    int drain_asked;        /* SIGTERM: this worker asked server 0 to drain it */
+    uint64_t join_at;       /* --join: the first step of this rank (server 0's WELCOME) */
+    int drained;            /* this rank left the job (its steps end at steps_done) */
+    uint64_t steps_done;
 } ps_worker_t;
 
 /* step.c: what every loop does around a step. */
@@ -152,6 +166,16 @@ int ps_worker_state_init(ps_worker_t *p);
 void ps_worker_state_at(ps_worker_t *p, uint64_t step);
 void ps_worker_state_free(ps_worker_t *p);
 size_t ps_worker_state_spec(const ps_worker_t *p, char *buf, size_t cap);
+
+/* elastic.c: membership that changes at step boundaries.  init: the
+ * starting epoch (W0 = p->nworkers, B0 = p->batch); at: set p->nworkers,
+ * p->batch, p->shard and p->step_first for `step`, 1 when this rank is in
+ * the job then; set: the epochs from server 0 (JSON [[from,[ranks]],...]),
+ * 0 or PS_E* (logged; PS_EUNSUPPORTED for a task without PS_TASK_ELASTIC). */
+int ps_worker_elastic_init(ps_worker_t *p);
+int ps_worker_elastic_at(ps_worker_t *p, uint64_t step);
+int ps_worker_elastic_set(ps_worker_t *p, const char *json);
+void ps_worker_elastic_free(ps_worker_t *p);
 
 /* optim.c */
 int ps_worker_build_optim(ps_worker_t *p);

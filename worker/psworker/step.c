@@ -31,6 +31,7 @@ int ps_worker_setup(ps_worker_t *p, const ps_worker_opts_t *o, uint32_t nservers
     p->batch = o->batch;
     int rc = p->task->setup(p, nservers);
     if (!rc) rc = ps_worker_state_init(p);
+    if (!rc) rc = ps_worker_elastic_init(p);
     if (!rc && o->standalone && !(p->mom = calloc(p->numel, sizeof(float)))) {
         ps_error("out of memory for the momentum of %zu parameters", p->numel);
         rc = PS_ENOMEM;
@@ -42,6 +43,7 @@ int ps_worker_setup(ps_worker_t *p, const ps_worker_opts_t *o, uint32_t nservers
 void ps_worker_teardown(ps_worker_t *p)
 {
     ps_worker_state_free(p);
+    ps_worker_elastic_free(p);
     if (p->task) p->task->teardown(p);
     if (p->csv) fclose(p->csv);
     ps_partition_table_free(&p->table);
@@ -83,6 +85,7 @@ double ps_worker_compute(ps_worker_t *p, uint64_t step)
         nanosleep(&ts, NULL);
     }
     p->t_data = 0;
+    ps_worker_elastic_at(p, step);
     ps_worker_state_at(p, step);
     return p->task->compute(p, step);
 }

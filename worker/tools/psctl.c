@@ -4,6 +4,7 @@
  *   psctl --servers LIST checkpoint    every server writes a checkpoint now
  *   psctl --servers LIST export FILE   pull every partition -> FILE.safetensors
  *   psctl --servers LIST shutdown      checkpoint (if configured) and stop
+ *   psctl --servers LIST drain RANK    an elastic job lets RANK go
  *   psctl --servers LIST check         preflight: what is wrong, what to fix
  *                                      (psctl_check.c)
  *   psctl keygen PREFIX                CURVE key pair: PREFIX.pub, PREFIX.key
@@ -81,6 +82,8 @@ static const char usage[] =
     "  export FILE     pull every partition and write the model as safetensors\n"
     "                  (needs --spec: the INIT spec JSON or a psd checkpoint file)\n"
     "  shutdown        every server checkpoints (when configured) and exits\n"
+    "  drain RANK      an elastic job (psd --max-workers) lets RANK go at its next\n"
+    "                  step boundary; the others go on (SIGTERM on a worker does it too)\n"
     "  check           preflight: every server answers, ids, sizes, modes, CURVE,\n"
     "                  checkpoint directories (writable, room for a checkpoint: --spec),\n"
     "                  clocks; prints what to fix, exit 1 on any problem\n"
@@ -287,7 +290,11 @@ static int cmd_status(psctl_t *p)
         printf("cluster: %d server(s)", p->nserv);
         if (m)
             printf(", mode %s, table %s, workers %.0f/%.0f live", str(m, "mode"),
-                   str(m, "table_hash"), num(m, "live_workers"), num(m, "num_workers"));
+                   str(m, "table_hash"), num(m, "live_workers"),
+                   isnan(num(m, "active_workers")) ? num(m, "num_workers") : num(m, "active_workers"));
+        if (m && !isnan(num(m, "active_workers")))
+            printf(" (elastic: %.0f in the job now, started with %.0f, at most %.0f)",
+                   num(m, "active_workers"), num(m, "num_workers"), num(m, "max_workers"));
         printf("\n");
         const char *hash0 = NULL;
         for (int s = 0; s < p->nserv; s++) {
@@ -670,6 +677,27 @@ out:
     return rc;
 }
 
+/* ---- drain --------------------------------------------------------------- */
+
+/* An elastic job lets rank R go at the next step boundary (server 0). */
+static int cmd_drain(psctl_t *p, const char *arg)
+{
+    char *end;
+    long r = strtol(arg, &end, 10);
+    if (*end || r < 0 || r > 65535) {
+        fprintf(stderr, "psctl: drain RANK: \"%s\" is not a rank\n", arg);
+        return PS_EINVAL;
+    }
+    uint64_t from = 0;
+    int rc = ps_client_drain(p->c, (int)r, &from);
+    if (rc) {
+        fprintf(stderr, "psctl: drain %ld: %s: %s\n", r, ps_strerror(rc), ps_client_last_error(p->c));
+        return rc;
+    }
+    printf("rank %ld leaves the job at step %llu (the others go on)\n", r, (unsigned long long)from);
+    return 0;
+}
+
 /* ---- check ---------------------------------------------------------------- */
 
 static int cmd_check(psctl_t *p)
@@ -771,11 +799,11 @@ int main(int argc, char **argv)
         return 2;
     }
     const char *verb = argv[1], *arg = npos >= 2 ? argv[2] : NULL;
-    int want_arg = !strcmp(verb, "export") || !strcmp(verb, "keygen");
+    int want_arg = !strcmp(verb, "export") || !strcmp(verb, "keygen") || !strcmp(verb, "drain");
     if (strcmp(verb, "status") && strcmp(verb, "checkpoint") && strcmp(verb, "shutdown") &&
         strcmp(verb, "check") && !want_arg) {
         fprintf(stderr, "psctl: unknown verb \"%s\" (status, checkpoint, export, shutdown, check, "
-                        "keygen)\n", verb);
+                        "drain, keygen)\n", verb);
         return 2;
     }
     if (npos != 1 + want_arg) {
@@ -799,6 +827,7 @@ int main(int argc, char **argv)
             if (!strcmp(verb, "status")) rc = cmd_status(&p);
             else if (!strcmp(verb, "checkpoint")) rc = cmd_checkpoint(&p);
             else if (!strcmp(verb, "check")) rc = cmd_check(&p);
+            else if (!strcmp(verb, "drain")) rc = cmd_drain(&p, arg);
             else if (!strcmp(verb, "shutdown")) {
                 ps_client_destroy(&p.c); /* one connection per server instead */
                 rc = cmd_shutdown(&p);
