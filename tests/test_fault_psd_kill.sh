@@ -61,20 +61,14 @@ fc_start_worker 1 "" "$T/run" "${COMMON[@]}" --step-sleep-ms 15 --debug-die-mid-
 W1=$WPID; C1=$WCHILD
 
 fc_wait_rows "$T/run/metrics-rank0.csv" $KILL_PSD_AT >/dev/null
-fc_kill_psd_placed 1 $N "$C0" "$C1"
+seen=$(csv_rows "$T/run/metrics-rank0.csv")
+fc_psd_lost_and_back 1 $N "$T/ck1" "$C0" "$C1"
 placed=$?
 a=$FC_A vmax=$FC_VMAX
-seen=$(csv_rows "$T/run/metrics-rank0.csv")
 [ $placed -eq 0 ] && [ "$seen" -ge $KILL_PSD_AT ] && [ "$seen" -lt $KILL_W_AT ]
-ok $? "psd 1 SIGKILLed with the workers stopped at step $seen (>= $KILL_PSD_AT, < $KILL_W_AT): its partitions at ..${vmax:-?}, aligned checkpoint ${a:-?} durable"
-PS_PORT=$PORT_1 start_psd 1 2 2 "${PSDF[@]}" --checkpoint-dir "$T/ck1"
-ok $? "psd 1 restarted on port $PORT_1 with the same flags"
-kill -CONT "$C0" "$C1" 2>/dev/null
-
-{ wait "$W1"; } 2>/dev/null
-rc1=$?
-[ $rc1 -eq 137 ] && grep -q 'debug-die-mid-step' "$T/run/w1.err"
-ok $? "worker 1 killed itself between its pushes of step $KILL_W_AT (exit $rc1)"
+ok $? "psd 1 SIGKILLed with the workers stopped after step $seen (>= $KILL_PSD_AT, < $KILL_W_AT): its partitions at ..${vmax:-?}, aligned checkpoint ${a:-?} durable; restarted on port $PORT_1 with the same flags"
+fc_died_mid_step "$W1" "$T/run/w1.err"
+ok $? "worker 1 killed itself between its pushes of step $KILL_W_AT"
 grep 'debug-die-mid-step' "$T/run/w1.err" | sed 's/^/# /'
 fc_start_worker 1 ".restart" "$T/run" "${COMMON[@]}" --step-sleep-ms 15; W1=$WPID
 

@@ -71,19 +71,13 @@ fc_start_worker 0 "" "$T/run" "${COMMON[@]}" --debug-die-mid-step $DIE_AT; W0=$W
 fc_start_worker 1 "" "$T/run" "${COMMON[@]}" "${SPEC_OF_RANK1[@]}"; W1=$WPID; C1=$WCHILD
 
 fc_wait_rows "$T/run/metrics-rank0.csv" $((2 * N)) >/dev/null
-fc_kill_psd_placed 1 $((2 * N)) "$C0" "$C1"
+fc_psd_lost_and_back 1 $((2 * N)) "$T/ck1" "$C0" "$C1"
 placed=$?
 seen=$(csv_rows "$T/run/metrics-rank0.csv")
 [ $placed -eq 0 ] && [ "$seen" -lt $DIE_AT ]
-ok $? "psd 1 SIGKILLed with the workers stopped at step $seen: partitions at ..${FC_VMAX:-?}, aligned checkpoint ${FC_A:-?} durable"
-PS_PORT=$PORT_1 start_psd 1 2 2 "${PSDF[@]}" --checkpoint-dir "$T/ck1"
-ok $? "psd 1 restarted"
-kill -CONT "$C0" "$C1" 2>/dev/null
-
-{ wait "$W0"; } 2>/dev/null
-rc0=$?
-[ $rc0 -eq 137 ] && grep -q 'debug-die-mid-step' "$T/run/w0.err"
-ok $? "rank 0 killed itself between its pushes of step $DIE_AT (exit $rc0)"
+ok $? "psd 1 SIGKILLed with the workers stopped at step $seen (partitions at ..${FC_VMAX:-?}, aligned checkpoint ${FC_A:-?} durable) and restarted"
+fc_died_mid_step "$W0" "$T/run/w0.err"
+ok $? "rank 0 killed itself between its pushes of step $DIE_AT"
 mv "$T/run/metrics-rank0.csv" "$T/run/metrics-rank0.first.csv"
 fc_start_worker 0 ".restart" "$T/run" "${COMMON[@]}"; W0=$WPID
 rc=0
@@ -96,8 +90,10 @@ export_and_stop "$T/run"
 ok $? "psctl export, then shutdown" || show_log "$T/run/export.out"
 
 grep -h 'rolled back from' "$T/psd0.log" | sed 's/^/# /'
-grep -q "rolled back from .* to ${FC_A:-x} " "$T/psd0.log" && grep -q 'rolled back to step' "$T/run/w1.err"
-ok $? "the survivor and the workers rolled back to ${FC_A:-?}"
+grep -q "rolled back from .* to ${FC_A:-x} " "$T/psd0.log" &&
+    cat "$T/run/w0.err" "$T/run/w1.err" | grep -q "rolled back to step ${FC_A:-x} "
+ok $? "the survivor and the workers rolled back to ${FC_A:-?}" ||
+    { show_log "$T/psd0.log"; show_log "$T/run/w0.err"; show_log "$T/run/w1.err"; }
 grep -h 'resuming at step\|loss scale: replayed' "$T/run/w0.restart.err" "$T/run/w1.err" | sed 's/^/# /'
 grep -q "resuming at step $DIE_AT" "$T/run/w0.restart.err" &&
     grep -q "loss scale: replayed steps 0..$DIE_AT " "$T/run/w0.restart.err"

@@ -72,3 +72,25 @@ fc_kill_psd_placed() {
     done
     return 1
 }
+
+# fc_psd_lost_and_back ID N CKPTDIR PID...: fc_kill_psd_placed, then psd ID
+# restarted on its port with "${PSDF[@]}" --checkpoint-dir CKPTDIR (as
+# systemd would) and the workers PID... resumed.  Sets FC_A / FC_VMAX;
+# returns 1 when the kill found no moment, 2 when the restart failed.
+fc_psd_lost_and_back() {
+    local id=$1 n=$2 dir=$3 port; shift 3
+    fc_kill_psd_placed "$id" "$n" "$@" || return 1
+    eval "port=\$PORT_$id"
+    PS_PORT=$port start_psd "$id" 2 2 "${PSDF[@]}" --checkpoint-dir "$dir"
+    local rc=$?
+    kill -CONT "$@" 2>/dev/null
+    [ $rc -eq 0 ] || return 2
+}
+
+# fc_died_mid_step WPID LOG: wait for a worker started with
+# --debug-die-mid-step; 0 when it SIGKILLed itself there (exit 137, logged).
+fc_died_mid_step() {
+    { wait "$1"; } 2>/dev/null
+    local rc=$?
+    [ $rc -eq 137 ] && grep -q 'debug-die-mid-step' "$2"
+}
