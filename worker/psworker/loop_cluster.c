@@ -658,10 +658,18 @@ static int cluster_train(cluster_t *k)
     ps_client_counters(k->c, &c0);
     p->st.t_start = ps_worker_now();
     uint64_t s = start, next;
-    for (; s < p->o->steps && !p->drained; s = next) {
+    /* While it trains, a sync worker's first SIGTERM leaves the job
+     * gracefully at the next step boundary (drain_self); the handler
+     * resets itself, so a second SIGTERM stops it at once, as before and
+     * after the loop. */
+    struct sigaction sa = {.sa_handler = on_sigterm, .sa_flags = SA_RESETHAND}, old_sa;
+    if (k->sync) sigaction(SIGTERM, &sa, &old_sa);
+    for (; s < p->o->steps && !p->drained && !rc; s = next) {
         p->steps_done = s;
-        if ((rc = cluster_one(k, s, &next))) return rc;
+        rc = cluster_one(k, s, &next);
     }
+    if (k->sync && !sigterm_seen) sigaction(SIGTERM, &old_sa, NULL);
+    if (rc) return rc;
     ps_client_counters(k->c, &c1);
     p->st.wire_sent = c1.bytes_out - c0.bytes_out;
     p->st.wire_recv = c1.bytes_in - c0.bytes_in;
@@ -700,10 +708,7 @@ int ps_worker_run_cluster(ps_worker_t *p)
     }
     if ((rc = ps_worker_overlap_new(p, c, req, ver, sync, &ov)))
         goto out;
-    if (sync) { /* SIGTERM leaves the job gracefully (drain_self) */
-        struct sigaction sa = {.sa_handler = on_sigterm};
-        sigaction(SIGTERM, &sa, NULL);
-    }
+
     cluster_t k = {p, c, req, ver, ov, sync};
     rc = cluster_train(&k);
 out:
