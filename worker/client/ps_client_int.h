@@ -202,12 +202,16 @@ void ps_client_keep_free(ps_client_t *c);
  * the spec and the partitions kept here, once per loss. */
 void ps_client_keep_give_back(ps_client_t *c, int s);
 
-/* ps_client.c */
+/* ps_client.c (the control calls are in ps_client_ctl.c) */
 /* A request handle for (type, server, part), NULL when the pool is empty;
  * give it back unsent with abandon, or hand it to the I/O thread. */
 ps_req_t *ps_client_req_alloc(ps_client_t *c, int type, int server, uint32_t part);
 void ps_client_req_abandon(ps_client_t *c, ps_req_t *r);
 void ps_client_req_submit(ps_client_t *c, ps_req_t *r);
+/* Under c->mu: give a finished handle back.  Wait until r is done (or
+ * timeout_ms, < 0: forever): 0 with c->mu held, or PS_ETIMEOUT without. */
+void ps_client_req_release_locked(ps_client_t *c, ps_req_t *r);
+int ps_client_wait_done_locked(ps_client_t *c, ps_req_t *r, int timeout_ms);
 /* The INIT spec to one server, waited for: 0 or PS_E*. */
 int ps_client_send_spec(ps_client_t *c, int server, const char *spec_json);
 void ps_client_set_error(ps_client_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
