@@ -12,6 +12,7 @@
 
 #include "ps_error.h"
 #include "ps_log.h"
+#include "tests/lib/det_testutil.h"
 #include "tests/lib/tap.h"
 #include "worker/data/ps_image.h"
 #include "worker/data/ps_video.h"
@@ -21,23 +22,9 @@
 
 static char dir[] = "/tmp/test_det_data_XXXXXX";
 
-/* w x h JPEG of one colour (quality 100, so decoded pixels are within +-2). */
 static int write_jpeg(const char *name, int w, int h, uint8_t r, uint8_t g, uint8_t b)
 {
-    uint8_t *px = malloc((size_t)w * h * 3), *buf = NULL;
-    size_t len;
-    char err[256], path[512];
-    for (int i = 0; i < w * h; i++) px[3 * i] = r, px[3 * i + 1] = g, px[3 * i + 2] = b;
-    int rc = ps_jpeg_encode(px, w, h, 100, &buf, &len, err, sizeof err);
-    free(px);
-    if (rc) return rc;
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "wb");
-    if (!f) return PS_EIO;
-    fwrite(buf, 1, len, f);
-    fclose(f);
-    free(buf);
-    return 0;
+    return det_write_jpeg(dir, name, w, h, r, g, b);
 }
 
 static void write_text(const char *name, const char *text)
@@ -90,7 +77,7 @@ static const char *GT_JSON =
 
 int main(void)
 {
-    char err[2048];
+    char err[2048] = "";
     if (!mkdtemp(dir)) {
         printf("Bail out! mkdtemp\n");
         return 1;

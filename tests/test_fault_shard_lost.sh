@@ -48,7 +48,8 @@ one_case() {
     local seen
     seen=$(fc_wait_rows "$out/metrics-rank0.csv" 40)
     kill -STOP "$c0" "$c1"
-    kill -KILL "$PID_1"; wait "$PID_1" 2>/dev/null
+    is_live "$PID_1" && kill -KILL "$PID_1"
+    wait "$PID_1" 2>/dev/null
     rm -rf "$T/$name/ck1"
     mv "$T/psd1.log" "$out/psd1.killed.log"
     PS_PORT=$PORT_1 start_psd 1 2 2 "${PSDF[@]}" --checkpoint-dir "$T/$name/ck1"

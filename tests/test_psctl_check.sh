@@ -18,11 +18,9 @@ check() {
     "$PSCTL" --servers "$SERVERS" --timeout-ms 1500 "$@" check >"$T/$name.out" 2>&1
     RC=$?
 }
-# stop_all: stop the psd started so far
+# stop_all: stop the psd started so far (tests/lib/pids.sh)
 stop_all() {
-    local p
-    for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
-    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
+    stop_pids 30
     PIDS=()
     rm -f "$T"/psd*.log
 }

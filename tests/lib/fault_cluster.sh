@@ -63,7 +63,7 @@ fc_kill_psd_placed() {
         if [ -n "$FC_A" ] && [ -n "$FC_VMAX" ] && [ "$FC_A" -ge "$n" ] &&
             [ "$FC_VMAX" -gt "$FC_A" ] && [ "$FC_VMAX" -lt $((FC_A + n)) ]; then
             eval "pid=\$PID_$id"
-            kill -KILL "$pid"
+            is_live "$pid" && kill -KILL "$pid"
             wait "$pid" 2>/dev/null
             return 0
         fi
