@@ -105,6 +105,7 @@ static void part_free(psd_part_t *p)
     free(p->seg);
     free(p->m);
     free(p->slots);
+    free(p->prev);
     free(p->have);
     free(p->last_iter);
     psd_store_drop_cache(p);
@@ -126,6 +127,7 @@ void psd_store_free(psd_store_t *st)
     free(st->optim_json);
     free(st->gsum);
     free(st->scratch);
+    free(st->skips);
     memset(st, 0, sizeof *st);
 }
 
@@ -211,6 +213,7 @@ static int alloc_shard(psd_t *s, char *err, size_t errlen)
         p->numel = t->parts[i].numel;
         if (t->parts[i].server != (uint32_t)s->o.server_id) continue;
         p->owned = 1;
+        p->prev_version = UINT64_MAX;
         st->nowned++;
         if (p->numel > st->max_numel) st->max_numel = p->numel;
         if ((p->wbuf = wbuf_new(p->numel, 1))) p->w = (float *)p->wbuf->data;
@@ -245,7 +248,8 @@ int psd_store_hold(psd_t *s, psd_spec_t *sp, char *err, size_t errlen)
     st->table = sp->table;
     st->have_table = 1;
     st->optim = sp->optim;
-    st->nworkers = sp->nworkers;
+    /* slots for every rank the job may have (elastic: --max-workers) */
+    st->nworkers = s->nworkers > sp->nworkers ? s->nworkers : sp->nworkers;
     st->optim_json = ps_optim_config_to_json(&sp->optim);
     st->spec_json = strndup(sp->json, sp->len);
     int rc = alloc_shard(s, err, errlen);
@@ -267,7 +271,10 @@ static void apply_grad(psd_t *s, psd_part_t *p, const float *g)
 {
     psd_store_weights_writable(s, p);
     double t0 = psd_now_s();
-    int rc = ps_optim_apply_partition(&s->st.optim, &s->st.table, p->id, p->w, p->m, g, p->version);
+    ps_optim_config_t c = s->st.optim;
+    float k = psd_elastic_lr_scale(s, p->version);
+    c.lr *= k, c.min_lr *= k; /* every schedule is linear in (lr, min_lr) */
+    int rc = ps_optim_apply_partition(&c, &s->st.table, p->id, p->w, p->m, g, p->version);
     if (rc) ps_error("partition %u: optimizer step failed: %s", p->id, ps_strerror(rc));
     s->mx.apply_seconds += psd_now_s() - t0;
     s->mx.apply_count++;
@@ -382,6 +389,8 @@ typedef struct fuse_job {
     const ps_optim_config_t *c;
     int first;
     uint32_t *crc;              /* (nchunks) CRC32C of each chunk's new weights */
+    float *prev;                /* (numel) sync: the weights before the step, copied
+                                 * chunk by chunk while in cache (NULL: none) */
 } fuse_job_t;
 
 static void fuse_chunk(void *arg, size_t c)
@@ -411,6 +420,7 @@ static void fuse_chunk(void *arg, size_t c)
         }
         g = gch;
     }
+    if (j->prev) memcpy(j->prev + lo, p->w + lo, (hi - lo) * sizeof(float));
     /* The segments overlapping [lo, hi): binary search for the first. */
     uint32_t a = 0, b = p->nseg;
     while (b - a > 1) {
@@ -429,8 +439,10 @@ static void fuse_chunk(void *arg, size_t c)
 }
 
 /* mean(src_of[0..n)) * n / div, then the optimizer step; 1 when done, 0
- * when the partition needs the unfused path (no usable segment list). */
-static int fused_apply(psd_t *s, psd_part_t *p, const float *const *src_of, int n, float div)
+ * when the partition needs the unfused path (no usable segment list).
+ * prev (may be NULL) receives the weights before the step. */
+static int fused_apply(psd_t *s, psd_part_t *p, const float *const *src_of, int n, float div,
+                       float *prev)
 {
     const ps_optim_config_t *c = &s->st.optim;
     if (!p->seg || !p->nseg) return 0;
@@ -439,15 +451,17 @@ static int fused_apply(psd_t *s, psd_part_t *p, const float *const *src_of, int 
         /* AVERAGE groups (BN statistics, ps_optim.h) are not SGD: unfused path */
         if (c->group_kind[p->seg[k].group] != PS_GROUP_SGD) return 0;
         const ps_param_group_t *g = &c->groups[p->seg[k].group];
-        /* As ps_optim_apply_partition computes them. */
-        p->seg[k].lr = ps_optim_lr_group(c, p->version, g->lr_mult);
+        /* As ps_optim_apply_partition computes them (elastic linear
+         * scaling: times W_v / W0) */
+        p->seg[k].lr = ps_optim_lr_group(c, p->version, g->lr_mult) *
+                       psd_elastic_lr_scale(s, p->version);
         p->seg[k].wd = (float)((double)c->weight_decay * g->wd_mult);
     }
     psd_store_weights_writable(s, p);
     double t0 = psd_now_s();
     size_t nch = nchunks_of(p->numel);
     fuse_job_t j = {.src_of = src_of, .n = n, .div = div, .p = p, .c = c, .first = p->version == 0,
-                    .crc = malloc(nch * sizeof(uint32_t))};
+                    .crc = malloc(nch * sizeof(uint32_t)), .prev = prev};
     psd_pool_run(s->pool, fuse_chunk, &j, nch);
     if (j.crc && p->wbuf) {
         static uint32_t op_full[32];
@@ -471,20 +485,43 @@ static int fused_apply(psd_t *s, psd_part_t *p, const float *const *src_of, int 
     return 1;
 }
 
+void psd_store_forget_prev(psd_part_t *p)
+{
+    p->prev_version = UINT64_MAX;
+    p->prev_skipped = 0;
+}
+
+/* The buffer the weights of the version being replaced go to (allocated at
+ * the first update), NULL when out of memory: then no version is kept. */
+static float *prev_buffer(psd_part_t *p)
+{
+    psd_store_forget_prev(p);
+    if (!p->prev && !(p->prev = malloc(p->numel * sizeof(float))))
+        ps_warn("partition %u: out of memory for the previous version's weights: a worker "
+                "that dies between its pushes cannot rejoin exactly", p->id);
+    return p->prev;
+}
+
 void psd_store_apply_sync(psd_t *s, psd_part_t *p)
 {
     int W = s->st.nworkers, n = 0;
     const float *src_of[W > 0 ? W : 1];
     for (int r = 0; r < W; r++)
         if (p->have[r]) src_of[n++] = psd_store_slot(p, r);
+    uint64_t from = p->version;
+    int from_skipped = p->skipped_ver && p->skipped_ver == p->version;
+    float *prev = prev_buffer(p);
     if (p->overflow) {
         /* info, not debug: rare, and the one trace of a skipped step here */
         ps_info("partition %u iteration %llu: loss-scale overflow flagged, update skipped",
                 p->id, (unsigned long long)p->version);
         s->mx.skipped++;
-    } else if (n > 0 && fused_apply(s, p, src_of, n, (float)n)) {
-        /* done in one pass */
+        psd_skips_add(&s->st, p->version);
+        if (prev) memcpy(prev, p->w, p->numel * sizeof(float));
+    } else if (n > 0 && fused_apply(s, p, src_of, n, (float)n, prev)) {
+        /* done in one pass, the previous weights copied in it */
     } else if (n > 0) {
+        if (prev) memcpy(prev, p->w, p->numel * sizeof(float));
         double t0 = psd_now_s();
         /* One contributor: its gradient is the mean (x / 1 is exact), so
          * the optimizer reads it where it lies, with no summation pass. */
@@ -505,11 +542,12 @@ void psd_store_apply_sync(psd_t *s, psd_part_t *p)
     p->overflow = 0;
     bump_version(s, p);
     p->skipped_ver = skipped ? p->version : 0;
+    if (prev) p->prev_version = from, p->prev_skipped = from_skipped;
 }
 
 void psd_store_apply_async(psd_t *s, psd_part_t *p, const float *grad)
 {
-    if (fused_apply(s, p, &grad, 1, (float)s->st.nworkers)) {
+    if (fused_apply(s, p, &grad, 1, (float)s->st.nworkers, NULL)) {
         bump_version(s, p);
         return;
     }
@@ -521,6 +559,33 @@ void psd_store_apply_async(psd_t *s, psd_part_t *p, const float *grad)
     s->mx.agg_count++;
     apply_grad(s, p, g);
     bump_version(s, p);
+}
+
+/* w (numel floats, version v) encoded into a new buffer with one reference. */
+static psd_buf_t *encode_new(psd_t *s, const float *w, size_t numel, uint64_t v, int dtype,
+                             int codec, int *err)
+{
+    size_t cap = ps_codec_bound(dtype, codec, numel);
+    size_t need = ps_codec_scratch_size(dtype, codec, numel);
+    if (!cap || psd_store_scratch(&s->st, need ? need : 1)) {
+        *err = cap ? PS_ENOMEM : PS_EUNSUPPORTED;
+        return NULL;
+    }
+    psd_buf_t *b = malloc(sizeof *b + cap);
+    if (!b) {
+        *err = PS_ENOMEM;
+        return NULL;
+    }
+    int rc = ps_codec_encode(b->data, cap, &b->len, w, numel, dtype, codec, s->st.scratch);
+    if (rc) {
+        free(b);
+        *err = rc;
+        return NULL;
+    }
+    b->version = v;
+    b->crc = ps_crc32c(0, b->data, b->len);
+    atomic_init(&b->refs, 1);
+    return b;
 }
 
 psd_buf_t *psd_store_encoded(psd_t *s, psd_part_t *p, int dtype, int codec, int *err)
@@ -549,27 +614,22 @@ psd_buf_t *psd_store_encoded(psd_t *s, psd_part_t *p, int dtype, int codec, int 
         p->cache[dtype][codec] = b;
         return b;
     }
-    size_t cap = ps_codec_bound(dtype, codec, p->numel);
-    size_t need = ps_codec_scratch_size(dtype, codec, p->numel);
-    if (!cap || psd_store_scratch(&s->st, need ? need : 1)) {
-        *err = cap ? PS_ENOMEM : PS_EUNSUPPORTED;
-        return NULL;
-    }
-    b = malloc(sizeof *b + cap);
-    if (!b) {
-        *err = PS_ENOMEM;
-        return NULL;
-    }
-    int rc = ps_codec_encode(b->data, cap, &b->len, p->w, p->numel, dtype, codec, s->st.scratch);
-    if (rc) {
-        free(b);
-        *err = rc;
-        return NULL;
-    }
-    b->version = p->version;
-    b->crc = ps_crc32c(0, b->data, b->len);
-    atomic_init(&b->refs, 2); /* the cache's and the caller's */
+    if (!(b = encode_new(s, p->w, p->numel, p->version, dtype, codec, err))) return NULL;
+    atomic_fetch_add(&b->refs, 1); /* the cache's and the caller's */
     psd_buf_unref(p->cache[dtype][codec]);
     p->cache[dtype][codec] = b;
     return b;
+}
+
+psd_buf_t *psd_store_encoded_prev(psd_t *s, psd_part_t *p, int dtype, int codec, int *err)
+{
+    if (dtype < 0 || dtype >= PSD_NDTYPE || codec < 0 || codec >= PSD_NCODEC) {
+        *err = PS_EINVAL;
+        return NULL;
+    }
+    if (!p->prev || p->prev_version == UINT64_MAX) {
+        *err = PS_ESTATE;
+        return NULL;
+    }
+    return encode_new(s, p->prev, p->numel, p->prev_version, dtype, codec, err);
 }

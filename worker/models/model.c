@@ -72,6 +72,7 @@ int ps_model_fc_replaced(const ps_model_t *m) { return m->fc_replaced; }
 int ps_model_inflated(const ps_model_t *m) { return m->inflated; }
 const char *ps_model_arch(const ps_model_t *m) { return m->arch_name; }
 void ps_model_set_seed(ps_model_t *m, uint64_t seed) { m->seed = seed; m->step = 0; }
+void ps_model_set_step(ps_model_t *m, uint64_t step) { m->step = step; }
 
 const ps_model_param_t *ps_model_params(const ps_model_t *m, int *n)
 {

@@ -234,6 +234,11 @@ int ps_model_count(const ps_model_config_t *cfg, int H, int W, ps_model_count_t 
  * its mask with seed ^ (0x9E3779B97F4A7C15 * (k + 1)) through the backend's
  * dropout (keep where ps_rng_uniform(that, i) >= p). */
 void ps_model_set_seed(ps_model_t *m, uint64_t seed);
+/* Set the forward counter: psworker sets it to the training step before
+ * each step's forward, so the masks are a function of the step (the same
+ * in a run restarted or rolled back to that step, whatever validation
+ * forwards came before). */
+void ps_model_set_step(ps_model_t *m, uint64_t step);
 
 /* ---- safetensors (model_io.c) ------------------------------------------- */
 

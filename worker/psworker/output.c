@@ -158,6 +158,7 @@ double ps_worker_per_s(const ps_worker_t *p)
 
 void ps_worker_print_out(const ps_worker_t *p)
 {
+    if (p->rank_steps[0]) printf(" rank_steps=%s", p->rank_steps);
     if (p->o->out && *p->o->out)
         printf(" out=%s%s", p->o->out, p->rank == 0 ? " model=model.safetensors" : "");
 }
