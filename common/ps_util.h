@@ -23,7 +23,6 @@ int ps_fail_at(const char *file, int line, int code, char *err, size_t errlen,
  * bytes counts as failure: errno EIO). */
 int ps_write_all(int fd, const void *buf, size_t n);
 
-
 /* torch's nearest-neighbour source index (UpSample.h nearest_idx, output
  * size given): dst * ((float)in / out) rounded down in float, at most
  * in - 1 (the FPN's upsampling, torchvision's resize of target masks). */
