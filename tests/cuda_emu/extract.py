@@ -1,5 +1,5 @@
-"""Extract the CUDA backend's kernels (every __global__ / __device__ function
-and the launch-size macros) from worker/engine/cuda/*.cu as plain text, for
+"""Extract the CUDA backend's kernels (every __global__ / __device__ function,
+the plain structs they pass around and the launch-size macros) from worker/engine/cuda/*.cu as plain text, for
 tests/cuda_emu/emu.cpp, which runs them on the CPU.  Usage:
     extract.py CUDA_DIR > kernels.inc
 Only the kernels are taken (never the launchers with <<<>>>), so the test
@@ -9,8 +9,10 @@ import re
 import sys
 
 FILES = ["half.cuh", "batchnorm.cu", "conv2d.cu", "det_layers.cu", "layers.cu", "linear.cu",
-         "loss_scale.cu", "mixed.cu", "pool.cu"]
-MACROS = ("GRID_STRIDE", "BN_THREADS", "BNC_CH", "XENT_THREADS", "DET_THREADS", "DET_STRIDE")
+         "loss_scale.cu", "mixed.cu", "pool.cu", "roi_align.cu"]
+MACROS = ("GRID_STRIDE", "BN_THREADS", "BNC_CH", "XENT_THREADS", "DET_THREADS", "DET_STRIDE",
+          "ROI_THREADS", "ROI_STRIDE")
+STRUCTS = ("roi_geom",)
 
 
 def functions(src):
@@ -35,6 +37,12 @@ def functions(src):
                     break
 
 
+def structs(src):
+    for m in re.finditer(r"^struct (\w+) \{$", src, re.M):
+        if m.group(1) in STRUCTS:
+            yield src[m.start():src.index("\n};", m.start()) + 3]
+
+
 def macros(src):
     lines = src.split("\n")
     i = 0
@@ -55,6 +63,7 @@ def main():
         src = open(os.path.join(d, f)).read()
         out.append("// ---- " + f)
         out.extend(macros(src))
+        out.extend(structs(src))
         out.extend(functions(src))
     print("\n\n".join(out))
 

@@ -529,6 +529,8 @@ const ps_backend_t ps_backend_cpu_round = {
     .smoothl1_backward = ps_cpu_smoothl1_backward,
     .head_permute_forward = ps_cpu_head_permute_forward,
     .head_permute_backward = ps_cpu_head_permute_backward,
+    .roi_align_forward = ps_cpu_roi_align_forward,
+    .roi_align_backward = ps_cpu_roi_align_backward,
     /* NULL as on CUDA (cuda/backend_cuda_table.c): the model takes the unfused path */
     .bn_relu_forward_eval = NULL,
     .bn_relu_backward_eval = NULL,

@@ -57,6 +57,8 @@ const ps_backend_t ps_backend_cuda = {
     .smoothl1_backward = ps_cu_smoothl1_backward,
     .head_permute_forward = ps_cu_head_permute_forward,
     .head_permute_backward = ps_cu_head_permute_backward,
+    .roi_align_forward = ps_cu_roi_align_forward,
+    .roi_align_backward = ps_cu_roi_align_backward,
     /* optional fused entries, not on CUDA yet: callers take the unfused path */
     .bn_relu_forward_eval = NULL,
     .bn_relu_backward_eval = NULL,

@@ -150,4 +150,12 @@ void ps_cpu_head_permute_forward(ps_ctx_t *ctx, float *out, const float *inp, in
 void ps_cpu_head_permute_backward(ps_ctx_t *ctx, float *dinp, const float *dout, int nA,
                                   int D, int H, int W);
 
+/* roi_align.c (two-stage detectors) */
+void ps_cpu_roi_align_forward(ps_ctx_t *ctx, float *out, const float *feat, const float *rois,
+                              int R, int N, int C, int H, int W, int PH, int PW,
+                              float spatial_scale, int sampling_ratio, int aligned);
+void ps_cpu_roi_align_backward(ps_ctx_t *ctx, float *dfeat, const float *dout,
+                               const float *rois, int R, int N, int C, int H, int W, int PH,
+                               int PW, float spatial_scale, int sampling_ratio, int aligned);
+
 #endif
