@@ -153,9 +153,11 @@ int ps_det_data_opts_check(const ps_det_data_opts_t *o, char *err, size_t errlen
         return ps_errf(err, errlen, "IoU thresholds %g / %g: need 0 < bg <= fg <= 1",
                        (double)o->bg_iou, (double)o->fg_iou), PS_EINVAL;
     if (o->world < 1 || o->rank < 0 || o->rank >= o->world || o->batch < 1 || o->threads < 0 ||
-        o->threads > 64 || o->prefetch < 1 || o->prefetch > 64)
-        return ps_errf(err, errlen, "rank %d / world %d, batch %d, threads %d, prefetch %d out "
-                       "of range", o->rank, o->world, o->batch, o->threads, o->prefetch), PS_EINVAL;
+        o->threads > 64 || o->prefetch < 1 || o->prefetch > 64 || o->max_gt < 0 ||
+        o->max_gt > 100000)
+        return ps_errf(err, errlen, "rank %d / world %d, batch %d, threads %d, prefetch %d, "
+                       "max_gt %d out of range", o->rank, o->world, o->batch, o->threads,
+                       o->prefetch, o->max_gt), PS_EINVAL;
     return 0;
 }
 
@@ -289,6 +291,24 @@ static int anchor_targets(const ps_det_dataset_t *ds, const ps_det_data_opts_t *
     free(gt), free(cls), free(matched), free(scratch);
     if (rc < 0) ps_errf(err, errlen, "%s: anchor assignment failed (%s)", path, ps_strerror(rc));
     return rc;
+}
+
+int ps_det_sample_gt(const ps_det_dataset_t *ds, size_t index, const ps_det_geom_t *g,
+                     float *gt, int32_t *cls, int max, int *n, char *err, size_t errlen)
+{
+    if (index >= ds->n) return ps_errf(err, errlen, "sample %zu out of range", index), PS_EINVAL;
+    int ii = ds->index[index], boxes = 0;
+    for (int j = 0; j < ds->ann_count[ii]; j++) {
+        const ps_coco_ann_t *an = &ds->coco.anns[ds->ann_list[ds->ann_start[ii] + j]];
+        boxes += !an->iscrowd && an->bbox[2] > 0 && an->bbox[3] > 0;
+    }
+    if (boxes > max)
+        return ps_errf(err, errlen, "image %lld (%s) has %d boxes, more than the %d a batch "
+                       "holds", (long long)ds->coco.images[ii].id, ds->coco.images[ii].file_name,
+                       boxes, max), PS_EINVAL;
+    /* the scales of ps_det_load_sample: resized over original size */
+    return gt_boxes(ds, ii, g->scale, (float)g->h / (float)g->orig_h, g->w, g->flip, gt, cls, n,
+                    err, errlen);
 }
 
 int ps_det_load_sample(const ps_det_dataset_t *ds, const ps_det_data_opts_t *o,

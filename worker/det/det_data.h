@@ -77,6 +77,9 @@ typedef struct ps_det_data_opts {
     int threads;       /* loader threads (0: decode in ps_det_loader_next) */
     int prefetch;      /* batches decoded ahead (>= 1) */
     int skip_bad;      /* a bad image is replaced by the next one (counted) */
+    int max_gt;        /* > 0: batches carry each image's training boxes, at most
+                          this many (the two-stage detectors sample RoIs against
+                          them); an image with more is an error of its batch */
 } ps_det_data_opts_t;
 
 void ps_det_data_opts_default(ps_det_data_opts_t *o);
@@ -100,6 +103,12 @@ int ps_det_load_sample(const ps_det_dataset_t *ds, const ps_det_data_opts_t *o,
                        const float *anchors, int A, uint64_t epoch, size_t index, float *img,
                        int32_t *labels, float *box_targets, ps_det_geom_t *geom, int *npos,
                        char *err, size_t errlen);
+/* Sample index's training boxes (not crowd, not empty) where its image went
+ * (geom from ps_det_load_sample: resized, flipped): gt (max, 4) in network
+ * pixels, cls (max) classes 0..K-1, *n of them.  More than max: PS_EINVAL
+ * (err names the image). */
+int ps_det_sample_gt(const ps_det_dataset_t *ds, size_t index, const ps_det_geom_t *geom,
+                     float *gt, int32_t *cls, int max, int *n, char *err, size_t errlen);
 
 /* ---- loader: threads with a bounded prefetch queue (video_loader.c's
  * scheme: batch b goes to slot b % prefetch, claimed only while b <
@@ -113,6 +122,10 @@ typedef struct ps_det_batch {
     int64_t *idx;        /* (batch) dataset index of each sample */
     ps_det_geom_t *geom; /* (batch) */
     int npos;            /* positive anchors in the batch */
+    /* with max_gt > 0 (else NULL): each image's training boxes */
+    float *gt_boxes;     /* (batch, max_gt, 4) network pixels */
+    int32_t *gt_classes; /* (batch, max_gt) 0..K-1 */
+    int32_t *ngt;        /* (batch) boxes of each image */
 } ps_det_batch_t;
 
 /* anchors (A x 4) must outlive the loader. */

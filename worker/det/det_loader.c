@@ -53,6 +53,10 @@ static int fill(void *payload, size_t bi, void *user, size_t *skipped, char *err
             rc = ps_det_load_sample(ld->ds, &ld->o, ld->anchors, ld->A, ld->epoch, idx,
                                     b->img + j * S2, lab, bt, &b->geom[j], &np, err, errlen);
         }
+        if (rc >= 0 && ld->o.max_gt > 0)
+            rc = ps_det_sample_gt(ld->ds, idx, &b->geom[j], b->gt_boxes + j * ld->o.max_gt * 4,
+                                  b->gt_classes + j * ld->o.max_gt, ld->o.max_gt, &b->ngt[j],
+                                  err, errlen);
         if (rc < 0) return rc;
         b->idx[j] = (int64_t)idx;
         b->npos += np;
@@ -85,7 +89,14 @@ int ps_det_batch_alloc(const ps_det_loader_t *ld, ps_det_batch_t *b)
         b->labels = malloc(sizeof(int32_t) * B * A);
         b->box_targets = malloc(sizeof(float) * B * A * 4);
     }
-    if (!b->img || !b->idx || !b->geom || (ld->o.train && (!b->labels || !b->box_targets))) {
+    size_t G = ld->o.max_gt > 0 ? (size_t)ld->o.max_gt : 0;
+    if (G) {
+        b->gt_boxes = malloc(sizeof(float) * B * G * 4);
+        b->gt_classes = malloc(sizeof(int32_t) * B * G);
+        b->ngt = calloc(B, sizeof(int32_t));
+    }
+    if (!b->img || !b->idx || !b->geom || (ld->o.train && (!b->labels || !b->box_targets)) ||
+        (G && (!b->gt_boxes || !b->gt_classes || !b->ngt))) {
         ps_det_batch_free(b);
         return PS_ENOMEM;
     }
@@ -95,6 +106,7 @@ int ps_det_batch_alloc(const ps_det_loader_t *ld, ps_det_batch_t *b)
 void ps_det_batch_free(ps_det_batch_t *b)
 {
     free(b->img), free(b->labels), free(b->box_targets), free(b->idx), free(b->geom);
+    free(b->gt_boxes), free(b->gt_classes), free(b->ngt);
     memset(b, 0, sizeof *b);
 }
 
@@ -161,6 +173,12 @@ static void copy_batch(const ps_det_loader_t *ld, ps_det_batch_t *dst, const ps_
     memcpy(dst->idx, src->idx, sizeof(int64_t) * (size_t)n);
     memcpy(dst->geom, src->geom, sizeof(ps_det_geom_t) * (size_t)n);
     dst->npos = src->npos;
+    if (dst->ngt && src->ngt) {
+        size_t G = (size_t)ld->o.max_gt;
+        memcpy(dst->gt_boxes, src->gt_boxes, sizeof(float) * 4 * G * (size_t)n);
+        memcpy(dst->gt_classes, src->gt_classes, sizeof(int32_t) * G * (size_t)n);
+        memcpy(dst->ngt, src->ngt, sizeof(int32_t) * (size_t)n);
+    }
 }
 
 int ps_det_loader_next(ps_det_loader_t *ld, ps_det_batch_t *b, double *wait_s)

@@ -1,7 +1,7 @@
 /* The parameter and buffer tables every model keeps (ps_model_t, ps_retina_t):
  * growing them, looking names up, zeroing gradients, the trainable specs for
  * the PS, and writing / reading them as safetensors with torchvision names.
- * One copy here, so that the classifier and the detector cannot drift
+ * One copy here, so that the classifier and the detectors cannot drift
  * apart in how a checkpoint is laid out. */
 #include "resnet_internal.h"
 
@@ -127,4 +127,112 @@ int ps_mtab_read_buffers(const ps_st_file_t *f, ps_model_buffer_t *buffers, int 
         }
     }
     return 0;
+}
+
+int ps_mtab_frozen(const char *name, int freeze_at)
+{
+    if (freeze_at >= 1 && (!strncmp(name, "conv1.", 6) || !strncmp(name, "bn1.", 4))) return 1;
+    for (int s = 1; s < freeze_at && s <= 4; s++) {
+        char pre[16];
+        snprintf(pre, sizeof pre, "layer%d.", s);
+        if (!strncmp(name, pre, strlen(pre))) return 1;
+    }
+    return 0;
+}
+
+int ps_mtab_add_backbone(ps_model_param_t **params, int *np, int *cap,
+                         ps_model_buffer_t **buffers, int *nb, const ps_model_t *body,
+                         const char *prefix, int freeze_at)
+{
+    char name[192];
+    int nbp, nbb, r;
+    const ps_model_param_t *bp = ps_model_params(body, &nbp);
+    const ps_model_buffer_t *bb = ps_model_buffers(body, &nbb);
+    for (int i = 0; i < nbp; i++) {
+        snprintf(name, sizeof name, "%s%s", prefix, bp[i].name);
+        int trainable = bp[i].trainable && !ps_mtab_frozen(bp[i].name, freeze_at);
+        if ((r = ps_mtab_add_param(params, np, cap, name, bp[i].ndim, bp[i].shape, bp[i].group,
+                                   trainable)) < 0)
+            return r;
+        (*params)[r].w = bp[i].w;
+        (*params)[r].g = bp[i].g;
+    }
+    *buffers = calloc(nbb ? nbb : 1, sizeof **buffers);
+    if (!*buffers) return PS_ENOMEM;
+    for (int i = 0; i < nbb; i++) {
+        (*buffers)[i] = bb[i];
+        snprintf(name, sizeof name, "%s%s", prefix, bb[i].name);
+        if (!((*buffers)[i].name = strdup(name))) return PS_ENOMEM;
+        (*nb)++;
+    }
+    return 0;
+}
+
+static int is_float(ps_st_dtype_t t)
+{
+    return t == PS_ST_F32 || t == PS_ST_F16 || t == PS_ST_BF16 || t == PS_ST_F64;
+}
+
+static int check_tensor(const ps_st_file_t *f, const char *what, const char *path,
+                        const char *name, int ndim, const int *shape)
+{
+    const ps_st_tensor_t *t = ps_st_find(f, name);
+    if (!t) {
+        ps_error("%s load %s: tensor %s missing", what, path, name);
+        return PS_ENOTFOUND;
+    }
+    int okshape = is_float(t->dtype) && t->ndim == ndim;
+    for (int d = 0; okshape && d < ndim; d++) okshape = t->shape[d] == shape[d];
+    if (!okshape) {
+        ps_error("%s load %s: tensor %s is %s with %d dims (first %lld), the model needs float "
+                 "with %d dims (first %d)", what, path, name, ps_st_dtype_name(t->dtype),
+                 t->ndim, t->ndim ? (long long)t->shape[0] : 0LL, ndim, ndim ? shape[0] : 0);
+        return PS_EMISMATCH;
+    }
+    return 0;
+}
+
+int ps_mtab_load(ps_model_param_t *params, int np, ps_model_buffer_t *buffers, int nb,
+                 const char *what, const char *path)
+{
+    ps_st_file_t f;
+    char err[256] = "";
+    int r = ps_st_open(&f, path, err, sizeof err);
+    if (r) {
+        ps_error("%s load %s: %s", what, path, err);
+        return r;
+    }
+    /* pass 1: validate everything before a weight moves */
+    for (int i = 0; i < np && !r; i++)
+        r = check_tensor(&f, what, path, params[i].name, params[i].ndim, params[i].shape);
+    for (int i = 0; i < nb && !r; i++) {
+        const ps_model_buffer_t *b = &buffers[i];
+        if (b->i64) {
+            const ps_st_tensor_t *t = ps_st_find(&f, b->name);
+            if (t && (t->dtype != PS_ST_I64 || t->nbytes != 8)) {
+                ps_error("%s load %s: %s must be one int64", what, path, b->name);
+                r = PS_EMISMATCH;
+            }
+            continue;
+        }
+        int n = (int)b->numel;
+        r = check_tensor(&f, what, path, b->name, 1, &n);
+    }
+    for (size_t k = 0; k < f.ntensors && !r; k++) {
+        const char *name = f.tensors[k].name;
+        int known = ps_mtab_find(params, np, name) >= 0;
+        for (int i = 0; i < nb && !known; i++) known = !strcmp(buffers[i].name, name);
+        if (!known) {
+            ps_error("%s load %s: unexpected tensor %s", what, path, name);
+            r = PS_EMISMATCH;
+        }
+    }
+    /* pass 2 */
+    for (int i = 0; i < np && !r; i++)
+        if ((r = ps_st_read_f32(&f, params[i].name, params[i].w, params[i].numel, err,
+                                sizeof err)))
+            ps_error("%s load %s: %s", what, path, err);
+    if (!r) r = ps_mtab_read_buffers(&f, buffers, nb, what, path);
+    ps_st_close(&f);
+    return r;
 }

@@ -5,7 +5,6 @@
 
 #include "ps_error.h"
 #include "ps_log.h"
-#include "ps_safetensors.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -28,65 +27,18 @@ void ps_retina_config_default(ps_retina_config_t *c)
     c->prior = 0.01f;
 }
 
-static int add_param(ps_retina_t *m, const char *name, int ndim, const int *shape, int group,
-                     int trainable)
-{
-    return ps_mtab_add_param(&m->params, &m->nparams, &m->cap_params, name, ndim, shape, group,
-                             trainable);
-}
-
 static int def_conv(ps_retina_t *m, rconv_t *c, const char *name, int C, int K, int R, int stride)
 {
-    memset(c, 0, sizeof *c);
-    c->d = (ps_conv2d_desc_t){.C = C, .K = K, .R = R, .S = R, .stride_h = stride,
-                              .stride_w = stride, .pad_h = R / 2, .pad_w = R / 2, .dil_h = 1,
-                              .dil_w = 1, .groups = 1};
-    int shape[4] = {K, C, R, R};
-    char full[128];
-    snprintf(full, sizeof full, "%s.weight", name);
-    if ((c->pw = add_param(m, full, 4, shape, PS_MODEL_GROUP_WEIGHT, 1)) < 0) return c->pw;
-    snprintf(full, sizeof full, "%s.bias", name);
-    if ((c->pb = add_param(m, full, 1, &K, PS_MODEL_GROUP_BIAS, 1)) < 0) return c->pb;
-    return 0;
-}
-
-/* torchvision trainable_layers: freeze_at 1 freezes the stem, k >= 2 also
- * layer1..layer(k-1). */
-static int frozen_name(const char *name, int freeze_at)
-{
-    if (freeze_at >= 1 && (!strncmp(name, "conv1.", 6) || !strncmp(name, "bn1.", 4))) return 1;
-    for (int s = 1; s < freeze_at && s <= 4; s++) {
-        char pre[16];
-        snprintf(pre, sizeof pre, "layer%d.", s);
-        if (!strncmp(name, pre, strlen(pre))) return 1;
-    }
-    return 0;
+    return ps_rconv_define(c, &m->params, &m->nparams, &m->cap_params, name, C, K, R, stride);
 }
 
 int ps_retina_define(ps_retina_t *m)
 {
-    static const char pre[] = "backbone.body.";
     char name[160];
-    int nb, nbuf, r;
-    const ps_model_param_t *bp = ps_model_params(m->body, &nb);
-    const ps_model_buffer_t *bb = ps_model_buffers(m->body, &nbuf);
-    for (int i = 0; i < nb; i++) {
-        snprintf(name, sizeof name, "%s%s", pre, bp[i].name);
-        int trainable = bp[i].trainable && !frozen_name(bp[i].name, m->cfg.freeze_at);
-        if ((r = add_param(m, name, bp[i].ndim, bp[i].shape, bp[i].group, trainable)) < 0)
-            return r;
-        m->params[r].w = bp[i].w;
-        m->params[r].g = bp[i].g;
-    }
-    m->nbody = nb;
-    m->buffers = calloc(nbuf ? nbuf : 1, sizeof *m->buffers);
-    if (!m->buffers) return PS_ENOMEM;
-    for (int i = 0; i < nbuf; i++) {
-        m->buffers[i] = bb[i];
-        snprintf(name, sizeof name, "%s%s", pre, bb[i].name);
-        if (!(m->buffers[i].name = strdup(name))) return PS_ENOMEM;
-        m->nbuffers++;
-    }
+    int r = ps_mtab_add_backbone(&m->params, &m->nparams, &m->cap_params, &m->buffers,
+                                 &m->nbuffers, m->body, "backbone.body.", m->cfg.freeze_at);
+    if (r) return r;
+    m->nbody = m->nparams;
 
     int F = m->cfg.fpn_channels, K = m->cfg.num_classes, nA = PS_RETINA_ANCHORS;
     for (int i = 0; i < 3; i++) {
@@ -151,14 +103,10 @@ void ps_retina_zero_grad(ps_retina_t *m) { ps_mtab_zero_grad(m->params, m->npara
 static void init_conv(ps_retina_t *m, const rconv_t *c, uint64_t seed, double bound, int random,
                       float bias0)
 {
-    ps_model_param_t *w = &m->params[c->pw], *b = &m->params[c->pb];
-    ps_model_hash_fill(w->w, w->numel, w->name, seed, bound);
-    if (random) ps_model_hash_fill(b->w, b->numel, b->name, seed, 0.1);
-    else memset(b->w, 0, b->numel * sizeof(float));
-    for (size_t i = 0; i < b->numel; i++) b->w[i] += bias0;
+    ps_rconv_init(c, m->params, seed, bound, random, bias0);
 }
 
-static double fan_in(const rconv_t *c) { return (double)c->d.C * c->d.R * c->d.S; }
+static double fan_in(const rconv_t *c) { return ps_rconv_fan_in(c); }
 
 void ps_retina_init(ps_retina_t *m, uint64_t seed, int random)
 {
@@ -187,72 +135,10 @@ int ps_retina_save(const ps_retina_t *m, const char *path)
     return ps_mtab_save(m->params, m->nparams, m->buffers, m->nbuffers, arch, "retinanet", path);
 }
 
-static int is_float(ps_st_dtype_t t)
-{
-    return t == PS_ST_F32 || t == PS_ST_F16 || t == PS_ST_BF16 || t == PS_ST_F64;
-}
-
-static int check_tensor(const ps_st_file_t *f, const char *path, const char *name, int ndim,
-                        const int *shape)
-{
-    const ps_st_tensor_t *t = ps_st_find(f, name);
-    if (!t) {
-        ps_error("retinanet load %s: tensor %s missing", path, name);
-        return PS_ENOTFOUND;
-    }
-    int okshape = is_float(t->dtype) && t->ndim == ndim;
-    for (int d = 0; okshape && d < ndim; d++) okshape = t->shape[d] == shape[d];
-    if (!okshape) {
-        ps_error("retinanet load %s: tensor %s is %s with %d dims (first %lld), the model "
-                 "needs float with %d dims (first %d)", path, name, ps_st_dtype_name(t->dtype),
-                 t->ndim, t->ndim ? (long long)t->shape[0] : 0LL, ndim, ndim ? shape[0] : 0);
-        return PS_EMISMATCH;
-    }
-    return 0;
-}
-
 int ps_retina_load(ps_retina_t *m, const char *path)
 {
-    ps_st_file_t f;
-    char err[256] = "";
-    int r = ps_st_open(&f, path, err, sizeof err);
-    if (r) {
-        ps_error("retinanet load %s: %s", path, err);
-        return r;
-    }
-    /* pass 1: validate everything before a weight moves */
-    for (int i = 0; i < m->nparams && !r; i++)
-        r = check_tensor(&f, path, m->params[i].name, m->params[i].ndim, m->params[i].shape);
-    for (int i = 0; i < m->nbuffers && !r; i++) {
-        const ps_model_buffer_t *b = &m->buffers[i];
-        if (b->i64) {
-            const ps_st_tensor_t *t = ps_st_find(&f, b->name);
-            if (t && (t->dtype != PS_ST_I64 || t->nbytes != 8)) {
-                ps_error("retinanet load %s: %s must be one int64", path, b->name);
-                r = PS_EMISMATCH;
-            }
-            continue;
-        }
-        int n = (int)b->numel;
-        r = check_tensor(&f, path, b->name, 1, &n);
-    }
-    for (size_t k = 0; k < f.ntensors && !r; k++) {
-        const char *name = f.tensors[k].name;
-        int known = ps_retina_find_param(m, name) >= 0;
-        for (int i = 0; i < m->nbuffers && !known; i++) known = !strcmp(m->buffers[i].name, name);
-        if (!known) {
-            ps_error("retinanet load %s: unexpected tensor %s", path, name);
-            r = PS_EMISMATCH;
-        }
-    }
-    /* pass 2 */
-    for (int i = 0; i < m->nparams && !r; i++)
-        if ((r = ps_st_read_f32(&f, m->params[i].name, m->params[i].w, m->params[i].numel, err,
-                                sizeof err)))
-            ps_error("retinanet load %s: %s", path, err);
-    if (!r) r = ps_mtab_read_buffers(&f, m->buffers, m->nbuffers, "retinanet", path);
+    int r = ps_mtab_load(m->params, m->nparams, m->buffers, m->nbuffers, "retinanet", path);
     if (!r) ps_retina_zero_grad(m);
-    ps_st_close(&f);
     return r;
 }
 
