@@ -4,7 +4,8 @@
  * debug-state approach of tests/test_retinanet.c: the same hash weights,
  * images and ground truth on both sides; sampling made deterministic by
  * the hash sampler both sides implement (det_rcnn.h); the box head on the
- * golden's pinned proposals (the float64 RPN's, rounded to float).
+ * golden's pinned proposals (the float64 RPN's, rounded to float, the last
+ * four replaced by boxes past the image that map to P3..P5).
  * Compared: the four losses, samples of the RPN outputs, the sampled RoIs
  * and their labels, samples of the box head outputs, every parameter
  * gradient (norm + a deterministic sample, tolerances as test_resnet /
@@ -33,6 +34,7 @@
 #define SEED 1234
 #define LINE_MAX_ 1000000
 #define MAXB 512 /* boxes per image in a golden list */
+
 
 typedef struct variant {
     const char *name;
@@ -123,7 +125,7 @@ static void rpn_targets(ps_rcnn_t *m, const boxes_t *gt, int n, int K, int32_t *
 }
 
 typedef struct golden {
-    boxes_t gt, ptr, pev, roi, det;
+    boxes_t gt, ptr, pev, rtr, rev, roi, det;
     float det_score[2][MAXB];
     int32_t roi_labels[2 * MAXB];
     int nroi_labels;
@@ -148,6 +150,8 @@ static int read_golden(golden_t *g, const char *path)
         if (!strcmp(tag, "gt")) add_box(&g->gt, line);
         else if (!strcmp(tag, "prop_train")) add_box(&g->ptr, line);
         else if (!strcmp(tag, "prop_eval")) add_box(&g->pev, line);
+        else if (!strcmp(tag, "rpn_train")) add_box(&g->rtr, line);
+        else if (!strcmp(tag, "rpn_eval")) add_box(&g->rev, line);
         else if (!strcmp(tag, "roi")) add_box(&g->roi, line);
         else if (!strcmp(tag, "det")) {
             int i, c;
@@ -338,7 +342,7 @@ static void check_variant(ps_ctx_t *ctx, const variant_t *v)
     for (int i = 0; i < v->n; i++) {
         int k;
         const float *p = ps_rcnn_proposals(m, i, &k);
-        same_box_set(v->name, "training proposals", i, p, k, g.ptr.b[i], g.ptr.n[i], 0.01);
+        same_box_set(v->name, "training proposals", i, p, k, g.rtr.b[i], g.rtr.n[i], 0.01);
     }
 
     /* inference: pinned test proposals, then the RPN's own */
@@ -353,13 +357,224 @@ static void check_variant(ps_ctx_t *ctx, const variant_t *v)
     for (int i = 0; i < v->n; i++) {
         int k;
         const float *p = ps_rcnn_proposals(m, i, &k);
-        same_box_set(v->name, "test proposals", i, p, k, g.pev.b[i], g.pev.n[i], 0.01);
+        same_box_set(v->name, "test proposals", i, p, k, g.rev.b[i], g.rev.n[i], 0.01);
     }
     ps_log_level = -1;
     is_int(ps_rcnn_backward(m), PS_ESTATE, "%s: backward after inference refused", v->name);
     ps_log_level = PS_LOG_WARN;
     free(x), free(tgt), free(lab);
     free_golden(&g);
+    ps_rcnn_destroy(&m);
+}
+
+/* The FPN level of a RoI against torchvision's LevelMapper, boundaries
+ * included (gen_fasterrcnn.py's fasterrcnn_levels.txt). */
+static void check_levels(void)
+{
+    char path[1024], line[512];
+    snprintf(path, sizeof path, "%s/tests/golden/fasterrcnn_levels.txt", srcdir());
+    FILE *f = fopen(path, "r");
+    if (!ok(f != NULL, "open %s", path)) return;
+    int n = 0, bad = 0;
+    while (fgets(line, sizeof line, f)) {
+        float b[4];
+        int want;
+        if (sscanf(line, "level %f %f %f %f %d", &b[0], &b[1], &b[2], &b[3], &want) != 5) continue;
+        int got = ps_det_roi_level(b, 2, 5, 4, 224.f, 1e-6f);
+        n++;
+        if (got != want) {
+            bad++;
+            diag("box %g %g %g %g: level %d, torchvision %d", b[0], b[1], b[2], b[3], got, want);
+        }
+    }
+    fclose(f);
+    ok(n >= 20 && bad == 0, "level mapper: %d boxes (boundaries 112 / 224 / 448 and their float "
+       "neighbours, tiny, huge, empty) on torchvision's levels", n);
+}
+
+/* Tables: torchvision's element count and names, frozen flags, groups. */
+static void check_tables(ps_ctx_t *ctx)
+{
+    variant_t v = {"tables", 50, 64, 256, 90, 1, 64, 2, 1024, 256, 512, 2000, 2000, 1000, 1000,
+                   0, 1.0};
+    ps_rcnn_t *m = make(ctx, &v);
+    if (!m) return;
+    int np, nb;
+    const ps_model_param_t *P = ps_rcnn_params(m, &np);
+    ps_rcnn_buffers(m, &nb);
+    size_t total = 0;
+    for (int i = 0; i < np; i++) total += P[i].numel;
+    /* torchvision fasterrcnn_resnet50_fpn(weights=None, num_classes=91):
+     * sum(p.numel() for p in model.parameters()) = 41,808,406 */
+    is_int(total, 41808406, "R50-FPN 91 classes: torchvision's element count");
+    is_int(nb, 53 * 3, "R50 backbone: 53 BNs x 3 buffers");
+    ok(!strcmp(P[0].name, "backbone.body.conv1.weight") &&
+       !strcmp(P[np - 1].name, "roi_heads.box_predictor.bbox_pred.bias"),
+       "order: backbone.body.conv1.weight ... roi_heads.box_predictor.bbox_pred.bias");
+    static const char *names[] = {
+        "backbone.fpn.inner_blocks.0.0.weight", "backbone.fpn.layer_blocks.3.0.bias",
+        "rpn.head.conv.0.0.weight", "rpn.head.cls_logits.bias", "rpn.head.bbox_pred.weight",
+        "roi_heads.box_head.fc6.weight", "roi_heads.box_head.fc7.bias",
+        "roi_heads.box_predictor.cls_score.weight"};
+    int found = 0;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        found += ps_rcnn_find_param(m, names[i]) >= 0;
+    is_int(found, 8, "torchvision names present");
+    int i = ps_rcnn_find_param(m, "roi_heads.box_head.fc6.weight");
+    ok(i >= 0 && P[i].shape[0] == 1024 && P[i].shape[1] == 256 * 49, "fc6 (1024, 12544)");
+    i = ps_rcnn_find_param(m, "roi_heads.box_predictor.bbox_pred.weight");
+    ok(i >= 0 && P[i].shape[0] == 91 * 4, "bbox_pred (364, 1024)");
+    i = ps_rcnn_find_param(m, "backbone.fpn.inner_blocks.0.0.weight");
+    ok(i >= 0 && P[i].shape[1] == 256, "inner_blocks.0 on C2 (256 channels)");
+    int frozen_ok = 1;
+    for (int k = 0; k < np; k++) {
+        const char *n = P[k].name;
+        int want_frozen = strstr(n, ".bn") || strstr(n, "downsample.1") ||
+                          !strncmp(n, "backbone.body.conv1", 19) ||
+                          !strncmp(n, "backbone.body.layer1.", 21);
+        if (want_frozen == P[k].trainable) {
+            frozen_ok = 0;
+            diag("%s: trainable %d", n, P[k].trainable);
+        }
+    }
+    ok(frozen_ok, "frozen: every backbone BN, conv1 and layer1; the rest trains");
+    is_int(P[ps_rcnn_find_param(m, "roi_heads.box_head.fc6.bias")].group, PS_MODEL_GROUP_BIAS,
+           "box head bias group");
+    ps_rcnn_destroy(&m);
+
+    ps_log_level = -1;
+    ps_rcnn_config_t c;
+    ps_rcnn_config_default(&c);
+    ok(ps_rcnn_create(&m, &c, &ps_backend_cpu, ctx, 1, 96, 96) == PS_EINVAL && !m,
+       "96-pixel input refused (not a multiple of 64)");
+    c.roi.fg_iou = 0.4f;
+    ok(ps_rcnn_create(&m, &c, &ps_backend_cpu, ctx, 1, 64, 64) == PS_EINVAL && !m,
+       "box head fg IoU below bg IoU refused");
+    ps_log_level = PS_LOG_WARN;
+}
+
+/* A few SGD steps on the RPN's own proposals lower every loss; round trip;
+ * bad input. */
+static void check_training(ps_ctx_t *ctx)
+{
+    variant_t v = {"train", 18, 8, 16, 3, 2, 64, 2, 64, 64, 64, 200, 100, 100, 50, 0, 1.0};
+    ps_rcnn_t *m = make(ctx, &v);
+    if (!m) return;
+    ps_rcnn_init(m, 7, 0);
+    int A = ps_rcnn_num_anchors(m), np;
+    size_t nx = (size_t)v.n * 3 * 64 * 64;
+    float *x = malloc(nx * sizeof *x), *tgt = malloc(sizeof(float) * 4 * v.n * A);
+    int32_t *lab = malloc(sizeof(int32_t) * v.n * A), ngt[2] = {2, 2};
+    ps_model_hash_fill(x, nx, "images", 3, 1.0);
+    boxes_t gt = {.n = {2, 2}};
+    const float g[2][8] = {{8, 8, 40, 36, 30, 20, 62, 60}, {4, 30, 28, 62, 20, 2, 58, 26}};
+    for (int i = 0; i < 2; i++) {
+        memcpy(gt.b[i], g[i], sizeof g[i]);
+        gt.cls[i][0] = i;
+        gt.cls[i][1] = 2;
+    }
+    rpn_targets(m, &gt, v.n, v.K, lab, tgt);
+    ps_rcnn_input_t in = {.images = x, .n = v.n, .rpn_labels = lab, .rpn_targets = tgt,
+                          .gt_boxes = gt.b[0], .gt_classes = gt.cls[0], .ngt = ngt,
+                          .gt_stride = MAXB};
+    const ps_model_param_t *P = ps_rcnn_params(m, &np);
+    ps_optim_config_t oc;
+    ps_optim_config_default(&oc);
+    oc.lr = 0.02f;
+    oc.momentum = 0.9f;
+    oc.weight_decay = 1e-4f;
+    oc.ngroups = ps_rcnn_groups(m, oc.groups, PS_OPTIM_MAX_GROUPS);
+    float **mom = alloc_like(P, np);
+    ps_rcnn_losses_t L0 = {0}, L = {0};
+    int fails = 0, steps = 12;
+    for (int s = 0; s < steps; s++) {
+        in.seed = 100 + s;
+        ps_rcnn_zero_grad(m);
+        fails += ps_rcnn_forward(m, &in, &L) != 0;
+        fails += ps_rcnn_backward(m) != 0;
+        if (s == 0) L0 = L;
+        diag("step %d objectness %.4f rpn_box %.4f classifier %.4f box_reg %.4f", s,
+             L.objectness, L.rpn_box, L.classifier, L.box_reg);
+        sgd_step(P, np, mom, &oc, s == 0);
+    }
+    is_int(fails, 0, "training steps ran");
+    float t0 = L0.objectness + L0.rpn_box + L0.classifier + L0.box_reg;
+    float t1 = L.objectness + L.rpn_box + L.classifier + L.box_reg;
+    ok(isfinite(t1) && t1 < 0.8f * t0 && L.objectness < L0.objectness &&
+       L.classifier < L0.classifier, "loss falls: %.4f -> %.4f in %d SGD steps (objectness "
+       "%.4f -> %.4f, classifier %.4f -> %.4f)", t0, t1, steps, L0.objectness, L.objectness,
+       L0.classifier, L.classifier);
+    int frozen_nonzero = 0;
+    for (int i = 0; i < np; i++)
+        if (!P[i].trainable) frozen_nonzero += l2(P[i].g, P[i].numel) != 0;
+    is_int(frozen_nonzero, 0, "frozen tensors collected no gradient");
+
+    /* safetensors round trip into a differently initialised model */
+    char path[] = "/tmp/test_fasterrcnn_XXXXXX";
+    int fd = mkstemp(path);
+    if (fd >= 0) close(fd);
+    is_int(ps_rcnn_save(m, path), 0, "save");
+    ps_rcnn_input_t ev = {.images = x, .n = v.n};
+    ps_rcnn_forward(m, &ev, NULL);
+    int Rm = ps_rcnn_max_rois(m), R1 = ps_rcnn_box_outputs(m, NULL, NULL, NULL, NULL, NULL);
+    float *cl1 = malloc(sizeof(float) * 4 * Rm), *cl2 = malloc(sizeof(float) * 4 * Rm);
+    ps_rcnn_box_outputs(m, NULL, NULL, NULL, cl1, NULL);
+    ps_rcnn_t *m2 = make(ctx, &v);
+    if (m2) {
+        ps_rcnn_init(m2, 99, 1);
+        is_int(ps_rcnn_load(m2, path), 0, "load");
+        ps_rcnn_forward(m2, &ev, NULL);
+        int R2 = ps_rcnn_box_outputs(m2, NULL, NULL, NULL, cl2, NULL);
+        ok(R1 == R2 && R1 > 0 && !memcmp(cl1, cl2, sizeof(float) * 4 * R1),
+           "round trip: the same %d RoIs and class logits", R1);
+        variant_t v4 = v;
+        v4.K = 4;
+        ps_rcnn_t *m3 = make(ctx, &v4);
+        if (m3) {
+            ps_log_level = -1;
+            is_int(ps_rcnn_load(m3, path), PS_EMISMATCH, "other class count refused");
+            ps_log_level = PS_LOG_WARN;
+            ps_rcnn_destroy(&m3);
+        }
+        ps_rcnn_destroy(&m2);
+    }
+    unlink(path);
+
+    /* bad input: clear errors, never a crash */
+    ps_log_level = -1;
+    ps_rcnn_losses_t Lb;
+    ngt[1] = 9;
+    is_int(ps_rcnn_forward(m, &in, &Lb), PS_EINVAL, "more ground truth than max_gt refused");
+    ngt[1] = 2;
+    gt.cls[0][1] = 3;
+    is_int(ps_rcnn_forward(m, &in, &Lb), PS_EINVAL, "class K refused");
+    gt.cls[0][1] = 2;
+    lab[7] = -5;
+    is_int(ps_rcnn_forward(m, &in, &Lb), PS_EINVAL, "RPN label -5 refused");
+    lab[7] = 0;
+    in.n = 3;
+    is_int(ps_rcnn_forward(m, &in, &Lb), PS_EINVAL, "batch over max refused");
+    in.n = 2;
+    in.gt_boxes = NULL;
+    is_int(ps_rcnn_forward(m, &in, &Lb), PS_EINVAL, "training without ground truth refused");
+    int32_t hw[4] = {64, 64, 65, 10};
+    ev.image_hw = hw;
+    is_int(ps_rcnn_forward(m, &ev, NULL), PS_EINVAL, "image size beyond the input refused");
+    ps_log_level = PS_LOG_WARN;
+    /* an image size clips the detections */
+    hw[2] = 40, hw[3] = 24;
+    is_int(ps_rcnn_forward(m, &ev, NULL), 0, "inference with image sizes");
+    int nd, inside = 1, k;
+    float boxes[400], scores[100];
+    int32_t cls[100];
+    const float *pr = ps_rcnn_proposals(m, 1, &k);
+    for (int j = 0; j < k; j++) inside &= pr[4 * j + 2] <= 24 && pr[4 * j + 3] <= 40;
+    nd = ps_rcnn_detect(m, 1, boxes, scores, cls);
+    for (int j = 0; j < nd; j++) inside &= boxes[4 * j + 2] <= 24 && boxes[4 * j + 3] <= 40;
+    ok(k > 0 && nd >= 0 && inside, "image 1 of 24x40: %d proposals, %d detections inside it", k,
+       nd);
+    free_like(mom, np);
+    free(x), free(tgt), free(lab), free(cl1), free(cl2);
     ps_rcnn_destroy(&m);
 }
 
@@ -370,9 +585,12 @@ int main(void)
     ps_engine_init(&ctx, 0);
     static const variant_t vs[] = {
         {"r18", 18, 8, 16, 3, 2, 64, 0, 32, 64, 64, 200, 100, 100, 50, 1, 0.25},
-        {"r50", 50, 8, 16, 2, 1, 64, 2, 32, 2048, 64, 200, 100, 100, 50, 0, 0.1},
+        {"r50", 50, 8, 16, 2, 1, 64, 2, 32, 2048, 512, 200, 100, 100, 50, 0, 0.1},
     };
     for (size_t i = 0; i < sizeof vs / sizeof vs[0]; i++) check_variant(&ctx, &vs[i]);
+    check_levels();
+    check_tables(&ctx);
+    check_training(&ctx);
     ps_ctx_free(&ctx);
     return tap_done();
 }

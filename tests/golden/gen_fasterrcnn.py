@@ -50,6 +50,7 @@ from torchvision.models.detection.roi_heads import RoIHeads  # noqa: E402
 from torchvision.models.detection.rpn import (RegionProposalNetwork, RPNHead,  # noqa: E402
                                               concat_box_prediction_layers)
 from torchvision.ops import MultiScaleRoIAlign  # noqa: E402
+from torchvision.ops.poolers import LevelMapper  # noqa: E402
 from torchvision.ops.feature_pyramid_network import LastLevelMaxPool  # noqa: E402
 
 SEED = 1234
@@ -63,11 +64,17 @@ VARIANTS = [
     # ResNet-50's random BN would grow them past 100), so the RPN proposes
     # boxes of every size instead of the whole image.
     ("r18", 18, 8, 16, 3, 2, 64, 0, 32, 64, 64, 200, 100, 100, 50, 1, 0.25, 32),
-    ("r50", 50, 8, 16, 2, 1, 64, 2, 32, 2048, 64, 200, 100, 100, 50, 0, 0.1, 32),
+    ("r50", 50, 8, 16, 2, 1, 64, 2, 32, 2048, 512, 200, 100, 100, 50, 0, 0.1, 32),
 ]
-# (r50 samples every anchor, so every FPN level gets a gradient; r18's 64 of
-# 1023 leave P5 / P6 out, and at 64 px every RoI maps to P2: its
-# layer_blocks.3 gradient is 0 on both sides)
+# r50 samples every anchor and every RoI, so every FPN level gets gradient
+# from both heads; r18's 64 of 1023 anchors leave P5 / P6 out (its
+# layer_blocks.3 gradient is 0 on both sides).  At 64 px the RPN's
+# proposals all map to P2, so the pinned proposals' last four are replaced
+# by boxes reaching past the image (given proposals are not clipped, in
+# torchvision either): squares of side 110, 220, 440 and 460 around the
+# image, just below the level mapper's boundaries 112, 224, 448 (P2, P3,
+# P4) and just above the last (P5).
+EXTRA = [(32.0 - s / 2, 30.0 - s / 2, 32.0 + s / 2, 30.0 + s / 2) for s in (110, 220, 440, 460)]
 # ground truth per image: x1 y1 x2 y2 class (0..K-1; taken mod K)
 GT = [[(4.0, 6.0, 30.0, 40.0, 0), (20.0, 18.0, 60.0, 58.0, 2), (40.0, 2.0, 62.0, 24.0, 1)],
       [(10.0, 10.0, 50.0, 50.0, 1), (0.0, 30.0, 20.0, 63.0, 0)]]
@@ -179,7 +186,7 @@ def train_run(v, dtype, pinned=None):
     obj, dl = concat_box_prediction_layers(*net.rpn.head(list(feats.values())))
     props, rpn_losses = net.rpn(images, feats, targets)
     if pinned is None:
-        pinned = [p.detach().float() for p in props]
+        pinned = [torch.cat([p.detach().float()[:-len(EXTRA)], torch.tensor(EXTRA)]) for p in props]
     P = [p.to(dtype) for p in pinned]
     rois, _, labels, _ = net.roi_heads.select_training_samples([p.clone() for p in P], targets)
     _, roi_losses = net.roi_heads(feats, P, images.image_sizes, targets)
@@ -192,6 +199,7 @@ def train_run(v, dtype, pinned=None):
                  else torch.zeros(p.numel(), dtype=torch.float64))
              for k, p in net.named_parameters()}
     return dict(losses={k: v.item() for k, v in losses.items()}, obj=obj.detach().double(),
+                props=[p.detach() for p in props],
                 dl=dl.detach().double(), pinned=pinned, rois=rois, labels=labels,
                 cls=cls.double(), reg=reg.double(), grads=grads, net=net)
 
@@ -204,12 +212,12 @@ def eval_run(net, v):
     with torch.no_grad():
         feats = net.backbone(x)
         props, _ = net.rpn(images, feats)
-        pinned = [p.float() for p in props]
+        pinned = [torch.cat([p.float()[:-len(EXTRA)], torch.tensor(EXTRA)]) for p in props]
         P = [p.double() for p in pinned]
         rh = net.roi_heads
         cls, reg = rh.box_predictor(rh.box_head(rh.box_roi_pool(feats, P, images.image_sizes)))
         boxes, scores, labels = rh.postprocess_detections(cls, reg, P, images.image_sizes)
-    return pinned, cls, reg, boxes, scores, labels
+    return pinned, cls, reg, boxes, scores, labels, props
 
 
 def samples(what, t, count):
@@ -243,6 +251,9 @@ def gen(outdir, v):
             lines.append("gt %d %g %g %g %g %d" % (i, *b[:4], b[4] % K))
     lines += box_lines("prop_train", ref["pinned"])
     lines += box_lines("prop_eval", ev[0])
+    # the RPN's own proposals (float64) for the comparison with C's
+    lines += box_lines("rpn_train", ref["props"])
+    lines += box_lines("rpn_eval", ev[6])
     for k, val in ref["losses"].items():
         lines.append("%s %.12g" % (k, val))
     lines.append(samples("objectness", ref["obj"], 64))
@@ -272,9 +283,29 @@ def gen(outdir, v):
         sum(len(r) for r in ref["rois"]), sum(len(b) for b in ev[3])))
 
 
+def gen_levels(outdir):
+    """torchvision's LevelMapper (k 2..5, canonical 224 at level 4, eps 1e-6)
+    in float32 on squares and rectangles at and around every boundary (112,
+    224, 448 and their float neighbours, where the eps decides), tiny, huge
+    and empty boxes: fasterrcnn_levels.txt, "level x1 y1 x2 y2 LEVEL"."""
+    sides = [1e-3, 1.0, 55.9, 56.0, 111.99, 112.0, 112.01, 150.0, 223.99, 224.0, 224.01,
+             447.9, 448.0, 448.1, 896.0, 1e4]
+    boxes = [(10.0, 20.0, 10.0 + s, 20.0 + s) for s in sides]
+    boxes += [(0.0, 0.0, 56.0, 224.0), (3.5, 7.25, 3.5 + 224.0, 7.25 + 56.0),
+              (0.0, 0.0, 64.0, 784.0), (5.0, 5.0, 5.0, 90.0)]
+    b = torch.tensor(boxes, dtype=torch.float32)
+    lv = LevelMapper(2, 5, 224, 4, 1e-6)([b])
+    with open(os.path.join(outdir, "fasterrcnn_levels.txt"), "w") as f:
+        f.write("# torchvision LevelMapper(2, 5, 224, 4, 1e-6) in float32: level x1 y1 x2 y2 "
+                "LEVEL (0..3 = P2..P5)\n")
+        for r, l in zip(b.tolist(), lv.tolist()):
+            f.write("level %.9g %.9g %.9g %.9g %d\n" % (*r, l))
+
+
 def main():
     outdir = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
     torch.set_num_threads(2)
+    gen_levels(outdir)
     for v in VARIANTS:
         gen(outdir, v)
 
