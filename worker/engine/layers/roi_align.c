@@ -198,6 +198,11 @@ void ps_cpu_roi_align_backward(ps_ctx_t *ctx, float *dfeat, const float *dout,
                 break;
             }
             const float *go = dout + ((size_t)r * C) * bins;
+            /* torchvision divides each share by the point count; for a
+             * power of two (sampling ratio 2: 4) multiplying by its inverse
+             * is the same to the bit and cheaper */
+            int cnt = (int)g.count, pow2 = (cnt & (cnt - 1)) == 0;
+            float inv = 1.0f / g.count;
             for (int c = c0; c < c1; c++) {
                 float *df = dfeat + ((size_t)g.n * C + c) * plane;
                 const float *gc = go + (size_t)c * bins;
@@ -209,10 +214,17 @@ void ps_cpu_roi_align_backward(ps_ctx_t *ctx, float *dfeat, const float *dout,
                          * in-map point's weights sum to 1 */
                         if (t->w1 == 0.f && t->w2 == 0.f && t->w3 == 0.f && t->w4 == 0.f)
                             continue;
-                        df[t->p1] += gb * t->w1 / g.count;
-                        df[t->p2] += gb * t->w2 / g.count;
-                        df[t->p3] += gb * t->w3 / g.count;
-                        df[t->p4] += gb * t->w4 / g.count;
+                        if (pow2) {
+                            df[t->p1] += gb * t->w1 * inv;
+                            df[t->p2] += gb * t->w2 * inv;
+                            df[t->p3] += gb * t->w3 * inv;
+                            df[t->p4] += gb * t->w4 * inv;
+                        } else {
+                            df[t->p1] += gb * t->w1 / g.count;
+                            df[t->p2] += gb * t->w2 / g.count;
+                            df[t->p3] += gb * t->w3 / g.count;
+                            df[t->p4] += gb * t->w4 / g.count;
+                        }
                     }
                 }
             }
