@@ -21,26 +21,8 @@
 
 static ps_ctx_t g, c; /* the CUDA backend's context, the CPU's */
 
-static void *dev(const void *h, size_t bytes)
-{
-    void *d = NULL;
-    if (ps_cuda_malloc(&d, bytes ? bytes : 4) || ps_cuda_memcpy_h2d(d, h, bytes) ||
-        ps_cuda_device_sync()) {
-        printf("Bail out! device allocation/copy failed\n");
-        exit(1);
-    }
-    return d;
-}
-
-static float *down(const void *d, size_t n)
-{
-    float *h = malloc((n ? n : 1) * sizeof *h);
-    if (ps_cuda_backend_sync(&g) || ps_cuda_memcpy_d2h(h, d, n * sizeof *h)) {
-        printf("Bail out! device sync/copy failed (a kernel fault?)\n");
-        exit(1);
-    }
-    return h;
-}
+static void *dev(const void *h, size_t bytes) { return cu_upload(h, bytes); }
+static float *down(const void *d, size_t n) { return cu_download(&g, d, n); }
 
 /* R random RoIs over a (16/scale)-pixel image: a mix of ordinary, off-map,
  * tiny and huge boxes on N images */

@@ -402,42 +402,21 @@ static void check_tables(ps_ctx_t *ctx)
     int np, nb;
     const ps_model_param_t *P = ps_rcnn_params(m, &np);
     ps_rcnn_buffers(m, &nb);
-    size_t total = 0;
-    for (int i = 0; i < np; i++) total += P[i].numel;
-    /* torchvision fasterrcnn_resnet50_fpn(weights=None, num_classes=91):
-     * sum(p.numel() for p in model.parameters()) = 41,808,406 */
-    is_int(total, 41808406, "R50-FPN 91 classes: torchvision's element count");
-    is_int(nb, 53 * 3, "R50 backbone: 53 BNs x 3 buffers");
-    ok(!strcmp(P[0].name, "backbone.body.conv1.weight") &&
-       !strcmp(P[np - 1].name, "roi_heads.box_predictor.bbox_pred.bias"),
-       "order: backbone.body.conv1.weight ... roi_heads.box_predictor.bbox_pred.bias");
     static const char *names[] = {
         "backbone.fpn.inner_blocks.0.0.weight", "backbone.fpn.layer_blocks.3.0.bias",
         "rpn.head.conv.0.0.weight", "rpn.head.cls_logits.bias", "rpn.head.bbox_pred.weight",
         "roi_heads.box_head.fc6.weight", "roi_heads.box_head.fc7.bias",
         "roi_heads.box_predictor.cls_score.weight"};
-    int found = 0;
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        found += ps_rcnn_find_param(m, names[i]) >= 0;
-    is_int(found, 8, "torchvision names present");
+    /* torchvision fasterrcnn_resnet50_fpn(weights=None, num_classes=91):
+     * sum(p.numel() for p in model.parameters()) = 41,808,406 */
+    check_r50_detector_table(P, np, nb, 41808406, "roi_heads.box_predictor.bbox_pred.bias", names,
+                             8);
     int i = ps_rcnn_find_param(m, "roi_heads.box_head.fc6.weight");
     ok(i >= 0 && P[i].shape[0] == 1024 && P[i].shape[1] == 256 * 49, "fc6 (1024, 12544)");
     i = ps_rcnn_find_param(m, "roi_heads.box_predictor.bbox_pred.weight");
     ok(i >= 0 && P[i].shape[0] == 91 * 4, "bbox_pred (364, 1024)");
     i = ps_rcnn_find_param(m, "backbone.fpn.inner_blocks.0.0.weight");
     ok(i >= 0 && P[i].shape[1] == 256, "inner_blocks.0 on C2 (256 channels)");
-    int frozen_ok = 1;
-    for (int k = 0; k < np; k++) {
-        const char *n = P[k].name;
-        int want_frozen = strstr(n, ".bn") || strstr(n, "downsample.1") ||
-                          !strncmp(n, "backbone.body.conv1", 19) ||
-                          !strncmp(n, "backbone.body.layer1.", 21);
-        if (want_frozen == P[k].trainable) {
-            frozen_ok = 0;
-            diag("%s: trainable %d", n, P[k].trainable);
-        }
-    }
-    ok(frozen_ok, "frozen: every backbone BN, conv1 and layer1; the rest trains");
     is_int(P[ps_rcnn_find_param(m, "roi_heads.box_head.fc6.bias")].group, PS_MODEL_GROUP_BIAS,
            "box head bias group");
     ps_rcnn_destroy(&m);

@@ -31,7 +31,7 @@ _here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(_here, "..", "golden"))  # the golden generators
 sys.path.insert(0, os.path.join(_here, "..", "lib"))     # taplib
 import gen_resnet as G  # noqa: E402
-from taplib import ok, plan  # noqa: E402
+from taplib import ok, plan, strict_load  # noqa: E402
 
 
 def build(K, depth, width, fpn, rep):
@@ -84,14 +84,7 @@ def main():
     raw = lambda name, cols: np.fromfile(os.path.join(d, name), dtype=np.float32).reshape(-1, cols)  # noqa: E731
     net = build(K, depth, width, fpn, rep)
     sd, meta = G.read_safetensors(os.path.join(d, "model.safetensors"))
-    arch = "fasterrcnn-resnet%d-fpn" % depth
-    ok(meta.get("ps.arch") == arch, "metadata ps.arch %s (want %s)" % (meta.get("ps.arch"), arch))
-    try:
-        res = net.load_state_dict(sd, strict=True)
-        ok(not res.missing_keys and not res.unexpected_keys,
-           "load_state_dict(strict=True) into torchvision %s (%d tensors)" % (arch, len(sd)))
-    except RuntimeError as e:
-        ok(False, "load_state_dict(strict=True): %s" % str(e).splitlines()[0])
+    if not strict_load(net, sd, meta, "fasterrcnn-resnet%d-fpn" % depth):
         return plan()
     from torchvision.models.detection.image_list import ImageList
     from torchvision.models.detection.rpn import concat_box_prediction_layers

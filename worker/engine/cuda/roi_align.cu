@@ -51,6 +51,17 @@ __device__ roi_geom d_roi_geom(const float *roi, int N, int PH, int PW, float sc
     return g;
 }
 
+// Output element i of (R, C, PH, PW): its RoI, channel and bin.
+__device__ __forceinline__ void d_roi_index(size_t i, int C, int PH, int PW, size_t *r, int *c,
+                                            int *ph, int *pw)
+{
+    *pw = (int)(i % PW);
+    *ph = (int)((i / PW) % PH);
+    const size_t rc = i / ((size_t)PW * PH);
+    *c = (int)(rc % C);
+    *r = rc / C;
+}
+
 // Coordinate of sampling point i of bin b along one axis (roi_align.c's
 // plan_of: start + b*bin + (i+.5)*bin/grid, left to right).
 __device__ __forceinline__ float d_roi_coord(float start, int b, float bin, int i, int grid)
@@ -97,10 +108,9 @@ __global__ void k_roi_align_fwd(float *out, const float *feat, const float *rois
 {
     ROI_STRIDE(i, n)
     {
-        const int pw = (int)(i % PW), ph = (int)((i / PW) % PH);
-        const size_t rc = i / ((size_t)PW * PH);
-        const int c = (int)(rc % C);
-        const size_t r = rc / C;
+        size_t r;
+        int c, ph, pw;
+        d_roi_index(i, C, PH, PW, &r, &c, &ph, &pw);
         const roi_geom g = d_roi_geom(rois + r * 5, N, PH, PW, scale, sampling_ratio, aligned);
         if (g.n < 0) {
             out[i] = 0.f;
@@ -133,10 +143,9 @@ __global__ void k_roi_align_bwd(float *dfeat, const float *dout, const float *ro
 {
     ROI_STRIDE(i, n)
     {
-        const int pw = (int)(i % PW), ph = (int)((i / PW) % PH);
-        const size_t rc = i / ((size_t)PW * PH);
-        const int c = (int)(rc % C);
-        const size_t r = rc / C;
+        size_t r;
+        int c, ph, pw;
+        d_roi_index(i, C, PH, PW, &r, &c, &ph, &pw);
         const roi_geom g = d_roi_geom(rois + r * 5, N, PH, PW, scale, sampling_ratio, aligned);
         if (g.n < 0) continue;
         float *df = dfeat + ((size_t)g.n * C + c) * H * W;

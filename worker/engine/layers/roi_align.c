@@ -128,111 +128,104 @@ static void chunk(int C, int *c0, int *c1)
     *c1 = (int)((long)C * (t + 1) / nt);
 }
 
-void ps_cpu_roi_align_forward(ps_ctx_t *ctx, float *out, const float *feat, const float *rois,
-                              int R, int N, int C, int H, int W, int PH, int PW,
-                              float spatial_scale, int sampling_ratio, int aligned)
+/* The forward (out given) or the backward (dfeat given) of every RoI on
+ * this thread's channels. */
+static void roi_pass(float *out, const float *feat, float *dfeat, const float *dout,
+                     const float *rois, int R, int N, int C, int H, int W, int PH, int PW,
+                     float scale, int sampling_ratio, int aligned, int c0, int c1, int *oom)
 {
     const size_t plane = (size_t)H * W, bins = (size_t)PH * PW;
-    int oom = 0;
-#pragma omp parallel reduction(| : oom)
-    {
-        roi_tap_t *plan = NULL;
-        size_t cap = 0;
-        int c0, c1;
-        chunk(C, &c0, &c1);
-        for (int r = 0; r < R && c0 < c1 && !oom; r++) {
-            roi_geom_t g;
-            geom_of(&g, rois + (size_t)r * 5, N, PH, PW, spatial_scale, sampling_ratio, aligned);
-            float *o = out + ((size_t)r * C) * bins;
-            int per_bin = g.n >= 0 ? plan_of(&plan, &cap, &g, H, W, PH, PW) : 0;
-            if (per_bin < 0) {
-                oom = 1;
-                break;
+    roi_tap_t *plan = NULL;
+    size_t cap = 0;
+    for (int r = 0; r < R && c0 < c1; r++) {
+        roi_geom_t g;
+        geom_of(&g, rois + (size_t)r * 5, N, PH, PW, scale, sampling_ratio, aligned);
+        int per_bin = g.n >= 0 ? plan_of(&plan, &cap, &g, H, W, PH, PW) : 0;
+        if (per_bin < 0) {
+            *oom = 1;
+            break;
+        }
+        /* torchvision divides each backward share by the point count; for a
+         * power of two (sampling ratio 2: 4) multiplying by its inverse is
+         * the same to the bit and cheaper */
+        int cnt = (int)g.count, pow2 = (cnt & (cnt - 1)) == 0;
+        float inv = 1.0f / g.count;
+        for (int c = c0; c < c1; c++) {
+            size_t o = ((size_t)r * C + c) * bins;
+            const roi_tap_t *t = plan;
+            if (out && g.n < 0) {
+                for (size_t b = 0; b < bins; b++) out[o + b] = 0.f;
+                continue;
             }
-            for (int c = c0; c < c1; c++) {
-                float *oc = o + (size_t)c * bins;
-                if (g.n < 0) {
-                    for (size_t b = 0; b < bins; b++) oc[b] = 0.f;
-                    continue;
-                }
-                const float *f = feat + ((size_t)g.n * C + c) * plane;
-                const roi_tap_t *t = plan;
-                for (size_t b = 0; b < bins; b++) {
+            if (g.n < 0) continue;
+            const float *f = feat ? feat + ((size_t)g.n * C + c) * plane : NULL;
+            float *df = dfeat ? dfeat + ((size_t)g.n * C + c) * plane : NULL;
+            for (size_t b = 0; b < bins; b++) {
+                if (out) {
                     float v = 0.f;
                     for (int k = 0; k < per_bin; k++, t++)
                         v += t->w1 * f[t->p1] + t->w2 * f[t->p2] + t->w3 * f[t->p3] +
                              t->w4 * f[t->p4];
-                    oc[b] = v / g.count;
+                    out[o + b] = v / g.count;
+                    continue;
+                }
+                float gb = dout[o + b];
+                for (int k = 0; k < per_bin; k++, t++) {
+                    /* off the map (torchvision's x_low = -1): an in-map
+                     * point's weights sum to 1 */
+                    if (t->w1 == 0.f && t->w2 == 0.f && t->w3 == 0.f && t->w4 == 0.f) continue;
+                    if (pow2) {
+                        df[t->p1] += gb * t->w1 * inv;
+                        df[t->p2] += gb * t->w2 * inv;
+                        df[t->p3] += gb * t->w3 * inv;
+                        df[t->p4] += gb * t->w4 * inv;
+                    } else {
+                        df[t->p1] += gb * t->w1 / g.count;
+                        df[t->p2] += gb * t->w2 / g.count;
+                        df[t->p3] += gb * t->w3 / g.count;
+                        df[t->p4] += gb * t->w4 / g.count;
+                    }
                 }
             }
         }
-        free(plan);
+    }
+    free(plan);
+}
+
+/* Both directions: the threads split the channels (chunk), so each map
+ * plane has one writer. */
+static void roi_run(float *out, const float *feat, float *dfeat, const float *dout,
+                    const float *rois, int R, int N, int C, int H, int W, int PH, int PW,
+                    float scale, int sampling_ratio, int aligned, const char *who)
+{
+    int oom = 0;
+#pragma omp parallel reduction(| : oom)
+    {
+        int c0, c1;
+        chunk(C, &c0, &c1);
+        roi_pass(out, feat, dfeat, dout, rois, R, N, C, H, W, PH, PW, scale, sampling_ratio,
+                 aligned, c0, c1, &oom);
     }
     /* a layer has no error return: a plan that does not fit in memory is a
      * broken invariant (it is PH*PW*grid^2 taps of 32 bytes) */
     if (oom) {
-        ps_error("roi_align forward: out of memory for the sampling plan");
+        ps_error("%s: out of memory for the sampling plan", who);
         abort();
     }
+}
+
+void ps_cpu_roi_align_forward(ps_ctx_t *ctx, float *out, const float *feat, const float *rois,
+                              int R, int N, int C, int H, int W, int PH, int PW,
+                              float spatial_scale, int sampling_ratio, int aligned)
+{
+    roi_run(out, feat, NULL, NULL, rois, R, N, C, H, W, PH, PW, spatial_scale, sampling_ratio,
+            aligned, "roi_align forward");
 }
 
 void ps_cpu_roi_align_backward(ps_ctx_t *ctx, float *dfeat, const float *dout,
                                const float *rois, int R, int N, int C, int H, int W, int PH,
                                int PW, float spatial_scale, int sampling_ratio, int aligned)
 {
-    const size_t plane = (size_t)H * W, bins = (size_t)PH * PW;
-    int oom = 0;
-#pragma omp parallel reduction(| : oom)
-    {
-        roi_tap_t *plan = NULL;
-        size_t cap = 0;
-        int c0, c1;
-        chunk(C, &c0, &c1);
-        for (int r = 0; r < R && c0 < c1 && !oom; r++) {
-            roi_geom_t g;
-            geom_of(&g, rois + (size_t)r * 5, N, PH, PW, spatial_scale, sampling_ratio, aligned);
-            if (g.n < 0) continue;
-            int per_bin = plan_of(&plan, &cap, &g, H, W, PH, PW);
-            if (per_bin < 0) {
-                oom = 1;
-                break;
-            }
-            const float *go = dout + ((size_t)r * C) * bins;
-            /* torchvision divides each share by the point count; for a
-             * power of two (sampling ratio 2: 4) multiplying by its inverse
-             * is the same to the bit and cheaper */
-            int cnt = (int)g.count, pow2 = (cnt & (cnt - 1)) == 0;
-            float inv = 1.0f / g.count;
-            for (int c = c0; c < c1; c++) {
-                float *df = dfeat + ((size_t)g.n * C + c) * plane;
-                const float *gc = go + (size_t)c * bins;
-                const roi_tap_t *t = plan;
-                for (size_t b = 0; b < bins; b++) {
-                    float gb = gc[b];
-                    for (int k = 0; k < per_bin; k++, t++) {
-                        /* off the map (torchvision's x_low = -1): an
-                         * in-map point's weights sum to 1 */
-                        if (t->w1 == 0.f && t->w2 == 0.f && t->w3 == 0.f && t->w4 == 0.f)
-                            continue;
-                        if (pow2) {
-                            df[t->p1] += gb * t->w1 * inv;
-                            df[t->p2] += gb * t->w2 * inv;
-                            df[t->p3] += gb * t->w3 * inv;
-                            df[t->p4] += gb * t->w4 * inv;
-                        } else {
-                            df[t->p1] += gb * t->w1 / g.count;
-                            df[t->p2] += gb * t->w2 / g.count;
-                            df[t->p3] += gb * t->w3 / g.count;
-                            df[t->p4] += gb * t->w4 / g.count;
-                        }
-                    }
-                }
-            }
-        }
-        free(plan);
-    }
-    if (oom) {
-        ps_error("roi_align backward: out of memory for the sampling plan");
-        abort();
-    }
+    roi_run(NULL, NULL, dfeat, dout, rois, R, N, C, H, W, PH, PW, spatial_scale,
+            sampling_ratio, aligned, "roi_align backward");
 }
