@@ -172,6 +172,26 @@ int main(void)
     ok(npos == np_ref && !memcmp(lab, lab_ref, sizeof(int32_t) * A) &&
        !memcmp(bt, bt_ref, sizeof(float) * 4 * A), "flipped box [30,6,60,26]: targets equal");
 
+    /* the per-image boxes the two-stage detectors sample against: where the
+     * image went (flipped above; resized: big.jpg), crowd left out, a bound */
+    {
+        float gb[8];
+        int32_t gc[2];
+        int ng = -1;
+        ok(!ps_det_sample_gt(ds, 0, &g, gb, gc, 2, &ng, err, sizeof err) && ng == 1 &&
+           !memcmp(gb, gt1f, sizeof gt1f) && gc[0] == 1,
+           "sample 0 flipped: its box [30,6,60,26] class 1");
+        o.flip = 0;
+        ps_det_load_sample(ds, &o, anchors, A, 0, 1, img2, NULL, NULL, &g, NULL, err, sizeof err);
+        o.flip = 1;
+        ok(!ps_det_sample_gt(ds, 1, &g, gb, gc, 2, &ng, err, sizeof err) && ng == 1 &&
+           !memcmp(gb, gt2, sizeof gt2) && gc[0] == 0,
+           "sample 1 resized by 1/2: [20,10,50,35] class 0, the crowd box left out");
+        ok(ps_det_sample_gt(ds, 1, &g, gb, gc, 0, &ng, err, sizeof err) == PS_EINVAL &&
+           strstr(err, "big.jpg") && strstr(err, "more than the 0"),
+           "more boxes than the bound: error naming the image (%s)", err);
+    }
+
     /* bad input */
     write_text("bad_box.json",
                "{\"images\":[{\"id\":1,\"file_name\":\"wide.jpg\",\"width\":64,\"height\":32}],"
