@@ -519,6 +519,15 @@ static void check_training(ps_ctx_t *ctx)
     }
     unlink(path);
 
+    /* an ImageNet-style classifier checkpoint seeds the backbone: the
+     * PyTorch-written ResNet-18 width 8 of test_model_io (fc.* ignored) */
+    char tpath[1024];
+    snprintf(tpath, sizeof tpath, "%s/tests/golden/torch_r18w8.safetensors", srcdir());
+    is_int(ps_rcnn_load_backbone(m, tpath), 0, "backbone loads a PyTorch-written ResNet-18");
+    int li = ps_rcnn_find_param(m, "backbone.body.layer3.1.conv2.weight");
+    ok(li >= 0 && fabs(P[li].w[0]) > 0 && l2(P[li].g, P[li].numel) == 0,
+       "backbone weights replaced, gradients zeroed");
+
     /* bad input: clear errors, never a crash */
     ps_log_level = -1;
     ps_rcnn_losses_t Lb;

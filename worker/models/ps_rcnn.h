@@ -135,7 +135,6 @@ void ps_rcnn_zero_grad(ps_rcnn_t *m);
 /* Outputs of the last forward (host-readable after the backend's sync). */
 int ps_rcnn_num_anchors(const ps_rcnn_t *m);
 const float *ps_rcnn_anchors(const ps_rcnn_t *m);         /* (A, 4) */
-void ps_rcnn_level(const ps_rcnn_t *m, int l, int *H, int *W, int *stride, int *offset);
 const float *ps_rcnn_objectness(const ps_rcnn_t *m);      /* (n, A) logits */
 const float *ps_rcnn_rpn_deltas(const ps_rcnn_t *m);      /* (n, A, 4) */
 /* image i's proposals (*count rows of 4) */
@@ -153,10 +152,6 @@ int ps_rcnn_max_rois(const ps_rcnn_t *m);
  * with the config's post parameters, clipped to image_hw): at most
  * post.max_det rows; returns the count or PS_ENOMEM. */
 int ps_rcnn_detect(const ps_rcnn_t *m, int i, float *boxes, float *scores, int32_t *classes);
-
-/* Floating-point operations of one training forward / backward over n
- * images from the layer shapes (the box head at its RoI bound). */
-void ps_rcnn_flops(const ps_rcnn_t *m, int n, double *fwd, double *bwd);
 
 /* Tables, groups, specs, as ps_retinanet.h's (names are torchvision's). */
 const ps_model_param_t *ps_rcnn_params(const ps_rcnn_t *m, int *n);

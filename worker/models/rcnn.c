@@ -214,14 +214,6 @@ const float *ps_rcnn_objectness(const ps_rcnn_t *m) { return m->rpn.obj; }
 const float *ps_rcnn_rpn_deltas(const ps_rcnn_t *m) { return m->rpn.box; }
 int ps_rcnn_max_rois(const ps_rcnn_t *m) { return m->Rmax; }
 
-void ps_rcnn_level(const ps_rcnn_t *m, int l, int *H, int *W, int *stride, int *offset)
-{
-    if (H) *H = m->lh[l];
-    if (W) *W = m->lw[l];
-    if (stride) *stride = m->lstride[l];
-    if (offset) *offset = m->loff[l];
-}
-
 const float *ps_rcnn_proposals(const ps_rcnn_t *m, int i, int *count)
 {
     if (count) *count = m->rpn.nprops[i];
@@ -337,32 +329,4 @@ int ps_rcnn_detect(const ps_rcnn_t *m, int i, float *boxes, float *scores, int32
                                     R, K, m->hw[2 * i], m->hw[2 * i + 1], &s->post);
     free(lg), free(dl);
     return rc;
-}
-
-void ps_rcnn_flops(const ps_rcnn_t *m, int n, double *fwd, double *bwd)
-{
-    double f = 0, b = 0, x;
-    ps_model_flops(m->body, n, &f, &b); /* its 1-class "fc" is never run: noise */
-    const rcnn_fpn_t *p = &m->fpn;
-    for (int i = 0; i < 4; i++) {
-        x = ps_rconv_flops(&p->inner[i], n, p->Hs[i], p->Ws[i]) +
-            ps_rconv_flops(&p->layer[i], n, p->Hs[i], p->Ws[i]);
-        f += x;
-        b += 2 * x;
-    }
-    for (int l = 0; l < PS_RCNN_LEVELS; l++) {
-        x = ps_rconv_flops(&m->rpn.conv, n, m->lh[l], m->lw[l]) +
-            ps_rconv_flops(&m->rpn.cls, n, m->lh[l], m->lw[l]) +
-            ps_rconv_flops(&m->rpn.bbox, n, m->lh[l], m->lw[l]);
-        f += x;
-        b += 2 * x;
-    }
-    const rcnn_stage_t *s = &m->box;
-    double R = (double)m->Rmax / m->max_n * n;
-    x = 2.0 * R * ((double)s->fc6.C * s->fc6.K + (double)s->fc7.C * s->fc7.K +
-                   (double)s->cls.C * s->cls.K + (double)s->bbox.C * s->bbox.K);
-    f += x;
-    b += 2 * x;
-    if (fwd) *fwd = f;
-    if (bwd) *bwd = b;
 }
