@@ -8,7 +8,8 @@
 #      the CPU reference in fp32, then conv / linear with fp16 and bf16
 #      operands, and the loss scale in xent's backward), tests/test_cuda_det
 #      (the detection layers of det_layers.cu), tests/test_cuda_rcnn (the
-#      two-stage detectors' RoIAlign, roi_align.cu), tests/test_cuda_half (every
+#      two-stage detectors' RoIAlign, roi_align.cu, and a whole Faster R-CNN
+#      step vs the CPU), tests/test_cuda_half (every
 #      layer with half storage of the activations, fp16 and bf16, vs the CPU
 #      fp32 layers), tests/test_cuda_half_model (a small TSM-ResNet-18 step
 #      with half storage vs the CPU fp32 and the CPU rounding model,
@@ -153,7 +154,7 @@ layer_parity 30 table "$TABLE" 10 0
 stage "test_cuda_det (detection layers vs the CPU references)"
 layer_parity 60 det "$DET" 25 5
 
-stage "test_cuda_rcnn (RoIAlign of the two-stage detectors vs the CPU reference)"
+stage "test_cuda_rcnn (RoIAlign vs the CPU reference; a whole Faster R-CNN-R18-FPN step, CPU vs CUDA fp32)"
 layer_parity 60 rcnn "$RCNN" 15 4
 
 stage "test_cuda_half (half storage: every layer on fp16 / bf16 NHWC activations vs the CPU)"

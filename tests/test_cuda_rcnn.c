@@ -9,12 +9,24 @@
  *
  * Tolerances: forward exact (the kernel spells out the CPU's float
  * operations); backward 1e-6 x max|ref| + 1e-5 |ref| (atomic scatter-adds
- * in another order than the CPU's sequential ones: float rounding only). */
+ * in another order than the CPU's sequential ones: float rounding only).
+ *
+ * Then a whole Faster R-CNN-R18-FPN training step (width 16, FPN 32, 2
+ * images of 128 x 128, nothing frozen) on the CUDA table against the CPU
+ * table: the box heads on the same proposals (the CPU RPN's, given to
+ * both, so a proposal kept on one side and dropped on the other cannot
+ * change the RoIs), the four losses (1e-4 relative), the RPN and box head
+ * outputs (1e-4 x max|ref| + 1e-4 |ref|), every trainable gradient (2e-3 x
+ * its max + 1e-3 |ref|: cuDNN / cuBLAS sum in other orders, ~30 layers;
+ * bench/gpu_bench.c's fp32 tolerances), then the CUDA model's own
+ * proposals and detections (inference) against the CPU's as sets. */
 #include "tests/lib/cuda_testutil.h"
 #include "tests/lib/tap.h"
 #include "worker/engine/cuda/ps_cuda.h"
 #include "worker/engine/cuda/ps_cuda_backend.h"
+#include "worker/det/det_boxes.h"
 #include "worker/engine/ps_engine.h"
+#include "worker/models/ps_rcnn.h"
 #include "ps_log.h"
 
 #include <stdio.h>
@@ -69,6 +81,133 @@ static void test_roi_align(int R, int N, int C, int H, int W, int PH, int PW, fl
     free(f), free(dy), free(rois), free(y), free(dx), free(poison), free(gy), free(gdx);
 }
 
+static double excess(const float *a, const float *b, size_t n, double atol, double rtol,
+                     double *maxerr)
+{
+    double worst = 0;
+    *maxerr = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]);
+        if (isnan(d)) d = INFINITY;
+        if (d > *maxerr) *maxerr = d;
+        double e = d - (atol + rtol * fabs((double)b[i]));
+        if (e > worst) worst = e;
+    }
+    return worst;
+}
+
+static ps_rcnn_t *make_model(const ps_backend_t *be, ps_ctx_t *ctx, int n, int H)
+{
+    ps_rcnn_config_t c;
+    ps_rcnn_config_default(&c);
+    c.depth = 18;
+    c.num_classes = 3;
+    c.width = 16;
+    c.fpn_channels = 32;
+    c.freeze_at = 0;
+    c.representation = 64;
+    c.roi.batch = 128;
+    c.rpn_train.pre_nms_top_n = c.rpn_train.post_nms_top_n = 200;
+    c.rpn_test.pre_nms_top_n = c.rpn_test.post_nms_top_n = 100;
+    c.post.score_thresh = 0.001f;
+    c.max_gt = 4;
+    ps_rcnn_t *m = NULL;
+    if (ps_rcnn_create(&m, &c, be, ctx, n, H, H)) return NULL;
+    ps_rcnn_init(m, 11, 1);
+    return m;
+}
+
+static void test_model(void)
+{
+    enum { N = 2, H = 128, G = 4 };
+    ps_rcnn_t *mc = make_model(&ps_backend_cpu, &c, N, H), *mg = NULL;
+    if (!ps_cuda_use_managed_arena()) mg = make_model(&ps_backend_cuda, &g, N, H);
+    ps_arena_set_allocator(NULL);
+    if (!ok(mc && mg, "Faster R-CNN-R18-FPN built on both tables")) return;
+    int A = ps_rcnn_num_anchors(mc), Rm = ps_rcnn_max_rois(mc);
+    size_t nx = (size_t)N * 3 * H * H;
+    float *x = malloc(nx * sizeof *x), *tgt = malloc(sizeof(float) * 4 * N * A);
+    int32_t *lab = malloc(sizeof(int32_t) * N * A), *matched = malloc(sizeof(int32_t) * A);
+    ps_model_hash_fill(x, nx, "input", 5, 0.25);
+    float gt[N][G * 4] = {{8, 8, 60, 50, 70, 20, 120, 90, 30, 70, 80, 126},
+                          {4, 60, 50, 124, 40, 10, 110, 70, 0, 0, 0, 0}};
+    int32_t cls[N][G] = {{0, 2, 1}, {1, 0}}, ngt[N] = {3, 2};
+    for (int i = 0; i < N; i++) {
+        ps_det_assign(matched, ps_rcnn_anchors(mc), A, gt[i], ngt[i], 0.7f, 0.3f, NULL);
+        ps_det_make_targets(lab + (size_t)i * A, tgt + (size_t)i * A * 4, matched,
+                            ps_rcnn_anchors(mc), A, gt[i], cls[i], ngt[i], 3);
+    }
+    ps_rcnn_input_t in = {.images = x, .n = N, .rpn_labels = lab, .rpn_targets = tgt,
+                          .gt_boxes = gt[0], .gt_classes = cls[0], .ngt = ngt, .gt_stride = G,
+                          .seed = 99};
+    /* the CPU RPN's proposals, given to both box heads */
+    ps_rcnn_losses_t lc, lg;
+    int rc = ps_rcnn_forward(mc, &in, &lc);
+    float *props = malloc(sizeof(float) * 4 * N * 200);
+    int32_t np[N];
+    for (int i = 0; i < N; i++) {
+        const float *p = ps_rcnn_proposals(mc, i, &np[i]);
+        memcpy(props + (size_t)i * 200 * 4, p, sizeof(float) * 4 * np[i]);
+    }
+    in.proposals = props, in.nproposals = np, in.proposal_stride = 200;
+    ps_rcnn_zero_grad(mc);
+    ps_rcnn_zero_grad(mg);
+    rc |= ps_rcnn_forward(mc, &in, &lc) | ps_rcnn_backward(mc);
+    rc |= ps_rcnn_forward(mg, &in, &lg) | ps_rcnn_backward(mg) | ps_cuda_backend_sync(&g);
+    is_int(rc, 0, "training step on both tables");
+    const float vc[4] = {lc.objectness, lc.rpn_box, lc.classifier, lc.box_reg};
+    const float vg[4] = {lg.objectness, lg.rpn_box, lg.classifier, lg.box_reg};
+    static const char *ln[4] = {"objectness", "rpn_box_reg", "classifier", "box_reg"};
+    for (int k = 0; k < 4; k++)
+        ok(fabs(vg[k] - vc[k]) <= 1e-4 * fabs(vc[k]) + 1e-7, "loss %s: cpu %.7g cuda %.7g",
+           ln[k], vc[k], vg[k]);
+    double me = 0;
+    const float *oc = ps_rcnn_objectness(mc), *og = ps_rcnn_objectness(mg);
+    ok(excess(og, oc, (size_t)N * A, 1e-4 * maxabs(oc, (size_t)N * A), 1e-4, &me) <= 0,
+       "RPN objectness (max err %.3g)", me);
+    float *c1 = malloc(sizeof(float) * 16 * Rm), *c2 = malloc(sizeof(float) * 16 * Rm);
+    int R1 = ps_rcnn_box_outputs(mc, NULL, NULL, NULL, NULL, c1);
+    int R2 = ps_rcnn_box_outputs(mg, NULL, NULL, NULL, NULL, c2);
+    ok(R1 == R2 && R1 > 0 &&
+       excess(c2, c1, (size_t)R1 * 16, 1e-4 * maxabs(c1, (size_t)R1 * 16), 1e-4, &me) <= 0,
+       "box head deltas on the same %d sampled RoIs (max err %.3g)", R1, me);
+    int n1, n2, bad = 0;
+    const ps_model_param_t *pc = ps_rcnn_params(mc, &n1), *pg = ps_rcnn_params(mg, &n2);
+    for (int i = 0; i < n1 && n1 == n2; i++) {
+        if (!pc[i].trainable) continue;
+        double scale = maxabs(pc[i].g, pc[i].numel);
+        if (excess(pg[i].g, pc[i].g, pc[i].numel, 2e-3 * scale + 1e-12, 1e-3, &me) > 0 &&
+            ++bad <= 10)
+            diag("%s: max err %.3g, max |ref| %.3g", pc[i].name, me, scale);
+    }
+    ok(n1 == n2 && bad == 0, "all %d parameter gradients", n1);
+    /* inference on each side's own proposals */
+    ps_rcnn_input_t ev = {.images = x, .n = N};
+    rc = ps_rcnn_forward(mc, &ev, NULL) | ps_rcnn_forward(mg, &ev, NULL) | ps_cuda_backend_sync(&g);
+    for (int i = 0; i < N && !rc; i++) {
+        int k1, k2, match = 0;
+        const float *p1 = ps_rcnn_proposals(mc, i, &k1), *p2 = ps_rcnn_proposals(mg, i, &k2);
+        for (int a = 0; a < k1; a++)
+            for (int b = 0; b < k2; b++) {
+                int same = 1;
+                for (int q = 0; q < 4; q++) same &= fabsf(p1[4 * a + q] - p2[4 * b + q]) <= 0.01f;
+                if (same) {
+                    match++;
+                    break;
+                }
+            }
+        ok(k1 == k2 && match >= k1 - 1, "image %d: inference proposals %d / %d, %d matched", i,
+           k1, k2, match);
+        float b1[400], b2[400], s1[100], s2[100];
+        int32_t l1[100], l2[100];
+        int d1 = ps_rcnn_detect(mc, i, b1, s1, l1), d2 = ps_rcnn_detect(mg, i, b2, s2, l2);
+        ok(d1 > 0 && d1 == d2, "image %d: %d detections on the CPU, %d on CUDA", i, d1, d2);
+    }
+    free(x), free(tgt), free(lab), free(matched), free(props), free(c1), free(c2);
+    ps_rcnn_destroy(&mg);
+    ps_rcnn_destroy(&mc);
+}
+
 int main(void)
 {
     if (ps_cuda_device_count() == 0) tap_skip_all("no CUDA device");
@@ -87,6 +226,7 @@ int main(void)
     test_roi_align(40, 2, 3, 10, 12, 7, 7, 0.25f, 0, 1);
     test_roi_align(1024, 4, 64, 32, 32, 7, 7, 0.25f, 2, 0); /* the detector's P2 */
     test_roi_align(300, 2, 256, 13, 17, 14, 14, 0.0625f, 2, 0); /* Mask R-CNN's 14 x 14 */
+    test_model();
     ps_cuda_backend_free(&g);
     ps_ctx_free(&g);
     ps_ctx_free(&c);
