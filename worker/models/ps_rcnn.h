@@ -30,9 +30,9 @@
  * box_head.fc6.*, .fc7.*, roi_heads.box_predictor.cls_score.*, .bbox_pred.*.
  *
  * Fixed bounds chosen at creation keep the arena static: max_n images of
- * H x W; post_nms proposals per image; box_batch RoIs per image in
- * training (with max_gt ground truth per image appended), every proposal
- * at test time.
+ * H x W; the larger post_nms count of proposals per image; at most
+ * box_batch RoIs per image in training (sampled from the proposals and at
+ * most max_gt ground truth), every proposal at test time.
  *
  * Legend: n images of 3 x H x W; F = fpn_channels; K foreground classes;
  * A anchors per image over P2..P6, rows level, then location (row-major),

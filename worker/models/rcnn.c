@@ -101,9 +101,11 @@ static int build(ps_rcnn_t *m)
     bc.bn_mode = PS_MODEL_BN_FROZEN; /* FrozenBatchNorm2d */
     int r = ps_resnet_create_features(&m->body, &bc, m->be, m->ctx, m->max_n, m->H, m->W);
     if (r || (r = levels(m))) return r;
+    /* RoIs per image: training samples at most box-batch of the proposals
+     * + ground truth, inference takes every proposal; given proposals
+     * (tests) may number post_max in either */
     m->rpn.post_max = imax(c->rpn_train.post_nms_top_n, c->rpn_test.post_nms_top_n);
-    int per_image = imax(imin(c->roi.batch, c->rpn_train.post_nms_top_n + c->max_gt),
-                         c->rpn_test.post_nms_top_n);
+    int per_image = imax(imin(c->roi.batch, m->rpn.post_max + c->max_gt), m->rpn.post_max);
     m->Rmax = m->max_n * imax(per_image, 1);
     if ((r = ps_rcnn_define(m))) return r;
     ps_arena_begin_sizing(&m->arena);
