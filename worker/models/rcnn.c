@@ -271,7 +271,9 @@ int ps_rcnn_forward(ps_rcnn_t *m, const ps_rcnn_input_t *in, ps_rcnn_losses_t *l
     if ((rc = ps_rcnn_rpn_proposals(m, in, training))) return rc;
     if (training && (rc = ps_rcnn_rpn_loss(m, in, l))) return rc;
     m->last_n = n;
-    if ((rc = ps_rcnn_box_forward(m, &m->box, in, training, 1, training ? l : NULL))) return rc;
+    if ((rc = ps_rcnn_box_forward(m, &m->box, in, m->rpn.props, m->rpn.nprops, m->rpn.post_max,
+                                  training, 1, training ? l : NULL)))
+        return rc;
     m->last_training = training;
     return 0;
 }

@@ -89,14 +89,14 @@ void ps_rcnn_box_layout(ps_rcnn_t *m, rcnn_stage_t *s, ps_arena_t *a)
 
 /* The RoI list of every image in torchvision's order into the host arrays
  * (training: sampled with the ground truth, targets into tgt); returns R. */
-static int roi_list(ps_rcnn_t *m, rcnn_stage_t *s, const ps_rcnn_input_t *in, int training,
-                    int site, float *tgt)
+static int roi_list(ps_rcnn_t *m, rcnn_stage_t *s, const ps_rcnn_input_t *in,
+                    const float *all, const int *counts, int stride, int training, int site,
+                    float *tgt)
 {
-    const rcnn_rpn_t *rp = &m->rpn;
     int R = 0, K = m->cfg.num_classes;
     for (int i = 0; i < in->n; i++) {
-        const float *props = rp->props + (size_t)i * rp->post_max * 4;
-        int P = rp->nprops[i], k;
+        const float *props = all + (size_t)i * stride * 4;
+        int P = counts[i], k;
         if (training) {
             int M = in->ngt[i];
             if (M < 0 || M > m->cfg.max_gt || M > in->gt_stride) {
@@ -151,7 +151,8 @@ static void to_arena(ps_rcnn_t *m, rcnn_stage_t *s, int R, const float *tgt)
     }
 }
 
-int ps_rcnn_box_forward(ps_rcnn_t *m, rcnn_stage_t *s, const ps_rcnn_input_t *in, int training,
+int ps_rcnn_box_forward(ps_rcnn_t *m, rcnn_stage_t *s, const ps_rcnn_input_t *in,
+                        const float *props, const int *counts, int stride, int training,
                         int site, ps_rcnn_losses_t *l)
 {
     const ps_backend_t *be = m->be;
@@ -163,7 +164,7 @@ int ps_rcnn_box_forward(ps_rcnn_t *m, rcnn_stage_t *s, const ps_rcnn_input_t *in
         ps_error("rcnn forward: out of memory for %d box targets", m->Rmax);
         return PS_ENOMEM;
     }
-    int R = roi_list(m, s, in, training, site, tgt);
+    int R = roi_list(m, s, in, props, counts, stride, training, site, tgt);
     if (R >= 0) to_arena(m, s, R, tgt);
     free(tgt);
     if (R < 0) return R;

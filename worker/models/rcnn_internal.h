@@ -104,7 +104,12 @@ void ps_rcnn_rpn_backward(ps_rcnn_t *m, int n); /* writes dP (overwrites) */
 /* rcnn_box.c */
 int ps_rcnn_box_define(ps_rcnn_t *m, rcnn_stage_t *s, const char *head, const char *predictor);
 void ps_rcnn_box_layout(ps_rcnn_t *m, rcnn_stage_t *s, ps_arena_t *a);
-int ps_rcnn_box_forward(ps_rcnn_t *m, rcnn_stage_t *s, const ps_rcnn_input_t *in, int training,
+/* The stage on proposals (n images, counts[i] boxes of image i at props +
+ * i * stride * 4): the RPN's for the first stage, the previous stage's
+ * refined boxes for a cascade's next.  site: its sampling site
+ * (ps_det_sample_key: 1 + stage). */
+int ps_rcnn_box_forward(ps_rcnn_t *m, rcnn_stage_t *s, const ps_rcnn_input_t *in,
+                        const float *props, const int *counts, int stride, int training,
                         int site, ps_rcnn_losses_t *l);
 void ps_rcnn_box_backward(ps_rcnn_t *m, rcnn_stage_t *s); /* += into dP[0..3] */
 /* rcnn_params.c */
