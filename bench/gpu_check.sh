@@ -177,6 +177,11 @@ for p in fp32 fp16 bf16; do
     [ $rc -eq 0 ] || fail "gpu_bench check -p $p (rc $rc)"
 done
 
+stage "whole TSM-ResNet-18 step, shift place 'block' (identity shifted too), CPU fp32 vs CUDA fp32"
+run 90 check_block "$BENCH" check -b; rc=$?
+tail -12 "$W/check_block.out"
+[ $rc -eq 0 ] || fail "gpu_bench check -b (rc $rc)"
+
 stage "whole RetinaNet-R18-FPN step, CPU fp32 vs CUDA fp32"
 run 90 rcheck "$BENCH" rcheck; rc=$?
 tail -12 "$W/rcheck.out"

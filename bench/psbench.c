@@ -1,7 +1,7 @@
 /* psbench: push+pull throughput of an N-byte FP32 gradient per worker per
  * iteration through synchronous psd, against the loopback TCP ceiling
- * measured in the same run and the reference ps-lite figures
- * (docs/performance.md).
+ * measured in the same run, with the CPU it took (psd and workers); the
+ * side-by-side comparison with ps-lite is bench/pslite_compare.sh.
  *
  *   psbench --servers 1,2 --workers 1,2 --bytes 25M,100M --codec raw --dtype fp32
  *   psbench --model tsm-r50 --compute-ms 200 --overlap on,off --netns psn42 ...
@@ -38,6 +38,8 @@
 static pid_t g_children[MAXPROC];
 static int g_nchildren;
 static char g_tmpdir[PATH_MAX];
+static const char *g_psd_args[32]; /* --psd-arg: passed on to every psd */
+static int g_npsd_args;
 
 static void kill_children(int sig)
 {
@@ -75,11 +77,13 @@ static void usage(FILE *f)
             "                          else raw)\n"
             "  --iters K               timed iterations (default 20)\n"
             "  --warmup K              untimed iterations first (default 3)\n"
-            "  --partition-bytes N     partition size (default 4M)\n"
+            "  --partition-bytes N     partition size (default 1M, psworker's)\n"
             "  --max-inflight N        client window per server (default 8); bounds only\n"
             "                          requests answered without other workers (initial\n"
             "                          pulls), never pushes (see ps_client.h)\n"
             "  --psd PATH              psd binary (default: next to psbench)\n"
+            "  --psd-arg ARG           pass ARG on to every psd (repeat for more:\n"
+            "                          --psd-arg --threads --psd-arg 1)\n"
             "  --mode ps|ring          ps (default): psd servers; ring: no servers, the\n"
             "                          workers allreduce over a ZeroMQ ring (worker/comm/ps_ring.h;\n"
             "                          dense dtypes only, --servers ignored, servers=0)\n"
@@ -230,10 +234,15 @@ static int start_psd(const char *psd, int s, const psbench_cfg_t *cfg, char *end
         prctl(PR_SET_PDEATHSIG, SIGKILL); /* never outlive psbench */
         if (getppid() != parent) _exit(1);
         if (cfg->netns && enter_netns(cfg->netns, s) < 0) _exit(126);
-        execl(psd, "psd", "--port", "0", "--bind", bind, "--port-file", portfile,
+        const char *argv[64] = {"psd", "--port", "0", "--bind", bind, "--port-file", portfile,
               "--server-id", a_id, "--num-servers", a_ns, "--num-workers", a_nw,
-              "--max-partition-bytes", a_pb, "--log-level", ps_log_level >= PS_LOG_INFO ? "info" : "warn", "--stats-every-s", "0",
-              (char *)NULL);
+              "--max-partition-bytes", a_pb, "--log-level", ps_log_level >= PS_LOG_INFO ? "info" : "warn",
+              "--stats-every-s", "0"};
+        int na = 0;
+        while (argv[na]) na++;
+        for (int k = 0; k < g_npsd_args && na < 63; k++) argv[na++] = g_psd_args[k];
+        argv[na] = NULL;
+        execv(psd, (char *const *)argv);
         fprintf(stderr, "psbench: exec %s: %s\n", psd, strerror(errno));
         _exit(127);
     }
@@ -298,20 +307,6 @@ static double pct(const double *v, int n, double q)
     return v[i] + (pos - i) * (v[i + 1] - v[i]);
 }
 
-/* Reference ps-lite sync figures (same machine type, loopback). */
-static void pslite_ref(const psbench_cfg_t *c, double *plain, double *tuned)
-{
-    *plain = *tuned = 0;
-    int s11 = c->servers == 1 && c->workers == 1, s22 = c->servers == 2 && c->workers == 2;
-    if (c->bytes == (size_t)25 << 20) {
-        if (s11) *plain = 1.04, *tuned = 1.41;
-        if (s22) *plain = 0.59, *tuned = 0.97;
-    } else if (c->bytes == (size_t)100 << 20) {
-        if (s11) *plain = 0.53;
-        if (s22) *plain = 0.29;
-    }
-}
-
 /* Read every worker's results as they come; the first worker that dies
  * without them brings the others down at once (they would otherwise sit in
  * a barrier or a sync step until their timeout). */
@@ -370,6 +365,8 @@ static int collect(const psbench_cfg_t *cfg, int *fds, pid_t *wpids, double *tim
             sum->wire_in += r.wire_in / W;
             if (!(r.check_err <= sum->check_err)) sum->check_err = r.check_err;
             sum->check_skipped |= r.check_skipped;
+            sum->cpu_self += r.cpu_self, sum->csw_self += r.csw_self;
+            sum->cpu_psd += r.cpu_psd, sum->csw_psd += r.csw_psd; /* rank 0's alone */
         }
     }
 out:
@@ -441,7 +438,7 @@ static int run_config(const char *psd, const psbench_cfg_t *cfg, double loop_bps
     double *times = calloc((size_t)W * cfg->iters, sizeof *times);
     double *ctimes = calloc((size_t)W * cfg->iters, sizeof *ctimes);
     double *wtimes = calloc((size_t)W * cfg->iters, sizeof *wtimes);
-    psbench_result_t res = {0, 0, 0, 0};
+    psbench_result_t res = {0};
     if (!times || !ctimes || !wtimes) {
         free(times);
         free(ctimes);
@@ -462,6 +459,8 @@ static int run_config(const char *psd, const psbench_cfg_t *cfg, double loop_bps
             goto out;
         }
         spids[s] = g_children[g_nchildren - 1];
+        psbench_psd_pid[s] = (int)spids[s];
+        psbench_npsd = s + 1;
         epp[s] = eps[s];
     }
     for (int w = 0; w < W; w++) {
@@ -524,8 +523,7 @@ out:
         qsort(ctimes, (size_t)n, sizeof *ctimes, cmp_double);
         qsort(wtimes, (size_t)n, sizeof *wtimes, cmp_double);
         double med = pct(times, n, 0.5), p10 = pct(times, n, 0.1), p90 = pct(times, n, 0.9);
-        double gbps = (double)cfg->bytes / med / 1e9, lg = loop_bps / 1e9, pl, pt;
-        pslite_ref(cfg, &pl, &pt);
+        double gbps = (double)cfg->bytes / med / 1e9, lg = loop_bps / 1e9;
         char ratio[48] = "";
         if (cfg->codec == PS_CODEC_TOPK)
             snprintf(ratio, sizeof ratio, " topk_ratio=%g",
@@ -557,9 +555,13 @@ out:
         }
         if (lg > 0) printf(" loopback_gbps=%.3f ratio_loopback=%.3f", lg, gbps / lg);
         else printf(" loopback_gbps=NA ratio_loopback=NA");
-        if (pl > 0) printf(" pslite_gbps=%.2f ratio_pslite=%.2f", pl, gbps / pl);
-        else printf(" pslite_gbps=NA ratio_pslite=NA");
-        if (pt > 0) printf(" pslite_tuned_gbps=%.2f ratio_pslite_tuned=%.2f", pt, gbps / pt);
+        /* CPU per GB of gradient pushed by all workers over the timed
+         * iterations, and context switches per iteration */
+        double gb = (double)W * (double)cfg->bytes * cfg->iters / 1e9;
+        if (!cfg->ring)
+            printf(" cpu_psd_s_per_gb=%.3f", res.cpu_psd / gb);
+        printf(" cpu_worker_s_per_gb=%.3f csw_per_iter_psd=%.1f csw_per_iter_workers=%.1f",
+               res.cpu_self / gb, res.csw_psd / cfg->iters, res.csw_self / cfg->iters);
         if (cfg->check && res.check_skipped) {
             printf(" check=skipped");
         } else if (cfg->check) {
@@ -587,7 +589,7 @@ int main(int argc, char **argv)
     ps_dtype_t dts[MAXLIST] = {PS_DT_FP32};
     ps_codec_t cds[MAXLIST] = {PS_CODEC_RAW};
     psbench_cfg_t base = {0};
-    base.partition_bytes = (size_t)4 << 20;
+    base.partition_bytes = (size_t)1 << 20;
     base.pull_codec = -1;
     base.iters = 20;
     base.warmup = 3;
@@ -655,6 +657,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--partition-bytes")) bad = parse_size(v, &base.partition_bytes) < 0 || base.partition_bytes < 4;
         else if (!strcmp(a, "--max-inflight")) bad = (base.max_inflight = atoi(v)) < 1;
         else if (!strcmp(a, "--psd")) psd = v;
+        else if (!strcmp(a, "--psd-arg")) bad = g_npsd_args == 32 || !(g_psd_args[g_npsd_args++] = v);
         else if (!strcmp(a, "--model")) {
             psbench_model_t m;
             bad = psbench_model_build(&m, v) < 0;

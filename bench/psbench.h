@@ -43,7 +43,20 @@ typedef struct psbench_result {
     double wire_out, wire_in;  /* client bytes per timed iteration */
     double check_err;          /* --check: worst |err| / tolerance (<= 1: pass), else 0 */
     int check_skipped;         /* --check not possible (lossy codec with several workers) */
+    /* CPU over the timed iterations (user + system seconds, context
+     * switches voluntary + involuntary): this worker process (all its
+     * threads: training, client I/O, ZeroMQ I/O), and, from rank 0 alone,
+     * every psd process (read from /proc/PID/stat and status) */
+    double cpu_self, csw_self, cpu_psd, csw_psd;
 } psbench_result_t;
+
+/* CPU seconds (user + system, every thread) and context switches of the
+ * calling process so far, from /proc. */
+void psbench_self_cpu(double *cpu, double *csw);
+
+/* psd processes of the configuration being run (rank 0 reads their CPU). */
+extern int psbench_npsd;
+extern int psbench_psd_pid[64];
 
 /* Worker process body: connects to `endpoints`, rank 0 initialises the
  * model, everybody barriers, then warmup + iters steps of (emulated compute

@@ -143,9 +143,12 @@ int psbench_ring_worker(const psbench_cfg_t *cfg, int rank, char **endpoints, in
     }
     thread = 1;
     uint64_t s0 = 0, r0 = 0, s1, r1;
-    double comp = cfg->compute_ms / 1e3;
+    double comp = cfg->compute_ms / 1e3, cpu0 = 0, csw0 = 0;
     for (int it = 0; it < cfg->warmup + cfg->iters; it++) {
-        if (it == cfg->warmup) ps_ring_bytes(cm.ring, &s0, &r0);
+        if (it == cfg->warmup) {
+            ps_ring_bytes(cm.ring, &s0, &r0);
+            psbench_self_cpu(&cpu0, &csw0);
+        }
         double t0 = psbench_now(), tc;
         pthread_mutex_lock(&cm.mu);
         cm.ready_from = t.nparts; /* nothing computed yet */
@@ -186,7 +189,10 @@ int psbench_ring_worker(const psbench_cfg_t *cfg, int rank, char **endpoints, in
         }
     }
     ps_ring_bytes(cm.ring, &s1, &r1);
-    psbench_result_t res = {(double)(s1 - s0) / cfg->iters, (double)(r1 - r0) / cfg->iters, 0, 0};
+    double cpu1, csw1;
+    psbench_self_cpu(&cpu1, &csw1);
+    psbench_result_t res = {(double)(s1 - s0) / cfg->iters, (double)(r1 - r0) / cfg->iters, 0, 0,
+                            cpu1 - cpu0, csw1 - csw0, 0, 0};
     if (psbench_send_result(fd, times, ctimes, cfg->iters, &res) < 0) {
         ps_error("ring worker %d: writing results: %s", rank, strerror(errno));
         goto out;

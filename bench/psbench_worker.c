@@ -1,5 +1,6 @@
 /* psbench worker process: one client, the sync training loop's
  * communication alone (pushpull of every partition, all in flight, wait). */
+#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -30,6 +31,65 @@ static void fill_grad(float *g, size_t n, unsigned seed)
             s += (double)(x >> 11) * (1.0 / 9007199254740992.0);
         }
         g[i] = (float)((s - 2.0) * 1.7e-3);
+    }
+}
+
+int psbench_npsd;
+int psbench_psd_pid[64];
+
+/* CPU seconds (user + system) and context switches of process pid so far,
+ * from /proc; 0 when it cannot be read. */
+static void proc_cpu(int pid, double *cpu, double *csw)
+{
+    char path[64], line[256];
+    *cpu = *csw = 0;
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (f) {
+        char buf[1024];
+        size_t n = fread(buf, 1, sizeof buf - 1, f);
+        buf[n] = 0;
+        fclose(f);
+        /* fields after the ")" of the command name: state is field 3;
+         * utime and stime are fields 14 and 15 */
+        char *p = strrchr(buf, ')');
+        unsigned long long ut = 0, st = 0;
+        if (p && sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) == 2)
+            *cpu = (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+    }
+    /* context switches are counted per thread */
+    snprintf(path, sizeof path, "/proc/%d/task", pid);
+    DIR *d = opendir(path);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        snprintf(path, sizeof path, "/proc/%d/task/%.16s/status", pid, e->d_name);
+        if (!(f = fopen(path, "r"))) continue;
+        while (fgets(line, sizeof line, f)) {
+            unsigned long long v;
+            if (sscanf(line, "voluntary_ctxt_switches: %llu", &v) == 1 ||
+                sscanf(line, "nonvoluntary_ctxt_switches: %llu", &v) == 1)
+                *csw += (double)v;
+        }
+        fclose(f);
+    }
+    if (d) closedir(d);
+}
+
+/* This process's CPU and context switches so far (every thread's). */
+void psbench_self_cpu(double *cpu, double *csw)
+{
+    proc_cpu((int)getpid(), cpu, csw);
+}
+
+/* rank 0: the psd processes' CPU and context switches so far, summed. */
+static void psd_cpu(double *cpu, double *csw)
+{
+    *cpu = *csw = 0;
+    for (int s = 0; s < psbench_npsd; s++) {
+        double c, k;
+        proc_cpu(psbench_psd_pid[s], &c, &k);
+        *cpu += c, *csw += k;
     }
 }
 
@@ -462,7 +522,12 @@ int psbench_worker(const psbench_cfg_t *cfg, int rank, char **endpoints, int fd)
     }
     memset(rq, 0, t.nparts * sizeof *rq);
     ps_client_counters(c, &k0);
+    double cpu0 = 0, csw0 = 0, pcpu0 = 0, pcsw0 = 0, cpu1, csw1, pcpu1 = 0, pcsw1 = 0;
     for (int it = 0; it < nsteps; it++) {
+        if (it == cfg->warmup) {
+            psbench_self_cpu(&cpu0, &csw0);
+            if (rank == 0) psd_cpu(&pcpu0, &pcsw0);
+        }
         double t0 = psbench_now(), tc = t0, waited = 0;
         if (!fwd_ov) memset(rq, 0, t.nparts * sizeof *rq);
         if (cfg->pull_credit > 0)
@@ -502,9 +567,12 @@ int psbench_worker(const psbench_cfg_t *cfg, int rank, char **endpoints, int fd)
         ps_error("worker %d: last pulls: %s (%s)", rank, ps_strerror(rc), ps_client_last_error(c));
         goto out;
     }
+    psbench_self_cpu(&cpu1, &csw1);
+    if (rank == 0) psd_cpu(&pcpu1, &pcsw1);
     ps_client_counters(c, &k1);
     psbench_result_t res = {(double)(k1.bytes_out - k0.bytes_out) / nsteps,
-                            (double)(k1.bytes_in - k0.bytes_in) / nsteps, 0, 0};
+                            (double)(k1.bytes_in - k0.bytes_in) / nsteps, 0, 0,
+                            cpu1 - cpu0, csw1 - csw0, pcpu1 - pcpu0, pcsw1 - pcsw0};
     int lossy = cfg->codec == PS_CODEC_TOPK || cfg->codec == PS_CODEC_SIGN;
     if (cfg->check && lossy && cfg->workers > 1) {
         res.check_skipped = 1;

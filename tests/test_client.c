@@ -303,7 +303,7 @@ static void test_faults(void)
         same &= memcmp(dst + t.parts[p].offset, f.w[p], t.parts[p].numel * sizeof(float)) == 0;
     ok(same, "garbage replies: the real weights arrive");
     ps_client_counters(c, &k);
-    ok(k.errors - errors0 >= 3 * 6, "garbage replies: counted as errors (%llu)",
+    ok(k.errors - errors0 >= 3 * 7, "garbage replies: counted as errors (%llu)",
        (unsigned long long)(k.errors - errors0));
     {
         /* retries off: a corrupt reply fails its request with the reason */

@@ -1,6 +1,8 @@
 /* COCO JSON loading and COCO-style evaluation (worker/det) against
- * pycocotools (tests/golden/gen_coco_eval.py -> coco_gt.json, coco_dt.json,
- * coco_stats.txt), hand-made cases and bad inputs. */
+ * pycocotools: boxes (tests/golden/gen_coco_eval.py -> coco_gt.json,
+ * coco_dt.json, coco_stats.txt) and masks (gen_coco_segm.py ->
+ * coco_segm_gt.json, coco_segm_dt.json, coco_segm_stats.txt); hand-made
+ * cases and bad inputs. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,50 +17,91 @@
 
 static char gold_dir[4096];
 
-static void golden(void)
+/* The 12 stats and the per-category APs of a golden stats file: 0 or -1 */
+static int read_stats(const char *p, double *want, int *nw, long long *cat_id, double *cat_want,
+                      int *nc)
 {
-    char p[4200], err[512];
-    ps_coco_t gt;
-    ps_coco_det_t *dets;
-    int nd;
-    snprintf(p, sizeof p, "%s/coco_gt.json", gold_dir);
-    is_int(ps_coco_load(&gt, p, 0, NULL, err, sizeof err), 0, "load golden GT (%s)", err);
-    snprintf(p, sizeof p, "%s/coco_dt.json", gold_dir);
-    is_int(ps_coco_load_dets(&dets, &nd, p, &gt, 0, NULL, err, sizeof err), 0,
-           "load golden detections");
-    ok(gt.nimages == 20 && gt.nanns > 50 && nd > 200, "golden sizes: %d images %d anns %d dets",
-       gt.nimages, gt.nanns, nd);
-    snprintf(p, sizeof p, "%s/coco_stats.txt", gold_dir);
     FILE *f = fopen(p, "r");
-    double want[PS_COCO_NSTATS], cat_want[16];
-    long long cat_id[16];
-    int nw = 0, nc = 0;
     char line[256];
+    *nw = *nc = 0;
     while (f && fgets(line, sizeof line, f)) {
         if (line[0] == '#') continue;
         if (!strncmp(line, "cat ", 4)) {
-            if (nc < 16 && sscanf(line + 4, "%lld %lf", &cat_id[nc], &cat_want[nc]) == 2) nc++;
-        } else if (nw < PS_COCO_NSTATS && sscanf(line, "%lf", &want[nw]) == 1) {
-            nw++;
+            if (*nc < 16 && sscanf(line + 4, "%lld %lf", &cat_id[*nc], &cat_want[*nc]) == 2) (*nc)++;
+        } else if (*nw < PS_COCO_NSTATS && sscanf(line, "%lf", &want[*nw]) == 1) {
+            (*nw)++;
         }
     }
     if (f) fclose(f);
+    return f ? 0 : -1;
+}
+
+/* C evaluation of golden GT and detections (segm: masks from the results'
+ * segmentation) against pycocotools' stats; returns the bbox AP wanted */
+static double golden_eval(const char *gt_name, const char *dt_name, const char *stats_name,
+                          int segm, ps_coco_t *gt, ps_coco_det_t **dets, int *nd)
+{
+    char p[4200], err[512] = "";
+    ps_rle_t *masks = NULL;
+    snprintf(p, sizeof p, "%s/%s", gold_dir, gt_name);
+    is_int(ps_coco_load(gt, p, 0, NULL, err, sizeof err), 0, "load golden GT %s (%s)", gt_name, err);
+    snprintf(p, sizeof p, "%s/%s", gold_dir, dt_name);
+    is_int(ps_coco_load_results(dets, segm ? &masks : NULL, nd, p, gt, 0, NULL, err, sizeof err), 0,
+           "load golden detections %s (%s)", dt_name, err);
+    ok(gt->nimages >= 16 && gt->nanns > 50 && *nd > 200, "golden sizes: %d images %d anns %d dets",
+       gt->nimages, gt->nanns, *nd);
+    double want[PS_COCO_NSTATS], cat_want[16];
+    long long cat_id[16];
+    int nw, nc;
+    snprintf(p, sizeof p, "%s/%s", gold_dir, stats_name);
+    read_stats(p, want, &nw, cat_id, cat_want, &nc);
     is_int(nw, PS_COCO_NSTATS, "12 stats in %s", p);
     ps_coco_eval_result_t res;
-    is_int(ps_coco_evaluate(&res, &gt, dets, nd), 0, "evaluate");
+    const char *kind = segm ? "segm" : "bbox";
+    is_int(segm ? ps_coco_evaluate_segm(&res, gt, *dets, masks, *nd)
+                : ps_coco_evaluate(&res, gt, *dets, *nd), 0, "evaluate (%s)", kind);
     static const char *names[] = {"AP", "AP50", "AP75", "APs", "APm", "APl",
                                   "AR1", "AR10", "AR100", "ARs", "ARm", "ARl"};
     double worst = 0;
     for (int s = 0; s < nw; s++) {
-        is_close(res.stats[s], want[s], 1e-6, 0, "%s vs pycocotools", names[s]);
+        is_close(res.stats[s], want[s], 1e-6, 0, "%s %s vs pycocotools", kind, names[s]);
         worst = fmax(worst, fabs(res.stats[s] - want[s]));
     }
-    diag("largest |C - pycocotools| over the 12 stats: %.3g", worst);
+    diag("%s: largest |C - pycocotools| over the 12 stats: %.3g", kind, worst);
     is_int(res.ncats, nc, "categories");
     for (int k = 0; k < nc && k < res.ncats; k++) {
         ok(res.cat_ids[k] == cat_id[k], "category %lld order", cat_id[k]);
-        is_close(res.cat_ap[k], cat_want[k], 1e-6, 0, "per-category AP, category %lld", cat_id[k]);
+        is_close(res.cat_ap[k], cat_want[k], 1e-6, 0, "%s per-category AP, category %lld", kind,
+                 cat_id[k]);
     }
+    char keys[128];
+    ps_coco_eval_keys(&res, segm ? "segm_" : "", keys, sizeof keys);
+    char expect[128];
+    snprintf(expect, sizeof expect, "%smap=%.4f %sap50=%.4f %sap75=%.4f", segm ? "segm_" : "",
+             want[0], segm ? "segm_" : "", want[1], segm ? "segm_" : "", want[2]);
+    ok(!strcmp(keys, expect), "final-line keys '%s'", keys);
+    ps_coco_eval_free(&res);
+    for (int i = 0; masks && i < *nd; i++) ps_rle_free(&masks[i]);
+    free(masks);
+    return want[0];
+}
+
+static void golden(void)
+{
+    char err[512] = "";
+    ps_coco_t gt;
+    ps_coco_det_t *dets;
+    int nd;
+    ps_coco_t sgt;
+    ps_coco_det_t *sdets;
+    int snd;
+    golden_eval("coco_segm_gt.json", "coco_segm_dt.json", "coco_segm_stats.txt", 1, &sgt, &sdets,
+                &snd);
+    ps_coco_free(&sgt);
+    free(sdets);
+    double want0 = golden_eval("coco_gt.json", "coco_dt.json", "coco_stats.txt", 0, &gt, &dets, &nd);
+    ps_coco_eval_result_t res;
+    is_int(ps_coco_evaluate(&res, &gt, dets, nd), 0, "evaluate");
     char txt[2048];
     ps_coco_eval_format(&res, txt, sizeof txt);
     ok(strstr(txt, "maxDets=100 ] = 0.") != NULL, "summary text formatted");
@@ -78,7 +121,7 @@ static void golden(void)
     is_int(ps_coco_load(&gt2, g2, 0, NULL, err, sizeof err), 0, "reload GT");
     is_int(ps_coco_load_dets(&dets2, &nd2, d2, &gt2, 0, NULL, err, sizeof err), 0, "reload dets");
     is_int(ps_coco_evaluate(&res, &gt2, dets2, nd2), 0, "evaluate reloaded");
-    is_close(res.stats[0], want[0], 1e-6, 0, "AP after round trip");
+    is_close(res.stats[0], want0, 1e-6, 0, "AP after round trip");
     ok(nd2 == nd && !memcmp(dets2, dets, (size_t)nd * sizeof *dets), "detections bit-identical");
     ps_coco_eval_free(&res);
     unlink(g2), unlink(d2), rmdir(tmpl);
@@ -98,7 +141,7 @@ static const char *GT_OK =
 
 static double eval_text(const char *gtj, const char *dtj, int stat)
 {
-    char err[512];
+    char err[512] = "";
     ps_coco_t gt;
     ps_coco_det_t *d;
     int nd;
@@ -191,7 +234,7 @@ static void bad_inputs(void)
              "{\"id\":7,\"image_id\":1,\"category_id\":1,\"bbox\":[1,1,2,2]}]}", img);
     ps_coco_t gt;
     ps_coco_skips_t sk;
-    char err[512];
+    char err[512] = "";
     is_int(ps_coco_parse(&gt, buf, strlen(buf), "t.json", 1, &sk, err, sizeof err), 0, "lenient load");
     ok(gt.nanns == 1 && sk.anns == 2 && gt.anns[0].id == 7, "lenient: 2 skipped, 1 kept");
 

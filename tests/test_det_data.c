@@ -12,6 +12,7 @@
 
 #include "ps_error.h"
 #include "ps_log.h"
+#include "tests/lib/det_testutil.h"
 #include "tests/lib/tap.h"
 #include "worker/data/ps_image.h"
 #include "worker/data/ps_video.h"
@@ -21,23 +22,9 @@
 
 static char dir[] = "/tmp/test_det_data_XXXXXX";
 
-/* w x h JPEG of one colour (quality 100, so decoded pixels are within +-2). */
 static int write_jpeg(const char *name, int w, int h, uint8_t r, uint8_t g, uint8_t b)
 {
-    uint8_t *px = malloc((size_t)w * h * 3), *buf = NULL;
-    size_t len;
-    char err[256], path[512];
-    for (int i = 0; i < w * h; i++) px[3 * i] = r, px[3 * i + 1] = g, px[3 * i + 2] = b;
-    int rc = ps_jpeg_encode(px, w, h, 100, &buf, &len, err, sizeof err);
-    free(px);
-    if (rc) return rc;
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "wb");
-    if (!f) return PS_EIO;
-    fwrite(buf, 1, len, f);
-    fclose(f);
-    free(buf);
-    return 0;
+    return det_write_jpeg(dir, name, w, h, r, g, b);
 }
 
 static void write_text(const char *name, const char *text)
@@ -90,7 +77,7 @@ static const char *GT_JSON =
 
 int main(void)
 {
-    char err[2048];
+    char err[2048] = "";
     if (!mkdtemp(dir)) {
         printf("Bail out! mkdtemp\n");
         return 1;
@@ -171,26 +158,6 @@ int main(void)
     ps_det_make_targets(lab_ref, bt_ref, matched, anchors, A, gt1f, cls1, 1, 2);
     ok(npos == np_ref && !memcmp(lab, lab_ref, sizeof(int32_t) * A) &&
        !memcmp(bt, bt_ref, sizeof(float) * 4 * A), "flipped box [30,6,60,26]: targets equal");
-
-    /* the per-image boxes the two-stage detectors sample against: where the
-     * image went (flipped above; resized: big.jpg), crowd left out, a bound */
-    {
-        float gb[8];
-        int32_t gc[2];
-        int ng = -1;
-        ok(!ps_det_sample_gt(ds, 0, &g, gb, gc, 2, &ng, err, sizeof err) && ng == 1 &&
-           !memcmp(gb, gt1f, sizeof gt1f) && gc[0] == 1,
-           "sample 0 flipped: its box [30,6,60,26] class 1");
-        o.flip = 0;
-        ps_det_load_sample(ds, &o, anchors, A, 0, 1, img2, NULL, NULL, &g, NULL, err, sizeof err);
-        o.flip = 1;
-        ok(!ps_det_sample_gt(ds, 1, &g, gb, gc, 2, &ng, err, sizeof err) && ng == 1 &&
-           !memcmp(gb, gt2, sizeof gt2) && gc[0] == 0,
-           "sample 1 resized by 1/2: [20,10,50,35] class 0, the crowd box left out");
-        ok(ps_det_sample_gt(ds, 1, &g, gb, gc, 0, &ng, err, sizeof err) == PS_EINVAL &&
-           strstr(err, "big.jpg") && strstr(err, "more than the 0"),
-           "more boxes than the bound: error naming the image (%s)", err);
-    }
 
     /* bad input */
     write_text("bad_box.json",

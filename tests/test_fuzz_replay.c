@@ -25,6 +25,10 @@
 #define PS_FUZZ_ENTRY ps_fuzz_video_list
 #include "tests/fuzz/fuzz_video_list.c"
 #undef PS_FUZZ_ENTRY
+/* the COCO readers live in libps_det, above libps_data */
+#define PS_FUZZ_ENTRY ps_fuzz_coco
+#include "tests/fuzz/fuzz_coco.c"
+#undef PS_FUZZ_ENTRY
 #endif
 
 #include "tests/lib/tap.h"
@@ -136,6 +140,7 @@ int main(void)
                                        {"config", ps_fuzz_config},
 #ifdef PS_FUZZ_VIDEO_LIST
                                        {"video_list", ps_fuzz_video_list},
+                                       {"coco", ps_fuzz_coco},
 #endif
     };
     fuzz_report_file = fdopen(dup(2), "w"); /* invariant failures stay visible */

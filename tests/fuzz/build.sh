@@ -17,7 +17,9 @@
 # Targets: codec (every dtype x codec x decode mode), wire (ps_wire_recv over
 # an inproc ZeroMQ pipe), safetensors (ps_st_parse + accessors), config
 # (INI file and argv), video_list (the TSM dataset list reader of
-# worker/data, linked with libjpeg: apt-get install libjpeg62-turbo-dev).
+# worker/data, linked with libjpeg: apt-get install libjpeg62-turbo-dev),
+# coco (the COCO annotation / results readers of worker/det, segmentations
+# and masks, and the evaluation of what they accept).
 set -eu
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -57,11 +59,19 @@ for src in "$top"/worker/data/video_list.c "$top"/worker/data/ps_image.c; do
     $CC $CFLAGS -fsanitize=fuzzer-no-link -c "$src" -o "$out/objdata/$(basename "$src" .c).o"
 done
 ar rcs "$out/libfz_data.a" "$out/objdata"/*.o
+# the COCO readers, masks and evaluation
+mkdir -p "$out/objdet"
+rm -f "$out/objdet"/*.o "$out/libfz_det.a"
+for src in "$top"/worker/det/coco_*.c; do
+    $CC $CFLAGS -fsanitize=fuzzer-no-link -c "$src" -o "$out/objdet/$(basename "$src" .c).o"
+done
+ar rcs "$out/libfz_det.a" "$out/objdet"/*.o
 
-targets="codec wire safetensors config video_list"
+targets="codec wire safetensors config video_list coco"
 for t in $targets; do
     extra=
     [ "$t" = video_list ] && extra="$out/libfz_data.a -ljpeg"
+    [ "$t" = coco ] && extra="$out/libfz_det.a"
     $CC $CFLAGS -fsanitize=fuzzer "$here/fuzz_$t.c" $extra $objs $LIBS -o "$out/fuzz_$t"
     echo "built $out/fuzz_$t"
 done

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CI fuzzing stage: build the five libFuzzer harnesses (tests/fuzz/build.sh)
+# CI fuzzing stage: build the six libFuzzer harnesses (tests/fuzz/build.sh)
 # and run each for a bounded time on a scratch copy of its seed corpus.
 # Fails on any crash, leak, sanitizer report or hang; prints the executions
 # per target.  Exit 77 (skipped) when clang-14 / libclang-rt-14-dev are
@@ -12,7 +12,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 top=$(cd "$here/../.." && pwd)
 secs=${1:-${PS_FUZZ_SECONDS:-20}}
 out=${PS_FUZZ_DIR:-$top/fuzz-build}
-targets="codec wire safetensors config video_list"
+targets="codec wire safetensors config video_list coco"
 
 missing=()
 command -v clang-14 >/dev/null 2>&1 || missing+=(clang-14)

@@ -154,3 +154,46 @@ put("video_list", "list_tmpl_evil", b"\x12%s%n\nvid/a 8 0\n")
 put("video_list", "list_minframes_checkframes", b"\x0dvid/a 2 0\nvid/b 5 1\n/abs/path 7 4\n")
 put("video_list", "list_ranges", b"\0vid/a 10000001 0\nvid/b 8 1000001\n")
 put("video_list", "list_nul", b"\1\0\0vid 3 3\n")
+
+# ---- coco: byte 0 = options (bit 0 lenient, bit 1 the rest is a results
+# file read against the harness's fixed ground truth, else ground truth)
+gt = {"images": [{"id": 1, "width": 12, "height": 9, "file_name": "a.jpg"},
+                 {"id": 7, "width": 5, "height": 7}],
+      "annotations": [
+          {"id": 1, "image_id": 1, "category_id": 3, "bbox": [1, 1, 4, 4], "area": 16,
+           "segmentation": [[1, 1, 5, 1, 5, 5, 1, 5], [7, 2, 11, 2, 9, 8]]},
+          {"id": 2, "image_id": 7, "category_id": 3, "bbox": [0, 0, 5, 7], "iscrowd": 1,
+           "segmentation": {"size": [7, 5], "counts": [3, 10, 22]}},
+          {"id": 3, "image_id": 7, "category_id": 4, "bbox": [1, 1, 2, 4],
+           "segmentation": {"size": [7, 5], "counts": "8430="}},
+          {"id": 4, "image_id": 1, "category_id": 4, "bbox": [2, 2, 3, 3]}],
+      "categories": [{"id": 3, "name": "a"}, {"id": 4, "name": "b"}]}
+put("coco", "gt_forms", b"\0" + json.dumps(gt).encode())
+bad = json.loads(json.dumps(gt))
+bad["annotations"][0]["segmentation"] = [[1, 1, 5, 1, 5], [1, 1]]
+bad["annotations"][1]["segmentation"]["counts"] = [3, 10, 21]
+bad["annotations"][2]["segmentation"]["counts"] = "8 1b~"
+put("coco", "gt_bad_lenient", b"\1" + json.dumps(bad).encode())
+put("coco", "results_masks", b"\2" + json.dumps([
+    {"image_id": 1, "category_id": 1, "score": 0.9, "bbox": [1, 1, 4, 4],
+     "segmentation": {"size": [9, 12], "counts": ":4500000n1"}},
+    {"image_id": 2, "category_id": 2, "score": 0.4,
+     "segmentation": {"size": [7, 5], "counts": [0, 35]}},
+    {"image_id": 2, "category_id": 1, "score": 0.3,
+     "segmentation": {"size": [9, 12], "counts": [108]}}]).encode())
+put("coco", "gt_edges_empty", b"\0" + json.dumps({
+    "images": [{"id": 1, "width": 4, "height": 3}, {"id": 2, "width": 60000, "height": 60000}],
+    "annotations": [
+        {"id": 1, "image_id": 1, "category_id": 1, "bbox": [0, 0, 4, 3],
+         "segmentation": [[-0.5, -0.5, 4.5, -0.5, 4.5, 3.5, -0.5, 3.5]]},
+        {"id": 2, "image_id": 2, "category_id": 1, "bbox": [0, 0, 60000, 60000],
+         "segmentation": [[0, 0, 60000, 0, 0, 60000]]},
+        {"id": 3, "image_id": 1, "category_id": 1, "bbox": [1, 1, 0, 2],
+         "segmentation": [[1, 1, 1, 3, 1, 2]]}],
+    "categories": [{"id": 1}]}).encode())
+put("coco", "results_bad_lenient", b"\3" + json.dumps([
+    {"image_id": 1, "category_id": 1, "score": 0.9, "segmentation": [[1, 1, 5, 1, 5, 5]]},
+    {"image_id": 2, "category_id": 2, "score": 0.4, "segmentation": {"size": [9, 12], "counts": [108]}},
+    {"image_id": 2, "category_id": 2, "score": 0.4, "segmentation": {"size": [7, 5], "counts": "0@"}},
+    {"image_id": 1, "category_id": 2, "score": 0.2, "bbox": [0, 0, 3, 3],
+     "segmentation": {"size": [9, 12], "counts": [10, 5, 93]}}]).encode())

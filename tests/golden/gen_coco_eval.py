@@ -14,15 +14,11 @@ images, one image with more than 100 detections) and tests/golden/
 coco_stats.txt: the 12 COCOeval.stats (bbox) printed with repr, plus the
 per-category AP (IoU .5:.95, area all, maxDets 100) as "cat <id> <ap>".
 """
-import contextlib
-import io
 import json
 import os
 import random
 
-import numpy as np
-from pycocotools.coco import COCO
-from pycocotools.cocoeval import COCOeval
+from coco_golden import write_stats
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 rng = random.Random(20261129)
@@ -102,21 +98,7 @@ with open(os.path.join(HERE, "coco_gt.json"), "w") as f:
 with open(os.path.join(HERE, "coco_dt.json"), "w") as f:
     json.dump(dets, f, indent=0)
 
-with contextlib.redirect_stdout(io.StringIO()):
-    gt = COCO(os.path.join(HERE, "coco_gt.json"))
-    dt = gt.loadRes(os.path.join(HERE, "coco_dt.json"))
-    ev = COCOeval(gt, dt, "bbox")
-    ev.evaluate()
-    ev.accumulate()
-    ev.summarize()
-with open(os.path.join(HERE, "coco_stats.txt"), "w") as f:
-    f.write("# COCOeval(bbox).stats from pycocotools (gen_coco_eval.py)\n")
-    for s in ev.stats:
-        f.write(repr(float(s)) + "\n")
-    pr = ev.eval["precision"][:, :, :, 0, 2]  # T, R, K at area all, maxDets 100
-    for k, c in enumerate(ev.params.catIds):
-        p = pr[:, :, k]
-        ap = float(np.mean(p[p > -1])) if (p > -1).any() else -1.0
-        f.write("cat %d %r\n" % (c, ap))
+stats = write_stats(HERE, "coco_gt.json", "coco_dt.json", "bbox", "coco_stats.txt",
+                    "gen_coco_eval.py")
 print(len(images), "images", len(anns), "annotations", len(dets), "detections")
-print("stats", [round(float(s), 4) for s in ev.stats])
+print("stats", [round(float(s), 4) for s in stats])

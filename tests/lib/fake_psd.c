@@ -259,6 +259,24 @@ static void send_garbage(fake_psd_t *f, ps_wire_msg_t *m)
     ps_wire_send(f->sock, id, idlen, &h, NULL, 0, NULL, NULL, 0);
     /* an ERROR that names no request */
     ps_wire_send_error(f->sock, id, idlen, 0, 0, PS_EPROTO, "fake: unsolicited error");
+    /* raw fp32 WEIGHTS that fit the request in every field but the
+     * checksum: the client checks it while copying them into place */
+    uint32_t part = m->hdr->partition;
+    size_t n = f->t->parts[part].numel;
+    float *junkw = malloc(n * sizeof(float));
+    if (junkw) {
+        for (size_t i = 0; i < n; i++) junkw[i] = 12345.0f;
+        ps_wire_header_init(&h, PS__MSG_TYPE__MSG_WEIGHTS);
+        h.has_request_id = 1, h.request_id = m->hdr->request_id;
+        h.has_partition = 1, h.partition = part;
+        h.has_numel = 1, h.numel = n;
+        h.has_dtype = 1, h.dtype = PS__DTYPE__DT_FP32;
+        h.has_codec = 1, h.codec = PS__CODEC__CODEC_RAW;
+        h.has_iteration = 1, h.iteration = 0;
+        uint32_t bad = ps_crc32c(0, junkw, n * sizeof(float)) ^ 1u;
+        ps_wire_send_crc(f->sock, id, idlen, &h, junkw, n * sizeof(float), bad, NULL, NULL, 0);
+        free(junkw);
+    }
 }
 
 static void handle(fake_psd_t *f, ps_wire_msg_t *m)

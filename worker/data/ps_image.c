@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <jpeglib.h>
 
@@ -347,4 +348,11 @@ void ps_errf(char *buf, size_t n, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(buf, n, fmt, ap);
     va_end(ap);
+}
+
+double ps_now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }

@@ -29,6 +29,9 @@ int ps_image_resize(const uint8_t *src, int src_stride, int sw, int sh, uint8_t 
 /* snprintf into an error buffer (truncation of a long message is fine). */
 void ps_errf(char *buf, size_t n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
+/* Seconds on CLOCK_MONOTONIC (waits, progress lines). */
+double ps_now_s(void);
+
 /* Reads a whole file into a malloc'd buffer. */
 int ps_read_file(const char *path, uint8_t **buf, size_t *len, char *err, size_t errlen);
 

@@ -9,7 +9,7 @@
 
 #include "ps_error.h"
 #include "ps_log.h"
-#include "worker/data/ps_image.h" /* ps_errf */
+#include "worker/data/ps_image.h" /* ps_errf, ps_now_s */
 #include "worker/data/ps_prefetch.h"
 
 typedef struct slot {
@@ -34,12 +34,6 @@ struct ps_prefetch {
     char err[1024];
 };
 
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void *thread_main(void *arg)
 {
@@ -123,7 +117,7 @@ void ps_prefetch_seek(ps_prefetch_t *pf, size_t (*reposition)(void *arg), void *
 
 int ps_prefetch_get(ps_prefetch_t *pf, void *inline_payload, void **payload, double *wait_s)
 {
-    double t0 = now_s();
+    double t0 = ps_now_s();
     *payload = NULL;
     if (wait_s) *wait_s = 0;
     if (pf->failed) return PS_ESTATE;
@@ -135,7 +129,7 @@ int ps_prefetch_get(ps_prefetch_t *pf, void *inline_payload, void **payload, dou
         char e[1024] = "";
         n = pf->c.fill(inline_payload, b, pf->c.user, &skipped, e, sizeof e);
         pf->skipped += skipped;
-        if (wait_s) *wait_s = now_s() - t0;
+        if (wait_s) *wait_s = ps_now_s() - t0;
         if (n < 0) {
             pf->failed = 1;
             ps_errf(pf->err, sizeof pf->err, "%s", e);
@@ -148,7 +142,7 @@ int ps_prefetch_get(ps_prefetch_t *pf, void *inline_payload, void **payload, dou
     pthread_mutex_lock(&pf->mu);
     while (!s->ready) pthread_cond_wait(&pf->done, &pf->mu);
     pthread_mutex_unlock(&pf->mu);
-    if (wait_s) *wait_s = now_s() - t0;
+    if (wait_s) *wait_s = ps_now_s() - t0;
     n = s->n;
     if (n < 0) {
         pf->failed = 1;

@@ -1,5 +1,5 @@
-/* Video data pipeline: TSM list files (or packed shards), JPEG frames,
- * TSN segment sampling, TSM's augmentation, and a threaded loader with a
+/* Video data pipeline: TSM list files (or packed shards) of JPEG frames, or
+ * lists of video files decoded on the fly, TSN segment sampling, TSM's augmentation, and a threaded loader with a
  * bounded prefetch queue.
  *
  * Legend: N videos in a list, T = n_segment frames per clip, B samples
@@ -53,6 +53,11 @@ typedef struct ps_video_list_opts {
     int check_frames;      /* 1: the first and the last frame file must exist */
     int verify_jpeg;       /* 1: read every frame's JPEG header at load (slow) */
     int min_frames;        /* videos with fewer frames are bad (TSM: 3); >= 1 */
+    /* video-file lists (ps_video_list_load_videos): the frames as psdata
+     * extract writes them (video_file.h) */
+    int short_side;        /* shorter side of a frame (256; 0 = as decoded) */
+    double fps;            /* frame rate (0 = every frame of the video) */
+    int probe_threads;     /* videos probed at once (0 = one per core) */
 } ps_video_list_opts_t;
 
 void ps_video_list_opts_default(ps_video_list_opts_t *o);
@@ -67,6 +72,15 @@ int ps_video_list_load(const char *list_path, const ps_video_list_opts_t *o,
 /* Reads a dataset written by ps_video_pack() (psdata pack) from its
  * directory; same videos, same order, same labels as the list it came from. */
 int ps_video_list_load_packed(const char *dir, const ps_video_list_opts_t *o,
+                              ps_video_list_t **out, char *err, size_t errlen);
+/* Reads a list of video files, `path label` per line (path relative to
+ * root; any container FFmpeg reads), for decoding on the fly.  Every video
+ * is probed here (its packets demuxed, not decoded: frame count, times,
+ * keyframes), so num_frames is the count psdata extract would write with
+ * the same short_side and fps, and a sample decodes the same frames as
+ * from the extracted folder.  A missing, unreadable or video-less file is
+ * an error naming the list line and the file (skip_bad: a counted skip). */
+int ps_video_list_load_videos(const char *list_path, const ps_video_list_opts_t *o,
                               ps_video_list_t **out, char *err, size_t errlen);
 void ps_video_list_free(ps_video_list_t **l);
 
@@ -87,6 +101,10 @@ long ps_video_list_find_label(const ps_video_list_t *l, int min_label, char *whe
  * *buf (caller frees).  Errors name the list file and line. */
 int ps_video_read_frame_bytes(const ps_video_list_t *l, size_t i, int frame,
                               uint8_t **buf, size_t *len, char *err, size_t errlen);
+/* Decoded RGB8 (h*w*3, caller frees) of frames idx[0..n) (1-based, any
+ * order) of video i: px[k] is w[k] x h[k].  On failure none is left. */
+int ps_video_read_frames(const ps_video_list_t *l, size_t i, const int *idx, int n, uint8_t **px,
+                         int *w, int *h, char *err, size_t errlen);
 /* Decoded RGB8 (h*w*3, caller frees) of frame `frame` of video i. */
 int ps_video_read_frame(const ps_video_list_t *l, size_t i, int frame,
                         uint8_t **rgb, int *w, int *h, char *err, size_t errlen);
@@ -106,6 +124,8 @@ typedef struct ps_video_opts {
     int max_distort;      /* |i - j| of the (h, w) scale pair (TSM: 1) */
     int more_fix_crop;    /* 13 fixed offsets instead of 5 (TSM: 1) */
     int n_clips;          /* testing: clips per video (evenly spaced) */
+    int n_crops;          /* testing: 1 = centre crop; 3 = three crops along the
+                             longer side (TSM's GroupFullResSample, below) */
     float mean[3], std[3];/* ImageNet normalisation */
     uint64_t seed;
     int rank, world;      /* DistributedSampler position (0, 1 = all) */
@@ -123,7 +143,8 @@ typedef struct ps_video_opts {
 
 void ps_video_opts_default(ps_video_opts_t *o);
 int ps_video_opts_check(const ps_video_opts_t *o, char *err, size_t errlen);
-/* Clips per sample: train ? 1 : n_clips. */
+/* Clips per sample: train ? 1 : n_clips * n_crops.  A test sample's clip
+ * k = clip * n_crops + crop. */
 int ps_video_clips_per_sample(const ps_video_opts_t *o);
 
 /* TSN training indices (TSM's _sample_indices, new_length 1): 1-based. */
@@ -131,6 +152,16 @@ void ps_video_tsn_train_indices(int num_frames, int T, ps_vrng_t *r, int *out);
 /* TSN test indices (TSM's _get_val_indices for n_clips 1; clip c of n
  * shifts the point inside each span to tick*(c+0.5)/n): 1-based. */
 void ps_video_tsn_test_indices(int num_frames, int T, int clip, int n_clips, int *out);
+
+/* Test crop `crop` of n_crops (1 or 3) for a frame already scaled to
+ * img_w x img_h: 1 = the centre (offsets round((img - crop) / 2), Python's
+ * round); 3 = TSM's GroupFullResSample without flips, step = (img - crop)
+ * // 4 along the longer side and offsets 0, 4*step, 2*step there (left,
+ * right, centre), 2*step of the other side's step across.  (TSM steps along
+ * the width whatever the shape, so a portrait video gets three identical
+ * centre crops there; here the three go along the longer side.) */
+void ps_video_test_crop(int img_w, int img_h, int crop_w, int crop_h, int n_crops, int crop,
+                        int *x, int *y);
 
 /* GroupMultiScaleCrop's choice for an image of w x h (fix_crop on). */
 typedef struct ps_video_crop { int x, y, w, h; int flip; } ps_video_crop_t;

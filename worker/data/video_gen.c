@@ -21,9 +21,11 @@
 #include <sys/stat.h>
 
 #include "ps_error.h"
+#include "ps_util.h"
 #include "ps_log.h"
 #include "worker/data/ps_image.h"
 #include "worker/data/ps_video.h"
+#include "worker/data/video_file.h"
 #include "worker/data/video_list.h"
 
 void ps_video_gen_opts_default(ps_video_gen_opts_t *o)
@@ -44,9 +46,13 @@ void ps_video_gen_opts_default(ps_video_gen_opts_t *o)
     o->movers = 3;
 }
 
-/* up, down, left, right, then the diagonals */
+/* up, down, left, right, then the diagonals; the names are the class
+ * names of the video-file datasets (spaces as in Kinetics' labels) */
 static const int DIRS[8][2] = { { 0, -1 }, { 0, 1 }, { -1, 0 }, { 1, 0 },
                                 { -1, -1 }, { 1, -1 }, { -1, 1 }, { 1, 1 } };
+static const char *const DIR_NAMES[8] = { "moving up", "moving down", "moving left", "moving right",
+                                          "moving up left", "moving up right", "moving down left",
+                                          "moving down right" };
 
 typedef struct shape {
     int kind;              /* 0 rectangle, 1 disc */
@@ -132,18 +138,7 @@ int ps_video_gen_frame(const ps_video_gen_opts_t *o, int v, int t, uint8_t *rgb,
     return 0;
 }
 
-static int write_bytes(const char *path, const uint8_t *b, size_t n, char *err, size_t errlen)
-{
-    FILE *f = fopen(path, "wb");
-    if (!f || fwrite(b, 1, n, f) != n || fclose(f) != 0) {
-        ps_errf(err, errlen, "%s: %s", path, strerror(errno));
-        if (f) fclose(f);
-        return PS_EIO;
-    }
-    return 0;
-}
-
-int ps_video_gen(const ps_video_gen_opts_t *o, char *err, size_t errlen)
+static int check_opts(const ps_video_gen_opts_t *o, char *err, size_t errlen)
 {
     if (o->videos < 1 || o->frames < 1 || o->size < 8 || o->size > 4096 ||
         (o->classes != 2 && o->classes != 4 && o->classes != 8) || o->quality < 1 || o->quality > 100 ||
@@ -157,7 +152,79 @@ int ps_video_gen(const ps_video_gen_opts_t *o, char *err, size_t errlen)
         ps_errf(err, errlen, "%s: %s", o->out, strerror(errno));
         return PS_EIO;
     }
-    int rc = 0;
+    return 0;
+}
+
+typedef struct gen_src { const ps_video_gen_opts_t *o; int v; } gen_src_t;
+
+static int gen_src(int t, uint8_t *rgb, void *user)
+{
+    const gen_src_t *g = user;
+    return ps_video_gen_frame(g->o, g->v, t, rgb, NULL);
+}
+
+int ps_video_gen_files(const ps_video_gen_opts_t *o, const char *container, const ps_vfile_enc_t *enc,
+                       char *err, size_t errlen)
+{
+    int rc = check_opts(o, err, errlen);
+    if (rc < 0) return rc;
+    if (o->size & 1 || !container || !*container || strchr(container, '/')) {
+        ps_errf(err, errlen, "video files need an even --size (got %d) and a container name (mp4, avi, mkv, mov)",
+                o->size);
+        return PS_EINVAL;
+    }
+    int secs = (o->frames + enc->fps - 1) / enc->fps, n_val = (int)lround(o->videos * o->val_fraction);
+    char first_err[1024] = "";
+#pragma omp parallel for schedule(dynamic)
+    for (int v = 0; v < o->videos; v++) {
+        char path[4200], m[1024];
+        snprintf(path, sizeof path, "%s/vid_%06d_000000_%06d.%s", o->out, v, secs, container);
+        gen_src_t g = { o, v };
+        int vrc = ps_vfile_write(path, o->size, o->size, o->frames, enc, gen_src, &g, m, sizeof m);
+        if (vrc < 0) {
+#pragma omp critical
+            {
+                if (rc == 0) { rc = vrc; ps_errf(first_err, sizeof first_err, "%s", m); }
+            }
+        }
+    }
+    if (rc < 0) {
+        ps_errf(err, errlen, "%s", first_err);
+        return rc;
+    }
+    size_t cap = (size_t)o->videos * 80 + 256, k = 0;
+    char *csv = malloc(cap), *names = malloc(512), path[4200];
+    if (!csv || !names) { free(csv), free(names); ps_errf(err, errlen, "out of memory"); return PS_ENOMEM; }
+    k += (size_t)snprintf(csv, cap, "label,youtube_id,time_start,time_end,split\n");
+    for (int v = 0; v < o->videos; v++)
+        k += (size_t)snprintf(csv + k, cap - k, "%s,vid_%06d,0,%d,%s\n", DIR_NAMES[v % o->classes], v, secs,
+                              v >= o->videos - n_val ? "val" : "train");
+    size_t kn = 0;
+    for (int c = 0; c < o->classes; c++) kn += (size_t)snprintf(names + kn, 512 - kn, "%s\n", DIR_NAMES[c]);
+    snprintf(path, sizeof path, "%s/labels.csv", o->out);
+    rc = ps_write_file_atomic1(path, csv, k, "gen-video", err, errlen);
+    snprintf(path, sizeof path, "%s/classes.txt", o->out);
+    if (rc == 0) rc = ps_write_file_atomic1(path, names, kn, "gen-video", err, errlen);
+    free(csv);
+    free(names);
+    return rc;
+}
+
+static int write_bytes(const char *path, const uint8_t *b, size_t n, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(b, 1, n, f) != n || fclose(f) != 0) {
+        ps_errf(err, errlen, "%s: %s", path, strerror(errno));
+        if (f) fclose(f);
+        return PS_EIO;
+    }
+    return 0;
+}
+
+int ps_video_gen(const ps_video_gen_opts_t *o, char *err, size_t errlen)
+{
+    int rc = check_opts(o, err, errlen);
+    if (rc < 0) return rc;
     char first_err[1024] = "";
 #pragma omp parallel for schedule(dynamic)
     for (int v = 0; v < o->videos; v++) {

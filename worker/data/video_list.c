@@ -22,6 +22,7 @@ void ps_video_list_opts_default(ps_video_list_opts_t *o)
     o->tmpl = "img_%05d.jpg";
     o->check_frames = 1;
     o->min_frames = 1;
+    o->short_side = 256;
 }
 
 int ps_video_tmpl_ok(const char *t)
@@ -46,6 +47,7 @@ ps_video_list_t *ps_video_list_alloc(const char *source, const char *root, const
     l->source = strdup(source);
     l->root = strdup(root ? root : "");
     l->tmpl = strdup(tmpl ? tmpl : "img_%05d.jpg");
+    l->src = &ps_video_source_jpeg;
     if (!l->source || !l->root || !l->tmpl) {
         ps_video_list_free(&l);
         return NULL;
@@ -70,6 +72,7 @@ int ps_video_list_add(ps_video_list_t *l, const char *name, int frames, int labe
     e->line = line;
     e->shard = -1;
     e->first = 0;
+    e->vix = NULL;
     l->n++;
     if (label + 1 > l->num_classes) l->num_classes = label + 1;
     return 0;
@@ -79,7 +82,10 @@ void ps_video_list_free(ps_video_list_t **lp)
 {
     ps_video_list_t *l = *lp;
     if (!l) return;
-    for (size_t i = 0; i < l->n; i++) free(l->v[i].name);
+    for (size_t i = 0; i < l->n; i++) {
+        free(l->v[i].name);
+        if (l->src->free_entry) l->src->free_entry(&l->v[i]);
+    }
     free(l->v);
     for (int s = 0; s < l->n_shards; s++) {
         if (l->shard_fd && l->shard_fd[s] >= 0) close(l->shard_fd[s]);
@@ -123,9 +129,9 @@ static int parse_int(const char *s, long lo, long hi, int *out)
 }
 
 /* Validates one parsed entry against the file system.  0 or PS_E*. */
-static int check_entry(ps_video_list_t *l, size_t i, const ps_video_list_opts_t *o,
-                       char *msg, size_t msglen)
+static int check_entry(ps_video_list_t *l, size_t i, const void *arg, char *msg, size_t msglen)
 {
+    const ps_video_list_opts_t *o = arg;
     char path[4096];
     struct stat st;
     const ps_video_entry_t *e = &l->v[i];
@@ -174,26 +180,59 @@ static int check_entry(ps_video_list_t *l, size_t i, const ps_video_list_opts_t 
     return 0;
 }
 
-int ps_video_list_load(const char *list_path, const ps_video_list_opts_t *oin,
-                       ps_video_list_t **out, char *err, size_t errlen)
+/* Splits the last whitespace-separated field off s (cut in place): the
+ * field, or NULL when s has a single field. */
+static char *last_field(char *s)
 {
-    ps_video_list_opts_t o;
-    if (oin) o = *oin; else ps_video_list_opts_default(&o);
-    if (!o.tmpl) o.tmpl = "img_%05d.jpg";
-    if (o.min_frames < 1) o.min_frames = 1;
-    *out = NULL;
-    if (!ps_video_tmpl_ok(o.tmpl)) {
-        ps_errf(err, errlen, "frame template '%s' must hold exactly one integer conversion "
-                 "such as %%05d", o.tmpl);
+    char *t = strrchr(s, ' '), *tab = strrchr(s, '\t');
+    if (tab > t) t = tab;
+    if (!t) return NULL;
+    char *f = t + 1;
+    while (t > s && isspace((unsigned char)t[-1])) t--;
+    *t = 0;
+    return *s ? f : NULL;
+}
+
+/* One list line, comments and blanks removed, into (name, frames, label):
+ * 0, 1 to ignore the line, or a PS_E* with the reason in msg. */
+static int parse_line(char *line, ssize_t len, int with_frames, char **name, int *frames,
+                      int *label, char *msg, size_t msglen)
+{
+    if ((size_t)len != strlen(line)) {
+        ps_errf(msg, msglen, "NUL byte in line");
+        return PS_ECORRUPT;
+    }
+    while (len > 0 && isspace((unsigned char)line[len - 1])) line[--len] = 0;
+    char *s = line;
+    while (isspace((unsigned char)*s)) s++;
+    if (!*s || *s == '#') return 1;
+    /* fields from the right, so a name may hold spaces */
+    char *lab = last_field(s), *nf = with_frames && lab ? last_field(s) : NULL;
+    *frames = 0;
+    if (!lab || (with_frames && !nf)) {
+        ps_errf(msg, msglen, "expected '%s'", with_frames ? "frame_dir num_frames label" : "path label");
         return PS_EINVAL;
     }
+    if (nf && parse_int(nf, 0, 10000000, frames) < 0) {
+        ps_errf(msg, msglen, "num_frames '%s' is not a non-negative integer", nf);
+        return PS_ERANGE;
+    }
+    if (parse_int(lab, 0, 1000000, label) < 0) {
+        ps_errf(msg, msglen, "label '%s' is not a non-negative integer", lab);
+        return PS_ERANGE;
+    }
+    *name = s;
+    return 0;
+}
+
+int ps_video_list_read(const char *list_path, int with_frames, int skip_bad, ps_video_list_t *l,
+                       ps_video_entry_check_fn check, const void *arg, char *err, size_t errlen)
+{
     FILE *f = fopen(list_path, "r");
     if (!f) {
         ps_errf(err, errlen, "%s: %s", list_path, strerror(errno));
         return errno == ENOENT ? PS_ENOTFOUND : PS_EIO;
     }
-    ps_video_list_t *l = ps_video_list_alloc(list_path, o.root, o.tmpl);
-    if (!l) { fclose(f); ps_errf(err, errlen, "out of memory"); return PS_ENOMEM; }
     char *line = NULL;
     size_t cap = 0;
     ssize_t len;
@@ -201,54 +240,17 @@ int ps_video_list_load(const char *list_path, const ps_video_list_opts_t *oin,
     char msg[1024];
     while ((len = getline(&line, &cap, f)) >= 0) {
         lineno++;
-        if ((size_t)len != strlen(line)) {
-            ps_errf(msg, sizeof msg, "NUL byte in line");
-            rc = PS_ECORRUPT;
-        } else {
-            while (len > 0 && isspace((unsigned char)line[len - 1])) line[--len] = 0;
-            char *s = line;
-            while (isspace((unsigned char)*s)) s++;
-            if (!*s || *s == '#') continue;
-            /* Fields from the right so frame_dir may hold spaces. */
-            char *t2 = strrchr(s, ' '), *tab = strrchr(s, '\t');
-            if (tab > t2) t2 = tab;
-            int frames = 0, label = 0;
-            rc = 0;
-            if (!t2) rc = PS_EINVAL;
-            else {
-                char *lab = t2 + 1;
-                while (t2 > s && isspace((unsigned char)t2[-1])) t2--;
-                *t2 = 0;
-                char *t1 = strrchr(s, ' '), *tab1 = strrchr(s, '\t');
-                if (tab1 > t1) t1 = tab1;
-                if (!t1) rc = PS_EINVAL;
-                else {
-                    char *nf = t1 + 1;
-                    while (t1 > s && isspace((unsigned char)t1[-1])) t1--;
-                    *t1 = 0;
-                    if (!*s) rc = PS_EINVAL;
-                    else if (parse_int(nf, 0, 10000000, &frames) < 0) {
-                        ps_errf(msg, sizeof msg, "num_frames '%s' is not a non-negative integer", nf);
-                        rc = PS_ERANGE;
-                    } else if (parse_int(lab, 0, 1000000, &label) < 0) {
-                        ps_errf(msg, sizeof msg, "label '%s' is not a non-negative integer", lab);
-                        rc = PS_ERANGE;
-                    }
-                }
-            }
-            if (rc == PS_EINVAL)
-                ps_errf(msg, sizeof msg, "expected 'frame_dir num_frames label'");
-            if (rc == 0) {
-                rc = ps_video_list_add(l, s, frames, label, lineno);
-                if (rc < 0) { ps_errf(err, errlen, "out of memory"); break; }
-                rc = check_entry(l, l->n - 1, &o, msg, sizeof msg);
-                if (rc < 0) {
-                    free(l->v[--l->n].name);
-                }
-            }
+        char *name;
+        int frames, label;
+        rc = parse_line(line, len, with_frames, &name, &frames, &label, msg, sizeof msg);
+        if (rc == 1) { rc = 0; continue; }
+        if (rc == 0) {
+            rc = ps_video_list_add(l, name, frames, label, lineno);
+            if (rc < 0) { ps_errf(err, errlen, "out of memory"); break; }
+            if (check && (rc = check(l, l->n - 1, arg, msg, sizeof msg)) < 0) free(l->v[--l->n].name);
         }
         if (rc < 0) {
-            if (!o.skip_bad) {
+            if (!skip_bad) {
                 ps_errf(err, errlen, "%s:%d: %s", list_path, lineno, msg);
                 break;
             }
@@ -263,19 +265,44 @@ int ps_video_list_load(const char *list_path, const ps_video_list_opts_t *oin,
     }
     free(line);
     fclose(f);
-    if (rc == 0 && l->n == 0) {
-        ps_errf(err, errlen, "%s: no usable videos (%zu skipped)", list_path, l->skipped);
-        rc = PS_EINVAL;
-    }
-    if (rc < 0) {
-        ps_video_list_free(&l);
-        return rc;
+    return rc;
+}
+
+int ps_video_list_finish(ps_video_list_t *l, char *err, size_t errlen)
+{
+    if (l->n == 0) {
+        ps_errf(err, errlen, "%s: no usable videos (%zu skipped)", l->source, l->skipped);
+        return PS_EINVAL;
     }
     /* num_classes recomputed: a skipped entry may have raised it. */
     l->num_classes = 0;
     for (size_t i = 0; i < l->n; i++)
         if (l->v[i].label + 1 > l->num_classes) l->num_classes = l->v[i].label + 1;
-    if (l->skipped) ps_warn("%s: %zu bad entries skipped, %zu videos kept", list_path, l->skipped, l->n);
+    if (l->skipped) ps_warn("%s: %zu bad entries skipped, %zu videos kept", l->source, l->skipped, l->n);
+    return 0;
+}
+
+int ps_video_list_load(const char *list_path, const ps_video_list_opts_t *oin,
+                       ps_video_list_t **out, char *err, size_t errlen)
+{
+    ps_video_list_opts_t o;
+    if (oin) o = *oin; else ps_video_list_opts_default(&o);
+    if (!o.tmpl) o.tmpl = "img_%05d.jpg";
+    if (o.min_frames < 1) o.min_frames = 1;
+    *out = NULL;
+    if (!ps_video_tmpl_ok(o.tmpl)) {
+        ps_errf(err, errlen, "frame template '%s' must hold exactly one integer conversion "
+                 "such as %%05d", o.tmpl);
+        return PS_EINVAL;
+    }
+    ps_video_list_t *l = ps_video_list_alloc(list_path, o.root, o.tmpl);
+    if (!l) { ps_errf(err, errlen, "out of memory"); return PS_ENOMEM; }
+    int rc = ps_video_list_read(list_path, 1, o.skip_bad, l, check_entry, &o, err, errlen);
+    if (rc == 0) rc = ps_video_list_finish(l, err, errlen);
+    if (rc < 0) {
+        ps_video_list_free(&l);
+        return rc;
+    }
     *out = l;
     return 0;
 }
@@ -312,6 +339,10 @@ int ps_video_read_frame_bytes(const ps_video_list_t *l, size_t i, int frame,
     }
     const ps_video_entry_t *e = &l->v[i];
     char m[512];
+    if (l->src != &ps_video_source_jpeg) {
+        ps_errf(err, errlen, "%s:%d: '%s' is a video file, not JPEG frames", l->source, e->line, e->name);
+        return PS_EUNSUPPORTED;
+    }
     if (!l->packed) {
         char path[4096];
         if (ps_video_frame_path(l, i, frame, path, sizeof path) < 0) {
@@ -348,8 +379,9 @@ int ps_video_read_frame_bytes(const ps_video_list_t *l, size_t i, int frame,
     return 0;
 }
 
-int ps_video_read_frame(const ps_video_list_t *l, size_t i, int frame,
-                        uint8_t **rgb, int *w, int *h, char *err, size_t errlen)
+/* One JPEG frame decoded (folder or pack). */
+static int jpeg_frame(const ps_video_list_t *l, size_t i, int frame, uint8_t **rgb, int *w, int *h,
+                      char *err, size_t errlen)
 {
     uint8_t *b;
     size_t n;
@@ -367,6 +399,41 @@ int ps_video_read_frame(const ps_video_list_t *l, size_t i, int frame,
                  path, m);
     }
     return rc;
+}
+
+static int jpeg_frames(const ps_video_list_t *l, size_t i, const int *idx, int n, uint8_t **px,
+                       int *w, int *h, char *err, size_t errlen)
+{
+    for (int k = 0; k < n; k++) {
+        int rc = jpeg_frame(l, i, idx[k], &px[k], &w[k], &h[k], err, errlen);
+        if (rc < 0) {
+            while (k > 0) {
+                free(px[--k]);
+                px[k] = NULL;
+            }
+            return rc;
+        }
+    }
+    return 0;
+}
+
+const ps_video_source_t ps_video_source_jpeg = { "JPEG frames", jpeg_frames, NULL };
+
+int ps_video_read_frames(const ps_video_list_t *l, size_t i, const int *idx, int n, uint8_t **px,
+                         int *w, int *h, char *err, size_t errlen)
+{
+    for (int k = 0; k < n; k++) px[k] = NULL;
+    if (i >= l->n) {
+        ps_errf(err, errlen, "%s: video %zu out of range (%zu videos)", l->source, i, l->n);
+        return PS_ERANGE;
+    }
+    return l->src->read_frames(l, i, idx, n, px, w, h, err, errlen);
+}
+
+int ps_video_read_frame(const ps_video_list_t *l, size_t i, int frame,
+                        uint8_t **rgb, int *w, int *h, char *err, size_t errlen)
+{
+    return ps_video_read_frames(l, i, &frame, 1, rgb, w, h, err, errlen);
 }
 
 int ps_mkdir_p(const char *path)

@@ -54,20 +54,97 @@ static void put64(wbuf_t *b, uint64_t v) { put32(b, (uint32_t)v); put32(b, (uint
 static uint32_t get32(const uint8_t *p) { return p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
 static uint64_t get64(const uint8_t *p) { return get32(p) | (uint64_t)get32(p + 4) << 32; }
 
-/* Writes path via a temp file + rename so a crash never leaves half a shard
- * under the final name. */
-static int write_file(const char *path, const void *p, size_t n, char *err, size_t errlen)
+/* ---- the shard builder (psdata pack, psdata extract --packed) ---------------- */
+
+struct ps_pack_builder {
+    wbuf_t data, idx;
+    uint32_t videos;
+    size_t mark_data, mark_idx;  /* where the open video began */
+    size_t frames_at;            /* idx offset of the open video's num_frames */
+    uint32_t frames;             /* frames added to the open video */
+};
+
+ps_pack_builder_t *ps_pack_builder_new(void)
 {
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0 || ps_write_all(fd, p, n) < 0 || fsync(fd) < 0 || close(fd) < 0 || rename(tmp, path) < 0) {
-        ps_errf(err, errlen, "%s: %s", path, strerror(errno));
-        if (fd >= 0) close(fd);
-        unlink(tmp);
-        return PS_EIO;
+    ps_pack_builder_t *b = calloc(1, sizeof *b);
+    if (!b) return NULL;
+    put(&b->idx, MAGIC, 8);
+    put32(&b->idx, 0); /* n_videos, set by ps_pack_builder_write */
+    return b;
+}
+
+void ps_pack_builder_free(ps_pack_builder_t **bp)
+{
+    ps_pack_builder_t *b = *bp;
+    if (!b) return;
+    free(b->data.p);
+    free(b->idx.p);
+    free(b);
+    *bp = NULL;
+}
+
+void ps_pack_video_begin(ps_pack_builder_t *b, const char *name, int line, int label)
+{
+    b->mark_data = b->data.n;
+    b->mark_idx = b->idx.n;
+    put32(&b->idx, (uint32_t)strlen(name));
+    put(&b->idx, name, strlen(name));
+    put32(&b->idx, (uint32_t)line);
+    b->frames_at = b->idx.n;
+    put32(&b->idx, 0); /* num_frames, set by ps_pack_video_end */
+    put32(&b->idx, (uint32_t)label);
+    b->frames = 0;
+}
+
+int ps_pack_frame(ps_pack_builder_t *b, const uint8_t *jpeg, size_t len)
+{
+    if (len < 4 || jpeg[0] != 0xFF || jpeg[1] != 0xD8 || len > UINT32_MAX) return PS_ECORRUPT;
+    put64(&b->idx, b->data.n);
+    put32(&b->idx, (uint32_t)len);
+    put32(&b->idx, ps_crc32c(0, jpeg, len));
+    put(&b->data, jpeg, len);
+    b->frames++;
+    return b->data.oom || b->idx.oom ? PS_ENOMEM : 0;
+}
+
+void ps_pack_video_end(ps_pack_builder_t *b, int ok)
+{
+    if (!ok || b->idx.oom) {
+        b->data.n = b->mark_data;
+        b->idx.n = b->mark_idx;
+        return;
     }
-    return 0;
+    uint8_t *p = b->idx.p + b->frames_at;
+    p[0] = (uint8_t)b->frames, p[1] = (uint8_t)(b->frames >> 8);
+    p[2] = (uint8_t)(b->frames >> 16), p[3] = (uint8_t)(b->frames >> 24);
+    b->videos++;
+}
+
+uint32_t ps_pack_builder_videos(const ps_pack_builder_t *b) { return b->videos; }
+
+int ps_pack_builder_write(ps_pack_builder_t *b, const char *dir, size_t shard, char *err, size_t errlen)
+{
+    if (b->data.oom || b->idx.oom) {
+        ps_errf(err, errlen, "out of memory building shard %zu (use a smaller --shard-videos)", shard);
+        return PS_ENOMEM;
+    }
+    uint8_t *p = b->idx.p + 8;
+    p[0] = (uint8_t)b->videos, p[1] = (uint8_t)(b->videos >> 8);
+    p[2] = (uint8_t)(b->videos >> 16), p[3] = (uint8_t)(b->videos >> 24);
+    size_t n = b->idx.n;
+    put32(&b->idx, ps_crc32c(0, b->idx.p, n));
+    if (b->idx.oom) {
+        ps_errf(err, errlen, "out of memory building shard %zu", shard);
+        return PS_ENOMEM;
+    }
+    /* the data first: an index under its final name means a whole shard */
+    char path[4096];
+    snprintf(path, sizeof path, "%s/shard-%05zu.bin", dir, shard);
+    int rc = ps_write_file_atomic1(path, b->data.p, b->data.n, "pack", err, errlen);
+    snprintf(path, sizeof path, "%s/shard-%05zu.idx", dir, shard);
+    if (rc == 0) rc = ps_write_file_atomic1(path, b->idx.p, b->idx.n, "pack", err, errlen);
+    b->idx.n = n; /* the checksum comes off again: the builder stays usable */
+    return rc;
 }
 
 int ps_video_pack(const ps_video_list_t *l, const char *dir, int shard_videos, char *err, size_t errlen)
@@ -84,49 +161,27 @@ int ps_video_pack(const ps_video_list_t *l, const char *dir, int shard_videos, c
     size_t n = ps_video_list_size(l);
     for (size_t s0 = 0, shard = 0; s0 < n && rc == 0; s0 += (size_t)shard_videos, shard++) {
         size_t s1 = s0 + (size_t)shard_videos < n ? s0 + (size_t)shard_videos : n;
-        wbuf_t data = { 0 }, idx = { 0 };
-        put(&idx, MAGIC, 8);
-        put32(&idx, (uint32_t)(s1 - s0));
+        ps_pack_builder_t *b = ps_pack_builder_new();
+        if (!b) { ps_errf(err, errlen, "out of memory"); return PS_ENOMEM; }
         for (size_t i = s0; i < s1 && rc == 0; i++) {
             const ps_video_entry_t *e = &l->v[i];
-            put32(&idx, (uint32_t)strlen(e->name));
-            put(&idx, e->name, strlen(e->name));
-            put32(&idx, (uint32_t)e->line);
-            put32(&idx, (uint32_t)e->frames);
-            put32(&idx, (uint32_t)e->label);
+            ps_pack_video_begin(b, e->name, e->line, e->label);
             for (int f = 1; f <= e->frames; f++) {
-                uint8_t *b;
+                uint8_t *jpg;
                 size_t len;
-                rc = ps_video_read_frame_bytes(l, i, f, &b, &len, err, errlen);
+                rc = ps_video_read_frame_bytes(l, i, f, &jpg, &len, err, errlen);
                 if (rc < 0) break;
-                if (len < 4 || b[0] != 0xFF || b[1] != 0xD8 || len > UINT32_MAX) {
+                rc = ps_pack_frame(b, jpg, len);
+                free(jpg);
+                if (rc == PS_ECORRUPT)
                     ps_errf(err, errlen, "%s:%d: video '%s' frame %d is not a JPEG", l->source, e->line,
                              e->name, f);
-                    free(b);
-                    rc = PS_ECORRUPT;
-                    break;
-                }
-                put64(&idx, data.n);
-                put32(&idx, (uint32_t)len);
-                put32(&idx, ps_crc32c(0, b, len));
-                put(&data, b, len);
-                free(b);
+                if (rc < 0) break;
             }
+            ps_pack_video_end(b, rc == 0);
         }
-        put32(&idx, ps_crc32c(0, idx.p, idx.n));
-        if (rc == 0 && (data.oom || idx.oom)) {
-            ps_errf(err, errlen, "out of memory building shard %zu (use a smaller --shard-videos)", shard);
-            rc = PS_ENOMEM;
-        }
-        if (rc == 0) {
-            char path[4096];
-            snprintf(path, sizeof path, "%s/shard-%05zu.bin", dir, shard);
-            rc = write_file(path, data.p, data.n, err, errlen);
-            snprintf(path, sizeof path, "%s/shard-%05zu.idx", dir, shard);
-            if (rc == 0) rc = write_file(path, idx.p, idx.n, err, errlen);
-        }
-        free(data.p);
-        free(idx.p);
+        if (rc == 0) rc = ps_pack_builder_write(b, dir, shard, err, errlen);
+        ps_pack_builder_free(&b);
     }
     return rc;
 }

@@ -53,6 +53,7 @@ void ps_video_opts_default(ps_video_opts_t *o)
     o->max_distort = 1;
     o->more_fix_crop = 1;
     o->n_clips = 1;
+    o->n_crops = 1;
     o->mean[0] = 0.485f; o->mean[1] = 0.456f; o->mean[2] = 0.406f;
     o->std[0] = 0.229f; o->std[1] = 0.224f; o->std[2] = 0.225f;
     o->world = 1;
@@ -78,6 +79,7 @@ int ps_video_opts_check(const ps_video_opts_t *o, char *err, size_t errlen)
         if (!(o->scales[i] > 0 && o->scales[i] <= 1)) BAD("crop scale %g not in (0, 1]", o->scales[i]);
     if (o->max_distort < 0) BAD("max_distort %d < 0", o->max_distort);
     if (o->n_clips < 1 || o->n_clips > 64) BAD("n_clips %d out of range 1..64", o->n_clips);
+    if (o->n_crops != 1 && o->n_crops != 3) BAD("n_crops %d: 1 or 3", o->n_crops);
     for (int c = 0; c < 3; c++)
         if (!(o->std[c] > 0)) BAD("std[%d] must be > 0", c);
     if (o->world < 1 || o->rank < 0 || o->rank >= o->world) BAD("rank %d of world %d", o->rank, o->world);
@@ -88,7 +90,10 @@ int ps_video_opts_check(const ps_video_opts_t *o, char *err, size_t errlen)
     return 0;
 }
 
-int ps_video_clips_per_sample(const ps_video_opts_t *o) { return o->train ? 1 : o->n_clips; }
+int ps_video_clips_per_sample(const ps_video_opts_t *o)
+{
+    return o->train ? 1 : o->n_clips * o->n_crops;
+}
 
 void ps_video_tsn_train_indices(int num_frames, int T, ps_vrng_t *r, int *out)
 {
@@ -116,6 +121,25 @@ void ps_video_tsn_test_indices(int num_frames, int T, int clip, int n_clips, int
         for (int x = 0; x < T; x++) out[x] = (int)(in + tick * x) + 1;
     } else {
         for (int x = 0; x < T; x++) out[x] = 1;
+    }
+}
+
+void ps_video_test_crop(int img_w, int img_h, int crop_w, int crop_h, int n_crops, int crop,
+                        int *x, int *y)
+{
+    if (n_crops != 3) { /* CenterCrop: round() is Python's, half to even */
+        *x = (int)nearbyint((img_w - crop_w) / 2.0);
+        *y = (int)nearbyint((img_h - crop_h) / 2.0);
+        return;
+    }
+    static const int along[3] = { 0, 4, 2 }; /* left, right, centre */
+    int ws = (img_w - crop_w) / 4, hs = (img_h - crop_h) / 4; /* crops fit: >= 0 */
+    if (img_w >= img_h) {
+        *x = along[crop] * ws;
+        *y = 2 * hs;
+    } else {
+        *x = 2 * ws;
+        *y = along[crop] * hs;
     }
 }
 
@@ -195,60 +219,70 @@ int ps_video_load_sample(const ps_video_list_t *l, const ps_video_opts_t *o, uin
         ps_errf(err, errlen, "sample %zu out of range (%zu videos)", index, l->n);
         return PS_ERANGE;
     }
-    int T = o->n_segment, K = ps_video_clips_per_sample(o);
+    /* training: one clip; testing: n_clips clips, each cut n_crops ways
+     * (output clip k * n_crops + c); KT frames are read */
+    int T = o->n_segment, nk = o->train ? 1 : o->n_clips, nc = o->train ? 1 : o->n_crops, KT = nk * T;
     int H = o->crop_h, W = o->crop_w;
-    int idx[1024];
     ps_vrng_t r = ps_vrng_sample(o->seed, epoch, index);
     size_t img_floats = (size_t)3 * H * W;
+    int *idx = malloc(sizeof(int) * 3 * (size_t)KT), *fw = idx + KT, *fh = fw + KT;
+    uint8_t **px = calloc((size_t)KT, sizeof *px);
     uint8_t *rs = malloc((size_t)H * W * 3);
     uint8_t *scaled = NULL;
-    int rc = 0, fw0 = -1, fh0 = -1;
+    int rc = 0;
     ps_video_crop_t crop = { 0, 0, 0, 0, 0 };
-    if (!rs) { ps_errf(err, errlen, "out of memory"); return PS_ENOMEM; }
-    for (int k = 0; k < K && rc == 0; k++) {
-        if (o->train) ps_video_tsn_train_indices(l->v[index].frames, T, &r, idx);
-        else ps_video_tsn_test_indices(l->v[index].frames, T, k, K, idx);
-        for (int t = 0; t < T; t++) {
-            uint8_t *px;
-            int fw, fh;
-            rc = ps_video_read_frame(l, index, idx[t], &px, &fw, &fh, err, errlen);
-            if (rc < 0) break;
-            if (fw0 < 0) {
-                fw0 = fw;
-                fh0 = fh;
-                if (o->train) ps_video_train_crop(o, fw, fh, &r, &crop);
-            } else if (fw != fw0 || fh != fh0) {
-                ps_errf(err, errlen, "%s:%d: video '%s': frame %d is %dx%d, frame 1 of the clip %dx%d",
-                         l->source, l->v[index].line, l->v[index].name, idx[t], fw, fh, fw0, fh0);
-                free(px);
-                rc = PS_EMISMATCH;
-                break;
-            }
-            float *dst = out + ((size_t)k * T + t) * img_floats;
-            if (o->train) {
-                rc = ps_image_resize(px + ((size_t)crop.y * fw + crop.x) * 3, fw * 3, crop.w, crop.h,
-                                     rs, W, H);
-            } else {
-                /* torchvision Resize(int): shorter side to scale_size. */
-                int ss = o->scale_size ? o->scale_size : H * 256 / 224;
-                int ow, oh;
-                if ((fw <= fh && fw == ss) || (fh <= fw && fh == ss)) { ow = fw; oh = fh; }
-                else if (fw < fh) { ow = ss; oh = (int)((long long)ss * fh / fw); }
-                else { oh = ss; ow = (int)((long long)ss * fw / fh); }
-                if (!scaled) scaled = malloc((size_t)ow * oh * 3);
-                if (!scaled) { rc = PS_ENOMEM; free(px); break; }
-                rc = ps_image_resize(px, fw * 3, fw, fh, scaled, ow, oh);
-                /* CenterCrop: round() is Python's, half to even. */
-                int top = (int)nearbyint((oh - H) / 2.0), left = (int)nearbyint((ow - W) / 2.0);
-                for (int y = 0; y < H && rc == 0; y++)
-                    memcpy(rs + (size_t)y * W * 3, scaled + ((size_t)(y + top) * ow + left) * 3,
-                           (size_t)W * 3);
-            }
-            free(px);
+    if (!idx || !px || !rs) {
+        free(idx), free(px), free(rs);
+        ps_errf(err, errlen, "out of memory");
+        return PS_ENOMEM;
+    }
+    /* every index first (the random draws keep their documented order:
+     * the offsets, then the crop), then all frames in one read, so a video
+     * file is opened and decoded forward once per sample */
+    for (int k = 0; k < nk; k++) {
+        if (o->train) ps_video_tsn_train_indices(l->v[index].frames, T, &r, idx + k * T);
+        else ps_video_tsn_test_indices(l->v[index].frames, T, k, nk, idx + k * T);
+    }
+    rc = ps_video_read_frames(l, index, idx, KT, px, fw, fh, err, errlen);
+    for (int j = 0; j < KT && rc == 0; j++) {
+        int k = j / T, t = j % T;
+        if (j == 0) {
+            if (o->train) ps_video_train_crop(o, fw[0], fh[0], &r, &crop);
+        } else if (fw[j] != fw[0] || fh[j] != fh[0]) {
+            ps_errf(err, errlen, "%s:%d: video '%s': frame %d is %dx%d, frame %d of the clip %dx%d",
+                     l->source, l->v[index].line, l->v[index].name, idx[j], fw[j], fh[j], idx[0], fw[0], fh[0]);
+            rc = PS_EMISMATCH;
+            break;
+        }
+        if (o->train) {
+            rc = ps_image_resize(px[j] + ((size_t)crop.y * fw[j] + crop.x) * 3, fw[j] * 3, crop.w, crop.h,
+                                 rs, W, H);
             if (rc < 0) { ps_errf(err, errlen, "resize failed: %s", ps_strerror(rc)); break; }
-            normalise(o, rs, crop.flip, dst);
+            normalise(o, rs, crop.flip, out + (size_t)j * img_floats);
+            continue;
+        }
+        /* torchvision Resize(int): shorter side to scale_size. */
+        int ss = o->scale_size ? o->scale_size : H * 256 / 224, w = fw[j], h = fh[j];
+        int ow, oh;
+        if ((w <= h && w == ss) || (h <= w && h == ss)) { ow = w; oh = h; }
+        else if (w < h) { ow = ss; oh = (int)((long long)ss * h / w); }
+        else { oh = ss; ow = (int)((long long)ss * w / h); }
+        if (!scaled) scaled = malloc((size_t)ow * oh * 3);
+        if (!scaled) { rc = PS_ENOMEM; break; }
+        rc = ps_image_resize(px[j], w * 3, w, h, scaled, ow, oh);
+        if (rc < 0) { ps_errf(err, errlen, "resize failed: %s", ps_strerror(rc)); break; }
+        for (int c = 0; c < nc; c++) {
+            int left, top;
+            ps_video_test_crop(ow, oh, W, H, nc, c, &left, &top);
+            for (int y = 0; y < H; y++)
+                memcpy(rs + (size_t)y * W * 3, scaled + ((size_t)(y + top) * ow + left) * 3,
+                       (size_t)W * 3);
+            normalise(o, rs, 0, out + (((size_t)k * nc + c) * T + t) * img_floats);
         }
     }
+    for (int j = 0; j < KT; j++) free(px[j]);
+    free(px);
+    free(idx);
     free(rs);
     free(scaled);
     return rc;

@@ -79,6 +79,37 @@ static int cmp_sd(const void *pa, const void *pb)
     return (a->idx > b->idx) - (a->idx < b->idx);
 }
 
+/* One evaluation: Params (iouThrs, recThrs, catIds), _prepare's GTs and
+ * detections per (image, category), and eval's precision and recall. */
+typedef struct iou_kind iou_kind_t;
+typedef struct coco_eval {
+    const iou_kind_t *kind;
+    const ps_coco_t *gt;
+    const ps_coco_det_t *dets;
+    const ps_rle_t *dmask;      /* segm: the detections' masks */
+    ps_rle_t *gmask;            /* segm: each annotation's mask (prepared here) */
+    double *darea;              /* each detection's area (its box's, or its mask's) */
+    int ndets, I, K;
+    double iou_thr[NT], rec_thr[NR];
+    int64_t *cats;              /* K category ids, ascending (owned by the result) */
+    /* bucket b = sorted image position * K + category position: its GTs are
+     * gidx[goff[b] .. goff[b+1]), its detections didx[doff[b] .. doff[b+1]) */
+    size_t nb;
+    int *goff, *gidx, *doff, *didx;
+    int maxg, maxd;             /* the largest bucket's GTs, detections (at least 1) */
+    double *prec;               /* [NM][NA][K][NT][NR], -1 where undefined */
+    double *rec;                /* [NM][NA][K][NT], -1 where undefined */
+} coco_eval_t;
+
+/* pycocotools' iouType: how a detection meets a GT and what its area is */
+struct iou_kind {
+    const char *name;
+    /* fills ev->darea (and what iou reads); 0 or PS_E* (logged) */
+    int (*prepare)(coco_eval_t *ev);
+    /* IoU of detection d and annotation a (crowd rule included) */
+    double (*iou)(const coco_eval_t *ev, int d, int a);
+};
+
 /* maskApi.c bbIou for one pair (xywh) */
 static double bb_iou(const double *d, const double *g, int crowd)
 {
@@ -89,6 +120,62 @@ static double bb_iou(const double *d, const double *g, int crowd)
     double i = w * h, da = d[2] * d[3], ga = g[2] * g[3];
     return i / (crowd ? da : da + ga - i);
 }
+
+static double iou_bbox(const coco_eval_t *ev, int d, int a)
+{
+    const ps_coco_ann_t *g = &ev->gt->anns[a];
+    return bb_iou(ev->dets[d].bbox, g->bbox, g->iscrowd);
+}
+
+static double iou_segm(const coco_eval_t *ev, int d, int a)
+{
+    return ps_rle_iou(&ev->dmask[d], &ev->gmask[a], ev->gt->anns[a].iscrowd);
+}
+
+/* bbox: a detection's area is its box's (loadRes: w * h) */
+static int prepare_bbox(coco_eval_t *ev)
+{
+    for (int d = 0; d < ev->ndets; d++) ev->darea[d] = ev->dets[d].bbox[2] * ev->dets[d].bbox[3];
+    return 0;
+}
+
+/* segm: every GT's mask at its image's size (annToRLE), each detection's
+ * mask of its image's size, its area the mask's (loadRes of results
+ * without bbox, as Detectron2 and torchvision's references write them) */
+static int prepare_segm(coco_eval_t *ev)
+{
+    const ps_coco_t *gt = ev->gt;
+    ev->gmask = calloc((size_t)gt->nanns + 1, sizeof *ev->gmask);
+    if (!ev->gmask) return PS_ENOMEM;
+    for (int a = 0; a < gt->nanns; a++) {
+        const ps_coco_ann_t *g = &gt->anns[a];
+        int im = ps_coco_find_image(gt, g->image_id);
+        if (im < 0) continue; /* not evaluated */
+        if (g->segm.kind == PS_COCO_SEGM_NONE) {
+            ps_error("coco eval (segm): annotation %lld of image %lld has no segmentation",
+                     (long long)g->id, (long long)g->image_id);
+            return PS_EINVAL;
+        }
+        int rc = ps_coco_segm_rle(&g->segm, gt->images[im].height, gt->images[im].width,
+                                  &ev->gmask[a]);
+        if (rc) return rc;
+    }
+    for (int d = 0; d < ev->ndets; d++) {
+        int im = ps_coco_find_image(gt, ev->dets[d].image_id);
+        const ps_rle_t *m = &ev->dmask[d];
+        if (im >= 0 && (m->h != gt->images[im].height || m->w != gt->images[im].width)) {
+            ps_error("coco eval (segm): detection %d's mask is %dx%d, its image %lld is %dx%d", d,
+                     m->w, m->h, (long long)ev->dets[d].image_id, gt->images[im].width,
+                     gt->images[im].height);
+            return PS_EINVAL;
+        }
+        ev->darea[d] = (double)ps_rle_area(m);
+    }
+    return 0;
+}
+
+static const iou_kind_t IOU_BBOX = {"bbox", prepare_bbox, iou_bbox};
+static const iou_kind_t IOU_SEGM = {"segm", prepare_segm, iou_segm};
 
 /* Scratch of one evaluateImg call, sized for the largest (image, category)
  * bucket; rc and pr are accumulate's curves, one entry per detection. */
@@ -102,17 +189,14 @@ typedef struct {
 
 /* computeIoU: sorts the detections by score (stable), keeps maxDets of them
  * and fills the IoU matrix; returns how many were kept */
-static int compute_iou(work_t *w, const ps_coco_t *gt, const int *gi, int ng,
-                       const ps_coco_det_t *dets, const int *di, int nd)
+static int compute_iou(work_t *w, const coco_eval_t *ev, const int *gi, int ng, const int *di,
+                       int nd)
 {
-    for (int d = 0; d < nd; d++) w->sd[d].score = dets[di[d]].score, w->sd[d].idx = d;
+    for (int d = 0; d < nd; d++) w->sd[d].score = ev->dets[di[d]].score, w->sd[d].idx = d;
     qsort(w->sd, (size_t)nd, sizeof *w->sd, cmp_sd); /* index tie-break == mergesort's stability */
     if (nd > MAXDET) nd = MAXDET;
     for (int d = 0; d < nd; d++)
-        for (int g = 0; g < ng; g++) {
-            const ps_coco_ann_t *a = &gt->anns[gi[g]];
-            w->ious[d * ng + g] = bb_iou(dets[di[w->sd[d].idx]].bbox, a->bbox, a->iscrowd);
-        }
+        for (int g = 0; g < ng; g++) w->ious[d * ng + g] = ev->kind->iou(ev, di[w->sd[d].idx], gi[g]);
     return nd;
 }
 
@@ -164,11 +248,12 @@ static void match_dets(entry_t *ent, const work_t *w, const ps_coco_t *gt, const
 
 /* evaluateImg for one image and category, all four area ranges: each
  * range's detections (with their matches) go onto lists[ar] */
-static int eval_img(elist_t *lists /* [NA] */, work_t *w, const ps_coco_t *gt, const int *gi,
-                    int ng, const ps_coco_det_t *dets, const int *di, int nd, const double *thr)
+static int eval_img(elist_t *lists /* [NA] */, work_t *w, const coco_eval_t *ev, const int *gi,
+                    int ng, const int *di, int nd)
 {
+    const ps_coco_t *gt = ev->gt;
     if (ng == 0 && nd == 0) return 0;
-    nd = compute_iou(w, gt, gi, ng, dets, di, nd);
+    nd = compute_iou(w, ev, gi, ng, di, nd);
     for (int ar = 0; ar < NA; ar++) {
         elist_t *L = &lists[ar];
         sort_gts_by_ignore(w, gt, gi, ng, ar);
@@ -176,15 +261,15 @@ static int eval_img(elist_t *lists /* [NA] */, work_t *w, const ps_coco_t *gt, c
         entry_t *ent = malloc((size_t)(nd ? nd : 1) * sizeof *ent);
         if (!ent) return PS_ENOMEM;
         memset(ent, 0, (size_t)(nd ? nd : 1) * sizeof *ent);
-        match_dets(ent, w, gt, gi, ng, nd, thr);
+        match_dets(ent, w, gt, gi, ng, nd, ev->iou_thr);
         /* an unmatched detection outside the area range is ignored */
         for (int d = 0; d < nd; d++) {
-            const ps_coco_det_t *det = &dets[di[w->sd[d].idx]];
-            double area = det->bbox[2] * det->bbox[3];
+            int k = di[w->sd[d].idx];
+            double area = ev->darea[k];
             int out = area < area_lo[ar] || area > area_hi[ar];
             for (int t = 0; t < NT; t++)
                 if (!ent[d].tp[t] && out) ent[d].ig[t] = 1;
-            ent[d].score = det->score;
+            ent[d].score = ev->dets[k].score;
             ent[d].rank = d;
             if (push(L, &ent[d])) {
                 free(ent);
@@ -242,23 +327,6 @@ void ps_coco_eval_free(ps_coco_eval_result_t *res)
     free(res->cat_ap50);
     memset(res, 0, sizeof *res);
 }
-
-/* One evaluation: Params (iouThrs, recThrs, catIds), _prepare's GTs and
- * detections per (image, category), and eval's precision and recall. */
-typedef struct {
-    const ps_coco_t *gt;
-    const ps_coco_det_t *dets;
-    int ndets, I, K;
-    double iou_thr[NT], rec_thr[NR];
-    int64_t *cats;              /* K category ids, ascending (owned by the result) */
-    /* bucket b = sorted image position * K + category position: its GTs are
-     * gidx[goff[b] .. goff[b+1]), its detections didx[doff[b] .. doff[b+1]) */
-    size_t nb;
-    int *goff, *gidx, *doff, *didx;
-    int maxg, maxd;             /* the largest bucket's GTs, detections (at least 1) */
-    double *prec;               /* [NM][NA][K][NT][NR], -1 where undefined */
-    double *rec;                /* [NM][NA][K][NT], -1 where undefined */
-} coco_eval_t;
 
 /* The bucket of an (image id, category id); -1 when either is not evaluated */
 static int bucket_of(const coco_eval_t *ev, const int *img_pos, int64_t image_id,
@@ -348,9 +416,8 @@ static int evaluate_category(const coco_eval_t *ev, int k, elist_t *lists /* [NA
     for (int a = 0; a < NA; a++) lists[a].n = lists[a].npig = 0;
     for (int i = 0; i < ev->I; i++) {
         int b = i * ev->K + k;
-        int e = eval_img(lists, w, ev->gt, ev->gidx + ev->goff[b], ev->goff[b + 1] - ev->goff[b],
-                         ev->dets, ev->didx + ev->doff[b], ev->doff[b + 1] - ev->doff[b],
-                         ev->iou_thr);
+        int e = eval_img(lists, w, ev, ev->gidx + ev->goff[b], ev->goff[b + 1] - ev->goff[b],
+                         ev->didx + ev->doff[b], ev->doff[b + 1] - ev->doff[b]);
         if (e) return e;
     }
     return 0;
@@ -455,15 +522,16 @@ static void summarize_categories(const coco_eval_t *ev, ps_coco_eval_result_t *r
     }
 }
 
-int ps_coco_evaluate(ps_coco_eval_result_t *res, const ps_coco_t *gt, const ps_coco_det_t *dets,
-                     int ndets)
+static int evaluate_kind(ps_coco_eval_result_t *res, const iou_kind_t *kind, const ps_coco_t *gt,
+                         const ps_coco_det_t *dets, const ps_rle_t *masks, int ndets)
 {
     memset(res, 0, sizeof *res);
     if (!gt->img_sorted_ids && gt->nimages) {
         ps_error("coco eval: ground truth not indexed (ps_coco_index)");
         return PS_EINVAL;
     }
-    coco_eval_t ev = {.gt = gt, .dets = dets, .ndets = ndets, .I = gt->nimages, .K = gt->ncats};
+    coco_eval_t ev = {.kind = kind, .gt = gt, .dets = dets, .dmask = masks, .ndets = ndets,
+                      .I = gt->nimages, .K = gt->ncats};
     int K = ev.K, rc = PS_ENOMEM;
     linspace(ev.iou_thr, 0.5, 0.95, NT);
     linspace(ev.rec_thr, 0.0, 1.0, NR);
@@ -471,20 +539,49 @@ int ps_coco_evaluate(ps_coco_eval_result_t *res, const ps_coco_t *gt, const ps_c
     res->cat_ids = ev.cats = malloc((size_t)(K ? K : 1) * sizeof *ev.cats);
     res->cat_ap = malloc((size_t)(K ? K : 1) * sizeof(double));
     res->cat_ap50 = malloc((size_t)(K ? K : 1) * sizeof(double));
-    if (!ev.cats || !res->cat_ap || !res->cat_ap50) goto out;
+    ev.darea = malloc((size_t)(ndets + 1) * sizeof(double));
+    if (!ev.cats || !res->cat_ap || !res->cat_ap50 || !ev.darea) goto out;
     for (int k = 0; k < K; k++) ev.cats[k] = gt->cats[k].id;
     qsort(ev.cats, (size_t)K, sizeof *ev.cats, cmp_i64);
-    if ((rc = prepare(&ev)) || (rc = evaluate(&ev))) goto out;
+    if ((rc = kind->prepare(&ev)) || (rc = prepare(&ev)) || (rc = evaluate(&ev))) goto out;
     summarize(&ev, res->stats);
     summarize_categories(&ev, res);
 out:
     if (rc) {
-        ps_error("coco eval: out of memory (%d images, %d categories, %d detections)", ev.I, K,
-                 ndets);
+        if (rc == PS_ENOMEM)
+            ps_error("coco eval (%s): out of memory (%d images, %d categories, %d detections)",
+                     kind->name, ev.I, K, ndets);
         ps_coco_eval_free(res);
     }
+    for (int a = 0; ev.gmask && a < gt->nanns; a++) ps_rle_free(&ev.gmask[a]);
+    free(ev.gmask), free(ev.darea);
     free(ev.goff), free(ev.doff), free(ev.gidx), free(ev.didx), free(ev.prec), free(ev.rec);
     return rc;
+}
+
+int ps_coco_evaluate(ps_coco_eval_result_t *res, const ps_coco_t *gt, const ps_coco_det_t *dets,
+                     int ndets)
+{
+    return evaluate_kind(res, &IOU_BBOX, gt, dets, NULL, ndets);
+}
+
+int ps_coco_evaluate_segm(ps_coco_eval_result_t *res, const ps_coco_t *gt,
+                          const ps_coco_det_t *dets, const ps_rle_t *masks, int ndets)
+{
+    if (ndets > 0 && !masks) {
+        memset(res, 0, sizeof *res);
+        ps_error("coco eval (segm): %d detections without masks", ndets);
+        return PS_EINVAL;
+    }
+    return evaluate_kind(res, &IOU_SEGM, gt, dets, masks, ndets);
+}
+
+int ps_coco_eval_keys(const ps_coco_eval_result_t *res, const char *prefix, char *buf, size_t len)
+{
+    if (!prefix) prefix = "";
+    return snprintf(buf, len, "%smap=%.4f %sap50=%.4f %sap75=%.4f", prefix,
+                    res->stats[PS_COCO_AP], prefix, res->stats[PS_COCO_AP50], prefix,
+                    res->stats[PS_COCO_AP75]);
 }
 
 void ps_coco_eval_format(const ps_coco_eval_result_t *res, char *buf, size_t len)

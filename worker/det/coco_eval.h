@@ -1,12 +1,20 @@
-/* COCO-style box evaluation in C with pycocotools' COCOeval
- * semantics (iouType "bbox", useCats 1, default Params):
+/* COCO-style evaluation in C with pycocotools' COCOeval semantics
+ * (iouType "bbox" or "segm", useCats 1, default Params):
  *   - images: all GT image ids, ascending; categories: all GT category ids,
  *     ascending (a category without GT boxes gets precision -1 and is left
  *     out of every mean, as pycocotools);
  *   - per image and category: detections sorted by descending score, stable
  *     (mergesort: ties keep their order in the detections file), cut to
- *     maxDets 100; IoU of boxes as maskApi's bbIou (a crowd GT's union is the
- *     detection's area);
+ *     maxDets 100; IoU of boxes as maskApi's bbIou, or of masks as its
+ *     rleIou (segm; coco_rle.h), a crowd GT's union being the detection's
+ *     area in both;
+ *   - segm: a GT's mask is its segmentation at its image's size (polygons
+ *     rasterised and merged); a detection's area is its mask's pixel count
+ *     (pycocotools' loadRes of results without "bbox": Detectron2 drops the
+ *     box before a segm evaluation, torchvision's reference never writes
+ *     one, so small / medium / large go by mask area); every GT needs a
+ *     segmentation and every mask its image's size (else PS_EINVAL, the
+ *     record named in the log);
  *   - per area range (all [0,1e10], small [0,32^2], medium [32^2,96^2],
  *     large [96^2,1e10], by the GT's 'area', bounds inclusive) and IoU
  *     threshold (.50:.05:.95): GT ignored if crowd or outside the range,
@@ -57,6 +65,14 @@ typedef struct ps_coco_eval_result {
  * them).  Returns 0, PS_ENOMEM or PS_EINVAL (gt not indexed). */
 int ps_coco_evaluate(ps_coco_eval_result_t *res, const ps_coco_t *gt, const ps_coco_det_t *dets,
                      int ndets);
+/* The same with iouType "segm": masks[i] is detection i's mask (its bbox
+ * is not read). */
+int ps_coco_evaluate_segm(ps_coco_eval_result_t *res, const ps_coco_t *gt,
+                          const ps_coco_det_t *dets, const ps_rle_t *masks, int ndets);
+/* "<p>map=%.4f <p>ap50=%.4f <p>ap75=%.4f" with prefix p ("" for boxes,
+ * "segm_" for masks): the keys of the detectors' val: and final: lines.
+ * Returns snprintf's count. */
+int ps_coco_eval_keys(const ps_coco_eval_result_t *res, const char *prefix, char *buf, size_t len);
 void ps_coco_eval_free(ps_coco_eval_result_t *res);
 /* The 12-line summary pycocotools prints, into buf. */
 void ps_coco_eval_format(const ps_coco_eval_result_t *res, char *buf, size_t len);

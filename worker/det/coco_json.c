@@ -7,10 +7,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ps_error.h"
 #include "ps_log.h"
 #include "ps_util.h"
+#include "worker/det/coco_segm.h"
 
 /* ps_fail (ps_util.h) with this file's argument order */
 #define fail(err, n, code, ...) ps_fail((code), (err), (n), __VA_ARGS__)
@@ -127,6 +129,7 @@ void ps_coco_free(ps_coco_t *c)
     if (!c) return;
     for (int i = 0; i < c->nimages; i++) free(c->images[i].file_name);
     for (int i = 0; i < c->ncats; i++) free(c->cats[i].name);
+    for (int i = 0; i < c->nanns; i++) ps_coco_segm_free(&c->anns[i].segm);
     free(c->images);
     free(c->anns);
     free(c->cats);
@@ -222,11 +225,36 @@ static int parse_image(ps_coco_image_t *im, const cJSON *o, int i, const char *n
     return 0;
 }
 
+/* The annotation's segmentation, if it has one (last: nothing after it can
+ * fail, so a bad record never leaves one allocated); with no 'area' field
+ * the area is the mask's pixel count. */
+static int parse_ann_segm(ps_coco_ann_t *a, const cJSON *o, int i, const ps_coco_image_t *img,
+                          int has_area, const char *name, char *err, size_t n)
+{
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, "segmentation");
+    if (!it) return 0;
+    char where[256];
+    snprintf(where, sizeof where, "%s: annotations[%d] (id %lld)", name, i, (long long)a->id);
+    int rc = ps_coco_segm_parse(&a->segm, it, img->height, img->width, 0, where, err, n);
+    if (rc || has_area) return rc;
+    ps_rle_t r;
+    if ((rc = ps_coco_segm_rle(&a->segm, img->height, img->width, &r))) {
+        ps_coco_segm_free(&a->segm);
+        if (rc == PS_ENOMEM) return fail(err, n, rc, "%s: out of memory", where);
+        return fail(err, n, PS_ECORRUPT, "%s.segmentation: a polygon too long to rasterise",
+                    where);
+    }
+    a->area = (double)ps_rle_area(&r);
+    ps_rle_free(&r);
+    return 0;
+}
+
 static int parse_ann(ps_coco_ann_t *a, const cJSON *o, int i, const ps_coco_t *c,
                      const char *name, char *err, size_t n)
 {
     int64_t crowd;
     int rc;
+    memset(a, 0, sizeof *a);
     if (!cJSON_IsObject(o))
         return fail(err, n, PS_ECORRUPT, "%s: annotations[%d]: not an object", name, i);
     if ((rc = get_int(o, "id", &a->id, 1, 0, name, "annotations", i, err, n)) ||
@@ -256,7 +284,8 @@ static int parse_ann(ps_coco_ann_t *a, const cJSON *o, int i, const ps_coco_t *c
         return fail(err, n, PS_ECORRUPT,
                     "%s: annotations[%d].bbox: [%g,%g,%g,%g] outside image %lld (%dx%d)", name, i,
                     b[0], b[1], b[2], b[3], (long long)img->id, img->width, img->height);
-    return 0;
+    return parse_ann_segm(a, o, i, img, cJSON_GetObjectItemCaseSensitive(o, "area") != NULL, name,
+                          err, n);
 }
 
 /* Categories: always strict (a bad category makes every annotation doubtful). */
@@ -435,42 +464,66 @@ int ps_coco_load(ps_coco_t *out, const char *path, int lenient, ps_coco_skips_t 
     return rc;
 }
 
-int ps_coco_parse_dets(ps_coco_det_t **dets, int *ndets, const char *text, size_t len,
-                       const char *name, const ps_coco_t *gt, int lenient,
-                       ps_coco_skips_t *skips, char *err, size_t errlen)
+/* One detection (record i of a results file): 0, or an error with err set.
+ * mask (NULL: segmentation not read): its RLE, which it must have; then a
+ * missing bbox is the mask's box, as pycocotools' loadRes makes it. */
+static int parse_det(ps_coco_det_t *x, ps_rle_t *mask, const cJSON *o, int i, const char *name,
+                     const ps_coco_t *gt, char *err, size_t n)
+{
+    int rc, im = -1;
+    if (!cJSON_IsObject(o)) return fail(err, n, PS_ECORRUPT, "%s: [%d]: not an object", name, i);
+    if ((rc = get_int(o, "image_id", &x->image_id, 1, 0, name, "", i, err, n)) ||
+        (rc = get_int(o, "category_id", &x->category_id, 1, 0, name, "", i, err, n)) ||
+        (rc = get_num(o, "score", &x->score, 1, 0, name, "", i, err, n)))
+        return rc;
+    if ((im = ps_coco_find_image(gt, x->image_id)) < 0)
+        return fail(err, n, PS_ECORRUPT, "%s: [%d].image_id: unknown image %lld", name, i,
+                    (long long)x->image_id);
+    if (ps_coco_find_cat(gt, x->category_id) < 0)
+        return fail(err, n, PS_ECORRUPT, "%s: [%d].category_id: unknown category %lld", name, i,
+                    (long long)x->category_id);
+    int has_bbox = cJSON_GetObjectItemCaseSensitive(o, "bbox") != NULL;
+    if ((has_bbox || !mask) && (rc = get_bbox(o, x->bbox, name, "", i, err, n))) return rc;
+    if (!mask) return 0;
+    const cJSON *it = cJSON_GetObjectItemCaseSensitive(o, "segmentation");
+    if (!it) return fail(err, n, PS_ECORRUPT, "%s: [%d]: missing field 'segmentation'", name, i);
+    char where[128];
+    snprintf(where, sizeof where, "%s: [%d]", name, i);
+    ps_coco_segm_t sg;
+    const ps_coco_image_t *img = &gt->images[im];
+    if ((rc = ps_coco_segm_parse(&sg, it, img->height, img->width, 1, where, err, n))) return rc;
+    *mask = sg.rle; /* the RLE moves out of sg */
+    if (!has_bbox) ps_rle_to_bbox(mask, x->bbox);
+    return 0;
+}
+
+int ps_coco_parse_results(ps_coco_det_t **dets, ps_rle_t **masks, int *ndets, const char *text,
+                          size_t len, const char *name, const ps_coco_t *gt, int lenient,
+                          ps_coco_skips_t *skips, char *err, size_t errlen)
 {
     *dets = NULL;
     *ndets = 0;
+    if (masks) *masks = NULL;
     cJSON *root = parse_json(text, len, name, err, errlen);
     if (!root) return PS_ECORRUPT;
     int rc = 0, nd = 0, i = 0, nskip = 0;
     ps_coco_det_t *d = NULL;
+    ps_rle_t *mk = NULL;
     if (!cJSON_IsArray(root)) {
         rc = fail(err, errlen, PS_ECORRUPT, "%s: top level is not an array of detections", name);
         goto out;
     }
-    d = malloc(((size_t)cJSON_GetArraySize(root) + 1) * sizeof *d);
-    if (!d) {
+    size_t cap = (size_t)cJSON_GetArraySize(root) + 1;
+    d = calloc(cap, sizeof *d);
+    mk = masks ? calloc(cap, sizeof *mk) : NULL;
+    if (!d || (masks && !mk)) {
         rc = fail(err, errlen, PS_ENOMEM, "%s: out of memory", name);
         goto out;
     }
     const cJSON *o;
     cJSON_ArrayForEach(o, root)
     {
-        ps_coco_det_t *x = &d[nd];
-        if (!cJSON_IsObject(o))
-            rc = fail(err, errlen, PS_ECORRUPT, "%s: [%d]: not an object", name, i);
-        else if (!(rc = get_int(o, "image_id", &x->image_id, 1, 0, name, "", i, err, errlen)) &&
-                 !(rc = get_int(o, "category_id", &x->category_id, 1, 0, name, "", i, err, errlen)) &&
-                 !(rc = get_bbox(o, x->bbox, name, "", i, err, errlen)) &&
-                 !(rc = get_num(o, "score", &x->score, 1, 0, name, "", i, err, errlen))) {
-            if (ps_coco_find_image(gt, x->image_id) < 0)
-                rc = fail(err, errlen, PS_ECORRUPT, "%s: [%d].image_id: unknown image %lld", name,
-                          i, (long long)x->image_id);
-            else if (ps_coco_find_cat(gt, x->category_id) < 0)
-                rc = fail(err, errlen, PS_ECORRUPT, "%s: [%d].category_id: unknown category %lld",
-                          name, i, (long long)x->category_id);
-        }
+        rc = parse_det(&d[nd], mk ? &mk[nd] : NULL, o, i, name, gt, err, errlen);
         if (rc == 0) {
             nd++;
         } else if (lenient) {
@@ -485,28 +538,47 @@ int ps_coco_parse_dets(ps_coco_det_t **dets, int *ndets, const char *text, size_
 out:
     cJSON_Delete(root);
     if (rc) {
+        for (int k = 0; mk && k < nd; k++) ps_rle_free(&mk[k]);
         free(d);
+        free(mk);
         return rc;
     }
     if (skips) skips->dets = nskip;
     *dets = d;
+    if (masks) *masks = mk;
     *ndets = nd;
     return 0;
 }
 
-int ps_coco_load_dets(ps_coco_det_t **dets, int *ndets, const char *path, const ps_coco_t *gt,
-                      int lenient, ps_coco_skips_t *skips, char *err, size_t errlen)
+int ps_coco_parse_dets(ps_coco_det_t **dets, int *ndets, const char *text, size_t len,
+                       const char *name, const ps_coco_t *gt, int lenient,
+                       ps_coco_skips_t *skips, char *err, size_t errlen)
+{
+    return ps_coco_parse_results(dets, NULL, ndets, text, len, name, gt, lenient, skips, err,
+                                 errlen);
+}
+
+int ps_coco_load_results(ps_coco_det_t **dets, ps_rle_t **masks, int *ndets, const char *path,
+                         const ps_coco_t *gt, int lenient, ps_coco_skips_t *skips, char *err,
+                         size_t errlen)
 {
     char *text;
     size_t len;
     *dets = NULL;
     *ndets = 0;
+    if (masks) *masks = NULL;
     int rc = read_text(path, &text, &len, err, errlen);
     if (rc) return rc;
-    rc = ps_coco_parse_dets(dets, ndets, text, len, base_name(path), gt, lenient, skips, err,
-                            errlen);
+    rc = ps_coco_parse_results(dets, masks, ndets, text, len, base_name(path), gt, lenient, skips,
+                               err, errlen);
     free(text);
     return rc;
+}
+
+int ps_coco_load_dets(ps_coco_det_t **dets, int *ndets, const char *path, const ps_coco_t *gt,
+                      int lenient, ps_coco_skips_t *skips, char *err, size_t errlen)
+{
+    return ps_coco_load_results(dets, NULL, ndets, path, gt, lenient, skips, err, errlen);
 }
 
 /* ---- writers ------------------------------------------------------------------ */
@@ -516,22 +588,34 @@ static cJSON *bbox_json(const double b[4])
     return cJSON_CreateDoubleArray(b, 4);
 }
 
+/* Prints root (deleted here) to path through a temporary file renamed over
+ * it, so a reader never sees a half-written file */
 static int write_json(cJSON *root, const char *path, char *err, size_t n)
 {
     if (!root) return fail(err, n, PS_ENOMEM, "%s: out of memory building JSON", path);
     char *s = cJSON_PrintUnformatted(root);
     cJSON_Delete(root);
     if (!s) return fail(err, n, PS_ENOMEM, "%s: out of memory printing JSON", path);
-    FILE *f = fopen(path, "wb");
+    char tmp[4200];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp) {
+        free(s);
+        return fail(err, n, PS_EINVAL, "%s: path too long", path);
+    }
+    FILE *f = fopen(tmp, "wb");
     if (!f) {
         free(s);
-        return fail(err, n, PS_EIO, "%s: cannot create: %s", path, strerror(errno));
+        return fail(err, n, PS_EIO, "%s: cannot create: %s", tmp, strerror(errno));
     }
     size_t len = strlen(s);
     int bad = fwrite(s, 1, len, f) != len || fputc('\n', f) == EOF;
     bad |= fclose(f) != 0;
     free(s);
-    if (bad) return fail(err, n, PS_EIO, "%s: write error: %s", path, strerror(errno));
+    if (bad || rename(tmp, path) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return fail(err, n, PS_EIO, "%s: %s: %s", path, bad ? "write error" : "rename failed",
+                    strerror(e));
+    }
     return 0;
 }
 
@@ -566,6 +650,10 @@ int ps_coco_save(const ps_coco_t *c, const char *path, char *err, size_t errlen)
         oom |= !bb || !cJSON_AddItemToObject(o, "bbox", bb);
         oom |= !cJSON_AddNumberToObject(o, "area", a->area);
         oom |= !cJSON_AddNumberToObject(o, "iscrowd", a->iscrowd);
+        if (a->segm.kind != PS_COCO_SEGM_NONE) {
+            cJSON *sg = ps_coco_segm_json(&a->segm);
+            oom |= !sg || !cJSON_AddItemToObject(o, "segmentation", sg);
+        }
     }
     for (int i = 0; i < c->ncats && !oom; i++) {
         cJSON *o = cJSON_CreateObject();
@@ -580,8 +668,8 @@ int ps_coco_save(const ps_coco_t *c, const char *path, char *err, size_t errlen)
     return write_json(root, path, err, errlen);
 }
 
-int ps_coco_save_dets(const ps_coco_det_t *dets, int ndets, const char *path, char *err,
-                      size_t errlen)
+int ps_coco_save_results(const ps_coco_det_t *dets, const ps_rle_t *masks, int ndets,
+                         const char *path, char *err, size_t errlen)
 {
     cJSON *root = cJSON_CreateArray();
     int oom = !root;
@@ -593,10 +681,20 @@ int ps_coco_save_dets(const ps_coco_det_t *dets, int ndets, const char *path, ch
         cJSON *bb = bbox_json(dets[i].bbox);
         oom |= !bb || !cJSON_AddItemToObject(o, "bbox", bb);
         oom |= !cJSON_AddNumberToObject(o, "score", dets[i].score);
+        if (masks) {
+            cJSON *sg = ps_coco_rle_json(&masks[i]);
+            oom |= !sg || !cJSON_AddItemToObject(o, "segmentation", sg);
+        }
     }
     if (oom) {
         cJSON_Delete(root);
         return fail(err, errlen, PS_ENOMEM, "%s: out of memory building JSON", path);
     }
     return write_json(root, path, err, errlen);
+}
+
+int ps_coco_save_dets(const ps_coco_det_t *dets, int ndets, const char *path, char *err,
+                      size_t errlen)
+{
+    return ps_coco_save_results(dets, NULL, ndets, path, err, errlen);
 }

@@ -15,7 +15,17 @@
  *     more than PS_COCO_BOX_SLACK pixels (COCO's polygon-derived boxes poke
  *     out by fractions of a pixel); detection boxes only need to be finite
  *     with w, h >= 0 (a detector may predict past the border);
- *   - area optional (default w*h), >= 0; iscrowd optional (0/1 or bool).
+ *   - area optional (default: the mask's pixel count with a segmentation,
+ *     else w*h), >= 0; iscrowd optional (0/1 or bool);
+ *   - segmentation optional (coco_segm.c): polygons [[x,y,...],...] (each an
+ *     even count of finite numbers, at least 3 points, every point inside
+ *     the image but for PS_COCO_BOX_SLACK), an uncompressed RLE {"size":
+ *     [h,w], "counts": [n,...]} or a compressed one (counts a string,
+ *     coco_rle.h); an RLE's size must be the image's and its counts must sum
+ *     to h*w.  Messages name the annotation's index and id: "t.json:
+ *     annotations[3] (id 17).segmentation[1]: odd number of coordinates (7)".
+ *     Detections (results) may carry an RLE segmentation (never polygons,
+ *     as pycocotools' loadRes), read by ps_coco_parse_results.
  * Strict mode (lenient = 0): the first bad record is an error (PS_ECORRUPT,
  * PS_EINVAL for a bad argument).  Lenient mode: a bad image / annotation /
  * detection is skipped with a warning and counted in ps_coco_skips_t (an
@@ -28,6 +38,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "worker/det/coco_rle.h"
+
 #define PS_COCO_BOX_SLACK 1.0
 
 typedef struct ps_coco_image {
@@ -36,12 +48,30 @@ typedef struct ps_coco_image {
     char *file_name;       /* "" when absent */
 } ps_coco_image_t;
 
+/* An annotation's segmentation, in the form the file gives it (written
+ * back in that form). */
+enum {
+    PS_COCO_SEGM_NONE = 0,  /* no segmentation */
+    PS_COCO_SEGM_POLY,      /* polygons */
+    PS_COCO_SEGM_RLE,       /* uncompressed RLE (counts list) */
+    PS_COCO_SEGM_RLE_STR    /* compressed RLE (counts string) */
+};
+
+typedef struct ps_coco_segm {
+    int kind;              /* PS_COCO_SEGM_* */
+    int npoly;             /* POLY: polygons */
+    int *poly_len;         /* POLY: points of each (>= 3) */
+    double *xy;            /* POLY: their x, y pairs, one polygon after another */
+    ps_rle_t rle;          /* RLE, RLE_STR: the mask at the image's size */
+} ps_coco_segm_t;
+
 typedef struct ps_coco_ann {
     int64_t id, image_id;
     int64_t category_id;
     double bbox[4];        /* x, y, w, h (pixels, top-left origin) */
     double area;           /* segmentation area in COCO; used for small/medium/large */
     int iscrowd;
+    ps_coco_segm_t segm;   /* kind PS_COCO_SEGM_NONE without one */
 } ps_coco_ann_t;
 
 typedef struct ps_coco_cat {
@@ -88,6 +118,12 @@ int ps_coco_find_image(const ps_coco_t *c, int64_t id);
 /* Index into c->cats of a category id, or -1. */
 int ps_coco_find_cat(const ps_coco_t *c, int64_t id);
 
+/* The mask of a segmentation in an h x w image (pycocotools' annToRLE:
+ * polygons rasterised and merged, an RLE copied) into *out.  PS_EINVAL
+ * without a segmentation, PS_ENOMEM. */
+int ps_coco_segm_rle(const ps_coco_segm_t *s, int h, int w, ps_rle_t *out);
+void ps_coco_segm_free(ps_coco_segm_t *s);
+
 /* Detections (results format) checked against gt; *dets malloc'd. */
 int ps_coco_parse_dets(ps_coco_det_t **dets, int *ndets, const char *text, size_t len,
                        const char *name, const ps_coco_t *gt, int lenient,
@@ -95,9 +131,28 @@ int ps_coco_parse_dets(ps_coco_det_t **dets, int *ndets, const char *text, size_
 int ps_coco_load_dets(ps_coco_det_t **dets, int *ndets, const char *path, const ps_coco_t *gt,
                       int lenient, ps_coco_skips_t *skips, char *err, size_t errlen);
 
-/* Writers (numbers with %.17g, so a load gives back the same doubles). */
+/* Results with masks: as ps_coco_parse_dets, with (*masks)[i] the RLE of
+ * the i-th detection kept (malloc'd; free each with ps_rle_free).  Every
+ * detection needs a "segmentation" RLE of its image's size; its "bbox" may
+ * be left out (then pycocotools' toBbox of the mask). */
+int ps_coco_parse_results(ps_coco_det_t **dets, ps_rle_t **masks, int *ndets, const char *text,
+                          size_t len, const char *name, const ps_coco_t *gt, int lenient,
+                          ps_coco_skips_t *skips, char *err, size_t errlen);
+int ps_coco_load_results(ps_coco_det_t **dets, ps_rle_t **masks, int *ndets, const char *path,
+                         const ps_coco_t *gt, int lenient, ps_coco_skips_t *skips, char *err,
+                         size_t errlen);
+
+/* Writers (numbers printed so that a load gives back the same doubles;
+ * written to a temporary file renamed over path, so a failed write leaves
+ * no half-written file). */
 int ps_coco_save(const ps_coco_t *c, const char *path, char *err, size_t errlen);
 int ps_coco_save_dets(const ps_coco_det_t *dets, int ndets, const char *path, char *err,
                       size_t errlen);
+/* The results file of a detector (COCO's results format, which pycocotools'
+ * loadRes reads): image_id, category_id, bbox [x,y,w,h], score and, with
+ * masks (may be NULL), "segmentation" {"size": [h,w], "counts": compressed
+ * RLE string}. */
+int ps_coco_save_results(const ps_coco_det_t *dets, const ps_rle_t *masks, int ndets,
+                         const char *path, char *err, size_t errlen);
 
 #endif

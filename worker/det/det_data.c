@@ -11,6 +11,7 @@
 #include "worker/data/ps_image.h"
 #include "worker/data/ps_video.h"
 #include "worker/det/det_boxes.h"
+#include "worker/det/det_masks.h"
 
 struct ps_det_dataset {
     ps_coco_t coco;
@@ -21,8 +22,25 @@ struct ps_det_dataset {
     size_t n;
     /* per image: its annotations (indices into coco.anns) */
     int *ann_start, *ann_count, *ann_list;
+    int max_inst;           /* training instances of the fullest sample */
+    int unmasked;           /* first training instance without segmentation (-1: none) */
     size_t skipped_empty, skipped_records;
 };
+
+/* A training instance: a box with an extent, not a crowd region */
+static int is_instance(const ps_coco_ann_t *an)
+{
+    return !an->iscrowd && an->bbox[2] > 0 && an->bbox[3] > 0;
+}
+
+/* Training instances of image ii (an index into coco.images) */
+static int image_instances(const ps_det_dataset_t *ds, int ii)
+{
+    int n = 0;
+    for (int j = 0; j < ds->ann_count[ii]; j++)
+        n += is_instance(&ds->coco.anns[ds->ann_list[ds->ann_start[ii] + j]]);
+    return n;
+}
 
 static int cmp_i64(const void *a, const void *b)
 {
@@ -85,17 +103,17 @@ int ps_det_dataset_load(ps_det_dataset_t **out, const char *json, const char *im
     free(fill);
     free(img_of);
     for (int i = 0; i < c->nimages; i++) {
-        int boxes = 0;
-        for (int j = 0; j < ds->ann_count[i]; j++) {
-            const ps_coco_ann_t *an = &c->anns[ds->ann_list[ds->ann_start[i] + j]];
-            boxes += !an->iscrowd && an->bbox[2] > 0 && an->bbox[3] > 0;
-        }
+        int boxes = image_instances(ds, i);
         if (train && !boxes) {
             ds->skipped_empty++;
             continue;
         }
+        if (boxes > ds->max_inst) ds->max_inst = boxes;
         ds->index[ds->n++] = i;
     }
+    ds->unmasked = -1;
+    for (int a = 0; a < c->nanns && ds->unmasked < 0; a++)
+        if (is_instance(&c->anns[a]) && c->anns[a].segm.kind == PS_COCO_SEGM_NONE) ds->unmasked = a;
     if (ds->n == 0) {
         ps_errf(err, errlen, "%s: no usable images (%d images, %zu without boxes)", json,
                 c->nimages, ds->skipped_empty);
@@ -127,6 +145,15 @@ int64_t ps_det_dataset_image_id(const ps_det_dataset_t *ds, size_t i)
 const ps_coco_t *ps_det_dataset_coco(const ps_det_dataset_t *ds) { return &ds->coco; }
 size_t ps_det_dataset_skipped_empty(const ps_det_dataset_t *ds) { return ds->skipped_empty; }
 size_t ps_det_dataset_skipped_records(const ps_det_dataset_t *ds) { return ds->skipped_records; }
+int ps_det_dataset_instances(const ps_det_dataset_t *ds, size_t i)
+{
+    return i < ds->n ? image_instances(ds, ds->index[i]) : 0;
+}
+int ps_det_dataset_max_instances(const ps_det_dataset_t *ds) { return ds->max_inst; }
+const ps_coco_ann_t *ps_det_dataset_unmasked(const ps_det_dataset_t *ds)
+{
+    return ds->unmasked < 0 ? NULL : &ds->coco.anns[ds->unmasked];
+}
 
 void ps_det_data_opts_default(ps_det_data_opts_t *o)
 {
@@ -152,12 +179,13 @@ int ps_det_data_opts_check(const ps_det_data_opts_t *o, char *err, size_t errlen
     if (!(o->bg_iou > 0 && o->bg_iou <= o->fg_iou && o->fg_iou <= 1))
         return ps_errf(err, errlen, "IoU thresholds %g / %g: need 0 < bg <= fg <= 1",
                        (double)o->bg_iou, (double)o->fg_iou), PS_EINVAL;
+    if (o->max_instances < 0 || o->max_instances > 100000)
+        return ps_errf(err, errlen, "max_instances %d outside 0..100000", o->max_instances),
+               PS_EINVAL;
     if (o->world < 1 || o->rank < 0 || o->rank >= o->world || o->batch < 1 || o->threads < 0 ||
-        o->threads > 64 || o->prefetch < 1 || o->prefetch > 64 || o->max_gt < 0 ||
-        o->max_gt > 100000)
-        return ps_errf(err, errlen, "rank %d / world %d, batch %d, threads %d, prefetch %d, "
-                       "max_gt %d out of range", o->rank, o->world, o->batch, o->threads,
-                       o->prefetch, o->max_gt), PS_EINVAL;
+        o->threads > 64 || o->prefetch < 1 || o->prefetch > 64)
+        return ps_errf(err, errlen, "rank %d / world %d, batch %d, threads %d, prefetch %d out "
+                       "of range", o->rank, o->world, o->batch, o->threads, o->prefetch), PS_EINVAL;
     return 0;
 }
 
@@ -239,7 +267,7 @@ static int gt_boxes(const ps_det_dataset_t *ds, int ii, float sx, float sy, int 
     *M = 0;
     for (int j = 0; j < ds->ann_count[ii]; j++) {
         const ps_coco_ann_t *an = &ds->coco.anns[ds->ann_list[ds->ann_start[ii] + j]];
-        if (an->iscrowd || !(an->bbox[2] > 0 && an->bbox[3] > 0)) continue;
+        if (!is_instance(an)) continue;
         int k = 0;
         while (k < ds->K && ds->cat_of[k] != an->category_id) k++;
         if (k == ds->K) /* coco_json rejects unknown categories; keep the check local */
@@ -293,24 +321,6 @@ static int anchor_targets(const ps_det_dataset_t *ds, const ps_det_data_opts_t *
     return rc;
 }
 
-int ps_det_sample_gt(const ps_det_dataset_t *ds, size_t index, const ps_det_geom_t *g,
-                     float *gt, int32_t *cls, int max, int *n, char *err, size_t errlen)
-{
-    if (index >= ds->n) return ps_errf(err, errlen, "sample %zu out of range", index), PS_EINVAL;
-    int ii = ds->index[index], boxes = 0;
-    for (int j = 0; j < ds->ann_count[ii]; j++) {
-        const ps_coco_ann_t *an = &ds->coco.anns[ds->ann_list[ds->ann_start[ii] + j]];
-        boxes += !an->iscrowd && an->bbox[2] > 0 && an->bbox[3] > 0;
-    }
-    if (boxes > max)
-        return ps_errf(err, errlen, "image %lld (%s) has %d boxes, more than the %d a batch "
-                       "holds", (long long)ds->coco.images[ii].id, ds->coco.images[ii].file_name,
-                       boxes, max), PS_EINVAL;
-    /* the scales of ps_det_load_sample: resized over original size */
-    return gt_boxes(ds, ii, g->scale, (float)g->h / (float)g->orig_h, g->w, g->flip, gt, cls, n,
-                    err, errlen);
-}
-
 int ps_det_load_sample(const ps_det_dataset_t *ds, const ps_det_data_opts_t *o,
                        const float *anchors, int A, uint64_t epoch, size_t index, float *img,
                        int32_t *labels, float *box_targets, ps_det_geom_t *geom, int *npos,
@@ -343,4 +353,50 @@ int ps_det_load_sample(const ps_det_dataset_t *ds, const ps_det_data_opts_t *o,
     if (rc < 0) return rc;
     if (npos) *npos = rc;
     return 0;
+}
+
+/* Instance j's mask (annotation an of image im, orig_w x orig_h) into slot
+ * (size x size), resized to the geometry's w x h and mirrored with it */
+static int instance_mask(const ps_coco_ann_t *an, const ps_coco_image_t *im,
+                         const ps_det_geom_t *g, int size, uint8_t *slot, uint8_t *scratch,
+                         char *err, size_t errlen)
+{
+    ps_rle_t r;
+    int rc = ps_coco_segm_rle(&an->segm, im->height, im->width, &r);
+    if (rc == PS_EINVAL)
+        return ps_errf(err, errlen, "annotation %lld (image %lld): no segmentation, and masks "
+                       "are asked for", (long long)an->id, (long long)im->id), PS_EINVAL;
+    if (rc) return ps_errf(err, errlen, "out of memory"), rc;
+    ps_rle_decode(&r, scratch, im->width);
+    ps_rle_free(&r);
+    memset(slot, 0, (size_t)size * size);
+    ps_det_mask_resize(slot, size, g->h, g->w, scratch, im->width, im->height, im->width, g->flip);
+    return 0;
+}
+
+int ps_det_sample_instances(const ps_det_dataset_t *ds, const ps_det_data_opts_t *o, size_t index,
+                            const ps_det_geom_t *g, float *boxes, int32_t *classes,
+                            uint8_t *masks, int max_inst, char *err, size_t errlen)
+{
+    if (index >= ds->n) return ps_errf(err, errlen, "sample %zu out of range", index), PS_EINVAL;
+    int ii = ds->index[index], M, rc;
+    const ps_coco_image_t *im = &ds->coco.images[ii];
+    int n = image_instances(ds, ii);
+    if (n > max_inst)
+        return ps_errf(err, errlen, "image %lld (%s): %d instances, more than the %d a batch "
+                       "holds (max_instances)", (long long)im->id, im->file_name, n, max_inst),
+               PS_ERANGE;
+    float sx = (float)g->w / g->orig_w, sy = (float)g->h / g->orig_h;
+    if ((rc = gt_boxes(ds, ii, sx, sy, g->w, g->flip, boxes, classes, &M, err, errlen))) return rc;
+    if (!masks) return M;
+    uint8_t *scratch = malloc((size_t)im->width * im->height);
+    if (!scratch) return ps_errf(err, errlen, "out of memory"), PS_ENOMEM;
+    size_t plane = (size_t)o->size * o->size;
+    for (int j = 0, k = 0; j < ds->ann_count[ii] && !rc; j++) {
+        const ps_coco_ann_t *an = &ds->coco.anns[ds->ann_list[ds->ann_start[ii] + j]];
+        if (!is_instance(an)) continue;
+        rc = instance_mask(an, im, g, o->size, masks + plane * k++, scratch, err, errlen);
+    }
+    free(scratch);
+    return rc ? rc : M;
 }

@@ -16,15 +16,27 @@
  *     colour after normalisation, as torchvision pads the normalised batch);
  *   - training: anchor assignment on the CPU (ps_det_assign, IoU >= 0.5
  *     positive, < 0.4 negative, between ignored) and the targets
- *     (ps_det_make_targets): labels (A) and encoded box deltas (A, 4).
+ *     (ps_det_make_targets): labels (A) and encoded box deltas (A, 4), when
+ *     the model has anchors (RetinaNet);
+ *   - training: the instances (ps_det_sample_instances) for models that
+ *     match their own proposals (Faster / Mask R-CNN): each non-crowd box
+ *     with w, h > 0, in input pixels after resize and flip, its class and,
+ *     with masks on, its mask at the input size (the segmentation at the
+ *     image's size, resized and mirrored as torchvision resizes target
+ *     masks: det_masks.h; zero in the padding), at most max_instances of
+ *     them per image, a bound fixed when the loader is made (so a batch's
+ *     memory is batch * max_instances * (size^2 + 20) bytes).
  *
  * Categories: the JSON's category ids, ascending, become classes 0..K-1.
  * Crowd boxes are left out of training targets (as torchvision's RetinaNet,
  * which has no crowd handling); evaluation keeps them (COCO ignores them).
  *
- * Bad input: malformed JSON, duplicate ids, unknown image / category ids and
- * boxes outside the image are errors naming the file and the record
- * (coco_json.h) -- or, with skip_bad, the record is skipped and counted.  An
+ * Bad input: malformed JSON, duplicate ids, unknown image / category ids,
+ * boxes outside the image and malformed segmentations are errors naming
+ * the file and the record (coco_json.h) -- or, with skip_bad, the record is
+ * skipped and counted.  With masks on, a training instance without a
+ * segmentation, or an image with more instances than max_instances, fails
+ * the loader's creation, naming it.  An
  * unreadable or corrupt image, or one whose size disagrees with the JSON, is
  * an error of the batch -- or, with skip_bad, the next image in dataset
  * order stands in (counted, warned).  Training never sees images without
@@ -61,6 +73,12 @@ const ps_coco_t *ps_det_dataset_coco(const ps_det_dataset_t *ds);
  * lenient JSON reader (images + annotations). */
 size_t ps_det_dataset_skipped_empty(const ps_det_dataset_t *ds);
 size_t ps_det_dataset_skipped_records(const ps_det_dataset_t *ds);
+/* Training instances (non-crowd boxes with w, h > 0) of sample i, and the
+ * most any sample in the index has. */
+int ps_det_dataset_instances(const ps_det_dataset_t *ds, size_t i);
+int ps_det_dataset_max_instances(const ps_det_dataset_t *ds);
+/* The first training instance without a segmentation, or NULL. */
+const ps_coco_ann_t *ps_det_dataset_unmasked(const ps_det_dataset_t *ds);
 
 typedef struct ps_det_data_opts {
     int size;          /* network input H = W (padded), 32..4096 */
@@ -77,9 +95,9 @@ typedef struct ps_det_data_opts {
     int threads;       /* loader threads (0: decode in ps_det_loader_next) */
     int prefetch;      /* batches decoded ahead (>= 1) */
     int skip_bad;      /* a bad image is replaced by the next one (counted) */
-    int max_gt;        /* > 0: batches carry each image's training boxes, at most
-                          this many (the two-stage detectors sample RoIs against
-                          them); an image with more is an error of its batch */
+    int instances;     /* training: the instances in the batch (ps_det_batch_t gt_*) */
+    int masks;         /* training: and their masks (implies instances) */
+    int max_instances; /* per image (0 = the dataset's most; a sample with more fails) */
 } ps_det_data_opts_t;
 
 void ps_det_data_opts_default(ps_det_data_opts_t *o);
@@ -103,12 +121,16 @@ int ps_det_load_sample(const ps_det_dataset_t *ds, const ps_det_data_opts_t *o,
                        const float *anchors, int A, uint64_t epoch, size_t index, float *img,
                        int32_t *labels, float *box_targets, ps_det_geom_t *geom, int *npos,
                        char *err, size_t errlen);
-/* Sample index's training boxes (not crowd, not empty) where its image went
- * (geom from ps_det_load_sample: resized, flipped): gt (max, 4) in network
- * pixels, cls (max) classes 0..K-1, *n of them.  More than max: PS_EINVAL
- * (err names the image). */
-int ps_det_sample_gt(const ps_det_dataset_t *ds, size_t index, const ps_det_geom_t *geom,
-                     float *gt, int32_t *cls, int max, int *n, char *err, size_t errlen);
+
+/* The training instances of sample `index` placed as geom says (from
+ * ps_det_load_sample): boxes (max_inst, 4) x1 y1 x2 y2 and classes
+ * (max_inst) 0..K-1 in file order and, when masks is not NULL, their masks
+ * (max_inst, size, size) 0/1.  Returns the count or PS_E* (err names the
+ * image or annotation): PS_ERANGE when the image has more than max_inst,
+ * PS_EINVAL when a mask is asked for an instance without segmentation. */
+int ps_det_sample_instances(const ps_det_dataset_t *ds, const ps_det_data_opts_t *o, size_t index,
+                            const ps_det_geom_t *geom, float *boxes, int32_t *classes,
+                            uint8_t *masks, int max_inst, char *err, size_t errlen);
 
 /* ---- loader: threads with a bounded prefetch queue (video_loader.c's
  * scheme: batch b goes to slot b % prefetch, claimed only while b <
@@ -117,18 +139,22 @@ typedef struct ps_det_loader ps_det_loader_t;
 
 typedef struct ps_det_batch {
     float *img;          /* (batch, 3, size, size) */
-    int32_t *labels;     /* (batch, A) training only, else NULL */
-    float *box_targets;  /* (batch, A, 4) training only, else NULL */
+    int32_t *labels;     /* (batch, A) training with anchors (A > 0), else NULL */
+    float *box_targets;  /* (batch, A, 4) training with anchors, else NULL */
+    int max_inst;        /* instances held per image (0 without instances) */
+    float *gt_boxes;     /* (batch, max_inst, 4) x1 y1 x2 y2, input pixels */
+    int32_t *gt_classes; /* (batch, max_inst) 0..K-1 */
+    int32_t *gt_count;   /* (batch) instances of each image (the slots after them are 0) */
+    uint8_t *gt_masks;   /* (batch, max_inst, size, size) 0/1 with masks, else NULL */
     int64_t *idx;        /* (batch) dataset index of each sample */
     ps_det_geom_t *geom; /* (batch) */
     int npos;            /* positive anchors in the batch */
-    /* with max_gt > 0 (else NULL): each image's training boxes */
-    float *gt_boxes;     /* (batch, max_gt, 4) network pixels */
-    int32_t *gt_classes; /* (batch, max_gt) 0..K-1 */
-    int32_t *ngt;        /* (batch) boxes of each image */
 } ps_det_batch_t;
 
-/* anchors (A x 4) must outlive the loader. */
+/* anchors (A x 4) must outlive the loader (A = 0, anchors NULL: no anchor
+ * targets).  With instances on, fails (err names the sample, or the
+ * annotation) when an image holds more than max_instances or, with masks,
+ * an instance has no segmentation. */
 int ps_det_loader_new(const ps_det_dataset_t *ds, const ps_det_data_opts_t *o,
                       const float *anchors, int A, ps_det_loader_t **out, char *err,
                       size_t errlen);

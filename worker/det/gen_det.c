@@ -15,8 +15,31 @@
 #include "ps_util.h"
 #include "worker/det/coco_json.h"
 
-const char *const ps_det_gen_class_names[PS_DET_GEN_NCLASSES] = {"circle", "square", "triangle",
-                                                                 "diamond", "cross"};
+/* Shapes in the unit box: is pixel centre (u, v) in [0,1]^2 inside? */
+static int in_circle(double du, double dv, double v) { (void)v; return du * du + dv * dv <= 0.25; }
+static int in_square(double du, double dv, double v) { (void)du, (void)dv, (void)v; return 1; }
+static int in_triangle(double du, double dv, double v) { (void)dv; return du <= v * 0.5; } /* apex up */
+static int in_diamond(double du, double dv, double v) { (void)v; return du + dv <= 0.5; }
+static int in_cross(double du, double dv, double v)
+{
+    (void)v;
+    return du <= 1.0 / 6 || dv <= 1.0 / 6;
+}
+static int in_ring(double du, double dv, double v)
+{
+    (void)v;
+    double r2 = du * du + dv * dv;
+    return r2 <= 0.25 && r2 >= 0.0625;
+}
+
+/* The classes, in category order; du, dv are |u - 0.5|, |v - 0.5|. */
+static const struct shape {
+    const char *name;
+    int (*inside)(double du, double dv, double v);
+} SHAPES[PS_DET_GEN_NCLASSES] = {
+    {"circle", in_circle}, {"square", in_square}, {"triangle", in_triangle},
+    {"diamond", in_diamond}, {"cross", in_cross}, {"ring", in_ring},
+};
 
 /* ps_fail (ps_util.h) with this file's argument order */
 #define fail(err, n, code, ...) ps_fail((code), (err), (n), __VA_ARGS__)
@@ -40,20 +63,8 @@ void ps_det_gen_defaults(ps_det_gen_opts_t *o, int n_images)
     o->min_size = 0.12f;
     o->max_size = 0.40f;
     o->quality = 90;
-    o->classes = PS_DET_GEN_NCLASSES;
-}
-
-/* Is pixel centre (u, v), in box units [0,1]^2, inside shape cls? */
-static int inside(int cls, double u, double v)
-{
-    double du = fabs(u - 0.5), dv = fabs(v - 0.5);
-    switch (cls) {
-    case 0: return du * du + dv * dv <= 0.25;                /* circle */
-    case 1: return 1;                                        /* square */
-    case 2: return du <= v * 0.5;                            /* triangle, apex up */
-    case 3: return du + dv <= 0.5;                           /* diamond */
-    default: return du <= 1.0 / 6 || dv <= 1.0 / 6;          /* cross */
-    }
+    o->classes = PS_DET_GEN_DEFAULT_CLASSES;
+    o->masks = 0;
 }
 
 typedef struct {
@@ -101,8 +112,9 @@ static void background(uint8_t *img, int size, uint64_t *rs, int min_obj)
     }
 }
 
-/* Draws one object; fills the annotation's bbox (tight pixel extent) and area. */
-static void draw(uint8_t *img, int size, const place_t *pl, int cls, uint64_t *rs,
+/* Draws one object; fills the annotation's bbox (tight pixel extent) and
+ * area, and sets its pixels to 1 in mask (size x size, 0 around it). */
+static void draw(uint8_t *img, uint8_t *mask, int size, const place_t *pl, int cls, uint64_t *rs,
                  ps_coco_ann_t *a)
 {
     /* colour far from the local background mean, so the object is visible */
@@ -123,8 +135,9 @@ static void draw(uint8_t *img, int size, const place_t *pl, int cls, uint64_t *r
     for (int y = pl->y; y < pl->y + pl->h; y++)
         for (int x = pl->x; x < pl->x + pl->w; x++) {
             double u = (x - pl->x + 0.5) / pl->w, v = (y - pl->y + 0.5) / pl->h;
-            if (!inside(cls, u, v)) continue;
+            if (!SHAPES[cls].inside(fabs(u - 0.5), fabs(v - 0.5), v)) continue;
             put_px(img, size, x, y, c);
+            mask[(size_t)y * size + x] = 1;
             area++;
             if (x < x0) x0 = x;
             if (x > x1) x1 = x;
@@ -138,6 +151,79 @@ static void draw(uint8_t *img, int size, const place_t *pl, int cls, uint64_t *r
     a->area = (double)area;
     a->iscrowd = 0;
     a->category_id = cls + 1;
+}
+
+/* The row of mask (size wide) within [x, x + w): its one run of 1s as
+ * [*l, *r), 0 when the row is empty, -1 when it has more than one run */
+static int row_run(const uint8_t *row, int x, int w, int *l, int *r)
+{
+    int runs = 0;
+    for (int i = x; i < x + w; i++)
+        if (row[i] && (i == x || !row[i - 1])) {
+            if (runs++) return -1;
+            *l = i;
+        } else if (!row[i] && i > x && row[i - 1]) {
+            *r = i;
+        }
+    if (runs && row[x + w - 1]) *r = x + w;
+    return runs;
+}
+
+/* Appends vertex (x, y), dropping a repeat and the middle of three on one line */
+static void vertex(double *xy, int *k, double x, double y)
+{
+    if (*k >= 1 && xy[2 * *k - 2] == x && xy[2 * *k - 1] == y) return;
+    if (*k >= 2) {
+        const double *p = xy + 2 * *k - 4; /* the two before */
+        if ((p[0] == p[2] && p[2] == x) || (p[1] == p[3] && p[3] == y)) --*k;
+    }
+    xy[2 * *k] = x, xy[2 * *k + 1] = y;
+    ++*k;
+}
+
+/* The instance's segmentation: the outline along pixel edges when every
+ * row of the placement box holds one run of the shape's pixels and those
+ * rows are contiguous (down the right ends, up the left ends; COCO's
+ * crossing rule then gives back exactly those pixels), otherwise the
+ * compressed RLE of the mask */
+static int instance_segm(const uint8_t *mask, int size, const place_t *pl, ps_coco_segm_t *s)
+{
+    int first = -1, last = -1, simple = 1;
+    int *L = malloc(sizeof(int) * (size_t)pl->h), *R = malloc(sizeof(int) * (size_t)pl->h);
+    if (!L || !R) {
+        free(L), free(R);
+        return PS_ENOMEM;
+    }
+    for (int j = 0; j < pl->h && simple; j++) {
+        int runs = row_run(mask + (size_t)(pl->y + j) * size, pl->x, pl->w, &L[j], &R[j]);
+        if (runs < 0 || (runs == 0 && first >= 0 && last < 0)) last = j - 1;
+        if (runs < 0 || (runs > 0 && last >= 0)) simple = 0; /* two runs, or a gap of rows */
+        if (runs > 0 && first < 0) first = j;
+    }
+    if (last < 0) last = pl->h - 1;
+    memset(s, 0, sizeof *s);
+    int rc = 0;
+    if (simple && first >= 0) {
+        int n = 0;
+        s->xy = malloc(sizeof(double) * 8 * (size_t)(last - first + 1));
+        s->poly_len = malloc(sizeof(int));
+        if (!s->xy || !s->poly_len) rc = PS_ENOMEM;
+        for (int j = first; !rc && j <= last; j++) {
+            vertex(s->xy, &n, R[j], pl->y + j);
+            vertex(s->xy, &n, R[j], pl->y + j + 1);
+        }
+        for (int j = last; !rc && j >= first; j--) {
+            vertex(s->xy, &n, L[j], pl->y + j + 1);
+            vertex(s->xy, &n, L[j], pl->y + j);
+        }
+        if (!rc) s->kind = PS_COCO_SEGM_POLY, s->npoly = 1, s->poly_len[0] = n;
+    } else {
+        rc = ps_rle_encode(&s->rle, mask, size, size, size);
+        if (!rc) s->kind = PS_COCO_SEGM_RLE_STR;
+    }
+    free(L), free(R);
+    if (rc) ps_coco_segm_free(s);
+    return rc;
 }
 
 struct jerr {
@@ -206,18 +292,18 @@ static int gen_split(const char *dir, const char *split, int n, int size, uint64
     ps_coco_t c;
     memset(&c, 0, sizeof c);
     int rc = PS_ENOMEM, maxo = o->max_objects;
-    uint8_t *img = malloc((size_t)size * size * 3);
+    uint8_t *img = malloc((size_t)size * size * 3), *mask = calloc((size_t)size * size, 1);
     c.images = calloc((size_t)n + 1, sizeof *c.images);
     c.anns = calloc((size_t)n * maxo + 1, sizeof *c.anns);
     c.cats = calloc(PS_DET_GEN_NCLASSES, sizeof *c.cats);
     place_t *pl = malloc((size_t)maxo * sizeof *pl);
-    if (!img || !c.images || !c.anns || !c.cats || !pl) {
+    if (!img || !mask || !c.images || !c.anns || !c.cats || !pl) {
         rc = fail(err, errlen, PS_ENOMEM, "gen-det: out of memory");
         goto out;
     }
     for (int k = 0; k < o->classes; k++) {
         c.cats[k].id = k + 1;
-        c.cats[k].name = strdup(ps_det_gen_class_names[k]);
+        c.cats[k].name = strdup(SHAPES[k].name);
         c.ncats++;
         if (!c.cats[k].name) {
             rc = fail(err, errlen, PS_ENOMEM, "gen-det: out of memory");
@@ -244,10 +330,15 @@ static int gen_split(const char *dir, const char *split, int n, int size, uint64
             if (clash) continue;
             pl[np++] = p;
             ps_coco_ann_t *a = &c.anns[c.nanns];
-            draw(img, size, &p, cls, rs, a);
+            draw(img, mask, size, &p, cls, rs, a);
             a->id = c.nanns + 1;
             a->image_id = i + 1;
             c.nanns++;
+            if (o->masks && (rc = instance_segm(mask, size, &p, &a->segm))) {
+                fail(err, errlen, rc, "gen-det: out of memory");
+                goto out;
+            }
+            for (int y = p.y; y < p.y + p.h; y++) memset(mask + (size_t)y * size + p.x, 0, (size_t)p.w);
         }
         ps_coco_image_t *im = &c.images[c.nimages++];
         im->id = i + 1;
@@ -265,6 +356,7 @@ static int gen_split(const char *dir, const char *split, int n, int size, uint64
     rc = ps_coco_save(&c, path, err, errlen);
 out:
     free(img);
+    free(mask);
     free(pl);
     ps_coco_free(&c);
     return rc;

@@ -8,10 +8,17 @@
  *   out_dir/annotations/instances_val.json
  *
  * (COCO's own layout; file_name is relative to the split's image folder.)
- * Categories: 1 circle, 2 square, 3 triangle, 4 diamond, 5 cross.  Objects
- * never overlap (a 2-pixel gap), so every box is the tight extent of its
- * shape's pixels; area is the shape's pixel count (as COCO's segmentation
- * area); iscrowd 0.  Clutter (thin lines, small dots, noise) is kept below
+ * Categories: 1 circle, 2 square, 3 triangle, 4 diamond, 5 cross, 6 ring
+ * (a circle with a hole; only with classes = 6).  A shape's pixels are the
+ * pixels whose centres lie inside it.  Objects never overlap (a 2-pixel
+ * gap), so every box is the tight extent of its shape's pixels; area is
+ * the shape's pixel count (as COCO's segmentation area); iscrowd 0.  With
+ * masks, each annotation also has its exact instance mask as COCO's
+ * "segmentation": a polygon along the pixel edges for shapes with one run
+ * of pixels per row (which pycocotools rasterises back to exactly those
+ * pixels: coco_rle.h), a compressed RLE for the others (the ring, whose
+ * hole a union of polygons cannot express).  The images are the same with
+ * or without masks.  Clutter (thin lines, small dots, noise) is kept below
  * the smallest object size.  Deterministic for a given seed and options.
  */
 #ifndef PS_GEN_DET_H
@@ -19,8 +26,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PS_DET_GEN_NCLASSES 5
-extern const char *const ps_det_gen_class_names[PS_DET_GEN_NCLASSES];
+#define PS_DET_GEN_NCLASSES 6       /* shapes there are */
+#define PS_DET_GEN_DEFAULT_CLASSES 5 /* shapes used by default (no ring) */
 
 typedef struct ps_det_gen_opts {
     int n_val;            /* validation images (default max(1, n_images/5)) */
@@ -30,7 +37,8 @@ typedef struct ps_det_gen_opts {
     float max_size;       /* (0.40) */
     int quality;          /* JPEG quality (90) */
     int classes;          /* shape classes used, the first `classes` of the
-                             five (1..5, default 5); categories lists only them */
+                             six (1..6, default 5); categories lists only them */
+    int masks;            /* 1: annotations carry "segmentation" (default 0) */
 } ps_det_gen_opts_t;
 
 void ps_det_gen_defaults(ps_det_gen_opts_t *o, int n_images);

@@ -46,6 +46,9 @@ void ps_arena_begin_sizing(ps_arena_t *a);
 int ps_arena_commit(ps_arena_t *a);            /* allocate after sizing; PS_ENOMEM */
 float *ps_arena_take(ps_arena_t *a, size_t numel); /* NULL while sizing */
 void ps_arena_free(ps_arena_t *a);
+/* Bytes of every arena committed and not yet freed in this process (any
+ * thread; psworker's /metrics reports it). */
+size_t ps_arena_bytes(void);
 /* Where ps_arena_commit() takes its one allocation from.  Default (NULL):
  * host posix_memalign, zeroed.  Opening a CUDA device (ps_device_cuda,
  * worker/engine/cuda/ps_cuda_backend.h) installs managed memory so a

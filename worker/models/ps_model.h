@@ -49,6 +49,9 @@ typedef struct ps_model_config {
                           layer3 has >= 23 blocks, as TSM's make_temporal_shift);
                           0: TSN baseline */
     int shift_div;     /* 1/shift_div of the channels go each way (8) */
+    int shift_place;   /* PS_MODEL_SHIFT_BLOCKRES (0, the default above) or
+                          PS_MODEL_SHIFT_BLOCK: TSM's place 'block', the shift on
+                          the input of every block, identity included */
     float dropout;     /* before fc (0.5); 0 disables */
     int partial_bn;    /* TSM partialBN: only bn1 trains with batch stats.  Kept for
                           compatibility: when set, bn_mode TRAIN reads as PARTIAL */
@@ -60,6 +63,9 @@ typedef struct ps_model_config {
     float bn_eps;      /* 1e-5 */
     float bn_momentum; /* 0.1 (PyTorch convention) */
 } ps_model_config_t;
+
+/* Where the temporal shift goes (TSM's make_temporal_shift `place`). */
+enum { PS_MODEL_SHIFT_BLOCKRES = 0, PS_MODEL_SHIFT_BLOCK = 1 };
 
 /* BatchNorm modes.  The effective mode is FROZEN if bn_mode says so, else
  * PARTIAL if bn_mode is PARTIAL or partial_bn is set, else TRAIN.
@@ -75,6 +81,10 @@ typedef struct ps_model_config {
  *            clips equals the mean of W gradients over B clips (data-parallel
  *            reproducibility); running statistics never change. */
 enum { PS_MODEL_BN_TRAIN = 0, PS_MODEL_BN_PARTIAL = 1, PS_MODEL_BN_FROZEN = 2 };
+
+/* "tsm-r18|34|50" / "tsn-r18|34|50" -> depth, shift (1 TSM, 0 TSN);
+ * PS_EINVAL for another name. */
+int ps_model_parse_name(const char *name, int *depth, int *shift);
 
 /* Defaults: TSM-ResNet-50, 400 classes, T 8, shift_div 8, dropout 0.5,
  * partial BN on, width 64, eps 1e-5, momentum 0.1. */
@@ -220,16 +230,45 @@ enum {
      * skipped: fc keeps a fresh init and moves to the new-fc groups (lr x5 /
      * x10), as TSM does when fine-tuning from a pretrained net */
     PS_MODEL_LOAD_REPLACE_FC = 1,
-    /* the file's fc.weight / fc.bias are ignored: an ImageNet classifier
-     * seeding a model without fc (a detector backbone, ps_retina_t) */
-    PS_MODEL_LOAD_IGNORE_FC = 2,
+    /* tensors the model has and the file lacks keep their initialisation,
+     * tensors the file has and the model lacks are skipped (both listed in
+     * the log; ps_weights.h PS_WEIGHTS_PARTIAL) */
+    PS_MODEL_LOAD_PARTIAL = 2,
 };
-/* Load a safetensors file with torchvision names.  Every model tensor must
- * be present with the same shape (num_batches_tracked may be missing: 0),
- * and no unknown tensor may be present; on any error nothing is changed.
- * Returns 0, PS_EIO, PS_ECORRUPT, PS_ENOTFOUND or PS_EMISMATCH with a
- * message naming the file and tensor. */
+/* Load a safetensors file: torchvision names (what ps_model_save writes, a
+ * converted torchvision state dict) or an official TSM checkpoint's
+ * (module.base_model.*, .net., new_fc; ps_weights.h), whose shift placement
+ * must be the model's.  Every model tensor must be present with the same
+ * shape (num_batches_tracked may be missing: 0), and no unknown tensor may be
+ * present, unless the flags say otherwise; every skipped or re-initialised
+ * tensor is logged; on any error nothing is changed.  Returns 0, PS_EIO,
+ * PS_ECORRUPT, PS_ENOTFOUND, PS_EMISMATCH or PS_EINVAL (a detector's
+ * backbone: load through ps_retina_load) with a message naming the file and
+ * tensor. */
 int ps_model_load(ps_model_t *m, const char *path, int flags);
+/* What a weights file says about the model it fits (model_io.c), for
+ * options not given: TSM's shift placement from the names of an official
+ * TSM checkpoint (PS_MODEL_SHIFT_*, -1: not such a checkpoint, or no
+ * shift), its shift_div from the tsm.shift_div metadata that
+ * worker/models/torch2safetensors.py records (0: none), the class count
+ * from the classifier's rows (0: none).  0, or the file's PS_EIO /
+ * PS_ECORRUPT (logged). */
+typedef struct ps_model_file_info {
+    int shift_place, shift_div, num_classes;
+} ps_model_file_info_t;
+int ps_model_file_info(const char *path, ps_model_file_info_t *info);
+
+/* ---- ONNX (onnx_resnet.c) ------------------------------------------------- */
+
+/* The model in evaluation mode as an ONNX graph (onnx_graph.h: opset 17):
+ * input "clips" (batch, T, 3, H, W) at the size the model was created
+ * for, batch symbolic; output "logits" (batch, K), the mean over the T
+ * frames of fc's output, as ps_model_logits after an evaluation forward.
+ * The temporal shift is Slice / Pad / Concat on a (batch, T, C, H, W)
+ * view; BN uses the running statistics; initializers carry the torchvision
+ * names.  Written atomically.  Returns 0 or PS_E* (logged). */
+int ps_model_export_onnx(const ps_model_t *m, const char *path);
+
 /* 1 if the last load replaced fc (class count differed). */
 int ps_model_fc_replaced(const ps_model_t *m);
 

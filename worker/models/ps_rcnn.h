@@ -160,11 +160,15 @@ int ps_rcnn_find_param(const ps_rcnn_t *m, const char *name);
 int ps_rcnn_groups(const ps_rcnn_t *m, ps_param_group_t *groups, int max);
 int ps_rcnn_tensor_specs(const ps_rcnn_t *m, ps_tensor_spec_t **specs);
 
-/* safetensors in torchvision's names (ps.arch "fasterrcnn-resnetD-fpn");
- * load is strict and changes nothing on error (ps_mtab_load). */
+/* safetensors in torchvision's names (ps.arch "fasterrcnn-resnetD-fpn").
+ * load_weights (ps_weights.h, as ps_retina_load_weights): our own
+ * checkpoint, strict unless partial, or an ImageNet classifier for the
+ * backbone (a torchvision ResNet or an official TSM checkpoint; the FPN and
+ * heads keep their init); nothing changes on error.  load = load_weights(m,
+ * path, 0); load_backbone takes only the classifier kinds. */
 int ps_rcnn_save(const ps_rcnn_t *m, const char *path);
+int ps_rcnn_load_weights(ps_rcnn_t *m, const char *path, int partial);
 int ps_rcnn_load(ps_rcnn_t *m, const char *path);
-/* Seed the backbone from a torchvision ResNet state dict (fc.* ignored). */
 int ps_rcnn_load_backbone(ps_rcnn_t *m, const char *path);
 
 #endif

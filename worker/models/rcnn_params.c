@@ -5,6 +5,7 @@
 
 #include "ps_error.h"
 #include "ps_log.h"
+#include "worker/models/ps_weights.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -123,16 +124,30 @@ int ps_rcnn_save(const ps_rcnn_t *m, const char *path)
                         path);
 }
 
-int ps_rcnn_load(ps_rcnn_t *m, const char *path)
+/* Its own checkpoint (torchvision's fasterrcnn names), or an ImageNet
+ * classifier for the backbone alone (ps_weights_det_backbone_formats). */
+static const ps_weights_format_t own = {.name = "fasterrcnn", .detect = "backbone."};
+
+static int load(ps_rcnn_t *m, const char *path, const ps_weights_format_t *const *formats, int n,
+                unsigned flags)
 {
-    int r = ps_mtab_load(m->params, m->nparams, m->buffers, m->nbuffers, "fasterrcnn", path);
+    ps_weights_target_t t = {.what = "fasterrcnn", .params = m->params, .nparams = m->nparams,
+                             .buffers = m->buffers, .nbuffers = m->nbuffers};
+    int r = ps_weights_load(&t, path, formats, n, flags, NULL);
     if (!r) ps_rcnn_zero_grad(m);
     return r;
 }
 
+int ps_rcnn_load_weights(ps_rcnn_t *m, const char *path, int partial)
+{
+    const ps_weights_format_t *const all[] = {&own, ps_weights_det_backbone_formats[0],
+                                              ps_weights_det_backbone_formats[1]};
+    return load(m, path, all, 3, partial ? PS_WEIGHTS_PARTIAL : 0);
+}
+
+int ps_rcnn_load(ps_rcnn_t *m, const char *path) { return ps_rcnn_load_weights(m, path, 0); }
+
 int ps_rcnn_load_backbone(ps_rcnn_t *m, const char *path)
 {
-    int r = ps_model_load(m->body, path, PS_MODEL_LOAD_IGNORE_FC);
-    if (!r) ps_rcnn_zero_grad(m);
-    return r;
+    return load(m, path, ps_weights_det_backbone_formats, PS_WEIGHTS_DET_BACKBONE_NFORMATS, 0);
 }

@@ -21,11 +21,12 @@ static int create(ps_model_t **out, const ps_model_config_t *cfg, const ps_backe
         (cfg->shift && (cfg->shift_div < 2 || cfg->width / cfg->shift_div < 1)) ||
         !(cfg->dropout >= 0.f && cfg->dropout < 1.f) || !(cfg->bn_eps > 0.f) ||
         !(cfg->bn_momentum >= 0.f && cfg->bn_momentum <= 1.f) || cfg->bn_mode < 0 ||
-        cfg->bn_mode > PS_MODEL_BN_FROZEN) {
+        cfg->bn_mode > PS_MODEL_BN_FROZEN || cfg->shift_place < PS_MODEL_SHIFT_BLOCKRES ||
+        cfg->shift_place > PS_MODEL_SHIFT_BLOCK) {
         ps_error("model: bad config (classes %d, n_segment %d, width %d, shift_div %d, "
-                 "dropout %g, eps %g, momentum %g, bn_mode %d)", cfg->num_classes,
-                 cfg->n_segment, cfg->width, cfg->shift_div, cfg->dropout, cfg->bn_eps,
-                 cfg->bn_momentum, cfg->bn_mode);
+                 "shift_place %d, dropout %g, eps %g, momentum %g, bn_mode %d)",
+                 cfg->num_classes, cfg->n_segment, cfg->width, cfg->shift_div,
+                 cfg->shift_place, cfg->dropout, cfg->bn_eps, cfg->bn_momentum, cfg->bn_mode);
         return PS_EINVAL;
     }
     if (max_clips < 1 || H < 32 || W < 32 || H > 4096 || W > 4096 ||
@@ -207,10 +208,11 @@ static void block_fwd(ps_model_t *m, block_t *b, const float *x, int N, int trai
     const ps_backend_t *be = m->be;
     int T = m->cfg.n_segment;
     b->x = x;
-    const float *in = x;
+    const float *in = x, *id = x; /* conv1's input, the identity's */
     if (b->shift) {
         be->tshift_forward(m->ctx, b->xs, x, N / T, T, b->cin, b->H * b->W, m->cfg.shift_div);
         in = b->xs;
+        if (b->shift == SHIFT_BLOCK) id = b->xs;
     }
     for (int j = 0; j < b->nconv; j++) {
         const conv_t *c = &b->conv[j];
@@ -226,11 +228,11 @@ static void block_fwd(ps_model_t *m, block_t *b, const float *x, int N, int trai
     }
     size_t n = (size_t)N * b->cout * b->P * b->Q;
     if (b->has_ds) {
-        conv_fwd(m, &b->ds, b->dso, x, N);
+        conv_fwd(m, &b->ds, b->dso, id, N);
         bn_fwd(m, &b->dsbn, m->tmp, b->dso, N, b->P * b->Q, training);
         be->add(m->ctx, b->y, b->y, m->tmp, n);
     } else {
-        be->add(m->ctx, b->y, b->y, x, n);
+        be->add(m->ctx, b->y, b->y, id, n);
     }
     be->relu_forward(m->ctx, b->y, b->y, n);
 }
@@ -257,15 +259,23 @@ static void block_bwd(ps_model_t *m, block_t *b, float **g, int N)
             bn_bwd(m, &b->bn[j - 1], Bf, C, b->co[j - 1], N, p->P * p->Q);
         }
     }
-    if (b->shift)
+    /* 'blockres': conv1's gradient shifted back now, the identity's adds
+     * to dx.  'block': the identity's adds to d(shifted input) in C first,
+     * and the sum is shifted back at the end. */
+    const int blk = b->shift == SHIFT_BLOCK;
+    const size_t nin = (size_t)N * b->cin * b->H * b->W;
+    if (b->shift == SHIFT_RES)
         be->tshift_backward(m->ctx, D, C, N / T, T, b->cin, b->H * b->W, m->cfg.shift_div);
+    float *acc = blk ? C : D;
     if (b->has_ds) {
+        float *dd = blk ? D : C; /* free at this point in either case */
         bn_bwd(m, &b->dsbn, Bf, A, b->dso, N, b->P * b->Q);
-        conv_bwd(m, &b->ds, C, Bf, b->x, N);
-        be->accumulate(m->ctx, D, C, (size_t)N * b->cin * b->H * b->W);
+        conv_bwd(m, &b->ds, dd, Bf, blk ? b->xs : b->x, N);
+        be->accumulate(m->ctx, acc, dd, nin);
     } else {
-        be->accumulate(m->ctx, D, A, n);
+        be->accumulate(m->ctx, acc, A, n);
     }
+    if (blk) be->tshift_backward(m->ctx, D, C, N / T, T, b->cin, b->H * b->W, m->cfg.shift_div);
 }
 
 void ps_resnet_forward_features(ps_model_t *m, const float *input, int N, int training)

@@ -25,9 +25,14 @@ typedef struct bn {
 
 /* A residual block: 2 convs (BasicBlock) or 3 (Bottleneck), optional
  * downsample (1x1 conv + BN) on the identity. */
+/* block_t.shift: where the block shifts its input in time */
+enum { SHIFT_NONE = 0, SHIFT_RES = 1, SHIFT_BLOCK = 2 };
+
 typedef struct block {
     int nconv;
-    int shift;          /* temporal shift on the input of conv1 */
+    int shift;          /* SHIFT_RES: the input of conv1 only ('blockres');
+                           SHIFT_BLOCK: conv1 and the identity / downsample
+                           ('block') */
     int cin, cout, H, W, P, Q;
     conv_t conv[3];
     bn_t bn[3];
@@ -112,6 +117,14 @@ const float *ps_resnet_stage_out(const ps_model_t *m, int s, int *C, int *P, int
 void ps_resnet_backward_features(ps_model_t *m, const float *const dstage[4], int N,
                                  int freeze_at);
 
+/* onnx_resnet.c: stem and blocks of m into graph g from the value x (N
+ * images), tensor names prefixed with prefix ("backbone.body." in a
+ * detector); the values of the four stages' outputs into stage_out (may be
+ * NULL).  Returns the last block's output (NULL after a graph error). */
+struct ps_onnx;
+const char *ps_resnet_onnx_trunk(struct ps_onnx *g, const ps_model_t *m, const char *prefix,
+                                 const char *x, const char *stage_out[4]);
+
 /* resnet_params.c */
 int ps_resnet_build(ps_model_t *m); /* architecture + tables + arena */
 void ps_resnet_free_tables(ps_model_t *m);
@@ -144,13 +157,6 @@ int ps_mtab_save(const ps_model_param_t *params, int np, const ps_model_buffer_t
  * int64 counter reads as 0). */
 int ps_mtab_read_buffers(const ps_st_file_t *f, ps_model_buffer_t *buffers, int nb,
                          const char *what, const char *path);
-/* A strict load of a whole table (the detectors'): every parameter and
- * float buffer present as a float tensor of the same shape, the int64
- * counters one int64 or absent, nothing unknown; nothing changes unless
- * all of it checks.  Gradients are left alone.  0, PS_EIO, PS_ECORRUPT,
- * PS_ENOTFOUND or PS_EMISMATCH, logged naming the file and tensor. */
-int ps_mtab_load(ps_model_param_t *params, int np, ps_model_buffer_t *buffers, int nb,
-                 const char *what, const char *path);
 
 /* model_conv.c: a convolution with bias in a detector's neck or heads
  * (RetinaNet's FPN and subnets, the R-CNN FPN and RPN), its weight and

@@ -44,6 +44,18 @@ void ps_model_config_default(ps_model_config_t *c)
     c->bn_momentum = 0.1f;
 }
 
+int ps_model_parse_name(const char *name, int *depth, int *shift)
+{
+    if (!strncmp(name, "tsm-r", 5)) *shift = 1;
+    else if (!strncmp(name, "tsn-r", 5)) *shift = 0;
+    else return PS_EINVAL;
+    char *end;
+    long d = strtol(name + 5, &end, 10);
+    if (*end || (d != 18 && d != 34 && d != 50)) return PS_EINVAL;
+    *depth = (int)d;
+    return 0;
+}
+
 /* ---- tables ---------------------------------------------------------------- */
 
 static int add_param(ps_model_t *m, const char *name, int ndim, const int *shape, int group,
@@ -142,9 +154,11 @@ static int define(ps_model_t *m)
     m->blocks = calloc(m->nblocks, sizeof *m->blocks);
     if (!m->blocks) return PS_ENOMEM;
 
-    /* TSM's make_temporal_shift('blockres'): shift every block, or every
-     * second one when layer3 has >= 23 blocks (ResNet-101 and deeper) */
-    int n_round = stage_blocks(c->depth, 2) >= 23 ? 2 : 1;
+    /* TSM's make_temporal_shift: 'block' wraps every block; 'blockres'
+     * shifts conv1's input of every block, or of every second one when
+     * layer3 has >= 23 blocks (ResNet-101 and deeper) */
+    int block_place = c->shift_place == PS_MODEL_SHIFT_BLOCK;
+    int n_round = !block_place && stage_blocks(c->depth, 2) >= 23 ? 2 : 1;
     int inplanes = w, H = m->pool_P, W = m->pool_Q, bi = 0;
     char name[96];
     for (int s = 0; s < 4; s++) {
@@ -153,7 +167,7 @@ static int define(ps_model_t *m)
             block_t *b = &m->blocks[bi];
             int st = i == 0 ? stride : 1;
             b->nconv = bottleneck ? 3 : 2;
-            b->shift = c->shift && i % n_round == 0;
+            b->shift = !c->shift || i % n_round ? SHIFT_NONE : block_place ? SHIFT_BLOCK : SHIFT_RES;
             b->cin = inplanes;
             b->cout = planes * exp;
             b->H = H;

@@ -5,6 +5,7 @@
 
 #include "ps_error.h"
 #include "ps_log.h"
+#include "worker/models/ps_weights.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -135,16 +136,33 @@ int ps_retina_save(const ps_retina_t *m, const char *path)
     return ps_mtab_save(m->params, m->nparams, m->buffers, m->nbuffers, arch, "retinanet", path);
 }
 
-int ps_retina_load(ps_retina_t *m, const char *path)
+/* The file kinds a detector starts from (ps_weights.h): its own checkpoint
+ * (torchvision's retinanet names), or an ImageNet classifier for the
+ * backbone alone (ps_weights_det_backbone_formats: a torchvision ResNet, or
+ * an official TSM checkpoint) whose classifier is skipped and whose absent
+ * FPN and heads keep their initialisation. */
+static const ps_weights_format_t own = {.name = "retinanet", .detect = "backbone."};
+
+static int load(ps_retina_t *m, const char *path, const ps_weights_format_t *const *formats,
+                int n, unsigned flags)
 {
-    int r = ps_mtab_load(m->params, m->nparams, m->buffers, m->nbuffers, "retinanet", path);
+    ps_weights_target_t t = {.what = "retinanet", .params = m->params, .nparams = m->nparams,
+                             .buffers = m->buffers, .nbuffers = m->nbuffers};
+    int r = ps_weights_load(&t, path, formats, n, flags, NULL);
     if (!r) ps_retina_zero_grad(m);
     return r;
 }
 
+int ps_retina_load_weights(ps_retina_t *m, const char *path, int partial)
+{
+    const ps_weights_format_t *const all[] = {&own, ps_weights_det_backbone_formats[0],
+                                              ps_weights_det_backbone_formats[1]};
+    return load(m, path, all, 3, partial ? PS_WEIGHTS_PARTIAL : 0);
+}
+
+int ps_retina_load(ps_retina_t *m, const char *path) { return ps_retina_load_weights(m, path, 0); }
+
 int ps_retina_load_backbone(ps_retina_t *m, const char *path)
 {
-    int r = ps_model_load(m->body, path, PS_MODEL_LOAD_IGNORE_FC);
-    if (!r) ps_retina_zero_grad(m);
-    return r;
+    return load(m, path, ps_weights_det_backbone_formats, PS_WEIGHTS_DET_BACKBONE_NFORMATS, 0);
 }

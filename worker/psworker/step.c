@@ -40,6 +40,7 @@ int ps_worker_setup(ps_worker_t *p, const ps_worker_opts_t *o, uint32_t nservers
 
 void ps_worker_teardown(ps_worker_t *p)
 {
+    ps_worker_metrics_stop(p);
     if (p->task) p->task->teardown(p);
     if (p->csv) fclose(p->csv);
     ps_partition_table_free(&p->table);
@@ -69,7 +70,8 @@ int ps_worker_open_device(ps_worker_t *p, ps_ctx_t *ctx, const ps_backend_t **be
 
 int ps_worker_start(ps_worker_t *p)
 {
-    int rc = ps_worker_output_open(p);
+    int rc = ps_worker_metrics_start(p);
+    if (!rc) rc = ps_worker_output_open(p);
     if (!rc && p->task->start) rc = p->task->start(p);
     return rc;
 }

@@ -8,7 +8,7 @@
  * Data: rank r of W reads DistributedSampler's share, B images per step;
  * step s is batch s % bpe of epoch s / bpe.  The anchor assignment (the
  * row's IoU thresholds) runs in the loader threads, and for the two-stage
- * row the batches carry each image's boxes.  Each rank normalises its
+ * row the batches carry each image's instances.  Each rank normalises its
  * losses over its own B images (Detectron / SimpleDet per-GPU
  * normalisation); the servers average the W gradients.  The two-stage
  * row's sampling seed of a step is a function of (--seed, step, rank).
@@ -33,6 +33,7 @@
 #include "worker/det/coco_eval.h"
 #include "worker/det/det_boxes.h"
 #include "worker/det/det_data.h"
+#include "worker/models/ps_weights.h"
 #include "worker/psworker/psworker.h"
 #include "worker/psworker/task_det.h"
 
@@ -54,6 +55,7 @@ typedef struct det {
     size_t val_images, val_dets;  /* last validation: images, detections kept */
     float score_thresh;
     float *anchors;               /* (A, 4) host copy for the loader threads */
+    FILE *val_csv;                /* rank 0: one row per validation */
 } det_t;
 
 static const det_opts_t *dopts(const ps_worker_t *p) { return ps_worker_task_opts(p->o); }
@@ -125,14 +127,18 @@ static int det_check(ps_worker_opts_t *o)
         return ps_worker_opt_error("--box-batch must be in 1..100000, --box-head-dim in "
                 "1..65536, --max-gt in 1..100000");
     int depth;
-    kind_of(o->model, &depth);
+    const det_kind_t *k = kind_of(o->model, &depth);
     if (depth < 0)
         return ps_worker_opt_error("--model %s: the depth must be 18, 34 or 50", o->model);
-    if (!o->eval && !*d->train_json)
+    if (*o->export_onnx && !k->export_onnx)
+        return ps_worker_opt_error("--export-onnx: not for --model %s (%s has no ONNX graph "
+                "yet)", o->model, k->name);
+    if (!o->eval && !*o->export_onnx && !*d->train_json)
         return ps_worker_opt_error("--model %s needs --train-json (COCO annotations) and --root "
                 "(their images)", o->model);
-    if (o->eval && !*d->val_json)
-        return ps_worker_opt_error("--eval of a detector needs --val-json and --val-root");
+    if ((o->eval || *o->data.predictions) && !*d->val_json)
+        return ps_worker_opt_error("--eval and --predictions of a detector need --val-json and "
+                "--val-root");
     return 0;
 }
 
@@ -159,7 +165,10 @@ static void data_opts(const ps_worker_opts_t *o, const det_kind_t *k, ps_det_dat
     ps_det_data_opts_default(d);
     d->fg_iou = k->fg_iou;
     d->bg_iou = k->bg_iou;
-    d->max_gt = train ? k->max_gt(ps_worker_task_opts(o)) : 0;
+    /* the two-stage row samples RoIs against each image's instances */
+    int mi = train ? k->max_gt(ps_worker_task_opts(o)) : 0;
+    d->instances = mi > 0;
+    d->max_instances = mi;
     d->size = o->data.size;
     d->train = train;
     d->flip = train && o->data.flip;
@@ -170,6 +179,31 @@ static void data_opts(const ps_worker_opts_t *o, const det_kind_t *k, ps_det_dat
     d->skip_bad = o->data.skip_bad;
 }
 
+/* No annotations (--export-onnx): the class count from --weights' class
+ * output (the row's classes_tensor: per outputs a class, plus extra). */
+static int classes_from_weights(const ps_worker_opts_t *o, const det_kind_t *k, int *K)
+{
+    static const ps_weights_format_t own = {.name = "detector"};
+    const ps_weights_format_t *const f[1] = {&own};
+    int64_t shape[8];
+    int nd = 0;
+    if (!*o->data.weights ||
+        ps_weights_tensor_shape(o->data.weights, f, 1, k->classes_tensor, &nd, shape)) {
+        ps_error("--export-onnx of a detector without annotations: give --num-classes (or "
+                 "--weights of a detector)");
+        return PS_EINVAL;
+    }
+    long long c = nd == 1 ? (long long)shape[0] - k->classes_extra : -1;
+    if (c < k->classes_per || c % k->classes_per) {
+        ps_error("%s: %s has %lld outputs, not %d x K + %d", o->data.weights, k->classes_tensor,
+                 nd == 1 ? (long long)shape[0] : -1LL, k->classes_per, k->classes_extra);
+        return PS_EMISMATCH;
+    }
+    *K = (int)(c / k->classes_per);
+    ps_info("%d classes from %s's %s", *K, o->data.weights, k->classes_tensor);
+    return 0;
+}
+
 /* The annotations, the classes (the same category ids in train and val)
  * and the loaders' options. */
 static int det_data(ps_worker_t *p, det_t *d)
@@ -177,12 +211,14 @@ static int det_data(ps_worker_t *p, det_t *d)
     const ps_worker_opts_t *o = p->o;
     const det_opts_t *dop = dopts(p);
     int rc;
-    if (!o->eval && (rc = load_set(dop->train_json, o->data.root, 1, o->data.skip_bad, &d->train)))
+    if (!o->eval && !*o->export_onnx &&
+        (rc = load_set(dop->train_json, o->data.root, 1, o->data.skip_bad, &d->train)))
         return rc;
     if (*dop->val_json && (rc = load_set(dop->val_json, *dop->val_root ? dop->val_root : o->data.root,
                                          0, o->data.skip_bad, &d->val)))
         return rc;
     d->K = o->data.num_classes;
+    if (!d->K && !d->train && !d->val) return classes_from_weights(o, d->kind, &d->K);
     if (!d->K) d->K = ps_det_dataset_num_classes(d->train ? d->train : d->val);
     if ((d->train && ps_det_dataset_num_classes(d->train) != d->K) ||
         (d->val && ps_det_dataset_num_classes(d->val) != d->K)) {
@@ -215,11 +251,12 @@ static int det_model(ps_worker_t *p, det_t *d, int depth)
     int rc;
     if ((rc = ps_worker_open_device(p, &d->ctx, &d->be))) return rc;
     int vbatch = d->vopt.batch, maxn = p->batch > vbatch ? p->batch : vbatch;
+    if (*o->export_onnx) maxn = 1; /* the graph has a symbolic batch */
     det_build_t b = {depth, d->K, o->data.width, o->data.size, maxn, dopts(p)};
     if ((rc = d->kind->create(&d->m, &b, d->be, &d->ctx))) return rc;
     d->kind->init(d->m, o->seed);
     if (*o->data.weights) {
-        if ((rc = d->kind->load(d->m, o->data.weights))) return rc;
+        if ((rc = d->kind->load(d->m, o->data.weights, o->data.weights_partial))) return rc;
         ps_info("weights loaded from %s", o->data.weights);
     }
     d->A = d->kind->num_anchors(d->m);
@@ -319,7 +356,8 @@ static int det_start(ps_worker_t *p)
     }
     ps_info("epoch = %zu steps (%zu images per rank)", ps_det_loader_batches(d->tl),
             ps_det_loader_samples(d->tl));
-    return 0;
+    return d->val ? ps_worker_val_csv_open(p, "iteration,epoch,map,ap50,ap75,images", &d->val_csv)
+                  : 0;
 }
 
 static void scatter(ps_worker_t *p)
@@ -457,6 +495,9 @@ static int det_eval(ps_worker_t *p)
         ps_error("validation data: %s", ps_det_loader_error(d->vl));
         rc = n;
     }
+    /* --predictions: the results file pycocotools' loadRes reads */
+    if (!rc && *p->o->data.predictions)
+        rc = ps_coco_save_results(dets, NULL, (int)ndet, p->o->data.predictions, err, sizeof err);
     ps_coco_eval_result_t res;
     if (!rc && !(rc = ps_coco_evaluate(&res, ps_det_dataset_coco(d->val), dets, (int)ndet))) {
         d->map = res.stats[PS_COCO_AP];
@@ -476,6 +517,16 @@ static int det_eval(ps_worker_t *p)
 }
 
 
+static double epochs_of(const ps_worker_t *p, uint64_t steps);
+
+static void val_csv_row(ps_worker_t *p, uint64_t step)
+{
+    det_t *d = p->ts;
+    if (d->val_csv)
+        fprintf(d->val_csv, "%llu,%.3f,%.4f,%.4f,%.4f,%zu\n", (unsigned long long)step,
+                epochs_of(p, step), d->map, d->ap50, d->ap75, d->val_images);
+}
+
 static int det_validate(ps_worker_t *p, uint64_t step)
 {
     det_t *d = p->ts;
@@ -486,6 +537,7 @@ static int det_validate(ps_worker_t *p, uint64_t step)
     printf("val: iter=%llu images=%zu map=%.4f ap50=%.4f ap75=%.4f eval_s=%.1f\n",
            (unsigned long long)step, d->val_images, d->map, d->ap50, d->ap75, d->eval_s);
     fflush(stdout);
+    val_csv_row(p, step);
     return 1;
 }
 
@@ -509,7 +561,8 @@ static void det_print_final(ps_worker_t *p, uint64_t steps_done)
     det_t *d = p->ts;
     double ms = 1e3 / (s->counted ? (double)s->counted : 1.0);
     d->eval_s = 0;
-    if (p->rank == 0 && d->val) det_eval(p); /* rank 0 only: the others would repeat it */
+    if (p->rank == 0 && d->val && !det_eval(p)) /* rank 0 only: the others would repeat it */
+        val_csv_row(p, steps_done);
     double ips = ps_worker_per_s(p);
     printf("final: rank=%d workers=%d model=%s steps=%llu epochs=%.2f batch=%d loss=%.6f "
            "map=%.4f ap50=%.4f ap75=%.4f val_images=%zu detections=%zu images_per_s=%.2f "
@@ -541,6 +594,15 @@ static int det_run_eval(ps_worker_t *p)
     return 0;
 }
 
+/* --export-onnx: the detector as setup left it (p->w: --weights or the init). */
+static int det_export(ps_worker_t *p, const char *path)
+{
+    det_t *d = p->ts;
+    scatter(p);
+    if (d->be) d->be->sync(&d->ctx);
+    return d->kind->export_onnx(d->m, path); /* checked non-NULL with the options */
+}
+
 static void det_teardown(ps_worker_t *p)
 {
     det_t *d = p->ts;
@@ -551,6 +613,7 @@ static void det_teardown(ps_worker_t *p)
     ps_det_batch_free(&d->vb);
     ps_det_dataset_free(&d->train);
     ps_det_dataset_free(&d->val);
+    if (d->val_csv) fclose(d->val_csv);
     if (d->be) d->be->sync(&d->ctx);
     if (d->kind) d->kind->destroy(&d->m);
     if (d->be) d->be->release(&d->ctx);
@@ -565,6 +628,7 @@ static void det_teardown(ps_worker_t *p)
 const ps_task_t ps_task_det = {
     .name = "detection",
     .models = "retinanet-r18|34|50, fasterrcnn-r18|34|50",
+    .unit = "images",
     .opts_size = sizeof(det_opts_t),
     .claims = det_claims,
     .opt_rows = det_rows,
@@ -576,5 +640,6 @@ const ps_task_t ps_task_det = {
     .save = det_save,
     .print_final = det_print_final,
     .eval = det_run_eval,
+    .export_onnx = det_export,
     .teardown = det_teardown,
 };

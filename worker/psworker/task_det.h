@@ -35,12 +35,18 @@ typedef struct det_kind {
     const char *prefix;   /* --model PREFIX18|34|50, e.g. "retinanet-r" */
     const char *name;     /* "RetinaNet", "Faster R-CNN" (logs) */
     float fg_iou, bg_iou; /* the loader's anchor matching (RetinaNet 0.5 / 0.4, RPN 0.7 / 0.3) */
-    /* loader option: per-image boxes in the batches (0: none) */
+    /* the class output of a checkpoint: classes_per x K + classes_extra
+     * values (K from --weights when there are no annotations) */
+    const char *classes_tensor;
+    int classes_per, classes_extra;
+    /* instances per image the batches carry (the loader's max_instances;
+     * 0: none) */
     int (*max_gt)(const det_opts_t *o);
     int (*create)(void **m, const det_build_t *b, const ps_backend_t *be, ps_ctx_t *ctx);
     void (*destroy)(void **m);
     void (*init)(void *m, uint64_t seed);
-    int (*load)(void *m, const char *path);
+    /* --weights (partial: --weights-partial), as ps_retina_load_weights */
+    int (*load)(void *m, const char *path, int partial);
     int (*save)(const void *m, const char *path);
     const ps_model_param_t *(*params)(const void *m, int *n);
     int (*find_param)(const void *m, const char *name);
@@ -59,6 +65,8 @@ typedef struct det_kind {
      * above score_thresh, classes 0..K-1.  Count or PS_E*. */
     int (*detect)(void *m, int i, const ps_det_geom_t *g, float score_thresh, float *boxes,
                   float *scores, int32_t *classes);
+    /* optional (NULL: --export-onnx refused): the model as an ONNX graph */
+    int (*export_onnx)(const void *m, const char *path);
 } det_kind_t;
 
 #define DET_MAX_DETECTIONS 100

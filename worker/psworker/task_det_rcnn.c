@@ -19,7 +19,6 @@
 typedef struct rc {
     ps_rcnn_t *m;
     int32_t *hw;  /* (max_n, 2) the images' sizes of the current batch */
-    int max_gt;
 } rc_t;
 
 static int rc_max_gt(const det_opts_t *o) { return o->max_gt; }
@@ -57,7 +56,6 @@ static int rc_create(void **out, const det_build_t *b, const ps_backend_t *be, p
         free(r);
         return PS_ENOMEM;
     }
-    r->max_gt = o->max_gt;
     int rc = ps_rcnn_create(&r->m, &c, be, ctx, b->max_n, b->size, b->size);
     if (rc) {
         free(r->hw);
@@ -84,7 +82,10 @@ static void rc_destroy(void **m)
 
 #define M(x) (((const rc_t *)(x))->m)
 static void rc_init(void *m, uint64_t seed) { ps_rcnn_init(M(m), seed, 0); }
-static int rc_load(void *m, const char *path) { return ps_rcnn_load(M(m), path); }
+static int rc_load(void *m, const char *path, int partial)
+{
+    return ps_rcnn_load_weights(M(m), path, partial);
+}
 static int rc_save(const void *m, const char *path) { return ps_rcnn_save(M(m), path); }
 static const ps_model_param_t *rc_params(const void *m, int *n) { return ps_rcnn_params(M(m), n); }
 static int rc_find(const void *m, const char *name) { return ps_rcnn_find_param(M(m), name); }
@@ -114,8 +115,8 @@ static int rc_train(void *m, const ps_det_batch_t *b, int n, uint64_t seed, floa
     in.rpn_targets = b->box_targets;
     in.gt_boxes = b->gt_boxes;
     in.gt_classes = b->gt_classes;
-    in.ngt = b->ngt;
-    in.gt_stride = r->max_gt;
+    in.ngt = b->gt_count;
+    in.gt_stride = b->max_inst;
     in.seed = seed;
     ps_rcnn_losses_t l = {0};
     int rc = ps_rcnn_forward(r->m, &in, &l);
@@ -146,6 +147,9 @@ const det_kind_t det_kind_rcnn = {
     .name = "Faster R-CNN",
     .fg_iou = 0.7f,
     .bg_iou = 0.3f,
+    .classes_tensor = "roi_heads.box_predictor.cls_score.bias",
+    .classes_per = 1,
+    .classes_extra = 1,
     .max_gt = rc_max_gt,
     .create = rc_create,
     .destroy = rc_destroy,

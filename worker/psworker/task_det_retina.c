@@ -22,7 +22,11 @@ static int r_create(void **m, const det_build_t *b, const ps_backend_t *be, ps_c
 
 static void r_destroy(void **m) { ps_retina_destroy((ps_retina_t **)m); }
 static void r_init(void *m, uint64_t seed) { ps_retina_init(m, seed, 0); }
-static int r_load(void *m, const char *path) { return ps_retina_load(m, path); }
+static int r_load(void *m, const char *path, int partial)
+{
+    return ps_retina_load_weights(m, path, partial);
+}
+static int r_onnx(const void *m, const char *path) { return ps_retina_export_onnx(m, path); }
 static int r_save(const void *m, const char *path) { return ps_retina_save(m, path); }
 static const ps_model_param_t *r_params(const void *m, int *n) { return ps_retina_params(m, n); }
 static int r_find(const void *m, const char *name) { return ps_retina_find_param(m, name); }
@@ -77,6 +81,9 @@ const det_kind_t det_kind_retina = {
     .name = "RetinaNet",
     .fg_iou = 0.5f,
     .bg_iou = 0.4f,
+    .classes_tensor = "head.classification_head.cls_logits.bias",
+    .classes_per = PS_RETINA_ANCHORS,
+    .classes_extra = 0,
     .max_gt = r_max_gt,
     .create = r_create,
     .destroy = r_destroy,
@@ -93,4 +100,5 @@ const det_kind_t det_kind_retina = {
     .train = r_train,
     .infer = r_infer,
     .detect = r_detect,
+    .export_onnx = r_onnx,
 };

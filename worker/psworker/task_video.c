@@ -33,6 +33,7 @@
 #include "ps_crc32c.h"
 #include "ps_error.h"
 #include "ps_log.h"
+#include "worker/data/labels.h"
 #include "worker/data/ps_video.h"
 #include "worker/models/ps_model.h"
 #include "worker/psworker/psworker.h"
@@ -44,11 +45,19 @@ typedef struct video_opts {
     int frames;             /* T segments per clip */
     int scale_size;         /* test: shorter side before the centre crop (0 = size*256/224) */
     int val_clips;          /* clips per validation video */
+    int test_clips;         /* --eval: clips per video (0 = val_clips) */
+    int test_crops;         /* --eval: 1 centre crop, 3 TSM's three crops */
+    char *shift_place;      /* blockres|block ("" = the --weights checkpoint's, else blockres) */
+    int shift_div;          /* 1/N each way (0 = the --weights file's tsm.shift_div, else 8) */
     float dropout;
     int partial_bn;
     char *bn;               /* BN mode train|partial|frozen ("" = --partial-bn) */
     int bn_sync;            /* average BN running statistics over the workers */
-    char *predictions;      /* --eval: per-video CSV (video,label,pred,logits...) */
+    char *video_list, *val_video_list; /* video files decoded on the fly, in place of the lists */
+    int short_side;         /* video files: shorter side of the decoded frames */
+    float fps;              /* video files: frames per second (0 = every frame) */
+    char *class_names;      /* --predictions: class i's name is line i + 1 of this file */
+    const char *train_src, *val_src; /* derived: the training / validation list of either kind */
     int bn_mode;            /* derived: PS_MODEL_BN_* value, -1 = from --partial-bn */
 } video_opts_t;
 
@@ -73,6 +82,7 @@ typedef struct video {
     size_t val_nonfinite;   /* videos of the last validation whose logits were
                                NaN/Inf: counted wrong, val_loss NaN */
     FILE *val_csv;          /* rank 0: one row per validation */
+    ps_class_names_t *names; /* --class-names */
 } video_t;
 
 static const video_opts_t *vopts(const ps_worker_t *p) { return ps_worker_task_opts(p->o); }
@@ -98,11 +108,23 @@ static size_t video_rows(void *topts, ps_opt_t *rows)
     ROW("frames", PS_OPT_INT, &v->frames, "video: segments T per clip", "8");
     ROW("scale-size", PS_OPT_INT, &v->scale_size, "video: test resize of the shorter side (0 = size*256/224)", "0");
     ROW("val-clips", PS_OPT_INT, &v->val_clips, "video: clips per validation video", "1");
+    ROW("test-clips", PS_OPT_INT, &v->test_clips, "--eval: clips per video, evenly spaced (0 = --val-clips)", "0");
+    ROW("test-crops", PS_OPT_INT, &v->test_crops, "--eval: 1 = centre crop of the shorter side scaled to --scale-size; "
+        "3 = TSM's three crops along the longer side, the shorter side scaled to --size (full resolution) "
+        "unless --scale-size", "1");
+    ROW("shift-place", PS_OPT_STRING, &v->shift_place, "video: TSM's shift placement blockres|block (\"\" = the "
+        "--weights TSM checkpoint's, else blockres)", "");
+    ROW("shift-div", PS_OPT_INT, &v->shift_div, "video: 1/N of the channels shift each way (0 = the --weights "
+        "file's tsm.shift_div, else 8)", "0");
     ROW("dropout", PS_OPT_FLOAT, &v->dropout, "video: dropout before fc", "0.5");
     ROW("partial-bn", PS_OPT_BOOL, &v->partial_bn, "video: TSM partial BN (only bn1 updates statistics)", "false");
     ROW("bn", PS_OPT_STRING, &v->bn, "video: BN mode train|partial|frozen (frozen: running stats, fixed affine)", "");
     ROW("bn-sync", PS_OPT_INT, &v->bn_sync, "video: average BN running statistics over the workers (1) or not (0)", "1");
-    ROW("predictions", PS_OPT_STRING, &v->predictions, "--eval: write per-video predictions and logits to this CSV", "");
+    ROW("video-list", PS_OPT_STRING, &v->video_list, "video: video files 'path label' (relative to --root) decoded on the fly, in place of --train-list", "");
+    ROW("val-video-list", PS_OPT_STRING, &v->val_video_list, "video: validation video files, in place of --val-list", "");
+    ROW("short-side", PS_OPT_INT, &v->short_side, "video files: shorter side of the decoded frames (psdata extract's --short-side)", "256");
+    ROW("fps", PS_OPT_FLOAT, &v->fps, "video files: frames per second (psdata extract's --fps; 0 = every frame)", "0");
+    ROW("class-names", PS_OPT_STRING, &v->class_names, "--predictions: class-name file (class i = line i+1), names added to each row", "");
     return n;
 }
 
@@ -116,9 +138,20 @@ static int video_check(ps_worker_opts_t *o)
                                    "(the CPU engine computes in fp32)", o->prec.precision);
     if (ps_worker_data_opts_check(o)) return PS_EINVAL;
     if (v->frames < 1 || v->frames > 256 || v->val_clips < 1 || v->val_clips > 32 ||
-        v->scale_size < 0 || !(v->dropout >= 0 && v->dropout < 1))
+        v->test_clips < 0 || v->test_clips > 32 || v->scale_size < 0 ||
+        !(v->dropout >= 0 && v->dropout < 1) || (v->shift_div && (v->shift_div < 2 || v->shift_div > 64)))
         return ps_worker_opt_error("video options out of range: --frames 1..256, --val-clips "
-                "1..32, --scale-size >= 0, --dropout [0,1)");
+                "1..32, --test-clips 0..32, --scale-size >= 0, --dropout [0,1), --shift-div 0 or 2..64");
+    if (v->test_crops != 1 && v->test_crops != 3)
+        return ps_worker_opt_error("--test-crops: 1 or 3, got %d", v->test_crops);
+    if ((v->test_crops != 1 || v->test_clips) && !o->eval)
+        return ps_worker_opt_error("--test-clips / --test-crops go with --eval (TSM's test protocol; "
+                "validation during training uses --val-clips, centre crop)");
+    if (*v->shift_place && strcmp(v->shift_place, "blockres") && strcmp(v->shift_place, "block"))
+        return ps_worker_opt_error("--shift-place: expected blockres|block, got \"%s\"", v->shift_place);
+    if ((*v->shift_place || v->shift_div) && strncmp(o->model, "tsm-", 4))
+        return ps_worker_opt_error("--shift-place / --shift-div need a tsm-* model (--model %s has no shift)",
+                o->model);
     static const char *const modes[] = {"train", "partial", "frozen"};
     static const int mode_of[] = {PS_MODEL_BN_TRAIN, PS_MODEL_BN_PARTIAL, PS_MODEL_BN_FROZEN};
     v->bn_mode = -1;
@@ -130,30 +163,29 @@ static int video_check(ps_worker_opts_t *o)
         return ps_worker_opt_error("--bn train contradicts --partial-bn");
     if (v->bn_sync != 0 && v->bn_sync != 1)
         return ps_worker_opt_error("--bn-sync must be 0 or 1");
-    if (*v->predictions && !o->eval)
+    if (*o->data.predictions && !o->eval)
         return ps_worker_opt_error("--predictions goes with --eval (per-video rows of that "
                 "evaluation)");
-    if (!o->eval && !*v->train_list)
-        return ps_worker_opt_error("--model %s needs --train-list (and --root where the frame "
-                "folders are)", o->model);
-    if (o->eval && !*v->val_list)
-        return ps_worker_opt_error("--eval needs --val-list");
+    if ((*v->video_list && *v->train_list) || (*v->val_video_list && *v->val_list))
+        return ps_worker_opt_error("--video-list / --val-video-list replace --train-list / --val-list: "
+                "give one of each pair");
+    if (v->packed && (*v->video_list || *v->val_video_list))
+        return ps_worker_opt_error("--packed reads pack directories, --video-list video files: not both");
+    if (*v->class_names && !*o->data.predictions)
+        return ps_worker_opt_error("--class-names goes with --predictions (it names the classes there)");
+    if (v->short_side < 0 || v->short_side > 8192 || !(v->fps >= 0 && v->fps <= 1000))
+        return ps_worker_opt_error("--short-side 0..8192, --fps 0..1000");
+    v->train_src = *v->video_list ? v->video_list : v->train_list;
+    v->val_src = *v->val_video_list ? v->val_video_list : v->val_list;
+    if (!o->eval && !*o->export_onnx && !*v->train_src)
+        return ps_worker_opt_error("--model %s needs --train-list or --video-list (and --root where the "
+                "frame folders or videos are)", o->model);
+    if (o->eval && !*v->val_src)
+        return ps_worker_opt_error("--eval needs --val-list or --val-video-list");
     return 0;
 }
 
 /* ---- set-up ------------------------------------------------------------------ */
-
-static int parse_model(const char *name, int *depth, int *shift)
-{
-    if (!strncmp(name, "tsm-r", 5)) *shift = 1;
-    else if (!strncmp(name, "tsn-r", 5)) *shift = 0;
-    else return PS_EINVAL;
-    char *end;
-    long d = strtol(name + 5, &end, 10);
-    if (*end || (d != 18 && d != 34 && d != 50)) return PS_EINVAL;
-    *depth = (int)d;
-    return 0;
-}
 
 static int load_list(const ps_worker_opts_t *o, const char *path, ps_video_list_t **l)
 {
@@ -164,11 +196,15 @@ static int load_list(const ps_worker_opts_t *o, const char *path, ps_video_list_
     lo.root = o->data.root;
     lo.tmpl = v->tmpl;
     lo.skip_bad = o->data.skip_bad;
-    int rc = v->packed ? ps_video_list_load_packed(path, &lo, l, err, sizeof err)
-                       : ps_video_list_load(path, &lo, l, err, sizeof err);
+    lo.short_side = v->short_side;
+    lo.fps = v->fps;
+    int files = path == v->video_list || path == v->val_video_list;
+    int rc = files ? ps_video_list_load_videos(path, &lo, l, err, sizeof err)
+             : v->packed ? ps_video_list_load_packed(path, &lo, l, err, sizeof err)
+                         : ps_video_list_load(path, &lo, l, err, sizeof err);
     if (rc) ps_error("%s", err);
     else ps_info("%s: %zu videos, largest label %d%s", path, ps_video_list_size(*l),
-                 ps_video_list_num_classes(*l) - 1, v->packed ? " (packed)" : "");
+                 ps_video_list_num_classes(*l) - 1, v->packed ? " (packed)" : files ? " (video files)" : "");
     return rc;
 }
 
@@ -252,9 +288,23 @@ static int classes_from_data(const video_t *v, const video_opts_t *vo, int *clas
         return PS_EINVAL;
     }
     ps_info("%d classes from the data: labels 0..%d in %s%s%s", k, k - 1,
-            v->train ? vo->train_list : "", v->train && v->val ? " and " : "",
-            v->val ? vo->val_list : "");
+            v->train ? vo->train_src : "", v->train && v->val ? " and " : "",
+            v->val ? vo->val_src : "");
     *classes = k;
+    return 0;
+}
+
+/* No list (--export-onnx): the classifier of --weights says. */
+static int classes_from_weights(const ps_worker_opts_t *o, int *classes)
+{
+    ps_model_file_info_t fi;
+    if (!*o->data.weights || ps_model_file_info(o->data.weights, &fi) || fi.num_classes < 2) {
+        ps_error("no lists and no classifier in --weights (\"%s\") to take the class count "
+                 "from: give --num-classes", o->data.weights);
+        return PS_EINVAL;
+    }
+    *classes = fi.num_classes;
+    ps_info("%d classes from %s's fc.weight", *classes, o->data.weights);
     return 0;
 }
 
@@ -262,6 +312,7 @@ static int classes_from_data(const video_t *v, const video_opts_t *vo, int *clas
 static int video_classes(const ps_worker_opts_t *o, const video_t *v, int *classes)
 {
     int n = o->data.num_classes;
+    if (n <= 0 && !v->train && !v->val) return classes_from_weights(o, classes);
     if (n <= 0) return classes_from_data(v, ps_worker_task_opts(o), classes);
     if (n < 2) {
         ps_error("--num-classes %d: a classifier needs at least 2", n);
@@ -278,8 +329,8 @@ static int video_data(ps_worker_t *p, video_t *v, int *classes)
     const video_opts_t *vo = vopts(p);
     char err[1024];
     int rc;
-    if (!o->eval && (rc = load_list(o, vo->train_list, &v->train))) return rc;
-    if (*vo->val_list && (rc = load_list(o, vo->val_list, &v->val))) return rc;
+    if (!o->eval && !*o->export_onnx && (rc = load_list(o, vo->train_src, &v->train))) return rc;
+    if (*vo->val_src && (rc = load_list(o, vo->val_src, &v->val))) return rc;
     if ((rc = video_classes(o, v, classes))) return rc;
     base_opts(o, &v->topt);
     v->topt.train = 1;
@@ -287,6 +338,13 @@ static int video_data(ps_worker_t *p, video_t *v, int *classes)
     base_opts(o, &v->vopt);
     v->vopt.train = 0;
     v->vopt.n_clips = vo->val_clips;
+    if (o->eval) { /* TSM's test protocol */
+        if (vo->test_clips) v->vopt.n_clips = vo->test_clips;
+        v->vopt.n_crops = vo->test_crops;
+        /* three crops: full resolution (the shorter side scaled to the crop
+         * size, as TSM's --full_res) unless --scale-size says otherwise */
+        if (vo->test_crops == 3 && !vo->scale_size) v->vopt.scale_size = o->data.size;
+    }
     v->vopt.batch = o->data.val_batch > 0 ? o->data.val_batch : p->batch;
     v->vopt.shuffle = 0;
     v->vopt.drop_last = 0;
@@ -303,9 +361,41 @@ static int video_data(ps_worker_t *p, video_t *v, int *classes)
         if (shortv)
             ps_warn("%s: %zu of %zu videos have at most --frames %d frames: TSM's test sampling "
                     "then takes frame 1 for every segment (no motion in those clips)",
-                    vo->val_list, shortv, ps_video_list_size(v->val), vo->frames);
+                    vo->val_src, shortv, ps_video_list_size(v->val), vo->frames);
     }
     v->max_clips = p->batch > v->vopt.batch * v->K ? p->batch : v->vopt.batch * v->K;
+    if (*o->export_onnx) v->max_clips = 1; /* the graph has a symbolic batch */
+    return 0;
+}
+
+/* --shift-place / --shift-div, or what --weights says: a TSM checkpoint's
+ * names place the shift, worker/models/torch2safetensors.py records TSM's
+ * shift_div (from the checkpoint's file name) as tsm.shift_div.  A flag
+ * that contradicts the file is a usage error naming both. */
+static int shift_options(const ps_worker_opts_t *o, const video_opts_t *vo, ps_model_config_t *cfg)
+{
+    static const char *const places[] = {"blockres", "block"};
+    int place = !*vo->shift_place ? -1 : !strcmp(vo->shift_place, "block");
+    ps_model_file_info_t fi = {.shift_place = -1};
+    if (cfg->shift && *o->data.weights) /* a bad file: the load below reports it */
+        ps_model_file_info(o->data.weights, &fi);
+    if (fi.shift_place >= 0 && place >= 0 && place != fi.shift_place) {
+        ps_error("--shift-place %s, but %s is a TSM checkpoint with the shift placed '%s'",
+                 places[place], o->data.weights, places[fi.shift_place]);
+        return PS_EINVAL;
+    }
+    if (fi.shift_div && vo->shift_div && vo->shift_div != fi.shift_div) {
+        ps_error("--shift-div %d, but %s says tsm.shift_div %d", vo->shift_div, o->data.weights,
+                 fi.shift_div);
+        return PS_EINVAL;
+    }
+    cfg->shift_place = place >= 0            ? place
+                       : fi.shift_place >= 0 ? fi.shift_place
+                                             : PS_MODEL_SHIFT_BLOCKRES;
+    cfg->shift_div = vo->shift_div ? vo->shift_div : fi.shift_div ? fi.shift_div : 8;
+    if (cfg->shift)
+        ps_info("temporal shift: place %s, 1/%d of the channels each way",
+                places[cfg->shift_place], cfg->shift_div);
     return 0;
 }
 
@@ -317,7 +407,7 @@ static int video_model(ps_worker_t *p, video_t *v, int classes)
     ps_model_config_t cfg;
     int rc;
     ps_model_config_default(&cfg);
-    parse_model(o->model, &cfg.depth, &cfg.shift);
+    ps_model_parse_name(o->model, &cfg.depth, &cfg.shift);
     cfg.num_classes = classes;
     cfg.n_segment = vo->frames;
     cfg.dropout = vo->dropout;
@@ -327,6 +417,7 @@ static int video_model(ps_worker_t *p, video_t *v, int classes)
         cfg.partial_bn = vo->bn_mode == PS_MODEL_BN_PARTIAL;
     }
     cfg.width = o->data.width;
+    if ((rc = shift_options(o, vo, &cfg))) return rc;
     if ((rc = ps_worker_open_device(p, &v->ctx, &v->be))) return rc;
     if (strcmp(o->prec.precision, "fp32")) {
         int prec = !strcmp(o->prec.precision, "bf16") ? PS_PRECISION_BF16 : PS_PRECISION_FP16;
@@ -344,7 +435,8 @@ static int video_model(ps_worker_t *p, video_t *v, int classes)
     ps_model_set_seed(v->m, o->seed);
     if (*o->data.weights) {
         rc = ps_model_load(v->m, o->data.weights,
-                           o->eval ? PS_MODEL_LOAD_STRICT : PS_MODEL_LOAD_REPLACE_FC);
+                           (o->eval ? PS_MODEL_LOAD_STRICT : PS_MODEL_LOAD_REPLACE_FC) |
+                               (o->data.weights_partial ? PS_MODEL_LOAD_PARTIAL : 0));
         if (rc) return rc;
         ps_info("weights loaded from %s%s", o->data.weights,
                 ps_model_fc_replaced(v->m) ? " (fc replaced)" : "");
@@ -463,7 +555,7 @@ static int video_setup(ps_worker_t *p, uint32_t nservers)
 {
     const ps_worker_opts_t *o = p->o;
     int classes, rc, depth, shift;
-    if (parse_model(o->model, &depth, &shift)) {
+    if (ps_model_parse_name(o->model, &depth, &shift)) {
         ps_error("--model: unknown model \"%s\" (smoke, tsm-r18|34|50, tsn-r18|34|50)", o->model);
         return PS_EINVAL;
     }
@@ -505,22 +597,12 @@ static int video_start(ps_worker_t *p)
     }
     if (ps_video_loader_batches(v->tl) == 0) {
         ps_error("%s: %zu videos are fewer than one global batch of %d x %d",
-                 vopts(p)->train_list, ps_video_list_size(v->train), p->nworkers, p->batch);
+                 vopts(p)->train_src, ps_video_list_size(v->train), p->nworkers, p->batch);
         return PS_EINVAL;
     }
     ps_info("epoch = %zu steps (%zu samples per rank)", ps_video_loader_batches(v->tl),
             ps_video_loader_samples(v->tl));
-    const char *out = p->o->out;
-    if (p->rank != 0 || !out || !*out) return 0;
-    char path[4200];
-    snprintf(path, sizeof path, "%s/val%s.csv", out, p->o->standalone ? "-standalone" : "");
-    if (!(v->val_csv = fopen(path, "w"))) {
-        ps_error("cannot create %s: %s", path, strerror(errno));
-        return PS_EIO;
-    }
-    setvbuf(v->val_csv, NULL, _IOLBF, 0);
-    fprintf(v->val_csv, "iteration,epoch,loss,top1,top5,nonfinite\n");
-    return 0;
+    return ps_worker_val_csv_open(p, "iteration,epoch,loss,top1,top5,nonfinite", &v->val_csv);
 }
 
 /* p->w -> the model's tensors (and BN statistics). */
@@ -590,10 +672,13 @@ static double video_compute(ps_worker_t *p, uint64_t step)
     return loss;
 }
 
-/* One video's clip-averaged logits into avg; its loss and ranks of the
- * label into the sums.  0 when a logit is not finite: a diverged model,
- * and NaN compares false with everything, so the rank count would call the
- * video correct; it is wrong for top-1 and top-5 instead. */
+/* One video's logits averaged over its K views (clips x crops) into avg:
+ * the raw logits, as TSM's test_models.py averages them (its --softmax,
+ * off by default, would apply after the mean and not change the ranking);
+ * its loss and ranks of the label into the sums.  0 when a logit is not
+ * finite: a diverged model, and NaN compares false with everything, so the
+ * rank count would call the video correct; it is wrong for top-1 and top-5
+ * instead. */
 static int score_video(const float *lg, int K, int C, int y, double *avg, double *loss,
                        size_t *c1, size_t *c5)
 {
@@ -622,11 +707,14 @@ static void prediction_row(FILE *pred, const video_t *v, int i, const double *av
     fprintf(pred, "%lld,%s,%d,%d", (long long)v->idx[i],
             ps_video_list_name(v->val, (size_t)v->idx[i]), v->labels[i], best);
     for (int c = 0; c < C; c++) fprintf(pred, ",%.9g", avg[c]);
+    /* names last, so the logit columns stay where they are; quoted as CSV */
+    for (int k = 0; v->names && k < 2; k++)
+        ps_csv_put_name(pred, v->names, k ? best : v->labels[i]);
     fputc('\n', pred);
 }
 
-/* Validation over the whole --val-list (TSM's test: the mean of the clips'
- * scores): mean loss, top-1/top-5; with pred one CSV row per video.  Videos
+/* Validation over the whole --val-list (TSM's test: the mean of the views'
+ * logits): mean loss, top-1/top-5; with pred one CSV row per video.  Videos
  * with non-finite logits count as wrong and make the loss NaN. */
 static double video_eval_pass(ps_worker_t *p, size_t *videos, FILE *pred)
 {
@@ -765,7 +853,12 @@ static int video_eval(ps_worker_t *p)
     double t0 = ps_worker_now();
     size_t n = 0;
     FILE *pred = NULL;
-    const char *pp = vopts(p)->predictions;
+    const char *pp = p->o->data.predictions, *cn = vopts(p)->class_names; /* per-video CSV */
+    char err[1024];
+    if (*cn && ps_class_names_load_n(cn, ps_model_config(v->m)->num_classes, &v->names, err, sizeof err)) {
+        ps_error("--class-names %s", err);
+        return PS_EINVAL;
+    }
     if (*pp) {
         if (!(pred = fopen(pp, "w"))) {
             ps_error("--predictions %s: %s", pp, strerror(errno));
@@ -774,7 +867,7 @@ static int video_eval(ps_worker_t *p)
         int C = ps_model_config(v->m)->num_classes;
         fprintf(pred, "index,video,label,pred");
         for (int c = 0; c < C; c++) fprintf(pred, ",logit%d", c);
-        fputc('\n', pred);
+        fputs(v->names ? ",label_name,pred_name\n" : "\n", pred);
     }
     double loss = video_eval_pass(p, &n, pred);
     double dt = ps_worker_now() - t0;
@@ -783,9 +876,10 @@ static int video_eval(ps_worker_t *p)
         return PS_EIO;
     }
     if (!n) return PS_EIO;
-    printf("final: model=%s weights=%s videos=%zu clips=%d top1=%.4f top5=%.4f val_loss=%.6f "
-           "clips_per_s=%.2f wall_s=%.1f", p->o->model, p->o->data.weights, n, v->K, v->top1,
-           v->top5, loss, (double)n * v->K / dt, dt);
+    /* TSM's tables: "1-clip centre crop" and "N-clip x 3-crop" top-1 */
+    printf("final: model=%s weights=%s videos=%zu clips=%d crops=%d top1=%.4f top5=%.4f "
+           "val_loss=%.6f clips_per_s=%.2f wall_s=%.1f", p->o->model, p->o->data.weights, n,
+           v->vopt.n_clips, v->vopt.n_crops, v->top1, v->top5, loss, (double)n * v->K / dt, dt);
     if (v->val_nonfinite) printf(" nonfinite=%zu", v->val_nonfinite);
     printf("\n");
     fflush(stdout);
@@ -805,6 +899,14 @@ static int video_loss_scale(ps_worker_t *p, float scale, size_t *scaled)
     return 1;
 }
 
+/* --export-onnx: the model as setup left it (p->w: --weights or the init). */
+static int video_export(ps_worker_t *p, const char *path)
+{
+    video_t *v = p->ts;
+    scatter(p);
+    return ps_model_export_onnx(v->m, path);
+}
+
 static ps_model_t *video_model_of(ps_worker_t *p) { return ((video_t *)p->ts)->m; }
 
 static void video_teardown(ps_worker_t *p)
@@ -815,6 +917,7 @@ static void video_teardown(ps_worker_t *p)
     ps_video_loader_destroy(&v->vl);
     ps_video_list_free(&v->train);
     ps_video_list_free(&v->val);
+    ps_class_names_free(&v->names);
     if (v->be) v->be->sync(&v->ctx);
     ps_model_destroy(&v->m);
     if (v->be) v->be->release(&v->ctx);
@@ -830,6 +933,7 @@ static void video_teardown(ps_worker_t *p)
 const ps_task_t ps_task_video = {
     .name = "video",
     .models = "tsm-r18|34|50 | tsn-r18|34|50",
+    .unit = "clips",
     .opts_size = sizeof(video_opts_t),
     .claims = video_claims,
     .opt_rows = video_rows,
@@ -842,6 +946,7 @@ const ps_task_t ps_task_video = {
     .progress = video_progress,
     .print_final = video_print_final,
     .eval = video_eval,
+    .export_onnx = video_export,
     .loss_scale = video_loss_scale,
     .model = video_model_of,
     .teardown = video_teardown,

@@ -29,7 +29,7 @@
 
 // ---- FPN upsample-add --------------------------------------------------------
 
-// torch's nearest source index, as upsample_add.c's nearest_src (the float
+// torch's nearest source index, as the CPU's ps_nearest_src (ps_util.h; the float
 // scale and floorf are the CPU's: IEEE division and multiply, no contraction
 // possible without an add)
 __device__ __forceinline__ int d_nearest_src(int dst, int in, int out)

@@ -7,15 +7,7 @@
 #include <math.h>
 #include <string.h>
 
-/* torch's nearest source index (UpSample.h nearest_idx) */
-static int nearest_src(int dst, int in, int out)
-{
-    if (out == in) return dst;
-    if (out == 2 * in) return dst >> 1;
-    float scale = (float)in / (float)out;
-    int s = (int)floorf((float)dst * scale);
-    return s < in - 1 ? s : in - 1;
-}
+#include "ps_util.h"
 
 void ps_cpu_upsample_add_forward(ps_ctx_t *ctx, float *out, const float *lateral,
                                  const float *top, int N, int C, int H, int W, int P, int Q)
@@ -25,9 +17,9 @@ void ps_cpu_upsample_add_forward(ps_ctx_t *ctx, float *out, const float *lateral
         const float *l = lateral + nc * P * Q;
         float *o = out + nc * P * Q;
         for (int p = 0; p < P; p++) {
-            const float *trow = t + (long)nearest_src(p, H, P) * W;
+            const float *trow = t + (long)ps_nearest_src(p, H, P) * W;
             for (int q = 0; q < Q; q++)
-                o[p * Q + q] = l[p * Q + q] + trow[nearest_src(q, W, Q)];
+                o[p * Q + q] = l[p * Q + q] + trow[ps_nearest_src(q, W, Q)];
         }
     }
 }
@@ -43,8 +35,8 @@ void ps_cpu_upsample_add_backward(ps_ctx_t *ctx, float *dlateral, float *dtop,
         float *t = dtop + nc * H * W;
         const float *g = dout + nc * P * Q;
         for (int p = 0; p < P; p++) {
-            float *trow = t + (long)nearest_src(p, H, P) * W;
-            for (int q = 0; q < Q; q++) trow[nearest_src(q, W, Q)] += g[p * Q + q];
+            float *trow = t + (long)ps_nearest_src(p, H, P) * W;
+            for (int q = 0; q < Q; q++) trow[ps_nearest_src(q, W, Q)] += g[p * Q + q];
         }
     }
 }
