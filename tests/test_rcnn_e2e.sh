@@ -61,6 +61,10 @@ timeout 20 "$PSW" --standalone "${MODEL[@]/fasterrcnn-r18/fasterrcnn-r19}" "${DA
 rc=$?
 [ $rc -eq 2 ] && grep -q "fasterrcnn-r19" "$T/bm.err"
 ok $? "--model fasterrcnn-r19: exit $rc naming it"
+timeout 20 "$PSW" "${MODEL[@]}" --export-onnx "$T/x.onnx" --num-classes 3 >"$T/ox.out" 2>"$T/ox.err"
+rc=$?
+[ $rc -eq 2 ] && grep -q "export-onnx.*fasterrcnn-r18" "$T/ox.err" && [ ! -e "$T/x.onnx" ]
+ok $? "--export-onnx of Faster R-CNN: exit $rc naming it (no graph yet), no file written"
 timeout 20 "$PSW" --standalone "${MODEL[@]}" "${DATA[@]}" --batch 4 --steps 2 --max-gt 1 \
     >"$T/mg.out" 2>"$T/mg.err"
 rc=$?
