@@ -6,8 +6,12 @@
  * run.  bench/engine_bench_torch.py does the same in PyTorch and
  * bench/engine_bench.sh runs both and prints the ratio.
  *
- *   engine_bench [-t threads] [-s steps] [-w warmup] [-n clips] [-H size] [-d depth] [-p]
+ *   engine_bench [-t threads] [-s steps] [-w warmup] [-n clips] [-H size] [-d depth] [-p] [-k]
  *
+ * Prints the CPU, OpenBLAS's core, oneDNN's instruction set and, after
+ * each model, the convolution kernels that ran (-k: per layer shape, with
+ * every candidate's time from the selection).  The selection runs in the
+ * warm-up steps (each model starts with a fresh one).
  * -p: run through a backend table that times every layer call and print
  * the share of each layer kind (conv fwd/bwd, BN, ReLU, ...) - the profile
  * behind any optimisation.
@@ -16,6 +20,7 @@
 #include "worker/engine/ps_blas.h"
 #include "worker/models/ps_model.h"
 
+#include "bench/bench_kernels.h"
 #include "bench/bench_util.h"
 #include "ps_log.h"
 
@@ -138,7 +143,7 @@ static const ps_backend_t profiled = {
     .add = w_add, .accumulate = w_acc,
 };
 
-static int profile;
+static int profile, per_shape;
 
 static int bench(ps_ctx_t *ctx, int depth, int clips, int H, int steps, int warmup,
                  double peak)
@@ -149,6 +154,7 @@ static int bench(ps_ctx_t *ctx, int depth, int clips, int H, int steps, int warm
     ps_model_t *m = NULL;
     if (ps_model_create(&m, &cfg, profile ? &profiled : &ps_backend_cpu, ctx, clips, H, H))
         return 1;
+    ps_conv_set_kernels(ps_conv_get_kernels()); /* this model's own choices */
     memset(ptime, 0, sizeof ptime);
     ps_model_init(m, 1, 0);
     ps_model_set_seed(m, 1);
@@ -194,6 +200,7 @@ static int bench(ps_ctx_t *ctx, int depth, int clips, int H, int steps, int warm
             printf("%s %s %.1f%%", k ? "," : "", pname[k], 100 * ptime[k] / (all > 0 ? all : 1));
         printf("\n");
     }
+    bench_print_conv_kernels(stdout, per_shape);
     fflush(stdout);
     free(x), free(labels), free(tf), free(tb), free(ts);
     ps_model_destroy(&m);
@@ -204,7 +211,7 @@ int main(int argc, char **argv)
 {
     ps_blas_autoselect(argc, argv); /* may re-exec with a better OpenBLAS core */
     int threads = 2, steps = 10, warmup = 2, clips = 2, H = 112, depth = 0, opt;
-    while ((opt = getopt(argc, argv, "t:s:w:n:H:d:p")) != -1) {
+    while ((opt = getopt(argc, argv, "t:s:w:n:H:d:pk")) != -1) {
         switch (opt) {
         case 't': threads = atoi(optarg); break;
         case 's': steps = atoi(optarg); break;
@@ -213,9 +220,10 @@ int main(int argc, char **argv)
         case 'H': H = atoi(optarg); break;
         case 'd': depth = atoi(optarg); break;
         case 'p': profile = 1; break;
+        case 'k': per_shape = 1; break;
         default:
             fprintf(stderr, "usage: engine_bench [-t threads] [-s steps] [-w warmup] "
-                            "[-n clips] [-H size] [-d depth (0 = 18 and 50)] [-p]\n");
+                            "[-n clips] [-H size] [-d depth (0 = 18 and 50)] [-p] [-k]\n");
             return 2;
         }
     }
@@ -224,6 +232,7 @@ int main(int argc, char **argv)
     ps_ctx_t ctx;
     ps_engine_init(&ctx, threads);
     double peak = sgemm_peak(2048, 3);
+    bench_print_cpu(stdout);
     printf("OpenBLAS core %s, %d threads; sgemm 2048^3 peak %.1f GFLOP/s\n", ps_blas_corename(),
            ctx.nthreads, peak);
     printf("RESULT impl=c sgemm_gflops=%.2f core=%s threads=%d\n", peak, ps_blas_corename(),

@@ -66,6 +66,8 @@ typedef struct ps_ctx {
     size_t workspace_numel;
     void *backend_state;   /* what opening the device put here (CUDA: handles,
                               stream, caches); freed by the backend's release */
+    void *cpu_state;       /* the CPU layers' own (precision, oneDNN primitives
+                              and buffers), made on first use; ps_ctx_free frees it */
 } ps_ctx_t;
 
 /* Set thread counts (0 = all cores) and make sure OpenBLAS uses a fast
@@ -345,6 +347,22 @@ extern const ps_backend_t ps_backend_cpu;
  * one line per empty slot logged.  ps_engine_open_device() runs it on the
  * table a device hands out; tests run it on theirs. */
 int ps_engine_check_backend(const ps_backend_t *be);
+
+/* ---- the CPU backend's convolution kernels -------------------------------- */
+
+/* How the CPU backend picks a convolution kernel per layer shape and
+ * direction (worker/engine/layers/conv_provider.h): "auto" or NULL (the
+ * default: each candidate -- im2col + GEMM, oneDNN -- is timed on the first
+ * call of each shape and the fastest kept for the process), or a row name,
+ * "gemm" or "onednn", for that row wherever it can (runs that must match
+ * bit for bit across processes; the measured choice may differ between
+ * two processes on a busy machine).  PS_CONV_KERNELS in the environment is
+ * the same setting.  0, or PS_EINVAL for an unknown name (logged). */
+int ps_engine_set_conv_kernels(const char *mode);
+/* The CPU convolution kernels that ran in this process, in calls per
+ * direction ("fwd gemm:im2col+sgemm(oneDNN) 120, onednn:jit:avx2 40;
+ * bwd-data ..."), into buf; "no convolution yet" when none ran. */
+const char *ps_engine_conv_kernels(char *buf, size_t len);
 
 /* ---- devices: the rows --device strings name ----------------------------- */
 

@@ -22,16 +22,19 @@
  * each waiting for the slowest thread), and the whole im2col -> GEMM ->
  * col2im of one chunk now stays in that thread's cache.  Weight gradients
  * are accumulated per thread (thread 0 straight into dw, the others into
- * zeroed workspace copies) and summed once at the end.  With one thread or
+ * zeroed workspace copies; a static share of the chunks each, so the sums
+ * are reproducible) and summed once at the end.  With one thread or
  * one image the chunks run in turn and ps_blas_sgemm splits each GEMM.
  * Workspace (ps_conv2d_workspace, exact for the current thread count):
  * per team member CRS*PQ*nb for the columns plus, when nb > 1, K*nb*PQ for
  * the gathered output / output gradient; plus (team-1) dw copies.
  */
+#include "conv_provider.h"
 #include "cpu_layers.h"
 #include "ps_log.h"
 #include "worker/engine/ps_blas.h"
 
+#include <stdio.h>
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -51,8 +54,7 @@ size_t ps_conv2d_get_gemm_cols(void)
     return gemm_cols;
 }
 
-/* Validates a descriptor and shape; logs what is wrong. */
-static int conv_valid(const ps_conv2d_desc_t *d, int N, int H, int W)
+int ps_conv2d_valid(const ps_conv2d_desc_t *d, int N, int H, int W)
 {
     if (!d || N <= 0 || H <= 0 || W <= 0 || d->C <= 0 || d->K <= 0 || d->R <= 0 ||
         d->S <= 0 || d->stride_h <= 0 || d->stride_w <= 0 || d->pad_h < 0 || d->pad_w < 0 ||
@@ -170,7 +172,7 @@ static void flip_weights(float *wt, const float *w, const ps_conv2d_desc_t *d,
 
 int ps_conv2d_images_per_gemm(const ps_conv2d_desc_t *d, int N, int H, int W)
 {
-    if (!conv_valid(d, N, H, W)) return 1;
+    if (!ps_conv2d_valid(d, N, H, W)) return 1;
     conv_plan_t p;
     conv_plan(&p, d, N, H, W);
     return p.nb;
@@ -178,7 +180,7 @@ int ps_conv2d_images_per_gemm(const ps_conv2d_desc_t *d, int N, int H, int W)
 
 size_t ps_conv2d_workspace(const ps_conv2d_desc_t *d, int N, int H, int W)
 {
-    if (!conv_valid(d, N, H, W)) return 0;
+    if (!ps_conv2d_valid(d, N, H, W)) return 0;
     conv_plan_t p;
     conv_plan(&p, d, N, H, W);
     return p.per_thread * p.team + p.shared;
@@ -233,10 +235,10 @@ static void fwd_chunk(const conv_plan_t *p, const ps_conv2d_desc_t *d, float *ou
                    PQ * sizeof(float));
 }
 
-void ps_cpu_conv2d_forward(ps_ctx_t *ctx, float *out, const float *inp, const float *w,
-                           const float *b, const ps_conv2d_desc_t *d, int N, int H, int W)
+static void gemm_conv_forward(ps_ctx_t *ctx, float *out, const float *inp, const float *w,
+                              const float *b, const ps_conv2d_desc_t *d, int N, int H, int W)
 {
-    if (!conv_valid(d, N, H, W)) return;
+    if (!ps_conv2d_valid(d, N, H, W)) return;
     conv_plan_t p;
     conv_plan(&p, d, N, H, W);
     float *ws = conv_workspace(ctx, d, N, H, W);
@@ -308,9 +310,10 @@ static void bwd_chunk(const conv_plan_t *p, const ps_conv2d_desc_t *d, float *di
     if (dinp && !p->direct && !p->flip)
         memset(dinp + (size_t)n0 * C * HW, 0, (size_t)nc * C * HW * sizeof(float));
     for (int g = 0; g < G; g++) {
-        const float *xg = inp + ((size_t)n0 * C + (size_t)g * Cg) * HW;
+        /* inp is NULL when only dinp is wanted, w when only dw is */
+        const float *xg = dwacc ? inp + ((size_t)n0 * C + (size_t)g * Cg) * HW : NULL;
         const float *dyg = dy + (size_t)g * Kg * ldy;
-        const float *wg = w + (size_t)g * Kg * CRS;
+        const float *wg = dinp ? w + (size_t)g * Kg * CRS : NULL;
         float *dxg = dinp ? dinp + ((size_t)n0 * C + (size_t)g * Cg) * HW : NULL;
         if (p->direct) {
             /* dW += dY (Kg x HW) * X^T;  dX = W^T (Cg x Kg) * dY */
@@ -367,31 +370,13 @@ static void bwd_chunk(const conv_plan_t *p, const ps_conv2d_desc_t *d, float *di
     }
 }
 
-void ps_cpu_conv2d_backward(ps_ctx_t *ctx, float *dinp, float *dw, float *db,
-                            const float *dout, const float *inp, const float *w,
-                            const ps_conv2d_desc_t *d, int N, int H, int W)
+static void gemm_conv_backward(ps_ctx_t *ctx, float *dinp, float *dw, const float *dout,
+                               const float *inp, const float *w, const ps_conv2d_desc_t *d,
+                               int N, int H, int W)
 {
-    if (!conv_valid(d, N, H, W)) return;
+    if (!ps_conv2d_valid(d, N, H, W)) return;
     conv_plan_t p;
     conv_plan(&p, d, N, H, W);
-    const int K = p.K;
-    const size_t PQ = p.PQ;
-
-    if (db) {
-        /* bias gradient: sum of dout over images and the plane (accumulated) */
-#pragma omp parallel for schedule(static) if (team_max() > 1)
-        for (int k = 0; k < K; k++) {
-            double s = 0;
-            for (int n = 0; n < N; n++) {
-                const float *o = dout + ((size_t)n * K + k) * PQ;
-                float sp = 0;
-#pragma omp simd reduction(+ : sp)
-                for (size_t i = 0; i < PQ; i++) sp += o[i];
-                s += sp;
-            }
-            db[k] += (float)s;
-        }
-    }
     if (!dw && !dinp) return;
     float *ws = conv_workspace(ctx, d, N, H, W);
     if (!ws && ps_conv2d_workspace(d, N, H, W)) return;
@@ -409,7 +394,10 @@ void ps_cpu_conv2d_backward(ps_ctx_t *ctx, float *dinp, float *dw, float *db,
             float *mydw = !dw ? NULL : t == 0 ? dw : red + p.nw * (t - 1);
             if (mydw && t > 0) memset(mydw, 0, p.nw * sizeof(float));
             if (wt) flip_weights(wt, w, d, &p); /* ends in a barrier */
-#pragma omp for schedule(dynamic, 1)
+            /* a static share of the chunks per thread: each thread's partial
+             * weight gradient then sums the same images every run, so dw is
+             * reproducible bit for bit (dynamic hand-out was not) */
+#pragma omp for schedule(static)
             for (int c = 0; c < p.nchunks; c++) {
                 const int n0 = c * p.nb, nc = N - n0 < p.nb ? N - n0 : p.nb;
                 bwd_chunk(&p, d, dinp, mydw, dout, inp, w, wt, my, n0, nc, H, W);
@@ -434,3 +422,69 @@ void ps_cpu_conv2d_backward(ps_ctx_t *ctx, float *dinp, float *dw, float *db,
         bwd_chunk(&p, d, dinp, dw, dout, inp, w, wt, ws, n0, N - n0 < p.nb ? N - n0 : p.nb, H,
                   W);
 }
+
+/* ---- the provider row (conv_provider.h) ----------------------------------- */
+
+static int gemm_supports(ps_ctx_t *ctx, const ps_conv_shape_t *s, ps_conv_dir_t dir)
+{
+    ps_cpu_state_t *st = ps_cpu_state(ctx);
+    return s->nsp == 2 && (!st || st->precision == PS_PRECISION_FP32);
+}
+
+static int gemm_forward(ps_ctx_t *ctx, const ps_conv_shape_t *s, float *out, const float *inp,
+                        const float *w, const float *b)
+{
+    ps_conv2d_desc_t d;
+    ps_conv_shape_desc2d(s, &d);
+    gemm_conv_forward(ctx, out, inp, w, b, &d, s->N, s->in[1], s->in[2]);
+    return 0;
+}
+
+static int gemm_backward(ps_ctx_t *ctx, const ps_conv_shape_t *s, float *dinp, float *dw,
+                         const float *dout, const float *inp, const float *w)
+{
+    ps_conv2d_desc_t d;
+    ps_conv_shape_desc2d(s, &d);
+    gemm_conv_backward(ctx, dinp, dw, dout, inp, w, &d, s->N, s->in[1], s->in[2]);
+    return 0;
+}
+
+static int gemm_backward_data(ps_ctx_t *ctx, const ps_conv_shape_t *s, float *dinp,
+                              const float *dout, const float *w)
+{
+    return gemm_backward(ctx, s, dinp, NULL, dout, NULL, w);
+}
+
+static int gemm_backward_weights(ps_ctx_t *ctx, const ps_conv_shape_t *s, float *dw,
+                                 const float *dout, const float *inp)
+{
+    return gemm_backward(ctx, s, NULL, dw, dout, inp, NULL);
+}
+
+static const char *gemm_kernel(ps_ctx_t *ctx, const ps_conv_shape_t *s, ps_conv_dir_t dir,
+                               char *buf, size_t len)
+{
+    ps_conv2d_desc_t d;
+    ps_conv_shape_desc2d(s, &d);
+    conv_plan_t p;
+    conv_plan(&p, &d, s->N, s->in[1], s->in[2]);
+    const char *how = p.direct                           ? "sgemm"
+                      : dir == PS_CONV_BWD_DATA && p.flip ? "im2col+sgemm(flipped)"
+                      : dir == PS_CONV_BWD_DATA          ? "sgemm+col2im"
+                                                          : "im2col+sgemm";
+    if (!strcmp(ps_blas_library(), "OpenBLAS"))
+        snprintf(buf, len, "%s(OpenBLAS %s)", how, ps_blas_corename());
+    else
+        snprintf(buf, len, "%s(%s)", how, ps_blas_library());
+    return buf;
+}
+
+const ps_conv_provider_t ps_conv_gemm = {
+    .name = "gemm",
+    .supports = gemm_supports,
+    .forward = gemm_forward,
+    .backward_data = gemm_backward_data,
+    .backward_weights = gemm_backward_weights,
+    .backward = gemm_backward,
+    .kernel = gemm_kernel,
+};

@@ -20,13 +20,19 @@ int ps_cpu_event_wait(ps_ctx_t *ctx, int slot);
 int ps_cpu_mem_stats(ps_ctx_t *ctx, ps_backend_mem_t *m, int reset_peak);
 void ps_cpu_release(ps_ctx_t *ctx);
 
-/* conv2d.c, conv2d_col.c */
+/* conv_select.c: the conv2d slots, through the row of conv_provider.h
+ * chosen for the shape (conv2d.c holds the im2col + GEMM row,
+ * conv_onednn.c the oneDNN one) */
 void ps_cpu_conv2d_forward(ps_ctx_t *ctx, float *out, const float *inp, const float *w,
                            const float *b, const ps_conv2d_desc_t *d, int N, int H, int W);
 void ps_cpu_conv2d_backward(ps_ctx_t *ctx, float *dinp, float *dw, float *db,
                             const float *dout, const float *inp, const float *w,
                             const ps_conv2d_desc_t *d, int N, int H, int W);
-/* Columns targeted per GEMM: convolutions whose output plane (P*Q) is
+/* 1 when the descriptor and shape make a convolution, else 0 (logged). */
+int ps_conv2d_valid(const ps_conv2d_desc_t *d, int N, int H, int W);
+/* db[k] += the sum of dout (N,K,PQ) over images and plane (double sums). */
+void ps_conv_bias_grad(float *db, const float *dout, int N, int K, size_t PQ);
+/* conv2d.c, the im2col + GEMM row: columns targeted per GEMM: convolutions whose output plane (P*Q) is
  * smaller than this process several images in one GEMM.  Changing it
  * changes ps_conv2d_workspace(); 0 restores the default.  Process-wide,
  * meant for tests and benchmarks (set it before sizing a model). */
