@@ -56,6 +56,7 @@ static size_t job_rows(ps_worker_opts_t *o, ps_opt_t *rows)
     ROW("partition-bytes", PS_OPT_UINT64, &o->partition_bytes, "max bytes per partition (1 MiB: several per server even for small models, so pushes, updates and replies pipeline)", "1048576");
     ROW("device", PS_OPT_STRING, &o->device, "compute device cpu | cuda | cuda:N (video models, detector)", "cpu");
     ROW("threads", PS_OPT_INT, &o->threads, "compute threads (0 = all cores)", "0");
+    ROW("conv-kernels", PS_OPT_STRING, &o->conv_kernels, "--device cpu: convolution kernels auto (each layer shape times im2col+GEMM and oneDNN at its first call, keeps the faster) | gemm | onednn (one row everywhere it can: runs compared bit for bit across processes); \"\" = PS_CONV_KERNELS, else auto", "");
     ROW("overlap", PS_OPT_STRING, &o->overlap, "on|off: push each partition when its layers' backward ends, wait per layer in the next forward (default on for video models without --loss-scale)", "");
     ROW("out", PS_OPT_STRING, &o->out, "run directory for CSV and model (\"\" = none)", "");
     ROW("save-all-ranks", PS_OPT_BOOL, &o->save_all_ranks, "every rank r > 0 also writes model-rank<r>.safetensors", "false");
@@ -324,6 +325,10 @@ static int job_check(ps_worker_opts_t *o)
     if (o->step_sleep_ms < 0 || o->step_sleep_ms > 60000)
         return ps_worker_opt_error("--step-sleep-ms must be in [0, 60000]");
     if (o->threads < 0) return ps_worker_opt_error("--threads must be >= 0");
+    if (*o->conv_kernels && strcmp(o->conv_kernels, "auto") && strcmp(o->conv_kernels, "gemm") &&
+        strcmp(o->conv_kernels, "onednn"))
+        return ps_worker_opt_error("--conv-kernels: expected auto|gemm|onednn, got \"%s\"",
+                                   o->conv_kernels);
     return 0;
 }
 
