@@ -202,6 +202,43 @@ static void bn_bwd(ps_model_t *m, bn_t *b, float *din, const float *dout, const 
     }
 }
 
+/* bn then relu, out = relu(bn(in)): one pass through the backend's fused
+ * entry when the BN uses its running statistics (partial BN's frozen
+ * layers, eval) and the backend has one, else the two layers. */
+static void bn_relu_fwd(ps_model_t *m, bn_t *b, float *out, const float *in, int N, int HW,
+                        int training)
+{
+    const ps_backend_t *be = m->be;
+    const int batch = training && (m->bn_mode == PS_MODEL_BN_TRAIN ||
+                                   (m->bn_mode == PS_MODEL_BN_PARTIAL && b->first));
+    if (!batch && be->bn_relu_forward_eval) {
+        b->batch_stats = 0;
+        be->bn_relu_forward_eval(m->ctx, out, in, b->gamma, b->beta, b->rm, b->rv,
+                                 m->cfg.bn_eps, N, b->C, HW);
+        return;
+    }
+    bn_fwd(m, b, out, in, N, HW, training);
+    be->relu_forward(m->ctx, out, out, (size_t)N * b->C * HW);
+}
+
+/* The backward of bn_relu_fwd: dout (clobbered) is the gradient w.r.t. the
+ * relu output `out`, din w.r.t. the BN input `in`. */
+static void bn_relu_bwd(ps_model_t *m, bn_t *b, float *din, float *dout, const float *out,
+                        const float *in, int N, int HW)
+{
+    const ps_backend_t *be = m->be;
+    if (!b->batch_stats && be->bn_relu_backward_eval) {
+        int frozen = m->bn_mode == PS_MODEL_BN_FROZEN ||
+                     (m->bn_mode == PS_MODEL_BN_PARTIAL && !b->first);
+        be->bn_relu_backward_eval(m->ctx, din, frozen ? NULL : b->dgamma,
+                                  frozen ? NULL : b->dbeta, dout, out, in, b->gamma, b->rm,
+                                  b->rv, m->cfg.bn_eps, N, b->C, HW);
+        return;
+    }
+    be->relu_backward(m->ctx, dout, dout, out, (size_t)N * b->C * HW);
+    bn_bwd(m, b, din, dout, in, N, HW);
+}
+
 static void block_fwd(ps_model_t *m, block_t *b, const float *x, int N, int training)
 {
     const ps_backend_t *be = m->be;
@@ -217,8 +254,7 @@ static void block_fwd(ps_model_t *m, block_t *b, const float *x, int N, int trai
         int PQ = c->P * c->Q;
         conv_fwd(m, c, b->co[j], in, N);
         if (j < b->nconv - 1) {
-            bn_fwd(m, &b->bn[j], b->a[j], b->co[j], N, PQ, training);
-            be->relu_forward(m->ctx, b->a[j], b->a[j], (size_t)N * c->d.K * PQ);
+            bn_relu_fwd(m, &b->bn[j], b->a[j], b->co[j], N, PQ, training);
             in = b->a[j];
         } else {
             bn_fwd(m, &b->bn[j], b->y, b->co[j], N, PQ, training);
@@ -252,9 +288,7 @@ static void block_bwd(ps_model_t *m, block_t *b, float **g, int N)
         conv_bwd(m, c, din, Bf, in, N);
         if (j > 0) {
             const conv_t *p = &b->conv[j - 1];
-            size_t np = (size_t)N * p->d.K * p->P * p->Q;
-            be->relu_backward(m->ctx, C, C, b->a[j - 1], np);
-            bn_bwd(m, &b->bn[j - 1], Bf, C, b->co[j - 1], N, p->P * p->Q);
+            bn_relu_bwd(m, &b->bn[j - 1], Bf, C, b->a[j - 1], b->co[j - 1], N, p->P * p->Q);
         }
     }
     if (b->shift)
@@ -280,11 +314,9 @@ void ps_resnet_forward_features(ps_model_t *m, const float *input, int N, int tr
 
     /* stem */
     const conv_t *c1 = &m->conv1;
-    size_t n0 = (size_t)N * c1->d.K * c1->P * c1->Q;
     stem_hook(m, m->weights_needed);
     conv_fwd(m, c1, m->c0, m->input, N);
-    bn_fwd(m, &m->bn1, m->a0, m->c0, N, c1->P * c1->Q, training);
-    be->relu_forward(m->ctx, m->a0, m->a0, n0);
+    bn_relu_fwd(m, &m->bn1, m->a0, m->c0, N, c1->P * c1->Q, training);
     be->maxpool_forward(m->ctx, m->p0, m->argmax, m->a0, &m->pool, N, c1->d.K, c1->P, c1->Q);
 
     const float *x = m->p0;
@@ -391,8 +423,7 @@ static void backward_trunk(ps_model_t *m, const float *const *dstage, int N, int
     /* stem: the input image needs no gradient */
     const conv_t *c1 = &m->conv1;
     be->maxpool_backward(m->ctx, g[1], g[0], m->argmax, &m->pool, N, c1->d.K, c1->P, c1->Q);
-    be->relu_backward(m->ctx, g[1], g[1], m->a0, (size_t)N * c1->d.K * c1->P * c1->Q);
-    bn_bwd(m, &m->bn1, g[2], g[1], m->c0, N, c1->P * c1->Q);
+    bn_relu_bwd(m, &m->bn1, g[2], g[1], m->a0, m->c0, N, c1->P * c1->Q);
     conv_bwd(m, c1, NULL, g[2], m->input, N);
     stem_hook(m, m->grad_ready);
 }
