@@ -7,7 +7,11 @@
  * bench/engine_bench.sh runs both and prints the ratio.
  *
  *   engine_bench [-t threads] [-s steps] [-w warmup] [-n clips] [-H size] [-d depth] [-p] [-k]
+ *                [-P fp32|bf16]
  *
+ * -P bf16: the CPU backend's bf16 precision (oneDNN bf16 convolutions,
+ * fp32 accumulation, BN and weights) where the CPU has native bf16; else
+ * one "RESULT ... refused=1" line saying why, and exit 0.
  * Prints the CPU, OpenBLAS's core, oneDNN's instruction set and, after
  * each model, the convolution kernels that ran (-k: per layer shape, with
  * every candidate's time from the selection).  The selection runs in the
@@ -144,6 +148,7 @@ static const ps_backend_t profiled = {
 };
 
 static int profile, per_shape;
+static ps_precision_t precision = PS_PRECISION_FP32;
 
 static int bench(ps_ctx_t *ctx, int depth, int clips, int H, int steps, int warmup,
                  double peak)
@@ -185,13 +190,13 @@ static int bench(ps_ctx_t *ctx, int depth, int clips, int H, int steps, int warm
     double mf = bench_median(tf, steps), mb = bench_median(tb, steps);
     double ms = bench_median(ts, steps);
     double gf = (fl_f + fl_b) / ms * 1e-9;
-    printf("TSM-ResNet-%d %dx%dx3x%dx%d: fwd %.1f ms, bwd %.1f ms, step %.1f ms, %.2f clips/s, "
+    printf("TSM-ResNet-%d %s %dx%dx3x%dx%d: fwd %.1f ms, bwd %.1f ms, step %.1f ms, %.2f clips/s, "
            "%.1f GFLOP/step, %.1f GFLOP/s (%.0f%% of sgemm peak), loss %.3f\n",
-           depth, clips, cfg.n_segment, H, H, mf * 1e3, mb * 1e3, ms * 1e3, clips / ms,
+           depth, ps_precision_name(precision), clips, cfg.n_segment, H, H, mf * 1e3, mb * 1e3, ms * 1e3, clips / ms,
            (fl_f + fl_b) * 1e-9, gf, peak > 0 ? 100 * gf / peak : 0, loss);
-    printf("RESULT impl=c depth=%d fwd_ms=%.2f bwd_ms=%.2f step_ms=%.2f clips_per_s=%.3f "
-           "gflop_step=%.3f gflops=%.2f\n", depth, mf * 1e3, mb * 1e3, ms * 1e3, clips / ms,
-           (fl_f + fl_b) * 1e-9, gf);
+    printf("RESULT impl=c prec=%s depth=%d fwd_ms=%.2f bwd_ms=%.2f step_ms=%.2f "
+           "clips_per_s=%.3f gflop_step=%.3f gflops=%.2f\n", ps_precision_name(precision), depth,
+           mf * 1e3, mb * 1e3, ms * 1e3, clips / ms, (fl_f + fl_b) * 1e-9, gf);
     if (profile) {
         double all = 0;
         for (int k = 0; k < P_N; k++) all += ptime[k];
@@ -211,7 +216,7 @@ int main(int argc, char **argv)
 {
     ps_blas_autoselect(argc, argv); /* may re-exec with a better OpenBLAS core */
     int threads = 2, steps = 10, warmup = 2, clips = 2, H = 112, depth = 0, opt;
-    while ((opt = getopt(argc, argv, "t:s:w:n:H:d:pk")) != -1) {
+    while ((opt = getopt(argc, argv, "t:s:w:n:H:d:pkP:")) != -1) {
         switch (opt) {
         case 't': threads = atoi(optarg); break;
         case 's': steps = atoi(optarg); break;
@@ -221,9 +226,13 @@ int main(int argc, char **argv)
         case 'd': depth = atoi(optarg); break;
         case 'p': profile = 1; break;
         case 'k': per_shape = 1; break;
+        case 'P':
+            if (!strcmp(optarg, "bf16")) precision = PS_PRECISION_BF16;
+            else if (strcmp(optarg, "fp32")) return 2;
+            break;
         default:
             fprintf(stderr, "usage: engine_bench [-t threads] [-s steps] [-w warmup] "
-                            "[-n clips] [-H size] [-d depth (0 = 18 and 50)] [-p] [-k]\n");
+                            "[-n clips] [-H size] [-d depth (0 = 18 and 50)] [-p] [-k] [-P fp32|bf16]\n");
             return 2;
         }
     }
@@ -237,6 +246,15 @@ int main(int argc, char **argv)
            ctx.nthreads, peak);
     printf("RESULT impl=c sgemm_gflops=%.2f core=%s threads=%d\n", peak, ps_blas_corename(),
            ctx.nthreads);
+    char why[192];
+    if (precision != PS_PRECISION_FP32 &&
+        !ps_engine_cpu_precision_ok(precision, why, sizeof why)) {
+        printf("%s: not measured: %s\nRESULT impl=c prec=%s refused=1\n",
+               ps_precision_name(precision), why, ps_precision_name(precision));
+        ps_ctx_free(&ctx);
+        return 0;
+    }
+    if (ps_backend_cpu.set_precision(&ctx, precision)) return 1;
     int rc = 0;
     if (depth == 0 || depth == 18) rc |= bench(&ctx, 18, clips, H, steps, warmup, peak);
     if (depth == 0 || depth == 50) rc |= bench(&ctx, 50, clips, H, steps, warmup, peak);

@@ -6,7 +6,11 @@ partial BN, dropout 0.5 before fc, 400 classes, mean over 8 segments),
 separately, median of N steps -- with torch.set_num_threads(T).
 
     /usr/bin/python3 bench/engine_bench_torch.py [--threads 2] [--steps 10]
-        [--warmup 2] [--clips 2] [--size 112] [--depth 0]
+        [--warmup 2] [--clips 2] [--size 112] [--depth 0] [--autocast]
+
+--autocast: the forward under torch.autocast("cpu", dtype=torch.bfloat16)
+(PyTorch's CPU mixed precision: bf16 convolutions and matmuls, fp32
+weights), the counterpart of the engine's -P bf16.
 
 Also times a 2048^3 sgemm (torch.mm) as PyTorch's GEMM peak.  FLOPs are
 counted from the conv / linear shapes by forward hooks (2 per multiply-add;
@@ -85,7 +89,7 @@ def sgemm_peak(n=2048, reps=3):
     return 2.0 * n ** 3 / best * 1e-9
 
 
-def bench(depth, clips, size, steps, warmup, peak):
+def bench(depth, clips, size, steps, warmup, peak, autocast=False):
     T = 8
     torch.manual_seed(1)
     net, src = build_tsm(depth)
@@ -101,8 +105,9 @@ def bench(depth, clips, size, steps, warmup, peak):
     for s in range(-warmup, steps):
         net.zero_grad(set_to_none=False)
         t0 = time.perf_counter()
-        logits = net(x).view(clips, T, -1).mean(1)
-        loss = F.cross_entropy(logits, y)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            logits = net(x).view(clips, T, -1).mean(1)
+        loss = F.cross_entropy(logits.float(), y)
         t1 = time.perf_counter()
         loss.backward()
         t2 = time.perf_counter()
@@ -112,13 +117,15 @@ def bench(depth, clips, size, steps, warmup, peak):
             ts.append(t2 - t0)
     mf, mb, ms = statistics.median(tf), statistics.median(tb), statistics.median(ts)
     gf = (fl_f + fl_b) / ms * 1e-9
-    print("TSM-ResNet-%d (%s) %dx%dx3x%dx%d: fwd %.1f ms, bwd %.1f ms, step %.1f ms, "
+    prec = "bf16-autocast" if autocast else "fp32"
+    print("TSM-ResNet-%d (%s, %s) %dx%dx3x%dx%d: fwd %.1f ms, bwd %.1f ms, step %.1f ms, "
           "%.2f clips/s, %.1f GFLOP/step, %.1f GFLOP/s (%.0f%% of torch.mm peak), loss %.3f"
-          % (depth, src, clips, T, size, size, mf * 1e3, mb * 1e3, ms * 1e3, clips / ms,
+          % (depth, src, prec, clips, T, size, size, mf * 1e3, mb * 1e3, ms * 1e3, clips / ms,
              (fl_f + fl_b) * 1e-9, gf, 100 * gf / peak, loss.item()))
-    print("RESULT impl=torch depth=%d fwd_ms=%.2f bwd_ms=%.2f step_ms=%.2f clips_per_s=%.3f "
-          "gflop_step=%.3f gflops=%.2f" % (depth, mf * 1e3, mb * 1e3, ms * 1e3, clips / ms,
-                                           (fl_f + fl_b) * 1e-9, gf))
+    print("RESULT impl=torch prec=%s depth=%d fwd_ms=%.2f bwd_ms=%.2f step_ms=%.2f "
+          "clips_per_s=%.3f gflop_step=%.3f gflops=%.2f"
+          % ("bf16" if autocast else "fp32", depth, mf * 1e3, mb * 1e3, ms * 1e3, clips / ms,
+             (fl_f + fl_b) * 1e-9, gf))
     sys.stdout.flush()
 
 
@@ -130,6 +137,7 @@ def main():
     ap.add_argument("--clips", type=int, default=2)
     ap.add_argument("--size", type=int, default=112)
     ap.add_argument("--depth", type=int, default=0, help="0 = 18 and 50")
+    ap.add_argument("--autocast", action="store_true", help="bf16 autocast (CPU mixed precision)")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     peak = sgemm_peak()
@@ -138,7 +146,7 @@ def main():
              torch.backends.mkldnn.is_available(), peak))
     print("RESULT impl=torch sgemm_gflops=%.2f threads=%d" % (peak, torch.get_num_threads()))
     for d in ([18, 50] if a.depth == 0 else [a.depth]):
-        bench(d, a.clips, a.size, a.steps, a.warmup, peak)
+        bench(d, a.clips, a.size, a.steps, a.warmup, peak, a.autocast)
 
 
 if __name__ == "__main__":

@@ -285,6 +285,24 @@ int main(int argc, char **argv)
         free(x), free(w), free(y);
     }
     ok(ps_conv_set_kernels("no-such-row") == PS_EINVAL, "an unknown row name is refused");
+    /* precisions: fp16 never on the CPU; bf16 only with native bf16 (its
+     * arithmetic is test_cpu_bf16's) -- refused, the context stays fp32 */
+    {
+        char why[192];
+        const int has_bf16 = ps_engine_cpu_precision_ok(PS_PRECISION_BF16, why, sizeof why);
+        ok(ps_cpu_set_precision(&ctx, PS_PRECISION_FP16) == PS_EUNSUPPORTED &&
+               !ps_engine_cpu_precision_ok(PS_PRECISION_FP16, why, sizeof why),
+           "precision fp16 refused on the CPU (%s)", why);
+        if (!has_bf16) {
+            ps_engine_cpu_precision_ok(PS_PRECISION_BF16, why, sizeof why);
+            ok(ps_cpu_set_precision(&ctx, PS_PRECISION_BF16) == PS_EUNSUPPORTED &&
+                   ps_cpu_state(&ctx)->precision == PS_PRECISION_FP32,
+               "precision bf16 refused here, the context stays fp32 (%s)", why);
+        } else {
+            diag("this CPU has native bf16: test_cpu_bf16 checks it");
+        }
+        ok(ps_cpu_set_precision(&ctx, PS_PRECISION_FP32) == 0, "precision fp32 accepted");
+    }
     ok(ps_blas_set_library("no-such-blas") == PS_EINVAL, "an unknown sgemm library is refused");
     char dn[96];
     diag("%s; OpenBLAS core %s", ps_conv_onednn_describe(dn, sizeof dn), ps_blas_corename());

@@ -364,6 +364,12 @@ int ps_engine_set_conv_kernels(const char *mode);
  * bwd-data ..."), into buf; "no convolution yet" when none ran. */
 const char *ps_engine_conv_kernels(char *buf, size_t len);
 
+/* 1 when the CPU backend can compute at `precision` on this machine (fp32
+ * always; bf16 with oneDNN on a CPU with AVX-512 BF16 or AMX; fp16 never),
+ * else 0 with the reason in why: what set_precision would refuse, asked
+ * before any model exists (option checks). */
+int ps_engine_cpu_precision_ok(ps_precision_t precision, char *why, size_t len);
+
 /* ---- devices: the rows --device strings name ----------------------------- */
 
 /* A kind of device.  open: make device `index` of this kind usable through

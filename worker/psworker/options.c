@@ -120,7 +120,7 @@ static size_t ring_rows(ps_worker_ring_opts_t *o, ps_opt_t *rows)
 static size_t precision_rows(ps_worker_precision_opts_t *o, ps_opt_t *rows)
 {
     size_t n = 0;
-    ROW("precision", PS_OPT_STRING, &o->precision, "compute precision fp32|fp16|bf16 (fp16/bf16: --device cuda)", "fp32");
+    ROW("precision", PS_OPT_STRING, &o->precision, "compute precision fp32|fp16|bf16 (fp16: --device cuda; bf16: cuda, or cpu with AVX-512 BF16 / AMX)", "fp32");
     ROW("loss-scale", PS_OPT_STRING, &o->loss_scale, "dynamic | static:S | off (\"\" = dynamic for fp16, else off)", "");
     ROW("loss-scale-window", PS_OPT_INT, &o->loss_scale_window, "dynamic loss scale: clean steps before it doubles", "2000");
     ROW("debug-overflow-at", PS_OPT_INT, &o->debug_overflow_at, "testing: make this worker's gradient of step N Inf (-1 = off)", "-1");

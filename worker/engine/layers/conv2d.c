@@ -469,7 +469,7 @@ static const char *gemm_kernel(ps_ctx_t *ctx, const ps_conv_shape_t *s, ps_conv_
     conv_plan_t p;
     conv_plan(&p, &d, s->N, s->in[1], s->in[2]);
     const char *how = p.direct                           ? "sgemm"
-                      : dir == PS_CONV_BWD_DATA && p.flip ? "im2col+sgemm(flipped)"
+                      : dir == PS_CONV_BWD_DATA && p.flip ? "flipped-im2col+sgemm"
                       : dir == PS_CONV_BWD_DATA          ? "sgemm+col2im"
                                                           : "im2col+sgemm";
     if (!strcmp(ps_blas_library(), "OpenBLAS"))

@@ -80,9 +80,14 @@ extern const ps_conv_provider_t ps_conv_onednn; /* conv_onednn.c */
 typedef struct ps_cpu_state {
     ps_precision_t precision; /* of conv2d and linear (set_precision) */
     void *onednn;             /* conv_onednn.c: stream, primitives, buffers */
+    float *scratch;           /* linear's bf16-rounded operand copies */
+    size_t scratch_n;
 } ps_cpu_state_t;
 /* ctx's state, created on first use (NULL only when out of memory, logged). */
 ps_cpu_state_t *ps_cpu_state(ps_ctx_t *ctx);
+/* ctx's scratch of at least n floats (grown, never shrunk), or NULL
+ * (logged) when out of memory. */
+float *ps_cpu_scratch(ps_ctx_t *ctx, size_t n);
 /* Frees what ps_cpu_state made (ps_ctx_free calls it). */
 void ps_cpu_state_free(ps_ctx_t *ctx);
 void ps_conv_onednn_free(void *state);

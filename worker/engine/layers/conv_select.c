@@ -93,11 +93,28 @@ ps_cpu_state_t *ps_cpu_state(ps_ctx_t *ctx)
     return ctx->cpu_state;
 }
 
+float *ps_cpu_scratch(ps_ctx_t *ctx, size_t n)
+{
+    ps_cpu_state_t *st = ps_cpu_state(ctx);
+    if (!st) return NULL;
+    if (st->scratch_n < n) {
+        float *p = NULL;
+        if (posix_memalign((void **)&p, 64, n * sizeof *p)) {
+            ps_error("cpu backend: cannot allocate %zu floats of scratch", n);
+            return NULL;
+        }
+        free(st->scratch);
+        st->scratch = p, st->scratch_n = n;
+    }
+    return st->scratch;
+}
+
 void ps_cpu_state_free(ps_ctx_t *ctx)
 {
     if (!ctx || !ctx->cpu_state) return;
     ps_cpu_state_t *st = ctx->cpu_state;
     ps_conv_onednn_free(st->onednn);
+    free(st->scratch);
     free(st);
     ctx->cpu_state = NULL;
 }
@@ -220,6 +237,13 @@ static void measure(ps_ctx_t *ctx, const ps_conv_shape_t *s, ps_conv_dir_t dir, 
     for (int i = 0; ps_conv_rows[i] && i < NROWS; i++)
         if (ps_conv_rows[i]->supports(ctx, s, dir)) cand[n++] = i;
     c->row = n ? cand[0] : 0;
+    ps_cpu_state_t *st = ps_cpu_state(ctx);
+    if (!n && st && st->precision != PS_PRECISION_FP32) {
+        char sh[128];
+        ps_warn("conv %s %s: no %s kernel for this shape; it is computed in fp32",
+                ps_conv_shape_str(s, sh, sizeof sh), ps_conv_dir_name[dir],
+                ps_precision_name(st->precision));
+    }
     if (mode[0]) { /* forced: that row where it can, else the first that can */
         int f = row_index(mode);
         for (int i = 0; i < n; i++)
