@@ -1,11 +1,12 @@
 /* GPU session driver (run by bench/gpu_check.sh; built only with CUDA).
  *
- *   gpu_bench check [-d depth] [-n clips] [-H size]
+ *   gpu_bench check [-d depth] [-n clips] [-H size] [-b]
  *       The whole-model parity test: the same TSM-ResNet (default
  *       18, 2 clips x 8 frames x 64x64, same weights, input, labels and
  *       dropout seed) through the CPU and the CUDA backends; loss, logits
- *       and every parameter gradient compared.  TAP output, exit 1 on a
- *       mismatch, 77 without a GPU.
+ *       and every parameter gradient compared.  -b: TSM's shift placement
+ *       'block' (the identity shifted too) instead of 'blockres'.  TAP
+ *       output, exit 1 on a mismatch, 77 without a GPU.
  *   gpu_bench rcheck [-d depth] [-n images] [-H size] [-K classes]
  *       RetinaNet-FPN (default R18 at the acceptance run's width, 2 images of
  *       128^2, 3 classes): one training step on the CPU and on CUDA, both
@@ -96,10 +97,11 @@ static double maxabs(const float *x, size_t n)
     return m;
 }
 
-static void config(ps_model_config_t *c, int depth)
+static void config(ps_model_config_t *c, int depth, int place)
 {
     ps_model_config_default(c);
     c->depth = depth;
+    c->shift_place = place;
     c->num_classes = 400;
 }
 
@@ -115,14 +117,14 @@ static tols_t tols_of(ps_precision_t prec)
     return (tols_t){1e-4, 1e-4, 2e-3, 1e-3, 1e-5, 1e-4};
 }
 
-static int run_check(int depth, int clips, int HW, ps_precision_t prec)
+static int run_check(int depth, int clips, int HW, ps_precision_t prec, int place)
 {
     const tols_t tl = tols_of(prec);
     /* half: the backend scales the loss (as psworker does) and the check
      * unscales, so the scaled path is part of what is compared */
     const float lscale = prec == PS_PRECISION_FP32 ? 1.0f : 1024.0f;
     ps_model_config_t cfg;
-    config(&cfg, depth);
+    config(&cfg, depth, place);
     ps_ctx_t cctx, gctx;
     ps_model_t *mc = NULL, *mg = NULL;
     if (ps_engine_init(&cctx, 0) || ps_engine_init(&gctx, 0) || ps_cuda_backend_init(&gctx, 0) ||
@@ -250,7 +252,7 @@ static int run_time(int depth, int clips, int HW, int steps, int warm, int zero,
                     ps_precision_t prec)
 {
     ps_model_config_t cfg;
-    config(&cfg, depth);
+    config(&cfg, depth, PS_MODEL_SHIFT_BLOCKRES);
     ps_ctx_t ctx;
     ps_model_t *m = NULL;
     char info[256] = "";
@@ -575,20 +577,22 @@ int main(int argc, char **argv)
                      strcmp(argv[1], "rcheck") && strcmp(argv[1], "rtime"))) {
         fprintf(stderr, "usage: %s check|time|rcheck|rtime [-d depth] [-n clips|images] "
                         "[-H size] [-s steps] [-w warmup] [-z] [-p fp32|fp16|bf16] "
-                        "[-K classes]\n", argv[0]);
+                        "[-K classes] [-b]\n", argv[0]);
         return 2;
     }
     const int timing = !strcmp(argv[1], "time") || !strcmp(argv[1], "rtime");
     const int retina = argv[1][0] == 'r';
     int depth = timing ? 50 : 18, clips = timing ? 8 : 2, HW = timing ? 224 : 64;
     int steps = 10, warm = 3, zero = 0, opt, prec = PS_PRECISION_FP32, K = timing ? 80 : 3;
+    int place = PS_MODEL_SHIFT_BLOCKRES;
     if (retina) { /* rtime: 2 x 512^2, R50, 80 classes; rcheck: 2 x 128^2, R18, 3 */
         clips = 2;
         HW = timing ? 512 : 128;
     }
     optind = 2;
-    while ((opt = getopt(argc, argv, "d:n:H:s:w:zp:K:")) != -1) {
+    while ((opt = getopt(argc, argv, "d:n:H:s:w:zp:K:b")) != -1) {
         switch (opt) {
+        case 'b': place = PS_MODEL_SHIFT_BLOCK; break;
         case 'K': K = atoi(optarg); break;
         case 'd': depth = atoi(optarg); break;
         case 'n': clips = atoi(optarg); break;
@@ -625,5 +629,5 @@ int main(int argc, char **argv)
         return timing ? run_retina_time(depth, clips, HW, K, steps, warm)
                       : run_retina_check(depth, clips, HW, K);
     return timing ? run_time(depth, clips, HW, steps, warm, zero, prec)
-                  : run_check(depth, clips, HW, prec);
+                  : run_check(depth, clips, HW, prec, place);
 }

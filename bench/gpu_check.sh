@@ -7,7 +7,8 @@
 #   2. parity: tests/test_cuda_cast, tests/test_cuda_layers (every layer vs
 #      the CPU reference in fp32, then conv / linear with fp16 and bf16
 #      operands, and the loss scale in xent's backward), tests/test_cuda_det
-#      (the detection layers of det_layers.cu), tests/test_cuda_half (every
+#      (the detection layers of det_layers.cu), tests/test_cuda_layers3d
+#      (conv3d through cuDNN's graph API, 3-D pools), tests/test_cuda_half (every
 #      layer with half storage of the activations, fp16 and bf16, vs the CPU
 #      fp32 layers), tests/test_cuda_half_model (a small TSM-ResNet-18 step
 #      with half storage vs the CPU fp32 and the CPU rounding model,
@@ -78,7 +79,7 @@ if [ -x "$CARRY/gpu_bench" ] && [ -x "$CARRY/test_cuda_layers" ]; then
     BIN=$CARRY
     CAST=$BIN/test_cuda_cast LAYERS=$BIN/test_cuda_layers BENCH=$BIN/gpu_bench NCCLT=$BIN/test_nccl
     DET=$BIN/test_cuda_det HALF=$BIN/test_cuda_half HALFM=$BIN/test_cuda_half_model
-    TABLE=$BIN/test_cuda_table
+    TABLE=$BIN/test_cuda_table L3D=$BIN/test_cuda_layers3d
     # cuDNN / cuBLAS / NCCL: the toolkit's, else PyTorch's pip packages
     LP=$CARRY/lib
     for py in python3 /usr/bin/python3; do
@@ -114,12 +115,12 @@ else
     grep -q '^NVCC = .*nvcc' Makefile || { echo "configure did not find CUDA"; exit 1; }
     make -s proto/ps.pb-c.h >/dev/null 2>&1
     timeout 300 make -s -j"$J" tests/test_cuda_cast tests/test_cuda_layers tests/test_cuda_det \
-        tests/test_cuda_half tests/test_cuda_half_model tests/test_cuda_table bench/gpu_bench \
-        >"$W/build.out" 2>&1 || { tail -40 "$W/build.out"; exit 1; }
+        tests/test_cuda_half tests/test_cuda_half_model tests/test_cuda_table \
+        tests/test_cuda_layers3d bench/gpu_bench >"$W/build.out" 2>&1 || { tail -40 "$W/build.out"; exit 1; }
     grep -i 'warning' "$W/build.out" | head -20
     CAST=./tests/test_cuda_cast LAYERS=./tests/test_cuda_layers BENCH=./bench/gpu_bench
     DET=./tests/test_cuda_det HALF=./tests/test_cuda_half HALFM=./tests/test_cuda_half_model
-    TABLE=./tests/test_cuda_table NCCLT=./tests/test_nccl
+    TABLE=./tests/test_cuda_table NCCLT=./tests/test_nccl L3D=./tests/test_cuda_layers3d
 fi
 
 # ---- parity ---------------------------------------------------------------
@@ -148,6 +149,9 @@ layer_parity 150 layers "$LAYERS" 40 8
 stage "test_cuda_table (the CUDA backend table and device row: open, events, memory, release)"
 layer_parity 30 table "$TABLE" 10 0
 
+stage "test_cuda_layers3d (3-D layers vs the CPU: conv3d through cuDNN's graph API in fp32 / fp16 / bf16, pools)"
+layer_parity 90 layers3d "$L3D" 25 5
+
 stage "test_cuda_det (detection layers vs the CPU references)"
 layer_parity 60 det "$DET" 25 5
 
@@ -170,6 +174,11 @@ for p in fp32 fp16 bf16; do
     tail -12 "$W/check_$p.out"
     [ $rc -eq 0 ] || fail "gpu_bench check -p $p (rc $rc)"
 done
+
+stage "whole TSM-ResNet-18 step, shift place 'block' (identity shifted too), CPU fp32 vs CUDA fp32"
+run 90 check_block "$BENCH" check -b; rc=$?
+tail -12 "$W/check_block.out"
+[ $rc -eq 0 ] || fail "gpu_bench check -b (rc $rc)"
 
 stage "whole RetinaNet-R18-FPN step, CPU fp32 vs CUDA fp32"
 run 90 rcheck "$BENCH" rcheck; rc=$?

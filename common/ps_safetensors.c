@@ -22,7 +22,6 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <libgen.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
@@ -598,20 +597,6 @@ static int build_header(const ps_st_writer_t *w, sbuf_t *b)
     return b->oom ? PS_ENOMEM : 0;
 }
 
-static int fsync_dir_of(const char *path)
-{
-    char *copy = strdup(path);
-    if (!copy) return -1;
-    int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    free(copy);
-    if (fd < 0) return -1;
-    int rc = fsync(fd);
-    int e = errno;
-    close(fd);
-    errno = e;
-    return rc;
-}
-
 int ps_st_writer_save(ps_st_writer_t *w, const char *path, char *err, size_t errlen)
 {
     if (err && errlen) err[0] = 0;
@@ -626,41 +611,22 @@ int ps_st_writer_save(ps_st_writer_t *w, const char *path, char *err, size_t err
         return fail(PS_EINVAL, err, errlen, "safetensors: %s: header of %zu bytes over the cap", path,
                     hb.len);
     }
-    char tmp[PATH_MAX];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp) {
-        free(hb.p);
-        return fail(PS_EINVAL, err, errlen, "safetensors: path too long: %s", path);
-    }
-    /* A stale tmp from a crashed process with a recycled PID may exist and
-     * may even be read-only: remove it and create afresh. */
-    if (unlink(tmp) < 0 && errno != ENOENT) {
-        int e = errno;
-        free(hb.p);
-        return fail(PS_EIO, err, errlen, "safetensors: cannot remove stale %s: %s", tmp, strerror(e));
-    }
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        int e = errno;
-        free(hb.p);
-        return fail(PS_EIO, err, errlen, "safetensors: create %s: %s", tmp, strerror(e));
-    }
     uint8_t lenle[8];
     for (int i = 0; i < 8; i++) lenle[i] = (uint8_t)((uint64_t)hb.len >> (8 * i));
-    const char *what = "write";
-    int ok = ps_write_all(fd, lenle, 8) == 0 && ps_write_all(fd, hb.p, hb.len) == 0;
-    for (size_t i = 0; ok && i < w->n; i++) ok = ps_write_all(fd, w->e[i].data, w->e[i].nbytes) == 0;
-    if (ok && fsync(fd) < 0) ok = 0, what = "fsync";
-    int e = errno;
-    if (close(fd) < 0 && ok) ok = 0, what = "close", e = errno;
-    free(hb.p);
-    if (ok && rename(tmp, path) < 0) ok = 0, what = "rename", e = errno;
-    if (!ok) {
-        unlink(tmp);
-        return fail(PS_EIO, err, errlen, "safetensors: %s %s: %s", what, tmp, strerror(e));
+    size_t n = w->n + 2;
+    const void **bufs = malloc(sizeof *bufs * n);
+    size_t *lens = malloc(sizeof *lens * n);
+    int rc;
+    if (!bufs || !lens) {
+        rc = fail(PS_ENOMEM, err, errlen, "safetensors: out of memory saving %s", path);
+    } else {
+        bufs[0] = lenle, lens[0] = 8;
+        bufs[1] = hb.p, lens[1] = hb.len;
+        for (size_t i = 0; i < w->n; i++) bufs[i + 2] = w->e[i].data, lens[i + 2] = w->e[i].nbytes;
+        rc = ps_write_file_atomic(path, bufs, lens, n, "safetensors", err, errlen);
     }
-    /* The rename is durable only once the directory entry is on disk. */
-    if (fsync_dir_of(path) < 0)
-        return fail(PS_EIO, err, errlen, "safetensors: fsync directory of %s: %s", path,
-                    strerror(errno));
-    return 0;
+    free(bufs);
+    free(lens);
+    free(hb.p);
+    return rc;
 }

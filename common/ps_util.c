@@ -3,8 +3,15 @@
 
 #include "ps_log.h"
 
+#include "ps_error.h"
+
 #include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 int ps_fail_at(const char *file, int line, int code, char *err, size_t errlen,
@@ -34,5 +41,50 @@ int ps_write_all(int fd, const void *buf, size_t n)
         p += k;
         n -= (size_t)k;
     }
+    return 0;
+}
+
+static int fsync_dir_of(const char *path)
+{
+    char *copy = strdup(path);
+    if (!copy) return -1;
+    int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    free(copy);
+    if (fd < 0) return -1;
+    int rc = fsync(fd);
+    int e = errno;
+    close(fd);
+    errno = e;
+    return rc;
+}
+
+int ps_write_file_atomic(const char *path, const void *const *bufs, const size_t *lens,
+                         size_t n, const char *what, char *err, size_t errlen)
+{
+    char tmp[PATH_MAX];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp)
+        return ps_fail(PS_EINVAL, err, errlen, "%s: path too long: %s", what, path);
+    /* A stale tmp from a crashed process with a recycled PID may exist and
+     * may even be read-only: remove it and create afresh. */
+    if (unlink(tmp) < 0 && errno != ENOENT)
+        return ps_fail(PS_EIO, err, errlen, "%s: cannot remove stale %s: %s", what, tmp,
+                       strerror(errno));
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) return ps_fail(PS_EIO, err, errlen, "%s: create %s: %s", what, tmp, strerror(errno));
+    const char *step = "write";
+    int ok = 1;
+    for (size_t i = 0; ok && i < n; i++) ok = ps_write_all(fd, bufs[i], lens[i]) == 0;
+    if (ok && fsync(fd) < 0) ok = 0, step = "fsync";
+    int e = errno;
+    if (close(fd) < 0 && ok) ok = 0, step = "close", e = errno;
+    if (ok && rename(tmp, path) < 0) ok = 0, step = "rename", e = errno;
+    if (!ok) {
+        unlink(tmp);
+        return ps_fail(PS_EIO, err, errlen, "%s: %s %s: %s", what, step, tmp, strerror(e));
+    }
+    /* The rename is durable only once the directory entry is on disk. */
+    if (fsync_dir_of(path) < 0)
+        return ps_fail(PS_EIO, err, errlen, "%s: fsync directory of %s: %s", what, path,
+                       strerror(errno));
     return 0;
 }

@@ -35,4 +35,21 @@ static inline int ps_nearest_src(int dst, int in, int out)
     return s < in - 1 ? s : in - 1;
 }
 
+/* Write the n pieces bufs[i][0..lens[i]) one after the other as the whole
+ * file at path, atomically: path.tmp.PID (a stale one is removed first),
+ * fsync, rename over path, fsync the directory.  A failure before the
+ * rename leaves path untouched and no tmp behind.  Returns 0 or PS_EIO /
+ * PS_EINVAL (path too long) with "<what>: <step> <file>: <errno text>" in
+ * err and the log (ps_fail). */
+int ps_write_file_atomic(const char *path, const void *const *bufs, const size_t *lens,
+                         size_t n, const char *what, char *err, size_t errlen);
+/* The same for one buffer p[0..n). */
+static inline int ps_write_file_atomic1(const char *path, const void *p, size_t n, const char *what,
+                                        char *err, size_t errlen)
+{
+    const void *b[1] = {p};
+    size_t l[1] = {n};
+    return ps_write_file_atomic(path, b, l, 1, what, err, errlen);
+}
+
 #endif

@@ -6,21 +6,49 @@ libzmq3-dev libprotobuf-c-dev protobuf-c-compiler liblz4-dev libuv1-dev \
 libopenblas-dev libcjson-dev libjpeg62-turbo-dev libavformat-dev libavcodec-dev \
 libswscale-dev libavutil-dev libdnnl-dev procps"
 
-ps_ensure_packages() {
+# The packages among "$@" that are not installed, on one line.
+ps_missing_packages() {
     local missing=() p
-    for p in $PS_DEBIAN_PACKAGES "$@"; do
+    for p in "$@"; do
         dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
     done
-    [ ${#missing[@]} -eq 0 ] && return 0
+    echo "${missing[*]}"
+}
+
+ps_apt_install() {
+    echo "installing: $*" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends "$@" >/dev/null
+}
+
+# The build's packages (and "$@"): installed as root; as a user, the exact
+# apt-get line and exit 1.
+ps_ensure_packages() {
+    local missing
+    # shellcheck disable=SC2086 # a list of names
+    missing=$(ps_missing_packages $PS_DEBIAN_PACKAGES "$@")
+    [ -z "$missing" ] && return 0
     if [ "$(id -u)" != 0 ]; then
         echo "missing Debian packages; run as root:" >&2
-        echo "  apt-get update && apt-get install -y ${missing[*]}" >&2
+        echo "  apt-get update && apt-get install -y $missing" >&2
         exit 1
     fi
-    echo "installing: ${missing[*]}" >&2
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends "${missing[@]}" >/dev/null ||
-        { echo "apt-get install failed" >&2; exit 1; }
+    # shellcheck disable=SC2086
+    ps_apt_install $missing || { echo "apt-get install failed" >&2; exit 1; }
+}
+
+# Packages a script can do without (gnuplot for the plots): installed as
+# root; as a user, a note with the apt-get line, and 1 (the caller goes on).
+ps_want_packages() {
+    local missing
+    missing=$(ps_missing_packages "$@")
+    [ -z "$missing" ] && return 0
+    if [ "$(id -u)" != 0 ]; then
+        echo "note: $missing not installed (as root: apt-get install -y $missing)" >&2
+        return 1
+    fi
+    # shellcheck disable=SC2086
+    ps_apt_install $missing || { echo "apt-get install $missing failed: going on without" >&2; return 1; }
 }
 
 # Configure (once) and build in the source tree.

@@ -288,8 +288,6 @@ typedef struct psd_metrics {
                             * ZMQ_MAXMSGSIZE ends its connection this way) */
     double agg_seconds, apply_seconds;
     uint64_t agg_count, apply_count;
-    uint64_t http_timeouts;  /* /metrics connections closed at their deadline */
-    uint64_t http_rejected;  /* closed at accept: PSD_HTTP_MAX_CONNS were open */
     /* Checkpoint writes (psd_checkpoint.c).  A failed write is an error:
      * STATS `errors` counts it with the ERROR replies. */
     uint64_t ckpt_writes;   /* files made durable (fsync'd, renamed into place) */
@@ -310,10 +308,8 @@ typedef struct psd {
     void (*drain)(struct psd *s);
     uv_timer_t hb_timer, stats_timer, drain_timer;
     uv_signal_t sigterm, sigint;
-    uv_tcp_t http;
-    int http_on;
-    struct psd_http_conn *http_conns; /* open /metrics connections (psd_metrics.c) */
-    int http_nconns;
+    struct ps_http *http;       /* the /metrics listener (NULL: off); its counters
+                                 * are the psd_http_* metrics */
     int port;                   /* bound port */
     char endpoint[512];         /* bound endpoint (ZMQ_LAST_ENDPOINT) */
     int64_t maxmsg_table;       /* psd_maxmsg_bound of a table loaded before the bind (0: none) */
@@ -443,12 +439,11 @@ int psd_spec_hold(psd_t *s, const char *json, size_t len, const uint64_t *want_h
                   size_t errlen);
 
 /* ---- psd_metrics.c ---- */
-/* The /metrics listener serves at most PSD_HTTP_MAX_CONNS connections at a
- * time (more are closed at accept) and gives each PSD_HTTP_DEADLINE_MS to
- * send its request and take the answer, so idle or half-sent connections
- * cannot pile up until psd runs out of file descriptors. */
-#define PSD_HTTP_MAX_CONNS 64
-#define PSD_HTTP_DEADLINE_MS 5000
+/* The /metrics listener (common/ps_http.h) serves at most PS_HTTP_MAX_CONNS
+ * connections at a time (more are closed at accept) and gives each
+ * PS_HTTP_DEADLINE_MS to send its request and take the answer, so idle or
+ * half-sent connections cannot pile up until psd runs out of file
+ * descriptors. */
 int psd_metrics_start(psd_t *s);
 void psd_metrics_stop(psd_t *s);
 /* STATS body: malloc'd JSON. */

@@ -1,6 +1,6 @@
 /* Reporting the counters of psd_t (psd_metrics_t, kept by the code that
  * counts): the STATS reply, the periodic stats log line, and /metrics in
- * Prometheus text format on a tiny libuv HTTP server (GET /metrics only). */
+ * Prometheus text format (served by common/ps_http.c on psd's loop). */
 #include "psd.h"
 
 #include <cjson/cJSON.h>
@@ -10,6 +10,7 @@
 #include <sys/resource.h>
 
 #include "ps_error.h"
+#include "ps_http.h"
 #include "ps_log.h"
 
 static const char *mode_name(psd_mode_t m)
@@ -65,9 +66,11 @@ char *psd_stats_json(const psd_t *s)
     cJSON_AddNumberToObject(o, "weights_copied", (double)s->mx.weights_cow);
     cJSON_AddNumberToObject(o, "peer_disconnects", (double)s->mx.disconnects);
     cJSON_AddNumberToObject(o, "max_msg_bytes", (double)s->maxmsg);
-    cJSON_AddNumberToObject(o, "http_connections", s->http_nconns);
-    cJSON_AddNumberToObject(o, "http_timeouts", (double)s->mx.http_timeouts);
-    cJSON_AddNumberToObject(o, "http_rejected", (double)s->mx.http_rejected);
+    ps_http_stats_t hs;
+    ps_http_stats(s->http, &hs);
+    cJSON_AddNumberToObject(o, "http_connections", hs.connections);
+    cJSON_AddNumberToObject(o, "http_timeouts", (double)hs.timeouts);
+    cJSON_AddNumberToObject(o, "http_rejected", (double)hs.rejected);
     cJSON_AddNumberToObject(o, "errors", (double)error_count(s));
     cJSON_AddNumberToObject(o, "live_workers", psd_members_live_count(s));
     cJSON_AddNumberToObject(o, "num_workers", s->nworkers);
@@ -139,26 +142,12 @@ void psd_stats_log(psd_t *s)
                 ru.ru_nvcsw, ru.ru_nivcsw, ru.ru_maxrss);
 }
 
-/* ---- HTTP ----
- * One connection per request (Connection: close).  Each connection has a
- * deadline timer from the accept: the request and the answer's write must
- * be done by then, or the connection is closed (http_timeouts).  The
- * connection lives until both its handles (TCP, timer) are closed. */
+/* ---- /metrics (common/ps_http.c serves it) ---- */
 
-typedef struct psd_http_conn {
-    uv_tcp_t tcp;
-    uv_timer_t deadline;
-    uv_write_t wr;
-    psd_t *s;
-    struct psd_http_conn *prev, *next; /* s->http_conns */
-    int open_handles;                  /* freed when the last one closes */
-    size_t len;
-    char req[4096];
-    char *resp;
-} http_conn_t;
-
-static size_t render(const psd_t *s, char *buf, size_t cap)
+static size_t render(void *arg, const ps_http_stats_t *st, char *buf, size_t cap)
 {
+    const psd_t *s = arg;
+    const ps_http_stats_t hs = *st;
     size_t n = 0;
 #define P(...) (n += (size_t)snprintf(buf + n, n < cap ? cap - n : 0, __VA_ARGS__))
     P("# HELP psd_bytes_in_total Bytes received (headers and payloads).\n"
@@ -202,14 +191,14 @@ static size_t render(const psd_t *s, char *buf, size_t cap)
     P("# HELP psd_max_message_bytes ZMQ_MAXMSGSIZE: larger frames end the sender's connection.\n"
       "# TYPE psd_max_message_bytes gauge\npsd_max_message_bytes %lld\n", (long long)s->maxmsg);
     P("# HELP psd_http_connections Open connections to this /metrics listener.\n"
-      "# TYPE psd_http_connections gauge\npsd_http_connections %d\n", s->http_nconns);
+      "# TYPE psd_http_connections gauge\npsd_http_connections %d\n", hs.connections);
     P("# HELP psd_http_timeouts_total /metrics connections closed for not completing their "
       "request within %d ms.\n"
       "# TYPE psd_http_timeouts_total counter\npsd_http_timeouts_total %llu\n",
-      PSD_HTTP_DEADLINE_MS, (unsigned long long)s->mx.http_timeouts);
+      PS_HTTP_DEADLINE_MS, (unsigned long long)hs.timeouts);
     P("# HELP psd_http_rejected_total /metrics connections closed at accept (%d already open).\n"
       "# TYPE psd_http_rejected_total counter\npsd_http_rejected_total %llu\n",
-      PSD_HTTP_MAX_CONNS, (unsigned long long)s->mx.http_rejected);
+      PS_HTTP_MAX_CONNS, (unsigned long long)hs.rejected);
     P("# HELP psd_checkpoint_writes_total Checkpoint files made durable (fsync'd, renamed into place).\n"
       "# TYPE psd_checkpoint_writes_total counter\npsd_checkpoint_writes_total %llu\n",
       (unsigned long long)s->mx.ckpt_writes);
@@ -235,148 +224,14 @@ static size_t render(const psd_t *s, char *buf, size_t cap)
     return n;
 }
 
-static void on_closed(uv_handle_t *h)
-{
-    http_conn_t *c = h->data;
-    if (--c->open_handles > 0) return;
-    free(c->resp);
-    free(c);
-}
-
-/* Closes both handles (again: a no-op) and drops c from the open list. */
-static void conn_close(http_conn_t *c)
-{
-    if (uv_is_closing((uv_handle_t *)&c->tcp)) return;
-    psd_t *s = c->s;
-    if (c->prev) c->prev->next = c->next;
-    else s->http_conns = c->next;
-    if (c->next) c->next->prev = c->prev;
-    s->http_nconns--;
-    uv_close((uv_handle_t *)&c->deadline, on_closed);
-    uv_close((uv_handle_t *)&c->tcp, on_closed);
-}
-
-static void on_deadline(uv_timer_t *t)
-{
-    http_conn_t *c = t->data;
-    c->s->mx.http_timeouts++;
-    conn_close(c);
-}
-
-static void on_written(uv_write_t *w, int status)
-{
-    (void)status; /* closed either way; a cancelled write means it is closing already */
-    conn_close(w->data);
-}
-
-static void respond(http_conn_t *c, int code, const char *ctype, const char *body, size_t blen)
-{
-    const char *reason = code == 200 ? "OK" : code == 404 ? "Not Found" : "Bad Request";
-    size_t cap = blen + 256;
-    c->resp = malloc(cap);
-    if (!c->resp) {
-        conn_close(c);
-        return;
-    }
-    int n = snprintf(c->resp, cap,
-                     "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %zu\r\n"
-                     "Connection: close\r\n\r\n",
-                     code, reason, ctype, blen);
-    memcpy(c->resp + n, body, blen);
-    uv_buf_t b = uv_buf_init(c->resp, (unsigned)(n + blen));
-    c->wr.data = c;
-    uv_read_stop((uv_stream_t *)&c->tcp);
-    if (uv_write(&c->wr, (uv_stream_t *)&c->tcp, &b, 1, on_written) < 0) conn_close(c);
-}
-
-static void on_alloc(uv_handle_t *h, size_t want, uv_buf_t *buf)
-{
-    http_conn_t *c = h->data;
-    *buf = uv_buf_init(c->req + c->len, (unsigned)(sizeof c->req - 1 - c->len));
-}
-
-static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf)
-{
-    http_conn_t *c = st->data;
-    if (nread < 0) {
-        conn_close(c);
-        return;
-    }
-    c->len += (size_t)nread;
-    c->req[c->len] = 0;
-    if (!strstr(c->req, "\r\n\r\n") && !strstr(c->req, "\n\n")) {
-        if (c->len >= sizeof c->req - 1) respond(c, 400, "text/plain", "request too large\n", 18);
-        return;
-    }
-    if (!strncmp(c->req, "GET /metrics ", 13) || !strncmp(c->req, "GET /metrics?", 13)) {
-        char *body = malloc(65536);
-        size_t n = body ? render(c->s, body, 65536) : 0;
-        if (n >= 65536) n = 65535;
-        respond(c, 200, "text/plain; version=0.0.4", body ? body : "", n);
-        free(body);
-    } else {
-        respond(c, 404, "text/plain", "not found\n", 10);
-    }
-}
-
-/* A new connection: refused (closed at once, http_rejected) when
- * PSD_HTTP_MAX_CONNS are open, else read under its deadline. */
-static void on_conn(uv_stream_t *server, int status)
-{
-    psd_t *s = server->data;
-    if (status < 0) return;
-    http_conn_t *c = calloc(1, sizeof *c);
-    if (!c) return;
-    c->s = s;
-    uv_tcp_init(s->loop, &c->tcp);
-    uv_timer_init(s->loop, &c->deadline);
-    c->tcp.data = c->deadline.data = c;
-    c->open_handles = 2;
-    c->next = s->http_conns;
-    if (c->next) c->next->prev = c;
-    s->http_conns = c;
-    s->http_nconns++;
-    if (uv_accept(server, (uv_stream_t *)&c->tcp) < 0) {
-        conn_close(c);
-        return;
-    }
-    if (s->http_nconns > PSD_HTTP_MAX_CONNS) {
-        s->mx.http_rejected++;
-        conn_close(c);
-        return;
-    }
-    uv_timer_start(&c->deadline, on_deadline, PSD_HTTP_DEADLINE_MS, 0);
-    uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
-}
-
 int psd_metrics_start(psd_t *s)
 {
     if (s->o.metrics_port <= 0) return 0;
-    struct sockaddr_storage addr;
-    const char *host = s->o.metrics_bind && s->o.metrics_bind[0] ? s->o.metrics_bind : "127.0.0.1";
-    int rc = uv_ip4_addr(host, s->o.metrics_port, (struct sockaddr_in *)&addr);
-    if (rc < 0) rc = uv_ip6_addr(host, s->o.metrics_port, (struct sockaddr_in6 *)&addr);
-    if (rc < 0) {
-        ps_error("--metrics-bind %s: not an IP address", host);
-        return PS_EINVAL;
-    }
-    uv_tcp_init(s->loop, &s->http);
-    s->http.data = s;
-    if ((rc = uv_tcp_bind(&s->http, (struct sockaddr *)&addr, 0)) < 0 ||
-        (rc = uv_listen((uv_stream_t *)&s->http, 64, on_conn)) < 0) {
-        ps_error("metrics: cannot listen on %s:%d: %s", host, s->o.metrics_port, uv_strerror(rc));
-        uv_close((uv_handle_t *)&s->http, NULL);
-        return PS_EIO;
-    }
-    s->http_on = 1;
-    ps_info("metrics on http://%s:%d/metrics", host, s->o.metrics_port);
-    return 0;
+    return ps_http_start(&s->http, s->loop, s->o.metrics_bind, s->o.metrics_port, render, s);
 }
 
 /* The listener and every open connection (freed by the loop's last run). */
 void psd_metrics_stop(psd_t *s)
 {
-    if (s->http_on && !uv_is_closing((uv_handle_t *)&s->http)) uv_close((uv_handle_t *)&s->http, NULL);
-    s->http_on = 0;
-    while (s->http_conns) conn_close(s->http_conns);
+    ps_http_stop(&s->http);
 }

@@ -34,7 +34,7 @@ start_cluster 1 2 --mode sync || fail_setup "psd did not start" "$T/psd0.log"
 run_workers 2 "$T/run" "${COMMON[@]}" --train-list "$T/ds/train.txt" --flip 0 --dropout 0 \
     --bn train --lr 0.02 --momentum 0.9 --steps 4 --batch 2 --seed 5 --data-seed 9 \
     || fail_setup "training with 1 psd + 2 workers" "$T/run/w0.err"
-for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+stop_pids
 PIDS=()
 "$PSW" --eval "${COMMON[@]}" --weights "$T/run/model.safetensors" --predictions "$T/pred.csv" \
     --log-level warn >"$T/eval.out" 2>"$T/eval.err" || fail_setup "psworker --eval" "$T/eval.err"

@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . deploy/deps.sh
 ps_ensure_packages
+ps_want_packages gnuplot-nox || true # tests/test_plots.sh skips without it
 ps_build
 # Tests run one at a time per core; the integration tests start processes.
 if ! make -j"$(nproc)" check "$@"; then

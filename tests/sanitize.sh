@@ -45,9 +45,15 @@ dir=$(cd "$dir" && pwd)
 #   ASan's quarantine and allocator caches grow it (51.8 -> 57.2 MB even with
 #   a 32 MB quarantine); psd's bad-input and fault paths still run sanitized
 #   in test_psd_badinput, test_fault_sigstop and test_fault_checkpoint_kill.
+# - check_onnx.sh: makes a venv and installs onnx / onnxruntime from PyPI
+#   (network; in this build tree a second venv); check_tsm_import.sh: its
+#   time goes into PyTorch.  Their C side (the loader, the ONNX writer) runs
+#   sanitized in test_weights and test_onnx, psworker's --eval with TSM's
+#   test protocol in check_test_protocol.sh.
 # Put one back once its owner has made it independent of the build.
 PS_ASAN_SKIP=${PS_ASAN_SKIP-tests/check_model_torch.sh tests/check_retinanet_torch.sh \
-tests/test_cuda_emu.sh tests/test_resnet tests/test_deploy.sh tests/test_psctl.sh tests/test_fault_load}
+tests/test_cuda_emu.sh tests/test_resnet tests/test_deploy.sh tests/test_psctl.sh tests/test_fault_load \
+tests/check_onnx.sh tests/check_tsm_import.sh}
 
 SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 

@@ -35,7 +35,7 @@ MODEL=(--model tsm-r18 --width 8 --size 32 --frames 4 --flip 0 --dropout 0 --thr
 
 stop_cluster() {
     local p
-    for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+    stop_pids
     PIDS=()
 }
 

@@ -40,7 +40,7 @@ launch() {
         PIDS+=($!)
     done
     for r in 0 1; do wait "${wp[$r]}" || { rc=1; show_log "$out/w$r.err"; }; done
-    for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+    stop_pids
     PIDS=()
     return $rc
 }

@@ -38,7 +38,7 @@ run_mode() {  # run_mode NAME PSD-FLAGS...
     diag "$name: eval loss $i -> $e; slow rank's stale drops: $d"
     [ -n "$e" ] && [ -n "$i" ] && fcmp "$e < 0.5 * $i"
     ok $? "$name: converged (eval loss $e < 0.5 x initial $i)"
-    for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+    stop_pids
     PIDS=()
 }
 

@@ -33,7 +33,7 @@ start_cluster 2 2 --mode sync
 ok $? "2 psd started ($SERVERS)"
 run_workers 2 "$T/w2" "${MODEL[@]}" "${DATA[@]}" --bn frozen --batch $B
 ok $? "W=2 workers x batch $B, BN frozen: $K sync steps"
-for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+stop_pids
 PIDS=()
 
 standalone "$T/ref" "${MODEL[@]}" "${DATA[@]}" --bn frozen --batch $((2 * B))
@@ -49,7 +49,7 @@ compare "$T/w1/model.safetensors" "$T/ref/model.safetensors" 1e-5
 ok $? "1 worker x 2B through psd == standalone 2B within 1e-5"
 compare "$T/w2/model.safetensors" "$T/w1/model.safetensors" 1e-5
 ok $? "W=2 x B == 1 worker x 2B (both through psd) within 1e-5"
-for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+stop_pids
 PIDS=()
 
 # the weights moved: the check is not comparing two copies of the init

@@ -20,7 +20,7 @@ COMMON=(--steps 120 --lr 0.05 --momentum 0.9 --partition-bytes 2048 --seed 7 --d
 
 stop_all() {
     local p
-    for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+    stop_pids
     PIDS=()
 }
 

@@ -40,7 +40,7 @@ for spec in fp16:3e-2 bf16:6e-2; do
     [ -n "$e" ] && fcmp "($e - $er) < 2e-3 * $er && ($er - $e) < 2e-3 * $er"
     ok $? "$dt wire: eval loss $e within 2e-3 relative of standalone $er"
     # servers of this run are done: stop them before the next dtype
-    for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+    stop_pids
     PIDS=()
 done
 tap_done

@@ -11,6 +11,8 @@
 #include <sys/socket.h>
 
 #include "ps_crc32c.h"
+#pragma GCC diagnostic ignored "-Wunused-function" /* http_testlib.h helpers this test does not use */
+#include "tests/lib/http_testlib.h"
 #include "tests/lib/psd_testlib.h"
 #include "tests/lib/tap.h"
 
@@ -20,7 +22,6 @@ static const ps_tensor_spec_t TS[NT] = {{"conv.weight", 150, 0}, {"conv.bias", 3
 static ps_partition_table_t T;
 static void *D;
 static float W0[N];
-static int metrics_port;
 
 static uint32_t rng = 12345;
 static uint32_t rnd(void)
@@ -69,48 +70,13 @@ static int push(uint32_t p, const void *payload, size_t len, int numel_delta, in
     return t_call(D, &h, payload, len, NULL, 0, NULL, et, etl);
 }
 
-static int http_get(const char *path, char *resp, size_t cap)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(metrics_port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0) {
-        close(fd);
-        return -1;
-    }
-    char req[256];
-    int n = snprintf(req, sizeof req, "GET %s HTTP/1.1\r\nHost: x\r\n\r\n", path);
-    if (write(fd, req, n) != n) {
-        close(fd);
-        return -1;
-    }
-    size_t got = 0;
-    ssize_t k;
-    while (got + 1 < cap && (k = read(fd, resp + got, cap - 1 - got)) > 0) got += (size_t)k;
-    resp[got] = 0;
-    close(fd);
-    return atoi(resp + 9);
-}
-
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t l = sizeof a;
-    bind(fd, (struct sockaddr *)&a, sizeof a);
-    getsockname(fd, (struct sockaddr *)&a, &l);
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 int main(void)
 {
     ps_log_level = PS_LOG_ERROR;
     if (ps_partition_table_build(&T, TS, NT, 256, 1)) tap_skip_all("partition table unavailable");
-    metrics_port = free_port();
+    http_port = http_free_port();
     char mport[16];
-    snprintf(mport, sizeof mport, "%d", metrics_port);
+    snprintf(mport, sizeof mport, "%d", http_port);
     tpsd_t S;
     const char *args[] = {"--num-workers", "2", "--worker-timeout-ms", "0", "--reject-nonfinite",
                           "--metrics-port", mport, "--max-msg-mb", "1", "--log-level", "info", NULL};

@@ -72,7 +72,7 @@ t1=$(final_value "$T/run/w0.out" top1)
 [ -n "$t1" ] && [ "$t1" != nan ]
 ok $? "extracted frames: val top1=$t1 printed"
 
-for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
+for p in $(live_pids); do kill -TERM "$p" 2>/dev/null; done
 start_cluster 1 1 --mode sync
 ok $? "1 psd for one worker"
 run_workers 1 "$T/fly" "${MODEL[@]}" --video-list "$T/lists/train.txt" --val-video-list "$T/lists/val.txt" \

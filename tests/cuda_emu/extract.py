@@ -9,7 +9,10 @@ import re
 import sys
 
 FILES = ["half.cuh", "batchnorm.cu", "conv2d.cu", "det_layers.cu", "layers.cu", "linear.cu",
-         "loss_scale.cu", "mixed.cu", "pool.cu"]
+         "loss_scale.cu", "mixed.cu", "pool.cu", "pool3d.cu"]
+# files whose kernels take plain structs by value: their "struct X { ... };"
+# definitions are taken too
+STRUCT_FILES = ("pool3d.cu",)
 MACROS = ("GRID_STRIDE", "BN_THREADS", "BNC_CH", "XENT_THREADS", "DET_THREADS", "DET_STRIDE")
 
 
@@ -35,6 +38,11 @@ def functions(src):
                     break
 
 
+def structs(src):
+    for m in re.finditer(r"^struct \w+ \{.*?^\};", src, re.M | re.S):
+        yield m.group(0)
+
+
 def macros(src):
     lines = src.split("\n")
     i = 0
@@ -55,6 +63,8 @@ def main():
         src = open(os.path.join(d, f)).read()
         out.append("// ---- " + f)
         out.extend(macros(src))
+        if f in STRUCT_FILES:
+            out.extend(structs(src))
         out.extend(functions(src))
     print("\n\n".join(out))
 

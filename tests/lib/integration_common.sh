@@ -17,15 +17,10 @@ PIDS=()
 tap_n=0
 tap_fail=0
 
+. "$(dirname "${BASH_SOURCE[0]}")/pids.sh"
 it_cleanup() {
-    local p
-    for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
-    for p in "${PIDS[@]}"; do
-        # give each process a moment to checkpoint and exit, then insist
-        for _ in 1 2 3 4 5 6 7 8 9 10; do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$p" 2>/dev/null
-        wait "$p" 2>/dev/null
-    done
+    # give each process a moment to checkpoint and exit, then insist
+    stop_pids 10
     if [ "$tap_fail" -gt 0 ] || [ -n "${KEEP_TMP:-}" ]; then
         echo "# logs kept in $T"
     else
@@ -189,7 +184,7 @@ cuda_vs_cpu() {
 # weights must agree within 1e-5 (fp32 wire: psd applies the same update).
 psd_vs_standalone() {
     local steps=$1 what=$2 p; shift 2
-    for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
+    for p in $(live_pids); do kill -TERM "$p" 2>/dev/null; done
     start_cluster 2 1 --mode sync
     ok $? "2 psd for one worker"
     run_workers 1 "$T/one" "$@" --batch 4 --steps "$steps" --partition-bytes 65536

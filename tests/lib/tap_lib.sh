@@ -4,17 +4,12 @@
 # ok STATUS DESCRIPTION   prints "ok N" / "not ok N", counts failures
 # show FILE [LINES]       prints the tail of FILE as TAP comments
 # run NAME CMD...         CMD's stdout+stderr to $T/NAME.out, its status in $rc
+. "$(dirname "${BASH_SOURCE[0]}")/pids.sh"
 PIDS=()
 n=0 fails=0
 
 tap_lib_cleanup() {
-    local p
-    for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null; done
-    for p in "${PIDS[@]}"; do
-        for _ in $(seq 1 30); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$p" 2>/dev/null
-        wait "$p" 2>/dev/null
-    done
+    stop_pids 30
     if [ "$fails" -gt 0 ] || [ -n "${KEEP_TMP:-}" ]; then echo "# logs kept in $T"; else rm -rf "$T"; fi
 }
 

@@ -6,12 +6,10 @@ Loads model.safetensors with load_state_dict(strict=True) into
 torchvision.models.resnetXX(num_classes=K), adds TSM's temporal shift
 (1/8 of the channels each way, residual branch, as TSM's
 make_temporal_shift(place='blockres'); tests/golden/gen_resnet.py), and runs
-TSM's test pipeline on the same val list, independently of the C code:
-_get_val_indices (centre of each of the T spans, 1-based), PIL decode
-.convert('RGB'), GroupScale(scale_size) (shorter side, PIL BILINEAR, the
-longer side int(scale * long / short)), GroupCenterCrop(size) (offsets
-int(round((s - crop) / 2))), /255, ImageNet mean/std; eval mode, fc on every
-frame, mean over the T segments.
+TSM's test pipeline on the same val list, independently of the C code
+(tests/lib/video_ref.py: _get_val_indices, PIL decode, GroupScale,
+GroupCenterCrop, ImageNet normalisation); eval mode, fc on every frame,
+mean over the T segments.
 
 Compared with psworker's own evaluation of the same file (psworker --eval
 --predictions CSV, and the final line of the training run's rank 0):
@@ -39,41 +37,23 @@ _here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(_here, "..", "golden"))  # the golden generators
 sys.path.insert(0, os.path.join(_here, "..", "lib"))     # taplib
 import gen_resnet as G  # noqa: E402
+import video_ref as V  # noqa: E402
 from taplib import ok, plan  # noqa: E402
 
-def final_kv(path):
-    for line in open(path):
-        if line.startswith("final:"):
-            return dict(kv.split("=", 1) for kv in line.split()[1:] if "=" in kv)
-    return {}
-
-
-def val_indices(F, T):
-    """TSM's TSNDataSet._get_val_indices (new_length 1), 1-based."""
-    if F > T:
-        tick = F / float(T)
-        return [int(tick / 2.0 + tick * x) + 1 for x in range(T)]
-    return [1] * T
-
-
-MEAN = np.array([0.485, 0.456, 0.406], np.float32)
-STD = np.array([0.229, 0.224, 0.225], np.float32)
-
+final_kv = V.final_kv
 
 def load_clip(d, F, T, scale, crop, tmpl):
+    return torch.from_numpy(V.load_clip(d, F, T, scale, crop, tmpl))
+
+
+def load_frames(d, inds, scale, crop, tmpl):
+    """Frames inds (1-based) of folder d through TSM's test transform (scale
+    the shorter side, centre crop, normalise): (len(inds), 3, crop, crop)."""
     out = []
-    for i in val_indices(F, T):
-        im = Image.open(os.path.join(d, tmpl % i)).convert("RGB")
-        w, h = im.size
-        if w < h:
-            ow, oh = scale, int(scale * h / w)
-        else:
-            oh, ow = scale, int(scale * w / h)
-        im = im.resize((ow, oh), Image.BILINEAR)
-        top, left = int(round((oh - crop) / 2.0)), int(round((ow - crop) / 2.0))
-        im = im.crop((left, top, left + crop, top + crop))
-        a = np.asarray(im).astype(np.float32) / np.float32(255)
-        out.append(((a - MEAN) / STD).transpose(2, 0, 1))
+    for i in inds:
+        im = V.scale_shorter(Image.open(os.path.join(d, tmpl % i)).convert("RGB"), scale)
+        (x, y), = V.crop_offsets(im.size[0], im.size[1], crop, 1)
+        out.append(V.normalise(im.crop((x, y, x + crop, y + crop))))
     return torch.from_numpy(np.stack(out).astype(np.float32))
 
 

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "ps_error.h"
+#include "ps_util.h"
 #include "ps_log.h"
 #include "worker/data/ps_image.h"
 #include "worker/data/video_list.h"
@@ -350,7 +351,7 @@ static int classes_of(const ps_csv_lists_opts_t *o, const rows_t *rs, ps_class_n
     for (int i = 0; rc == 0 && i < c->n; i++)
         if ((rc = append(&t, c->name[i])) == 0) rc = append(&t, "\n");
     snprintf(path, sizeof path, "%s/classes.txt", o->out);
-    if (rc == 0) rc = ps_write_file_atomic(path, t.p, t.n, err, errlen);
+    if (rc == 0) rc = ps_write_file_atomic1(path, t.p, t.n, "lists", err, errlen);
     else ps_errf(err, errlen, "out of memory");
     free(t.p);
     if (rc == 0) ps_info("%d classes from the labels, written to %s", c->n, path);
@@ -422,7 +423,7 @@ int ps_csv_to_lists(const ps_csv_lists_opts_t *o, ps_csv_lists_stats_t *st, char
     for (int k = 0; rc == 0 && k < nt; k++) {
         char path[4096];
         snprintf(path, sizeof path, "%s/%s.txt", o->out, texts[k].split);
-        rc = ps_write_file_atomic(path, texts[k].p, texts[k].n, err, errlen);
+        rc = ps_write_file_atomic1(path, texts[k].p, texts[k].n, "lists", err, errlen);
         if (rc == 0) ps_info("wrote %s", path);
     }
     if (rc == 0 && nt == 0) {

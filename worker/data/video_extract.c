@@ -147,7 +147,7 @@ static int check_conf(const char *dir, const char *conf, char *err, size_t errle
         free(old);
         return same ? 0 : PS_EMISMATCH;
     }
-    return ps_write_file_atomic(path, conf, strlen(conf), err, errlen);
+    return ps_write_file_atomic1(path, conf, strlen(conf), "extraction", err, errlen);
 }
 
 /* ---- one video ------------------------------------------------------------------ */
@@ -411,7 +411,7 @@ static int write_list(job_t *j, char *err, size_t errlen)
     }
     if (!text) { ps_errf(err, errlen, "out of memory"); return PS_ENOMEM; }
     text[n] = 0;
-    int rc = ps_write_file_atomic(path, text, n, err, errlen);
+    int rc = ps_write_file_atomic1(path, text, n, "extraction", err, errlen);
     free(text);
     if (rc == 0) ps_info("wrote %s", path);
     return rc;

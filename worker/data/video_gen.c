@@ -21,6 +21,7 @@
 #include <sys/stat.h>
 
 #include "ps_error.h"
+#include "ps_util.h"
 #include "ps_log.h"
 #include "worker/data/ps_image.h"
 #include "worker/data/ps_video.h"
@@ -201,9 +202,9 @@ int ps_video_gen_files(const ps_video_gen_opts_t *o, const char *container, cons
     size_t kn = 0;
     for (int c = 0; c < o->classes; c++) kn += (size_t)snprintf(names + kn, 512 - kn, "%s\n", DIR_NAMES[c]);
     snprintf(path, sizeof path, "%s/labels.csv", o->out);
-    rc = ps_write_file_atomic(path, csv, k, err, errlen);
+    rc = ps_write_file_atomic1(path, csv, k, "gen-video", err, errlen);
     snprintf(path, sizeof path, "%s/classes.txt", o->out);
-    if (rc == 0) rc = ps_write_file_atomic(path, names, kn, err, errlen);
+    if (rc == 0) rc = ps_write_file_atomic1(path, names, kn, "gen-video", err, errlen);
     free(csv);
     free(names);
     return rc;

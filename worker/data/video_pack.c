@@ -54,22 +54,6 @@ static void put64(wbuf_t *b, uint64_t v) { put32(b, (uint32_t)v); put32(b, (uint
 static uint32_t get32(const uint8_t *p) { return p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
 static uint64_t get64(const uint8_t *p) { return get32(p) | (uint64_t)get32(p + 4) << 32; }
 
-/* Writes path via a temp file + rename so a crash never leaves half a file
- * under the final name. */
-int ps_write_file_atomic(const char *path, const void *p, size_t n, char *err, size_t errlen)
-{
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0 || ps_write_all(fd, p, n) < 0 || fsync(fd) < 0 || close(fd) < 0 || rename(tmp, path) < 0) {
-        ps_errf(err, errlen, "%s: %s", path, strerror(errno));
-        if (fd >= 0) close(fd);
-        unlink(tmp);
-        return PS_EIO;
-    }
-    return 0;
-}
-
 /* ---- the shard builder (psdata pack, psdata extract --packed) ---------------- */
 
 struct ps_pack_builder {
@@ -156,9 +140,9 @@ int ps_pack_builder_write(ps_pack_builder_t *b, const char *dir, size_t shard, c
     /* the data first: an index under its final name means a whole shard */
     char path[4096];
     snprintf(path, sizeof path, "%s/shard-%05zu.bin", dir, shard);
-    int rc = ps_write_file_atomic(path, b->data.p, b->data.n, err, errlen);
+    int rc = ps_write_file_atomic1(path, b->data.p, b->data.n, "pack", err, errlen);
     snprintf(path, sizeof path, "%s/shard-%05zu.idx", dir, shard);
-    if (rc == 0) rc = ps_write_file_atomic(path, b->idx.p, b->idx.n, err, errlen);
+    if (rc == 0) rc = ps_write_file_atomic1(path, b->idx.p, b->idx.n, "pack", err, errlen);
     b->idx.n = n; /* the checksum comes off again: the builder stays usable */
     return rc;
 }

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "ps_error.h"
 #include "ps_log.h"
@@ -45,6 +46,8 @@ void ps_video_opts_default(ps_video_opts_t *o)
     static const double sc[4] = { 1, .875, .75, .66 };
     memset(o, 0, sizeof *o);
     o->n_segment = 8;
+    o->sampling = PS_VIDEO_SAMPLING_TSN;
+    o->stride = 1;
     o->crop_h = o->crop_w = 224;
     o->train = 1;
     o->flip = 1;
@@ -53,6 +56,7 @@ void ps_video_opts_default(ps_video_opts_t *o)
     o->max_distort = 1;
     o->more_fix_crop = 1;
     o->n_clips = 1;
+    o->n_crops = 1;
     o->mean[0] = 0.485f; o->mean[1] = 0.456f; o->mean[2] = 0.406f;
     o->std[0] = 0.229f; o->std[1] = 0.224f; o->std[2] = 0.225f;
     o->world = 1;
@@ -67,6 +71,10 @@ int ps_video_opts_check(const ps_video_opts_t *o, char *err, size_t errlen)
 {
 #define BAD(...) do { ps_errf(err, errlen, __VA_ARGS__); return PS_EINVAL; } while (0)
     if (o->n_segment < 1 || o->n_segment > 1024) BAD("n_segment %d out of range 1..1024", o->n_segment);
+    if (o->sampling != PS_VIDEO_SAMPLING_TSN && o->sampling != PS_VIDEO_SAMPLING_DENSE)
+        BAD("sampling %d is neither TSN segments (%d) nor dense (%d)", o->sampling,
+            PS_VIDEO_SAMPLING_TSN, PS_VIDEO_SAMPLING_DENSE);
+    if (o->stride < 1 || o->stride > 1024) BAD("stride %d out of range 1..1024", o->stride);
     if (o->crop_h < 8 || o->crop_w < 8 || o->crop_h > 4096 || o->crop_w > 4096)
         BAD("crop size %dx%d out of range 8..4096", o->crop_h, o->crop_w);
     int ss = o->scale_size ? o->scale_size : o->crop_h * 256 / 224;
@@ -78,6 +86,7 @@ int ps_video_opts_check(const ps_video_opts_t *o, char *err, size_t errlen)
         if (!(o->scales[i] > 0 && o->scales[i] <= 1)) BAD("crop scale %g not in (0, 1]", o->scales[i]);
     if (o->max_distort < 0) BAD("max_distort %d < 0", o->max_distort);
     if (o->n_clips < 1 || o->n_clips > 64) BAD("n_clips %d out of range 1..64", o->n_clips);
+    if (o->n_crops != 1 && o->n_crops != 3) BAD("n_crops %d: 1 or 3", o->n_crops);
     for (int c = 0; c < 3; c++)
         if (!(o->std[c] > 0)) BAD("std[%d] must be > 0", c);
     if (o->world < 1 || o->rank < 0 || o->rank >= o->world) BAD("rank %d of world %d", o->rank, o->world);
@@ -88,7 +97,10 @@ int ps_video_opts_check(const ps_video_opts_t *o, char *err, size_t errlen)
     return 0;
 }
 
-int ps_video_clips_per_sample(const ps_video_opts_t *o) { return o->train ? 1 : o->n_clips; }
+int ps_video_clips_per_sample(const ps_video_opts_t *o)
+{
+    return o->train ? 1 : o->n_clips * o->n_crops;
+}
 
 void ps_video_tsn_train_indices(int num_frames, int T, ps_vrng_t *r, int *out)
 {
@@ -116,6 +128,25 @@ void ps_video_tsn_test_indices(int num_frames, int T, int clip, int n_clips, int
         for (int x = 0; x < T; x++) out[x] = (int)(in + tick * x) + 1;
     } else {
         for (int x = 0; x < T; x++) out[x] = 1;
+    }
+}
+
+void ps_video_test_crop(int img_w, int img_h, int crop_w, int crop_h, int n_crops, int crop,
+                        int *x, int *y)
+{
+    if (n_crops != 3) { /* CenterCrop: round() is Python's, half to even */
+        *x = (int)nearbyint((img_w - crop_w) / 2.0);
+        *y = (int)nearbyint((img_h - crop_h) / 2.0);
+        return;
+    }
+    static const int along[3] = { 0, 4, 2 }; /* left, right, centre */
+    int ws = (img_w - crop_w) / 4, hs = (img_h - crop_h) / 4; /* crops fit: >= 0 */
+    if (img_w >= img_h) {
+        *x = along[crop] * ws;
+        *y = 2 * hs;
+    } else {
+        *x = 2 * ws;
+        *y = along[crop] * hs;
     }
 }
 
@@ -188,14 +219,41 @@ static void normalise(const ps_video_opts_t *o, const uint8_t *px, int flip, flo
         }
 }
 
+void ps_video_io_add(ps_video_io_t *acc, const ps_video_io_t *x)
+{
+    acc->samples += x->samples;
+    acc->frames += x->frames;
+    acc->bytes += x->bytes;
+    acc->read_s += x->read_s;
+    acc->decode_s += x->decode_s;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 int ps_video_load_sample(const ps_video_list_t *l, const ps_video_opts_t *o, uint64_t epoch,
                          size_t index, float *out, char *err, size_t errlen)
 {
+    return ps_video_load_sample_io(l, o, epoch, index, out, NULL, err, errlen);
+}
+
+int ps_video_load_sample_io(const ps_video_list_t *l, const ps_video_opts_t *o, uint64_t epoch,
+                            size_t index, float *out, ps_video_io_t *io, char *err,
+                            size_t errlen)
+{
+    ps_video_io_t cost = {1, 0, 0, 0, 0};
+    const double t_start = now_s();
     if (index >= l->n) {
         ps_errf(err, errlen, "sample %zu out of range (%zu videos)", index, l->n);
         return PS_ERANGE;
     }
-    int T = o->n_segment, K = ps_video_clips_per_sample(o), KT = K * T;
+    /* training: one clip; testing: n_clips clips, each cut n_crops ways
+     * (output clip k * n_crops + c); KT frames are read */
+    int T = o->n_segment, nk = o->train ? 1 : o->n_clips, nc = o->train ? 1 : o->n_crops, KT = nk * T;
     int H = o->crop_h, W = o->crop_w;
     ps_vrng_t r = ps_vrng_sample(o->seed, epoch, index);
     size_t img_floats = (size_t)3 * H * W;
@@ -213,12 +271,10 @@ int ps_video_load_sample(const ps_video_list_t *l, const ps_video_opts_t *o, uin
     /* every index first (the random draws keep their documented order:
      * the offsets, then the crop), then all frames in one read, so a video
      * file is opened and decoded forward once per sample */
-    for (int k = 0; k < K; k++) {
-        if (o->train) ps_video_tsn_train_indices(l->v[index].frames, T, &r, idx + k * T);
-        else ps_video_tsn_test_indices(l->v[index].frames, T, k, K, idx + k * T);
-    }
-    rc = ps_video_read_frames(l, index, idx, KT, px, fw, fh, err, errlen);
+    for (int k = 0; k < nk; k++) ps_video_clip_indices(o, l->v[index].frames, k, nk, &r, idx + k * T);
+    rc = ps_video_read_frames_io(l, index, idx, KT, px, fw, fh, &cost, err, errlen);
     for (int j = 0; j < KT && rc == 0; j++) {
+        int k = j / T, t = j % T;
         if (j == 0) {
             if (o->train) ps_video_train_crop(o, fw[0], fh[0], &r, &crop);
         } else if (fw[j] != fw[0] || fh[j] != fh[0]) {
@@ -227,33 +283,40 @@ int ps_video_load_sample(const ps_video_list_t *l, const ps_video_opts_t *o, uin
             rc = PS_EMISMATCH;
             break;
         }
-        float *dst = out + (size_t)j * img_floats;
         if (o->train) {
             rc = ps_image_resize(px[j] + ((size_t)crop.y * fw[j] + crop.x) * 3, fw[j] * 3, crop.w, crop.h,
                                  rs, W, H);
-        } else {
-            /* torchvision Resize(int): shorter side to scale_size. */
-            int ss = o->scale_size ? o->scale_size : H * 256 / 224, w = fw[j], h = fh[j];
-            int ow, oh;
-            if ((w <= h && w == ss) || (h <= w && h == ss)) { ow = w; oh = h; }
-            else if (w < h) { ow = ss; oh = (int)((long long)ss * h / w); }
-            else { oh = ss; ow = (int)((long long)ss * w / h); }
-            if (!scaled) scaled = malloc((size_t)ow * oh * 3);
-            if (!scaled) { rc = PS_ENOMEM; break; }
-            rc = ps_image_resize(px[j], w * 3, w, h, scaled, ow, oh);
-            /* CenterCrop: round() is Python's, half to even. */
-            int top = (int)nearbyint((oh - H) / 2.0), left = (int)nearbyint((ow - W) / 2.0);
-            for (int y = 0; y < H && rc == 0; y++)
+            if (rc < 0) { ps_errf(err, errlen, "resize failed: %s", ps_strerror(rc)); break; }
+            normalise(o, rs, crop.flip, out + (size_t)j * img_floats);
+            continue;
+        }
+        /* torchvision Resize(int): shorter side to scale_size. */
+        int ss = o->scale_size ? o->scale_size : H * 256 / 224, w = fw[j], h = fh[j];
+        int ow, oh;
+        if ((w <= h && w == ss) || (h <= w && h == ss)) { ow = w; oh = h; }
+        else if (w < h) { ow = ss; oh = (int)((long long)ss * h / w); }
+        else { oh = ss; ow = (int)((long long)ss * w / h); }
+        if (!scaled) scaled = malloc((size_t)ow * oh * 3);
+        if (!scaled) { rc = PS_ENOMEM; break; }
+        rc = ps_image_resize(px[j], w * 3, w, h, scaled, ow, oh);
+        if (rc < 0) { ps_errf(err, errlen, "resize failed: %s", ps_strerror(rc)); break; }
+        for (int c = 0; c < nc; c++) {
+            int left, top;
+            ps_video_test_crop(ow, oh, W, H, nc, c, &left, &top);
+            for (int y = 0; y < H; y++)
                 memcpy(rs + (size_t)y * W * 3, scaled + ((size_t)(y + top) * ow + left) * 3,
                        (size_t)W * 3);
+            normalise(o, rs, 0, out + (((size_t)k * nc + c) * T + t) * img_floats);
         }
-        if (rc < 0) { ps_errf(err, errlen, "resize failed: %s", ps_strerror(rc)); break; }
-        normalise(o, rs, crop.flip, dst);
     }
     for (int j = 0; j < KT; j++) free(px[j]);
     free(px);
     free(idx);
     free(rs);
     free(scaled);
+    /* decoding: everything but reading the bytes (JPEG decode, crop,
+     * resize, normalisation) */
+    cost.decode_s = now_s() - t_start - cost.read_s;
+    if (io && rc >= 0) ps_video_io_add(io, &cost);
     return rc;
 }

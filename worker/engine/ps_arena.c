@@ -5,12 +5,19 @@
 #include "ps_error.h"
 #include "ps_log.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define ARENA_ALIGN 64 /* cache line and AVX-512 vector */
 
 static ps_arena_allocator_t g_alloc; /* {NULL, NULL}: host memory */
+static atomic_size_t g_bytes;        /* every committed arena of the process */
+
+size_t ps_arena_bytes(void)
+{
+    return atomic_load_explicit(&g_bytes, memory_order_relaxed);
+}
 
 void ps_arena_set_allocator(const ps_arena_allocator_t *al)
 {
@@ -20,6 +27,7 @@ void ps_arena_set_allocator(const ps_arena_allocator_t *al)
 
 static void arena_release(ps_arena_t *a)
 {
+    if (a->base) atomic_fetch_sub_explicit(&g_bytes, a->size, memory_order_relaxed);
     if (a->release) a->release(a->base);
     else free(a->base);
 }
@@ -57,6 +65,7 @@ int ps_arena_commit(ps_arena_t *a)
     }
     a->base = p;
     a->size = size;
+    atomic_fetch_add_explicit(&g_bytes, size, memory_order_relaxed);
     a->used = 0;
     a->sizing = 0;
     return 0;

@@ -1,12 +1,15 @@
 /* Model weights in safetensors with torchvision names: what ps_model_save()
- * writes loads into torchvision.models.resnetXX with load_state_dict
- * (strict=True), and a torchvision state dict converted to safetensors
- * loads here (with fc replaced when the class count differs). */
+ * writes loads into torchvision.models.resnetXX / torchvision.models.video
+ * with load_state_dict (strict=True), and a torchvision state dict or an
+ * official TSM checkpoint converted to safetensors loads here (ps_weights.h;
+ * fc replaced when the class count differs, 2-D kernels inflated into a 3-D
+ * model's). */
 #include "resnet_internal.h"
 
 #include "ps_error.h"
 #include "ps_log.h"
 #include "ps_safetensors.h"
+#include "worker/models/ps_weights.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,128 +17,136 @@
 
 int ps_model_save(const ps_model_t *m, const char *path)
 {
-    char arch[64];
-    snprintf(arch, sizeof arch, "%s-resnet%d", m->cfg.shift ? "tsm" : "tsn", m->cfg.depth);
-    return ps_mtab_save(m->params, m->nparams, m->buffers, m->nbuffers, arch, "model", path);
+    return ps_mtab_save(m->params, m->nparams, m->buffers, m->nbuffers, m->arch_name, "model",
+                        path);
 }
 
-static int shape_matches(const ps_st_tensor_t *t, int ndim, const int *shape)
+static int fc_may_reinit(void *ctx, int i)
 {
-    if (t->ndim != ndim) return 0;
-    for (int d = 0; d < ndim; d++)
-        if (t->shape[d] != shape[d]) return 0;
+    const ps_model_t *m = ctx;
+    return i == m->fc_pw || i == m->fc_pb;
+}
+
+/* The adapt hook of a load: a 2-D kernel (K, C, R, S) in the file for a 3-D
+ * one (K, C, T, R, S), spread over the T slices: each slice kernel / T
+ * ("mean" inflation: a clip of T equal frames then gives the 2-D net's
+ * response), or the centre slice T/2 = kernel and the others 0 ("centre"). */
+typedef struct inflate_ctx {
+    ps_model_t *m;
+    int centre, n;
+} inflate_ctx_t;
+
+static int inflate_kernel(void *ctx, int i, const float *src, int ndim, const int64_t *shape,
+                          float *dst)
+{
+    inflate_ctx_t *c = ctx;
+    const ps_model_param_t *p = &c->m->params[i];
+    if (!(p->ndim == 5 && ndim == 4 && shape[0] == p->shape[0] && shape[1] == p->shape[1] &&
+          shape[2] == p->shape[3] && shape[3] == p->shape[4]))
+        return 0;
+    const int T = p->shape[2];
+    const size_t KC = (size_t)p->shape[0] * p->shape[1], RS = (size_t)p->shape[3] * p->shape[4];
+    for (size_t kc = 0; kc < KC; kc++)
+        for (int t = 0; t < T; t++) {
+            float *d = dst + (kc * T + t) * RS;
+            const float *k2 = src + kc * RS;
+            for (size_t j = 0; j < RS; j++)
+                d[j] = c->centre ? (t == T / 2 ? k2[j] : 0.0f) : k2[j] / (float)T;
+        }
+    c->n++;
     return 1;
 }
 
-static void fmt_shape(char *buf, size_t len, int ndim, const int64_t *s64, const int *s32)
+static int may_reinit_fc(void *ctx, int i)
 {
-    size_t o = (size_t)snprintf(buf, len, "[");
-    for (int d = 0; d < ndim && o < len; d++)
-        o += (size_t)snprintf(buf + o, len - o, "%s%lld", d ? ", " : "",
-                              (long long)(s64 ? s64[d] : s32[d]));
-    if (o < len) snprintf(buf + o, len - o, "]");
+    return fc_may_reinit(((inflate_ctx_t *)ctx)->m, i);
 }
 
-static int is_fc(const ps_model_t *m, int i) { return i == m->fc_pw || i == m->fc_pb; }
-
-/* Pass 1: everything the file must satisfy, before a single weight moves. */
-static int validate(ps_model_t *m, const ps_st_file_t *f, const char *path, int flags,
-                    int *replace_fc)
+/* A TSM checkpoint's shift placement (its ".net." levels) against the
+ * model's: a checkpoint trained with the shift elsewhere loads without a
+ * name failing, and computes something else. */
+static int check_tsm_place(const ps_model_t *m, const char *path)
 {
-    char a[128], b[128];
-    *replace_fc = 0;
-    for (int i = 0; i < m->nparams; i++) {
-        const ps_model_param_t *p = &m->params[i];
-        const ps_st_tensor_t *t = ps_st_find(f, p->name);
-        if (!t) {
-            ps_error("model load %s: tensor %s missing", path, p->name);
-            return PS_ENOTFOUND;
-        }
-        if (t->dtype != PS_ST_F32 && t->dtype != PS_ST_F16 && t->dtype != PS_ST_BF16 &&
-            t->dtype != PS_ST_F64) {
-            ps_error("model load %s: tensor %s has dtype %s, want a float type", path, p->name,
-                     ps_st_dtype_name(t->dtype));
-            return PS_EMISMATCH;
-        }
-        if (shape_matches(t, p->ndim, p->shape)) continue;
-        /* fc with another class count: same feature size, other K */
-        if (is_fc(m, i) && (flags & PS_MODEL_LOAD_REPLACE_FC) && t->ndim == p->ndim &&
-            (p->ndim == 1 || t->shape[1] == p->shape[1])) {
-            *replace_fc = 1;
-            continue;
-        }
-        fmt_shape(a, sizeof a, t->ndim, t->shape, NULL);
-        fmt_shape(b, sizeof b, p->ndim, NULL, p->shape);
-        ps_error("model load %s: tensor %s has shape %s, the model needs %s%s", path, p->name,
-                 a, b, is_fc(m, i) ? " (pass PS_MODEL_LOAD_REPLACE_FC to re-initialise fc)" : "");
+    ps_st_file_t f;
+    char err[256] = "";
+    if (ps_st_open(&f, path, err, sizeof err)) return 0; /* the loader reports it */
+    const ps_weights_format_t *fm =
+        ps_weights_detect(&f, ps_weights_resnet_formats, PS_WEIGHTS_RESNET_NFORMATS);
+    int place = ps_weights_tsm_place(&f);
+    ps_st_close(&f);
+    if (fm != &ps_weights_tsm && fm != &ps_weights_tsm_bare) return 0; /* our names: no record */
+    static const char *const names[] = {"blockres", "block"};
+    if (place == PS_EMISMATCH) {
+        ps_error("model load %s: the checkpoint shifts both conv1 inputs (blockres) and whole "
+                 "blocks (block)", path);
         return PS_EMISMATCH;
     }
-    for (int i = 0; i < m->nbuffers; i++) {
-        const ps_model_buffer_t *bu = &m->buffers[i];
-        const ps_st_tensor_t *t = ps_st_find(f, bu->name);
-        if (bu->i64) {
-            /* absent in state dicts from before PyTorch 0.4.1: start at 0 */
-            if (t && (t->dtype != PS_ST_I64 || t->nbytes != 8)) {
-                ps_error("model load %s: %s must be one int64, got %s of %zu bytes", path,
-                         bu->name, ps_st_dtype_name(t->dtype), t->nbytes);
-                return PS_EMISMATCH;
-            }
-            continue;
-        }
-        if (!t) {
-            ps_error("model load %s: tensor %s missing", path, bu->name);
-            return PS_ENOTFOUND;
-        }
-        int n = (int)bu->numel;
-        if (!shape_matches(t, 1, &n) || t->dtype == PS_ST_I64 || t->dtype == PS_ST_I32 ||
-            t->dtype == PS_ST_I16 || t->dtype == PS_ST_I8 || t->dtype == PS_ST_U8 ||
-            t->dtype == PS_ST_BOOL) {
-            fmt_shape(a, sizeof a, t->ndim, t->shape, NULL);
-            ps_error("model load %s: tensor %s is %s %s, the model needs float [%d]", path,
-                     bu->name, ps_st_dtype_name(t->dtype), a, n);
-            return PS_EMISMATCH;
-        }
+    if (place < 0) {
+        if (m->cfg.shift)
+            ps_warn("model load %s: the checkpoint has no temporal shift (TSN); this model "
+                    "shifts (place %s)", path, names[m->cfg.shift_place]);
+        return 0;
     }
-    /* strict, like load_state_dict(strict=True): nothing unknown either */
-    for (size_t k = 0; k < f->ntensors; k++) {
-        const char *name = f->tensors[k].name;
-        int known = ps_model_find_param(m, name) >= 0 ||
-                    ((flags & PS_MODEL_LOAD_IGNORE_FC) &&
-                     (!strcmp(name, "fc.weight") || !strcmp(name, "fc.bias")));
-        for (int i = 0; i < m->nbuffers && !known; i++)
-            known = !strcmp(m->buffers[i].name, name);
-        if (!known) {
-            ps_error("model load %s: unexpected tensor %s (not in ResNet-%d)", path, name,
-                     m->cfg.depth);
-            return PS_EMISMATCH;
-        }
+    if (!m->cfg.shift || m->cfg.shift_place != place) {
+        ps_error("model load %s: the checkpoint's temporal shift is placed '%s', the model's "
+                 "is %s%s (--shift-place, or a tsm-* model)", path, names[place],
+                 m->cfg.shift ? "'" : "absent (TSN)", m->cfg.shift ? names[m->cfg.shift_place] : "");
+        return PS_EMISMATCH;
     }
+    return 0;
+}
+
+int ps_model_file_info(const char *path, ps_model_file_info_t *info)
+{
+    ps_st_file_t f;
+    char err[256] = "";
+    info->shift_place = -1;
+    info->shift_div = info->num_classes = 0;
+    int r = ps_st_open(&f, path, err, sizeof err);
+    if (r) {
+        ps_error("model weights %s: %s", path, err);
+        return r;
+    }
+    const ps_weights_format_t *fm =
+        ps_weights_detect(&f, ps_weights_resnet_formats, PS_WEIGHTS_RESNET_NFORMATS);
+    if (fm == &ps_weights_tsm || fm == &ps_weights_tsm_bare) {
+        int place = ps_weights_tsm_place(&f);
+        info->shift_place = place >= 0 ? place : -1;
+    }
+    const char *div = ps_st_meta(&f, "tsm.shift_div");
+    if (div && atoi(div) >= 2 && atoi(div) <= 64) info->shift_div = atoi(div);
+    long k = ps_weights_find(&f, fm, "fc.weight");
+    if (k >= 0 && f.tensors[k].ndim == 2 && f.tensors[k].shape[0] <= (1 << 20))
+        info->num_classes = (int)f.tensors[k].shape[0];
+    ps_st_close(&f);
     return 0;
 }
 
 int ps_model_load(ps_model_t *m, const char *path, int flags)
 {
-    ps_st_file_t f;
-    char err[256] = "";
-    int r = ps_st_open(&f, path, err, sizeof err);
-    if (r) {
-        ps_error("model load %s: %s", path, err);
-        return r;
+    if (m->features_only) {
+        ps_error("model load %s: a detector backbone loads through its detector "
+                 "(ps_retina_load)", path);
+        return PS_EINVAL;
     }
-    int replace_fc = 0;
-    if ((r = validate(m, &f, path, flags, &replace_fc))) goto out;
-
-    for (int i = 0; i < m->nparams; i++) {
-        ps_model_param_t *p = &m->params[i];
-        if (replace_fc && is_fc(m, i)) continue;
-        if ((r = ps_st_read_f32(&f, p->name, p->w, p->numel, err, sizeof err))) {
-            ps_error("model load %s: %s", path, err);
-            goto out; /* cannot happen after validate() short of a broken reader */
-        }
-    }
-    if ((r = ps_mtab_read_buffers(&f, m->buffers, m->nbuffers, "model", path))) goto out;
-    m->fc_replaced = replace_fc;
-    if (replace_fc) {
+    inflate_ctx_t ic = {m, (flags & PS_MODEL_LOAD_INFLATE_CENTRE) != 0, 0};
+    ps_weights_target_t t = {
+        .what = "model", .params = m->params, .nparams = m->nparams, .buffers = m->buffers,
+        .nbuffers = m->nbuffers, .ctx = &ic,
+        .may_reinit = (flags & PS_MODEL_LOAD_REPLACE_FC) ? may_reinit_fc : NULL,
+        .adapt = inflate_kernel};
+    ps_weights_report_t rep;
+    int r = check_tsm_place(m, path);
+    if (!r)
+        r = ps_weights_load(&t, path, ps_weights_resnet_formats, PS_WEIGHTS_RESNET_NFORMATS,
+                            (flags & PS_MODEL_LOAD_PARTIAL) ? PS_WEIGHTS_PARTIAL : 0, &rep);
+    if (r) return r;
+    m->inflated = rep.adapted;
+    if (rep.adapted)
+        ps_info("model load %s: %d 2-D kernels inflated to 3-D (%s inflation)", path, rep.adapted,
+                ic.centre ? "centre" : "mean");
+    m->fc_replaced = rep.reinit > 0;
+    if (m->fc_replaced) {
         /* TSM fine-tuning: a fresh fc, trained faster (lr x5 weight, x10 bias) */
         ps_resnet_init_fc(m, m->seed);
         m->fc_new = 1;
@@ -145,7 +156,5 @@ int ps_model_load(ps_model_t *m, const char *path, int flags)
                 path, m->cfg.num_classes);
     }
     ps_model_zero_grad(m);
-out:
-    ps_st_close(&f);
-    return r;
+    return 0;
 }

@@ -41,6 +41,12 @@
 #include "worker/engine/ps_engine.h"
 
 typedef struct ps_model_config {
+    char arch[32];     /* "" (default): the 2-D ResNet below (depth, shift);
+                          else a 3-D video model by name (ps_video3d.h:
+                          "i3d-r50-311", "r3d-18", ...), which reads only
+                          num_classes, n_segment (its clip's frames T),
+                          dropout, partial_bn / bn_mode, width and the BN
+                          constants */
     int depth;         /* 18, 34 or 50 */
     int num_classes;   /* K */
     int n_segment;     /* T frames per clip (TSM: 8) */
@@ -49,6 +55,9 @@ typedef struct ps_model_config {
                           layer3 has >= 23 blocks, as TSM's make_temporal_shift);
                           0: TSN baseline */
     int shift_div;     /* 1/shift_div of the channels go each way (8) */
+    int shift_place;   /* PS_MODEL_SHIFT_BLOCKRES (0, the default above) or
+                          PS_MODEL_SHIFT_BLOCK: TSM's place 'block', the shift on
+                          the input of every block, identity included */
     float dropout;     /* before fc (0.5); 0 disables */
     int partial_bn;    /* TSM partialBN: only bn1 trains with batch stats.  Kept for
                           compatibility: when set, bn_mode TRAIN reads as PARTIAL */
@@ -60,6 +69,9 @@ typedef struct ps_model_config {
     float bn_eps;      /* 1e-5 */
     float bn_momentum; /* 0.1 (PyTorch convention) */
 } ps_model_config_t;
+
+/* Where the temporal shift goes (TSM's make_temporal_shift `place`). */
+enum { PS_MODEL_SHIFT_BLOCKRES = 0, PS_MODEL_SHIFT_BLOCK = 1 };
 
 /* BatchNorm modes.  The effective mode is FROZEN if bn_mode says so, else
  * PARTIAL if bn_mode is PARTIAL or partial_bn is set, else TRAIN.
@@ -76,6 +88,10 @@ typedef struct ps_model_config {
  *            reproducibility); running statistics never change. */
 enum { PS_MODEL_BN_TRAIN = 0, PS_MODEL_BN_PARTIAL = 1, PS_MODEL_BN_FROZEN = 2 };
 
+/* "tsm-r18|34|50" / "tsn-r18|34|50" -> depth, shift (1 TSM, 0 TSN);
+ * PS_EINVAL for another name. */
+int ps_model_parse_name(const char *name, int *depth, int *shift);
+
 /* Defaults: TSM-ResNet-50, 400 classes, T 8, shift_div 8, dropout 0.5,
  * partial BN on, width 64, eps 1e-5, momentum 0.1. */
 void ps_model_config_default(ps_model_config_t *c);
@@ -91,7 +107,7 @@ enum {
     PS_MODEL_NGROUPS = 5
 };
 
-#define PS_MODEL_MAX_NDIM 4
+#define PS_MODEL_MAX_NDIM 5 /* conv3d weights (K, C, T, R, S) */
 
 /* One learnable tensor, in model (= torchvision state-dict) order. */
 typedef struct ps_model_param {
@@ -201,6 +217,18 @@ int ps_model_tensor_specs(const ps_model_t *m, ps_tensor_spec_t **specs);
 /* Floating-point operations of one forward / backward over nclips clips,
  * counted from the layer shapes (2 per multiply-add; convs and fc only). */
 void ps_model_flops(const ps_model_t *m, int nclips, double *fwd, double *bwd);
+
+/* What a model of cfg costs, from its shapes alone (no memory for weights
+ * or activations, so the paper's sizes can be counted anywhere). */
+typedef struct ps_model_count {
+    size_t params;        /* learnable elements */
+    size_t trainable;     /* of which trainable in cfg's BN mode (what is pushed) */
+    size_t bn_stats;      /* BN running mean / var elements (--bn-sync sends them too) */
+    double fwd_flops;     /* one clip's forward, 2 per multiply-add of convs and fc */
+    double bwd_flops;     /* its backward (input and weight gradients) */
+} ps_model_count_t;
+/* 0, or PS_EINVAL (bad config, logged) / PS_ENOMEM. */
+int ps_model_count(const ps_model_config_t *cfg, int H, int W, ps_model_count_t *c);
 /* Dropout masks are a pure function of (seed, forward counter): forward
  * number k (0-based, counted from this call; every forward counts) draws
  * its mask with seed ^ (0x9E3779B97F4A7C15 * (k + 1)) through the backend's
@@ -220,17 +248,58 @@ enum {
      * skipped: fc keeps a fresh init and moves to the new-fc groups (lr x5 /
      * x10), as TSM does when fine-tuning from a pretrained net */
     PS_MODEL_LOAD_REPLACE_FC = 1,
-    /* the file's fc.weight / fc.bias are ignored: an ImageNet classifier
-     * seeding a model without fc (a detector backbone, ps_retina_t) */
-    PS_MODEL_LOAD_IGNORE_FC = 2,
+    /* tensors the model has and the file lacks keep their initialisation,
+     * tensors the file has and the model lacks are skipped (both listed in
+     * the log; ps_weights.h PS_WEIGHTS_PARTIAL) */
+    PS_MODEL_LOAD_PARTIAL = 2,
+    /* a 4-D (K, C, R, S) file tensor for a 5-D (K, C, T, R, S) model weight
+     * is inflated along T (I3D's ImageNet initialisation): by default each
+     * of the T slices is the 2-D kernel / T ("mean" inflation: a clip of T
+     * equal frames then gives the 2-D net's response); with this flag the
+     * centre slice is the 2-D kernel and the others are 0 ("centre") */
+    PS_MODEL_LOAD_INFLATE_CENTRE = 4,
 };
-/* Load a safetensors file with torchvision names.  Every model tensor must
- * be present with the same shape (num_batches_tracked may be missing: 0),
- * and no unknown tensor may be present; on any error nothing is changed.
- * Returns 0, PS_EIO, PS_ECORRUPT, PS_ENOTFOUND or PS_EMISMATCH with a
+/* Load a safetensors file: torchvision names (what ps_model_save writes, a
+ * converted torchvision state dict) or an official TSM checkpoint's
+ * (module.base_model.*, .net., new_fc; ps_weights.h), whose shift placement
+ * must be the model's.  Every model tensor must be present with the same
+ * shape (num_batches_tracked may be missing: 0; a 3-D model's conv weights
+ * may be 2-D ones, inflated on load, see PS_MODEL_LOAD_INFLATE_CENTRE), and
+ * no unknown tensor may be present, unless the flags say otherwise; every
+ * skipped, inflated or re-initialised tensor is logged; on any error nothing
+ * is changed.  Returns 0, PS_EIO, PS_ECORRUPT, PS_ENOTFOUND, PS_EMISMATCH or
+ * PS_EINVAL (a detector's backbone: load through ps_retina_load) with a
  * message naming the file and tensor. */
 int ps_model_load(ps_model_t *m, const char *path, int flags);
+/* What a weights file says about the model it fits (model_io.c), for
+ * options not given: TSM's shift placement from the names of an official
+ * TSM checkpoint (PS_MODEL_SHIFT_*, -1: not such a checkpoint, or no
+ * shift), its shift_div from the tsm.shift_div metadata that
+ * worker/models/torch2safetensors.py records (0: none), the class count
+ * from the classifier's rows (0: none).  0, or the file's PS_EIO /
+ * PS_ECORRUPT (logged). */
+typedef struct ps_model_file_info {
+    int shift_place, shift_div, num_classes;
+} ps_model_file_info_t;
+int ps_model_file_info(const char *path, ps_model_file_info_t *info);
+
+/* ---- ONNX (onnx_resnet.c) ------------------------------------------------- */
+
+/* The model in evaluation mode as an ONNX graph (onnx_graph.h: opset 17):
+ * input "clips" (batch, T, 3, H, W) at the size the model was created
+ * for, batch symbolic; output "logits" (batch, K), the mean over the T
+ * frames of fc's output, as ps_model_logits after an evaluation forward.
+ * The temporal shift is Slice / Pad / Concat on a (batch, T, C, H, W)
+ * view; BN uses the running statistics; initializers carry the torchvision
+ * names.  Written atomically.  Returns 0 or PS_E* (logged). */
+int ps_model_export_onnx(const ps_model_t *m, const char *path);
+
 /* 1 if the last load replaced fc (class count differed). */
 int ps_model_fc_replaced(const ps_model_t *m);
+/* Tensors the last load inflated from 2-D to 3-D (0 for a 2-D model). */
+int ps_model_inflated(const ps_model_t *m);
+/* The architecture's name as saved in the file's "ps.arch" metadata
+ * ("tsm-resnet50", "i3d-r50-311", ...). */
+const char *ps_model_arch(const ps_model_t *m);
 
 #endif

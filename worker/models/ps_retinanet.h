@@ -131,16 +131,28 @@ int ps_retina_tensor_specs(const ps_retina_t *m, ps_tensor_spec_t **specs);
 
 /* safetensors with the torchvision names (every parameter and buffer,
  * num_batches_tracked as I64 0-dim: torchvision's FrozenBatchNorm2d drops it
- * on load, BatchNorm2d keeps it), metadata ps.arch "retinanet-resnetD-fpn".
- * Load is strict (everything present with the same shape, nothing unknown;
- * num_batches_tracked optional); nothing changes on error. */
+ * on load, BatchNorm2d keeps it), metadata ps.arch "retinanet-resnetD-fpn". */
 int ps_retina_save(const ps_retina_t *m, const char *path);
+/* Load through ps_weights.h: a detector checkpoint (torchvision names; all
+ * present with the same shape, nothing unknown, num_batches_tracked
+ * optional), or an ImageNet classifier for the backbone -- a torchvision
+ * ResNet state dict (conv1.weight, layer1.0.bn1.running_mean, ...) converted
+ * by worker/models/torch2safetensors.py, or an official TSM checkpoint --
+ * whose fc is skipped (logged) and whose missing FPN and heads keep their
+ * init.  partial: PS_WEIGHTS_PARTIAL (missing tensors keep their init,
+ * unknown ones are skipped, all listed).  Nothing changes on error;
+ * gradients are zeroed.  Returns as ps_weights_load. */
+int ps_retina_load_weights(ps_retina_t *m, const char *path, int partial);
+/* ps_retina_load_weights(m, path, 0). */
 int ps_retina_load(ps_retina_t *m, const char *path);
-/* Seed the backbone from a torchvision ResNet state dict in safetensors
- * (names conv1.weight, layer1.0.bn1.running_mean, ...; fc.* ignored), e.g.
- * an ImageNet-pretrained resnet50 converted by worker/models/
- * torch2safetensors.py.  Strict otherwise (ps_model_load); FPN and heads
- * keep their init.  Returns as ps_model_load. */
+/* The model without its losses as an ONNX graph (onnx_graph.h: opset 17;
+ * onnx_retinanet.c): input "images" (batch, 3, H, W) at the size the model
+ * was created for; outputs "cls_logits" (batch, A, K) and "bbox_regression"
+ * (batch, A, 4), ps_retina_cls_out / ps_retina_box_out of an inference
+ * forward.  Anchors, decoding and NMS stay outside.  Written atomically;
+ * 0 or PS_E* (logged). */
+int ps_retina_export_onnx(const ps_retina_t *m, const char *path);
+/* Only the classifier kinds above (a detector checkpoint is refused). */
 int ps_retina_load_backbone(ps_retina_t *m, const char *path);
 
 #endif

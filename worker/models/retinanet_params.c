@@ -6,6 +6,7 @@
 #include "ps_error.h"
 #include "ps_log.h"
 #include "ps_safetensors.h"
+#include "worker/models/ps_weights.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -187,78 +188,49 @@ int ps_retina_save(const ps_retina_t *m, const char *path)
     return ps_mtab_save(m->params, m->nparams, m->buffers, m->nbuffers, arch, "retinanet", path);
 }
 
-static int is_float(ps_st_dtype_t t)
-{
-    return t == PS_ST_F32 || t == PS_ST_F16 || t == PS_ST_BF16 || t == PS_ST_F64;
-}
+/* The file kinds a detector starts from (ps_weights.h): its own checkpoint
+ * (torchvision's retinanet names), or an ImageNet classifier for the
+ * backbone alone -- a torchvision ResNet, or an official TSM checkpoint --
+ * whose classifier is skipped and whose absent FPN and heads keep their
+ * initialisation. */
+static const ps_weights_rule_t tsm_backbone_rules[] = {
+    {PS_WEIGHTS_DROP, "module.new_fc.", NULL},
+    {PS_WEIGHTS_DROP, "module.base_model.fc.", NULL},
+    {PS_WEIGHTS_PREFIX, "module.base_model.", "backbone.body."},
+    {PS_WEIGHTS_INFIX, ".net.", "."},
+};
+static const ps_weights_rule_t tv_backbone_rules[] = {
+    {PS_WEIGHTS_DROP, "fc.", NULL},
+    {PS_WEIGHTS_PREFIX, "", "backbone.body."},
+};
+static const ps_weights_format_t own = {.name = "retinanet", .detect = "backbone."};
+static const ps_weights_format_t tsm_backbone = {
+    .name = "tsm backbone", .detect = "module.base_model.", .rules = tsm_backbone_rules,
+    .nrules = 4, .covers = "backbone.body."};
+static const ps_weights_format_t tv_backbone = {
+    .name = "torchvision backbone", .rules = tv_backbone_rules, .nrules = 2,
+    .covers = "backbone.body."};
 
-static int check_tensor(const ps_st_file_t *f, const char *path, const char *name, int ndim,
-                        const int *shape)
+static int load(ps_retina_t *m, const char *path, const ps_weights_format_t *const *formats,
+                int n, unsigned flags)
 {
-    const ps_st_tensor_t *t = ps_st_find(f, name);
-    if (!t) {
-        ps_error("retinanet load %s: tensor %s missing", path, name);
-        return PS_ENOTFOUND;
-    }
-    int okshape = is_float(t->dtype) && t->ndim == ndim;
-    for (int d = 0; okshape && d < ndim; d++) okshape = t->shape[d] == shape[d];
-    if (!okshape) {
-        ps_error("retinanet load %s: tensor %s is %s with %d dims (first %lld), the model "
-                 "needs float with %d dims (first %d)", path, name, ps_st_dtype_name(t->dtype),
-                 t->ndim, t->ndim ? (long long)t->shape[0] : 0LL, ndim, ndim ? shape[0] : 0);
-        return PS_EMISMATCH;
-    }
-    return 0;
-}
-
-int ps_retina_load(ps_retina_t *m, const char *path)
-{
-    ps_st_file_t f;
-    char err[256] = "";
-    int r = ps_st_open(&f, path, err, sizeof err);
-    if (r) {
-        ps_error("retinanet load %s: %s", path, err);
-        return r;
-    }
-    /* pass 1: validate everything before a weight moves */
-    for (int i = 0; i < m->nparams && !r; i++)
-        r = check_tensor(&f, path, m->params[i].name, m->params[i].ndim, m->params[i].shape);
-    for (int i = 0; i < m->nbuffers && !r; i++) {
-        const ps_model_buffer_t *b = &m->buffers[i];
-        if (b->i64) {
-            const ps_st_tensor_t *t = ps_st_find(&f, b->name);
-            if (t && (t->dtype != PS_ST_I64 || t->nbytes != 8)) {
-                ps_error("retinanet load %s: %s must be one int64", path, b->name);
-                r = PS_EMISMATCH;
-            }
-            continue;
-        }
-        int n = (int)b->numel;
-        r = check_tensor(&f, path, b->name, 1, &n);
-    }
-    for (size_t k = 0; k < f.ntensors && !r; k++) {
-        const char *name = f.tensors[k].name;
-        int known = ps_retina_find_param(m, name) >= 0;
-        for (int i = 0; i < m->nbuffers && !known; i++) known = !strcmp(m->buffers[i].name, name);
-        if (!known) {
-            ps_error("retinanet load %s: unexpected tensor %s", path, name);
-            r = PS_EMISMATCH;
-        }
-    }
-    /* pass 2 */
-    for (int i = 0; i < m->nparams && !r; i++)
-        if ((r = ps_st_read_f32(&f, m->params[i].name, m->params[i].w, m->params[i].numel, err,
-                                sizeof err)))
-            ps_error("retinanet load %s: %s", path, err);
-    if (!r) r = ps_mtab_read_buffers(&f, m->buffers, m->nbuffers, "retinanet", path);
+    ps_weights_target_t t = {.what = "retinanet", .params = m->params, .nparams = m->nparams,
+                             .buffers = m->buffers, .nbuffers = m->nbuffers};
+    int r = ps_weights_load(&t, path, formats, n, flags, NULL);
     if (!r) ps_retina_zero_grad(m);
-    ps_st_close(&f);
     return r;
 }
+
+int ps_retina_load_weights(ps_retina_t *m, const char *path, int partial)
+{
+    static const ps_weights_format_t *const all[] = {&own, &tsm_backbone, &tv_backbone};
+    return load(m, path, all, 3, partial ? PS_WEIGHTS_PARTIAL : 0);
+}
+
+int ps_retina_load(ps_retina_t *m, const char *path) { return ps_retina_load_weights(m, path, 0); }
 
 int ps_retina_load_backbone(ps_retina_t *m, const char *path)
 {
-    int r = ps_model_load(m->body, path, PS_MODEL_LOAD_IGNORE_FC);
-    if (!r) ps_retina_zero_grad(m);
-    return r;
+    static const ps_weights_format_t *const bb[] = {&tsm_backbone, &tv_backbone};
+    return load(m, path, bb, 2, 0);
 }

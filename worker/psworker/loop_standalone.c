@@ -1,8 +1,11 @@
 /* --standalone: the same gradient over the whole global batch, then the
  * same ps_optim_apply_partition the servers run, partition by partition:
  * the one-process reference the cluster runs are compared with.  And
- * --eval: the task's evaluation of --weights. */
+ * --eval: the task's evaluation of --weights; --export-onnx: its model
+ * as ONNX. */
 #include "worker/psworker/psworker.h"
+
+#include <stdio.h>
 
 #include "ps_error.h"
 #include "ps_log.h"
@@ -43,4 +46,21 @@ int ps_worker_run_eval(ps_worker_t *p)
     }
     if (!*p->o->data.weights) ps_warn("--eval without --weights: evaluating the initialisation");
     return p->task->eval(p);
+}
+
+int ps_worker_run_export(ps_worker_t *p)
+{
+    const char *path = p->o->export_onnx;
+    if (!p->task->export_onnx) {
+        ps_error("--export-onnx: the %s task has no ONNX export (the video models and the "
+                 "detector have)", p->task->name);
+        return PS_EINVAL;
+    }
+    if (!*p->o->data.weights) ps_warn("--export-onnx without --weights: exporting the initialisation");
+    int rc = p->task->export_onnx(p, path);
+    if (!rc) {
+        printf("final: model=%s weights=%s onnx=%s\n", p->o->model, p->o->data.weights, path);
+        fflush(stdout);
+    }
+    return rc;
 }

@@ -3,7 +3,8 @@
  * PUSHPULL per step); with --mode allreduce it averages gradients over a
  * ring of workers; with --standalone it trains the same model with the same
  * optimizer code alone, the single-process reference the cluster run is
- * compared with; --eval evaluates --weights.  Exit status: 0 on success, 1
+ * compared with; --eval evaluates --weights; --export-onnx writes the
+ * model as ONNX.  Exit status: 0 on success, 1
  * on a training or connection error, 2 on bad options. */
 #include <stdio.h>
 #include <string.h>
@@ -32,9 +33,11 @@ int main(int argc, char **argv)
         ps_worker_opts_free(&o);
         return rc == PS_EINVAL ? 2 : 1;
     }
-    rc = o.eval ? ps_worker_run_eval(&p)
+    rc = *o.export_onnx ? ps_worker_run_export(&p)
+         : o.eval ? ps_worker_run_eval(&p)
          : o.standalone ? ps_worker_run_standalone(&p)
          : ring ? ps_worker_run_ring(&p) : ps_worker_run_cluster(&p);
+    if (!o.eval) ps_worker_plot(&p); /* a failed run's curves too: they show why */
     ps_worker_teardown(&p);
     ps_worker_opts_free(&o);
     if (rc) fprintf(stderr, "psworker: training failed: %s\n", ps_strerror(rc));

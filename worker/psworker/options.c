@@ -24,6 +24,7 @@ static const char usage[] =
     "[--config FILE] (--servers tcp://H:P[,tcp://H:P...] | --standalone) [options]\n"
     "       psworker --eval --model tsm-r18 --weights model.safetensors --val-list L --root R\n"
     "       psworker --eval --model retinanet-r18 --weights W --val-json J --val-root R\n"
+    "       psworker --export-onnx FILE.onnx --model tsm-r50 --weights W [--num-classes K]\n"
     "Train a model with sync data-parallel SGD through psd servers, or alone with\n"
     "--standalone: the built-in smoke model (2-layer MLP on generated data), a\n"
     "video model (tsm-r18|34|50 with temporal shift, tsn-r18|34|50 without) on a\n"
@@ -31,7 +32,8 @@ static const char usage[] =
     "or a detector (retinanet-r18|34|50) on COCO-format data.\n"
     "Rank r of W trains on global batch positions r*B..r*B+B-1 of each step's\n"
     "W*B samples, so --standalone --batch W*B sees exactly the same data.\n"
-    "Writes DIR/metrics-rankR.csv and (rank 0) DIR/model.safetensors with --out DIR;\n"
+    "Writes DIR/metrics-rankR.csv and (rank 0) DIR/model.safetensors, DIR/val.csv and\n"
+    "DIR/plots/*.png (gnuplot) with --out DIR;\n"
     "the last stdout line starts with \"final:\" and holds key=value results.\n"
     "--mode allreduce --peers tcp://H:P,... --rank R: no servers, the workers average\n"
     "gradients over a ring (or NCCL) and each applies the same optimizer locally.";
@@ -45,6 +47,7 @@ static size_t job_rows(ps_worker_opts_t *o, ps_opt_t *rows)
     ROW("servers", PS_OPT_STRING, &o->servers, "comma-separated psd endpoints, server 0 first", "");
     ROW("standalone", PS_OPT_BOOL, &o->standalone, "train alone, no servers (reference run)", "false");
     ROW("eval", PS_OPT_BOOL, &o->eval, "evaluate --weights on the validation data and exit", "false");
+    ROW("export-onnx", PS_OPT_STRING, &o->export_onnx, "write the model (--weights, else the initialisation) as ONNX to FILE and exit (video models, detector)", "");
     ROW("rank", PS_OPT_INT, &o->rank, "worker rank, -1 = assigned by server 0", "-1");
     ROW("num-workers", PS_OPT_INT, &o->num_workers, "number of workers W in the cluster", "1");
     ROW("model", PS_OPT_STRING, &o->model, "smoke | tsm-r18|34|50 | tsn-r18|34|50 | retinanet-r18|34|50", "smoke");
@@ -71,6 +74,9 @@ static size_t job_rows(ps_worker_opts_t *o, ps_opt_t *rows)
     ROW("stall-warn-ms", PS_OPT_INT, &o->stall_warn_ms, "warn, naming the server, message and partitions, when requests stay unanswered this long, then at 2x, 4x ... up to every 60 s (0 = off)", "10000");
     ROW("shutdown-servers", PS_OPT_BOOL, &o->shutdown_servers, "rank 0 shuts the servers down at the end", "false");
     ROW("step-sleep-ms", PS_OPT_INT, &o->step_sleep_ms, "sleep this long per step (emulated compute, tests)", "0");
+    ROW("metrics-port", PS_OPT_INT, &o->metrics_port, "Prometheus /metrics of this worker on this port (0 = off)", "0");
+    ROW("metrics-bind", PS_OPT_STRING, &o->metrics_bind, "address of the /metrics listener", "127.0.0.1");
+    ROW("plots", PS_OPT_BOOL, &o->plots, "rank 0 draws PNG plots of the run into DIR/plots/ at the end (--out; needs gnuplot)", "true");
     return n;
 }
 
@@ -141,7 +147,10 @@ static size_t data_rows(ps_worker_data_opts_t *o, ps_opt_t *rows)
     ROW("width", PS_OPT_INT, &o->width, "ResNet stem width (64 = torchvision)", "64");
     ROW("num-classes", PS_OPT_INT, &o->num_classes, "classes N, labels 0..N-1 (0 = from the data: "
         "the largest label + 1, and video labels must then be 0..K-1 without gaps)", "0");
-    ROW("weights", PS_OPT_STRING, &o->weights, "safetensors to start from (or to evaluate with --eval)", "");
+    ROW("weights", PS_OPT_STRING, &o->weights, "safetensors to start from (or to evaluate with --eval): "
+        "ours, a torchvision ResNet (fc of another size re-initialised; a detector's backbone), an official TSM checkpoint", "");
+    ROW("weights-partial", PS_OPT_BOOL, &o->weights_partial, "--weights may lack model tensors (they keep their "
+        "initialisation) and hold unknown ones (skipped); each is listed in the log", "false");
     ROW("predictions", PS_OPT_STRING, &o->predictions, "write predictions here: video --eval per-video CSV; detector: each validation's COCO results file", "");
     return n;
 }
@@ -329,13 +338,17 @@ static int job_check(ps_worker_opts_t *o)
         strcmp(o->conv_kernels, "onednn"))
         return ps_worker_opt_error("--conv-kernels: expected auto|gemm|onednn, got \"%s\"",
                                    o->conv_kernels);
+    if (o->metrics_port < 0 || o->metrics_port > 65535)
+        return ps_worker_opt_error("--metrics-port must be in [0, 65535] (0 = off)");
     return 0;
 }
 
 /* Where the workers meet: servers, or the ring's peers. */
 static int cluster_check(ps_worker_opts_t *o)
 {
-    if (o->eval) o->standalone = 1; /* evaluation needs no servers */
+    if (o->eval && *o->export_onnx)
+        return ps_worker_opt_error("--eval and --export-onnx are two runs: give one");
+    if (o->eval || *o->export_onnx) o->standalone = 1; /* neither needs servers */
     if (o->standalone) return 0;
     if (!strcmp(o->mode, "allreduce")) return ps_worker_ring_check(o);
     if (!*o->servers) return ps_worker_opt_error("give --servers tcp://HOST:PORT[,...] or --standalone");

@@ -76,6 +76,7 @@ typedef struct ps_worker_data_opts {
     char *weights;          /* safetensors to start from / to evaluate */
     char *predictions;      /* the task's predictions file ("" = none): video --eval's
                                per-video CSV, the detector's COCO results */
+    int weights_partial;    /* --weights may lack model tensors / hold others (listed) */
 } ps_worker_data_opts_t;
 
 typedef struct ps_worker_opts {
@@ -83,6 +84,7 @@ typedef struct ps_worker_opts {
     char *servers;          /* "tcp://h:p,tcp://h:p" (server 0 first) */
     int standalone;         /* no servers: same model, same ps_optim, one process */
     int eval;               /* --eval: evaluate --weights and exit */
+    char *export_onnx;      /* --export-onnx FILE: write the model as ONNX and exit ("" = no) */
     int rank;               /* -1: assigned by server 0 */
     int num_workers;        /* W */
     char *model;
@@ -104,6 +106,9 @@ typedef struct ps_worker_opts {
     int stall_warn_ms;      /* log what a request waits for after this long (0 = off) */
     int shutdown_servers;   /* rank 0 sends SHUTDOWN to every psd at the end */
     int step_sleep_ms;      /* extra "compute" per step (demos, fault tests) */
+    int metrics_port;       /* /metrics on this port (0 = off) */
+    char *metrics_bind;     /* ... on this address */
+    int plots;              /* rank 0 draws DIR/plots/ at the end (--out) */
     ps_worker_optim_opts_t optim;
     ps_worker_wire_opts_t wire;
     ps_worker_ring_opts_t ring;

@@ -1,5 +1,6 @@
 /* psworker's output: the per-iteration CSV, progress lines on stdout, the
- * model file and the final "final:" summary line that scripts parse. */
+ * model file, the final "final:" summary line that scripts parse, and the
+ * run's plots (worker/plot/). */
 #include "worker/psworker/psworker.h"
 
 #include <errno.h>
@@ -11,6 +12,7 @@
 
 #include "ps_error.h"
 #include "ps_log.h"
+#include "worker/plot/ps_plot.h"
 
 double ps_worker_now(void)
 {
@@ -61,7 +63,25 @@ int ps_worker_output_open(ps_worker_t *p)
     }
     /* Line-buffered so progress can be followed (and tests can watch it) live. */
     setvbuf(p->csv, NULL, _IOLBF, 0);
-    fprintf(p->csv, "iteration,loss,lr,step_ms,compute_ms,comm_wait_ms,data_wait_ms\n");
+    /* the last column: the step's samples, named by what a sample is */
+    fprintf(p->csv, "iteration,loss,lr,step_ms,compute_ms,comm_wait_ms,data_wait_ms,data_bytes,"
+                    "read_ms,decode_ms,%s\n", p->task->unit ? p->task->unit : "samples");
+    return 0;
+}
+
+int ps_worker_val_csv_open(const ps_worker_t *p, const char *header, FILE **f)
+{
+    const char *out = p->o->out;
+    *f = NULL;
+    if (p->rank != 0 || !out || !*out) return 0;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/val%s.csv", out, p->o->standalone ? "-standalone" : "");
+    if (!(*f = fopen(path, "w"))) {
+        ps_error("cannot create %s: %s", path, strerror(errno));
+        return PS_EIO;
+    }
+    setvbuf(*f, NULL, _IOLBF, 0);
+    fprintf(*f, "%s\n", header);
     return 0;
 }
 
@@ -85,8 +105,11 @@ void ps_worker_record_step(ps_worker_t *p, uint64_t step, double loss, double t_
     s->samples += (uint64_t)p->batch;
     s->recent_loss[s->nloss++ % 10] = loss;
     if (p->csv)
-        fprintf(p->csv, "%llu,%.6f,%.6g,%.3f,%.3f,%.3f,%.3f\n", (unsigned long long)step, loss,
-                (double)lr, t_step * 1e3, t_compute * 1e3, t_comm * 1e3, t_data * 1e3);
+        fprintf(p->csv, "%llu,%.6f,%.6g,%.3f,%.3f,%.3f,%.3f,%llu,%.3f,%.3f,%d\n",
+                (unsigned long long)step, loss, (double)lr, t_step * 1e3, t_compute * 1e3,
+                t_comm * 1e3, t_data * 1e3, (unsigned long long)p->data_bytes, p->t_read * 1e3,
+                p->t_decode * 1e3, p->batch);
+    ps_worker_metrics_step(p, step, loss, lr, (const double[4]){t_step, t_data, t_compute, t_comm});
     int every = p->o->progress_every;
     if (every > 0 && ((step + 1) % (uint64_t)every == 0 || step + 1 == p->o->steps)) {
         double sps = s->counted ? p->batch * s->counted / s->sum_step : 0;
@@ -137,4 +160,24 @@ void ps_worker_print_out(const ps_worker_t *p)
 {
     if (p->o->out && *p->o->out)
         printf(" out=%s%s", p->o->out, p->rank == 0 ? " model=model.safetensors" : "");
+}
+
+void ps_worker_plot(const ps_worker_t *p)
+{
+    const char *out = p->o->out;
+    if (!out || !*out || p->rank != 0 || !p->o->plots || !p->st.nloss) return;
+    ps_plot_report_t rep;
+    int rc = ps_plot_run(out, &rep);
+    if (rc == PS_EUNSUPPORTED) return; /* said how to get them */
+    if (rc) {
+        ps_warn("no plots of this run (%s); after fixing the cause: psctl plot %s",
+                ps_strerror(rc), out);
+        return;
+    }
+    char list[PS_PLOT_MAX * (PS_PLOT_PATH + 1)] = "";
+    size_t n = 0;
+    for (int i = 0; i < rep.n && n < sizeof list; i++)
+        n += (size_t)snprintf(list + n, sizeof list - n, " %s", rep.files[i].path);
+    ps_info("plots:%s", list);
+    if (*rep.note) ps_info("plots: %s", rep.note);
 }

@@ -13,7 +13,9 @@
  *                      scaling, the local update, device memory figures
  *   client.c           the psd client from the options (HELLO, rank)
  *   optim.c            the optimizer configuration and the INIT spec
- *   output.c           CSV, progress lines, the model file, final-line helpers
+ *   output.c           CSV, progress lines, the model file, final-line helpers,
+ *                      the run's plots (worker/plot/)
+ *   metrics.c          --metrics-port: this worker's /metrics
  *
  * The loops see a ps_worker_t and its task (task.h); task state is the
  * task's own (p->ts). */
@@ -49,6 +51,8 @@ typedef struct ps_worker_devmem {
     size_t alloc_peak, used_peak, total; /* bytes */
 } ps_worker_devmem_t;
 
+typedef struct ps_worker_metrics ps_worker_metrics_t; /* metrics.c */
+
 typedef struct ps_worker {
     const ps_worker_opts_t *o;
     const ps_task_t *task;
@@ -66,9 +70,15 @@ typedef struct ps_worker {
     float *grad;    /* (numel) this step's mean gradient */
     float *mom;     /* (numel) momentum buffers (local update only) */
     double t_data;  /* seconds the last compute waited for data */
+    /* what loading the last compute's batch cost (the loader's threads; 0
+     * for tasks that do not measure it): encoded bytes read, seconds reading
+     * them and seconds decoding them into the input */
+    uint64_t data_bytes;
+    double t_read, t_decode;
     int compute_rc; /* PS_E* when the last compute failed for a reason other
                        than divergence (already logged) */
     FILE *csv;
+    ps_worker_metrics_t *mx;  /* --metrics-port: the /metrics snapshot (NULL: off) */
     ps_worker_stats_t st;
     ps_worker_devmem_t devmem;
     int rollback;           /* sync: a server asked to roll back (restarted from a checkpoint) */
@@ -143,6 +153,8 @@ int ps_worker_run_cluster(ps_worker_t *p);
 int ps_worker_run_ring(ps_worker_t *p);
 int ps_worker_run_standalone(ps_worker_t *p);
 int ps_worker_run_eval(ps_worker_t *p);
+/* --export-onnx: the task's model as ONNX (loop_standalone.c). */
+int ps_worker_run_export(ps_worker_t *p);
 /* loop_cluster.c: wait for partition i's request req[i] of `step` and run
  * every check of a cluster step on it (verdict, rollback, stale re-pull
  * into dst, version); 0 or the PS_E*, the step's first error kept (and
@@ -179,6 +191,9 @@ double ps_worker_now(void);
 int ps_worker_output_open(ps_worker_t *p);
 /* mkdir -p; 0 or PS_E* (logged). */
 int ps_worker_make_dirs(const char *path);
+/* Rank 0 with --out: DIR/val.csv (val-standalone.csv) created with its
+ * header line, line-buffered, in *f; else *f NULL.  0 or PS_EIO (logged). */
+int ps_worker_val_csv_open(const ps_worker_t *p, const char *header, FILE **f);
 void ps_worker_record_step(ps_worker_t *p, uint64_t step, double loss, double t_step,
                            double t_compute, double t_comm);
 /* The task's model file (rank 0; every rank with --save-all-ranks). */
@@ -189,4 +204,17 @@ double ps_worker_recent_loss(const ps_worker_t *p);
 double ps_worker_per_s(const ps_worker_t *p);
 /* " out=DIR model=model.safetensors" (rank 0) at the end of a final: line. */
 void ps_worker_print_out(const ps_worker_t *p);
+/* Rank 0 with --out and --plots 1, after its loop (done or failed): the
+ * run directory's PNG plots (worker/plot/ps_plot.h).  A plot that cannot
+ * be made (gnuplot missing, ...) is a warning saying how to make it later,
+ * never a failed run. */
+void ps_worker_plot(const ps_worker_t *p);
+
+/* metrics.c: --metrics-port.  start: once the rank is known (0, or the
+ * listener's PS_E*, logged); step: after each step, t = {step, data wait,
+ * compute, comm wait} seconds; stop: in teardown.  No-ops when off. */
+int ps_worker_metrics_start(ps_worker_t *p);
+void ps_worker_metrics_step(ps_worker_t *p, uint64_t step, double loss, float lr,
+                            const double t[4]);
+void ps_worker_metrics_stop(ps_worker_t *p);
 #endif

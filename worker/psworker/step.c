@@ -40,6 +40,7 @@ int ps_worker_setup(ps_worker_t *p, const ps_worker_opts_t *o, uint32_t nservers
 
 void ps_worker_teardown(ps_worker_t *p)
 {
+    ps_worker_metrics_stop(p);
     if (p->task) p->task->teardown(p);
     if (p->csv) fclose(p->csv);
     ps_partition_table_free(&p->table);
@@ -71,7 +72,8 @@ int ps_worker_open_device(ps_worker_t *p, ps_ctx_t *ctx, const ps_backend_t **be
 
 int ps_worker_start(ps_worker_t *p)
 {
-    int rc = ps_worker_output_open(p);
+    int rc = ps_worker_metrics_start(p);
+    if (!rc) rc = ps_worker_output_open(p);
     if (!rc && p->task->start) rc = p->task->start(p);
     return rc;
 }
@@ -82,7 +84,8 @@ double ps_worker_compute(ps_worker_t *p, uint64_t step)
         struct timespec ts = {p->o->step_sleep_ms / 1000, (p->o->step_sleep_ms % 1000) * 1000000L};
         nanosleep(&ts, NULL);
     }
-    p->t_data = 0;
+    p->t_data = p->t_read = p->t_decode = 0;
+    p->data_bytes = 0;
     return p->task->compute(p, step);
 }
 

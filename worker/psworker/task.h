@@ -13,7 +13,7 @@
  * table, p->w / p->grad, optimizer groups) -> start (the rank is known:
  * loaders, per-rank outputs, a first evaluation) -> compute per step,
  * validate after it -> save -> print_final -> teardown.  --eval runs setup
- * then eval instead of a loop.
+ * then eval instead of a loop, --export-onnx setup then export_onnx.
  *
  * A NULL entry means the task has nothing to do there (optional entries are
  * marked); every other entry is filled by every task. */
@@ -41,6 +41,8 @@ typedef struct ps_task {
     const char *name;   /* "smoke", "video", "detection", "synthetic" */
     const char *models; /* the --model values it takes, for --help and errors */
     unsigned flags;     /* PS_TASK_* */
+    const char *unit;   /* what a sample is ("clips", "images"): the CSV's
+                           samples column and /metrics say it (NULL: "samples") */
     size_t opts_size;   /* bytes of the task's own options (0: none) */
 
     /* 1 when this task runs the job the options describe (topts: the
@@ -80,6 +82,10 @@ typedef struct ps_task {
     /* Optional: --eval, evaluate --weights and print a final: line.
      * NULL: the task has no evaluation (psworker says so). */
     int (*eval)(struct ps_worker *p);
+    /* Optional: --export-onnx, the model (as setup left it: --weights or
+     * the initialisation) as an ONNX file at path.  NULL: the task has no
+     * export (psworker says so). */
+    int (*export_onnx)(struct ps_worker *p, const char *path);
     /* Optional: loss scaling inside the backend (CUDA applies the scale in
      * its cross-entropy backward).  1 when it took `scale`, *scaled = the
      * elements p->grad[0..*scaled) that then come out scaled; 0: the loop

@@ -31,6 +31,7 @@
 #include "worker/det/det_boxes.h"
 #include "worker/det/det_data.h"
 #include "worker/models/ps_retinanet.h"
+#include "worker/models/ps_weights.h"
 #include "worker/psworker/psworker.h"
 
 typedef struct det_opts {
@@ -56,6 +57,7 @@ typedef struct det {
     size_t val_images, val_dets;  /* last validation: images, detections kept */
     float score_thresh;
     float *anchors;               /* (A, 4) host copy for the loader threads */
+    FILE *val_csv;                /* rank 0: one row per validation */
 } det_t;
 
 static const det_opts_t *dopts(const ps_worker_t *p) { return ps_worker_task_opts(p->o); }
@@ -95,7 +97,7 @@ static int det_check(ps_worker_opts_t *o)
         !(d->score_thresh >= 0 && d->score_thresh < 1) || !(d->clip_grad >= 0))
         return ps_worker_opt_error("--fpn-channels must be in 8..1024, --freeze-at in 0..5, "
                 "--score-thresh in [0, 1), --clip-grad >= 0");
-    if (!o->eval && !*d->train_json)
+    if (!o->eval && !*o->export_onnx && !*d->train_json)
         return ps_worker_opt_error("--model %s needs --train-json (COCO annotations) and --root "
                 "(their images)", o->model);
     if ((o->eval || *o->data.predictions) && !*d->val_json)
@@ -134,6 +136,31 @@ static void data_opts(const ps_worker_opts_t *o, ps_det_data_opts_t *d, int trai
     d->skip_bad = o->data.skip_bad;
 }
 
+/* No annotations (--export-onnx): the class count of --weights' cls_logits
+ * (9 anchors x K outputs). */
+static int classes_from_weights(const ps_worker_opts_t *o, int *K)
+{
+    static const ps_weights_format_t own = {.name = "retinanet"};
+    const ps_weights_format_t *const f[1] = {&own};
+    int64_t shape[8];
+    int nd = 0;
+    if (!*o->data.weights || ps_weights_tensor_shape(o->data.weights, f, 1,
+                                                     "head.classification_head.cls_logits.bias",
+                                                     &nd, shape)) {
+        ps_error("--export-onnx of a detector without annotations: give --num-classes (or "
+                 "--weights of a detector)");
+        return PS_EINVAL;
+    }
+    if (nd != 1 || shape[0] % PS_RETINA_ANCHORS || shape[0] < PS_RETINA_ANCHORS) {
+        ps_error("%s: cls_logits.bias has %lld outputs, not 9 anchors x K", o->data.weights,
+                 (long long)shape[0]);
+        return PS_EMISMATCH;
+    }
+    *K = (int)(shape[0] / PS_RETINA_ANCHORS);
+    ps_info("%d classes from %s's cls_logits", *K, o->data.weights);
+    return 0;
+}
+
 /* The annotations, the classes (the same category ids in train and val)
  * and the loaders' options. */
 static int det_data(ps_worker_t *p, det_t *d)
@@ -141,12 +168,14 @@ static int det_data(ps_worker_t *p, det_t *d)
     const ps_worker_opts_t *o = p->o;
     const det_opts_t *dop = dopts(p);
     int rc;
-    if (!o->eval && (rc = load_set(dop->train_json, o->data.root, 1, o->data.skip_bad, &d->train)))
+    if (!o->eval && !*o->export_onnx &&
+        (rc = load_set(dop->train_json, o->data.root, 1, o->data.skip_bad, &d->train)))
         return rc;
     if (*dop->val_json && (rc = load_set(dop->val_json, *dop->val_root ? dop->val_root : o->data.root,
                                          0, o->data.skip_bad, &d->val)))
         return rc;
     d->K = o->data.num_classes;
+    if (!d->K && !d->train && !d->val) return classes_from_weights(o, &d->K);
     if (!d->K) d->K = ps_det_dataset_num_classes(d->train ? d->train : d->val);
     if ((d->train && ps_det_dataset_num_classes(d->train) != d->K) ||
         (d->val && ps_det_dataset_num_classes(d->val) != d->K)) {
@@ -187,11 +216,13 @@ static int det_model(ps_worker_t *p, det_t *d, int depth)
     cfg.freeze_at = dop->freeze_at;
     if ((rc = ps_worker_open_device(p, &d->ctx, &d->be))) return rc;
     int vbatch = d->vopt.batch, maxn = p->batch > vbatch ? p->batch : vbatch;
+    if (*o->export_onnx) maxn = 1; /* the graph has a symbolic batch */
     if ((rc = ps_retina_create(&d->m, &cfg, d->be, &d->ctx, maxn, o->data.size, o->data.size)))
         return rc;
     ps_retina_init(d->m, o->seed, 0);
     if (*o->data.weights) {
-        if ((rc = ps_retina_load(d->m, o->data.weights))) return rc;
+        if ((rc = ps_retina_load_weights(d->m, o->data.weights, o->data.weights_partial)))
+            return rc;
         ps_info("weights loaded from %s", o->data.weights);
     }
     d->A = ps_retina_num_anchors(d->m);
@@ -289,7 +320,8 @@ static int det_start(ps_worker_t *p)
     }
     ps_info("epoch = %zu steps (%zu images per rank)", ps_det_loader_batches(d->tl),
             ps_det_loader_samples(d->tl));
-    return 0;
+    return d->val ? ps_worker_val_csv_open(p, "iteration,epoch,map,ap50,ap75,images", &d->val_csv)
+                  : 0;
 }
 
 static void scatter(ps_worker_t *p)
@@ -462,6 +494,16 @@ static int det_eval(ps_worker_t *p)
 }
 
 
+static double epochs_of(const ps_worker_t *p, uint64_t steps);
+
+static void val_csv_row(ps_worker_t *p, uint64_t step)
+{
+    det_t *d = p->ts;
+    if (d->val_csv)
+        fprintf(d->val_csv, "%llu,%.3f,%.4f,%.4f,%.4f,%zu\n", (unsigned long long)step,
+                epochs_of(p, step), d->map, d->ap50, d->ap75, d->val_images);
+}
+
 static int det_validate(ps_worker_t *p, uint64_t step)
 {
     det_t *d = p->ts;
@@ -472,6 +514,7 @@ static int det_validate(ps_worker_t *p, uint64_t step)
     printf("val: iter=%llu images=%zu map=%.4f ap50=%.4f ap75=%.4f eval_s=%.1f\n",
            (unsigned long long)step, d->val_images, d->map, d->ap50, d->ap75, d->eval_s);
     fflush(stdout);
+    val_csv_row(p, step);
     return 1;
 }
 
@@ -495,7 +538,8 @@ static void det_print_final(ps_worker_t *p, uint64_t steps_done)
     det_t *d = p->ts;
     double ms = 1e3 / (s->counted ? (double)s->counted : 1.0);
     d->eval_s = 0;
-    if (p->rank == 0 && d->val) det_eval(p); /* rank 0 only: the others would repeat it */
+    if (p->rank == 0 && d->val && !det_eval(p)) /* rank 0 only: the others would repeat it */
+        val_csv_row(p, steps_done);
     double ips = ps_worker_per_s(p);
     printf("final: rank=%d workers=%d model=%s steps=%llu epochs=%.2f batch=%d loss=%.6f "
            "map=%.4f ap50=%.4f ap75=%.4f val_images=%zu detections=%zu images_per_s=%.2f "
@@ -527,6 +571,15 @@ static int det_run_eval(ps_worker_t *p)
     return 0;
 }
 
+/* --export-onnx: the detector as setup left it (p->w: --weights or the init). */
+static int det_export(ps_worker_t *p, const char *path)
+{
+    det_t *d = p->ts;
+    scatter(p);
+    if (d->be) d->be->sync(&d->ctx);
+    return ps_retina_export_onnx(d->m, path);
+}
+
 static void det_teardown(ps_worker_t *p)
 {
     det_t *d = p->ts;
@@ -537,6 +590,7 @@ static void det_teardown(ps_worker_t *p)
     ps_det_batch_free(&d->vb);
     ps_det_dataset_free(&d->train);
     ps_det_dataset_free(&d->val);
+    if (d->val_csv) fclose(d->val_csv);
     if (d->be) d->be->sync(&d->ctx);
     ps_retina_destroy(&d->m);
     if (d->be) d->be->release(&d->ctx);
@@ -551,6 +605,7 @@ static void det_teardown(ps_worker_t *p)
 const ps_task_t ps_task_det = {
     .name = "detection",
     .models = "retinanet-r18|34|50",
+    .unit = "images",
     .opts_size = sizeof(det_opts_t),
     .claims = det_claims,
     .opt_rows = det_rows,
@@ -562,5 +617,6 @@ const ps_task_t ps_task_det = {
     .save = det_save,
     .print_final = det_print_final,
     .eval = det_run_eval,
+    .export_onnx = det_export,
     .teardown = det_teardown,
 };

@@ -1,5 +1,6 @@
-/* The video task: TSM / TSN ResNets (worker/models) fed by the video data
- * pipeline (worker/data).  The trainable tensors are kept as one flat
+/* The video task: TSM / TSN ResNets and the 3-D video models (worker/models,
+ * picked by --model from the rows of video_models.c) fed by the video data
+ * pipeline (worker/data: TSN segments or dense clips).  The trainable tensors are kept as one flat
  * vector in model order (p->w, p->grad) -- the layout the partition table,
  * the client and ps_optim work on -- and copied into / out of the model's
  * own tables around each forward/backward.  The copies cost a few
@@ -37,6 +38,7 @@
 #include "worker/data/ps_video.h"
 #include "worker/models/ps_model.h"
 #include "worker/psworker/psworker.h"
+#include "worker/psworker/video_models.h"
 
 typedef struct video_opts {
     char *train_list, *val_list;   /* TSM list files (or pack dirs with --packed) */
@@ -45,6 +47,10 @@ typedef struct video_opts {
     int frames;             /* T segments per clip */
     int scale_size;         /* test: shorter side before the centre crop (0 = size*256/224) */
     int val_clips;          /* clips per validation video */
+    int test_clips;         /* --eval: clips per video (0 = val_clips) */
+    int test_crops;         /* --eval: 1 centre crop, 3 TSM's three crops */
+    char *shift_place;      /* blockres|block ("" = the --weights checkpoint's, else blockres) */
+    int shift_div;          /* 1/N each way (0 = the --weights file's tsm.shift_div, else 8) */
     float dropout;
     int partial_bn;
     char *bn;               /* BN mode train|partial|frozen ("" = --partial-bn) */
@@ -54,7 +60,12 @@ typedef struct video_opts {
     float fps;              /* video files: frames per second (0 = every frame) */
     char *class_names;      /* --predictions: class i's name is line i + 1 of this file */
     const char *train_src, *val_src; /* derived: the training / validation list of either kind */
+    char *sampling;         /* tsn|dense ("" = the model's) */
+    int stride;             /* dense: frame stride (0 = the model's) */
+    char *inflate;          /* 2-D --weights into a 3-D model: mean|centre */
     int bn_mode;            /* derived: PS_MODEL_BN_* value, -1 = from --partial-bn */
+    const ps_video_model_row_t *row; /* derived: --model's row */
+    int sampling_kind;      /* derived: PS_VIDEO_SAMPLING_* */
 } video_opts_t;
 
 typedef struct video {
@@ -88,7 +99,7 @@ static const video_opts_t *vopts(const ps_worker_t *p) { return ps_worker_task_o
 static int video_claims(const ps_worker_opts_t *o, const void *topts)
 {
     (void)topts;
-    return !strncmp(o->model, "tsm-r", 5) || !strncmp(o->model, "tsn-r", 5);
+    return ps_video_model_find(o->model) != NULL;
 }
 
 #define ROW(name, type, dst, help, def) rows[n++] = (ps_opt_t){name, type, dst, help, def}
@@ -104,6 +115,14 @@ static size_t video_rows(void *topts, ps_opt_t *rows)
     ROW("frames", PS_OPT_INT, &v->frames, "video: segments T per clip", "8");
     ROW("scale-size", PS_OPT_INT, &v->scale_size, "video: test resize of the shorter side (0 = size*256/224)", "0");
     ROW("val-clips", PS_OPT_INT, &v->val_clips, "video: clips per validation video", "1");
+    ROW("test-clips", PS_OPT_INT, &v->test_clips, "--eval: clips per video, evenly spaced (0 = --val-clips)", "0");
+    ROW("test-crops", PS_OPT_INT, &v->test_crops, "--eval: 1 = centre crop of the shorter side scaled to --scale-size; "
+        "3 = TSM's three crops along the longer side, the shorter side scaled to --size (full resolution) "
+        "unless --scale-size", "1");
+    ROW("shift-place", PS_OPT_STRING, &v->shift_place, "video: TSM's shift placement blockres|block (\"\" = the "
+        "--weights TSM checkpoint's, else blockres)", "");
+    ROW("shift-div", PS_OPT_INT, &v->shift_div, "video: 1/N of the channels shift each way (0 = the --weights "
+        "file's tsm.shift_div, else 8)", "0");
     ROW("dropout", PS_OPT_FLOAT, &v->dropout, "video: dropout before fc", "0.5");
     ROW("partial-bn", PS_OPT_BOOL, &v->partial_bn, "video: TSM partial BN (only bn1 updates statistics)", "false");
     ROW("bn", PS_OPT_STRING, &v->bn, "video: BN mode train|partial|frozen (frozen: running stats, fixed affine)", "");
@@ -113,6 +132,9 @@ static size_t video_rows(void *topts, ps_opt_t *rows)
     ROW("short-side", PS_OPT_INT, &v->short_side, "video files: shorter side of the decoded frames (psdata extract's --short-side)", "256");
     ROW("fps", PS_OPT_FLOAT, &v->fps, "video files: frames per second (psdata extract's --fps; 0 = every frame)", "0");
     ROW("class-names", PS_OPT_STRING, &v->class_names, "--predictions: class-name file (class i = line i+1), names added to each row", "");
+    ROW("sampling", PS_OPT_STRING, &v->sampling, "video: frames of a clip: tsn (T segments) | dense (T frames --stride apart); \"\" = the model's (tsn for TSM/TSN, dense for 3-D)", "");
+    ROW("stride", PS_OPT_INT, &v->stride, "video: dense sampling's frame stride (0 = the model's: 2)", "0");
+    ROW("inflate", PS_OPT_STRING, &v->inflate, "video: 2-D --weights into a 3-D model: mean (kernel / T on every slice) | centre (kernel on the middle slice)", "mean");
     return n;
 }
 
@@ -131,9 +153,20 @@ static int video_check(ps_worker_opts_t *o)
                                    why);
     if (ps_worker_data_opts_check(o)) return PS_EINVAL;
     if (v->frames < 1 || v->frames > 256 || v->val_clips < 1 || v->val_clips > 32 ||
-        v->scale_size < 0 || !(v->dropout >= 0 && v->dropout < 1))
+        v->test_clips < 0 || v->test_clips > 32 || v->scale_size < 0 ||
+        !(v->dropout >= 0 && v->dropout < 1) || (v->shift_div && (v->shift_div < 2 || v->shift_div > 64)))
         return ps_worker_opt_error("video options out of range: --frames 1..256, --val-clips "
-                "1..32, --scale-size >= 0, --dropout [0,1)");
+                "1..32, --test-clips 0..32, --scale-size >= 0, --dropout [0,1), --shift-div 0 or 2..64");
+    if (v->test_crops != 1 && v->test_crops != 3)
+        return ps_worker_opt_error("--test-crops: 1 or 3, got %d", v->test_crops);
+    if ((v->test_crops != 1 || v->test_clips) && !o->eval)
+        return ps_worker_opt_error("--test-clips / --test-crops go with --eval (TSM's test protocol; "
+                "validation during training uses --val-clips, centre crop)");
+    if (*v->shift_place && strcmp(v->shift_place, "blockres") && strcmp(v->shift_place, "block"))
+        return ps_worker_opt_error("--shift-place: expected blockres|block, got \"%s\"", v->shift_place);
+    if ((*v->shift_place || v->shift_div) && strncmp(o->model, "tsm-", 4))
+        return ps_worker_opt_error("--shift-place / --shift-div need a tsm-* model (--model %s has no shift)",
+                o->model);
     static const char *const modes[] = {"train", "partial", "frozen"};
     static const int mode_of[] = {PS_MODEL_BN_TRAIN, PS_MODEL_BN_PARTIAL, PS_MODEL_BN_FROZEN};
     v->bn_mode = -1;
@@ -145,6 +178,11 @@ static int video_check(ps_worker_opts_t *o)
         return ps_worker_opt_error("--bn train contradicts --partial-bn");
     if (v->bn_sync != 0 && v->bn_sync != 1)
         return ps_worker_opt_error("--bn-sync must be 0 or 1");
+    v->row = ps_video_model_find(o->model);
+    if (v->row && ps_video_model_sampling(v->row, v->sampling, &v->stride, &v->sampling_kind))
+        return PS_EINVAL;
+    if (strcmp(v->inflate, "mean") && strcmp(v->inflate, "centre"))
+        return ps_worker_opt_error("--inflate: expected mean|centre, got \"%s\"", v->inflate);
     if (*o->data.predictions && !o->eval)
         return ps_worker_opt_error("--predictions goes with --eval (per-video rows of that "
                 "evaluation)");
@@ -159,7 +197,7 @@ static int video_check(ps_worker_opts_t *o)
         return ps_worker_opt_error("--short-side 0..8192, --fps 0..1000");
     v->train_src = *v->video_list ? v->video_list : v->train_list;
     v->val_src = *v->val_video_list ? v->val_video_list : v->val_list;
-    if (!o->eval && !*v->train_src)
+    if (!o->eval && !*o->export_onnx && !*v->train_src)
         return ps_worker_opt_error("--model %s needs --train-list or --video-list (and --root where the "
                 "frame folders or videos are)", o->model);
     if (o->eval && !*v->val_src)
@@ -168,18 +206,6 @@ static int video_check(ps_worker_opts_t *o)
 }
 
 /* ---- set-up ------------------------------------------------------------------ */
-
-static int parse_model(const char *name, int *depth, int *shift)
-{
-    if (!strncmp(name, "tsm-r", 5)) *shift = 1;
-    else if (!strncmp(name, "tsn-r", 5)) *shift = 0;
-    else return PS_EINVAL;
-    char *end;
-    long d = strtol(name + 5, &end, 10);
-    if (*end || (d != 18 && d != 34 && d != 50)) return PS_EINVAL;
-    *depth = (int)d;
-    return 0;
-}
 
 static int load_list(const ps_worker_opts_t *o, const char *path, ps_video_list_t **l)
 {
@@ -207,6 +233,8 @@ static void base_opts(const ps_worker_opts_t *o, ps_video_opts_t *lv)
     const video_opts_t *v = ps_worker_task_opts(o);
     ps_video_opts_default(lv);
     lv->n_segment = v->frames;
+    lv->sampling = v->sampling_kind;
+    lv->stride = v->stride;
     lv->crop_h = lv->crop_w = o->data.size;
     lv->scale_size = v->scale_size;
     lv->flip = o->data.flip;
@@ -288,10 +316,25 @@ static int classes_from_data(const video_t *v, const video_opts_t *vo, int *clas
     return 0;
 }
 
+/* No list (--export-onnx): the classifier of --weights says. */
+static int classes_from_weights(const ps_worker_opts_t *o, int *classes)
+{
+    ps_model_file_info_t fi;
+    if (!*o->data.weights || ps_model_file_info(o->data.weights, &fi) || fi.num_classes < 2) {
+        ps_error("no lists and no classifier in --weights (\"%s\") to take the class count "
+                 "from: give --num-classes", o->data.weights);
+        return PS_EINVAL;
+    }
+    *classes = fi.num_classes;
+    ps_info("%d classes from %s's fc.weight", *classes, o->data.weights);
+    return 0;
+}
+
 /* The number of classes of the model (both lists loaded). */
 static int video_classes(const ps_worker_opts_t *o, const video_t *v, int *classes)
 {
     int n = o->data.num_classes;
+    if (n <= 0 && !v->train && !v->val) return classes_from_weights(o, classes);
     if (n <= 0) return classes_from_data(v, ps_worker_task_opts(o), classes);
     if (n < 2) {
         ps_error("--num-classes %d: a classifier needs at least 2", n);
@@ -308,7 +351,7 @@ static int video_data(ps_worker_t *p, video_t *v, int *classes)
     const video_opts_t *vo = vopts(p);
     char err[1024];
     int rc;
-    if (!o->eval && (rc = load_list(o, vo->train_src, &v->train))) return rc;
+    if (!o->eval && !*o->export_onnx && (rc = load_list(o, vo->train_src, &v->train))) return rc;
     if (*vo->val_src && (rc = load_list(o, vo->val_src, &v->val))) return rc;
     if ((rc = video_classes(o, v, classes))) return rc;
     base_opts(o, &v->topt);
@@ -317,6 +360,13 @@ static int video_data(ps_worker_t *p, video_t *v, int *classes)
     base_opts(o, &v->vopt);
     v->vopt.train = 0;
     v->vopt.n_clips = vo->val_clips;
+    if (o->eval) { /* TSM's test protocol */
+        if (vo->test_clips) v->vopt.n_clips = vo->test_clips;
+        v->vopt.n_crops = vo->test_crops;
+        /* three crops: full resolution (the shorter side scaled to the crop
+         * size, as TSM's --full_res) unless --scale-size says otherwise */
+        if (vo->test_crops == 3 && !vo->scale_size) v->vopt.scale_size = o->data.size;
+    }
     v->vopt.batch = o->data.val_batch > 0 ? o->data.val_batch : p->batch;
     v->vopt.shuffle = 0;
     v->vopt.drop_last = 0;
@@ -327,15 +377,53 @@ static int video_data(ps_worker_t *p, video_t *v, int *classes)
     }
     v->K = ps_video_clips_per_sample(&v->vopt);
     if (v->val) {
+        /* TSN: a video of at most T frames gives frame 1 for every segment;
+         * dense: one shorter than the clip's span loops back to its start */
+        const int dense = vo->sampling_kind == PS_VIDEO_SAMPLING_DENSE;
+        const int need = dense ? vo->frames * vo->stride : vo->frames + 1;
         size_t shortv = 0;
         for (size_t i = 0; i < ps_video_list_size(v->val); i++)
-            shortv += ps_video_list_frames(v->val, i) <= vo->frames;
+            shortv += ps_video_list_frames(v->val, i) < need;
         if (shortv)
-            ps_warn("%s: %zu of %zu videos have at most --frames %d frames: TSM's test sampling "
-                    "then takes frame 1 for every segment (no motion in those clips)",
-                    vo->val_src, shortv, ps_video_list_size(v->val), vo->frames);
+            ps_warn("%s: %zu of %zu videos have fewer than %d frames: %s", vo->val_src, shortv,
+                    ps_video_list_size(v->val), need,
+                    dense ? "their clips loop back to the first frame (--frames x --stride)"
+                          : "TSM's test sampling then takes frame 1 for every segment (no "
+                            "motion in those clips)");
     }
     v->max_clips = p->batch > v->vopt.batch * v->K ? p->batch : v->vopt.batch * v->K;
+    if (*o->export_onnx) v->max_clips = 1; /* the graph has a symbolic batch */
+    return 0;
+}
+
+/* --shift-place / --shift-div, or what --weights says: a TSM checkpoint's
+ * names place the shift, worker/models/torch2safetensors.py records TSM's
+ * shift_div (from the checkpoint's file name) as tsm.shift_div.  A flag
+ * that contradicts the file is a usage error naming both. */
+static int shift_options(const ps_worker_opts_t *o, const video_opts_t *vo, ps_model_config_t *cfg)
+{
+    static const char *const places[] = {"blockres", "block"};
+    int place = !*vo->shift_place ? -1 : !strcmp(vo->shift_place, "block");
+    ps_model_file_info_t fi = {.shift_place = -1};
+    if (cfg->shift && *o->data.weights) /* a bad file: the load below reports it */
+        ps_model_file_info(o->data.weights, &fi);
+    if (fi.shift_place >= 0 && place >= 0 && place != fi.shift_place) {
+        ps_error("--shift-place %s, but %s is a TSM checkpoint with the shift placed '%s'",
+                 places[place], o->data.weights, places[fi.shift_place]);
+        return PS_EINVAL;
+    }
+    if (fi.shift_div && vo->shift_div && vo->shift_div != fi.shift_div) {
+        ps_error("--shift-div %d, but %s says tsm.shift_div %d", vo->shift_div, o->data.weights,
+                 fi.shift_div);
+        return PS_EINVAL;
+    }
+    cfg->shift_place = place >= 0            ? place
+                       : fi.shift_place >= 0 ? fi.shift_place
+                                             : PS_MODEL_SHIFT_BLOCKRES;
+    cfg->shift_div = vo->shift_div ? vo->shift_div : fi.shift_div ? fi.shift_div : 8;
+    if (cfg->shift)
+        ps_info("temporal shift: place %s, 1/%d of the channels each way",
+                places[cfg->shift_place], cfg->shift_div);
     return 0;
 }
 
@@ -347,7 +435,7 @@ static int video_model(ps_worker_t *p, video_t *v, int classes)
     ps_model_config_t cfg;
     int rc;
     ps_model_config_default(&cfg);
-    parse_model(o->model, &cfg.depth, &cfg.shift);
+    vo->row->config(&cfg, vo->row);
     cfg.num_classes = classes;
     cfg.n_segment = vo->frames;
     cfg.dropout = vo->dropout;
@@ -357,6 +445,7 @@ static int video_model(ps_worker_t *p, video_t *v, int classes)
         cfg.partial_bn = vo->bn_mode == PS_MODEL_BN_PARTIAL;
     }
     cfg.width = o->data.width;
+    if ((rc = shift_options(o, vo, &cfg))) return rc;
     if ((rc = ps_worker_open_device(p, &v->ctx, &v->be))) return rc;
     if (strcmp(o->prec.precision, "fp32")) {
         int prec = !strcmp(o->prec.precision, "bf16") ? PS_PRECISION_BF16 : PS_PRECISION_FP16;
@@ -373,11 +462,16 @@ static int video_model(ps_worker_t *p, video_t *v, int classes)
     ps_info("BN mode %s", bn_names[ps_model_bn_mode(v->m)]);
     ps_model_set_seed(v->m, o->seed);
     if (*o->data.weights) {
+        const int inflate = !strcmp(vo->inflate, "centre") ? PS_MODEL_LOAD_INFLATE_CENTRE : 0;
         rc = ps_model_load(v->m, o->data.weights,
-                           o->eval ? PS_MODEL_LOAD_STRICT : PS_MODEL_LOAD_REPLACE_FC);
+                           (o->eval ? PS_MODEL_LOAD_STRICT : PS_MODEL_LOAD_REPLACE_FC) | inflate |
+                               (o->data.weights_partial ? PS_MODEL_LOAD_PARTIAL : 0));
         if (rc) return rc;
-        ps_info("weights loaded from %s%s", o->data.weights,
-                ps_model_fc_replaced(v->m) ? " (fc replaced)" : "");
+        ps_info("weights loaded from %s%s%s", o->data.weights,
+                ps_model_fc_replaced(v->m) ? " (fc replaced)" : "",
+                ps_model_inflated(v->m) ? (inflate ? " (2-D kernels inflated: centre)"
+                                                   : " (2-D kernels inflated: mean)")
+                                        : "");
     }
     return 0;
 }
@@ -492,9 +586,10 @@ static int video_buffers(ps_worker_t *p, video_t *v)
 static int video_setup(ps_worker_t *p, uint32_t nservers)
 {
     const ps_worker_opts_t *o = p->o;
-    int classes, rc, depth, shift;
-    if (parse_model(o->model, &depth, &shift)) {
-        ps_error("--model: unknown model \"%s\" (smoke, tsm-r18|34|50, tsn-r18|34|50)", o->model);
+    const video_opts_t *vo = vopts(p);
+    int classes, rc;
+    if (!vo->row) {
+        ps_error("--model: unknown model \"%s\" (%s)", o->model, ps_video_model_names());
         return PS_EINVAL;
     }
     video_t *v = calloc(1, sizeof *v);
@@ -507,9 +602,13 @@ static int video_setup(ps_worker_t *p, uint32_t nservers)
     if (v->nspecs > v->nparams)
         ps_info("BN running statistics: %d tensors averaged over the workers through the servers "
                 "(--bn-sync)", v->nspecs - v->nparams);
+    char smp[64] = "TSN segments";
+    if (vo->sampling_kind == PS_VIDEO_SAMPLING_DENSE)
+        snprintf(smp, sizeof smp, "dense, every %d. frame", vo->stride);
     ps_info("model %s: %zu trainable parameters in %d tensors, %u partitions on %u server(s), "
-            "%d classes, T=%d, %dx%d", o->model, p->numel, v->nspecs, p->table.nparts, nservers,
-            classes, vopts(p)->frames, o->data.size, o->data.size);
+            "%d classes, T=%d (%s), %dx%d; the model computes on %s", o->model, p->numel,
+            v->nspecs, p->table.nparts, nservers, classes, vo->frames, smp, o->data.size,
+            o->data.size, vo->row->layout);
     return 0;
 }
 
@@ -540,17 +639,7 @@ static int video_start(ps_worker_t *p)
     }
     ps_info("epoch = %zu steps (%zu samples per rank)", ps_video_loader_batches(v->tl),
             ps_video_loader_samples(v->tl));
-    const char *out = p->o->out;
-    if (p->rank != 0 || !out || !*out) return 0;
-    char path[4200];
-    snprintf(path, sizeof path, "%s/val%s.csv", out, p->o->standalone ? "-standalone" : "");
-    if (!(v->val_csv = fopen(path, "w"))) {
-        ps_error("cannot create %s: %s", path, strerror(errno));
-        return PS_EIO;
-    }
-    setvbuf(v->val_csv, NULL, _IOLBF, 0);
-    fprintf(v->val_csv, "iteration,epoch,loss,top1,top5,nonfinite\n");
-    return 0;
+    return ps_worker_val_csv_open(p, "iteration,epoch,loss,top1,top5,nonfinite", &v->val_csv);
 }
 
 /* p->w -> the model's tensors (and BN statistics). */
@@ -599,6 +688,9 @@ static double video_compute(ps_worker_t *p, uint64_t step)
     if (ps_video_loader_epoch(v->tl) != epoch || ps_video_loader_position(v->tl) != b)
         ps_video_loader_seek(v->tl, epoch, b);
     int n = ps_video_loader_next(v->tl, v->clips, v->labels, v->idx, &p->t_data);
+    ps_video_io_t io;
+    ps_video_loader_io(v->tl, &io, NULL);
+    p->data_bytes = io.bytes, p->t_read = io.read_s, p->t_decode = io.decode_s;
     if (n != p->batch) {
         ps_error("training data: %s", n < 0 ? ps_video_loader_error(v->tl) : "short batch");
         p->compute_rc = n < 0 ? n : PS_ESTATE;
@@ -620,10 +712,13 @@ static double video_compute(ps_worker_t *p, uint64_t step)
     return loss;
 }
 
-/* One video's clip-averaged logits into avg; its loss and ranks of the
- * label into the sums.  0 when a logit is not finite: a diverged model,
- * and NaN compares false with everything, so the rank count would call the
- * video correct; it is wrong for top-1 and top-5 instead. */
+/* One video's logits averaged over its K views (clips x crops) into avg:
+ * the raw logits, as TSM's test_models.py averages them (its --softmax,
+ * off by default, would apply after the mean and not change the ranking);
+ * its loss and ranks of the label into the sums.  0 when a logit is not
+ * finite: a diverged model, and NaN compares false with everything, so the
+ * rank count would call the video correct; it is wrong for top-1 and top-5
+ * instead. */
 static int score_video(const float *lg, int K, int C, int y, double *avg, double *loss,
                        size_t *c1, size_t *c5)
 {
@@ -658,8 +753,8 @@ static void prediction_row(FILE *pred, const video_t *v, int i, const double *av
     fputc('\n', pred);
 }
 
-/* Validation over the whole --val-list (TSM's test: the mean of the clips'
- * scores): mean loss, top-1/top-5; with pred one CSV row per video.  Videos
+/* Validation over the whole --val-list (TSM's test: the mean of the views'
+ * logits): mean loss, top-1/top-5; with pred one CSV row per video.  Videos
  * with non-finite logits count as wrong and make the loss NaN. */
 static double video_eval_pass(ps_worker_t *p, size_t *videos, FILE *pred)
 {
@@ -735,11 +830,13 @@ static int video_validate(ps_worker_t *p, uint64_t step)
 static void video_progress(ps_worker_t *p, uint64_t step, double loss, float lr, double per_s,
                            double t_data, double t_compute, double t_comm)
 {
+    const video_t *v = p->ts;
+    const ps_video_clip_cost_t c = ps_video_clip_cost(v && v->tl ? v->tl : NULL);
     printf("iter %llu/%llu epoch %.2f loss %.4f lr %.5g clips/s %.1f data-wait %.1f ms "
-           "compute %.1f ms comm-wait %.1f ms\n",
+           "compute %.1f ms comm-wait %.1f ms data %.1f kB/clip decode %.1f ms/clip\n",
            (unsigned long long)step + 1, (unsigned long long)p->o->steps,
            video_epoch(p, step + 1), loss, (double)lr, per_s, t_data * 1e3, t_compute * 1e3,
-           t_comm * 1e3);
+           t_comm * 1e3, c.bytes / 1e3, c.read_ms + c.decode_ms);
 }
 
 static int video_save(ps_worker_t *p, const char *path)
@@ -785,6 +882,9 @@ static void video_print_final(ps_worker_t *p, uint64_t steps_done)
     uint32_t crc = bn_crc(p, &nbn);
     printf(" val=%s bn_sync=%d bn_stats=%d bn_crc=%08x", p->rank == 0 ? "here" : "rank0",
            nbn > 0, nbn, (unsigned)crc);
+    const ps_video_clip_cost_t c = ps_video_clip_cost(v->tl);
+    printf(" frames_per_clip=%.0f bytes_per_clip=%.0f read_ms_per_clip=%.3f "
+           "decode_ms_per_clip=%.3f", c.frames, c.bytes, c.read_ms, c.decode_ms);
     if (v->val_nonfinite) printf(" nonfinite=%zu", v->val_nonfinite);
     ps_worker_print_out(p);
     printf("\n");
@@ -821,9 +921,10 @@ static int video_eval(ps_worker_t *p)
         return PS_EIO;
     }
     if (!n) return PS_EIO;
-    printf("final: model=%s weights=%s videos=%zu clips=%d top1=%.4f top5=%.4f val_loss=%.6f "
-           "clips_per_s=%.2f wall_s=%.1f", p->o->model, p->o->data.weights, n, v->K, v->top1,
-           v->top5, loss, (double)n * v->K / dt, dt);
+    /* TSM's tables: "1-clip centre crop" and "N-clip x 3-crop" top-1 */
+    printf("final: model=%s weights=%s videos=%zu clips=%d crops=%d top1=%.4f top5=%.4f "
+           "val_loss=%.6f clips_per_s=%.2f wall_s=%.1f", p->o->model, p->o->data.weights, n,
+           v->vopt.n_clips, v->vopt.n_crops, v->top1, v->top5, loss, (double)n * v->K / dt, dt);
     if (v->val_nonfinite) printf(" nonfinite=%zu", v->val_nonfinite);
     printf("\n");
     fflush(stdout);
@@ -841,6 +942,14 @@ static int video_loss_scale(ps_worker_t *p, float scale, size_t *scaled)
     if (v->be->set_loss_scale(&v->ctx, scale)) return 0;
     *scaled = p->nparam_numel;
     return 1;
+}
+
+/* --export-onnx: the model as setup left it (p->w: --weights or the init). */
+static int video_export(ps_worker_t *p, const char *path)
+{
+    video_t *v = p->ts;
+    scatter(p);
+    return ps_model_export_onnx(v->m, path);
 }
 
 static ps_model_t *video_model_of(ps_worker_t *p) { return ((video_t *)p->ts)->m; }
@@ -868,7 +977,9 @@ static void video_teardown(ps_worker_t *p)
 
 const ps_task_t ps_task_video = {
     .name = "video",
-    .models = "tsm-r18|34|50 | tsn-r18|34|50",
+    .models = "tsm-r18|34|50 | tsn-r18|34|50 | i3d-r50-333|i3d-r50-311 | r3d-18 | mc3-18 | "
+              "r2plus1d-18",
+    .unit = "clips",
     .opts_size = sizeof(video_opts_t),
     .claims = video_claims,
     .opt_rows = video_rows,
@@ -881,6 +992,7 @@ const ps_task_t ps_task_video = {
     .progress = video_progress,
     .print_final = video_print_final,
     .eval = video_eval,
+    .export_onnx = video_export,
     .loss_scale = video_loss_scale,
     .model = video_model_of,
     .teardown = video_teardown,

@@ -3,8 +3,10 @@
  *   psctl --servers LIST status        members, versions, throughput, live workers
  *   psctl --servers LIST checkpoint    every server writes a checkpoint now
  *   psctl --servers LIST export FILE   pull every partition -> FILE.safetensors
+ *   psctl --servers LIST export --onnx --model M FILE   ... -> FILE.onnx
  *   psctl --servers LIST shutdown      checkpoint (if configured) and stop
  *   psctl keygen PREFIX                CURVE key pair: PREFIX.pub, PREFIX.key
+ *   psctl plot DIR                     PNG plots of a psworker run directory
  *
  * psctl talks to the servers with the same client library as psworker, but
  * never says HELLO: it takes no rank, so it does not count as a worker,
@@ -17,7 +19,9 @@
  * checkpoint (.safetensors, whose __metadata__ "spec" is that JSON).  If a
  * future STATS reply has a "spec" member it is used when --spec is absent.
  * The spec has no shapes: tensors are exported 1-D unless --like names a
- * safetensors file (e.g. psworker's model.safetensors) to take shapes from. */
+ * safetensors file (e.g. psworker's model.safetensors) to take shapes from.
+ * export --onnx builds the model --model names around the pulled tensors
+ * and writes its ONNX graph (psctl_onnx.c). */
 #include "config.h"
 
 #include <cjson/cJSON.h>
@@ -43,6 +47,8 @@
 #include "ps_optim.h"
 #include "ps_partition.h"
 #include "ps_safetensors.h"
+#include "worker/plot/ps_plot.h"
+#include "worker/tools/psctl_onnx.h"
 
 #define PSCTL_MAX_SERVERS 1024
 
@@ -54,6 +60,10 @@ typedef struct psctl_opts {
     int json;           /* status: print the raw STATS replies as JSON */
     char *spec;         /* export: spec JSON file or psd checkpoint */
     char *like;         /* export: take shapes from this safetensors file */
+    int onnx;           /* export: write the model as ONNX (psctl_onnx.c) */
+    char *model;        /* export --onnx: the architecture */
+    int frames, size, shift_div;
+    char *shift_place;
     int force;          /* keygen: overwrite existing key files */
     char *log_level;
     char *curve_server_key;  /* FILE (shared) or FILE,FILE,... (one per server) */
@@ -78,10 +88,13 @@ static const char usage[] =
     "                  rates over --interval-ms (0: one sample, no rates)\n"
     "  checkpoint      every server (or --server N) writes a checkpoint now\n"
     "  export FILE     pull every partition and write the model as safetensors\n"
-    "                  (needs --spec: the INIT spec JSON or a psd checkpoint file)\n"
+    "                  (needs --spec: the INIT spec JSON or a psd checkpoint file);\n"
+    "                  --onnx --model M [--frames T --size S]: as an ONNX graph\n"
     "  shutdown        every server checkpoints (when configured) and exits\n"
     "  keygen PREFIX   CURVE key pair: PREFIX.pub (Z85 public key), PREFIX.key\n"
     "                  (Z85 secret key, mode 0600)\n"
+    "  plot DIR        PNG plots of a psworker run directory (--out) into DIR/plots\n"
+    "                  from its CSV files (needs gnuplot)\n"
     "CURVE (psd --curve): --curve-server-key FILE[,FILE...] (one shared, or one per\n"
     "server) with --curve-public-key FILE --curve-secret-key FILE (psctl keygen).\n"
     "--servers defaults to $PSCTL_SERVERS.  Exit status: 0 ok, 1 a server failed\n"
@@ -611,6 +624,16 @@ static int cmd_export(psctl_t *p, const char *path)
         if (ver[i] > vmax) vmax = ver[i];
     }
     char err[256] = "";
+    if (p->o.onnx) {
+        psctl_onnx_opts_t oo = {.model = p->o.model, .frames = p->o.frames, .size = p->o.size,
+                                .shift_place = p->o.shift_place, .shift_div = p->o.shift_div,
+                                .like = p->o.like};
+        rc = psctl_onnx_export(&oo, t, w, path);
+        if (!rc && vmin != vmax)
+            printf("note: partitions were at different versions (training was running); "
+                   "stop the workers first for a consistent snapshot\n");
+        goto out;
+    }
     if (p->o.like && *p->o.like) {
         if (ps_st_open(&like, p->o.like, err, sizeof err)) {
             fprintf(stderr, "psctl: --like %s: %s\n", p->o.like, err);
@@ -731,7 +754,14 @@ int main(int argc, char **argv)
         {"server", PS_OPT_INT, &o->server, "status / checkpoint: only this server (-1: all)", "-1"},
         {"json", PS_OPT_BOOL, &o->json, "status: print the STATS replies as JSON", "false"},
         {"spec", PS_OPT_STRING, &o->spec, "export: model spec JSON file or psd checkpoint", ""},
-        {"like", PS_OPT_STRING, &o->like, "export: take tensor shapes from this safetensors file", ""},
+        {"like", PS_OPT_STRING, &o->like, "export: take tensor shapes from this safetensors file "
+         "(--onnx: the full model file, for tensors the servers do not hold)", ""},
+        {"onnx", PS_OPT_BOOL, &o->onnx, "export: write the model as ONNX (needs --model)", "false"},
+        {"model", PS_OPT_STRING, &o->model, "export --onnx: tsm-r18|34|50, tsn-r18|34|50, retinanet-r18|34|50", ""},
+        {"frames", PS_OPT_INT, &o->frames, "export --onnx: segments T of a video model", "8"},
+        {"size", PS_OPT_INT, &o->size, "export --onnx: input size H = W", "224"},
+        {"shift-place", PS_OPT_STRING, &o->shift_place, "export --onnx: TSM shift placement blockres|block", "blockres"},
+        {"shift-div", PS_OPT_INT, &o->shift_div, "export --onnx: TSM shift 1/N each way", "8"},
         {"force", PS_OPT_BOOL, &o->force, "keygen: overwrite existing key files", "false"},
         {"log-level", PS_OPT_STRING, &o->log_level, "error | warn | info | debug", "warn"},
         {"curve-server-key", PS_OPT_STRING, &o->curve_server_key,
@@ -750,26 +780,29 @@ int main(int argc, char **argv)
         return 2;
     }
     if (npos < 1) {
-        fprintf(stderr, "psctl: no verb given (status, checkpoint, export, shutdown, keygen; see --help)\n");
+        fprintf(stderr, "psctl: no verb given (status, checkpoint, export, shutdown, keygen, plot; see --help)\n");
         return 2;
     }
     const char *verb = argv[1], *arg = npos >= 2 ? argv[2] : NULL;
-    int want_arg = !strcmp(verb, "export") || !strcmp(verb, "keygen");
+    int want_arg = !strcmp(verb, "export") || !strcmp(verb, "keygen") || !strcmp(verb, "plot");
     if (strcmp(verb, "status") && strcmp(verb, "checkpoint") && strcmp(verb, "shutdown") && !want_arg) {
-        fprintf(stderr, "psctl: unknown verb \"%s\" (status, checkpoint, export, shutdown, keygen)\n", verb);
+        fprintf(stderr, "psctl: unknown verb \"%s\" (status, checkpoint, export, shutdown, keygen, plot)\n", verb);
         return 2;
     }
     if (npos != 1 + want_arg) {
         fprintf(stderr, "psctl: %s %s\n", verb,
-                want_arg ? "takes one argument (a file name or prefix)" : "takes no argument");
+                want_arg ? "takes one argument (a file name, prefix or directory)" : "takes no argument");
         return 2;
     }
     if (o->timeout_ms < 1 || o->interval_ms < 0 || o->server < -1) {
         fprintf(stderr, "psctl: need --timeout-ms >= 1, --interval-ms >= 0, --server >= -1\n");
         return 2;
     }
+    ps_plot_report_t rep;
     if (!strcmp(verb, "keygen")) {
         rc = cmd_keygen(&p, arg);
+    } else if (!strcmp(verb, "plot")) { /* no servers: the run directory's CSV files */
+        if (!(rc = ps_plot_run(arg, &rep))) ps_plot_report_print(&rep, stdout);
     } else {
         if ((rc = split_servers(&p)) || (rc = split_keys(&p))) return 2;
         if (o->server >= p.nserv) {

@@ -403,14 +403,7 @@ static void gemm_conv_backward(ps_ctx_t *ctx, float *dinp, float *dw, const floa
                 bwd_chunk(&p, d, dinp, mydw, dout, inp, w, wt, my, n0, nc, H, W);
             }
             /* (implicit barrier) the threads' partial weight gradients */
-            if (dw && nth > 1) {
-#pragma omp for schedule(static)
-                for (size_t i = 0; i < p.nw; i++) {
-                    float s = dw[i];
-                    for (int u = 1; u < nth; u++) s += red[p.nw * (u - 1) + i];
-                    dw[i] = s;
-                }
-            }
+            if (dw && nth > 1) ps_cpu_sum_partials(dw, red, p.nw, nth);
         }
         return;
     }

@@ -412,24 +412,8 @@ void ps_cpu_conv2d_backward(ps_ctx_t *ctx, float *dinp, float *dw, float *db,
     if (!ps_conv2d_valid(d, N, H, W)) return;
     ps_conv_shape_t s;
     ps_conv_shape_2d(&s, d, N, H, W, 0);
-    if (db) ps_conv_bias_grad(db, dout, N, d->K, (size_t)s.out[1] * s.out[2]);
+    if (db) ps_cpu_conv_bias_grad(db, dout, N, d->K, (size_t)s.out[1] * s.out[2]);
     if (dinp || dw) ps_conv_run_backward(ctx, &s, dinp, dw, dout, inp, w);
-}
-
-void ps_conv_bias_grad(float *db, const float *dout, int N, int K, size_t PQ)
-{
-#pragma omp parallel for schedule(static) if (team_threads() > 1)
-    for (int k = 0; k < K; k++) {
-        double s = 0;
-        for (int n = 0; n < N; n++) {
-            const float *o = dout + ((size_t)n * K + k) * PQ;
-            float sp = 0;
-#pragma omp simd reduction(+ : sp)
-            for (size_t i = 0; i < PQ; i++) sp += o[i];
-            s += sp;
-        }
-        db[k] += (float)s;
-    }
 }
 
 /* ---- what ran ------------------------------------------------------------------ */
