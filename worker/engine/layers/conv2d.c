@@ -1,4 +1,6 @@
-/* conv2d on the CPU: im2col + OpenBLAS sgemm, per group.
+/* conv2d on the CPU by im2col + sgemm (ps_blas_sgemm: oneDNN's or
+ * OpenBLAS's), per group: the 2-D half of the "gemm" convolution row
+ * (conv_gemm.c, conv_provider.h), the readable reference.
  *
  * Legend: N images, C in / K out channels, G groups (Cg = C/G, Kg = K/G),
  * H,W input and P,Q output plane, R,S kernel; CRS = Cg*R*S.
@@ -235,8 +237,8 @@ static void fwd_chunk(const conv_plan_t *p, const ps_conv2d_desc_t *d, float *ou
                    PQ * sizeof(float));
 }
 
-static void gemm_conv_forward(ps_ctx_t *ctx, float *out, const float *inp, const float *w,
-                              const float *b, const ps_conv2d_desc_t *d, int N, int H, int W)
+void ps_conv2d_gemm_forward(ps_ctx_t *ctx, float *out, const float *inp, const float *w,
+                            const float *b, const ps_conv2d_desc_t *d, int N, int H, int W)
 {
     if (!ps_conv2d_valid(d, N, H, W)) return;
     conv_plan_t p;
@@ -370,9 +372,9 @@ static void bwd_chunk(const conv_plan_t *p, const ps_conv2d_desc_t *d, float *di
     }
 }
 
-static void gemm_conv_backward(ps_ctx_t *ctx, float *dinp, float *dw, const float *dout,
-                               const float *inp, const float *w, const ps_conv2d_desc_t *d,
-                               int N, int H, int W)
+void ps_conv2d_gemm_backward(ps_ctx_t *ctx, float *dinp, float *dw, const float *dout,
+                             const float *inp, const float *w, const ps_conv2d_desc_t *d, int N,
+                             int H, int W)
 {
     if (!ps_conv2d_valid(d, N, H, W)) return;
     conv_plan_t p;
@@ -416,68 +418,12 @@ static void gemm_conv_backward(ps_ctx_t *ctx, float *dinp, float *dw, const floa
                   W);
 }
 
-/* ---- the provider row (conv_provider.h) ----------------------------------- */
-
-static int gemm_supports(ps_ctx_t *ctx, const ps_conv_shape_t *s, ps_conv_dir_t dir)
+const char *ps_conv2d_gemm_scheme(const ps_conv2d_desc_t *d, int N, int H, int W, int data_grad)
 {
-    ps_cpu_state_t *st = ps_cpu_state(ctx);
-    return s->nsp == 2 && (!st || st->precision == PS_PRECISION_FP32);
-}
-
-static int gemm_forward(ps_ctx_t *ctx, const ps_conv_shape_t *s, float *out, const float *inp,
-                        const float *w, const float *b)
-{
-    ps_conv2d_desc_t d;
-    ps_conv_shape_desc2d(s, &d);
-    gemm_conv_forward(ctx, out, inp, w, b, &d, s->N, s->in[1], s->in[2]);
-    return 0;
-}
-
-static int gemm_backward(ps_ctx_t *ctx, const ps_conv_shape_t *s, float *dinp, float *dw,
-                         const float *dout, const float *inp, const float *w)
-{
-    ps_conv2d_desc_t d;
-    ps_conv_shape_desc2d(s, &d);
-    gemm_conv_backward(ctx, dinp, dw, dout, inp, w, &d, s->N, s->in[1], s->in[2]);
-    return 0;
-}
-
-static int gemm_backward_data(ps_ctx_t *ctx, const ps_conv_shape_t *s, float *dinp,
-                              const float *dout, const float *w)
-{
-    return gemm_backward(ctx, s, dinp, NULL, dout, NULL, w);
-}
-
-static int gemm_backward_weights(ps_ctx_t *ctx, const ps_conv_shape_t *s, float *dw,
-                                 const float *dout, const float *inp)
-{
-    return gemm_backward(ctx, s, NULL, dw, dout, inp, NULL);
-}
-
-static const char *gemm_kernel(ps_ctx_t *ctx, const ps_conv_shape_t *s, ps_conv_dir_t dir,
-                               char *buf, size_t len)
-{
-    ps_conv2d_desc_t d;
-    ps_conv_shape_desc2d(s, &d);
     conv_plan_t p;
-    conv_plan(&p, &d, s->N, s->in[1], s->in[2]);
-    const char *how = p.direct                           ? "sgemm"
-                      : dir == PS_CONV_BWD_DATA && p.flip ? "flipped-im2col+sgemm"
-                      : dir == PS_CONV_BWD_DATA          ? "sgemm+col2im"
-                                                          : "im2col+sgemm";
-    if (!strcmp(ps_blas_library(), "OpenBLAS"))
-        snprintf(buf, len, "%s(OpenBLAS %s)", how, ps_blas_corename());
-    else
-        snprintf(buf, len, "%s(%s)", how, ps_blas_library());
-    return buf;
+    conv_plan(&p, d, N, H, W);
+    return p.direct                 ? "sgemm"
+           : data_grad && p.flip    ? "flipped-im2col+sgemm"
+           : data_grad              ? "sgemm+col2im"
+                                    : "im2col+sgemm";
 }
-
-const ps_conv_provider_t ps_conv_gemm = {
-    .name = "gemm",
-    .supports = gemm_supports,
-    .forward = gemm_forward,
-    .backward_data = gemm_backward_data,
-    .backward_weights = gemm_backward_weights,
-    .backward = gemm_backward,
-    .kernel = gemm_kernel,
-};

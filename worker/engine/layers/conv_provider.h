@@ -39,8 +39,11 @@ typedef struct ps_conv_shape {
 
 void ps_conv_shape_2d(ps_conv_shape_t *s, const ps_conv2d_desc_t *d, int N, int H, int W,
                       int bias);
-/* The 2-D descriptor of a shape with nsp == 2. */
+void ps_conv_shape_3d(ps_conv_shape_t *s, const ps_conv3d_desc_t *d, int N, int D, int H, int W,
+                      int bias);
+/* The descriptor of a shape with nsp == 2 / 3. */
 void ps_conv_shape_desc2d(const ps_conv_shape_t *s, ps_conv2d_desc_t *d);
+void ps_conv_shape_desc3d(const ps_conv_shape_t *s, ps_conv3d_desc_t *d);
 /* "64->64 3x3/1 p1 @28x28 N16" into buf. */
 const char *ps_conv_shape_str(const ps_conv_shape_t *s, char *buf, size_t len);
 
@@ -72,8 +75,26 @@ typedef struct ps_conv_provider {
 } ps_conv_provider_t;
 
 /* The rows, in order of preference when two are equally fast. */
-extern const ps_conv_provider_t ps_conv_gemm;   /* conv2d.c: im2col + OpenBLAS */
+extern const ps_conv_provider_t ps_conv_gemm;   /* conv_gemm.c: im2col / vol2col + sgemm */
 extern const ps_conv_provider_t ps_conv_onednn; /* conv_onednn.c */
+
+/* What the gemm row runs (conv2d.c, conv3d.c): the slots' contracts
+ * without the bias gradient (the dispatcher's); inp may be NULL when dw
+ * is, w when dinp is.  The scheme names the way for logs ("im2col+sgemm",
+ * "flipped-im2col+sgemm", "sgemm" for a plain 1x1, ...). */
+void ps_conv2d_gemm_forward(ps_ctx_t *ctx, float *out, const float *inp, const float *w,
+                            const float *b, const ps_conv2d_desc_t *d, int N, int H, int W);
+void ps_conv2d_gemm_backward(ps_ctx_t *ctx, float *dinp, float *dw, const float *dout,
+                             const float *inp, const float *w, const ps_conv2d_desc_t *d, int N,
+                             int H, int W);
+const char *ps_conv2d_gemm_scheme(const ps_conv2d_desc_t *d, int N, int H, int W, int data_grad);
+void ps_conv3d_gemm_forward(ps_ctx_t *ctx, float *out, const float *inp, const float *w,
+                            const float *b, const ps_conv3d_desc_t *d, int N, int D, int H,
+                            int W);
+void ps_conv3d_gemm_backward(ps_ctx_t *ctx, float *dinp, float *dw, const float *dout,
+                             const float *inp, const float *w, const ps_conv3d_desc_t *d, int N,
+                             int D, int H, int W);
+const char *ps_conv3d_gemm_scheme(const ps_conv3d_desc_t *d, int data_grad);
 
 /* ---- the CPU backend's per-context state (ctx->cpu_state) --------------- */
 

@@ -1,5 +1,5 @@
-/* The CPU conv2d slots, and which provider row (conv_provider.h) computes
- * each layer shape.
+/* The CPU conv2d and conv3d slots, and which provider row
+ * (conv_provider.h) computes each layer shape.
  *
  * Selection: the first time a process meets a shape (with its thread count
  * and precision) in a direction, every row that supports it is timed on
@@ -51,6 +51,29 @@ void ps_conv_shape_2d(ps_conv_shape_t *s, const ps_conv2d_desc_t *d, int N, int 
     s->pad[1] = d->pad_h, s->pad[2] = d->pad_w, s->dil[1] = d->dil_h, s->dil[2] = d->dil_w;
     s->out[1] = ps_conv_out(H, d->R, d->stride_h, d->pad_h, d->dil_h);
     s->out[2] = ps_conv_out(W, d->S, d->stride_w, d->pad_w, d->dil_w);
+}
+
+void ps_conv_shape_3d(ps_conv_shape_t *s, const ps_conv3d_desc_t *d, int N, int D, int H, int W,
+                      int bias)
+{
+    memset(s, 0, sizeof *s);
+    s->nsp = 3, s->N = N, s->C = d->C, s->K = d->K, s->groups = d->groups, s->bias = !!bias;
+    const int in[3] = {D, H, W}, ker[3] = {d->KT, d->R, d->S};
+    const int st[3] = {d->stride_t, d->stride_h, d->stride_w};
+    const int pad[3] = {d->pad_t, d->pad_h, d->pad_w}, dil[3] = {d->dil_t, d->dil_h, d->dil_w};
+    for (int i = 0; i < 3; i++) {
+        s->in[i] = in[i], s->ker[i] = ker[i], s->stride[i] = st[i], s->pad[i] = pad[i];
+        s->dil[i] = dil[i], s->out[i] = ps_conv_out(in[i], ker[i], st[i], pad[i], dil[i]);
+    }
+}
+
+void ps_conv_shape_desc3d(const ps_conv_shape_t *s, ps_conv3d_desc_t *d)
+{
+    *d = (ps_conv3d_desc_t){.C = s->C, .K = s->K, .KT = s->ker[0], .R = s->ker[1],
+                            .S = s->ker[2], .stride_t = s->stride[0], .stride_h = s->stride[1],
+                            .stride_w = s->stride[2], .pad_t = s->pad[0], .pad_h = s->pad[1],
+                            .pad_w = s->pad[2], .dil_t = s->dil[0], .dil_h = s->dil[1],
+                            .dil_w = s->dil[2], .groups = s->groups};
 }
 
 void ps_conv_shape_desc2d(const ps_conv_shape_t *s, ps_conv2d_desc_t *d)
@@ -413,6 +436,27 @@ void ps_cpu_conv2d_backward(ps_ctx_t *ctx, float *dinp, float *dw, float *db,
     ps_conv_shape_t s;
     ps_conv_shape_2d(&s, d, N, H, W, 0);
     if (db) ps_cpu_conv_bias_grad(db, dout, N, d->K, (size_t)s.out[1] * s.out[2]);
+    if (dinp || dw) ps_conv_run_backward(ctx, &s, dinp, dw, dout, inp, w);
+}
+
+void ps_cpu_conv3d_forward(ps_ctx_t *ctx, float *out, const float *inp, const float *w,
+                           const float *b, const ps_conv3d_desc_t *d, int N, int D, int H,
+                           int W)
+{
+    if (!ps_conv3d_check("conv3d", d, N, D, H, W)) return;
+    ps_conv_shape_t s;
+    ps_conv_shape_3d(&s, d, N, D, H, W, b != NULL);
+    ps_conv_run(ctx, &s, PS_CONV_FWD, out, inp, w, b);
+}
+
+void ps_cpu_conv3d_backward(ps_ctx_t *ctx, float *dinp, float *dw, float *db,
+                            const float *dout, const float *inp, const float *w,
+                            const ps_conv3d_desc_t *d, int N, int D, int H, int W)
+{
+    if (!ps_conv3d_check("conv3d", d, N, D, H, W)) return;
+    ps_conv_shape_t s;
+    ps_conv_shape_3d(&s, d, N, D, H, W, 0);
+    if (db) ps_cpu_conv_bias_grad(db, dout, N, d->K, (size_t)s.out[0] * s.out[1] * s.out[2]);
     if (dinp || dw) ps_conv_run_backward(ctx, &s, dinp, dw, dout, inp, w);
 }
 

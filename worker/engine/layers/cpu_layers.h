@@ -174,7 +174,8 @@ void ps_cpu_head_permute_backward(ps_ctx_t *ctx, float *dinp, const float *dout,
 
 /* ---- 3-D video layers ---------------------------------------------------- */
 
-/* conv3d.c, conv3d_col.c */
+/* conv_select.c: the conv3d slots through the chosen row (conv3d.c,
+ * conv3d_col.c: vol2col + GEMM; conv_onednn.c) */
 void ps_cpu_conv3d_forward(ps_ctx_t *ctx, float *out, const float *inp, const float *w,
                            const float *b, const ps_conv3d_desc_t *d, int N, int D, int H,
                            int W);
