@@ -195,11 +195,6 @@ int ps_conv_set_kernels(const char *m)
     return rc;
 }
 
-const char *ps_conv_get_kernels(void)
-{
-    return mode[0] ? mode : "auto";
-}
-
 static void read_env_locked(void)
 {
     if (mode_read) return;
@@ -208,6 +203,14 @@ static void read_env_locked(void)
         ps_warn("PS_CONV_KERNELS=%s ignored: choosing kernels by measurement", e);
         set_mode_locked(NULL);
     }
+}
+
+const char *ps_conv_get_kernels(void)
+{
+    pthread_mutex_lock(&lock);
+    read_env_locked();
+    pthread_mutex_unlock(&lock);
+    return mode[0] ? mode : "auto";
 }
 
 static int team_threads(void)
