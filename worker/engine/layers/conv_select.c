@@ -33,9 +33,12 @@
 
 #define ROUNDS 2     /* timed calls per row after the untimed one */
 #define MARGIN 0.97  /* another row replaces GEMM below this fraction of its time */
-#define NROWS 2
-
 const ps_conv_provider_t *const ps_conv_rows[] = {&ps_conv_gemm, &ps_conv_onednn, NULL};
+/* the rows above; ps_conv_choice_t keeps a time per row */
+#define NROWS ((int)(sizeof ps_conv_rows / sizeof *ps_conv_rows) - 1)
+_Static_assert(sizeof ps_conv_rows / sizeof *ps_conv_rows - 1 <=
+                   sizeof ((ps_conv_choice_t *)0)->ms / sizeof(double),
+               "ps_conv_choice_t.ms has a slot per row");
 const char *const ps_conv_dir_name[PS_CONV_NDIR] = {"fwd", "bwd-data", "bwd-weights"};
 
 /* ---- shapes ---------------------------------------------------------------- */
