@@ -499,7 +499,7 @@ const char *ps_conv_onednn_describe(char *buf, size_t len)
 
 int ps_conv_onednn_bf16(char *why, size_t len)
 {
-    snprintf(why, len, "this build has no oneDNN (configure found no libdnnl-dev)");
+    snprintf(why, len, "this build has no oneDNN (configured without it, or libdnnl-dev was missing)");
     return 0;
 }
 
