@@ -83,17 +83,6 @@ static int is_pointwise(const ps_conv2d_desc_t *d)
            d->pad_w == 0;
 }
 
-/* Threads a conv call may use: a call made inside a parallel region runs
- * on its own thread. */
-static int team_max(void)
-{
-#ifdef _OPENMP
-    return omp_in_parallel() ? 1 : omp_get_max_threads();
-#else
-    return 1;
-#endif
-}
-
 /* How one call is cut: nb images per GEMM, team threads over the chunks. */
 typedef struct conv_plan {
     int P, Q, G, C, K, Cg, Kg, CRS, nb, nchunks, team, direct;
@@ -132,7 +121,7 @@ static void conv_plan(conv_plan_t *p, const ps_conv2d_desc_t *d, int N, int H, i
         size_t want = (gemm_cols + p->PQ - 1) / p->PQ;
         nb = want > (size_t)N ? N : (int)want;
     }
-    const int nt = team_max();
+    const int nt = ps_cpu_team_threads();
     int nchunks = (N + nb - 1) / nb;
     if (nt > 1 && nchunks % nt) {
         /* a multiple of the team (3 chunks on 2 threads would leave one
@@ -246,7 +235,7 @@ static void fwd_chunk(const conv_plan_t *p, const ps_conv2d_desc_t *d, float *ou
                       (int)cols, 0.0f, tmp + (size_t)g * Kg * cols, (int)cols);
     }
     /* (K, nc, PQ) -> (nc, K, PQ) */
-#pragma omp parallel for collapse(2) schedule(static) if (team_max() > 1)
+#pragma omp parallel for collapse(2) schedule(static) if (ps_cpu_team_threads() > 1)
     for (int i = 0; i < nc; i++)
         for (int k = 0; k < K; k++)
             memcpy(out + ((size_t)(n0 + i) * K + k) * PQ, tmp + (size_t)k * cols + (size_t)i * PQ,
@@ -290,7 +279,7 @@ void ps_conv2d_gemm_forward(ps_ctx_t *ctx, float *out, const float *inp, const f
     for (int n0 = 0; n0 < N; n0 += p.nb)
         fwd_chunk(&p, d, out, inp, w, ws, n0, N - n0 < p.nb ? N - n0 : p.nb, H, W);
     if (b) {
-#pragma omp parallel for collapse(2) schedule(static) if (team_max() > 1)
+#pragma omp parallel for collapse(2) schedule(static) if (ps_cpu_team_threads() > 1)
         for (int n = 0; n < N; n++)
             for (int k = 0; k < K; k++) {
                 float *o = out + ((size_t)n * K + k) * PQ, bk = b[k];
@@ -316,7 +305,7 @@ static void bwd_chunk(const conv_plan_t *p, const ps_conv2d_desc_t *d, float *di
         ldy = PQ;
     } else {
         float *tmp = ws + (size_t)CRS * PQ * p->nb;
-#pragma omp parallel for collapse(2) schedule(static) if (team_max() > 1)
+#pragma omp parallel for collapse(2) schedule(static) if (ps_cpu_team_threads() > 1)
         for (int i = 0; i < nc; i++)
             for (int k = 0; k < K; k++)
                 memcpy(tmp + (size_t)k * cols + (size_t)i * PQ,
@@ -379,7 +368,7 @@ static void bwd_chunk(const conv_plan_t *p, const ps_conv2d_desc_t *d, float *di
             ps_blas_sgemm(0, 0, Cg, (int)hcols, KRS, 1.0f, wt + (size_t)g * Cg * KRS, KRS, col,
                           (int)hcols, 0.0f, tmp, (int)hcols);
             /* (Cg, nc, HW) -> (nc, Cg, HW) */
-#pragma omp parallel for collapse(2) schedule(static) if (team_max() > 1)
+#pragma omp parallel for collapse(2) schedule(static) if (ps_cpu_team_threads() > 1)
             for (int i = 0; i < nc; i++)
                 for (int c = 0; c < Cg; c++)
                     memcpy(dxg + ((size_t)i * C + c) * HW, tmp + (size_t)c * hcols + (size_t)i * HW,
@@ -426,7 +415,7 @@ void ps_conv2d_gemm_backward(ps_ctx_t *ctx, float *dinp, float *dw, const float 
         return;
     }
     if (wt) {
-#pragma omp parallel if (team_max() > 1)
+#pragma omp parallel if (ps_cpu_team_threads() > 1)
         flip_weights(wt, w, d, &p);
     }
     for (int n0 = 0; n0 < N; n0 += p.nb)

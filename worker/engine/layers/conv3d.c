@@ -63,17 +63,6 @@ int ps_conv3d_check(const char *who, const ps_conv3d_desc_t *d, int N, int D, in
     return 1;
 }
 
-/* Threads a call may use: a call made inside a parallel region runs on
- * its own thread. */
-static int team_max(void)
-{
-#ifdef _OPENMP
-    return omp_in_parallel() ? 1 : omp_get_max_threads();
-#else
-    return 1;
-#endif
-}
-
 typedef struct plan3 {
     int O, P, Q, G, Cg, Kg, CRS;
     size_t DHW, PQ, OPQ, nw;
@@ -102,7 +91,7 @@ static void plan3(plan3_t *p, const ps_conv3d_desc_t *d, int N, int D, int H, in
     p->direct = is_direct(d);
     size_t frame_cols = (size_t)p->CRS * p->PQ, f = col_cap / frame_cols;
     p->fchunk = f < 1 ? 1 : f > (size_t)p->O ? p->O : (int)f;
-    const int nt = team_max();
+    const int nt = ps_cpu_team_threads();
     p->team = N >= 2 && nt > 1 ? (N < nt ? N : nt) : 1;
     p->per_thread = p->direct ? 0 : frame_cols * (size_t)p->fchunk;
 }

@@ -216,15 +216,6 @@ const char *ps_conv_get_kernels(void)
     return mode[0] ? mode : "auto";
 }
 
-static int team_threads(void)
-{
-#ifdef _OPENMP
-    return omp_in_parallel() ? 1 : omp_get_max_threads();
-#else
-    return 1;
-#endif
-}
-
 static choice_t *find_locked(const ps_conv_shape_t *s, ps_conv_dir_t dir, int threads,
                              ps_precision_t prec)
 {
@@ -342,7 +333,7 @@ static int choose(ps_ctx_t *ctx, const ps_conv_shape_t *s, ps_conv_dir_t dir, fl
 {
     ps_cpu_state_t *st = ps_cpu_state(ctx);
     const ps_precision_t prec = st ? st->precision : PS_PRECISION_FP32;
-    const int threads = team_threads();
+    const int threads = ps_cpu_team_threads();
     pthread_mutex_lock(&lock);
     read_env_locked();
     choice_t *c = find_locked(s, dir, threads, prec);
@@ -381,7 +372,7 @@ static void demote(ps_ctx_t *ctx, const ps_conv_shape_t *s, ps_conv_dir_t dir)
 {
     ps_cpu_state_t *st = ps_cpu_state(ctx);
     pthread_mutex_lock(&lock);
-    choice_t *c = find_locked(s, dir, team_threads(), st ? st->precision : PS_PRECISION_FP32);
+    choice_t *c = find_locked(s, dir, ps_cpu_team_threads(), st ? st->precision : PS_PRECISION_FP32);
     if (c) {
         c->row = 0, c->c.provider = ps_conv_gemm.name;
         ps_conv_gemm.kernel(ctx, s, dir, c->c.kernel, sizeof c->c.kernel);

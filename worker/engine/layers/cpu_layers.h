@@ -65,6 +65,9 @@ void ps_cpu_col_plane_add(float *xp, const float *src, int H, int W, int P, int 
  * gradients red[(t-1)*nw ..] into dw (an orphaned worksharing loop: every
  * thread of the team calls it). */
 void ps_cpu_conv_bias_grad(float *db, const float *dout, int N, int K, size_t PQ);
+/* Threads a call may use: the OpenMP team's size, 1 for a call made inside
+ * a parallel region (it runs on its own thread). */
+int ps_cpu_team_threads(void);
 void ps_cpu_sum_partials(float *dw, const float *red, size_t nw, int nth);
 
 /* batchnorm.c */
