@@ -24,8 +24,12 @@
  *     (RetinaNet's shared heads) is handled for free;
  *   - input gradients (dinp) are OVERWRITTEN; a NULL dinp means "not needed"
  *     (first layer) and must be accepted.
- * Threads: the CPU backend uses OpenMP for non-GEMM loops and OpenBLAS for
- * GEMM; ps_engine_init() sets both so they never oversubscribe.
+ * Threads: the CPU backend uses one OpenMP team for its loops, its GEMM
+ * slices (oneDNN's sgemm or OpenBLAS, single-threaded inside each) and
+ * oneDNN's convolutions (Debian's oneDNN runs on OpenMP too);
+ * ps_engine_init() sets it so nothing oversubscribes.  Which convolution
+ * kernel runs is chosen per layer shape (ps_engine_set_conv_kernels below,
+ * worker/engine/layers/conv_provider.h).
  */
 #ifndef PS_ENGINE_H
 #define PS_ENGINE_H
