@@ -253,6 +253,14 @@ static int call_row(const ps_conv_provider_t *r, ps_ctx_t *ctx, const ps_conv_sh
 static void measure(ps_ctx_t *ctx, const ps_conv_shape_t *s, ps_conv_dir_t dir, float *y,
                     const float *a, const float *b, const float *bias, choice_t *c)
 {
+    if (mode[0]) { /* forced: that row where it can (asked first: a row's
+                    * supports() may build what the call needs) */
+        const int f = row_index(mode);
+        if (f >= 0 && ps_conv_rows[f]->supports(ctx, s, dir)) {
+            c->row = f;
+            return;
+        }
+    }
     int cand[NROWS], n = 0;
     for (int i = 0; ps_conv_rows[i] && i < NROWS; i++)
         if (ps_conv_rows[i]->supports(ctx, s, dir)) cand[n++] = i;
@@ -264,13 +272,7 @@ static void measure(ps_ctx_t *ctx, const ps_conv_shape_t *s, ps_conv_dir_t dir, 
                 ps_conv_shape_str(s, sh, sizeof sh), ps_conv_dir_name[dir],
                 ps_precision_name(st->precision));
     }
-    if (mode[0]) { /* forced: that row where it can, else the first that can */
-        int f = row_index(mode);
-        for (int i = 0; i < n; i++)
-            if (cand[i] == f) c->row = f;
-        return;
-    }
-    if (n <= 1) return;
+    if (mode[0] || n <= 1) return; /* forced elsewhere: the first row that can */
     float *scratch = NULL;
     if (dir == PS_CONV_BWD_WEIGHTS) {
         size_t nw = (size_t)s->K * (s->C / s->groups) * s->ker[0] * s->ker[1] * s->ker[2];
