@@ -154,8 +154,11 @@ static void send_buf(psd_t *s, const void *id, size_t idlen, uint64_t request_id
     h.has_numel = 1, h.numel = p->numel;
     if (flags) h.has_flags = 1, h.flags = flags;
     if (s->nepochs) h.has_epochs = 1, h.epochs = (uint32_t)s->nepochs; /* elastic */
-    /* Zero-copy: every reply of this version shares the one encoded buffer. */
-    int rc = ps_wire_send_crc(s->sock, id, idlen, &h, b->data, b->len, b->crc, psd_buf_zmq_free, b,
+    /* Zero-copy: every reply of this version shares the one encoded buffer.
+     * The reference handed to the send may be the last one, and ZeroMQ's I/O
+     * thread frees it once sent: b is not read after the call. */
+    const size_t len = b->len;
+    int rc = ps_wire_send_crc(s->sock, id, idlen, &h, b->data, len, b->crc, psd_buf_zmq_free, b,
                               ZMQ_DONTWAIT);
     if (rc) {
         psd_buf_unref(b);
@@ -164,7 +167,7 @@ static void send_buf(psd_t *s, const void *id, size_t idlen, uint64_t request_id
         return;
     }
     s->mx.msgs_out++;
-    s->mx.bytes_out += b->len + 64;
+    s->mx.bytes_out += len + 64;
 }
 
 static uint32_t skipped_flag(const psd_part_t *p)

@@ -47,7 +47,7 @@ ok $? "reference: 2 psd started"
 SERVERS=tcp://127.0.0.1:$PORT_0,tcp://127.0.0.1:$PORT_1
 run_workers 2 "$T/ref" "${COMMON[@]}" --shutdown-servers
 ok $? "reference: 2 workers finished $STEPS steps without faults"
-wait "$PID_0" "$PID_1" 2>/dev/null
+await_exit 30 "$PID_0" "$PID_1"
 mv "$T/psd0.log" "$T/ref/psd0.log"; mv "$T/psd1.log" "$T/ref/psd1.log"
 
 # ---- the faulty run ----

@@ -32,7 +32,7 @@ one_case() {
     SERVERS=tcp://127.0.0.1:$PORT_0,tcp://127.0.0.1:$PORT_1
     run_workers 2 "$T/$name/ref" "${COMMON[@]}" "$@" --shutdown-servers
     ok $? "$name: reference run ($STEPS steps, no fault)"
-    wait "$PID_0" "$PID_1" 2>/dev/null
+    await_exit 30 "$PID_0" "$PID_1"
     rm -f "$T/psd0.log" "$T/psd1.log"
 
     # ---- psd 1 lost with its disk ----
@@ -64,7 +64,7 @@ one_case() {
     v1=$("$PSCTL" --servers "tcp://127.0.0.1:$PORT_1" status --json 2>/dev/null |
         sed -n 's/^[[:space:]]*"version\(_max\)*":[[:space:]]*\([0-9]*\).*/\2/p' | sort -u | tr '\n' ' ')
     "$PSCTL" --servers "$SERVERS" shutdown >/dev/null 2>&1
-    wait "$PID_0" "$PID_1" 2>/dev/null
+    await_exit 30 "$PID_0" "$PID_1"
     grep -h 'rebuilding it from\|going on at step' "$out/w0.err" | head -n 2 | sed 's/^/# /'
     local nreb nown1
     nreb=$(grep -c 'rebuilt at version' "$T/psd1.log")

@@ -43,7 +43,7 @@ export_and_stop() {
         >"$1/export.out" 2>&1 &&
         "$PSCTL" --servers "$SERVERS" shutdown >>"$1/export.out" 2>&1
     local rc=$?
-    wait "$PID_0" "$PID_1" 2>/dev/null
+    await_exit 30 "$PID_0" "$PID_1"
     return $rc
 }
 

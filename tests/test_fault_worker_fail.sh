@@ -123,7 +123,7 @@ wait_exit "$p1" 20; rc1=$?
 [ $rc0 = 1 ] && [ $rc1 = 1 ] && grep -q "shut down" "$T/s0.err" && grep -q "shut down" "$T/s1.err"
 ok $? "both workers stop within seconds (exit $rc0 / $rc1), saying the server shut down" ||
     { show_log "$T/s0.err"; show_log "$T/s1.err"; }
-wait "$PID_0" 2>/dev/null
+await_exit 30 "$PID_0"
 
 # ---- 5. a psd stopped for a while ------------------------------------------
 start_cluster 1 2 || exit 1

@@ -39,7 +39,7 @@ paused_run() {
     kill -CONT "$C1"
     wait "$P0"; RC0=$?
     wait "$P1"; RC1=$?
-    wait "$PID_0" "$PID_1" 2>/dev/null
+    await_exit 30 "$PID_0" "$PID_1"
     mv "$T/psd0.log" "$out/psd0.log"; mv "$T/psd1.log" "$out/psd1.log"
 }
 
@@ -48,7 +48,7 @@ start_cluster 2 2 "${PSDF[@]}"
 ok $? "reference: 2 psd started"
 run_workers 2 "$T/ref" "${WAITRUN[@]}" --shutdown-servers
 ok $? "reference: 2 workers trained $STEPS steps"
-wait "$PID_0" "$PID_1" 2>/dev/null
+await_exit 30 "$PID_0" "$PID_1"
 rm -f "$T/psd0.log" "$T/psd1.log"
 
 # ---- wait ----

@@ -37,6 +37,25 @@ ok() {  # ok COND-EXIT-STATUS DESCRIPTION
 diag() { echo "# $*"; }
 tap_done() { echo "1..$tap_n"; [ "$tap_fail" -eq 0 ]; exit $?; }
 # Show the end of a log file as TAP comments (on failure).
+# await_exit SECS PID...: wait for processes told to exit (a shutdown); one
+# still running after SECS seconds is named, stopped, and the call fails --
+# a shutdown that never came must fail the test, not hang it
+await_exit() {
+    local secs=$1 p rc=0
+    shift
+    for p in "$@"; do
+        for _ in $(seq 1 $((secs * 10))); do is_live "$p" || break; sleep 0.1; done
+        if is_live "$p"; then
+            diag "still running ${secs}s after its shutdown, stopped: pid $p: $(ps -o args= -p "$p" | cut -c1-100)"
+            kill -TERM "$p" 2>/dev/null
+            for _ in $(seq 1 20); do is_live "$p" || break; sleep 0.1; done
+            is_live "$p" && kill -KILL "$p" 2>/dev/null
+            rc=1
+        fi
+        wait "$p" 2>/dev/null
+    done
+    return $rc
+}
 show_log() { [ -f "$1" ] && { echo "# --- $1"; tail -n "${2:-15}" "$1" | sed 's/^/#   /'; }; }
 
 # start_psd ID NSERVERS NWORKERS [extra psd flags...]: sets PORT_<ID>, PID_<ID>.

@@ -220,7 +220,7 @@ static int restore_loss_scale(ps_worker_t *p, ps_client_t *c, uint64_t step)
         free(json);
     }
     if (!rc) {
-        qsort(skips, n, sizeof *skips, cmp_u64);
+        if (n) qsort(skips, n, sizeof *skips, cmp_u64); /* skips is NULL when n is 0 */
         rc = ps_worker_ls_replay(p, step, skips, n);
     }
     free(skips);
