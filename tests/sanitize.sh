@@ -36,7 +36,10 @@ dir=$(cd "$dir" && pwd)
 #   build meets (worst norm error 0.00098) and this -O1 build does not
 #   (0.0019: other ReLU decisions flip); also the costliest here (26 s).  Its
 #   model code still runs sanitized in test_model_io, test_retinanet and the
-#   video integration test.
+#   video integration test.  test_video3d, for the same reason: r2plus1d-18's
+#   gradients meet PyTorch's at -O2 and not at -O1 (worst norm error 0.0056);
+#   its layers run sanitized in test_layers3d and test_video_dense.
+#   check_video3d_torch.sh: its time goes into PyTorch (38 s here).
 # - test_deploy.sh: checks that the Dockerfile installs every library the
 #   binaries link, and these link libasan/libubsan.
 # - test_psctl.sh: parses psctl's stdout+stderr as JSON, and under ASan
@@ -54,7 +57,7 @@ dir=$(cd "$dir" && pwd)
 # Put one back once its owner has made it independent of the build.
 PS_ASAN_SKIP=${PS_ASAN_SKIP-tests/check_model_torch.sh tests/check_retinanet_torch.sh \
 tests/check_fasterrcnn_torch.sh tests/check_roi_align_torch.sh \
-tests/test_cuda_emu.sh tests/test_resnet tests/test_deploy.sh tests/test_psctl.sh tests/test_fault_load \
+tests/test_cuda_emu.sh tests/test_resnet tests/test_video3d tests/check_video3d_torch.sh tests/test_deploy.sh tests/test_psctl.sh tests/test_fault_load \
 tests/check_onnx.sh tests/check_tsm_import.sh}
 
 SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
