@@ -81,33 +81,52 @@ float ps_bf16_to_fp32_1(uint16_t h)
     return u2f((uint32_t)h << 16);
 }
 
+/* Element loads and stores through memcpy: a payload inside a received
+ * message need not be aligned to its element size (ZeroMQ packs small
+ * frames), and a misaligned dereference is undefined; compilers turn these
+ * into plain moves. */
+static inline float ld_f32(const float *p)
+{
+    float v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+static inline uint16_t ld_u16(const uint16_t *p)
+{
+    uint16_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+static inline void st_f32(float *p, float v) { memcpy(p, &v, sizeof v); }
+static inline void st_u16(uint16_t *p, uint16_t v) { memcpy(p, &v, sizeof v); }
+
 static void fp32_to_fp16_scalar(uint16_t *dst, const float *src, size_t n)
 {
-    for (size_t i = 0; i < n; i++) dst[i] = ps_fp32_to_fp16_1(src[i]);
+    for (size_t i = 0; i < n; i++) st_u16(dst + i, ps_fp32_to_fp16_1(ld_f32(src + i)));
 }
 static void fp16_to_fp32_scalar(float *dst, const uint16_t *src, size_t n)
 {
-    for (size_t i = 0; i < n; i++) dst[i] = ps_fp16_to_fp32_1(src[i]);
+    for (size_t i = 0; i < n; i++) st_f32(dst + i, ps_fp16_to_fp32_1(ld_u16(src + i)));
 }
 static void fp32_to_bf16_scalar(uint16_t *dst, const float *src, size_t n)
 {
-    for (size_t i = 0; i < n; i++) dst[i] = ps_fp32_to_bf16_1(src[i]);
+    for (size_t i = 0; i < n; i++) st_u16(dst + i, ps_fp32_to_bf16_1(ld_f32(src + i)));
 }
 static void bf16_to_fp32_scalar(float *dst, const uint16_t *src, size_t n)
 {
-    for (size_t i = 0; i < n; i++) dst[i] = ps_bf16_to_fp32_1(src[i]);
+    for (size_t i = 0; i < n; i++) st_f32(dst + i, ps_bf16_to_fp32_1(ld_u16(src + i)));
 }
 static void fp32_add_scalar(float *dst, const float *src, size_t n)
 {
-    for (size_t i = 0; i < n; i++) dst[i] += src[i];
+    for (size_t i = 0; i < n; i++) st_f32(dst + i, ld_f32(dst + i) + ld_f32(src + i));
 }
 static void fp16_add_fp32_scalar(float *dst, const uint16_t *src, size_t n)
 {
-    for (size_t i = 0; i < n; i++) dst[i] += ps_fp16_to_fp32_1(src[i]);
+    for (size_t i = 0; i < n; i++) st_f32(dst + i, ld_f32(dst + i) + ps_fp16_to_fp32_1(ld_u16(src + i)));
 }
 static void bf16_add_fp32_scalar(float *dst, const uint16_t *src, size_t n)
 {
-    for (size_t i = 0; i < n; i++) dst[i] += ps_bf16_to_fp32_1(src[i]);
+    for (size_t i = 0; i < n; i++) st_f32(dst + i, ld_f32(dst + i) + ps_bf16_to_fp32_1(ld_u16(src + i)));
 }
 
 /* ---- F16C / AVX2 -------------------------------------------------------- */

@@ -112,7 +112,7 @@ stop_all
 PRELOAD=$(readlink -f "$SHIM")
 ASANLIB=$(ldd "$PSD" 2>/dev/null | awk '/libasan/ { print $3; exit }')
 [ -n "$ASANLIB" ] && PRELOAD=$ASANLIB:$PRELOAD
-LD_PRELOAD=$PRELOAD PS_CLOCK_SHIFT_S=30 start_psd 0 2 2 "${GOOD0[@]}" && start_psd 1 2 2 "${GOOD1[@]}"
+PSD_PRELOAD=$PRELOAD PS_CLOCK_SHIFT_S=30 start_psd 0 2 2 "${GOOD0[@]}" && start_psd 1 2 2 "${GOOD1[@]}"
 SERVERS=tcp://127.0.0.1:$PORT_0,tcp://127.0.0.1:$PORT_1
 check clock
 [ $RC = 1 ] && grep -q "^FAIL server 0 .*its clock is +[23][0-9]\.[0-9]* s off this host's" "$T/clock.out" &&

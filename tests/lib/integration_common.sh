@@ -64,7 +64,10 @@ start_psd() {
     local id=$1 ns=$2 nw=$3; shift 3
     local pf=$T/psd$id.port port=${PS_PORT:-0}
     rm -f "$pf"
-    "$PSD" --port "$port" --port-file "$pf" --server-id "$id" --num-servers "$ns" \
+    # PSD_PRELOAD: preloaded into psd alone, not into the commands below
+    local pre=()
+    [ -n "${PSD_PRELOAD:-}" ] && pre=(env "LD_PRELOAD=$PSD_PRELOAD")
+    "${pre[@]}" "$PSD" --port "$port" --port-file "$pf" --server-id "$id" --num-servers "$ns" \
         --num-workers "$nw" --log-level "${PSD_LOG:-info}" "$@" >>"$T/psd$id.log" 2>&1 &
     local pid=$!
     PIDS+=("$pid")
