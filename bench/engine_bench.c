@@ -13,6 +13,7 @@
  * behind any optimisation.
  * Lines starting with "RESULT" are for engine_bench.sh.  Figures mean
  * something only on an otherwise idle machine. */
+#include "worker/engine/layers/cpu_layers.h"
 #include "worker/engine/ps_blas.h"
 #include "worker/models/ps_model.h"
 
@@ -136,6 +137,7 @@ static const ps_backend_t profiled = {
     .tshift_forward = w_ts_f, .tshift_backward = w_ts_b,
     .consensus_forward = w_cs_f, .consensus_backward = w_cs_b,
     .add = w_add, .accumulate = w_acc,
+    .act_elsize = ps_cpu_act_elsize, .bn_forward_saved = ps_cpu_bn_forward_saved,
 };
 
 static int profile;

@@ -19,6 +19,7 @@ int ps_cpu_event_query(ps_ctx_t *ctx, int slot);
 int ps_cpu_event_wait(ps_ctx_t *ctx, int slot);
 int ps_cpu_mem_stats(ps_ctx_t *ctx, ps_backend_mem_t *m, int reset_peak);
 void ps_cpu_release(ps_ctx_t *ctx);
+size_t ps_cpu_act_elsize(ps_ctx_t *ctx);
 
 /* conv2d.c, conv2d_col.c */
 void ps_cpu_conv2d_forward(ps_ctx_t *ctx, float *out, const float *inp, const float *w,
@@ -72,6 +73,9 @@ void ps_cpu_bn_backward_train(ps_ctx_t *ctx, float *dinp, float *dgamma, float *
                               const float *dout, const float *inp, const float *gamma,
                               const float *save_mean, const float *save_rstd, int N, int C,
                               int HW);
+void ps_cpu_bn_forward_saved(ps_ctx_t *ctx, float *out, const float *inp, const float *gamma,
+                             const float *beta, const float *save_mean, const float *save_rstd,
+                             int N, int C, int HW);
 void ps_cpu_bn_forward_eval(ps_ctx_t *ctx, float *out, const float *inp, const float *gamma,
                             const float *beta, const float *run_mean, const float *run_var,
                             float eps, int N, int C, int HW);
