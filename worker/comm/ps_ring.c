@@ -76,6 +76,7 @@ void ps_ring_opts_default(ps_ring_opts_t *o)
     o->nconn = 1;
     o->checksum = 1;
     o->window = 8;
+    o->listen_fd = -1;
 }
 
 /* First element and length of chunk c: n split as evenly as possible, the

@@ -97,6 +97,10 @@ static int det_check(ps_worker_opts_t *o)
         !(d->score_thresh >= 0 && d->score_thresh < 1) || !(d->clip_grad >= 0))
         return ps_worker_opt_error("--fpn-channels must be in 8..1024, --freeze-at in 0..5, "
                 "--score-thresh in [0, 1), --clip-grad >= 0");
+    const char *bn = o->data.bn;
+    if (*bn && strcmp(bn, "frozen") && strcmp(bn, "train") && strcmp(bn, "sync"))
+        return ps_worker_opt_error("--bn: a detector's backbone BN is frozen|train|sync, got "
+                                   "\"%s\"", bn);
     if (!o->eval && !*o->export_onnx && !*d->train_json)
         return ps_worker_opt_error("--model %s needs --train-json (COCO annotations) and --root "
                 "(their images)", o->model);
@@ -214,6 +218,9 @@ static int det_model(ps_worker_t *p, det_t *d, int depth)
     cfg.width = o->data.width;
     cfg.fpn_channels = dop->fpn_channels;
     cfg.freeze_at = dop->freeze_at;
+    cfg.bn_mode = *o->data.bn && strcmp(o->data.bn, "frozen") ? PS_MODEL_BN_TRAIN
+                                                               : PS_MODEL_BN_FROZEN;
+    cfg.recompute = o->data.recompute;
     if ((rc = ps_worker_open_device(p, &d->ctx, &d->be))) return rc;
     int vbatch = d->vopt.batch, maxn = p->batch > vbatch ? p->batch : vbatch;
     if (*o->export_onnx) maxn = 1; /* the graph has a symbolic batch */
@@ -224,6 +231,12 @@ static int det_model(ps_worker_t *p, det_t *d, int depth)
         if ((rc = ps_retina_load_weights(d->m, o->data.weights, o->data.weights_partial)))
             return rc;
         ps_info("weights loaded from %s", o->data.weights);
+    }
+    if (!strcmp(o->data.bn, "sync")) { /* the backbone's BN channels, what --bn sync exchanges */
+        int nb;
+        const ps_model_buffer_t *bu = ps_retina_buffers(d->m, &nb);
+        for (int i = 0; i < nb; i++)
+            if (bu[i].f32 && strstr(bu[i].name, "running_mean")) p->bn_cross += (int)bu[i].numel;
     }
     d->A = ps_retina_num_anchors(d->m);
     d->anchors = malloc(sizeof(float) * 4 * (size_t)d->A);
@@ -293,9 +306,10 @@ static int det_setup(ps_worker_t *p, uint32_t nservers)
         (rc = det_table(p, d, nservers)))
         return rc;
     ps_info("model %s: %zu trainable parameters in %d tensors, %u partitions on %u server(s), "
-            "%d classes, %dx%d, width %d, FPN %d, freeze_at %d, %d anchors/image", o->model,
-            p->numel, d->nspecs, p->table.nparts, nservers, d->K, o->data.size, o->data.size,
-            o->data.width, dopts(p)->fpn_channels, dopts(p)->freeze_at, d->A);
+            "%d classes, %dx%d, width %d, FPN %d, freeze_at %d, backbone BN %s%s, %d "
+            "anchors/image", o->model, p->numel, d->nspecs, p->table.nparts, nservers, d->K,
+            o->data.size, o->data.size, o->data.width, dopts(p)->fpn_channels,
+            dopts(p)->freeze_at, *o->data.bn ? o->data.bn : "frozen", o->data.recompute ? " (recomputed)" : "", d->A);
     return 0;
 }
 
@@ -551,6 +565,8 @@ static void det_print_final(ps_worker_t *p, uint64_t steps_done)
            s->sum_data * ms, s->sum_compute * ms, s->sum_comm * ms,
            d->tl ? ps_det_loader_skipped(d->tl) : (size_t)0, d->eval_s,
            ps_worker_now() - s->t_start);
+    printf(" bn=%s", *p->o->data.bn ? p->o->data.bn : "frozen");
+    if (p->bn_cross) printf(" bn_exchanges=%llu", (unsigned long long)p->bn_group.gathers);
     ps_worker_print_out(p);
     printf("\n");
     fflush(stdout);
