@@ -8,7 +8,9 @@
 #      the CPU reference in fp32, then conv / linear with fp16 and bf16
 #      operands, and the loss scale in xent's backward), tests/test_cuda_det
 #      (the detection layers of det_layers.cu), tests/test_cuda_layers3d
-#      (conv3d through cuDNN's graph API, 3-D pools), tests/test_cuda_half (every
+#      (conv3d through cuDNN's graph API, 3-D pools), tests/test_cuda_rcnn (the
+#      two-stage detectors' RoIAlign, roi_align.cu, and a whole Faster R-CNN
+#      step vs the CPU), tests/test_cuda_half (every
 #      layer with half storage of the activations, fp16 and bf16, vs the CPU
 #      fp32 layers), tests/test_cuda_half_model (a small TSM-ResNet-18 step
 #      with half storage vs the CPU fp32 and the CPU rounding model,
@@ -79,7 +81,7 @@ if [ -x "$CARRY/gpu_bench" ] && [ -x "$CARRY/test_cuda_layers" ]; then
     BIN=$CARRY
     CAST=$BIN/test_cuda_cast LAYERS=$BIN/test_cuda_layers BENCH=$BIN/gpu_bench NCCLT=$BIN/test_nccl
     DET=$BIN/test_cuda_det HALF=$BIN/test_cuda_half HALFM=$BIN/test_cuda_half_model
-    TABLE=$BIN/test_cuda_table L3D=$BIN/test_cuda_layers3d
+    TABLE=$BIN/test_cuda_table L3D=$BIN/test_cuda_layers3d RCNN=$BIN/test_cuda_rcnn
     # cuDNN / cuBLAS / NCCL: the toolkit's, else PyTorch's pip packages
     LP=$CARRY/lib
     for py in python3 /usr/bin/python3; do
@@ -116,11 +118,13 @@ else
     make -s proto/ps.pb-c.h >/dev/null 2>&1
     timeout 300 make -s -j"$J" tests/test_cuda_cast tests/test_cuda_layers tests/test_cuda_det \
         tests/test_cuda_half tests/test_cuda_half_model tests/test_cuda_table \
-        tests/test_cuda_layers3d bench/gpu_bench >"$W/build.out" 2>&1 || { tail -40 "$W/build.out"; exit 1; }
+        tests/test_cuda_layers3d tests/test_cuda_rcnn bench/gpu_bench \
+        >"$W/build.out" 2>&1 || { tail -40 "$W/build.out"; exit 1; }
     grep -i 'warning' "$W/build.out" | head -20
     CAST=./tests/test_cuda_cast LAYERS=./tests/test_cuda_layers BENCH=./bench/gpu_bench
     DET=./tests/test_cuda_det HALF=./tests/test_cuda_half HALFM=./tests/test_cuda_half_model
     TABLE=./tests/test_cuda_table NCCLT=./tests/test_nccl L3D=./tests/test_cuda_layers3d
+    RCNN=./tests/test_cuda_rcnn
 fi
 
 # ---- parity ---------------------------------------------------------------
@@ -154,6 +158,9 @@ layer_parity 90 layers3d "$L3D" 25 5
 
 stage "test_cuda_det (detection layers vs the CPU references)"
 layer_parity 60 det "$DET" 25 5
+
+stage "test_cuda_rcnn (RoIAlign vs the CPU reference; a whole Faster R-CNN-R18-FPN step, CPU vs CUDA fp32)"
+layer_parity 60 rcnn "$RCNN" 15 4
 
 stage "test_cuda_half (half storage: every layer on fp16 / bf16 NHWC activations vs the CPU)"
 layer_parity 60 half "$HALF" 25 5

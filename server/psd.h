@@ -197,12 +197,16 @@ typedef struct psd_part {
                              * version carry PS_FLAG_OVERFLOW so every worker
                              * learns the step was skipped (not checkpointed) */
     uint64_t *last_iter;    /* (W) async/ssp: last iteration applied per rank + 1 (0: none) */
-    float *prev;            /* (numel) sync: the weights of version prev_version, the
-                             * one before `version`, kept by every update: a
-                             * worker that died between its pushes of that step
-                             * computes it again from them (PULL with
-                             * PS_FLAG_EXACT) when some partitions are already
-                             * one update ahead; NULL until the first update */
+    psd_buf_t *prevbuf;     /* sync: the weights of version prev_version, the one
+                             * before `version`, kept by every update: a worker
+                             * that died between its pushes of that step computes
+                             * it again from them (PULL with PS_FLAG_EXACT) when
+                             * some partitions are already one update ahead.  An
+                             * update writes the new weights into the buffer of
+                             * the version before and swaps it with wbuf, so the
+                             * version it replaces is kept without a copy (and a
+                             * reply of it in flight needs no copy either); NULL
+                             * until the first update */
     uint64_t prev_version;  /* UINT64_MAX: prev holds no version */
     int prev_skipped;       /* version prev_version came from a skipped update */
     uint64_t wait_since_ms; /* sync: uv_now of the first push for `version` (psd_late.c) */
@@ -312,7 +316,11 @@ typedef struct psd_metrics {
     uint64_t bytes_in, bytes_out, msgs_in, msgs_out, updates, skipped;
     uint64_t errors[PSD_NERR];
     uint64_t dropped_replies;
-    uint64_t weights_cow;  /* updates that found the weights still being sent */
+    uint64_t weights_cow;  /* updates that found the weights still being sent
+                            * and copied them (in place: async modes) */
+    uint64_t weights_left; /* sync updates that found the weights still being
+                            * sent and left them to the replies (the version
+                            * before), no copy */
     uint64_t disconnects;  /* peer connections closed (a message over
                             * ZMQ_MAXMSGSIZE ends its connection this way) */
     double agg_seconds, apply_seconds;
@@ -640,7 +648,7 @@ void psd_send_weights(psd_t *s, const void *id, size_t idlen, uint64_t request_i
  * momentum, for the worker that keeps p's state. */
 void psd_send_state(psd_t *s, const void *id, size_t idlen, uint64_t request_id, psd_part_t *p);
 /* WEIGHTS of p at version v exactly: its current weights, or those kept
- * from the version before (p->prev); ERROR(PS_ESTATE) when neither is v. */
+ * from the version before (p->prevbuf); ERROR(PS_ESTATE) when neither is v. */
 void psd_send_weights_of(psd_t *s, const void *id, size_t idlen, uint64_t request_id,
                          psd_part_t *p, uint64_t v, int dtype, int codec);
 /* Codec of the WEIGHTS reply: Header.reply_codec when present (a PUSHPULL
@@ -673,12 +681,20 @@ void psd_store_apply_sync(psd_t *s, psd_part_t *p);
 void psd_store_apply_async(psd_t *s, psd_part_t *p, const float *grad);
 /* Encoded weights of p at its current version (new reference) or NULL. */
 psd_buf_t *psd_store_encoded(psd_t *s, psd_part_t *p, int dtype, int codec, int *err);
-/* The weights of the version before (p->prev), encoded into a buffer of
+/* The weights of the version before (p->prevbuf), encoded into a buffer of
  * their own (one reference, not cached: asked for only by a rejoining
  * worker), or NULL with *err. */
 psd_buf_t *psd_store_encoded_prev(psd_t *s, psd_part_t *p, int dtype, int codec, int *err);
 /* Forget the kept previous version (the weights were replaced). */
 void psd_store_forget_prev(psd_part_t *p);
+/* The weights of version prev_version (NULL: none kept). */
+static inline float *psd_store_prev(const psd_part_t *p)
+{
+    return p->prevbuf ? (float *)p->prevbuf->data : NULL;
+}
+/* A buffer for the previous version's weights to be written into (the
+ * rebuild from the workers' copies), NULL when out of memory. */
+float *psd_store_prev_writable(psd_part_t *p);
 void psd_store_drop_cache(psd_part_t *p);
 /* Before writing p->w: drop the encoded replies and, when a zero-copy send
  * of the weights is still in flight, move them to a fresh buffer.  0, or

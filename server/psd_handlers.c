@@ -176,9 +176,9 @@ static void init_state(psd_t *s, ps_wire_msg_t *m, psd_part_t *p)
         return;
     }
     if (prev) {
-        if (p->initialised && p->version == h->iteration + 1 &&
-            (p->prev || (p->prev = malloc(bytes)))) {
-            memcpy(p->prev, src, bytes);
+        float *prev;
+        if (p->initialised && p->version == h->iteration + 1 && (prev = psd_store_prev_writable(p))) {
+            memcpy(prev, src, bytes);
             p->prev_version = h->iteration;
             p->prev_skipped = 0;
         }

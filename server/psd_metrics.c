@@ -67,6 +67,7 @@ char *psd_stats_json(const psd_t *s, int preflight)
     cJSON_AddNumberToObject(o, "msgs_out", (double)s->mx.msgs_out);
     cJSON_AddNumberToObject(o, "dropped_replies", (double)s->mx.dropped_replies);
     cJSON_AddNumberToObject(o, "weights_copied", (double)s->mx.weights_cow);
+    cJSON_AddNumberToObject(o, "weights_left_to_replies", (double)s->mx.weights_left);
     cJSON_AddNumberToObject(o, "peer_disconnects", (double)s->mx.disconnects);
     cJSON_AddNumberToObject(o, "max_msg_bytes", (double)s->maxmsg);
     ps_http_stats_t hs;

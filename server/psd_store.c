@@ -13,6 +13,7 @@
 #include "ps_crc32c.h"
 #include "ps_error.h"
 #include "ps_log.h"
+#include "ps_util.h"
 
 int psd_mode_parse(const char *s, psd_mode_t *m)
 {
@@ -105,7 +106,7 @@ static void part_free(psd_part_t *p)
     free(p->seg);
     free(p->m);
     free(p->slots);
-    free(p->prev);
+    psd_buf_unref(p->prevbuf);
     free(p->have);
     free(p->last_iter);
     psd_store_drop_cache(p);
@@ -389,8 +390,8 @@ typedef struct fuse_job {
     const ps_optim_config_t *c;
     int first;
     uint32_t *crc;              /* (nchunks) CRC32C of each chunk's new weights */
-    float *prev;                /* (numel) sync: the weights before the step, copied
-                                 * chunk by chunk while in cache (NULL: none) */
+    float *dst;                 /* (numel) where the new weights go: p->w (in place),
+                                 * or another buffer (the old weights are kept) */
 } fuse_job_t;
 
 static void fuse_chunk(void *arg, size_t c)
@@ -420,7 +421,8 @@ static void fuse_chunk(void *arg, size_t c)
         }
         g = gch;
     }
-    if (j->prev) memcpy(j->prev + lo, p->w + lo, (hi - lo) * sizeof(float));
+    float *w = j->dst;
+    if (w != p->w) memcpy(w + lo, p->w + lo, (hi - lo) * sizeof(float));
     /* The segments overlapping [lo, hi): binary search for the first. */
     uint32_t a = 0, b = p->nseg;
     while (b - a > 1) {
@@ -432,17 +434,18 @@ static void fuse_chunk(void *arg, size_t c)
         const psd_seg_t *sg = &p->seg[k];
         size_t s0 = sg->off > lo ? sg->off : lo, e = sg->off + sg->n < hi ? sg->off + sg->n : hi;
         if (s0 >= e) continue;
-        ps_optim_sgd(p->w + s0, p->m ? p->m + s0 : NULL, g + (s0 - lo), e - s0, sg->lr, sg->wd, j->c,
+        ps_optim_sgd(w + s0, p->m ? p->m + s0 : NULL, g + (s0 - lo), e - s0, sg->lr, sg->wd, j->c,
                      j->first);
     }
-    if (j->crc) j->crc[c] = ps_crc32c(0, p->w + lo, (hi - lo) * sizeof(float));
+    if (j->crc) j->crc[c] = ps_crc32c(0, w + lo, (hi - lo) * sizeof(float));
 }
 
 /* mean(src_of[0..n)) * n / div, then the optimizer step; 1 when done, 0
  * when the partition needs the unfused path (no usable segment list).
- * prev (may be NULL) receives the weights before the step. */
+ * nb: the buffer the new weights go to, p->w left as it was (NULL: in
+ * place in p->wbuf). */
 static int fused_apply(psd_t *s, psd_part_t *p, const float *const *src_of, int n, float div,
-                       float *prev)
+                       psd_buf_t *nb)
 {
     const ps_optim_config_t *c = &s->st.optim;
     if (!p->seg || !p->nseg) return 0;
@@ -457,13 +460,14 @@ static int fused_apply(psd_t *s, psd_part_t *p, const float *const *src_of, int 
                        psd_elastic_lr_scale(s, p->version);
         p->seg[k].wd = (float)((double)c->weight_decay * g->wd_mult);
     }
-    psd_store_weights_writable(s, p);
+    if (!nb) psd_store_weights_writable(s, p);
+    psd_buf_t *out = nb ? nb : p->wbuf;
     double t0 = psd_now_s();
     size_t nch = nchunks_of(p->numel);
     fuse_job_t j = {.src_of = src_of, .n = n, .div = div, .p = p, .c = c, .first = p->version == 0,
-                    .crc = malloc(nch * sizeof(uint32_t)), .prev = prev};
+                    .crc = malloc(nch * sizeof(uint32_t)), .dst = nb ? (float *)nb->data : p->w};
     psd_pool_run(s->pool, fuse_chunk, &j, nch);
-    if (j.crc && p->wbuf) {
+    if (j.crc && out) {
         static uint32_t op_full[32];
         static int have_op;
         uint32_t op_last[32];
@@ -474,8 +478,8 @@ static int fused_apply(psd_t *s, psd_part_t *p, const float *const *src_of, int 
         for (size_t k = 1; k < nch; k++)
             crc = crc_join(crc, j.crc[k], k == nch - 1 && last != SUM_CHUNK * sizeof(float) ? op_last : op_full);
         /* Valid for the version this update produces (bump_version follows). */
-        p->wbuf->crc = crc;
-        p->wbuf->version = p->version + 1;
+        out->crc = crc;
+        out->version = p->version + 1;
     }
     free(j.crc);
     /* The aggregation is part of this pass: its time is in apply_seconds. */
@@ -491,15 +495,45 @@ void psd_store_forget_prev(psd_part_t *p)
     p->prev_skipped = 0;
 }
 
-/* The buffer the weights of the version being replaced go to (allocated at
- * the first update), NULL when out of memory: then no version is kept. */
-static float *prev_buffer(psd_part_t *p)
+/* The buffer the next version's weights go to: the one of the version
+ * before (prevbuf) when no reply of it is in flight any more, else a new
+ * one; NULL when out of memory (then the update is made in place and no
+ * version is kept). */
+static psd_buf_t *spare_buffer(psd_part_t *p)
 {
+    psd_buf_t *b = p->prevbuf;
+    p->prevbuf = NULL;
     psd_store_forget_prev(p);
-    if (!p->prev && !(p->prev = malloc(p->numel * sizeof(float))))
+    if (b && atomic_load(&b->refs) == 1) {
+        b->version = UINT64_MAX; /* its CRC is the fused pass's to set */
+        return b;
+    }
+    psd_buf_unref(b); /* the replies in flight keep their references */
+    if (!(b = wbuf_new(p->numel, 0)))
         ps_warn("partition %u: out of memory for the previous version's weights: a worker "
                 "that dies between its pushes cannot rejoin exactly", p->id);
-    return p->prev;
+    return b;
+}
+
+/* The update made in nb: it becomes the weights, the old ones the version
+ * before (the partition's reference moves with them). */
+static void swap_in(psd_t *s, psd_part_t *p, psd_buf_t *nb)
+{
+    psd_store_drop_cache(p);
+    if (p->wbuf && atomic_load(&p->wbuf->refs) > 1) s->mx.weights_left++;
+    p->prevbuf = p->wbuf;
+    p->wbuf = nb;
+    p->w = (float *)nb->data;
+}
+
+float *psd_store_prev_writable(psd_part_t *p)
+{
+    if (p->prevbuf && atomic_load(&p->prevbuf->refs) > 1) {
+        psd_buf_unref(p->prevbuf);
+        p->prevbuf = NULL;
+    }
+    if (!p->prevbuf) p->prevbuf = wbuf_new(p->numel, 0);
+    return psd_store_prev(p);
 }
 
 void psd_store_apply_sync(psd_t *s, psd_part_t *p)
@@ -510,18 +544,19 @@ void psd_store_apply_sync(psd_t *s, psd_part_t *p)
         if (p->have[r]) src_of[n++] = psd_store_slot(p, r);
     uint64_t from = p->version;
     int from_skipped = p->skipped_ver && p->skipped_ver == p->version;
-    float *prev = prev_buffer(p);
+    psd_buf_t *nb = spare_buffer(p);
     if (p->overflow) {
         /* info, not debug: rare, and the one trace of a skipped step here */
         ps_info("partition %u iteration %llu: loss-scale overflow flagged, update skipped",
                 p->id, (unsigned long long)p->version);
         s->mx.skipped++;
         psd_skips_add(&s->st, p->version);
-        if (prev) memcpy(prev, p->w, p->numel * sizeof(float));
-    } else if (n > 0 && fused_apply(s, p, src_of, n, (float)n, prev)) {
-        /* done in one pass, the previous weights copied in it */
+        /* the weights stay; the version before is the same values */
+        if (nb) memcpy(nb->data, p->w, p->numel * sizeof(float)), swap_in(s, p, nb);
+    } else if (n > 0 && fused_apply(s, p, src_of, n, (float)n, nb)) {
+        /* done in one pass, into nb: the old weights stay the version before */
+        if (nb) swap_in(s, p, nb);
     } else if (n > 0) {
-        if (prev) memcpy(prev, p->w, p->numel * sizeof(float));
         double t0 = psd_now_s();
         /* One contributor: its gradient is the mean (x / 1 is exact), so
          * the optimizer reads it where it lies, with no summation pass. */
@@ -533,7 +568,11 @@ void psd_store_apply_sync(psd_t *s, psd_part_t *p)
         }
         s->mx.agg_seconds += psd_now_s() - t0;
         s->mx.agg_count++;
+        if (nb) memcpy(nb->data, p->w, p->numel * sizeof(float)), swap_in(s, p, nb);
         apply_grad(s, p, g);
+    } else if (nb) {
+        psd_buf_unref(nb); /* nothing applied: no version to keep */
+        nb = NULL;
     }
     memset(p->have, 0, W);
     psd_store_release_held(p);
@@ -542,7 +581,7 @@ void psd_store_apply_sync(psd_t *s, psd_part_t *p)
     p->overflow = 0;
     bump_version(s, p);
     p->skipped_ver = skipped ? p->version : 0;
-    if (prev) p->prev_version = from, p->prev_skipped = from_skipped;
+    if (nb) p->prev_version = from, p->prev_skipped = from_skipped;
 }
 
 void psd_store_apply_async(psd_t *s, psd_part_t *p, const float *grad)
@@ -627,9 +666,9 @@ psd_buf_t *psd_store_encoded_prev(psd_t *s, psd_part_t *p, int dtype, int codec,
         *err = PS_EINVAL;
         return NULL;
     }
-    if (!p->prev || p->prev_version == UINT64_MAX) {
+    if (!p->prevbuf || p->prev_version == UINT64_MAX) {
         *err = PS_ESTATE;
         return NULL;
     }
-    return encode_new(s, p->prev, p->numel, p->prev_version, dtype, codec, err);
+    return encode_new(s, psd_store_prev(p), p->numel, p->prev_version, dtype, codec, err);
 }

@@ -27,9 +27,10 @@ dir=$(cd "$dir" && pwd)
 
 # Left out, with the reason (CPU seconds measured under ASan on this
 # machine; the tests that run take about 120 s of CPU in all):
-# - check_model_torch.sh, check_retinanet_torch.sh: their time goes into
-#   PyTorch, which is not instrumented; the C side runs sanitized in
-#   test_model_io and test_retinanet.
+# - check_model_torch.sh, check_retinanet_torch.sh,
+#   check_fasterrcnn_torch.sh, check_roi_align_torch.sh: their time goes
+#   into PyTorch, which is not instrumented; the C side runs sanitized in
+#   test_model_io, test_retinanet, test_fasterrcnn and test_roi_align.
 # - test_cuda_emu.sh: builds its own C++ program with its own flags.
 # - test_resnet: compares gradients with PyTorch's at a tolerance the -O2
 #   build meets (worst norm error 0.00098) and this -O1 build does not
@@ -52,6 +53,7 @@ dir=$(cd "$dir" && pwd)
 #   test protocol in check_test_protocol.sh.
 # Put one back once its owner has made it independent of the build.
 PS_ASAN_SKIP=${PS_ASAN_SKIP-tests/check_model_torch.sh tests/check_retinanet_torch.sh \
+tests/check_fasterrcnn_torch.sh tests/check_roi_align_torch.sh \
 tests/test_cuda_emu.sh tests/test_resnet tests/test_deploy.sh tests/test_psctl.sh tests/test_fault_load \
 tests/check_onnx.sh tests/check_tsm_import.sh}
 

@@ -176,24 +176,14 @@ static void check_tables(ps_ctx_t *ctx)
     int np, nb;
     const ps_model_param_t *P = ps_retina_params(m, &np);
     ps_retina_buffers(m, &nb);
-    size_t total = 0;
-    for (int i = 0; i < np; i++) total += P[i].numel;
-    /* torchvision retinanet_resnet50_fpn(weights=None, num_classes=91):
-     * sum(p.numel() for p in model.parameters()) = 34,068,119 */
-    is_int(total, 34068119, "R50-FPN 91 classes: torchvision's element count");
-    is_int(nb, 53 * 3, "R50 backbone: 53 BNs x 3 buffers");
-    ok(!strcmp(P[0].name, "backbone.body.conv1.weight") &&
-       !strcmp(P[np - 1].name, "head.regression_head.bbox_reg.bias"),
-       "order: backbone.body.conv1.weight ... head.regression_head.bbox_reg.bias");
     static const char *names[] = {
         "backbone.fpn.inner_blocks.0.0.weight", "backbone.fpn.layer_blocks.2.0.bias",
         "backbone.fpn.extra_blocks.p6.weight", "backbone.fpn.extra_blocks.p7.bias",
         "head.classification_head.conv.3.0.weight", "head.classification_head.cls_logits.bias",
         "head.regression_head.conv.0.0.bias", "backbone.body.layer4.0.downsample.1.weight"};
-    int found = 0;
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        found += ps_retina_find_param(m, names[i]) >= 0;
-    is_int(found, 8, "torchvision names present");
+    /* torchvision retinanet_resnet50_fpn(weights=None, num_classes=91):
+     * sum(p.numel() for p in model.parameters()) = 34,068,119 */
+    check_r50_detector_table(P, np, nb, 34068119, "head.regression_head.bbox_reg.bias", names, 8);
     int i = ps_retina_find_param(m, "head.classification_head.cls_logits.weight");
     ok(i >= 0 && P[i].shape[0] == 9 * 91 && P[i].shape[1] == 256, "cls_logits (819, 256, 3, 3)");
     i = ps_retina_find_param(m, "head.classification_head.cls_logits.bias");
@@ -201,18 +191,6 @@ static void check_tables(ps_ctx_t *ctx)
        i >= 0 ? P[i].w[5] : NAN);
     i = ps_retina_find_param(m, "backbone.fpn.extra_blocks.p6.weight");
     ok(i >= 0 && P[i].shape[1] == 256, "p6_from_p5: p6 takes 256 channels");
-    int frozen_ok = 1;
-    for (int k = 0; k < np; k++) {
-        const char *n = P[k].name;
-        int want_frozen = strstr(n, ".bn") || strstr(n, "downsample.1") ||
-                          !strncmp(n, "backbone.body.conv1", 19) ||
-                          !strncmp(n, "backbone.body.layer1.", 21);
-        if (want_frozen == P[k].trainable) {
-            frozen_ok = 0;
-            diag("%s: trainable %d", n, P[k].trainable);
-        }
-    }
-    ok(frozen_ok, "frozen: every backbone BN, conv1 and layer1; the rest trains");
     is_int(P[ps_retina_find_param(m, "backbone.fpn.inner_blocks.1.0.bias")].group,
            PS_MODEL_GROUP_BIAS, "FPN bias group");
     ps_tensor_spec_t *specs = NULL;

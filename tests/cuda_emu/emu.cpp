@@ -39,6 +39,21 @@ template <class T> static T __shfl_down_sync(unsigned, T v, int o)
 #pragma omp barrier
     return r;
 }
+// IEEE float operations nvcc may not contract (roi_align.cu): plain C++
+// operations here (no FMA contraction without -mfma)
+static float __fmul_rn(float a, float b) { return a * b; }
+static float __fadd_rn(float a, float b) { return a + b; }
+static float __fdiv_rn(float a, float b) { return a / b; }
+template <class T> static T atomicAdd(T *p, T v)
+{
+    T old;
+#pragma omp atomic capture
+    {
+        old = *p;
+        *p += v;
+    }
+    return old;
+}
 extern "C" {
 #include "worker/engine/layers/cpu_layers.h"
 #include "ps_half.h"
@@ -621,6 +636,40 @@ static void detection()
     det_permute();
 }
 
+// roi_align.cu against worker/engine/layers/roi_align.c: forward to the bit
+// (the kernel spells out the CPU's float operations), backward (atomic
+// scatter-adds in another order) to float rounding.  Boxes of every kind:
+// inside, off the map, tiny, huge; fixed and adaptive sampling; aligned.
+static void roi_align()
+{
+    const int N = 2, C = 3, H = 9, W = 11, PH = 4, PW = 3;
+    const float rois[][5] = {{0, 3, 4, 20, 30},    {1, -10, -6, 12, 9},   {0, 30, 25, 70, 60},
+                             {1, 5, 5, 5.3f, 5.2f}, {0, -200, -100, 300, 250}, {1, 40, 2, 43, 35},
+                             {0, -50, -40, -45, -30}, {1, 12, 20, 8, 18}};
+    const int R = (int)(sizeof rois / sizeof rois[0]);
+    const size_t nf = (size_t)N * C * H * W, no = (size_t)R * C * PH * PW;
+    float *f = rnd(nf), *dy = rnd(no);
+    for (int sr = 0; sr <= 2; sr++)
+        for (int al = 0; al <= 1; al++) {
+            float *y = nans(no), *y2 = nans(no), *dx = (float *)calloc(nf, 4),
+                  *dx2 = (float *)calloc(nf, 4);
+            char what[64];
+            ps_cpu_roi_align_forward(&ctx, y, f, &rois[0][0], R, N, C, H, W, PH, PW, 0.25f, sr,
+                                     al);
+            EMU(k_roi_align_fwd, 3, 32, y2, f, &rois[0][0], no, N, C, H, W, PH, PW, 0.25f, sr, al);
+            snprintf(what, sizeof what, "roi_align forward (sampling %d, aligned %d)", sr, al);
+            cmp(y2, y, no, 0, 0, what);
+            ps_cpu_roi_align_backward(&ctx, dx, dy, &rois[0][0], R, N, C, H, W, PH, PW, 0.25f,
+                                      sr, al);
+            EMU(k_roi_align_bwd, 3, 32, dx2, dy, &rois[0][0], no, N, C, H, W, PH, PW, 0.25f, sr,
+                al);
+            snprintf(what, sizeof what, "roi_align backward (sampling %d, aligned %d)", sr, al);
+            cmp(dx2, dx, nf, 1e-6, 1e-5, what);
+            free(y), free(y2), free(dx), free(dx2);
+        }
+    free(f), free(dy);
+}
+
 // ---- half storage (--precision fp16|bf16): the k_h_* kernels on half NHWC
 // tensors against the CPU fp32 layers on the unrounded inputs.  Inputs are
 // stored with an explicit host transpose (NCHW -> NHWC) and rounding;
@@ -935,6 +984,7 @@ int main()
     half_storage<__half>("fp16", 1e-2);
     half_storage<__nv_bfloat16>("bf16", 3e-2);
     detection();
+    roi_align();
     printf("1..%d\n", nt);
     return nfail ? 1 : 0;
 }

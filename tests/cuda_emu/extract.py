@@ -1,5 +1,5 @@
-"""Extract the CUDA backend's kernels (every __global__ / __device__ function
-and the launch-size macros) from worker/engine/cuda/*.cu as plain text, for
+"""Extract the CUDA backend's kernels (every __global__ / __device__ function,
+the plain structs they pass around and the launch-size macros) from worker/engine/cuda/*.cu as plain text, for
 tests/cuda_emu/emu.cpp, which runs them on the CPU.  Usage:
     extract.py CUDA_DIR > kernels.inc
 Only the kernels are taken (never the launchers with <<<>>>), so the test
@@ -9,11 +9,13 @@ import re
 import sys
 
 FILES = ["half.cuh", "batchnorm.cu", "conv2d.cu", "det_layers.cu", "layers.cu", "linear.cu",
-         "loss_scale.cu", "mixed.cu", "pool.cu", "pool3d.cu"]
-# files whose kernels take plain structs by value: their "struct X { ... };"
-# definitions are taken too
+         "loss_scale.cu", "mixed.cu", "pool.cu", "pool3d.cu", "roi_align.cu"]
+# structs the kernels take by value or use: every "struct X { ... };" of these
+# files, and the named ones of any file
 STRUCT_FILES = ("pool3d.cu",)
-MACROS = ("GRID_STRIDE", "BN_THREADS", "BNC_CH", "XENT_THREADS", "DET_THREADS", "DET_STRIDE")
+STRUCTS = ("roi_geom",)
+MACROS = ("GRID_STRIDE", "BN_THREADS", "BNC_CH", "XENT_THREADS", "DET_THREADS", "DET_STRIDE",
+          "ROI_THREADS", "ROI_STRIDE")
 
 
 def functions(src):
@@ -38,9 +40,10 @@ def functions(src):
                     break
 
 
-def structs(src):
-    for m in re.finditer(r"^struct \w+ \{.*?^\};", src, re.M | re.S):
-        yield m.group(0)
+def structs(src, all_of_file):
+    for m in re.finditer(r"^struct (\w+) \{$", src, re.M):
+        if all_of_file or m.group(1) in STRUCTS:
+            yield src[m.start():src.index("\n};", m.start()) + 3]
 
 
 def macros(src):
@@ -63,8 +66,7 @@ def main():
         src = open(os.path.join(d, f)).read()
         out.append("// ---- " + f)
         out.extend(macros(src))
-        if f in STRUCT_FILES:
-            out.extend(structs(src))
+        out.extend(structs(src, f in STRUCT_FILES))
         out.extend(functions(src))
     print("\n\n".join(out))
 

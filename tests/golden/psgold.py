@@ -45,3 +45,22 @@ def write(path, recs=None):
             f.write(a.tobytes())
     print("wrote %s: %d records, %d bytes" % (path, len(recs), os.path.getsize(path)),
           file=sys.stderr)
+
+
+class Golden:
+    """Records collected by put() (float tensors as f32, integer / bool ones
+    as i32, 0-dim as (1,)), then write(path): the two-stage detectors'
+    generators (gen_roi_align.py)."""
+
+    def __init__(self):
+        self.records = []
+
+    def put(self, name, t):
+        a = t.detach().cpu().numpy() if hasattr(t, "detach") else np.asarray(t)
+        code = 1 if a.dtype.kind in "biu" else 0
+        assert 0 < len(name) < 64, name
+        self.records.append((name, code, np.atleast_1d(a)))
+
+    def write(self, path):
+        write(path, self.records)
+        return len(self.records)

@@ -8,10 +8,13 @@
 #define PS_CUDA_TESTUTIL_H
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "tests/lib/tap.h"
+#include "worker/engine/cuda/ps_cuda.h"
+#include "worker/engine/cuda/ps_cuda_backend.h"
 
 static uint64_t rs = 0x243F6A8885A308D3ull;
 static inline float frand(void) /* [-1, 1) */
@@ -59,5 +62,28 @@ static inline double cmp_report(const float *got, const float *want, size_t n, d
     allclose(got, want, (long)n, atol, rtol, what);
     diag("  %s: max |err| %.3g (max |ref| %.3g)", what, worst, maxabs(want, n));
     return worst / (maxabs(want, n) + 1e-30);
+}
+/* A device copy of bytes of host memory, uploaded and waited for; a
+ * failure bails out of the test. */
+static inline void *cu_upload(const void *h, size_t bytes)
+{
+    void *d = NULL;
+    if (ps_cuda_malloc(&d, bytes ? bytes : 4) || ps_cuda_memcpy_h2d(d, h, bytes) ||
+        ps_cuda_device_sync()) {
+        printf("Bail out! device allocation/copy failed\n");
+        exit(1);
+    }
+    return d;
+}
+/* n floats of device memory into a malloc'd host copy, after the backend
+ * of ctx has finished its queue; a failure (a kernel fault) bails out. */
+static inline float *cu_download(ps_ctx_t *ctx, const void *d, size_t n)
+{
+    float *h = malloc((n ? n : 1) * sizeof *h);
+    if (ps_cuda_backend_sync(ctx) || ps_cuda_memcpy_d2h(h, d, n * sizeof *h)) {
+        printf("Bail out! device sync/copy failed (a kernel fault?)\n");
+        exit(1);
+    }
+    return h;
 }
 #endif

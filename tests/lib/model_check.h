@@ -197,4 +197,41 @@ static inline void sgd_step(const ps_model_param_t *P, int np, float **mom,
     }
 }
 
+/* A detector's table at torchvision's ResNet-50 widths with freeze_at 2
+ * (tests/test_retinanet, tests/test_fasterrcnn): its element count equals
+ * torchvision's (want_total), 53 BNs x 3 buffers, the first name
+ * backbone.body.conv1.weight and the last `last`, every name in names[]
+ * present, and exactly every backbone BN, conv1 and layer1 frozen. */
+static inline void check_r50_detector_table(const ps_model_param_t *P, int np, int nb,
+                                            size_t want_total, const char *last,
+                                            const char *const *names, int nnames)
+{
+    size_t total = 0;
+    for (int i = 0; i < np; i++) total += P[i].numel;
+    is_int(total, want_total, "R50-FPN 91 classes: torchvision's element count");
+    is_int(nb, 53 * 3, "R50 backbone: 53 BNs x 3 buffers");
+    ok(np > 0 && !strcmp(P[0].name, "backbone.body.conv1.weight") &&
+       !strcmp(P[np - 1].name, last), "order: backbone.body.conv1.weight ... %s", last);
+    int found = 0;
+    for (int k = 0; k < nnames; k++)
+        for (int i = 0; i < np; i++)
+            if (!strcmp(P[i].name, names[k])) {
+                found++;
+                break;
+            }
+    is_int(found, nnames, "torchvision names present");
+    int frozen_ok = 1;
+    for (int k = 0; k < np; k++) {
+        const char *n = P[k].name;
+        int want_frozen = strstr(n, ".bn") || strstr(n, "downsample.1") ||
+                          !strncmp(n, "backbone.body.conv1", 19) ||
+                          !strncmp(n, "backbone.body.layer1.", 21);
+        if (want_frozen == P[k].trainable) {
+            frozen_ok = 0;
+            diag("%s: trainable %d", n, P[k].trainable);
+        }
+    }
+    ok(frozen_ok, "frozen: every backbone BN, conv1 and layer1; the rest trains");
+}
+
 #endif

@@ -20,7 +20,7 @@ _here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(_here, "..", "golden"))  # the golden generators
 sys.path.insert(0, os.path.join(_here, "..", "lib"))     # taplib
 import gen_resnet as G  # noqa: E402
-from taplib import ok, plan  # noqa: E402
+from taplib import ok, plan, strict_load  # noqa: E402
 
 def build_retinanet(depth, fpn, p6_from_p5, K):
     """torchvision's RetinaNet on another ResNet and FPN width: what
@@ -53,14 +53,7 @@ def main():
     else:
         net = build_retinanet(depth, fpn, p6_from_p5, K)
     sd, meta = G.read_safetensors(os.path.join(d, "model.safetensors"))
-    arch = "retinanet-resnet%d-fpn" % depth
-    ok(meta.get("ps.arch") == arch, "metadata ps.arch %s (want %s)" % (meta.get("ps.arch"), arch))
-    try:
-        res = net.load_state_dict(sd, strict=True)
-        ok(not res.missing_keys and not res.unexpected_keys,
-           "load_state_dict(strict=True) into torchvision %s (%d tensors)" % (arch, len(sd)))
-    except RuntimeError as e:
-        ok(False, "load_state_dict(strict=True): %s" % str(e).splitlines()[0])
+    if not strict_load(net, sd, meta, "retinanet-resnet%d-fpn" % depth):
         return plan()
     net.eval()
     x = torch.from_numpy(G.hash_fill(3 * H * H, "input", seed, 1.0)).view(1, 3, H, H)

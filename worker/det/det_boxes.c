@@ -48,7 +48,22 @@ void ps_det_grid_anchors(float *anchors, const float *cell, int ncell, int H, in
         }
 }
 
+static const float unit_weights[4] = {1.f, 1.f, 1.f, 1.f};
+
 void ps_det_box_encode(float *deltas, const float *gt, const float *anchors, int n)
+{
+    ps_det_box_encode_w(deltas, gt, anchors, n, unit_weights);
+}
+
+void ps_det_box_decode(float *boxes, const float *deltas, const float *anchors, int n)
+{
+    ps_det_box_decode_w(boxes, deltas, anchors, n, unit_weights);
+}
+
+/* torchvision encode_boxes: wx * (gcx - acx) / aw left to right (a weight 1
+ * multiplies exactly, so the unweighted results are unchanged) */
+void ps_det_box_encode_w(float *deltas, const float *gt, const float *anchors, int n,
+                         const float *wt)
 {
     for (int i = 0; i < n; i++) {
         const float *a = anchors + i * 4, *g = gt + i * 4;
@@ -56,17 +71,22 @@ void ps_det_box_encode(float *deltas, const float *gt, const float *anchors, int
         float acx = a[0] + 0.5f * aw, acy = a[1] + 0.5f * ah;
         float gw = g[2] - g[0], gh = g[3] - g[1];
         float gcx = g[0] + 0.5f * gw, gcy = g[1] + 0.5f * gh;
-        deltas[i * 4 + 0] = (gcx - acx) / aw;
-        deltas[i * 4 + 1] = (gcy - acy) / ah;
-        deltas[i * 4 + 2] = logf(gw / aw);
-        deltas[i * 4 + 3] = logf(gh / ah);
+        deltas[i * 4 + 0] = wt[0] * (gcx - acx) / aw;
+        deltas[i * 4 + 1] = wt[1] * (gcy - acy) / ah;
+        deltas[i * 4 + 2] = wt[2] * logf(gw / aw);
+        deltas[i * 4 + 3] = wt[3] * logf(gh / ah);
     }
 }
 
-void ps_det_box_decode(float *boxes, const float *deltas, const float *anchors, int n)
+/* torchvision BoxCoder.decode_single: the deltas divided by the weights
+ * (a division by 1 is exact) */
+void ps_det_box_decode_w(float *boxes, const float *deltas, const float *anchors, int n,
+                         const float *wt)
 {
     for (int i = 0; i < n; i++) {
-        const float *a = anchors + i * 4, *d = deltas + i * 4;
+        const float *a = anchors + i * 4;
+        const float d[4] = {deltas[i * 4] / wt[0], deltas[i * 4 + 1] / wt[1],
+                            deltas[i * 4 + 2] / wt[2], deltas[i * 4 + 3] / wt[3]};
         float w = a[2] - a[0], h = a[3] - a[1];
         float cx = a[0] + 0.5f * w, cy = a[1] + 0.5f * h;
         float dw = fminf(d[2], PS_DET_BBOX_CLIP), dh = fminf(d[3], PS_DET_BBOX_CLIP);
@@ -124,6 +144,12 @@ void ps_det_box_iou(float *iou, const float *a, int M, const float *b, int N)
 int ps_det_assign(int32_t *matched, const float *anchors, int A, const float *gt, int M,
                   float hi, float lo, float *iou_scratch)
 {
+    return ps_det_match(matched, anchors, A, gt, M, hi, lo, 1, iou_scratch);
+}
+
+int ps_det_match(int32_t *matched, const float *anchors, int A, const float *gt, int M, float hi,
+                 float lo, int low_quality, float *iou_scratch)
+{
     if (M <= 0) {
         for (int a = 0; a < A; a++) matched[a] = PS_DET_BELOW;
         return 0;
@@ -157,7 +183,7 @@ int ps_det_assign(int32_t *matched, const float *anchors, int A, const float *gt
         matched[a] = v >= hi ? arg : v < lo ? PS_DET_BELOW : PS_DET_BETWEEN;
     }
     /* allow_low_quality_matches: every anchor that is some GT's best keeps its own arg-max */
-    for (int g = 0; g < M; g++) {
+    for (int g = 0; g < M && low_quality; g++) {
         if (!(best_gt[g] > 0)) continue; /* deviation from torchvision, see header */
         for (int a = 0; a < A; a++)
             if (iou[(long)g * A + a] == best_gt[g]) matched[a] = argmax[a];

@@ -42,6 +42,15 @@ void ps_det_grid_anchors(float *anchors, const float *cell, int ncell, int H, in
  *   w = exp(dw)*aw, box = (cx - 0.5w, cy - 0.5h, cx + 0.5w, cy + 0.5h). */
 void ps_det_box_encode(float *deltas, const float *gt, const float *anchors, int n);
 void ps_det_box_decode(float *boxes, const float *deltas, const float *anchors, int n);
+/* The same with torchvision BoxCoder's weights (wx, wy, ww, wh): encode
+ * dx = wx * (gcx - acx) / aw, dw = ww * log(gw / aw), ...; decode divides
+ * the deltas by the weights first, then clamps dw, dh as above.  Weights
+ * (1,1,1,1) give the functions above bit for bit; the R-CNN box heads use
+ * (10,10,5,5) (Cascade's later stages (20,20,10,10), (30,30,15,15)). */
+void ps_det_box_encode_w(float *deltas, const float *gt, const float *anchors, int n,
+                         const float *weights);
+void ps_det_box_decode_w(float *boxes, const float *deltas, const float *anchors, int n,
+                         const float *weights);
 /* clamp x to [0, width], y to [0, height] (torchvision clip_boxes_to_image) */
 void ps_det_box_clip(float *boxes, int n, int height, int width);
 
@@ -67,6 +76,11 @@ void ps_det_box_iou(float *iou, const float *a, int M, const float *b, int N);
 #define PS_DET_BETWEEN (-2)
 int ps_det_assign(int32_t *matched, const float *anchors, int A, const float *gt, int M,
                   float hi, float lo, float *iou_scratch);
+/* The Matcher with allow_low_quality_matches as a flag: ps_det_assign is
+ * low_quality 1; the R-CNN box heads match proposals with 0
+ * (Matcher(0.5, 0.5, False)). */
+int ps_det_match(int32_t *matched, const float *boxes, int A, const float *gt, int M, float hi,
+                 float lo, int low_quality, float *iou_scratch);
 /* Training targets from an assignment: labels[a] (the convention of the
  * detection slots of the backend table, worker/engine/ps_engine.h: -1
  * ignore, 0 background, gt_class+1 foreground, gt_class in 0..K-1) and

@@ -610,6 +610,8 @@ const ps_backend_t ps_backend_cpu_round = {
     .maxpool3d_backward = ps_cpu_maxpool3d_backward,
     .avgpool3d_forward = ps_cpu_avgpool3d_forward,
     .avgpool3d_backward = ps_cpu_avgpool3d_backward,
+    .roi_align_forward = ps_cpu_roi_align_forward,
+    .roi_align_backward = ps_cpu_roi_align_backward,
     /* NULL as on CUDA (cuda/backend_cuda_table.c): the model takes the unfused path */
     .bn_relu_forward_eval = NULL,
     .bn_relu_backward_eval = NULL,

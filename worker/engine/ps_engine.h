@@ -457,6 +457,29 @@ typedef struct ps_backend {
                               const ps_pool3d_desc_t *d, int N, int C, int D, int H, int W);
     void (*avgpool3d_backward)(ps_ctx_t *ctx, float *dinp, const float *dout,
                                const ps_pool3d_desc_t *d, int N, int C, int D, int H, int W);
+    /* ---- two-stage detection layers (Faster R-CNN; Mask / Cascade R-CNN
+     * reuse them) ------------------------------------------------------- *
+     * RoIAlign as torchvision.ops.roi_align (0.14) on one feature map:
+     * feat (N,C,H,W); rois (R,5), rows (batch index, x1, y1, x2, y2) in
+     * input-image pixels as floats (torchvision's RoI format); out
+     * (R,C,PH,PW).  A box maps onto the map by spatial_scale (1 / stride).
+     * aligned 0 (torchvision's default): no half-pixel shift, RoIs smaller
+     * than one map pixel grow to 1 x 1; aligned 1: a -0.5 shift, no minimum.
+     * sampling_ratio > 0: that many points per bin and axis; 0: ceil(RoI
+     * size / bins) per axis (adaptive).  Each point is bilinear in the map;
+     * a point more than one pixel off the map counts 0, one nearer is
+     * clamped to the edge; the bin is the mean of its points.  A batch index
+     * outside 0..N-1 gives zero rows and no gradient.  Backward is the
+     * transpose and ACCUMULATES into dfeat (+=, torchvision's scatter-add):
+     * unlike the other layers' input gradients, so the RoIs of several calls
+     * (one per FPN level) and the map's other consumers add up; the caller
+     * zeroes or pre-fills dfeat. */
+    void (*roi_align_forward)(ps_ctx_t *ctx, float *out, const float *feat, const float *rois,
+                              int R, int N, int C, int H, int W, int PH, int PW,
+                              float spatial_scale, int sampling_ratio, int aligned);
+    void (*roi_align_backward)(ps_ctx_t *ctx, float *dfeat, const float *dout,
+                               const float *rois, int R, int N, int C, int H, int W, int PH,
+                               int PW, float spatial_scale, int sampling_ratio, int aligned);
 
     /* ---- optional fused entries: NULL in a backend that lacks them, so a
      * caller checks and falls back to the two separate layers ----------- */

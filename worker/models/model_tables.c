@@ -1,7 +1,7 @@
 /* The parameter and buffer tables every model keeps (ps_model_t, ps_retina_t):
  * growing them, looking names up, zeroing gradients, the trainable specs for
  * the PS, and writing / reading them as safetensors with torchvision names.
- * One copy here, so that the classifier and the detector cannot drift
+ * One copy here, so that the classifier and the detectors cannot drift
  * apart in how a checkpoint is laid out. */
 #include "resnet_internal.h"
 
@@ -136,4 +136,43 @@ void ps_mtab_take(ps_arena_t *a, ps_model_param_t *params, int np, ps_model_buff
     for (int i = 0; i < np; i++) params[i].g = ps_arena_take(a, params[i].numel);
     for (int i = 0; i < nb; i++)
         if (buffers[i].ndim == 1) buffers[i].f32 = ps_arena_take(a, buffers[i].numel);
+}
+
+int ps_mtab_frozen(const char *name, int freeze_at)
+{
+    if (freeze_at >= 1 && (!strncmp(name, "conv1.", 6) || !strncmp(name, "bn1.", 4))) return 1;
+    for (int s = 1; s < freeze_at && s <= 4; s++) {
+        char pre[16];
+        snprintf(pre, sizeof pre, "layer%d.", s);
+        if (!strncmp(name, pre, strlen(pre))) return 1;
+    }
+    return 0;
+}
+
+int ps_mtab_add_backbone(ps_model_param_t **params, int *np, int *cap,
+                         ps_model_buffer_t **buffers, int *nb, const ps_model_t *body,
+                         const char *prefix, int freeze_at)
+{
+    char name[192];
+    int nbp, nbb, r;
+    const ps_model_param_t *bp = ps_model_params(body, &nbp);
+    const ps_model_buffer_t *bb = ps_model_buffers(body, &nbb);
+    for (int i = 0; i < nbp; i++) {
+        snprintf(name, sizeof name, "%s%s", prefix, bp[i].name);
+        int trainable = bp[i].trainable && !ps_mtab_frozen(bp[i].name, freeze_at);
+        if ((r = ps_mtab_add_param(params, np, cap, name, bp[i].ndim, bp[i].shape, bp[i].group,
+                                   trainable)) < 0)
+            return r;
+        (*params)[r].w = bp[i].w;
+        (*params)[r].g = bp[i].g;
+    }
+    *buffers = calloc(nbb ? nbb : 1, sizeof **buffers);
+    if (!*buffers) return PS_ENOMEM;
+    for (int i = 0; i < nbb; i++) {
+        (*buffers)[i] = bb[i];
+        snprintf(name, sizeof name, "%s%s", prefix, bb[i].name);
+        if (!((*buffers)[i].name = strdup(name))) return PS_ENOMEM;
+        (*nb)++;
+    }
+    return 0;
 }

@@ -136,6 +136,15 @@ extern const ps_weights_format_t ps_weights_tsm, ps_weights_tsm_bare;
 #define PS_WEIGHTS_RESNET_NFORMATS 3
 extern const ps_weights_format_t *const ps_weights_resnet_formats[PS_WEIGHTS_RESNET_NFORMATS];
 
+/* A detector's backbone (its names under "backbone.body.") from an
+ * ImageNet classifier: an official TSM checkpoint (module.base_model.*,
+ * the classifier and the ".net." levels dropped) or a torchvision ResNet
+ * (fc.* dropped); both cover "backbone.body." only, so the FPN and heads
+ * keep their initialisation.  RetinaNet and Faster R-CNN read them. */
+#define PS_WEIGHTS_DET_BACKBONE_NFORMATS 2
+extern const ps_weights_format_t *const
+    ps_weights_det_backbone_formats[PS_WEIGHTS_DET_BACKBONE_NFORMATS];
+
 /* Where a TSM checkpoint placed the shift, from the ".net." levels of its
  * names: PS_MODEL_SHIFT_BLOCKRES or PS_MODEL_SHIFT_BLOCK, or -1 when it has
  * none (a TSN, or a file in our names); PS_EMISMATCH when it has both. */

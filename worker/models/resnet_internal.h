@@ -198,6 +198,16 @@ int ps_mtab_tensor_specs(const ps_model_param_t *params, int n, ps_tensor_spec_t
  * the float buffers. */
 void ps_mtab_take(ps_arena_t *a, ps_model_param_t *params, int np, ps_model_buffer_t *buffers,
                   int nb);
+/* The detectors' copy of a backbone's tables (RetinaNet, R-CNN): every
+ * parameter and buffer of body under prefix + its name (pointing into the
+ * body's arena), trainable unless frozen by freeze_at (ps_mtab_frozen);
+ * *buffers allocated here.  0 or PS_ENOMEM. */
+int ps_mtab_add_backbone(ps_model_param_t **params, int *np, int *cap,
+                         ps_model_buffer_t **buffers, int *nb, const ps_model_t *body,
+                         const char *prefix, int freeze_at);
+/* torchvision's trainable_layers for a backbone tensor name: freeze_at 1
+ * freezes the stem (conv1, bn1), k >= 2 also layer1..layer(k-1). */
+int ps_mtab_frozen(const char *name, int freeze_at);
 /* Every parameter (F32) and buffer (F32, num_batches_tracked as 0-dim I64)
  * with metadata format=pt, ps.arch=arch. */
 int ps_mtab_save(const ps_model_param_t *params, int np, const ps_model_buffer_t *buffers,
@@ -206,5 +216,33 @@ int ps_mtab_save(const ps_model_param_t *params, int np, const ps_model_buffer_t
  * int64 counter reads as 0). */
 int ps_mtab_read_buffers(const ps_st_file_t *f, ps_model_buffer_t *buffers, int nb,
                          const char *what, const char *path);
+
+/* model_conv.c: a convolution with bias in a detector's neck or heads
+ * (RetinaNet's FPN and subnets, the R-CNN FPN and RPN), its weight and
+ * bias rows of a parameter table.  define: square kernel R, padding R/2,
+ * names "<name>.weight" / "<name>.bias" in the weight / bias groups;
+ * returns 0 or PS_ENOMEM.  resolve: the pointers, once the arena is laid
+ * out.  forward / backward: the backend's conv2d with the layer's tensors
+ * (backward accumulates gw, gb; din may be NULL).  init: weight uniform in
+ * +-bound from the counter hash, bias (2u-1) * 0.1 when random else 0,
+ * plus bias0; gradients untouched. */
+typedef struct rconv {
+    ps_conv2d_desc_t d;
+    int pw, pb;               /* weight / bias indices in the table */
+    float *w, *b, *gw, *gb;   /* resolved from the table */
+} rconv_t;
+int ps_rconv_define(rconv_t *c, ps_model_param_t **params, int *np, int *cap, const char *name,
+                    int C, int K, int R, int stride);
+void ps_rconv_resolve(rconv_t *c, const ps_model_param_t *params);
+void ps_rconv_forward(const ps_backend_t *be, ps_ctx_t *ctx, const rconv_t *c, float *out,
+                      const float *in, int N, int H, int W);
+void ps_rconv_backward(const ps_backend_t *be, ps_ctx_t *ctx, const rconv_t *c, float *din,
+                       const float *dout, const float *in, int N, int H, int W);
+double ps_rconv_flops(const rconv_t *c, int N, int H, int W);
+size_t ps_rconv_workspace(const rconv_t *c, int N, int H, int W);
+void ps_rconv_init(const rconv_t *c, ps_model_param_t *params, uint64_t seed, double bound,
+                   int random, float bias0);
+/* fan-in of the conv's weight (C * R * S): the scale of its init bounds */
+double ps_rconv_fan_in(const rconv_t *c);
 
 #endif

@@ -57,17 +57,11 @@ static void layout(ps_retina_t *m, ps_arena_t *a)
     TAKE(m->anchors, A * 4);
 }
 
-static void resolve(ps_retina_t *m, rconv_t *c)
-{
-    c->w = m->params[c->pw].w;
-    c->gw = m->params[c->pw].g;
-    c->b = m->params[c->pb].w;
-    c->gb = m->params[c->pb].g;
-}
+static void resolve(ps_retina_t *m, rconv_t *c) { ps_rconv_resolve(c, m->params); }
 
 static size_t conv_ws(const rconv_t *c, int N, int H, int W)
 {
-    return ps_conv2d_workspace(&c->d, N, H, W);
+    return ps_rconv_workspace(c, N, H, W);
 }
 
 static int build(ps_retina_t *m)
@@ -210,13 +204,13 @@ void ps_retina_level(const ps_retina_t *m, int l, int *H, int *W, int *stride, i
 static void conv_fwd(ps_retina_t *m, const rconv_t *c, float *out, const float *in, int N, int H,
                      int W)
 {
-    m->be->conv2d_forward(m->ctx, out, in, c->w, c->b, &c->d, N, H, W);
+    ps_rconv_forward(m->be, m->ctx, c, out, in, N, H, W);
 }
 
 static void conv_bwd(ps_retina_t *m, const rconv_t *c, float *din, const float *dout,
                      const float *in, int N, int H, int W)
 {
-    m->be->conv2d_backward(m->ctx, din, c->gw, c->gb, dout, in, c->w, &c->d, N, H, W);
+    ps_rconv_backward(m->be, m->ctx, c, din, dout, in, N, H, W);
 }
 
 /* One subnet (4 x conv3x3+ReLU, then the output conv) on level l, and its
@@ -375,13 +369,6 @@ int ps_retina_backward(ps_retina_t *m)
     return 0;
 }
 
-static double rconv_flops(const rconv_t *c, int N, int H, int W)
-{
-    int P = ps_conv_out(H, c->d.R, c->d.stride_h, c->d.pad_h, 1);
-    int Q = ps_conv_out(W, c->d.S, c->d.stride_w, c->d.pad_w, 1);
-    return 2.0 * N * c->d.K * (double)c->d.C * c->d.R * c->d.S * P * Q;
-}
-
 void ps_retina_flops(const ps_retina_t *m, int n, double *fwd, double *bwd)
 {
     double f = 0, b = 0, x;
@@ -403,20 +390,20 @@ void ps_retina_flops(const ps_retina_t *m, int n, double *fwd, double *bwd)
         }
     }
     for (int i = 0; i < 3; i++) {
-        x = rconv_flops(&m->inner[i], n, m->Hs[i], m->Ws[i]) +
-            rconv_flops(&m->layer[i], n, m->Hs[i], m->Ws[i]);
+        x = ps_rconv_flops(&m->inner[i], n, m->Hs[i], m->Ws[i]) +
+            ps_rconv_flops(&m->layer[i], n, m->Hs[i], m->Ws[i]);
         f += x;
         b += 2 * x;
     }
-    x = rconv_flops(&m->p6, n, m->Hs[2], m->Ws[2]) + rconv_flops(&m->p7, n, m->lh[3], m->lw[3]);
+    x = ps_rconv_flops(&m->p6, n, m->Hs[2], m->Ws[2]) + ps_rconv_flops(&m->p7, n, m->lh[3], m->lw[3]);
     f += x;
     b += 2 * x;
     for (int l = 0; l < PS_RETINA_LEVELS; l++) {
-        x = rconv_flops(&m->cls_logits, n, m->lh[l], m->lw[l]) +
-            rconv_flops(&m->bbox_reg, n, m->lh[l], m->lw[l]);
+        x = ps_rconv_flops(&m->cls_logits, n, m->lh[l], m->lw[l]) +
+            ps_rconv_flops(&m->bbox_reg, n, m->lh[l], m->lw[l]);
         for (int j = 0; j < 4; j++)
-            x += rconv_flops(&m->cls[j], n, m->lh[l], m->lw[l]) +
-                 rconv_flops(&m->box[j], n, m->lh[l], m->lw[l]);
+            x += ps_rconv_flops(&m->cls[j], n, m->lh[l], m->lw[l]) +
+                 ps_rconv_flops(&m->box[j], n, m->lh[l], m->lw[l]);
         f += x;
         b += 2 * x;
     }

@@ -5,13 +5,6 @@
 #include "ps_retinanet.h"
 #include "resnet_internal.h"
 
-/* A conv with bias of the FPN or the heads. */
-typedef struct rconv {
-    ps_conv2d_desc_t d;
-    int pw, pb;               /* weight / bias indices in m->params */
-    float *w, *b, *gw, *gb;   /* resolved from the table */
-} rconv_t;
-
 struct ps_retina {
     ps_retina_config_t cfg;
     const ps_backend_t *be;

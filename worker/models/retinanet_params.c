@@ -5,7 +5,6 @@
 
 #include "ps_error.h"
 #include "ps_log.h"
-#include "ps_safetensors.h"
 #include "worker/models/ps_weights.h"
 
 #include <math.h>
@@ -30,65 +29,18 @@ void ps_retina_config_default(ps_retina_config_t *c)
     c->prior = 0.01f;
 }
 
-static int add_param(ps_retina_t *m, const char *name, int ndim, const int *shape, int group,
-                     int trainable)
-{
-    return ps_mtab_add_param(&m->params, &m->nparams, &m->cap_params, name, ndim, shape, group,
-                             trainable);
-}
-
 static int def_conv(ps_retina_t *m, rconv_t *c, const char *name, int C, int K, int R, int stride)
 {
-    memset(c, 0, sizeof *c);
-    c->d = (ps_conv2d_desc_t){.C = C, .K = K, .R = R, .S = R, .stride_h = stride,
-                              .stride_w = stride, .pad_h = R / 2, .pad_w = R / 2, .dil_h = 1,
-                              .dil_w = 1, .groups = 1};
-    int shape[4] = {K, C, R, R};
-    char full[128];
-    snprintf(full, sizeof full, "%s.weight", name);
-    if ((c->pw = add_param(m, full, 4, shape, PS_MODEL_GROUP_WEIGHT, 1)) < 0) return c->pw;
-    snprintf(full, sizeof full, "%s.bias", name);
-    if ((c->pb = add_param(m, full, 1, &K, PS_MODEL_GROUP_BIAS, 1)) < 0) return c->pb;
-    return 0;
-}
-
-/* torchvision trainable_layers: freeze_at 1 freezes the stem, k >= 2 also
- * layer1..layer(k-1). */
-static int frozen_name(const char *name, int freeze_at)
-{
-    if (freeze_at >= 1 && (!strncmp(name, "conv1.", 6) || !strncmp(name, "bn1.", 4))) return 1;
-    for (int s = 1; s < freeze_at && s <= 4; s++) {
-        char pre[16];
-        snprintf(pre, sizeof pre, "layer%d.", s);
-        if (!strncmp(name, pre, strlen(pre))) return 1;
-    }
-    return 0;
+    return ps_rconv_define(c, &m->params, &m->nparams, &m->cap_params, name, C, K, R, stride);
 }
 
 int ps_retina_define(ps_retina_t *m)
 {
-    static const char pre[] = "backbone.body.";
     char name[160];
-    int nb, nbuf, r;
-    const ps_model_param_t *bp = ps_model_params(m->body, &nb);
-    const ps_model_buffer_t *bb = ps_model_buffers(m->body, &nbuf);
-    for (int i = 0; i < nb; i++) {
-        snprintf(name, sizeof name, "%s%s", pre, bp[i].name);
-        int trainable = bp[i].trainable && !frozen_name(bp[i].name, m->cfg.freeze_at);
-        if ((r = add_param(m, name, bp[i].ndim, bp[i].shape, bp[i].group, trainable)) < 0)
-            return r;
-        m->params[r].w = bp[i].w;
-        m->params[r].g = bp[i].g;
-    }
-    m->nbody = nb;
-    m->buffers = calloc(nbuf ? nbuf : 1, sizeof *m->buffers);
-    if (!m->buffers) return PS_ENOMEM;
-    for (int i = 0; i < nbuf; i++) {
-        m->buffers[i] = bb[i];
-        snprintf(name, sizeof name, "%s%s", pre, bb[i].name);
-        if (!(m->buffers[i].name = strdup(name))) return PS_ENOMEM;
-        m->nbuffers++;
-    }
+    int r = ps_mtab_add_backbone(&m->params, &m->nparams, &m->cap_params, &m->buffers,
+                                 &m->nbuffers, m->body, "backbone.body.", m->cfg.freeze_at);
+    if (r) return r;
+    m->nbody = m->nparams;
 
     int F = m->cfg.fpn_channels, K = m->cfg.num_classes, nA = PS_RETINA_ANCHORS;
     for (int i = 0; i < 3; i++) {
@@ -153,14 +105,10 @@ void ps_retina_zero_grad(ps_retina_t *m) { ps_mtab_zero_grad(m->params, m->npara
 static void init_conv(ps_retina_t *m, const rconv_t *c, uint64_t seed, double bound, int random,
                       float bias0)
 {
-    ps_model_param_t *w = &m->params[c->pw], *b = &m->params[c->pb];
-    ps_model_hash_fill(w->w, w->numel, w->name, seed, bound);
-    if (random) ps_model_hash_fill(b->w, b->numel, b->name, seed, 0.1);
-    else memset(b->w, 0, b->numel * sizeof(float));
-    for (size_t i = 0; i < b->numel; i++) b->w[i] += bias0;
+    ps_rconv_init(c, m->params, seed, bound, random, bias0);
 }
 
-static double fan_in(const rconv_t *c) { return (double)c->d.C * c->d.R * c->d.S; }
+static double fan_in(const rconv_t *c) { return ps_rconv_fan_in(c); }
 
 void ps_retina_init(ps_retina_t *m, uint64_t seed, int random)
 {
@@ -191,26 +139,10 @@ int ps_retina_save(const ps_retina_t *m, const char *path)
 
 /* The file kinds a detector starts from (ps_weights.h): its own checkpoint
  * (torchvision's retinanet names), or an ImageNet classifier for the
- * backbone alone -- a torchvision ResNet, or an official TSM checkpoint --
- * whose classifier is skipped and whose absent FPN and heads keep their
- * initialisation. */
-static const ps_weights_rule_t tsm_backbone_rules[] = {
-    {PS_WEIGHTS_DROP, "module.new_fc.", NULL},
-    {PS_WEIGHTS_DROP, "module.base_model.fc.", NULL},
-    {PS_WEIGHTS_PREFIX, "module.base_model.", "backbone.body."},
-    {PS_WEIGHTS_INFIX, ".net.", "."},
-};
-static const ps_weights_rule_t tv_backbone_rules[] = {
-    {PS_WEIGHTS_DROP, "fc.", NULL},
-    {PS_WEIGHTS_PREFIX, "", "backbone.body."},
-};
+ * backbone alone (ps_weights_det_backbone_formats: a torchvision ResNet, or
+ * an official TSM checkpoint) whose classifier is skipped and whose absent
+ * FPN and heads keep their initialisation. */
 static const ps_weights_format_t own = {.name = "retinanet", .detect = "backbone."};
-static const ps_weights_format_t tsm_backbone = {
-    .name = "tsm backbone", .detect = "module.base_model.", .rules = tsm_backbone_rules,
-    .nrules = 4, .covers = "backbone.body."};
-static const ps_weights_format_t tv_backbone = {
-    .name = "torchvision backbone", .rules = tv_backbone_rules, .nrules = 2,
-    .covers = "backbone.body."};
 
 static int load(ps_retina_t *m, const char *path, const ps_weights_format_t *const *formats,
                 int n, unsigned flags)
@@ -224,7 +156,8 @@ static int load(ps_retina_t *m, const char *path, const ps_weights_format_t *con
 
 int ps_retina_load_weights(ps_retina_t *m, const char *path, int partial)
 {
-    static const ps_weights_format_t *const all[] = {&own, &tsm_backbone, &tv_backbone};
+    const ps_weights_format_t *const all[] = {&own, ps_weights_det_backbone_formats[0],
+                                              ps_weights_det_backbone_formats[1]};
     return load(m, path, all, 3, partial ? PS_WEIGHTS_PARTIAL : 0);
 }
 
@@ -232,6 +165,5 @@ int ps_retina_load(ps_retina_t *m, const char *path) { return ps_retina_load_wei
 
 int ps_retina_load_backbone(ps_retina_t *m, const char *path)
 {
-    static const ps_weights_format_t *const bb[] = {&tsm_backbone, &tv_backbone};
-    return load(m, path, bb, 2, 0);
+    return load(m, path, ps_weights_det_backbone_formats, PS_WEIGHTS_DET_BACKBONE_NFORMATS, 0);
 }

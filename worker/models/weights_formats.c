@@ -26,6 +26,26 @@ const ps_weights_format_t ps_weights_tsm_bare = {
 const ps_weights_format_t *const ps_weights_resnet_formats[PS_WEIGHTS_RESNET_NFORMATS] = {
     &ps_weights_tsm, &ps_weights_tsm_bare, &ps_weights_torchvision};
 
+static const ps_weights_rule_t tsm_backbone_rules[] = {
+    {PS_WEIGHTS_DROP, "module.new_fc.", NULL},
+    {PS_WEIGHTS_DROP, "module.base_model.fc.", NULL},
+    {PS_WEIGHTS_PREFIX, "module.base_model.", "backbone.body."},
+    {PS_WEIGHTS_INFIX, ".net.", "."},
+};
+static const ps_weights_rule_t tv_backbone_rules[] = {
+    {PS_WEIGHTS_DROP, "fc.", NULL},
+    {PS_WEIGHTS_PREFIX, "", "backbone.body."},
+};
+static const ps_weights_format_t tsm_backbone = {
+    .name = "tsm backbone", .detect = "module.base_model.", .rules = tsm_backbone_rules,
+    .nrules = 4, .covers = "backbone.body."};
+static const ps_weights_format_t tv_backbone = {
+    .name = "torchvision backbone", .rules = tv_backbone_rules, .nrules = 2,
+    .covers = "backbone.body."};
+
+const ps_weights_format_t *const ps_weights_det_backbone_formats[PS_WEIGHTS_DET_BACKBONE_NFORMATS] =
+    {&tsm_backbone, &tv_backbone};
+
 /* "layerN.M." at s: the length, else 0. */
 static size_t block_prefix(const char *s)
 {

@@ -1,19 +1,22 @@
-/* The detection task: RetinaNet-FPN (worker/models/ps_retinanet.h) fed
- * by the detection data pipeline (worker/det/det_data.h), trained by the
- * same loops as every other task.  As for the video models (task_video.c)
+/* The detection task: the detectors of task_det.h's rows -- RetinaNet-FPN
+ * (worker/models/ps_retinanet.h) and Faster R-CNN-FPN (worker/models/
+ * ps_rcnn.h) -- fed by the detection data pipeline (worker/det/det_data.h),
+ * trained by the same loops as every other task.  As for the video models (task_video.c)
  * the trainable tensors live in one flat vector in model order (p->w,
  * p->grad), copied into / out of the model's tables around each step.
  *
  * Data: rank r of W reads DistributedSampler's share, B images per step;
- * step s is batch s % bpe of epoch s / bpe.  The anchor assignment runs in
- * the loader threads.  Each rank normalises its losses by the positives of
- * its own B images (Detectron / SimpleDet per-GPU normalisation); the
- * servers average the W gradients.
+ * step s is batch s % bpe of epoch s / bpe.  The anchor assignment (the
+ * row's IoU thresholds) runs in the loader threads, and for the two-stage
+ * row the batches carry each image's instances.  Each rank normalises its
+ * losses over its own B images (Detectron / SimpleDet per-GPU
+ * normalisation); the servers average the W gradients.  The two-stage
+ * row's sampling seed of a step is a function of (--seed, step, rank).
  *
- * Validation (rank 0): the whole --val-json through the inference
- * post-processing (ps_det_postprocess: score > 0.05, top 1000 per level,
- * class-wise NMS 0.5, 100 per image), boxes mapped back to the original
- * image, then the COCO evaluator (coco_eval.h): AP, AP50, AP75.
+ * Validation (rank 0): the whole --val-json through the row's inference
+ * post-processing (score > --score-thresh, class-wise NMS 0.5, 100 per
+ * image), boxes mapped back to the original image, then the COCO evaluator
+ * (coco_eval.h): AP, AP50, AP75.
  *
  * --device cuda[:N]: the engine's CUDA backend, detection layers included,
  * with the model's arenas in managed memory, as for the video models;
@@ -30,23 +33,18 @@
 #include "worker/det/coco_eval.h"
 #include "worker/det/det_boxes.h"
 #include "worker/det/det_data.h"
-#include "worker/models/ps_retinanet.h"
 #include "worker/models/ps_weights.h"
 #include "worker/psworker/psworker.h"
+#include "worker/psworker/task_det.h"
 
-typedef struct det_opts {
-    char *train_json, *val_json;  /* COCO annotations */
-    char *val_root;         /* val images ("" = --root) */
-    int fpn_channels;       /* FPN / head width (256 = torchvision) */
-    int freeze_at;          /* frozen backbone stages (ps_retina_config_t) */
-    float clip_grad;        /* clip this worker's gradient to this L2 norm (0 = off) */
-    float score_thresh;     /* post-processing: keep scores above (0.05) */
-} det_opts_t;
+/* the rows, in claim order */
+static const det_kind_t *const kinds[] = {&det_kind_retina, &det_kind_rcnn, NULL};
 
 typedef struct det {
     ps_ctx_t ctx;
     const ps_backend_t *be;
-    ps_retina_t *m;
+    const det_kind_t *kind;
+    void *m;
     ps_det_dataset_t *train, *val;
     ps_det_loader_t *tl, *vl;
     ps_det_data_opts_t topt, vopt;
@@ -64,10 +62,25 @@ static const det_opts_t *dopts(const ps_worker_t *p) { return ps_worker_task_opt
 
 /* ---- options ---------------------------------------------------------------- */
 
+/* The row whose prefix --model starts with, and the depth after it (-1
+ * when not one of 18, 34, 50). */
+static const det_kind_t *kind_of(const char *model, int *depth)
+{
+    for (int k = 0; kinds[k]; k++) {
+        size_t n = strlen(kinds[k]->prefix);
+        if (strncmp(model, kinds[k]->prefix, n)) continue;
+        char *end;
+        long v = strtol(model + n, &end, 10);
+        if (depth) *depth = (*end || (v != 18 && v != 34 && v != 50)) ? -1 : (int)v;
+        return kinds[k];
+    }
+    return NULL;
+}
+
 static int det_claims(const ps_worker_opts_t *o, const void *topts)
 {
     (void)topts;
-    return !strncmp(o->model, "retinanet-", 10);
+    return kind_of(o->model, NULL) != NULL;
 }
 
 #define ROW(name, type, dst, help, def) rows[n++] = (ps_opt_t){name, type, dst, help, def}
@@ -83,6 +96,13 @@ static size_t det_rows(void *topts, ps_opt_t *rows)
     ROW("freeze-at", PS_OPT_INT, &d->freeze_at, "detector: frozen backbone stages (0 none, 2 = stem + layer1)", "2");
     ROW("score-thresh", PS_OPT_FLOAT, &d->score_thresh, "detector: validation keeps detections scoring above this (0.05)", "0.05");
     ROW("clip-grad", PS_OPT_FLOAT, &d->clip_grad, "detector: clip each worker's gradient to this L2 norm (0 = off)", "0");
+    ROW("rpn-pre-nms-train", PS_OPT_INT, &d->rpn_pre_train, "two-stage: RPN boxes per level before NMS, training (0 = 2000 scaled to --size)", "0");
+    ROW("rpn-post-nms-train", PS_OPT_INT, &d->rpn_post_train, "two-stage: RPN proposals per image after NMS, training (0 = 2000 scaled to --size)", "0");
+    ROW("rpn-pre-nms-test", PS_OPT_INT, &d->rpn_pre_test, "two-stage: RPN boxes per level before NMS, inference (0 = 1000 scaled to --size)", "0");
+    ROW("rpn-post-nms-test", PS_OPT_INT, &d->rpn_post_test, "two-stage: RPN proposals per image after NMS, inference (0 = 1000 scaled to --size)", "0");
+    ROW("box-batch", PS_OPT_INT, &d->box_batch, "two-stage: RoIs sampled per training image (25% positive)", "512");
+    ROW("box-head-dim", PS_OPT_INT, &d->box_head_dim, "two-stage: width of the box head's two FC layers (1024 = torchvision)", "1024");
+    ROW("max-gt", PS_OPT_INT, &d->max_gt, "two-stage: boxes a training image may have at most (more: an error naming it)", "100");
     return n;
 }
 
@@ -101,6 +121,22 @@ static int det_check(ps_worker_opts_t *o)
     if (*bn && strcmp(bn, "frozen") && strcmp(bn, "train") && strcmp(bn, "sync"))
         return ps_worker_opt_error("--bn: a detector's backbone BN is frozen|train|sync, got "
                                    "\"%s\"", bn);
+    if (d->rpn_pre_train < 0 || d->rpn_post_train < 0 || d->rpn_pre_test < 0 ||
+        d->rpn_post_test < 0 || d->rpn_pre_train > 100000 || d->rpn_post_train > 100000 ||
+        d->rpn_pre_test > 100000 || d->rpn_post_test > 100000)
+        return ps_worker_opt_error("--rpn-pre-nms-train, --rpn-post-nms-train, "
+                "--rpn-pre-nms-test, --rpn-post-nms-test must be in 0..100000 (0 = scaled)");
+    if (d->box_batch < 1 || d->box_batch > 100000 || d->box_head_dim < 1 ||
+        d->box_head_dim > 65536 || d->max_gt < 1 || d->max_gt > 100000)
+        return ps_worker_opt_error("--box-batch must be in 1..100000, --box-head-dim in "
+                "1..65536, --max-gt in 1..100000");
+    int depth;
+    const det_kind_t *k = kind_of(o->model, &depth);
+    if (depth < 0)
+        return ps_worker_opt_error("--model %s: the depth must be 18, 34 or 50", o->model);
+    if (*o->export_onnx && !k->export_onnx)
+        return ps_worker_opt_error("--export-onnx: not for --model %s (%s has no ONNX graph "
+                "yet)", o->model, k->name);
     if (!o->eval && !*o->export_onnx && !*d->train_json)
         return ps_worker_opt_error("--model %s needs --train-json (COCO annotations) and --root "
                 "(their images)", o->model);
@@ -127,9 +163,16 @@ static int load_set(const char *json, const char *root, int train, int skip_bad,
     return 0;
 }
 
-static void data_opts(const ps_worker_opts_t *o, ps_det_data_opts_t *d, int train, int batch)
+static void data_opts(const ps_worker_opts_t *o, const det_kind_t *k, ps_det_data_opts_t *d,
+                      int train, int batch)
 {
     ps_det_data_opts_default(d);
+    d->fg_iou = k->fg_iou;
+    d->bg_iou = k->bg_iou;
+    /* the two-stage row samples RoIs against each image's instances */
+    int mi = train ? k->max_gt(ps_worker_task_opts(o)) : 0;
+    d->instances = mi > 0;
+    d->max_instances = mi;
     d->size = o->data.size;
     d->train = train;
     d->flip = train && o->data.flip;
@@ -140,28 +183,28 @@ static void data_opts(const ps_worker_opts_t *o, ps_det_data_opts_t *d, int trai
     d->skip_bad = o->data.skip_bad;
 }
 
-/* No annotations (--export-onnx): the class count of --weights' cls_logits
- * (9 anchors x K outputs). */
-static int classes_from_weights(const ps_worker_opts_t *o, int *K)
+/* No annotations (--export-onnx): the class count from --weights' class
+ * output (the row's classes_tensor: per outputs a class, plus extra). */
+static int classes_from_weights(const ps_worker_opts_t *o, const det_kind_t *k, int *K)
 {
-    static const ps_weights_format_t own = {.name = "retinanet"};
+    static const ps_weights_format_t own = {.name = "detector"};
     const ps_weights_format_t *const f[1] = {&own};
     int64_t shape[8];
     int nd = 0;
-    if (!*o->data.weights || ps_weights_tensor_shape(o->data.weights, f, 1,
-                                                     "head.classification_head.cls_logits.bias",
-                                                     &nd, shape)) {
+    if (!*o->data.weights ||
+        ps_weights_tensor_shape(o->data.weights, f, 1, k->classes_tensor, &nd, shape)) {
         ps_error("--export-onnx of a detector without annotations: give --num-classes (or "
                  "--weights of a detector)");
         return PS_EINVAL;
     }
-    if (nd != 1 || shape[0] % PS_RETINA_ANCHORS || shape[0] < PS_RETINA_ANCHORS) {
-        ps_error("%s: cls_logits.bias has %lld outputs, not 9 anchors x K", o->data.weights,
-                 (long long)shape[0]);
+    long long c = nd == 1 ? (long long)shape[0] - k->classes_extra : -1;
+    if (c < k->classes_per || c % k->classes_per) {
+        ps_error("%s: %s has %lld outputs, not %d x K + %d", o->data.weights, k->classes_tensor,
+                 nd == 1 ? (long long)shape[0] : -1LL, k->classes_per, k->classes_extra);
         return PS_EMISMATCH;
     }
-    *K = (int)(shape[0] / PS_RETINA_ANCHORS);
-    ps_info("%d classes from %s's cls_logits", *K, o->data.weights);
+    *K = (int)(c / k->classes_per);
+    ps_info("%d classes from %s's %s", *K, o->data.weights, k->classes_tensor);
     return 0;
 }
 
@@ -179,7 +222,7 @@ static int det_data(ps_worker_t *p, det_t *d)
                                          0, o->data.skip_bad, &d->val)))
         return rc;
     d->K = o->data.num_classes;
-    if (!d->K && !d->train && !d->val) return classes_from_weights(o, &d->K);
+    if (!d->K && !d->train && !d->val) return classes_from_weights(o, d->kind, &d->K);
     if (!d->K) d->K = ps_det_dataset_num_classes(d->train ? d->train : d->val);
     if ((d->train && ps_det_dataset_num_classes(d->train) != d->K) ||
         (d->val && ps_det_dataset_num_classes(d->val) != d->K)) {
@@ -195,8 +238,8 @@ static int det_data(ps_worker_t *p, det_t *d)
                 return PS_EINVAL;
             }
     int vbatch = o->data.val_batch > 0 ? o->data.val_batch : p->batch;
-    data_opts(o, &d->topt, 1, p->batch);
-    data_opts(o, &d->vopt, 0, vbatch);
+    data_opts(o, d->kind, &d->topt, 1, p->batch);
+    data_opts(o, d->kind, &d->vopt, 0, vbatch);
     char err[512];
     if (ps_det_data_opts_check(&d->topt, err, sizeof err)) {
         ps_error("data options: %s", err);
@@ -209,39 +252,30 @@ static int det_data(ps_worker_t *p, det_t *d)
 static int det_model(ps_worker_t *p, det_t *d, int depth)
 {
     const ps_worker_opts_t *o = p->o;
-    const det_opts_t *dop = dopts(p);
-    ps_retina_config_t cfg;
     int rc;
-    ps_retina_config_default(&cfg);
-    cfg.depth = depth;
-    cfg.num_classes = d->K;
-    cfg.width = o->data.width;
-    cfg.fpn_channels = dop->fpn_channels;
-    cfg.freeze_at = dop->freeze_at;
-    cfg.bn_mode = *o->data.bn && strcmp(o->data.bn, "frozen") ? PS_MODEL_BN_TRAIN
-                                                               : PS_MODEL_BN_FROZEN;
-    cfg.recompute = o->data.recompute;
     if ((rc = ps_worker_open_device(p, &d->ctx, &d->be))) return rc;
     int vbatch = d->vopt.batch, maxn = p->batch > vbatch ? p->batch : vbatch;
     if (*o->export_onnx) maxn = 1; /* the graph has a symbolic batch */
-    if ((rc = ps_retina_create(&d->m, &cfg, d->be, &d->ctx, maxn, o->data.size, o->data.size)))
-        return rc;
-    ps_retina_init(d->m, o->seed, 0);
+    det_build_t b = {depth, d->K, o->data.width, o->data.size, maxn, dopts(p),
+                     *o->data.bn && strcmp(o->data.bn, "frozen") ? PS_MODEL_BN_TRAIN
+                                                                 : PS_MODEL_BN_FROZEN,
+                     o->data.recompute};
+    if ((rc = d->kind->create(&d->m, &b, d->be, &d->ctx))) return rc;
+    d->kind->init(d->m, o->seed);
     if (*o->data.weights) {
-        if ((rc = ps_retina_load_weights(d->m, o->data.weights, o->data.weights_partial)))
-            return rc;
+        if ((rc = d->kind->load(d->m, o->data.weights, o->data.weights_partial))) return rc;
         ps_info("weights loaded from %s", o->data.weights);
     }
     if (!strcmp(o->data.bn, "sync")) { /* the backbone's BN channels, what --bn sync exchanges */
         int nb;
-        const ps_model_buffer_t *bu = ps_retina_buffers(d->m, &nb);
+        const ps_model_buffer_t *bu = d->kind->buffers(d->m, &nb);
         for (int i = 0; i < nb; i++)
             if (bu[i].f32 && strstr(bu[i].name, "running_mean")) p->bn_cross += (int)bu[i].numel;
     }
-    d->A = ps_retina_num_anchors(d->m);
+    d->A = d->kind->num_anchors(d->m);
     d->anchors = malloc(sizeof(float) * 4 * (size_t)d->A);
     if (!d->anchors) return PS_ENOMEM;
-    memcpy(d->anchors, ps_retina_anchors(d->m), sizeof(float) * 4 * (size_t)d->A);
+    memcpy(d->anchors, d->kind->anchors(d->m), sizeof(float) * 4 * (size_t)d->A);
     return 0;
 }
 
@@ -250,7 +284,7 @@ static int det_model(ps_worker_t *p, det_t *d, int depth)
 static int det_table(ps_worker_t *p, det_t *d, uint32_t nservers)
 {
     int rc;
-    d->nspecs = ps_retina_tensor_specs(d->m, &d->specs);
+    d->nspecs = d->kind->tensor_specs(d->m, &d->specs);
     if (d->nspecs < 0) return d->nspecs;
     rc = ps_partition_table_build(&p->table, d->specs, (uint32_t)d->nspecs,
                                   (size_t)p->o->partition_bytes, nservers);
@@ -259,7 +293,7 @@ static int det_table(ps_worker_t *p, det_t *d, uint32_t nservers)
         return rc;
     }
     if ((rc = ps_worker_build_optim(p))) return rc;
-    int n = ps_retina_groups(d->m, p->optim.groups, PS_OPTIM_MAX_GROUPS);
+    int n = d->kind->groups(d->m, p->optim.groups, PS_OPTIM_MAX_GROUPS);
     if (n < 0) return n;
     p->optim.ngroups = n;
     d->param_of = malloc(sizeof(int) * (size_t)d->nspecs);
@@ -273,10 +307,10 @@ static int det_table(ps_worker_t *p, det_t *d, uint32_t nservers)
         return PS_ENOMEM;
     }
     int np;
-    const ps_model_param_t *par = ps_retina_params(d->m, &np);
+    const ps_model_param_t *par = d->kind->params(d->m, &np);
     size_t off = 0;
     for (int i = 0; i < d->nspecs; i++) {
-        d->param_of[i] = ps_retina_find_param(d->m, d->specs[i].name);
+        d->param_of[i] = d->kind->find_param(d->m, d->specs[i].name);
         if (d->param_of[i] < 0 || par[d->param_of[i]].numel != d->specs[i].numel) {
             ps_error("model table mismatch at %s", d->specs[i].name);
             return PS_EMISMATCH;
@@ -290,26 +324,28 @@ static int det_table(ps_worker_t *p, det_t *d, uint32_t nservers)
 static int det_setup(ps_worker_t *p, uint32_t nservers)
 {
     const ps_worker_opts_t *o = p->o;
-    char *end;
-    long depth = strtol(o->model + 11, &end, 10);
-    if (strncmp(o->model, "retinanet-r", 11) || *end || (depth != 18 && depth != 34 && depth != 50)) {
-        ps_error("--model: unknown detector \"%s\" (retinanet-r18|34|50)", o->model);
+    int depth = -1;
+    const det_kind_t *kind = kind_of(o->model, &depth);
+    if (!kind || depth < 0) {
+        ps_error("--model: unknown detector \"%s\" (%s)", o->model, ps_task_det.models);
         return PS_EINVAL;
     }
     det_t *d = calloc(1, sizeof *d);
     if (!d) return PS_ENOMEM;
     p->ts = d;
+    d->kind = kind;
     d->map = d->ap50 = d->ap75 = NAN;
     d->score_thresh = dopts(p)->score_thresh;
     int rc;
-    if ((rc = det_data(p, d)) || (rc = det_model(p, d, (int)depth)) ||
+    if ((rc = det_data(p, d)) || (rc = det_model(p, d, depth)) ||
         (rc = det_table(p, d, nservers)))
         return rc;
-    ps_info("model %s: %zu trainable parameters in %d tensors, %u partitions on %u server(s), "
-            "%d classes, %dx%d, width %d, FPN %d, freeze_at %d, backbone BN %s%s, %d "
-            "anchors/image", o->model, p->numel, d->nspecs, p->table.nparts, nservers, d->K,
-            o->data.size, o->data.size, o->data.width, dopts(p)->fpn_channels,
-            dopts(p)->freeze_at, *o->data.bn ? o->data.bn : "frozen", o->data.recompute ? " (recomputed)" : "", d->A);
+    ps_info("model %s (%s): %zu trainable parameters in %d tensors, %u partitions on %u "
+            "server(s), %d classes, %dx%d, width %d, FPN %d, freeze_at %d, backbone BN %s%s, "
+            "%d anchors/image", o->model, kind->name, p->numel, d->nspecs, p->table.nparts,
+            nservers, d->K, o->data.size, o->data.size, o->data.width, dopts(p)->fpn_channels,
+            dopts(p)->freeze_at, *o->data.bn ? o->data.bn : "frozen",
+            o->data.recompute ? " (stages recomputed)" : "", d->A);
     return 0;
 }
 
@@ -342,7 +378,7 @@ static void scatter(ps_worker_t *p)
 {
     det_t *d = p->ts;
     int np;
-    const ps_model_param_t *par = ps_retina_params(d->m, &np);
+    const ps_model_param_t *par = d->kind->params(d->m, &np);
     size_t off = 0;
     for (int i = 0; i < d->nspecs; i++) {
         memcpy(par[d->param_of[i]].w, p->w + off, sizeof(float) * d->specs[i].numel);
@@ -358,7 +394,7 @@ static void gather(ps_worker_t *p)
 {
     det_t *d = p->ts;
     int np;
-    const ps_model_param_t *par = ps_retina_params(d->m, &np);
+    const ps_model_param_t *par = d->kind->params(d->m, &np);
     size_t off = 0;
     for (int i = 0; i < d->nspecs; i++) {
         memcpy(p->grad + off, par[d->param_of[i]].g, sizeof(float) * d->specs[i].numel);
@@ -389,10 +425,12 @@ static double det_compute(ps_worker_t *p, uint64_t step)
         return NAN;
     }
     scatter(p);
-    float lc = NAN, lb = NAN;
-    ps_retina_zero_grad(d->m);
-    int rc = ps_retina_forward(d->m, d->tb.img, n, d->tb.labels, d->tb.box_targets, 1, &lc, &lb);
-    if (!rc) rc = ps_retina_backward(d->m);
+    float loss = NAN;
+    d->kind->zero_grad(d->m);
+    /* the two-stage row's sampling: a pure function of (--seed, step, rank) */
+    uint64_t seed = p->o->seed ^ (0x9E3779B97F4A7C15ull * (step + 1)) ^
+                    (0xBF58476D1CE4E5B9ull * (uint64_t)(p->rank + 1));
+    int rc = d->kind->train(d->m, &d->tb, n, seed, &loss);
     if (!rc) rc = d->be->sync(&d->ctx); /* before the host reads the gradients */
     if (rc) {
         ps_error("forward/backward failed at step %llu: %s", (unsigned long long)step,
@@ -401,30 +439,14 @@ static double det_compute(ps_worker_t *p, uint64_t step)
         return NAN;
     }
     gather(p);
-    return (double)lc + (double)lb;
+    return (double)loss;
 }
 
 static int image_dets(det_t *d, int i, const ps_det_geom_t *g, int64_t image_id,
                       const ps_det_dataset_t *ds, ps_coco_det_t *out, float *boxes,
                       float *scores, int32_t *labels)
 {
-    const float *lg[PS_RETINA_LEVELS], *dl[PS_RETINA_LEVELS], *an[PS_RETINA_LEVELS];
-    int An[PS_RETINA_LEVELS];
-    const float *L = ps_retina_cls_out(d->m), *B = ps_retina_box_out(d->m);
-    const float *anchors = d->anchors;
-    for (int l = 0; l < PS_RETINA_LEVELS; l++) {
-        int H, W, off;
-        ps_retina_level(d->m, l, &H, &W, NULL, &off);
-        lg[l] = L + ((size_t)i * d->A + off) * d->K;
-        dl[l] = B + ((size_t)i * d->A + off) * 4;
-        an[l] = anchors + (size_t)off * 4;
-        An[l] = H * W * PS_RETINA_ANCHORS;
-    }
-    ps_det_post_params_t pp;
-    ps_det_post_defaults(&pp);
-    pp.score_thresh = d->score_thresh;
-    int n = ps_det_postprocess(boxes, scores, labels, lg, dl, an, An, PS_RETINA_LEVELS, d->K,
-                               g->h, g->w, &pp);
+    int n = d->kind->detect(d->m, i, g, d->score_thresh, boxes, scores, labels);
     if (n < 0) return n;
     float sx = (float)g->w / g->orig_w, sy = (float)g->h / g->orig_h;
     for (int k = 0; k < n; k++) {
@@ -462,14 +484,15 @@ static int det_eval(ps_worker_t *p)
     scatter(p);
     ps_det_loader_seek(d->vl, 0, 0);
     size_t N = ps_det_dataset_size(d->val), ndet = 0;
-    ps_coco_det_t *dets = malloc(sizeof *dets * (N * 100 + 1));
-    float *boxes = malloc(sizeof(float) * 400), *scores = malloc(sizeof(float) * 100);
-    int32_t *labels = malloc(sizeof(int32_t) * 100);
+    ps_coco_det_t *dets = malloc(sizeof *dets * (N * DET_MAX_DETECTIONS + 1));
+    float *boxes = malloc(sizeof(float) * 4 * DET_MAX_DETECTIONS);
+    float *scores = malloc(sizeof(float) * DET_MAX_DETECTIONS);
+    int32_t *labels = malloc(sizeof(int32_t) * DET_MAX_DETECTIONS);
     int n = 0, rc = 0;
     d->val_images = 0;
     d->val_dets = 0;
     while (dets && boxes && scores && labels && (n = ps_det_loader_next(d->vl, &d->vb, NULL)) > 0) {
-        if ((rc = ps_retina_forward(d->m, d->vb.img, n, NULL, NULL, 0, NULL, NULL)) ||
+        if ((rc = d->kind->infer(d->m, &d->vb, n)) ||
             (rc = d->be->sync(&d->ctx))) /* the host reads the outputs next */
             break;
         for (int i = 0; i < n && !rc; i++) {
@@ -536,7 +559,7 @@ static int det_save(ps_worker_t *p, const char *path)
 {
     det_t *d = p->ts;
     scatter(p);
-    return ps_retina_save(d->m, path);
+    return d->kind->save(d->m, path);
 }
 
 static double epochs_of(const ps_worker_t *p, uint64_t steps)
@@ -593,7 +616,7 @@ static int det_export(ps_worker_t *p, const char *path)
     det_t *d = p->ts;
     scatter(p);
     if (d->be) d->be->sync(&d->ctx);
-    return ps_retina_export_onnx(d->m, path);
+    return d->kind->export_onnx(d->m, path); /* checked non-NULL with the options */
 }
 
 static void det_teardown(ps_worker_t *p)
@@ -608,7 +631,7 @@ static void det_teardown(ps_worker_t *p)
     ps_det_dataset_free(&d->val);
     if (d->val_csv) fclose(d->val_csv);
     if (d->be) d->be->sync(&d->ctx);
-    ps_retina_destroy(&d->m);
+    if (d->kind) d->kind->destroy(&d->m);
     if (d->be) d->be->release(&d->ctx);
     ps_ctx_free(&d->ctx);
     free(d->anchors), free(d->specs), free(d->param_of);
@@ -620,7 +643,7 @@ static void det_teardown(ps_worker_t *p)
 
 const ps_task_t ps_task_det = {
     .name = "detection",
-    .models = "retinanet-r18|34|50",
+    .models = "retinanet-r18|34|50, fasterrcnn-r18|34|50",
     .unit = "images",
     .opts_size = sizeof(det_opts_t),
     .claims = det_claims,

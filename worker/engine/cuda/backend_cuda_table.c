@@ -65,6 +65,8 @@ const ps_backend_t ps_backend_cuda = {
     .maxpool3d_backward = ps_cu_maxpool3d_backward,
     .avgpool3d_forward = ps_cu_avgpool3d_forward,
     .avgpool3d_backward = ps_cu_avgpool3d_backward,
+    .roi_align_forward = ps_cu_roi_align_forward,
+    .roi_align_backward = ps_cu_roi_align_backward,
     /* optional fused entries, not on CUDA yet: callers take the unfused path */
     .bn_relu_forward_eval = NULL,
     .bn_relu_backward_eval = NULL,

@@ -116,6 +116,13 @@ void ps_cu_avgpool3d_forward(ps_ctx_t *ctx, float *out, const float *inp,
                              const ps_pool3d_desc_t *d, int N, int C, int D, int H, int W);
 void ps_cu_avgpool3d_backward(ps_ctx_t *ctx, float *dinp, const float *dout,
                               const ps_pool3d_desc_t *d, int N, int C, int D, int H, int W);
+// roi_align.cu (two-stage detectors)
+void ps_cu_roi_align_forward(ps_ctx_t *ctx, float *out, const float *feat, const float *rois,
+                             int R, int N, int C, int H, int W, int PH, int PW,
+                             float spatial_scale, int sampling_ratio, int aligned);
+void ps_cu_roi_align_backward(ps_ctx_t *ctx, float *dfeat, const float *dout,
+                              const float *rois, int R, int N, int C, int H, int W, int PH,
+                              int PW, float spatial_scale, int sampling_ratio, int aligned);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Faster R-CNN training through psd: 2 psd + 2 psworker train a (narrow)
+# Faster R-CNN-ResNet-18-FPN on a generated COCO set for a few sync steps
+# with a periodic COCO validation; the final: line carries map= ap50=
+# ap75=; rank 0's export evaluated by psworker --eval gives rank 0's own
+# numbers; one worker through psd equals --standalone (frozen BN and the
+# step's sampling seed a function of (--seed, step, rank): the same
+# arithmetic); bad input is a clear error or a counted skip.
+. "$(dirname "$0")/lib/integration_common.sh" || { echo "Bail out! cannot read lib/integration_common.sh"; exit 99; }
+PSDATA=$top_builddir/psdata
+[ -x "$PSDATA" ] || { echo "1..0 # SKIP psdata not built"; exit 77; }
+
+"$PSDATA" gen-det --out "$T/ds" --images 12 --val-images 4 --size 64 --classes 3 --seed 2 \
+    --min-objects 1 --max-objects 3 >"$T/gen.out" 2>"$T/gen.err"
+ok $? "psdata gen-det wrote a 12 + 4 image dataset"
+
+DATA=(--train-json "$T/ds/annotations/instances_train.json" --root "$T/ds/train"
+      --val-json "$T/ds/annotations/instances_val.json" --val-root "$T/ds/val")
+# width 8, FPN 16, a 32-wide box head and 64x64 keep a step in
+# milliseconds; one compute and one loader thread per worker
+# (--score-thresh 0.001: an untrained detector's class scores sit near 1/4)
+MODEL=(--model fasterrcnn-r18 --width 8 --fpn-channels 16 --box-head-dim 32 --box-batch 32
+       --size 64 --freeze-at 0 --threads 1 --loader-threads 1 --lr 0.01 --seed 5 --data-seed 9
+       --score-thresh 0.001)
+
+start_cluster 2 2 --mode sync
+ok $? "2 psd started ($SERVERS)"
+run_workers 2 "$T/run" "${MODEL[@]}" "${DATA[@]}" --batch 2 --steps 4 --val-every 2 \
+    --partition-bytes 65536
+ok $? "2 workers trained fasterrcnn-r18 for 4 sync steps"
+grep -q '^val: iter=2 images=4 map=' "$T/run/w0.out"
+ok $? "rank 0 validated at step 2 (COCO evaluation of 4 images)"
+for k in map ap50 ap75 images_per_s cluster_images_per_s loss; do
+    v=$(final_value "$T/run/w0.out" $k)
+    [ -n "$v" ] && [ "$v" != nan ] && [ "$v" != -nan ]
+    ok $? "rank 0 final line has $k=$v"
+done
+grep -q '^final: .* model=fasterrcnn-r18 ' "$T/run/w0.out" &&
+    [ "$(final_value "$T/run/w1.out" workers)" = 2 ]
+ok $? "final lines: model=fasterrcnn-r18, 2 workers"
+[ -s "$T/run/model.safetensors" ]
+ok $? "rank 0 wrote model.safetensors"
+
+timeout 50 "$PSW" --eval "${MODEL[@]}" --weights "$T/run/model.safetensors" \
+    --val-json "$T/ds/annotations/instances_val.json" --val-root "$T/ds/val" --log-level warn \
+    >"$T/eval.out" 2>"$T/eval.err"
+ok $? "psworker --eval on the exported detector"
+for k in detections map ap50 ap75; do
+    a=$(final_value "$T/run/w0.out" $k); b=$(final_value "$T/eval.out" $k)
+    [ -n "$a" ] && [ "$a" = "$b" ]
+    ok $? "--eval $k=$b equals rank 0's final $k=$a"
+done
+[ "$(final_value "$T/eval.out" detections)" -gt 0 ]
+ok $? "the evaluation saw detections (a non-trivial comparison)"
+
+psd_vs_standalone 3 "Faster R-CNN" "${MODEL[@]}" "${DATA[@]}"
+
+# bad input: clear errors, exit 1 or 2, no crash
+timeout 20 "$PSW" --standalone "${MODEL[@]/fasterrcnn-r18/fasterrcnn-r19}" "${DATA[@]}" \
+    --steps 1 >"$T/bm.out" 2>"$T/bm.err"
+rc=$?
+[ $rc -eq 2 ] && grep -q "fasterrcnn-r19" "$T/bm.err"
+ok $? "--model fasterrcnn-r19: exit $rc naming it"
+timeout 20 "$PSW" "${MODEL[@]}" --export-onnx "$T/x.onnx" --num-classes 3 >"$T/ox.out" 2>"$T/ox.err"
+rc=$?
+[ $rc -eq 2 ] && grep -q "export-onnx.*fasterrcnn-r18" "$T/ox.err" && [ ! -e "$T/x.onnx" ]
+ok $? "--export-onnx of Faster R-CNN: exit $rc naming it (no graph yet), no file written"
+timeout 20 "$PSW" --standalone "${MODEL[@]}" "${DATA[@]}" --batch 4 --steps 2 --max-gt 1 \
+    >"$T/mg.out" 2>"$T/mg.err"
+rc=$?
+[ $rc -eq 1 ] && grep -q "instances, more than max_instances 1" "$T/mg.err"
+ok $? "an image with more boxes than --max-gt: exit $rc naming it"
+# every box of image 1 crowd, one box of another image degenerate (w = 0):
+# the crowd-only image leaves the training set (counted), the empty box is no target
+python3 - "$T/ds/annotations/instances_train.json" "$T/crowd.json" <<'PY' || exit 1
+import json, sys
+d = json.load(open(sys.argv[1]))
+first = d["images"][0]["id"]
+for a in d["annotations"]:
+    if a["image_id"] == first:
+        a["iscrowd"] = 1
+d["annotations"][-1]["bbox"][2] = 0
+json.dump(d, open(sys.argv[2], "w"))
+PY
+timeout 30 "$PSW" --standalone "${MODEL[@]}" --train-json "$T/crowd.json" --root "$T/ds/train" \
+    --batch 4 --steps 3 >"$T/cr.out" 2>"$T/cr.err"
+rc=$?
+l=$(final_value "$T/cr.out" loss)
+[ $rc -eq 0 ] && grep -q "11 images, 3 classes (1 without boxes left out" "$T/cr.err" &&
+    [ -n "$l" ] && [ "$l" != nan ] && [ "$l" != -nan ]
+ok $? "a crowd-only image left out (counted), a degenerate box ignored: trains, loss=$l"
+grep -q 'Faster R-CNN: RPN pre / post NMS 160 / 160 training, 80 / 80 test' "$T/cr.err"
+ok $? "RPN counts scaled to 64 pixels (torchvision's 2000 / 1000 x 64/800)"
+tap_done

@@ -1,0 +1,120 @@
+/* Inside of ps_rcnn_t, shared by rcnn.c (build, forward / backward order,
+ * outputs), rcnn_fpn.c (the FPN), rcnn_rpn.c (the RPN), rcnn_box.c (a box
+ * head stage) and rcnn_params.c (tables, init, safetensors).  The box
+ * head is one rcnn_stage_t: a cascade is an array of them, each with its
+ * own layers, sampling and coder weights. */
+#ifndef PS_RCNN_INTERNAL_H
+#define PS_RCNN_INTERNAL_H
+#include "ps_rcnn.h"
+#include "resnet_internal.h"
+
+/* A fully connected layer (weight (K, C), bias (K)) as table rows. */
+typedef struct rlin {
+    int C, K;
+    int pw, pb;
+    float *w, *b, *gw, *gb;
+} rlin_t;
+
+/* The FPN over C2..C5 and P6 (max pool): activations for max_n images. */
+typedef struct rcnn_fpn {
+    rconv_t inner[4], layer[4];
+    int Cs[4], Hs[4], Ws[4];     /* C2..C5: channels, height, width */
+    float *inner_out[4];         /* merged laterals (N,F,Hs,Ws) */
+    float *P[PS_RCNN_LEVELS];    /* (N,F,lh,lw) */
+    int32_t *p6_argmax;          /* max pool argmax (N,F,lh[4],lw[4]) */
+    float *dP[PS_RCNN_LEVELS], *dI[4], *dC[4];
+} rcnn_fpn_t;
+
+/* The RPN head and its per-image outputs. */
+typedef struct rcnn_rpn {
+    rconv_t conv, cls, bbox;
+    float *t[PS_RCNN_LEVELS];    /* relu(conv(P_l)) (N,F,lh,lw) */
+    float *obj_o[PS_RCNN_LEVELS], *box_o[PS_RCNN_LEVELS]; /* (N,3|12,lh,lw) */
+    float *obj, *box;            /* (N,A), (N,A,4) */
+    float *dobj, *dbox;
+    int32_t *labels;             /* (N*A) sampled: -1, 0, 1 */
+    float *targets;              /* (N*A*4) */
+    float norm;                  /* anchors sampled in the batch / 2 (the focal slot's
+                                    alpha 0.5 halves BCE; see rcnn_rpn.c) */
+    float *props;                /* host (N, post_max, 4) */
+    int *nprops;                 /* host (N) */
+    int post_max;
+} rcnn_rpn_t;
+
+/* One box head stage: RoI pooling, TwoMLPHead, predictor, sampling. */
+typedef struct rcnn_stage {
+    ps_det_roi_sample_params_t sample;
+    ps_det_roi_post_params_t post;
+    rlin_t fc6, fc7, cls, bbox;
+    int R;                        /* RoIs of the last forward */
+    int Rl[PS_RCNN_ROI_LEVELS];   /* per level, level-major in the arena */
+    float *rois;                  /* (Rmax, 5) batch index + box, level-major (arena) */
+    float *pooled, *h6, *h7;      /* (Rmax, F*S*S), (Rmax, rep) x 2 */
+    float *cls_out, *box_out;     /* (Rmax, K+1), (Rmax, (K+1)*4) */
+    float *probs;                 /* (Rmax, K+1) softmax of the loss */
+    int32_t *labels;              /* (Rmax) 0 background, c+1 */
+    int32_t *lab_x;               /* (Rmax*(K+1)) 1 on the target class's row */
+    float *tgt_x;                 /* (Rmax*(K+1), 4) the target on that row */
+    float *dcls, *dbox, *dh7, *dh7b, *dh6, *dpooled;
+    /* host: row j of torchvision's order is arena row pos[j]; its image */
+    int32_t *pos, *img;
+    float *h_rois;                /* (Rmax, 4) torchvision's order */
+    int32_t *h_labels;
+} rcnn_stage_t;
+
+struct ps_rcnn {
+    ps_rcnn_config_t cfg;
+    const ps_backend_t *be;
+    ps_ctx_t *ctx;
+    int max_n, H, W, Rmax;
+    ps_model_t *body;             /* backbone (features mode, frozen BN) */
+
+    ps_model_param_t *params;     /* backbone (prefixed), FPN, RPN, box head */
+    int nparams, cap_params, nbody;
+    ps_model_buffer_t *buffers;
+    int nbuffers;
+    ps_arena_t arena;             /* everything but the backbone */
+
+    int lh[PS_RCNN_LEVELS], lw[PS_RCNN_LEVELS], lstride[PS_RCNN_LEVELS];
+    int loff[PS_RCNN_LEVELS];     /* first anchor row of level l in an image */
+    int A;
+    float *anchors;               /* (A, 4) */
+
+    rcnn_fpn_t fpn;
+    rcnn_rpn_t rpn;
+    rcnn_stage_t box;
+    float *s1, *s2, *s3, *s4;     /* backward scratch, N*max(F,12)*lh[0]*lw[0] */
+    int32_t *hw;                  /* (max_n, 2) last forward's image sizes (host) */
+
+    int last_n, last_training;
+};
+
+/* rcnn_fpn.c */
+int ps_rcnn_fpn_define(ps_rcnn_t *m);
+void ps_rcnn_fpn_layout(ps_rcnn_t *m, ps_arena_t *a);
+void ps_rcnn_fpn_forward(ps_rcnn_t *m, int n);
+void ps_rcnn_fpn_backward(ps_rcnn_t *m, int n); /* dP -> the backbone's backward */
+/* rcnn_rpn.c */
+int ps_rcnn_rpn_define(ps_rcnn_t *m);
+void ps_rcnn_rpn_layout(ps_rcnn_t *m, ps_arena_t *a);
+void ps_rcnn_rpn_forward(ps_rcnn_t *m, int n);
+int ps_rcnn_rpn_proposals(ps_rcnn_t *m, const ps_rcnn_input_t *in, int training);
+int ps_rcnn_rpn_loss(ps_rcnn_t *m, const ps_rcnn_input_t *in, ps_rcnn_losses_t *l);
+void ps_rcnn_rpn_backward(ps_rcnn_t *m, int n); /* writes dP (overwrites) */
+/* rcnn_box.c */
+int ps_rcnn_box_define(ps_rcnn_t *m, rcnn_stage_t *s, const char *head, const char *predictor);
+void ps_rcnn_box_layout(ps_rcnn_t *m, rcnn_stage_t *s, ps_arena_t *a);
+/* The stage on proposals (n images, counts[i] boxes of image i at props +
+ * i * stride * 4): the RPN's for the first stage, the previous stage's
+ * refined boxes for a cascade's next.  site: its sampling site
+ * (ps_det_sample_key: 1 + stage). */
+int ps_rcnn_box_forward(ps_rcnn_t *m, rcnn_stage_t *s, const ps_rcnn_input_t *in,
+                        const float *props, const int *counts, int stride, int training,
+                        int site, ps_rcnn_losses_t *l);
+void ps_rcnn_box_backward(ps_rcnn_t *m, rcnn_stage_t *s); /* += into dP[0..3] */
+/* rcnn_params.c */
+int ps_rcnn_define(ps_rcnn_t *m);
+void ps_rcnn_free_tables(ps_rcnn_t *m);
+void ps_rlin_resolve(rlin_t *l, const ps_model_param_t *params);
+
+#endif

@@ -1,0 +1,154 @@
+/* R-CNN tables: torchvision's names (backbone.body.*, backbone.fpn.*,
+ * rpn.head.*, roi_heads.*), the defaults of fasterrcnn_resnet50_fpn, frozen
+ * stages, optimizer groups, the deterministic init and safetensors. */
+#include "rcnn_internal.h"
+
+#include "ps_error.h"
+#include "ps_log.h"
+#include "worker/models/ps_weights.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+void ps_rcnn_config_default(ps_rcnn_config_t *c)
+{
+    memset(c, 0, sizeof *c);
+    c->depth = 50;
+    c->num_classes = 80;
+    c->width = 64;
+    c->fpn_channels = 256;
+    c->freeze_at = 2;
+    c->bn_eps = 1e-5f;
+    c->bn_mode = PS_MODEL_BN_FROZEN;
+    c->rpn_train = (ps_det_rpn_params_t){2000, 2000, 0.7f, 1e-3f, 0.0f};
+    c->rpn_test = (ps_det_rpn_params_t){1000, 1000, 0.7f, 1e-3f, 0.0f};
+    c->rpn_batch = 256;
+    c->rpn_fraction = 0.5f;
+    c->representation = 1024;
+    c->roi_size = 7;
+    c->roi_sampling = 2;
+    c->roi = (ps_det_roi_sample_params_t){0.5f, 0.5f, 512, 0.25f, {10.f, 10.f, 5.f, 5.f}};
+    c->post = (ps_det_roi_post_params_t){0.05f, 0.5f, 100, 1e-2f, {10.f, 10.f, 5.f, 5.f}};
+    c->smoothl1_beta = 1.f / 9.f;
+    c->max_gt = 100;
+}
+
+int ps_rcnn_define(ps_rcnn_t *m)
+{
+    int r = ps_mtab_add_backbone(&m->params, &m->nparams, &m->cap_params, &m->buffers,
+                                 &m->nbuffers, m->body, "backbone.body.", m->cfg.freeze_at);
+    if (r) return r;
+    m->nbody = m->nparams;
+    if ((r = ps_rcnn_fpn_define(m)) || (r = ps_rcnn_rpn_define(m))) return r;
+    return ps_rcnn_box_define(m, &m->box, "roi_heads.box_head", "roi_heads.box_predictor");
+}
+
+void ps_rcnn_free_tables(ps_rcnn_t *m)
+{
+    ps_mtab_free(&m->params, &m->nparams, &m->buffers, &m->nbuffers);
+}
+
+void ps_rlin_resolve(rlin_t *l, const ps_model_param_t *params)
+{
+    l->w = params[l->pw].w;
+    l->gw = params[l->pw].g;
+    l->b = params[l->pb].w;
+    l->gb = params[l->pb].g;
+}
+
+const ps_model_param_t *ps_rcnn_params(const ps_rcnn_t *m, int *n)
+{
+    if (n) *n = m->nparams;
+    return m->params;
+}
+
+const ps_model_buffer_t *ps_rcnn_buffers(const ps_rcnn_t *m, int *n)
+{
+    if (n) *n = m->nbuffers;
+    return m->buffers;
+}
+
+int ps_rcnn_find_param(const ps_rcnn_t *m, const char *name)
+{
+    return ps_mtab_find(m->params, m->nparams, name);
+}
+
+int ps_rcnn_groups(const ps_rcnn_t *m, ps_param_group_t *groups, int max)
+{
+    return ps_model_groups(m->body, groups, max);
+}
+
+int ps_rcnn_tensor_specs(const ps_rcnn_t *m, ps_tensor_spec_t **specs)
+{
+    return ps_mtab_tensor_specs(m->params, m->nparams, specs);
+}
+
+void ps_rcnn_zero_grad(ps_rcnn_t *m) { ps_mtab_zero_grad(m->params, m->nparams); }
+
+/* nn.Linear's default init: weight and bias uniform in +-1/sqrt(fan_in) */
+static void init_lin(ps_rcnn_t *m, const rlin_t *l, uint64_t seed)
+{
+    ps_model_param_t *w = &m->params[l->pw], *b = &m->params[l->pb];
+    double bound = 1.0 / sqrt((double)l->C);
+    ps_model_hash_fill(w->w, w->numel, w->name, seed, bound);
+    ps_model_hash_fill(b->w, b->numel, b->name, seed, bound);
+}
+
+void ps_rcnn_init(ps_rcnn_t *m, uint64_t seed, int random)
+{
+    ps_model_init(m->body, seed, random);
+    rcnn_fpn_t *f = &m->fpn;
+    /* FPN: kaiming_uniform_(a=1) -> bound sqrt(6/((1+1) fan_in)) */
+    for (int i = 0; i < 4; i++) {
+        ps_rconv_init(&f->inner[i], m->params, seed, sqrt(3.0 / ps_rconv_fan_in(&f->inner[i])),
+                      random, 0.f);
+        ps_rconv_init(&f->layer[i], m->params, seed, sqrt(3.0 / ps_rconv_fan_in(&f->layer[i])),
+                      random, 0.f);
+    }
+    /* RPN head: normal(std 0.01) -> uniform bound 0.01*sqrt(3) */
+    const rconv_t *rpn[3] = {&m->rpn.conv, &m->rpn.cls, &m->rpn.bbox};
+    for (int i = 0; i < 3; i++)
+        ps_rconv_init(rpn[i], m->params, seed, random ? 0.1 : 0.01 * sqrt(3.0), random, 0.f);
+    init_lin(m, &m->box.fc6, seed);
+    init_lin(m, &m->box.fc7, seed);
+    init_lin(m, &m->box.cls, seed);
+    init_lin(m, &m->box.bbox, seed);
+    ps_rcnn_zero_grad(m);
+}
+
+int ps_rcnn_save(const ps_rcnn_t *m, const char *path)
+{
+    char arch[64];
+    snprintf(arch, sizeof arch, "fasterrcnn-resnet%d-fpn", m->cfg.depth);
+    return ps_mtab_save(m->params, m->nparams, m->buffers, m->nbuffers, arch, "fasterrcnn",
+                        path);
+}
+
+/* Its own checkpoint (torchvision's fasterrcnn names), or an ImageNet
+ * classifier for the backbone alone (ps_weights_det_backbone_formats). */
+static const ps_weights_format_t own = {.name = "fasterrcnn", .detect = "backbone."};
+
+static int load(ps_rcnn_t *m, const char *path, const ps_weights_format_t *const *formats, int n,
+                unsigned flags)
+{
+    ps_weights_target_t t = {.what = "fasterrcnn", .params = m->params, .nparams = m->nparams,
+                             .buffers = m->buffers, .nbuffers = m->nbuffers};
+    int r = ps_weights_load(&t, path, formats, n, flags, NULL);
+    if (!r) ps_rcnn_zero_grad(m);
+    return r;
+}
+
+int ps_rcnn_load_weights(ps_rcnn_t *m, const char *path, int partial)
+{
+    const ps_weights_format_t *const all[] = {&own, ps_weights_det_backbone_formats[0],
+                                              ps_weights_det_backbone_formats[1]};
+    return load(m, path, all, 3, partial ? PS_WEIGHTS_PARTIAL : 0);
+}
+
+int ps_rcnn_load(ps_rcnn_t *m, const char *path) { return ps_rcnn_load_weights(m, path, 0); }
+
+int ps_rcnn_load_backbone(ps_rcnn_t *m, const char *path)
+{
+    return load(m, path, ps_weights_det_backbone_formats, PS_WEIGHTS_DET_BACKBONE_NFORMATS, 0);
+}
