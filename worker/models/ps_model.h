@@ -248,6 +248,11 @@ int ps_model_count(const ps_model_config_t *cfg, int H, int W, ps_model_count_t 
  * parameters, gradients, statistics, activations.  0, PS_EINVAL, PS_ENOMEM. */
 int ps_model_arena_size(const ps_model_config_t *cfg, int max_clips, int H, int W,
                         size_t act_bytes, size_t *bytes);
+/* The same for a detector's backbone (ps_retinanet.h, ps_rcnn.h: the
+ * ResNet body without head, max_n images of H x W, cfg's depth, width, BN
+ * mode and recompute). */
+int ps_model_features_arena_size(const ps_model_config_t *cfg, int max_n, int H, int W,
+                                 size_t act_bytes, size_t *bytes);
 /* Bytes of the model's arena (what ps_model_arena_size said for it). */
 size_t ps_model_arena_bytes(const ps_model_t *m);
 /* Dropout masks are a pure function of (seed, forward counter): forward
