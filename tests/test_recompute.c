@@ -142,12 +142,9 @@ static void compare(const char *name, const ps_model_config_t *cfg, int clips, i
     ps_ctx_free(&ctx);
 }
 
-/* The RetinaNet backbone (features path): losses and gradients of the
- * whole detector with and without recompute in its backbone. */
-static int retina_run(int recompute, float *loss, float ***grad, int *np, size_t *arena)
+/* RetinaNet-R18-FPN, width 8, FPN 16, 3 classes, BN train, nothing frozen */
+static ps_retina_config_t retina_config(int recompute)
 {
-    ps_ctx_t ctx;
-    ps_engine_init(&ctx, 1);
     ps_retina_config_t c;
     ps_retina_config_default(&c);
     c.depth = 18;
@@ -157,6 +154,16 @@ static int retina_run(int recompute, float *loss, float ***grad, int *np, size_t
     c.freeze_at = 0;
     c.bn_mode = PS_MODEL_BN_TRAIN;
     c.recompute = recompute;
+    return c;
+}
+
+/* The RetinaNet backbone (features path): losses and gradients of the
+ * whole detector with and without recompute in its backbone. */
+static int retina_run(int recompute, float *loss, float ***grad, int *np, size_t *arena)
+{
+    ps_ctx_t ctx;
+    ps_engine_init(&ctx, 1);
+    ps_retina_config_t c = retina_config(recompute);
     const int N = 2, S = 64;
     ps_retina_t *m = NULL;
     if (ps_retina_create(&m, &c, &ps_backend_cpu, &ctx, N, S, S)) return -1;
@@ -197,12 +204,8 @@ static void retina_compare(void)
     ok(!memcmp(&l0, &l1, sizeof l0), "RetinaNet: loss bit for bit (%.9g)", l0);
     ps_ctx_t ctx;
     ps_engine_init(&ctx, 1);
-    ps_retina_config_t c;
-    ps_retina_config_default(&c);
+    ps_retina_config_t c = retina_config(0); /* the tables, for names and sizes */
     int bad = 0, ntr = 0;
-    /* sizes from a model of the same shape */
-    c.depth = 18, c.num_classes = 3, c.width = 8, c.fpn_channels = 16, c.freeze_at = 0;
-    c.bn_mode = PS_MODEL_BN_TRAIN;
     ps_retina_t *m = NULL;
     ps_retina_create(&m, &c, &ps_backend_cpu, &ctx, 2, 64, 64);
     int np;
@@ -241,36 +244,33 @@ static void arena_sizes(const char *name, const ps_model_config_t *cfg, int clip
     ps_ctx_free(&ctx);
 }
 
+/* A small 2-D ResNet of cfg's defaults but depth, segments, shift, BN mode */
+static ps_model_config_t small(int depth, int T, int shift, int bn_mode)
+{
+    ps_model_config_t c;
+    ps_model_config_default(&c);
+    c.depth = depth;
+    c.width = 8;
+    c.n_segment = T;
+    c.shift = shift;
+    c.num_classes = 5;
+    c.dropout = 0.f;
+    c.bn_mode = bn_mode;
+    c.partial_bn = bn_mode == PS_MODEL_BN_PARTIAL;
+    return c;
+}
+
 int main(void)
 {
     ps_log_set_level_str("warn");
-    ps_model_config_t c;
-    ps_model_config_default(&c);
-    c.depth = 18;
-    c.width = 8;
-    c.n_segment = 4;
-    c.num_classes = 5;
-    c.dropout = 0.f;
-    c.partial_bn = 0;
-    c.bn_mode = PS_MODEL_BN_TRAIN;
+    ps_model_config_t c = small(18, 4, 1, PS_MODEL_BN_TRAIN);
     compare("TSM-R18 BN train", &c, 2, 32);
     arena_sizes("TSM-R18", &c, 2, 32);
-
-    ps_model_config_default(&c);
-    c.depth = 50;
-    c.width = 8;
-    c.n_segment = 2;
-    c.shift = 0;
-    c.num_classes = 4;
-    c.dropout = 0.f;
-    c.partial_bn = 0;
-    c.bn_mode = PS_MODEL_BN_TRAIN;
+    c = small(50, 2, 0, PS_MODEL_BN_TRAIN);
     compare("ResNet-50 BN train", &c, 2, 32);
-    c.bn_mode = PS_MODEL_BN_PARTIAL;
-    c.partial_bn = 1;
+    c = small(50, 2, 0, PS_MODEL_BN_PARTIAL);
     compare("ResNet-50 partial BN", &c, 2, 32);
     arena_sizes("ResNet-50", &c, 2, 64);
-
     retina_compare();
     return tap_done();
 }

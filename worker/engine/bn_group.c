@@ -88,18 +88,30 @@ static int exchange(ps_bn_group_t *g, const char *what, const float *mine, float
     return rc;
 }
 
+/* This rank's (M, a[C], b[C]) out, every rank's in: *all (W rows of
+ * 2 + 4C floats); 0 or the group's error. */
+static int share(ps_bn_group_t *g, const char *what, int C, double M, const double *a,
+                 const double *b, const float **all)
+{
+    const size_t n = 2 + 4 * (size_t)C;
+    float *mine, *every;
+    int rc = g->err ? g->err : room(g, n, &mine, &every);
+    if (rc) return g->err = rc;
+    put(mine, M);
+    for (int c = 0; c < C; c++) {
+        put(mine + 2 + 2 * c, a[c]);
+        put(mine + 2 + 2 * (size_t)C + 2 * c, b[c]);
+    }
+    *all = every;
+    return exchange(g, what, mine, every, n);
+}
+
 int ps_bn_group_moments(ps_bn_group_t *g, int C, double *M, double *mean, double *m2)
 {
     const size_t n = 2 + 4 * (size_t)C;
-    float *mine, *all;
-    int rc = g->err ? g->err : room(g, n, &mine, &all);
-    if (rc) return g->err = rc;
-    put(mine, *M);
-    for (int c = 0; c < C; c++) {
-        put(mine + 2 + 2 * c, mean[c]);
-        put(mine + 2 + 2 * (size_t)C + 2 * c, m2[c]);
-    }
-    if ((rc = exchange(g, "statistics", mine, all, n))) return rc;
+    const float *all;
+    int rc = share(g, "statistics", C, *M, mean, m2, &all);
+    if (rc) return rc;
     double tot = get(all);
     for (int c = 0; c < C; c++) {
         mean[c] = get(all + 2 + 2 * c);
@@ -122,15 +134,9 @@ int ps_bn_group_moments(ps_bn_group_t *g, int C, double *M, double *mean, double
 int ps_bn_group_sums(ps_bn_group_t *g, int C, double *M, double *a, double *b)
 {
     const size_t n = 2 + 4 * (size_t)C;
-    float *mine, *all;
-    int rc = g->err ? g->err : room(g, n, &mine, &all);
-    if (rc) return g->err = rc;
-    put(mine, *M);
-    for (int c = 0; c < C; c++) {
-        put(mine + 2 + 2 * c, a[c]);
-        put(mine + 2 + 2 * (size_t)C + 2 * c, b[c]);
-    }
-    if ((rc = exchange(g, "gradient sums", mine, all, n))) return rc;
+    const float *all;
+    int rc = share(g, "gradient sums", C, *M, a, b, &all);
+    if (rc) return rc;
     double tot = 0;
     for (int c = 0; c < C; c++) a[c] = b[c] = 0;
     for (int r = 0; r < g->size; r++) {

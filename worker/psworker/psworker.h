@@ -14,6 +14,8 @@
  *                      the local update, device memory figures
  *   elastic.c          membership that changes at step boundaries (--join,
  *                      drain): the data split and batch of each step
+ *   bn_cross.c         --bn sync: the group the model's BN layers combine
+ *                      their statistics over (the job's ring, or a side ring)
  *   state.c            what follows from the step alone (BN
  *                      num_batches_tracked, the dropout counter), set
  *                      before each compute

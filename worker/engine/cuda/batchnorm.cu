@@ -60,26 +60,35 @@ __device__ __forceinline__ size_t chan_at(size_t j, int c, int C, int HW)
     return ((j / HW) * C + c) * (size_t)HW + j % HW;
 }
 
-__global__ void __launch_bounds__(BN_THREADS)
-k_bn_stats(float *scale_shift, float *save_mean, float *save_rstd, float *run_mean,
-           float *run_var, const float *x, const float *gamma, const float *beta, float eps,
-           float momentum, int N, int C, int HW)
+// Channel blockIdx.x's mean and M2 (squared deviations from the mean
+// rounded to float), by the whole block in two passes; every thread gets
+// them.
+__device__ void chan_moments(const float *x, int N, int C, int HW, double *mean, double *m2)
 {
     const int c = blockIdx.x;
     const size_t M = (size_t)N * HW;
     double s = 0;
     for (size_t j = threadIdx.x; j < M; j += BN_THREADS) s += x[chan_at(j, c, C, HW)];
-    const double mean = block_sum(s) / (double)M;
-    const float meanf = (float)mean;
+    *mean = block_sum(s) / (double)M;
+    const float meanf = (float)*mean;
     double v = 0;
     for (size_t j = threadIdx.x; j < M; j += BN_THREADS) {
         const float d = x[chan_at(j, c, C, HW)] - meanf;
         v += (double)(d * d);
     }
-    v = block_sum(v);
+    *m2 = block_sum(v);
+}
+
+__global__ void __launch_bounds__(BN_THREADS)
+k_bn_stats(float *scale_shift, float *save_mean, float *save_rstd, float *run_mean,
+           float *run_var, const float *x, const float *gamma, const float *beta, float eps,
+           float momentum, int N, int C, int HW)
+{
+    double mean, v;
+    chan_moments(x, N, C, HW, &mean, &v);
     if (threadIdx.x == 0)
         bn_epilogue(scale_shift, save_mean, save_rstd, run_mean, run_var, gamma, beta, eps,
-                    momentum, C, c, (double)M, mean, v);
+                    momentum, C, blockIdx.x, (double)N * HW, mean, v);
 }
 
 // Eval: scale/shift from the running statistics.
@@ -336,21 +345,11 @@ __global__ void k_bn_stats_fin(float *scale_shift, float *save_mean, float *save
 __global__ void __launch_bounds__(BN_THREADS)
 k_bn_moments(double *mom, const float *x, int N, int C, int HW)
 {
-    const int c = blockIdx.x;
-    const size_t M = (size_t)N * HW;
-    double s = 0;
-    for (size_t j = threadIdx.x; j < M; j += BN_THREADS) s += x[chan_at(j, c, C, HW)];
-    const double mean = block_sum(s) / (double)M;
-    const float meanf = (float)mean;
-    double v = 0;
-    for (size_t j = threadIdx.x; j < M; j += BN_THREADS) {
-        const float d = x[chan_at(j, c, C, HW)] - meanf;
-        v += (double)(d * d);
-    }
-    v = block_sum(v);
+    double mean, v;
+    chan_moments(x, N, C, HW, &mean, &v);
     if (threadIdx.x == 0) {
-        mom[c] = mean;
-        mom[C + c] = v;
+        mom[blockIdx.x] = mean;
+        mom[C + blockIdx.x] = v;
     }
 }
 
