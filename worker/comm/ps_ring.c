@@ -427,7 +427,7 @@ static int run(ps_ring_t *r, ring_job_t *j)
 {
     const int nc = r->o.nconn;
     for (int c = 0; c < nc; c++) r->in[c].nexp = (uint32_t)c;
-    double last = now_ms();
+    double last = now_ms(), warn_after = RING_WARN_MS;
     for (;;) {
         int prog = 0, rc = 0;
         double now = now_ms();
@@ -469,6 +469,7 @@ static int run(ps_ring_t *r, ring_job_t *j)
         if (j->nrecv == j->total && j->next == j->total && !nbusy) return 0;
         if (prog) {
             last = now_ms();
+            warn_after = RING_WARN_MS;
             continue;
         }
         /* nothing moved: wait for a socket, a connect retry or the timeout */
@@ -476,6 +477,15 @@ static int run(ps_ring_t *r, ring_job_t *j)
         int who[2 * RING_MAX_CONN + MAX_PENDING + 1], np = 0;
         double t = now_ms(), wait = last + r->o.timeout_ms - t;
         if (wait <= 0) return timeout_error(r, j);
+        if (t - last >= warn_after) { /* a long wait says what it waits for */
+            ps_warn("ring: rank %d/%d: nothing from the neighbours for %.0f s in allreduce #%u of "
+                    "%zu elements (received %u/%u from left rank %d at %s, sent %u/%u to right "
+                    "rank %d at %s); giving up after %d s", r->rank, r->world, (t - last) / 1e3,
+                    r->op, j->n, j->nrecv, j->total, left_of(r), r->ep_left, j->next, j->total,
+                    right_of(r), r->ep_right, r->o.timeout_ms / 1000);
+            warn_after *= 2;
+        }
+        if (wait > last + warn_after - t) wait = last + warn_after - t;
         for (int c = 0; c < nc; c++) {
             out_conn_t *oc = &r->out[c];
             oc->rev = 0;
