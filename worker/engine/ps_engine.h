@@ -24,8 +24,12 @@
  *     (RetinaNet's shared heads) is handled for free;
  *   - input gradients (dinp) are OVERWRITTEN; a NULL dinp means "not needed"
  *     (first layer) and must be accepted.
- * Threads: the CPU backend uses OpenMP for non-GEMM loops and OpenBLAS for
- * GEMM; ps_engine_init() sets both so they never oversubscribe.
+ * Threads: the CPU backend uses one OpenMP team for its loops, its GEMM
+ * slices (oneDNN's sgemm or OpenBLAS, single-threaded inside each) and
+ * oneDNN's convolutions (Debian's oneDNN runs on OpenMP too);
+ * ps_engine_init() sets it so nothing oversubscribes.  Which convolution
+ * kernel runs is chosen per layer shape (ps_engine_set_conv_kernels below,
+ * worker/engine/layers/conv_provider.h).
  */
 #ifndef PS_ENGINE_H
 #define PS_ENGINE_H
@@ -86,6 +90,8 @@ typedef struct ps_ctx {
     size_t workspace_numel;
     void *backend_state;   /* what opening the device put here (CUDA: handles,
                               stream, caches); freed by the backend's release */
+    void *cpu_state;       /* the CPU layers' own (precision, oneDNN primitives
+                              and buffers), made on first use; ps_ctx_free frees it */
     /* Cross-worker BN (--bn sync): when set, every training-mode BN
      * (bn_forward_train / bn_backward_train, either backend) combines its
      * per-channel statistics and backward sums over this group; NULL =
@@ -511,6 +517,28 @@ extern const ps_backend_t ps_backend_cpu;
  * one line per empty slot logged.  ps_engine_open_device() runs it on the
  * table a device hands out; tests run it on theirs. */
 int ps_engine_check_backend(const ps_backend_t *be);
+
+/* ---- the CPU backend's convolution kernels -------------------------------- */
+
+/* How the CPU backend picks a convolution kernel per layer shape and
+ * direction (worker/engine/layers/conv_provider.h): "auto" or NULL (the
+ * default: each candidate -- im2col + GEMM, oneDNN -- is timed on the first
+ * call of each shape and the fastest kept for the process), or a row name,
+ * "gemm" or "onednn", for that row wherever it can (runs that must match
+ * bit for bit across processes; the measured choice may differ between
+ * two processes on a busy machine).  PS_CONV_KERNELS in the environment is
+ * the same setting.  0, or PS_EINVAL for an unknown name (logged). */
+int ps_engine_set_conv_kernels(const char *mode);
+/* The CPU convolution kernels that ran in this process, in calls per
+ * direction ("fwd gemm:im2col+sgemm(oneDNN) 120, onednn:jit:avx2 40;
+ * bwd-data ..."), into buf; "no convolution yet" when none ran. */
+const char *ps_engine_conv_kernels(char *buf, size_t len);
+
+/* 1 when the CPU backend can compute at `precision` on this machine (fp32
+ * always; bf16 with oneDNN on a CPU with AVX-512 BF16 or AMX; fp16 never),
+ * else 0 with the reason in why: what set_precision would refuse, asked
+ * before any model exists (option checks). */
+int ps_engine_cpu_precision_ok(ps_precision_t precision, char *why, size_t len);
 
 /* ---- devices: the rows --device strings name ----------------------------- */
 

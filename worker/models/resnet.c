@@ -184,6 +184,47 @@ void ps_resnet_bn_bwd(ps_model_t *m, bn_t *b, float *din, const float *dout, con
     }
 }
 
+/* bn then relu, out = relu(bn(in)), shared with the 3-D models: one pass
+ * through the backend's fused entry when the BN uses its running statistics
+ * (partial BN's frozen layers, eval) and the backend has one, else the two
+ * layers.  The fused entries are for running statistics only, so a BN with
+ * batch statistics (train, partial BN's first, and every BN that --bn sync
+ * combines over the workers) always goes through bn_forward_train /
+ * bn_backward_train, where the group's hook is (ctx->bn_group). */
+void ps_resnet_bn_relu_fwd(ps_model_t *m, bn_t *b, float *out, const float *in, int N, int HW,
+                           int training)
+{
+    const ps_backend_t *be = m->be;
+    const int batch = training && (m->bn_mode == PS_MODEL_BN_TRAIN ||
+                                   (m->bn_mode == PS_MODEL_BN_PARTIAL && b->first));
+    if (!batch && be->bn_relu_forward_eval) {
+        b->batch_stats = 0;
+        be->bn_relu_forward_eval(m->ctx, out, in, b->gamma, b->beta, b->rm, b->rv,
+                                 m->cfg.bn_eps, N, b->C, HW);
+        return;
+    }
+    ps_resnet_bn_fwd(m, b, out, in, N, HW, training);
+    be->relu_forward(m->ctx, out, out, (size_t)N * b->C * HW);
+}
+
+/* The backward of ps_resnet_bn_relu_fwd: dout (clobbered) is the gradient
+ * w.r.t. the relu output `out`, din w.r.t. the BN input `in`. */
+void ps_resnet_bn_relu_bwd(ps_model_t *m, bn_t *b, float *din, float *dout, const float *out,
+                           const float *in, int N, int HW)
+{
+    const ps_backend_t *be = m->be;
+    if (!b->batch_stats && be->bn_relu_backward_eval) {
+        int frozen = m->bn_mode == PS_MODEL_BN_FROZEN ||
+                     (m->bn_mode == PS_MODEL_BN_PARTIAL && !b->first);
+        be->bn_relu_backward_eval(m->ctx, din, frozen ? NULL : b->dgamma,
+                                  frozen ? NULL : b->dbeta, dout, out, in, b->gamma, b->rm,
+                                  b->rv, m->cfg.bn_eps, N, b->C, HW);
+        return;
+    }
+    be->relu_backward(m->ctx, dout, dout, out, (size_t)N * b->C * HW);
+    ps_resnet_bn_bwd(m, b, din, dout, in, N, HW);
+}
+
 /* How a forward runs its BNs: a training or evaluation forward (the
  * model's BN mode decides each BN's statistics), or the recomputation of
  * one (--recompute): each BN as that forward ran it, batch statistics from
@@ -201,10 +242,17 @@ static void bn_fwd(ps_model_t *m, bn_t *b, float *out, const float *in, int N, i
                                N, b->C, HW);
 }
 
-/* relu(bn(conv output)) into out: the forward's, or again in the backward */
+/* relu(bn(conv output)) into out: the forward's, or again in the backward.
+ * A recomputed BN with running statistics goes the way the forward took it
+ * (the fused entry where the backend has one: an evaluation forward of it),
+ * so the recomputed output is the forward's bit for bit either way. */
 static void bn_relu_fwd(ps_model_t *m, bn_t *b, float *out, const float *co, int N, int HW,
                         int how)
 {
+    if (how != FWD_RECOMPUTE || !b->batch_stats) {
+        ps_resnet_bn_relu_fwd(m, b, out, co, N, HW, how == FWD_TRAIN);
+        return;
+    }
     bn_fwd(m, b, out, co, N, HW, how);
     m->be->relu_forward(m->ctx, out, out, (size_t)N * b->C * HW);
 }
@@ -271,9 +319,7 @@ static void block_bwd(ps_model_t *m, block_t *b, float **g, int N)
         conv_bwd(m, c, din, Bf, in, N);
         if (j > 0) {
             const conv_t *p = &b->conv[j - 1];
-            size_t np = (size_t)N * p->d.K * p->P * p->Q;
-            be->relu_backward(m->ctx, C, C, in, np);
-            ps_resnet_bn_bwd(m, &b->bn[j - 1], Bf, C, b->co[j - 1], N, p->P * p->Q);
+            ps_resnet_bn_relu_bwd(m, &b->bn[j - 1], Bf, C, in, b->co[j - 1], N, p->P * p->Q);
         }
     }
     /* 'blockres': conv1's gradient shifted back now, the identity's adds
@@ -434,8 +480,7 @@ static void backward_trunk(ps_model_t *m, const float *const *dstage, int N, int
     be->maxpool_backward(m->ctx, g[1], g[0], m->argmax, &m->pool, N, c1->d.K, c1->P, c1->Q);
     if (m->cfg.recompute) /* a0 shares its slot with every BN + ReLU output */
         bn_relu_fwd(m, &m->bn1, m->a0, m->c0, N, c1->P * c1->Q, FWD_RECOMPUTE);
-    be->relu_backward(m->ctx, g[1], g[1], m->a0, (size_t)N * c1->d.K * c1->P * c1->Q);
-    ps_resnet_bn_bwd(m, &m->bn1, g[2], g[1], m->c0, N, c1->P * c1->Q);
+    ps_resnet_bn_relu_bwd(m, &m->bn1, g[2], g[1], m->a0, m->c0, N, c1->P * c1->Q);
     conv_bwd(m, c1, NULL, g[2], m->input, N);
     stem_hook(m, m->grad_ready);
 }

@@ -167,6 +167,13 @@ void ps_resnet_bn_fwd(ps_model_t *m, bn_t *b, float *out, const float *in, int N
                       int training);
 void ps_resnet_bn_bwd(ps_model_t *m, bn_t *b, float *din, const float *dout, const float *in,
                       int N, int HW);
+/* BN then ReLU (out = relu(bn(in))) and its backward (dout, the gradient
+ * w.r.t. out, is clobbered; din w.r.t. in): the backend's fused entries
+ * when the BN uses running statistics and the backend has them */
+void ps_resnet_bn_relu_fwd(ps_model_t *m, bn_t *b, float *out, const float *in, int N, int HW,
+                           int training);
+void ps_resnet_bn_relu_bwd(ps_model_t *m, bn_t *b, float *din, float *dout, const float *out,
+                           const float *in, int N, int HW);
 
 /* resnet_params.c */
 int ps_resnet_build(ps_model_t *m); /* architecture + tables + arena */

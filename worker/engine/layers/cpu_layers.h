@@ -21,13 +21,17 @@ int ps_cpu_mem_stats(ps_ctx_t *ctx, ps_backend_mem_t *m, int reset_peak);
 void ps_cpu_release(ps_ctx_t *ctx);
 size_t ps_cpu_act_elsize(ps_ctx_t *ctx);
 
-/* conv2d.c, conv2d_col.c */
+/* conv_select.c: the conv2d slots, through the row of conv_provider.h
+ * chosen for the shape (conv2d.c holds the im2col + GEMM row,
+ * conv_onednn.c the oneDNN one) */
 void ps_cpu_conv2d_forward(ps_ctx_t *ctx, float *out, const float *inp, const float *w,
                            const float *b, const ps_conv2d_desc_t *d, int N, int H, int W);
 void ps_cpu_conv2d_backward(ps_ctx_t *ctx, float *dinp, float *dw, float *db,
                             const float *dout, const float *inp, const float *w,
                             const ps_conv2d_desc_t *d, int N, int H, int W);
-/* Columns targeted per GEMM: convolutions whose output plane (P*Q) is
+/* 1 when the descriptor and shape make a convolution, else 0 (logged). */
+int ps_conv2d_valid(const ps_conv2d_desc_t *d, int N, int H, int W);
+/* conv2d.c, the im2col + GEMM row: columns targeted per GEMM: convolutions whose output plane (P*Q) is
  * smaller than this process several images in one GEMM.  Changing it
  * changes ps_conv2d_workspace(); 0 restores the default.  Process-wide,
  * meant for tests and benchmarks (set it before sizing a model). */
@@ -62,6 +66,9 @@ void ps_cpu_col_plane_add(float *xp, const float *src, int H, int W, int P, int 
  * gradients red[(t-1)*nw ..] into dw (an orphaned worksharing loop: every
  * thread of the team calls it). */
 void ps_cpu_conv_bias_grad(float *db, const float *dout, int N, int K, size_t PQ);
+/* Threads a call may use: the OpenMP team's size, 1 for a call made inside
+ * a parallel region (it runs on its own thread). */
+int ps_cpu_team_threads(void);
 void ps_cpu_sum_partials(float *dw, const float *red, size_t nw, int nth);
 
 /* batchnorm.c */
@@ -174,7 +181,8 @@ void ps_cpu_head_permute_backward(ps_ctx_t *ctx, float *dinp, const float *dout,
 
 /* ---- 3-D video layers ---------------------------------------------------- */
 
-/* conv3d.c, conv3d_col.c */
+/* conv_select.c: the conv3d slots through the chosen row (conv3d.c,
+ * conv3d_col.c: vol2col + GEMM; conv_onednn.c) */
 void ps_cpu_conv3d_forward(ps_ctx_t *ctx, float *out, const float *inp, const float *w,
                            const float *b, const ps_conv3d_desc_t *d, int N, int D, int H,
                            int W);
