@@ -79,6 +79,28 @@ __device__ void chan_moments(const float *x, int N, int C, int HW, double *mean,
     *m2 = block_sum(v);
 }
 
+// Channel blockIdx.x's backward sums over its first M elements (M = 0:
+// none): *a = sum dy, *b = rstd * sum dy*(x-mean), every thread gets them;
+// thread 0 adds them to dbeta / dgamma (each may be NULL).
+__device__ void chan_dy_sums(const float *dy, const float *x, float mean, float rstd, int C,
+                             int HW, size_t M, float *dgamma, float *dbeta, double *a, double *b)
+{
+    const int c = blockIdx.x;
+    double sa = 0, sb = 0;
+    for (size_t j = threadIdx.x; j < M; j += BN_THREADS) {
+        const size_t at = chan_at(j, c, C, HW);
+        const float g = dy[at];
+        sa += g;
+        sb += (double)(g * (x[at] - mean));
+    }
+    *a = block_sum(sa);
+    *b = block_sum(sb) * rstd;
+    if (threadIdx.x == 0) {
+        if (dbeta) dbeta[c] += (float)*a;
+        if (dgamma) dgamma[c] += (float)*b;
+    }
+}
+
 __global__ void __launch_bounds__(BN_THREADS)
 k_bn_stats(float *scale_shift, float *save_mean, float *save_rstd, float *run_mean,
            float *run_var, const float *x, const float *gamma, const float *beta, float eps,
@@ -127,19 +149,10 @@ k_bn_bwd_sums(float *coef, float *dgamma, float *dbeta, const float *dy, const f
     const float mean = train ? save_mean[c] : run_mean[c];
     const float rstd = train ? save_rstd[c] : 1.0f / sqrtf(run_var[c] + eps);
     const size_t M = (size_t)N * HW;
-    double a = 0, b = 0;
-    if (train || dgamma || dbeta)
-        for (size_t j = threadIdx.x; j < M; j += BN_THREADS) {
-            const size_t at = chan_at(j, c, C, HW);
-            const float g = dy[at];
-            a += g;
-            b += (double)(g * (x[at] - mean));
-        }
-    a = block_sum(a);
-    b = block_sum(b) * rstd;
+    double a, b;
+    chan_dy_sums(dy, x, mean, rstd, C, HW, train || dgamma || dbeta ? M : 0, dgamma, dbeta, &a,
+                 &b);
     if (threadIdx.x == 0) {
-        if (dbeta) dbeta[c] += (float)a;
-        if (dgamma) dgamma[c] += (float)b;
         float *k = coef + 5 * (size_t)c;
         k[0] = (gamma ? gamma[c] : 1.0f) * rstd;
         k[1] = train ? (float)(a / (double)M) : 0.0f;
@@ -308,6 +321,21 @@ k_h_bn_part(double *part, const void *u_, const void *x_, const float *mean, siz
     }
 }
 
+// Channel c's mean and biased variance (clamped at 0) from k_h_bn_part's
+// nch partials (sum, sum of squares) of M elements
+__device__ void part_mean_var(const double *part, int nch, size_t M, int C, int c,
+                              double *mean, double *var)
+{
+    double s = 0, q = 0;
+    for (int k = 0; k < nch; k++) {
+        s += part[((size_t)k * C + c) * 2];
+        q += part[((size_t)k * C + c) * 2 + 1];
+    }
+    *mean = s / (double)M;
+    const double v = q / (double)M - *mean * *mean;
+    *var = v > 0 ? v : 0;
+}
+
 // Forward finish: the statistics of k_h_bn_stats from the partials.
 __global__ void k_bn_stats_fin(float *scale_shift, float *save_mean, float *save_rstd,
                                float *run_mean, float *run_var, const double *part, int nch,
@@ -316,14 +344,8 @@ __global__ void k_bn_stats_fin(float *scale_shift, float *save_mean, float *save
 {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
-    double s = 0, q = 0;
-    for (int k = 0; k < nch; k++) {
-        s += part[((size_t)k * C + c) * 2];
-        q += part[((size_t)k * C + c) * 2 + 1];
-    }
-    const double mean = s / (double)M;
-    double var = q / (double)M - mean * mean;
-    var = var > 0 ? var : 0;
+    double mean, var;
+    part_mean_var(part, nch, M, C, c, &mean, &var);
     const float rstd = (float)(1.0 / sqrt(var + eps));
     if (save_mean) save_mean[c] = (float)mean;
     if (save_rstd) save_rstd[c] = rstd;
@@ -358,15 +380,10 @@ __global__ void k_bn_part_moments(double *mom, const double *part, int nch, size
 {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
-    double s = 0, q = 0;
-    for (int k = 0; k < nch; k++) {
-        s += part[((size_t)k * C + c) * 2];
-        q += part[((size_t)k * C + c) * 2 + 1];
-    }
-    const double mean = s / (double)M;
-    double var = q / (double)M - mean * mean;
+    double mean, var;
+    part_mean_var(part, nch, M, C, c, &mean, &var);
     mom[c] = mean;
-    mom[C + c] = (var > 0 ? var : 0) * (double)M;
+    mom[C + c] = var * (double)M;
 }
 
 __global__ void k_bn_fin_moments(float *scale_shift, float *save_mean, float *save_rstd,
@@ -400,19 +417,9 @@ k_bn_bwd_local(double *ab, float *dgamma, float *dbeta, const float *dy, const f
 {
     const int c = blockIdx.x;
     const float mean = save_mean[c], rstd = save_rstd[c];
-    const size_t M = (size_t)N * HW;
-    double a = 0, b = 0;
-    for (size_t j = threadIdx.x; j < M; j += BN_THREADS) {
-        const size_t at = chan_at(j, c, C, HW);
-        const float g = dy[at];
-        a += g;
-        b += (double)(g * (x[at] - mean));
-    }
-    a = block_sum(a);
-    b = block_sum(b) * rstd;
+    double a, b;
+    chan_dy_sums(dy, x, mean, rstd, C, HW, (size_t)N * HW, dgamma, dbeta, &a, &b);
     if (threadIdx.x == 0) {
-        if (dbeta) dbeta[c] += (float)a;
-        if (dgamma) dgamma[c] += (float)b;
         ab[2 * (size_t)c] = a;
         ab[2 * (size_t)c + 1] = b;
     }
@@ -670,6 +677,21 @@ void ps_cu_bn_forward_train(ps_ctx_t *ctx, float *out, float *save_mean, float *
     CU_LAUNCHED();
 }
 
+// out = inp * scale + shift per channel (ss: the C scales, then the C
+// shifts), in the activations' storage (half or float)
+static void bn_apply(ps_cu_state *s, const char *what, float *out, const float *inp,
+                     const float *ss, int N, int C, int HW)
+{
+    const size_t n = (size_t)N * C * HW;
+    int bad;
+    if (bn_half(s, what, out, inp, NULL, &bad)) {
+        HLAUNCH(k_h_bn_apply, n, out, inp, ss, n, C);
+        return;
+    }
+    k_bn_apply<<<cu_grid(n, CU_BLOCK), CU_BLOCK, 0, s->stream>>>(out, inp, ss, n, C, HW);
+    CU_LAUNCHED();
+}
+
 void ps_cu_bn_forward_saved(ps_ctx_t *ctx, float *out, const float *inp, const float *gamma,
                             const float *beta, const float *save_mean, const float *save_rstd,
                             int N, int C, int HW)
@@ -680,14 +702,7 @@ void ps_cu_bn_forward_saved(ps_ctx_t *ctx, float *out, const float *inp, const f
     k_bn_saved_coef<<<(C + 255) / 256, 256, 0, s->stream>>>(ss, gamma, beta, save_mean,
                                                             save_rstd, C);
     CU_LAUNCHED();
-    const size_t n = (size_t)N * C * HW;
-    int bad;
-    if (bn_half(s, "bn_forward_saved", out, inp, NULL, &bad)) {
-        HLAUNCH(k_h_bn_apply, n, out, inp, ss, n, C);
-        return;
-    }
-    k_bn_apply<<<cu_grid(n, CU_BLOCK), CU_BLOCK, 0, s->stream>>>(out, inp, ss, n, C, HW);
-    CU_LAUNCHED();
+    bn_apply(s, "bn_forward_saved", out, inp, ss, N, C, HW);
 }
 
 void ps_cu_bn_forward_eval(ps_ctx_t *ctx, float *out, const float *inp, const float *gamma,
@@ -700,14 +715,7 @@ void ps_cu_bn_forward_eval(ps_ctx_t *ctx, float *out, const float *inp, const fl
     k_bn_eval_coef<<<(C + 255) / 256, 256, 0, s->stream>>>(ss, gamma, beta, run_mean, run_var,
                                                            eps, C);
     CU_LAUNCHED();
-    const size_t n = (size_t)N * C * HW;
-    int bad;
-    if (bn_half(s, "bn_forward_eval", out, inp, NULL, &bad)) {
-        HLAUNCH(k_h_bn_apply, n, out, inp, ss, n, C);
-        return;
-    }
-    k_bn_apply<<<cu_grid(n, CU_BLOCK), CU_BLOCK, 0, s->stream>>>(out, inp, ss, n, C, HW);
-    CU_LAUNCHED();
+    bn_apply(s, "bn_forward_eval", out, inp, ss, N, C, HW);
 }
 
 static void bn_backward(ps_ctx_t *ctx, float *dinp, float *dgamma, float *dbeta,
