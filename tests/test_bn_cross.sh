@@ -34,8 +34,7 @@
 # Failures: a PS-mode worker whose peer did not ask for --bn sync (with the
 # same partition table: --bn train --bn-sync 0) is told so, naming the rank; a peer whose advertised address cannot be reached
 # is named within seconds (the set-up's 10 s bound).  All runs use one
-# compute thread: the CPU convolution's weight gradient sums per-thread
-# partials on a dynamic schedule, which reorders sums between runs.
+# compute thread each (two workers share the CI's two cores).
 . "$(dirname "$0")/lib/integration_common.sh" || { echo "Bail out! cannot read lib/integration_common.sh"; exit 99; }
 PSDATA=$top_builddir/psdata
 [ -x "$PSDATA" ] || { echo "1..0 # SKIP psdata not built"; exit 77; }

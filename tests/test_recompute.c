@@ -12,10 +12,12 @@
  * ResNet-50 (bottlenecks) with BN train and with TSM's partial BN (the
  * recomputed BNs then mix batch and running statistics), and a RetinaNet
  * backbone (features path, BN train, nothing frozen) whose stage outputs
- * feed the FPN.  The recomputing model's arena must be smaller.  One
- * thread: the CPU convolution's weight gradient sums per-thread partials
- * over a dynamic schedule, so with several threads two runs of the same
- * step differ in the last bits whatever recompute does.
+ * feed the FPN.  The recomputing model's arena must be smaller.  Two
+ * threads, as a worker runs: the CPU convolutions give the same bits run
+ * to run with a team (static chunks; the kernel row measured for a shape
+ * is kept for the process, so both models use the same rows), and the
+ * BN + ReLU of partial BN's later layers goes through the CPU backend's
+ * fused entry, forward, recomputation and backward.
  *
  * Arena by element size (ps_model_arena_size): the model the CPU backend
  * creates takes exactly what the sizing pass says for 4-byte activations;
@@ -100,7 +102,7 @@ static int same(const float *a, const float *b, size_t n)
 static void compare(const char *name, const ps_model_config_t *cfg, int clips, int S)
 {
     ps_ctx_t ctx;
-    ps_engine_init(&ctx, 1);
+    ps_engine_init(&ctx, 2);
     run_t r0 = {0}, r1 = {0};
     ps_model_config_t c0 = *cfg, c1 = *cfg;
     c0.recompute = 0;
@@ -162,7 +164,7 @@ static ps_retina_config_t retina_config(int recompute)
 static int retina_run(int recompute, float *loss, float ***grad, int *np, size_t *arena)
 {
     ps_ctx_t ctx;
-    ps_engine_init(&ctx, 1);
+    ps_engine_init(&ctx, 2);
     ps_retina_config_t c = retina_config(recompute);
     const int N = 2, S = 64;
     ps_retina_t *m = NULL;
@@ -203,7 +205,7 @@ static void retina_compare(void)
         return;
     ok(!memcmp(&l0, &l1, sizeof l0), "RetinaNet: loss bit for bit (%.9g)", l0);
     ps_ctx_t ctx;
-    ps_engine_init(&ctx, 1);
+    ps_engine_init(&ctx, 2);
     ps_retina_config_t c = retina_config(0); /* the tables, for names and sizes */
     int bad = 0, ntr = 0;
     ps_retina_t *m = NULL;
@@ -227,7 +229,7 @@ static void retina_compare(void)
 static void arena_sizes(const char *name, const ps_model_config_t *cfg, int clips, int S)
 {
     ps_ctx_t ctx;
-    ps_engine_init(&ctx, 1);
+    ps_engine_init(&ctx, 2);
     ps_model_t *m = NULL;
     size_t s2 = 0, s4 = 0, s8 = 0;
     int rc = ps_model_create(&m, cfg, &ps_backend_cpu, &ctx, clips, S, S);
