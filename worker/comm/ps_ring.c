@@ -45,6 +45,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -320,12 +321,21 @@ static int piece_apply(ps_ring_t *r, ring_job_t *j, in_conn_t *ic, const uint8_t
 
 static int recv_fail(ps_ring_t *r, ssize_t g)
 {
+    /* the left neighbour giving up may be the echo of this rank's own
+     * problem: its connection to the right one never accepted (say so, it
+     * is the likelier cause; the two bounds end at about the same time) */
+    const int err = errno;
+    char why[320] = "";
+    if (r->nout < r->o.nconn)
+        snprintf(why, sizeof why, "; meanwhile right neighbour rank %d (%s) was still not "
+                 "accepting connections (not started, dead or unreachable?)", right_of(r),
+                 r->ep_right);
     if (g == 0) {
         ps_error("ring: rank %d: left neighbour rank %d (%s) closed the connection (it exited or "
-                 "gave up)", r->rank, left_of(r), r->ep_left);
+                 "gave up)%s", r->rank, left_of(r), r->ep_left, why);
     } else {
-        ps_error("ring: rank %d: receiving from left neighbour rank %d (%s): %s", r->rank,
-                 left_of(r), r->ep_left, strerror(errno));
+        ps_error("ring: rank %d: receiving from left neighbour rank %d (%s): %s%s", r->rank,
+                 left_of(r), r->ep_left, strerror(err), why);
     }
     return PS_EIO;
 }
