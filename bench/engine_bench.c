@@ -25,6 +25,7 @@
  * behind any optimisation.
  * Lines starting with "RESULT" are for engine_bench.sh.  Figures mean
  * something only on an otherwise idle machine. */
+#include "worker/engine/layers/cpu_layers.h"
 #include "worker/engine/ps_blas.h"
 #include "worker/models/ps_model.h"
 

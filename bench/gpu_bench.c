@@ -28,6 +28,11 @@
  *       Lines starting with RESULT are for gpu_check.sh.  PS_GPU_PROFILE=1:
  *       every backend call drained and timed, summed per layer kind and
  *       printed as a table (the split of a step, not its speed).
+ *   -r (check, time): the model recomputes its stages in the backward
+ *       (--recompute): check compares CUDA with recomputation against the
+ *       CPU, time reports its step and memory (RESULT ... recompute=1
+ *       arena_gib=: the model's arena, half the activations with half
+ *       storage).
  *
  * The model is worker/models', written for host pointers: its
  * arena comes from managed memory (ps_cuda_use_managed_arena), so the
@@ -97,12 +102,15 @@ static double maxabs(const float *x, size_t n)
     return m;
 }
 
+static int g_recompute; /* -r: the model recomputes its stages (--recompute) */
+
 static void config(ps_model_config_t *c, int depth, int place)
 {
     ps_model_config_default(c);
     c->depth = depth;
     c->shift_place = place;
     c->num_classes = 400;
+    c->recompute = g_recompute;
 }
 
 /* Whole-model tolerances per precision: fp32 from the summation order
@@ -324,10 +332,11 @@ static int run_time(int depth, int clips, int HW, int steps, int warm, int zero,
            mem / 1073741824.0, (mem - mem0) / 1073741824.0, ps_cuda_backend_conv_shapes(&ctx));
     printf("RESULT precision=%s depth=%d clips=%d size=%d step_ms=%.2f fwd_ms=%.2f "
            "bwd_ms=%.2f clips_s=%.2f tflops=%.2f peak_sgemm=%.2f peak_hgemm=%.2f mem_gib=%.2f "
-           "alloc_peak_gib=%.2f loss=%.4f half_storage=%d\n", ps_precision_name(prec), depth,
-           clips, HW, mstep * 1e3, mf * 1e3, mb * 1e3, clips / mstep, flops / mstep / 1e12,
-           pk32, pk16, mem / 1073741824.0, mm.alloc_peak / 1073741824.0, loss,
-           ps_cuda_backend_half_storage(&ctx));
+           "alloc_peak_gib=%.2f loss=%.4f half_storage=%d recompute=%d arena_gib=%.3f\n",
+           ps_precision_name(prec), depth, clips, HW, mstep * 1e3, mf * 1e3, mb * 1e3,
+           clips / mstep, flops / mstep / 1e12, pk32, pk16, mem / 1073741824.0,
+           mm.alloc_peak / 1073741824.0, loss, ps_cuda_backend_half_storage(&ctx), g_recompute,
+           ps_model_arena_bytes(m) / 1073741824.0);
     if (profile) gpu_prof_print(steps, mstep);
     ps_model_destroy(&m);
     ps_cuda_backend_free(&ctx);
@@ -577,7 +586,7 @@ int main(int argc, char **argv)
                      strcmp(argv[1], "rcheck") && strcmp(argv[1], "rtime"))) {
         fprintf(stderr, "usage: %s check|time|rcheck|rtime [-d depth] [-n clips|images] "
                         "[-H size] [-s steps] [-w warmup] [-z] [-p fp32|fp16|bf16] "
-                        "[-K classes] [-b]\n", argv[0]);
+                        "[-K classes] [-b] [-r]\n", argv[0]);
         return 2;
     }
     const int timing = !strcmp(argv[1], "time") || !strcmp(argv[1], "rtime");
@@ -590,9 +599,10 @@ int main(int argc, char **argv)
         HW = timing ? 512 : 128;
     }
     optind = 2;
-    while ((opt = getopt(argc, argv, "d:n:H:s:w:zp:K:b")) != -1) {
+    while ((opt = getopt(argc, argv, "d:n:H:s:w:zp:K:br")) != -1) {
         switch (opt) {
         case 'b': place = PS_MODEL_SHIFT_BLOCK; break;
+        case 'r': g_recompute = 1; break;
         case 'K': K = atoi(optarg); break;
         case 'd': depth = atoi(optarg); break;
         case 'n': clips = atoi(optarg); break;

@@ -32,7 +32,11 @@
 #      torchvision's RetinaNet with the same backbone / FPN / heads (frozen
 #      BN, P6 on C5, conv1 + layer1 frozen, TF32 off) in the same run, images/s
 #      and the ratio,
-#   6. optional: tests/test_nccl.
+#   6. optional: tests/test_nccl,
+#   7. cross-worker BN and memory (earlier: tests/test_cuda_bn_group among the
+#      parity stages, `gpu_bench check -r` with recomputation, the fp16 step
+#      with -r timed): bench/gpu_bnmem.sh, 2 GPU workers with --bn sync vs
+#      one process, a two-stage detector's peak memory vs torchvision AMP.
 # Every stage has a timeout, clipped so the whole run ends within
 # PS_GPU_CHECK_BUDGET seconds (default 540: a 600 s device call with room to
 # return the files).  Logs go to $OUT/gpu_check/ when $OUT is set (the
@@ -82,6 +86,7 @@ if [ -x "$CARRY/gpu_bench" ] && [ -x "$CARRY/test_cuda_layers" ]; then
     CAST=$BIN/test_cuda_cast LAYERS=$BIN/test_cuda_layers BENCH=$BIN/gpu_bench NCCLT=$BIN/test_nccl
     DET=$BIN/test_cuda_det HALF=$BIN/test_cuda_half HALFM=$BIN/test_cuda_half_model
     TABLE=$BIN/test_cuda_table L3D=$BIN/test_cuda_layers3d RCNN=$BIN/test_cuda_rcnn
+    BNG=$BIN/test_cuda_bn_group
     # cuDNN / cuBLAS / NCCL: the toolkit's, else PyTorch's pip packages
     LP=$CARRY/lib
     for py in python3 /usr/bin/python3; do
@@ -118,13 +123,15 @@ else
     make -s proto/ps.pb-c.h >/dev/null 2>&1
     timeout 300 make -s -j"$J" tests/test_cuda_cast tests/test_cuda_layers tests/test_cuda_det \
         tests/test_cuda_half tests/test_cuda_half_model tests/test_cuda_table \
-        tests/test_cuda_layers3d tests/test_cuda_rcnn bench/gpu_bench \
+        tests/test_cuda_layers3d tests/test_cuda_rcnn tests/test_cuda_bn_group \
+        tests/tools/st_compare bench/gpu_bench psd psworker psdata \
         >"$W/build.out" 2>&1 || { tail -40 "$W/build.out"; exit 1; }
     grep -i 'warning' "$W/build.out" | head -20
     CAST=./tests/test_cuda_cast LAYERS=./tests/test_cuda_layers BENCH=./bench/gpu_bench
     DET=./tests/test_cuda_det HALF=./tests/test_cuda_half HALFM=./tests/test_cuda_half_model
     TABLE=./tests/test_cuda_table NCCLT=./tests/test_nccl L3D=./tests/test_cuda_layers3d
-    RCNN=./tests/test_cuda_rcnn
+    RCNN=./tests/test_cuda_rcnn BNG=./tests/test_cuda_bn_group
+    mkdir -p "$B/bin" && cp psd psworker psdata tests/tools/st_compare "$B/bin/" && BIN=$B/bin
 fi
 
 # ---- parity ---------------------------------------------------------------
@@ -165,6 +172,9 @@ layer_parity 60 rcnn "$RCNN" 15 4
 stage "test_cuda_half (half storage: every layer on fp16 / bf16 NHWC activations vs the CPU)"
 layer_parity 60 half "$HALF" 25 5
 
+stage "test_cuda_bn_group (cross-worker BN, --bn sync: 3-8 ranks on one GPU vs PyTorch's SyncBatchNorm math)"
+layer_parity 60 bn_group "$BNG" 20 5
+
 stage "test_cuda_half_model (small TSM-ResNet-18 step, half storage vs CPU fp32 and the CPU rounding model, loss scale 1024 and 65536)"
 if [ -x "$HALFM" ]; then
     run 60 halfm "$HALFM"; rc=$?
@@ -186,6 +196,13 @@ stage "whole TSM-ResNet-18 step, shift place 'block' (identity shifted too), CPU
 run 90 check_block "$BENCH" check -b; rc=$?
 tail -12 "$W/check_block.out"
 [ $rc -eq 0 ] || fail "gpu_bench check -b (rc $rc)"
+
+for p in fp32 fp16; do
+    stage "whole TSM-ResNet-18 step with --recompute (stages and BN + ReLU recomputed), CPU fp32 vs CUDA $p"
+    run 90 "check_recompute_$p" "$BENCH" check -r -p $p; rc=$?
+    tail -8 "$W/check_recompute_$p.out"
+    [ $rc -eq 0 ] || fail "gpu_bench check -r -p $p (rc $rc)"
+done
 
 stage "whole RetinaNet-R18-FPN step, CPU fp32 vs CUDA fp32"
 run 90 rcheck "$BENCH" rcheck; rc=$?
@@ -315,6 +332,17 @@ na=$(grep -c '^RESULT' "$W/alt.out" 2>/dev/null)
     awk -v a="$ao" -v b="$at" -v n="${na:-0}" 'BEGIN { printf "RATIO ours fp16 / torch AMP, medians of alternating rounds (%d runs: %.1f vs %.1f clips/s) = %.2f  (goal >= 1.0)\n", n, a, b, a / b }' |
     tee -a "$W/ratios.txt"
 
+# memory: the fp16 step with --recompute (the arena's activations half and
+# one stage deep), beside the ratios' fp32 / fp16 runs
+stage "TSM-ResNet-50 training step, ours (fp16 + --recompute): time and memory"
+run 90 time_fp16r "$BENCH" time -p fp16 -r -d 50 -n 8 -H 224 -s 5 -w 2; rc=$?
+grep '^RESULT\|memory\|allocations' "$W/time_fp16r.out"
+[ $rc -eq 0 ] || fail "gpu_bench time -p fp16 -r (rc $rc)"
+for p in fp32 fp16 fp16r; do
+    sed -n 's/^RESULT precision=\([a-z0-9]*\) .* alloc_peak_gib=\([0-9.]*\) .*recompute=\([01]\) arena_gib=\([0-9.]*\).*/MEMORY TSM-R50 8x8x224 \1 recompute=\3: backend peak \2 GiB, arena \4 GiB/p' \
+        "$W/time_$p.out" 2>/dev/null
+done | tee -a "$W/ratios.txt"
+
 # where the fp16 step's time goes, by layer kind (each call drained and
 # timed: the split, not the speed; 3 steps, ~30 s; after the summary so
 # it never takes budget from the ratios)
@@ -359,6 +387,17 @@ if [ "${PS_GPU_CHECK_TRAIN:-1}" != 0 ]; then
     else
         echo "no psworker / psd / psdata next to the test programs: skipped"
     fi
+fi
+
+# ---- cross-worker BN and memory (bench/gpu_bnmem.sh): --bn sync with 2 GPU
+# workers against one process (fp32 vs the CPU, fp16 vs the GPU), and a
+# two-stage detector's peak memory, ours fp32 / fp16 (+ --recompute) against
+# torchvision fp32 / AMP.  PS_GPU_CHECK_BNMEM=0 skips it.
+if [ "${PS_GPU_CHECK_BNMEM:-1}" != 0 ]; then
+    stage "--bn sync on the GPU; detector peak memory vs torchvision AMP (bench/gpu_bnmem.sh)"
+    run 240 bnmem "$SRC/bench/gpu_bnmem.sh" "${BIN:-.}" "$W"; rc=$?
+    grep 'RESULT\|FAILED\|refused\|skipped' "$W/bnmem.out" | tee -a "$W/ratios.txt"
+    [ $rc -eq 0 ] || [ $rc -eq 125 ] || fail "gpu_bnmem.sh (rc $rc)"
 fi
 
 stage "done"

@@ -283,6 +283,7 @@ typedef struct psd_worker {
                                  * BARRIER is its start barrier, which the
                                  * others passed long ago (answered at once) */
     char host[64];
+    char endpoint[128];         /* its HELLO's endpoint (BN ring; "" none) */
     uint64_t lost_ms;           /* uv_now when it was declared lost */
     uint64_t session;           /* its process's token from HELLO (0: none sent) */
     uint64_t steps;             /* sync steps it contributed (pushes of this

@@ -338,6 +338,15 @@ int psd_handle_hello(psd_t *s, ps_wire_msg_t *m, char *refusal, size_t len)
         for (size_t i = 0; i < n; i++)
             if (w->host[i] < 0x20 || w->host[i] > 0x7e) w->host[i] = '?';
     }
+    /* the worker's BN ring endpoint, kept for STATS (printable, bounded) */
+    w->endpoint[0] = 0;
+    if (h->endpoint) {
+        size_t n = strlen(h->endpoint);
+        n = n < sizeof w->endpoint - 1 ? n : sizeof w->endpoint - 1;
+        for (size_t i = 0; i < n; i++)
+            w->endpoint[i] = h->endpoint[i] < 0x20 || h->endpoint[i] > 0x7e ? '?' : h->endpoint[i];
+        w->endpoint[n] = 0;
+    }
     psd_members_seen(s, rank);
     ps_info("HELLO: rank %d (%s) of %d", rank, w->host[0] ? w->host : "?", s->nworkers);
 

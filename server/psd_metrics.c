@@ -111,6 +111,7 @@ char *psd_stats_json(const psd_t *s, int preflight)
         cJSON_AddNumberToObject(e, "rank", r);
         cJSON_AddStringToObject(e, "state", names[w->state]);
         cJSON_AddStringToObject(e, "host", w->host);
+        if (w->endpoint[0]) cJSON_AddStringToObject(e, "endpoint", w->endpoint);
         cJSON_AddNumberToObject(e, "last_seen_ms_ago",
                                 w->state == PSD_W_UNKNOWN ? -1.0 : (double)(now - w->last_seen_ms));
         cJSON_AddNumberToObject(e, "steps", (double)w->steps);

@@ -320,9 +320,28 @@ static void batchnorm()
               *rv = rnd(C, 0.3f, 1);
         float *rm2 = cp(rm, C), *rv2 = cp(rv, C), *sm = nans(C), *sr = nans(C), *sm2 = nans(C),
               *sr2 = nans(C), *y = nans(n), *y2 = nans(n), *ss = nans(2 * C);
+        float *rm4 = cp(rm, C), *rv4 = cp(rv, C);
         ps_cpu_bn_forward_train(&ctx, y, sm, sr, rm, rv, x, g, be, 1e-5f, 0.1f, N, C, HW);
         EMU(k_bn_stats, C, 256, ss, sm2, sr2, rm2, rv2, x, g, be, 1e-5f, 0.1f, N, C, HW);
         EMU(k_bn_apply, 2, 64, y2, x, ss, n, C, HW);
+        { /* cross-worker BN's kernels with this rank alone in the exchange,
+           * and recomputation's coefficients: the one-rank kernels' values
+           * bit for bit */
+            double *mom = (double *)malloc(2 * C * sizeof(double));
+            float *sm4 = nans(C), *sr4 = nans(C), *ss4 = nans(2 * C), *ss5 = nans(2 * C);
+            EMU(k_bn_moments, C, 256, mom, x, N, C, HW);
+            EMU(k_bn_fin_moments, 1, 64, ss4, sm4, sr4, rm4, rv4, (const double *)mom,
+                (double)N * HW, g, be, 1e-5f, 0.1f, C);
+            cmp(ss4, ss, 2 * C, 0, 0, "bn group kernels, one rank: scale/shift == k_bn_stats'");
+            cmp(sm4, sm2, C, 0, 0, "  ... save_mean");
+            cmp(sr4, sr2, C, 0, 0, "  ... save_rstd");
+            cmp(rm4, rm2, C, 0, 0, "  ... running_mean");
+            cmp(rv4, rv2, C, 0, 0, "  ... running_var");
+            EMU(k_bn_saved_coef, 1, 64, ss5, g, be, sm2, sr2, C);
+            cmp(ss5, ss, 2 * C, 0, 0, "bn_forward_saved: the training forward's scale/shift");
+            free(mom), free(sm4), free(sr4), free(ss4), free(ss5);
+        }
+        free(rm4), free(rv4);
         printf("# %s\n", tag);
         cmp(sm2, sm, C, 1e-6, 1e-6, "bn save_mean");
         cmp(sr2, sr, C, 0, 1e-5, "bn save_rstd");
@@ -331,9 +350,20 @@ static void batchnorm()
         cmp(y2, y, n, 1e-5, 1e-5, "bn train forward");
         float *dy = rnd(n), *dg = rnd(C, 0.1f), *db = rnd(C, 0.1f), *dg2 = cp(dg, C),
               *db2 = cp(db, C), *dx = nans(n), *dx2 = nans(n), *coef = nans(5 * C);
+        float *dg4 = cp(dg, C), *db4 = cp(db, C), *coef4 = nans(5 * C);
         ps_cpu_bn_backward_train(&ctx, dx, dg, db, dy, x, g, sm, sr, N, C, HW);
         EMU(k_bn_bwd_sums, C, 256, coef, dg2, db2, dy, x, g, sm, sr, (const float *)NULL,
             (const float *)NULL, 0.0f, N, C, HW);
+        { /* the group's backward kernels, one rank: k_bn_bwd_sums' values */
+            double *ab = (double *)malloc(2 * C * sizeof(double));
+            EMU(k_bn_bwd_local, C, 256, ab, dg4, db4, dy, x, sm, sr, N, C, HW);
+            EMU(k_bn_bwd_coef, 1, 64, coef4, (const double *)ab, (double)N * HW, g, sm, sr, C);
+            cmp(coef4, coef, 5 * C, 0, 0, "bn group backward kernels, one rank: dx coefficients");
+            cmp(dg4, dg2, C, 0, 0, "  ... dgamma (this rank's, accumulated)");
+            cmp(db4, db2, C, 0, 0, "  ... dbeta");
+            free(ab);
+        }
+        free(dg4), free(db4), free(coef4);
         EMU(k_bn_bwd_apply, 2, 64, dx2, dy, x, coef, n, C, HW, 1);
         cmp(dg2, dg, C, 2e-5, 1e-5, "bn train dgamma (accumulated)");
         cmp(db2, db, C, 2e-5, 1e-5, "bn train dbeta (accumulated)");
@@ -866,10 +896,24 @@ template <class T> static void half_storage(const char *name, double tol)
                       *ss3 = nans(2 * C), *coef3 = nans(5 * C), *dg3 = cp(dg, C),
                       *db3 = cp(db, C);
                 memcpy(rm3, rm2, C * 4), memcpy(rv3, rv2, C * 4);
+                float *rm6 = cp(rm2, C), *rv6 = cp(rv2, C), *sm6 = nans(C), *sr6 = nans(C),
+                      *ss6 = nans(2 * C);
                 EMU(k_h_bn_stats<T>, C, 256, ss, sm2, sr2, rm2, rv2, hx, g, be, 1e-5f, 0.1f, M, C);
                 EMU(k_h_bn_part<T>, ct * nch, 256, part, hx, hx, (const float *)NULL, M, C, ch, ct);
                 EMU(k_bn_stats_fin, 1, 64, ss3, sm3, sr3, rm3, rv3, part, nch, g, be, 1e-5f,
                     0.1f, M, C);
+                { /* the group's half path, one rank: from the same partials */
+                    double *mom = (double *)malloc(2 * C * sizeof(double));
+                    EMU(k_bn_part_moments, 1, 64, mom, (const double *)part, nch, M, C);
+                    EMU(k_bn_fin_moments, 1, 64, ss6, sm6, sr6, rm6, rv6, (const double *)mom,
+                        (double)M, g, be, 1e-5f, 0.1f, C);
+                    cmp(sm6, sm3, C, 0, 0, W_("bn group kernels (half), one rank: save_mean"));
+                    cmp(sr6, sr3, C, 0, 1e-6, W_("  ... save_rstd"));
+                    cmp(rv6, rv3, C, 0, 1e-6, W_("  ... running_var"));
+                    cmp(ss6, ss3, 2 * C, 1e-6 * amax(ss3, 2 * C), 1e-6, W_("  ... scale/shift"));
+                    free(mom);
+                }
+                free(rm6), free(rv6), free(sm6), free(sr6), free(ss6);
                 cmp(sm3, sm2, C, 1e-6 * amax(sm2, C), 1e-6, W_("coalesced bn: save_mean"));
                 cmp(sr3, sr2, C, 0, 1e-5, W_("coalesced bn: save_rstd"));
                 cmp(rv3, rv2, C, 0, 1e-5, W_("coalesced bn: running_var"));
@@ -882,8 +926,19 @@ template <class T> static void half_storage(const char *name, double tol)
                     EMU(k_h_bn_bwd_sums<T>, C, 256, coef, dg2, db2, hdy, hx, g, smp, srp, rm2, rv2,
                         1e-5f, M, C);
                     EMU(k_h_bn_part<T>, ct * nch, 256, part, hdy, hx, mean, M, C, ch, ct);
+                    float *dg6 = cp(dg, C), *db6 = cp(db, C), *coef6 = nans(5 * C);
                     EMU(k_bn_bwd_fin, 1, 64, coef3, dg3, db3, part, nch, g, smp, srp, rm2, rv2,
                         1e-5f, M, C);
+                    if (tr) { /* the group's half backward, one rank: bit for bit */
+                        double *ab = (double *)malloc(2 * C * sizeof(double));
+                        EMU(k_bn_part_sums, 1, 64, ab, dg6, db6, (const double *)part, nch, srp, C);
+                        EMU(k_bn_bwd_coef, 1, 64, coef6, (const double *)ab, (double)M, g, smp, srp,
+                            C);
+                        cmp(coef6, coef3, 5 * C, 0, 0, W_("bn group backward (half), one rank: coefficients"));
+                        cmp(dg6, dg3, C, 0, 0, W_("  ... dgamma"));
+                        free(ab);
+                    }
+                    free(dg6), free(db6), free(coef6);
                     cmp(dg3, dg2, C, 1e-5 * amax(dg2, C), 1e-5,
                         tr ? W_("coalesced bn backward (train): dgamma")
                            : W_("coalesced bn backward (eval): dgamma"));

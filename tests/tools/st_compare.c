@@ -1,4 +1,5 @@
 /* st_compare A.safetensors REF.safetensors [--tol T] [--floor F] [--bytes]
+ *            [--base A0.safetensors REF0.safetensors]
  *
  * Compares two model files tensor by tensor (same names and shapes; any
  * float dtype, read as fp32; I64 tensors must be equal) with REF as the
@@ -12,7 +13,11 @@
  * turns a harmless 1e-12 difference into 1e-3), so max_rel is reported for
  * information with a floor, and checked instead of norm_rel when --floor is
  * given.  --bytes: every tensor must also have the same dtype and the same
- * bytes (tells -0 from 0, and NaN payloads apart).  Exit 0 when within
+ * bytes (tells -0 from 0, and NaN payloads apart).  --base: compare the
+ * updates A - A0 and REF - REF0 instead (two runs' steps from their
+ * starting files: one SGD step of lr 1 makes them the gradients; the BN
+ * running statistics and counters are not updates and are left out:
+ * compare them without --base).  Exit 0 when within
  * tol, 1 when over (or a tensor is missing, differs in shape, or a value is
  * NaN), 2 on a usage or file error. */
 #include <math.h>
@@ -30,22 +35,45 @@ static size_t numel_of(const ps_st_tensor_t *t)
     return n;
 }
 
+/* v -= the same tensor of f (--base); 0 or -1 (printed). */
+static int sub_base(ps_st_file_t *f, const char *name, float *v, size_t n)
+{
+    char err[512];
+    float *w = malloc(n * sizeof(float) + 1);
+    if (!w || ps_st_read_f32(f, name, w, n, err, sizeof err)) {
+        fprintf(stderr, "st_compare: --base: tensor %s: %s\n", name, w ? err : "no memory");
+        free(w);
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) v[i] -= w[i];
+    free(w);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
-    const char *pa = NULL, *pb = NULL;
+    char err0[512];
+    const char *pa = NULL, *pb = NULL, *pa0 = NULL, *pb0 = NULL;
     double tol = 1e-6, floor_ = 1e-3;
     int use_floor = 0, bytes = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--tol") && i + 1 < argc) tol = atof(argv[++i]);
         else if (!strcmp(argv[i], "--floor") && i + 1 < argc) floor_ = atof(argv[++i]), use_floor = 1;
         else if (!strcmp(argv[i], "--bytes")) bytes = 1;
+        else if (!strcmp(argv[i], "--base") && i + 2 < argc) pa0 = argv[++i], pb0 = argv[++i];
         else if (!pa) pa = argv[i];
         else if (!pb) pb = argv[i];
         else pa = NULL, pb = NULL, i = argc;
     }
     if (!pa || !pb || !(tol >= 0) || !(floor_ > 0)) {
         fprintf(stderr, "usage: st_compare A.safetensors REF.safetensors [--tol T] [--floor F] "
-                        "[--bytes]\n");
+                        "[--bytes] [--base A0 REF0]\n");
+        return 2;
+    }
+    ps_st_file_t a0, b0;
+    if (pa0 && (ps_st_open(&a0, pa0, err0, sizeof err0) ||
+                (ps_st_open(&b0, pb0, err0, sizeof err0) ? (ps_st_close(&a0), 1) : 0))) {
+        fprintf(stderr, "st_compare: --base: %s\n", err0);
         return 2;
     }
     ps_st_file_t a, b;
@@ -81,6 +109,8 @@ int main(int argc, char **argv)
             break;
         }
         size_t n = numel_of(tb);
+        if (pa0 && (strstr(tb->name, "running_") || strstr(tb->name, "num_batches_tracked")))
+            continue;
         if (bytes && (ta->dtype != tb->dtype || ta->nbytes != tb->nbytes ||
                       memcmp(ps_st_tensor_data(&a, ta), ps_st_tensor_data(&b, tb), tb->nbytes))) {
             fprintf(stderr, "st_compare: tensor %s: bytes differ\n", tb->name);
@@ -100,6 +130,11 @@ int main(int argc, char **argv)
         if (!va || !vb || ps_st_read_f32(&a, tb->name, va, n, err, sizeof err) ||
             ps_st_read_f32(&b, tb->name, vb, n, err, sizeof err)) {
             fprintf(stderr, "st_compare: tensor %s: %s\n", tb->name, va && vb ? err : "no memory");
+            free(va), free(vb);
+            bad = 1;
+            break;
+        }
+        if (pa0 && (sub_base(&a0, tb->name, va, n) || sub_base(&b0, tb->name, vb, n))) {
             free(va), free(vb);
             bad = 1;
             break;
@@ -128,6 +163,7 @@ int main(int argc, char **argv)
            floor_, use_floor ? "max_rel" : "norm_rel", tol, *worst ? worst : "-");
     ps_st_close(&a);
     ps_st_close(&b);
+    if (pa0) ps_st_close(&a0), ps_st_close(&b0);
     if (bad)
         return 1;
     return (use_floor ? max_rel : norm_rel) <= tol ? 0 : 1;

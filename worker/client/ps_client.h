@@ -53,6 +53,9 @@ typedef struct ps_client_opts {
     int nservers;
     int rank;                    /* -1: let server 0 assign */
     int num_workers;             /* expected cluster size (sent in HELLO) */
+    const char *hello_endpoint;  /* sent in HELLO for server 0's STATS: this
+                                    worker's cross-worker BN ring (NULL none;
+                                    must outlive the client) */
     ps_dtype_t dtype;            /* wire dtype of gradients and pulled weights
                                     (partitions flagged PS_PART_EXACT, e.g. BN
                                     statistics, always go raw fp32 both ways) */

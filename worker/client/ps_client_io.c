@@ -142,6 +142,7 @@ static void fill_header(ps_client_t *c, ps_req_t *r, Ps__Header *h)
     if (r->type == PS__MSG_TYPE__MSG_HELLO) {
         h->has_num_servers = 1;
         h->num_servers = (uint32_t)c->o.nservers;
+        if (c->o.hello_endpoint && *c->o.hello_endpoint) h->endpoint = (char *)c->o.hello_endpoint;
     }
     h->has_session = 1;
     h->session = c->session;

@@ -12,6 +12,7 @@
 struct ps_allreduce {
     const ps_allreduce_kind_t *k;
     void *state;
+    int rank, world;
 };
 
 static int ring_open(void **state, int rank, int world, const char *const *peers,
@@ -21,6 +22,7 @@ static int ring_open(void **state, int rank, int world, const char *const *peers
     ps_ring_opts_default(&ro);
     ro.timeout_ms = o->timeout_ms;
     ro.nconn = o->nconn;
+    ro.listen_fd = o->listen_fd > 0 ? o->listen_fd : -1;
     ps_ring_t *r = NULL;
     int rc = ps_ring_new(&r, rank, world, peers, &ro);
     if (rc)
@@ -33,6 +35,25 @@ static int ring_open(void **state, int rank, int world, const char *const *peers
 static int ring_mean(void *state, float *buf, size_t n, ps_dtype_t dt)
 {
     return ps_ring_allreduce_mean(state, buf, n, dt);
+}
+
+/* The zero-padded allreduce: every slot but this rank's is 0, and x + 0
+ * (or 0 + x) is x in fp32, so the sum is the gather; the own slot is put
+ * back afterwards because +0 + -0 is +0, not the -0 this rank sent. */
+static int ring_gather(void *state, const float *mine, float *all, size_t n)
+{
+    ps_ring_t *r = state;
+    const int rank = ps_ring_rank(r), W = ps_ring_world(r);
+    memset(all, 0, (size_t)W * n * sizeof *all);
+    memcpy(all + (size_t)rank * n, mine, n * sizeof *mine);
+    int rc = ps_ring_allreduce(r, all, (size_t)W * n, PS_DT_FP32);
+    if (!rc) memcpy(all + (size_t)rank * n, mine, n * sizeof *mine);
+    return rc;
+}
+
+static int ring_set_timeout(void *state, int timeout_ms)
+{
+    return ps_ring_set_timeout(state, timeout_ms);
 }
 
 static void ring_bytes(void *state, uint64_t *sent, uint64_t *recv)
@@ -51,7 +72,9 @@ const ps_allreduce_kind_t ps_allreduce_ring = {
     .available = NULL,
     .open = ring_open,
     .mean = ring_mean,
+    .gather = ring_gather,
     .bytes = ring_bytes,
+    .set_timeout = ring_set_timeout,
     .close = ring_close,
 };
 
@@ -99,6 +122,8 @@ int ps_allreduce_open(ps_allreduce_t **ar, const char *kind, int rank, int world
     ps_allreduce_t *a = calloc(1, sizeof *a);
     if (!a) return PS_ENOMEM;
     a->k = find(kind);
+    a->rank = rank;
+    a->world = world;
     int rc = a->k->open(&a->state, rank, world, peers, o);
     if (rc) {
         free(a);
@@ -112,6 +137,20 @@ int ps_allreduce_mean(ps_allreduce_t *ar, float *buf, size_t n, ps_dtype_t dt)
 {
     return ar->k->mean(ar->state, buf, n, dt);
 }
+
+int ps_allreduce_gather(ps_allreduce_t *ar, const float *mine, float *all, size_t n)
+{
+    return ar->k->gather(ar->state, mine, all, n);
+}
+
+int ps_allreduce_set_timeout(ps_allreduce_t *ar, int timeout_ms)
+{
+    if (!ar || timeout_ms <= 0) return PS_EINVAL;
+    return ar->k->set_timeout ? ar->k->set_timeout(ar->state, timeout_ms) : 0;
+}
+
+int ps_allreduce_rank(const ps_allreduce_t *ar) { return ar ? ar->rank : -1; }
+int ps_allreduce_world(const ps_allreduce_t *ar) { return ar ? ar->world : 0; }
 
 void ps_allreduce_bytes(const ps_allreduce_t *ar, uint64_t *sent, uint64_t *recv)
 {

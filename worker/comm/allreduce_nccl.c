@@ -77,11 +77,30 @@ static int nccl_mean(void *state, float *buf, size_t n, ps_dtype_t dt)
     return rc;
 }
 
+/* The device buffer holds this rank's slot's copy at the front and the
+ * gathered W*n after it: max_numel covers BN's vectors for any W the
+ * gradient's size allows (they are a few KiB). */
+static int nccl_gather(void *state, const float *mine, float *all, size_t n)
+{
+    nccl_state_t *s = state;
+    const size_t W = (size_t)ps_nccl_world(s->nccl);
+    if (n * (W + 1) > s->cap) {
+        ps_error("--allreduce nccl: a gather of %zu x %zu floats over the %zu-float buffer", W, n,
+                 s->cap);
+        return PS_EINVAL;
+    }
+    int rc = ps_cuda_memcpy_h2d(s->dbuf, mine, n * sizeof(float));
+    if (!rc) rc = ps_nccl_allgather(s->nccl, s->dbuf, s->dbuf + n, n, NULL);
+    if (!rc) rc = ps_cuda_memcpy_d2h(all, s->dbuf + n, W * n * sizeof(float));
+    return rc;
+}
+
 const ps_allreduce_kind_t ps_allreduce_nccl = {
     .name = "nccl",
     .available = nccl_available,
     .open = nccl_open,
     .mean = nccl_mean,
+    .gather = nccl_gather,
     .bytes = NULL,
     .close = nccl_close,
 };

@@ -1,8 +1,13 @@
 /* Averaging a gradient over W workers without servers: the kinds of
  * allreduce psworker's ring mode can use, as rows of a table.
  *
- *   ring   TCP ring (ps_ring.h): reduce-scatter + all-gather on the host
- *   nccl   NCCL (ps_nccl.h) on a device copy of the buffer; compiled with
+ *   ring   TCP ring (ps_ring.h): reduce-scatter + all-gather on the host;
+ *          its gather is an allreduce of a buffer that is zero but for each
+ *          rank's own slot (x + 0 is exact: the ranks' values arrive bit for
+ *          bit, at twice an allgather's traffic, which for BN's few
+ *          kilobytes per layer is latency, not bandwidth)
+ *   nccl   NCCL (ps_nccl.h) on a device copy of the buffer (gather:
+ *          ncclAllGather); compiled with
  *          CUDA, and added by the program that reads --allreduce
  *          (ps_allreduce_add_kind(&ps_allreduce_nccl)), so this library
  *          never needs CUDA to link
@@ -21,6 +26,8 @@ typedef struct ps_allreduce_opts {
     int nconn;               /* ring: connections to the right neighbour */
     const char *device;      /* nccl: "cuda:N", else one GPU per rank (rank % visible) */
     size_t max_numel;        /* nccl: largest buffer mean will be given */
+    int listen_fd;           /* ring: a socket ps_ring_listen bound for this rank
+                                (-1 or 0 fields left unset: bind peers[rank]) */
 } ps_allreduce_opts_t;
 
 typedef struct ps_allreduce_kind {
@@ -30,7 +37,11 @@ typedef struct ps_allreduce_kind {
     int (*open)(void **state, int rank, int world, const char *const *peers,
                 const ps_allreduce_opts_t *o);
     int (*mean)(void *state, float *buf, size_t n, ps_dtype_t dt);
+    /* all[r*n .. r*n+n) := rank r's mine[0..n) for every rank, bit for bit
+     * (host memory; cross-worker BN, ps_engine.h's ps_bn_group_t) */
+    int (*gather)(void *state, const float *mine, float *all, size_t n);
     void (*bytes)(void *state, uint64_t *sent, uint64_t *recv); /* NULL: not counted */
+    int (*set_timeout)(void *state, int timeout_ms); /* NULL: fixed at open */
     void (*close)(void *state);
 } ps_allreduce_kind_t;
 
@@ -49,6 +60,14 @@ int ps_allreduce_open(ps_allreduce_t **ar, const char *kind, int rank, int world
                       const char *const *peers, const ps_allreduce_opts_t *o);
 /* buf[0..n) := the mean over the ranks, in place on the host. */
 int ps_allreduce_mean(ps_allreduce_t *ar, float *buf, size_t n, ps_dtype_t dt);
+/* The kind's gather (above); the same order of calls on every rank, mixed
+ * freely with mean.  0 or PS_E* (logged). */
+int ps_allreduce_gather(ps_allreduce_t *ar, const float *mine, float *all, size_t n);
+/* From now on wait at most timeout_ms (> 0) for a peer (a short bound for
+ * a set-up exchange, the job's after it); 0, or PS_EINVAL. */
+int ps_allreduce_set_timeout(ps_allreduce_t *ar, int timeout_ms);
+int ps_allreduce_rank(const ps_allreduce_t *ar);
+int ps_allreduce_world(const ps_allreduce_t *ar);
 /* Bytes this rank sent / received so far (0 where the kind does not count). */
 void ps_allreduce_bytes(const ps_allreduce_t *ar, uint64_t *sent, uint64_t *recv);
 void ps_allreduce_close(ps_allreduce_t **ar);

@@ -438,6 +438,30 @@ int ps_nccl_allreduce_mean(ps_nccl_t *n, float *dev_buf, size_t count, ps_dtype_
     return allreduce(n, dev_buf, count, dtype, stream, 1);
 }
 
+int ps_nccl_allgather(ps_nccl_t *n, const float *dev_send, float *dev_recv, size_t count,
+                      void *stream)
+{
+    if (!n) return PS_EINVAL;
+    if (n->broken) {
+        ps_error("nccl: communicator broken by an earlier failure; destroy and rebuild it");
+        return PS_ESTATE;
+    }
+    if (count == 0) return 0;
+    if (!dev_send || !dev_recv || count > SIZE_MAX / sizeof(float) / (size_t)n->world) {
+        ps_error("nccl: bad allgather arguments (count %zu)", count);
+        return PS_EINVAL;
+    }
+    int rc = CUDA_CHECK(cudaSetDevice(n->device));
+    if (rc) return rc;
+    int64_t deadline = now_ms() + n->timeout_ms;
+    rc = NCCL_CHECK(ncclAllGather(dev_send, dev_recv, count, ncclFloat, n->comm,
+                                  (cudaStream_t)stream),
+                    n->comm);
+    if (!rc) rc = wait_comm(n->comm, "ncclAllGather", deadline, n->timeout_ms);
+    if (!rc) rc = wait_stream(n, stream, deadline);
+    return rc ? fail(n, rc) : 0;
+}
+
 int ps_nccl_rank(const ps_nccl_t *n) { return n ? n->rank : -1; }
 int ps_nccl_world(const ps_nccl_t *n) { return n ? n->world : -1; }
 
@@ -489,6 +513,13 @@ int ps_nccl_allreduce_mean(ps_nccl_t *n, float *dev_buf, size_t count, ps_dtype_
                            void *stream)
 {
     (void)n, (void)dev_buf, (void)count, (void)dtype, (void)stream;
+    return PS_EUNSUPPORTED;
+}
+
+int ps_nccl_allgather(ps_nccl_t *n, const float *dev_send, float *dev_recv, size_t count,
+                      void *stream)
+{
+    (void)n, (void)dev_send, (void)dev_recv, (void)count, (void)stream;
     return PS_EUNSUPPORTED;
 }
 

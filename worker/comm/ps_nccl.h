@@ -82,6 +82,12 @@ int ps_nccl_allreduce(ps_nccl_t *n, float *dev_buf, size_t count, ps_dtype_t dty
 int ps_nccl_allreduce_mean(ps_nccl_t *n, float *dev_buf, size_t count, ps_dtype_t dtype,
                            void *stream);
 
+/* dev_recv[r*count .. (r+1)*count) := rank r's dev_send[0..count), every
+ * rank r (fp32, device memory; cross-worker BN's gather), queued on stream
+ * and complete when it returns; the errors of ps_nccl_allreduce. */
+int ps_nccl_allgather(ps_nccl_t *n, const float *dev_send, float *dev_recv, size_t count,
+                      void *stream);
+
 int ps_nccl_rank(const ps_nccl_t *n);
 int ps_nccl_world(const ps_nccl_t *n);
 

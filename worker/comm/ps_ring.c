@@ -45,6 +45,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -76,6 +77,7 @@ void ps_ring_opts_default(ps_ring_opts_t *o)
     o->nconn = 1;
     o->checksum = 1;
     o->window = 8;
+    o->listen_fd = -1;
 }
 
 /* First element and length of chunk c: n split as evenly as possible, the
@@ -319,12 +321,21 @@ static int piece_apply(ps_ring_t *r, ring_job_t *j, in_conn_t *ic, const uint8_t
 
 static int recv_fail(ps_ring_t *r, ssize_t g)
 {
+    /* the left neighbour giving up may be the echo of this rank's own
+     * problem: its connection to the right one never accepted (say so, it
+     * is the likelier cause; the two bounds end at about the same time) */
+    const int err = errno;
+    char why[320] = "";
+    if (r->nout < r->o.nconn)
+        snprintf(why, sizeof why, "; meanwhile right neighbour rank %d (%s) was still not "
+                 "accepting connections (not started, dead or unreachable?)", right_of(r),
+                 r->ep_right);
     if (g == 0) {
         ps_error("ring: rank %d: left neighbour rank %d (%s) closed the connection (it exited or "
-                 "gave up)", r->rank, left_of(r), r->ep_left);
+                 "gave up)%s", r->rank, left_of(r), r->ep_left, why);
     } else {
-        ps_error("ring: rank %d: receiving from left neighbour rank %d (%s): %s", r->rank,
-                 left_of(r), r->ep_left, strerror(errno));
+        ps_error("ring: rank %d: receiving from left neighbour rank %d (%s): %s%s", r->rank,
+                 left_of(r), r->ep_left, strerror(err), why);
     }
     return PS_EIO;
 }
@@ -426,7 +437,7 @@ static int run(ps_ring_t *r, ring_job_t *j)
 {
     const int nc = r->o.nconn;
     for (int c = 0; c < nc; c++) r->in[c].nexp = (uint32_t)c;
-    double last = now_ms();
+    double last = now_ms(), warn_after = RING_WARN_MS;
     for (;;) {
         int prog = 0, rc = 0;
         double now = now_ms();
@@ -468,6 +479,7 @@ static int run(ps_ring_t *r, ring_job_t *j)
         if (j->nrecv == j->total && j->next == j->total && !nbusy) return 0;
         if (prog) {
             last = now_ms();
+            warn_after = RING_WARN_MS;
             continue;
         }
         /* nothing moved: wait for a socket, a connect retry or the timeout */
@@ -475,6 +487,15 @@ static int run(ps_ring_t *r, ring_job_t *j)
         int who[2 * RING_MAX_CONN + MAX_PENDING + 1], np = 0;
         double t = now_ms(), wait = last + r->o.timeout_ms - t;
         if (wait <= 0) return timeout_error(r, j);
+        if (t - last >= warn_after) { /* a long wait says what it waits for */
+            ps_warn("ring: rank %d/%d: nothing from the neighbours for %.0f s in allreduce #%u of "
+                    "%zu elements (received %u/%u from left rank %d at %s, sent %u/%u to right "
+                    "rank %d at %s); giving up after %d s", r->rank, r->world, (t - last) / 1e3,
+                    r->op, j->n, j->nrecv, j->total, left_of(r), r->ep_left, j->next, j->total,
+                    right_of(r), r->ep_right, r->o.timeout_ms / 1000);
+            warn_after *= 2;
+        }
+        if (wait > last + warn_after - t) wait = last + warn_after - t;
         for (int c = 0; c < nc; c++) {
             out_conn_t *oc = &r->out[c];
             oc->rev = 0;

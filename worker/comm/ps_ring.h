@@ -74,6 +74,9 @@ typedef struct ps_ring_opts {
                               buffers few and cache-warm); default 8, 0 = no limit */
     int checksum;          /* 1 = CRC32C over every payload (default), 0 = off
                               (the crc field is then 0 and not checked) */
+    int listen_fd;         /* >= 0: a socket ps_ring_listen bound, which the ring
+                              takes over (closes) instead of binding
+                              endpoints[rank] itself; -1 (default): bind */
 } ps_ring_opts_t;
 
 /* Defaults as listed above. */
@@ -90,6 +93,13 @@ void ps_ring_opts_default(ps_ring_opts_t *o);
 int ps_ring_new(ps_ring_t **r, int rank, int world, const char *const *endpoints,
                 const ps_ring_opts_t *opts);
 
+/* Bind a listening socket for a ring whose endpoints are not known yet
+ * (cross-worker BN in PS mode: each worker binds first, then tells the
+ * others through server 0): bind_ep "tcp://HOST:PORT", PORT 0 = any free
+ * port.  *fd (pass it as ps_ring_opts_t.listen_fd, or close it), *port the
+ * port bound.  0, PS_EINVAL, PS_ENOTFOUND, PS_EIO (logged). */
+int ps_ring_listen(const char *bind_ep, int *fd, int *port);
+
 /* Sum data[0..n) over all ranks in place; every rank must call it with the
  * same n and dt, in the same order of calls.  world == 1 or n == 0 returns
  * at once without communicating (so a missing rank is not noticed then).
@@ -104,6 +114,9 @@ int ps_ring_allreduce(ps_ring_t *r, float *data, size_t n, ps_dtype_t dt);
 /* ps_ring_allreduce then data[i] /= (float)world, the division psd uses for
  * its mean gradient, so ps_optim sees the same kind of value in both modes. */
 int ps_ring_allreduce_mean(ps_ring_t *r, float *data, size_t n, ps_dtype_t dt);
+
+/* The longest time without progress from now on (> 0); 0 or PS_EINVAL. */
+int ps_ring_set_timeout(ps_ring_t *r, int timeout_ms);
 
 int ps_ring_rank(const ps_ring_t *r);
 int ps_ring_world(const ps_ring_t *r);

@@ -22,8 +22,9 @@
 /* ---- TCP plumbing -------------------------------------------------------- */
 
 /* Resolve "tcp://HOST:PORT" (HOST: a name, an IPv4 literal or [IPv6];
- * passive != 0 also accepts "*", any address, for binding).  Returns 0,
- * PS_EINVAL (bad form, logged) or PS_ENOTFOUND (name does not resolve). */
+ * passive != 0 also accepts "*", any address, for binding; passive 2 also
+ * port 0, any free port).  Returns 0, PS_EINVAL (bad form, logged) or
+ * PS_ENOTFOUND (name does not resolve). */
 static int net_resolve(const char *ep, int passive, ps_ring_addr_t *a)
 {
     char host[256], port[16];
@@ -46,7 +47,7 @@ static int net_resolve(const char *ep, int passive, ps_ring_addr_t *a)
     host[hl] = 0;
     char *end;
     long pn = strtol(colon + 1, &end, 10);
-    if (colon[1] == 0 || *end || pn < 1 || pn > 65535) goto bad;
+    if (colon[1] == 0 || *end || pn < (passive == 2 ? 0 : 1) || pn > 65535) goto bad;
     snprintf(port, sizeof port, "%ld", pn);
     int any = !strcmp(host, "*");
     if (any && !passive) {
@@ -252,12 +253,16 @@ int ps_ring_new(ps_ring_t **out, int rank, int world, const char *const *endpoin
         return PS_ENOMEM;
     }
     *out = r;
-    if (world == 1) return 0; /* nothing to talk to */
+    if (world == 1) { /* nothing to talk to */
+        if (o.listen_fd >= 0) net_close(o.listen_fd, 0);
+        return 0;
+    }
 
     ps_ring_addr_t self;
-    int rc = net_resolve(r->ep_self, 1, &self);
-    if (!rc) rc = net_resolve(r->ep_right, 0, &r->right);
-    if (!rc) {
+    int rc = net_resolve(r->ep_right, 0, &r->right);
+    if (!rc && o.listen_fd >= 0) {
+        r->lfd = o.listen_fd; /* bound by ps_ring_listen, now the ring's */
+    } else if (!rc && !(rc = net_resolve(r->ep_self, 1, &self))) {
         r->lfd = net_listen(&self, r->ep_self);
         if (r->lfd < 0) rc = r->lfd;
     }
@@ -269,6 +274,33 @@ int ps_ring_new(ps_ring_t **out, int rank, int world, const char *const *endpoin
     }
     ps_debug("ring: rank %d/%d listening on %s, %d connection(s) to %s", rank, world, r->ep_self,
              o.nconn, r->ep_right);
+    return 0;
+}
+
+int ps_ring_listen(const char *bind_ep, int *fd, int *port)
+{
+    ps_ring_addr_t a;
+    int rc = net_resolve(bind_ep, 2, &a);
+    if (rc) return rc;
+    int lfd = net_listen(&a, bind_ep);
+    if (lfd < 0) return lfd;
+    struct sockaddr_storage got;
+    socklen_t len = sizeof got;
+    if (getsockname(lfd, (struct sockaddr *)&got, &len)) {
+        ps_error("ring: getsockname of %s: %s", bind_ep, strerror(errno));
+        net_close(lfd, 0);
+        return PS_EIO;
+    }
+    *port = got.ss_family == AF_INET6 ? ntohs(((struct sockaddr_in6 *)&got)->sin6_port)
+                                      : ntohs(((struct sockaddr_in *)&got)->sin_port);
+    *fd = lfd;
+    return 0;
+}
+
+int ps_ring_set_timeout(ps_ring_t *r, int timeout_ms)
+{
+    if (!r || timeout_ms <= 0) return PS_EINVAL;
+    r->o.timeout_ms = timeout_ms;
     return 0;
 }
 

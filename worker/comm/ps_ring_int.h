@@ -27,6 +27,8 @@ typedef struct ps_ring_addr {
  * docs/performance.md). */
 #define PIECE (256u << 10)
 #define MAX_PENDING 8
+/* A wait without progress is logged after this long, then at 2x, 4x ... */
+#define RING_WARN_MS 10000.0
 #define RETRY_MS 20.0
 
 enum { OUT_IDLE, OUT_CONNECTING, OUT_READY };

@@ -67,6 +67,8 @@ int ps_cpu_mem_stats(ps_ctx_t *ctx, ps_backend_mem_t *m, int reset_peak)
 
 void ps_cpu_release(ps_ctx_t *ctx) {}
 
+size_t ps_cpu_act_elsize(ps_ctx_t *ctx) { return sizeof(float); }
+
 const ps_backend_t ps_backend_cpu = {
     .name = "cpu",
     .async = 0,
@@ -79,10 +81,12 @@ const ps_backend_t ps_backend_cpu = {
     .event_wait = ps_cpu_event_wait,
     .mem_stats = ps_cpu_mem_stats,
     .release = ps_cpu_release,
+    .act_elsize = ps_cpu_act_elsize,
     .conv2d_forward = ps_cpu_conv2d_forward,
     .conv2d_backward = ps_cpu_conv2d_backward,
     .bn_forward_train = ps_cpu_bn_forward_train,
     .bn_backward_train = ps_cpu_bn_backward_train,
+    .bn_forward_saved = ps_cpu_bn_forward_saved,
     .bn_forward_eval = ps_cpu_bn_forward_eval,
     .bn_backward_eval = ps_cpu_bn_backward_eval,
     .relu_forward = ps_cpu_relu_forward,

@@ -338,6 +338,17 @@ static void r_bn_bwd_train(ps_ctx_t *ctx, float *dinp, float *dgamma, float *dbe
     mark(h, dinp, hh);
 }
 
+static void r_bn_fwd_saved(ps_ctx_t *ctx, float *out, const float *inp, const float *gamma,
+                           const float *beta, const float *save_mean, const float *save_rstd,
+                           int N, int C, int HW)
+{
+    hround_t *h = st(ctx);
+    const int hh = is_half(h, inp);
+    cpu->bn_forward_saved(ctx, out, inp, gamma, beta, save_mean, save_rstd, N, C, HW);
+    if (hh) round_inplace(h, out, (size_t)N * C * HW);
+    mark(h, out, hh);
+}
+
 static void r_bn_fwd_eval(ps_ctx_t *ctx, float *out, const float *inp, const float *gamma,
                           const float *beta, const float *run_mean, const float *run_var,
                           float eps, int N, int C, int HW)
@@ -554,10 +565,13 @@ const ps_backend_t ps_backend_cpu_round = {
     .event_query = ps_cpu_event_query,
     .event_wait = ps_cpu_event_wait,
     .mem_stats = ps_cpu_mem_stats,
+    /* rounded values stored as floats: a CPU layer writes 4 bytes each */
+    .act_elsize = ps_cpu_act_elsize,
     .release = ps_hround_free,
     .conv2d_forward = r_conv_fwd,
     .conv2d_backward = r_conv_bwd,
     .bn_forward_train = r_bn_fwd_train,
+    .bn_forward_saved = r_bn_fwd_saved,
     .bn_backward_train = r_bn_bwd_train,
     .bn_forward_eval = r_bn_fwd_eval,
     .bn_backward_eval = r_bn_bwd_eval,

@@ -34,9 +34,11 @@ static void arena_release(ps_arena_t *a)
 
 void ps_arena_begin_sizing(ps_arena_t *a)
 {
+    size_t act = a->act_bytes;
     arena_release(a);
     memset(a, 0, sizeof *a);
     a->sizing = 1;
+    a->act_bytes = act;
 }
 
 int ps_arena_commit(ps_arena_t *a)
@@ -71,25 +73,45 @@ int ps_arena_commit(ps_arena_t *a)
     return 0;
 }
 
-float *ps_arena_take(ps_arena_t *a, size_t numel)
+static float *take(ps_arena_t *a, size_t numel, size_t es)
 {
-    if (numel > (SIZE_MAX - ARENA_ALIGN) / sizeof(float)) {
-        ps_error("arena: request of %zu floats overflows", numel);
+    if (numel > (SIZE_MAX - ARENA_ALIGN) / es) {
+        ps_error("arena: request of %zu elements of %zu bytes overflows", numel, es);
         return NULL;
     }
-    size_t bytes = (numel * sizeof(float) + ARENA_ALIGN - 1) & ~(size_t)(ARENA_ALIGN - 1);
+    size_t bytes = (numel * es + ARENA_ALIGN - 1) & ~(size_t)(ARENA_ALIGN - 1);
     if (a->sizing) {
         a->used += bytes;
         return NULL;
     }
     if (!a->base || bytes > a->size - a->used) {
-        ps_error("arena: request of %zu floats exceeds the sized arena (%zu of %zu bytes used)"
-                 " - pass 2 must take the same sizes as pass 1", numel, a->used, a->size);
+        ps_error("arena: request of %zu elements of %zu bytes exceeds the sized arena (%zu of "
+                 "%zu bytes used) - pass 2 must take the same sizes as pass 1", numel, es,
+                 a->used, a->size);
         return NULL;
     }
     float *p = (float *)(a->base + a->used);
     a->used += bytes;
     return p;
+}
+
+float *ps_arena_take(ps_arena_t *a, size_t numel)
+{
+    return take(a, numel, sizeof(float));
+}
+
+float *ps_arena_take_act(ps_arena_t *a, size_t numel)
+{
+    return take(a, numel, a->act_bytes ? a->act_bytes : sizeof(float));
+}
+
+void ps_arena_view(ps_arena_t *view, const ps_arena_t *parent, void *base, size_t bytes)
+{
+    memset(view, 0, sizeof *view);
+    view->act_bytes = parent->act_bytes;
+    view->base = base;
+    view->size = base ? bytes : 0;
+    view->sizing = base == NULL;
 }
 
 void ps_arena_free(ps_arena_t *a)

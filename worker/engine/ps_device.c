@@ -38,8 +38,9 @@ static int nrows = 1;
  * ps_backend_t are not here). */
 #define REQUIRED_SLOTS(X)                                                                    \
     X(sync) X(set_precision) X(set_loss_scale) X(events) X(event_record) X(event_query)      \
-    X(event_wait) X(mem_stats) X(release) X(conv2d_forward) X(conv2d_backward)             \
-    X(bn_forward_train) X(bn_backward_train) X(bn_forward_eval) X(bn_backward_eval)        \
+    X(event_wait) X(mem_stats) X(act_elsize) X(release) X(conv2d_forward) X(conv2d_backward) \
+    X(bn_forward_train) X(bn_backward_train) X(bn_forward_saved) X(bn_forward_eval)        \
+    X(bn_backward_eval)                                                                    \
     X(relu_forward) X(relu_backward) X(maxpool_forward) X(maxpool_backward)                \
     X(avgpool_forward) X(avgpool_backward) X(linear_forward) X(linear_backward)            \
     X(dropout_forward) X(dropout_backward) X(xent_forward) X(xent_backward)                \

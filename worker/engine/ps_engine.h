@@ -45,11 +45,25 @@ typedef struct ps_arena {
     uint8_t *base;
     size_t size, used;
     int sizing;        /* 1 while only counting */
+    size_t act_bytes;  /* bytes of one activation element (ps_arena_take_act);
+                          0 = sizeof(float).  Set before sizing, from the
+                          backend's act_elsize; kept by begin_sizing */
     void (*release)(void *p); /* frees base; NULL = free() (set by commit) */
 } ps_arena_t;
 void ps_arena_begin_sizing(ps_arena_t *a);
 int ps_arena_commit(ps_arena_t *a);            /* allocate after sizing; PS_ENOMEM */
 float *ps_arena_take(ps_arena_t *a, size_t numel); /* NULL while sizing */
+/* A slot for numel activations or activation gradients: numel *
+ * a->act_bytes bytes (a half-storage backend writes 2-byte elements into
+ * it through the same float * type; the host never reads such a slot).
+ * Parameters, gradients, statistics, the model input and whatever the host
+ * reads (logits, losses) take ps_arena_take. */
+float *ps_arena_take_act(ps_arena_t *a, size_t numel);
+/* A view of numel_bytes at base (already taken from an arena) that hands
+ * out slots as an arena does (same alignment, same act_bytes), so one
+ * region can be laid out several times over: model parts that are never
+ * live together share it.  base NULL: sizing only (used counts). */
+void ps_arena_view(ps_arena_t *view, const ps_arena_t *parent, void *base, size_t bytes);
 void ps_arena_free(ps_arena_t *a);
 /* Bytes of every arena committed and not yet freed in this process (any
  * thread; psworker's /metrics reports it). */
@@ -68,6 +82,8 @@ void ps_arena_set_allocator(const ps_arena_allocator_t *al);
 
 /* ---- execution context -------------------------------------------------- */
 
+struct ps_bn_group;
+
 typedef struct ps_ctx {
     int nthreads;          /* threads for OpenMP loops and BLAS */
     float *workspace;      /* host scratch of the CPU layers (im2col columns) */
@@ -76,7 +92,55 @@ typedef struct ps_ctx {
                               stream, caches); freed by the backend's release */
     void *cpu_state;       /* the CPU layers' own (precision, oneDNN primitives
                               and buffers), made on first use; ps_ctx_free frees it */
+    /* Cross-worker BN (--bn sync): when set, every training-mode BN
+     * (bn_forward_train / bn_backward_train, either backend) combines its
+     * per-channel statistics and backward sums over this group; NULL =
+     * each process's own batch.  Owned by the caller (ps_bn_group_t below). */
+    struct ps_bn_group *bn_group;
 } ps_ctx_t;
+
+/* ---- cross-worker batch norm: the group -------------------------------- */
+
+/* The processes whose batches normalise as one (W workers x B samples as
+ * one batch of W*B).  The engine needs one collective from it: gather,
+ * which hands every rank the vectors of all ranks; the BN layers reduce
+ * them themselves, in rank order and in double precision, so every rank
+ * gets the same bits whatever the transport (TCP ring, NCCL) and the sums
+ * are as exact as the local ones.  That is also PyTorch's SyncBatchNorm:
+ * an all_gather of each rank's (mean, invstd, count), combined per channel
+ * (batch_norm_gather_stats_with_counts).  Per BN layer a training forward
+ * makes one gather (count, mean, M2 per channel) and its backward one
+ * (count, sum dy, sum dy*xhat per channel). */
+typedef struct ps_bn_group {
+    int rank, size;        /* this process's place in the group, W */
+    /* all[r*n .. r*n+n) := rank r's mine[0..n), every rank r, bit for bit;
+     * host memory; every rank calls it with the same n, in the same order.
+     * 0 or PS_E* (logged by the transport). */
+    int (*gather)(void *arg, const float *mine, float *all, size_t n);
+    void *arg;
+    /* The first failure (sticky: the BN layers return nothing).  Once set,
+     * no BN communicates again and each uses its own batch, so a broken
+     * group never hangs a step; whoever ran the step checks it
+     * (ps_bn_group_failed) and fails the step with it. */
+    int err;
+    uint64_t gathers;      /* collectives made so far */
+    float *buf;            /* scratch of the packing below */
+    size_t cap;
+} ps_bn_group_t;
+
+/* Forward: this rank's element count M (N*HW) and per-channel mean and M2
+ * (sum of squared deviations from that mean) in; the group's in place
+ * (count, mean and M2 of the union, Chan et al.'s pairwise combination in
+ * rank order).  Backward: this rank's per-channel sums a, b (sum dy,
+ * sum dy*xhat) in, the group's in place, and *M := the group's count.
+ * Values travel as pairs of floats (hi, lo), so what arrives is the double
+ * to about 2^-48.  0, or the group's error (logged; the arguments keep
+ * this rank's values). */
+int ps_bn_group_moments(ps_bn_group_t *g, int C, double *M, double *mean, double *m2);
+int ps_bn_group_sums(ps_bn_group_t *g, int C, double *M, double *a, double *b);
+/* The group's first error (0 none; a NULL group never fails). */
+int ps_bn_group_failed(const ps_bn_group_t *g);
+void ps_bn_group_free_buf(ps_bn_group_t *g);
 
 /* Set thread counts (0 = all cores) and make sure OpenBLAS uses a fast
  * kernel on this CPU (see ps_blas.h).  Call once at start. */
@@ -199,6 +263,11 @@ typedef struct ps_backend {
      * window (alloc_peak = alloc_now, dev_used_peak = 0).  0, or
      * PS_EUNSUPPORTED (not logged, *m zeroed) without device memory. */
     int (*mem_stats)(ps_ctx_t *ctx, ps_backend_mem_t *m, int reset_peak);
+    /* Bytes per element the backend stores an activation or activation
+     * gradient in at its current precision (set_precision): 4, or 2 with
+     * the CUDA backend's half storage.  Models size those arena slots with
+     * it (ps_arena_take_act), so half storage takes half the bytes. */
+    size_t (*act_elsize)(ps_ctx_t *ctx);
     /* Free what opening the device put into ctx->backend_state (NULLs it);
      * the caller syncs first.  ps_ctx_free() frees the rest of ctx. */
     void (*release)(ps_ctx_t *ctx);
@@ -214,7 +283,12 @@ typedef struct ps_backend {
     /* batchnorm2d, training mode: batch statistics (biased var for
      * normalising, unbiased for the running update, PyTorch semantics);
      * saves mean and rstd (C) for backward; updates running stats with
-     * momentum (run = (1-m)*run + m*batch). */
+     * momentum (run = (1-m)*run + m*batch).  With ctx->bn_group the batch
+     * is the group's (statistics over every rank's N*HW values, unbiased
+     * variance with the group's count; the backward's mean(dy) and
+     * mean(dy*xhat) likewise), as PyTorch's SyncBatchNorm; dgamma / dbeta
+     * stay this rank's own sums (the gradient average over the workers
+     * makes them the whole batch's). */
     void (*bn_forward_train)(ps_ctx_t *ctx, float *out, float *save_mean, float *save_rstd,
                              float *run_mean, float *run_var, const float *inp,
                              const float *gamma, const float *beta, float eps, float momentum,
@@ -225,6 +299,14 @@ typedef struct ps_backend {
                               int HW);
     /* eval / frozen mode: y = gamma*(x-run_mean)/sqrt(run_var+eps) + beta.
      * Backward: dgamma/dbeta may be NULL (frozen affine, TSM partial BN). */
+    /* Recomputation (--recompute): the output a training forward wrote,
+     * from its saved statistics: out = (inp - save_mean) * save_rstd *
+     * gamma + beta with bn_forward_train's own rounding, so the result is
+     * that forward's output bit for bit; nothing else changes (no running
+     * statistics, no group). */
+    void (*bn_forward_saved)(ps_ctx_t *ctx, float *out, const float *inp, const float *gamma,
+                             const float *beta, const float *save_mean, const float *save_rstd,
+                             int N, int C, int HW);
     void (*bn_forward_eval)(ps_ctx_t *ctx, float *out, const float *inp, const float *gamma,
                             const float *beta, const float *run_mean, const float *run_var,
                             float eps, int N, int C, int HW);

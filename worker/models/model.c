@@ -41,6 +41,37 @@ int ps_model_count(const ps_model_config_t *cfg, int H, int W, ps_model_count_t 
     return 0;
 }
 
+static int arena_size(const ps_model_config_t *cfg, int max_n, int H, int W, size_t act_bytes,
+                      int features, size_t *bytes)
+{
+    if (!cfg || !bytes || !act_bytes) return PS_EINVAL;
+    if (cfg->arch[0]) {
+        ps_error("ps_model_arena_size: the 3-D models keep fp32 activations; their arena is "
+                 "what they allocate");
+        return PS_EUNSUPPORTED;
+    }
+    ps_model_t *m = NULL;
+    int r = ps_resnet_create_sized(&m, cfg, max_n, H, W, act_bytes, features);
+    if (r) return r;
+    *bytes = m->arena.used;
+    ps_model_destroy(&m);
+    return 0;
+}
+
+int ps_model_arena_size(const ps_model_config_t *cfg, int max_clips, int H, int W,
+                        size_t act_bytes, size_t *bytes)
+{
+    return arena_size(cfg, max_clips, H, W, act_bytes, 0, bytes);
+}
+
+int ps_model_features_arena_size(const ps_model_config_t *cfg, int max_n, int H, int W,
+                                 size_t act_bytes, size_t *bytes)
+{
+    return arena_size(cfg, max_n, H, W, act_bytes, 1, bytes);
+}
+
+size_t ps_model_arena_bytes(const ps_model_t *m) { return m->arena.size; }
+
 void ps_model_destroy(ps_model_t **mp)
 {
     if (!mp || !*mp) return;

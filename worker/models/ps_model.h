@@ -68,6 +68,17 @@ typedef struct ps_model_config {
                           into torchvision */
     float bn_eps;      /* 1e-5 */
     float bn_momentum; /* 0.1 (PyTorch convention) */
+    int recompute;     /* activation recomputation (2-D ResNets only): a
+                          training forward keeps each stage's input (and
+                          the stem's conv output), not the stage's inside;
+                          the backward recomputes a stage from its input
+                          before going through it, and every BN + ReLU
+                          output from the conv output before it is used
+                          (SimpleDet's inline BN).  The recomputed values
+                          are the forward's bit for bit (BN from its saved
+                          statistics, bn_forward_saved), so are the
+                          gradients; the activations then take one stage's
+                          worth of memory instead of four */
 } ps_model_config_t;
 
 /* Where the temporal shift goes (TSM's make_temporal_shift `place`). */
@@ -229,6 +240,21 @@ typedef struct ps_model_count {
 } ps_model_count_t;
 /* 0, or PS_EINVAL (bad config, logged) / PS_ENOMEM. */
 int ps_model_count(const ps_model_config_t *cfg, int H, int W, ps_model_count_t *c);
+/* The bytes of the arena ps_model_create would allocate for batches of
+ * max_clips clips on a backend that stores activations in act_bytes-byte
+ * elements (its act_elsize: 4, or 2 for the CUDA backend's half storage),
+ * from the sizing pass alone (nothing allocated), so a GPU run's figure is
+ * known on any machine.  The arena is the model's whole static memory:
+ * parameters, gradients, statistics, activations.  0, PS_EINVAL, PS_ENOMEM. */
+int ps_model_arena_size(const ps_model_config_t *cfg, int max_clips, int H, int W,
+                        size_t act_bytes, size_t *bytes);
+/* The same for a detector's backbone (ps_retinanet.h, ps_rcnn.h: the
+ * ResNet body without head, max_n images of H x W, cfg's depth, width, BN
+ * mode and recompute). */
+int ps_model_features_arena_size(const ps_model_config_t *cfg, int max_n, int H, int W,
+                                 size_t act_bytes, size_t *bytes);
+/* Bytes of the model's arena (what ps_model_arena_size said for it). */
+size_t ps_model_arena_bytes(const ps_model_t *m);
 /* Dropout masks are a pure function of (seed, forward counter): forward
  * number k (0-based, counted from this call; every forward counts) draws
  * its mask with seed ^ (0x9E3779B97F4A7C15 * (k + 1)) through the backend's

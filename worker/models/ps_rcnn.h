@@ -56,6 +56,8 @@ typedef struct ps_rcnn_config {
     int fpn_channels;   /* F: 256 */
     int freeze_at;      /* as ps_retina_config_t: 0 nothing ... 5 the whole body */
     float bn_eps;       /* 1e-5 */
+    int bn_mode;        /* backbone BN, as ps_retina_config_t: FROZEN (default) | TRAIN */
+    int recompute;      /* the backbone recomputes its stages (ps_model_config_t) */
     /* RPN (torchvision fasterrcnn_resnet50_fpn's values as defaults) */
     ps_det_rpn_params_t rpn_train, rpn_test; /* pre 2000 / post 2000, pre / post 1000 */
     int rpn_batch;      /* anchors sampled per image: 256 */

@@ -51,13 +51,23 @@ typedef struct ps_retina_config {
                            stem + layer1..layer(k-1), up to 5.  Frozen layers get
                            no backward at all */
     float bn_eps;       /* 1e-5 (FrozenBatchNorm2d) */
+    int bn_mode;        /* the backbone's BN: PS_MODEL_BN_FROZEN (default,
+                           FrozenBatchNorm2d: a fixed scale and bias) or
+                           PS_MODEL_BN_TRAIN (BatchNorm2d: batch statistics in
+                           a training forward, running ones updated, affine
+                           trained outside the frozen stages; with the
+                           context's bn_group the statistics are the group's:
+                           SimpleDet's cross-GPU BN) */
+    int recompute;      /* the backbone recomputes its stages in the backward
+                           (ps_model_config_t.recompute) */
     float focal_alpha;  /* 0.25 */
     float focal_gamma;  /* 2 */
     float smoothl1_beta; /* 1/9 */
     float prior;        /* 0.01: cls_logits bias -log((1-prior)/prior) */
 } ps_retina_config_t;
 
-/* ResNet-50, 80 classes, width 64, F 256, P6 on C5, freeze_at 2, eps 1e-5,
+/* ResNet-50, 80 classes, width 64, F 256, P6 on C5, freeze_at 2, frozen BN,
+ * no recompute, eps 1e-5,
  * alpha 0.25, gamma 2, beta 1/9, prior 0.01. */
 void ps_retina_config_default(ps_retina_config_t *c);
 
@@ -95,9 +105,9 @@ const float *ps_retina_anchors(const ps_retina_t *m);
  * positives) may both be NULL (inference); else the losses are written:
  * focal over non-ignored anchors and smooth-L1 over positives, both divided
  * by max(1, positives in the batch) (Detectron / SimpleDet; torchvision
- * normalises per image, which is the same for n = 1).  The backbone always
- * runs with frozen BN, so training only decides whether backward may
- * follow.  Returns 0 or PS_EINVAL (bad label, logged). */
+ * normalises per image, which is the same for n = 1).  training: BN batch
+ * statistics (cfg.bn_mode TRAIN) and a backward may follow.  Returns 0 or
+ * PS_EINVAL (bad label, logged). */
 int ps_retina_forward(ps_retina_t *m, const float *images, int n, const int32_t *labels,
                       const float *box_targets, int training, float *cls_loss,
                       float *box_loss);
@@ -111,6 +121,8 @@ const float *ps_retina_box_out(const ps_retina_t *m);
  * gradients ACCUMULATE into the tables' g.  PS_ESTATE otherwise. */
 int ps_retina_backward(ps_retina_t *m);
 void ps_retina_zero_grad(ps_retina_t *m);
+/* Bytes of the model's arenas (the backbone's and the FPN / heads'). */
+size_t ps_retina_arena_bytes(const ps_retina_t *m);
 /* Floating-point operations of one forward / backward over n images from
  * the conv shapes (2 per multiply-add; frozen stages get no backward, the
  * image no input gradient). */

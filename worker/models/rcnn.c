@@ -98,7 +98,8 @@ static int build(ps_rcnn_t *m)
     bc.width = c->width;
     bc.bn_eps = c->bn_eps;
     bc.partial_bn = 0;
-    bc.bn_mode = PS_MODEL_BN_FROZEN; /* FrozenBatchNorm2d */
+    bc.bn_mode = c->bn_mode; /* FROZEN: FrozenBatchNorm2d */
+    bc.recompute = c->recompute;
     int r = ps_resnet_create_features(&m->body, &bc, m->be, m->ctx, m->max_n, m->H, m->W);
     if (r || (r = levels(m))) return r;
     /* RoIs per image: training samples at most box-batch of the proposals
@@ -148,7 +149,8 @@ static int bad_config(const ps_rcnn_config_t *c)
     return (c->depth != 18 && c->depth != 34 && c->depth != 50) || c->num_classes < 1 ||
            c->num_classes > 100000 || c->width < 1 || c->width > 4096 || c->fpn_channels < 1 ||
            c->fpn_channels > 4096 || c->freeze_at < 0 || c->freeze_at > 5 ||
-           !(c->bn_eps > 0.f) || c->rpn_batch < 1 || !(c->rpn_fraction > 0 && c->rpn_fraction <= 1) ||
+           (c->bn_mode != PS_MODEL_BN_FROZEN && c->bn_mode != PS_MODEL_BN_TRAIN) ||
+           (c->recompute != 0 && c->recompute != 1) || !(c->bn_eps > 0.f) || c->rpn_batch < 1 || !(c->rpn_fraction > 0 && c->rpn_fraction <= 1) ||
            c->representation < 1 || c->representation > 65536 || c->roi_size < 1 ||
            c->roi_size > 64 || c->roi_sampling < 0 || c->roi.batch < 1 ||
            !(c->roi.fraction > 0 && c->roi.fraction <= 1) ||

@@ -20,6 +20,7 @@ void ps_rcnn_config_default(ps_rcnn_config_t *c)
     c->fpn_channels = 256;
     c->freeze_at = 2;
     c->bn_eps = 1e-5f;
+    c->bn_mode = PS_MODEL_BN_FROZEN;
     c->rpn_train = (ps_det_rpn_params_t){2000, 2000, 0.7f, 1e-3f, 0.0f};
     c->rpn_test = (ps_det_rpn_params_t){1000, 1000, 0.7f, 1e-3f, 0.0f};
     c->rpn_batch = 256;

@@ -9,8 +9,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* act_bytes: the arena's activation element size (0 = the backend's) */
 static int create(ps_model_t **out, const ps_model_config_t *cfg, const ps_backend_t *be,
-                  ps_ctx_t *ctx, int max_clips, int H, int W, int features_only, int count_only)
+                  ps_ctx_t *ctx, int max_clips, int H, int W, int features_only, int count_only,
+                  size_t act_bytes)
 {
     *out = NULL;
     if (!cfg || !be || !ctx) return PS_EINVAL;
@@ -23,11 +25,12 @@ static int create(ps_model_t **out, const ps_model_config_t *cfg, const ps_backe
         !(cfg->dropout >= 0.f && cfg->dropout < 1.f) || !(cfg->bn_eps > 0.f) ||
         !(cfg->bn_momentum >= 0.f && cfg->bn_momentum <= 1.f) || cfg->bn_mode < 0 ||
         cfg->bn_mode > PS_MODEL_BN_FROZEN || cfg->shift_place < PS_MODEL_SHIFT_BLOCKRES ||
-        cfg->shift_place > PS_MODEL_SHIFT_BLOCK) {
+        cfg->shift_place > PS_MODEL_SHIFT_BLOCK || (cfg->recompute != 0 && cfg->recompute != 1)) {
         ps_error("model: bad config (classes %d, n_segment %d, width %d, shift_div %d, "
-                 "shift_place %d, dropout %g, eps %g, momentum %g, bn_mode %d)",
+                 "shift_place %d, dropout %g, eps %g, momentum %g, bn_mode %d, recompute %d)",
                  cfg->num_classes, cfg->n_segment, cfg->width, cfg->shift_div,
-                 cfg->shift_place, cfg->dropout, cfg->bn_eps, cfg->bn_momentum, cfg->bn_mode);
+                 cfg->shift_place, cfg->dropout, cfg->bn_eps, cfg->bn_momentum, cfg->bn_mode,
+                 cfg->recompute);
         return PS_EINVAL;
     }
     if (max_clips < 1 || H < 32 || W < 32 || H > 4096 || W > 4096 ||
@@ -50,6 +53,7 @@ static int create(ps_model_t **out, const ps_model_config_t *cfg, const ps_backe
     m->max_n = (size_t)max_clips * cfg->n_segment;
     m->features_only = features_only;
     m->count_only = count_only;
+    m->arena.act_bytes = act_bytes ? act_bytes : count_only ? sizeof(float) : be->act_elsize(ctx);
     m->bn_mode = cfg->bn_mode == PS_MODEL_BN_FROZEN                      ? PS_MODEL_BN_FROZEN
                  : cfg->bn_mode == PS_MODEL_BN_PARTIAL || cfg->partial_bn ? PS_MODEL_BN_PARTIAL
                                                                           : PS_MODEL_BN_TRAIN;
@@ -61,8 +65,9 @@ static int create(ps_model_t **out, const ps_model_config_t *cfg, const ps_backe
         return r;
     }
     if (!count_only) ps_model_init(m, 0, 0);
-    ps_debug("model: ResNet-%d (%s), %d params, arena %zu MiB", cfg->depth,
-             cfg->shift ? "TSM" : "TSN", m->nparams, m->arena.size >> 20);
+    ps_debug("model: ResNet-%d (%s), %d params, arena %zu MiB (activations in %zu-byte "
+             "elements%s)", cfg->depth, cfg->shift ? "TSM" : "TSN", m->nparams,
+             m->arena.size >> 20, m->arena.act_bytes, cfg->recompute ? ", recomputed" : "");
     *out = m;
     return 0;
 }
@@ -70,19 +75,35 @@ static int create(ps_model_t **out, const ps_model_config_t *cfg, const ps_backe
 int ps_resnet_create(ps_model_t **out, const ps_model_config_t *cfg, const ps_backend_t *be,
                      ps_ctx_t *ctx, int max_clips, int H, int W, int count_only)
 {
-    return create(out, cfg, be, ctx, max_clips, H, W, 0, count_only);
+    return create(out, cfg, be, ctx, max_clips, H, W, 0, count_only, 0);
+}
+
+/* A detector's backbone: images, no shift, no head. */
+static ps_model_config_t features_config(const ps_model_config_t *cfg)
+{
+    ps_model_config_t c = *cfg;
+    c.n_segment = 1;
+    c.shift = 0;
+    c.dropout = 0.f;
+    c.num_classes = 1;
+    return c;
+}
+
+int ps_resnet_create_sized(ps_model_t **out, const ps_model_config_t *cfg, int max_clips,
+                           int H, int W, size_t act_bytes, int features_only)
+{
+    static ps_ctx_t none; /* nothing runs */
+    if (!cfg || !act_bytes) return PS_EINVAL;
+    ps_model_config_t c = features_only ? features_config(cfg) : *cfg;
+    return create(out, &c, &ps_backend_cpu, &none, max_clips, H, W, features_only, 1, act_bytes);
 }
 
 int ps_resnet_create_features(ps_model_t **out, const ps_model_config_t *cfg,
                               const ps_backend_t *be, ps_ctx_t *ctx, int max_n, int H, int W)
 {
     if (!cfg) return PS_EINVAL;
-    ps_model_config_t c = *cfg;
-    c.n_segment = 1;
-    c.shift = 0;
-    c.dropout = 0.f;
-    c.num_classes = 1;
-    return create(out, &c, be, ctx, max_n, H, W, 1, 0);
+    ps_model_config_t c = features_config(cfg);
+    return create(out, &c, be, ctx, max_n, H, W, 1, 0, 0);
 }
 
 /* A block's parameters are contiguous in the table (resnet_params.c defines
@@ -163,9 +184,13 @@ void ps_resnet_bn_bwd(ps_model_t *m, bn_t *b, float *din, const float *dout, con
     }
 }
 
-/* bn then relu, out = relu(bn(in)), shared with the 3-D models: one pass through the backend's fused
- * entry when the BN uses its running statistics (partial BN's frozen
- * layers, eval) and the backend has one, else the two layers. */
+/* bn then relu, out = relu(bn(in)), shared with the 3-D models: one pass
+ * through the backend's fused entry when the BN uses its running statistics
+ * (partial BN's frozen layers, eval) and the backend has one, else the two
+ * layers.  The fused entries are for running statistics only, so a BN with
+ * batch statistics (train, partial BN's first, and every BN that --bn sync
+ * combines over the workers) always goes through bn_forward_train /
+ * bn_backward_train, where the group's hook is (ctx->bn_group). */
 void ps_resnet_bn_relu_fwd(ps_model_t *m, bn_t *b, float *out, const float *in, int N, int HW,
                            int training)
 {
@@ -182,8 +207,8 @@ void ps_resnet_bn_relu_fwd(ps_model_t *m, bn_t *b, float *out, const float *in, 
     be->relu_forward(m->ctx, out, out, (size_t)N * b->C * HW);
 }
 
-/* The backward of ps_resnet_bn_relu_fwd: dout (clobbered) is the gradient w.r.t. the
- * relu output `out`, din w.r.t. the BN input `in`. */
+/* The backward of ps_resnet_bn_relu_fwd: dout (clobbered) is the gradient
+ * w.r.t. the relu output `out`, din w.r.t. the BN input `in`. */
 void ps_resnet_bn_relu_bwd(ps_model_t *m, bn_t *b, float *din, float *dout, const float *out,
                            const float *in, int N, int HW)
 {
@@ -200,7 +225,39 @@ void ps_resnet_bn_relu_bwd(ps_model_t *m, bn_t *b, float *din, float *dout, cons
     ps_resnet_bn_bwd(m, b, din, dout, in, N, HW);
 }
 
-static void block_fwd(ps_model_t *m, block_t *b, const float *x, int N, int training)
+/* How a forward runs its BNs: a training or evaluation forward (the
+ * model's BN mode decides each BN's statistics), or the recomputation of
+ * one (--recompute): each BN as that forward ran it, batch statistics from
+ * what it saved, nothing updated. */
+enum { FWD_EVAL = 0, FWD_TRAIN = 1, FWD_RECOMPUTE = 2 };
+
+static void bn_fwd(ps_model_t *m, bn_t *b, float *out, const float *in, int N, int HW, int how)
+{
+    if (how != FWD_RECOMPUTE) ps_resnet_bn_fwd(m, b, out, in, N, HW, how == FWD_TRAIN);
+    else if (b->batch_stats)
+        m->be->bn_forward_saved(m->ctx, out, in, b->gamma, b->beta, b->save_mean, b->save_rstd,
+                                N, b->C, HW);
+    else
+        m->be->bn_forward_eval(m->ctx, out, in, b->gamma, b->beta, b->rm, b->rv, m->cfg.bn_eps,
+                               N, b->C, HW);
+}
+
+/* relu(bn(conv output)) into out: the forward's, or again in the backward.
+ * A recomputed BN with running statistics goes the way the forward took it
+ * (the fused entry where the backend has one: an evaluation forward of it),
+ * so the recomputed output is the forward's bit for bit either way. */
+static void bn_relu_fwd(ps_model_t *m, bn_t *b, float *out, const float *co, int N, int HW,
+                        int how)
+{
+    if (how != FWD_RECOMPUTE || !b->batch_stats) {
+        ps_resnet_bn_relu_fwd(m, b, out, co, N, HW, how == FWD_TRAIN);
+        return;
+    }
+    bn_fwd(m, b, out, co, N, HW, how);
+    m->be->relu_forward(m->ctx, out, out, (size_t)N * b->C * HW);
+}
+
+static void block_fwd(ps_model_t *m, block_t *b, const float *x, int N, int how)
 {
     const ps_backend_t *be = m->be;
     int T = m->cfg.n_segment;
@@ -216,21 +273,33 @@ static void block_fwd(ps_model_t *m, block_t *b, const float *x, int N, int trai
         int PQ = c->P * c->Q;
         conv_fwd(m, c, b->co[j], in, N);
         if (j < b->nconv - 1) {
-            ps_resnet_bn_relu_fwd(m, &b->bn[j], b->a[j], b->co[j], N, PQ, training);
+            bn_relu_fwd(m, &b->bn[j], b->a[j], b->co[j], N, PQ, how);
             in = b->a[j];
         } else {
-            ps_resnet_bn_fwd(m, &b->bn[j], b->y, b->co[j], N, PQ, training);
+            bn_fwd(m, &b->bn[j], b->y, b->co[j], N, PQ, how);
         }
     }
     size_t n = (size_t)N * b->cout * b->P * b->Q;
     if (b->has_ds) {
         conv_fwd(m, &b->ds, b->dso, id, N);
-        ps_resnet_bn_fwd(m, &b->dsbn, m->tmp, b->dso, N, b->P * b->Q, training);
+        bn_fwd(m, &b->dsbn, m->tmp, b->dso, N, b->P * b->Q, how);
         be->add(m->ctx, b->y, b->y, m->tmp, n);
     } else {
         be->add(m->ctx, b->y, b->y, id, n);
     }
     be->relu_forward(m->ctx, b->y, b->y, n);
+}
+
+/* --recompute: the BN + ReLU output a[j] of block b, which the forward
+ * wrote into the shared slot and later layers overwrote, again from the
+ * conv output (bit for bit the forward's) */
+static const float *block_act(ps_model_t *m, block_t *b, int j, int N)
+{
+    if (m->cfg.recompute) {
+        const conv_t *c = &b->conv[j];
+        bn_relu_fwd(m, &b->bn[j], b->a[j], b->co[j], N, c->P * c->Q, FWD_RECOMPUTE);
+    }
+    return b->a[j];
 }
 
 /* dy in g[0] (clobbered) -> dx in g[3]; g[1], g[2] scratch. */
@@ -245,12 +314,12 @@ static void block_bwd(ps_model_t *m, block_t *b, float **g, int N)
     ps_resnet_bn_bwd(m, &b->bn[last], Bf, A, b->co[last], N, b->P * b->Q);
     for (int j = last; j >= 0; j--) {
         const conv_t *c = &b->conv[j];
-        const float *in = j > 0 ? b->a[j - 1] : (b->shift ? b->xs : b->x);
+        const float *in = j > 0 ? block_act(m, b, j - 1, N) : (b->shift ? b->xs : b->x);
         float *din = (j > 0 || b->shift) ? C : D;
         conv_bwd(m, c, din, Bf, in, N);
         if (j > 0) {
             const conv_t *p = &b->conv[j - 1];
-            ps_resnet_bn_relu_bwd(m, &b->bn[j - 1], Bf, C, b->a[j - 1], b->co[j - 1], N, p->P * p->Q);
+            ps_resnet_bn_relu_bwd(m, &b->bn[j - 1], Bf, C, in, b->co[j - 1], N, p->P * p->Q);
         }
     }
     /* 'blockres': conv1's gradient shifted back now, the identity's adds
@@ -286,13 +355,13 @@ void ps_resnet_forward_features(ps_model_t *m, const float *input, int N, int tr
     const conv_t *c1 = &m->conv1;
     stem_hook(m, m->weights_needed);
     conv_fwd(m, c1, m->c0, m->input, N);
-    ps_resnet_bn_relu_fwd(m, &m->bn1, m->a0, m->c0, N, c1->P * c1->Q, training);
+    bn_relu_fwd(m, &m->bn1, m->a0, m->c0, N, c1->P * c1->Q, training ? FWD_TRAIN : FWD_EVAL);
     be->maxpool_forward(m->ctx, m->p0, m->argmax, m->a0, &m->pool, N, c1->d.K, c1->P, c1->Q);
 
     const float *x = m->p0;
     for (int bi = 0; bi < m->nblocks; bi++) {
         need_block(m, &m->blocks[bi]);
-        block_fwd(m, &m->blocks[bi], x, N, training);
+        block_fwd(m, &m->blocks[bi], x, N, training ? FWD_TRAIN : FWD_EVAL);
         x = m->blocks[bi].y;
     }
     m->last_nclips = N;
@@ -357,6 +426,19 @@ static int resnet_forward(ps_model_t *m, const float *input, int nclips,
     return 0;
 }
 
+/* The forward of stage s's blocks again, from the stage's input (kept),
+ * with the statistics the training forward used: every activation of the
+ * stage as that forward wrote it, bit for bit. */
+static void recompute_stage(ps_model_t *m, int s, int N)
+{
+    int bi = s ? m->stage_end[s - 1] + 1 : 0;
+    const float *x = s ? m->blocks[bi - 1].y : m->p0;
+    for (; bi <= m->stage_end[s]; bi++) {
+        block_fwd(m, &m->blocks[bi], x, N, FWD_RECOMPUTE);
+        x = m->blocks[bi].y;
+    }
+}
+
 /* Blocks from the top down, then the stem; dy of the top block in
  * m->gbuf[0].  dstage (may be NULL): extra gradients entering at the
  * outputs of stages 0..2.  freeze_at: 0 all; 1 no stem; k: no stem and no
@@ -379,6 +461,9 @@ static void backward_trunk(ps_model_t *m, const float *const *dstage, int N, int
             stem_hook(m, m->grad_ready);
             return;
         }
+        /* --recompute: entering stage s (below the last, whose activations
+         * the forward left in place), compute it again from its input */
+        if (m->cfg.recompute && s < 3 && bi == m->stage_end[s]) recompute_stage(m, s, N);
         block_bwd(m, &m->blocks[bi], g, N);
         ready_block(m, &m->blocks[bi]);
         float *t = g[0]; /* dx becomes the next block's dy */
@@ -393,6 +478,8 @@ static void backward_trunk(ps_model_t *m, const float *const *dstage, int N, int
     /* stem: the input image needs no gradient */
     const conv_t *c1 = &m->conv1;
     be->maxpool_backward(m->ctx, g[1], g[0], m->argmax, &m->pool, N, c1->d.K, c1->P, c1->Q);
+    if (m->cfg.recompute) /* a0 shares its slot with every BN + ReLU output */
+        bn_relu_fwd(m, &m->bn1, m->a0, m->c0, N, c1->P * c1->Q, FWD_RECOMPUTE);
     ps_resnet_bn_relu_bwd(m, &m->bn1, g[2], g[1], m->a0, m->c0, N, c1->P * c1->Q);
     conv_bwd(m, c1, NULL, g[2], m->input, N);
     stem_hook(m, m->grad_ready);

@@ -110,6 +110,12 @@ struct ps_model {
     float *dlogits, *dlframe, *dfeatd, *dfeat; /* head gradients */
     float *gbuf[4];        /* backward scratch, each max activation size */
     float *tmp;            /* forward scratch for the downsample BN output */
+    /* cfg.recompute: one stage's block activations at a time (a region the
+     * four stages' blocks share; each stage's output has a slot of its
+     * own), and one slot for every BN + ReLU output (the stem's a0 and the
+     * blocks' a[j]), recomputed from the conv output where the backward
+     * needs it */
+    float *ascr;
     size_t max_act;        /* floats of the largest activation */
 
     uint64_t seed, step;
@@ -147,6 +153,10 @@ const char *ps_resnet_onnx_trunk(struct ps_onnx *g, const ps_model_t *m, const c
 /* resnet.c: the 2-D ResNet (cfg->arch ""); model.c picks it */
 int ps_resnet_create(ps_model_t **out, const ps_model_config_t *cfg, const ps_backend_t *be,
                      ps_ctx_t *ctx, int max_clips, int H, int W, int count_only);
+/* count_only with the arena sized (not allocated) for act_bytes-byte
+ * activations: m->arena.used is its size */
+int ps_resnet_create_sized(ps_model_t **out, const ps_model_config_t *cfg, int max_clips,
+                           int H, int W, size_t act_bytes, int features_only);
 /* video3d.c: a 3-D video model (cfg->arch names it) */
 int ps_v3d_create(ps_model_t **out, const ps_model_config_t *cfg, const ps_backend_t *be,
                   ps_ctx_t *ctx, int max_clips, int H, int W, int count_only);

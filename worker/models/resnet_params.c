@@ -215,6 +215,8 @@ static int define(ps_model_t *m)
 /* ---- arena ----------------------------------------------------------------- */
 
 #define TAKE(ptr, n) ((ptr) = (void *)ps_arena_take(a, (n)))
+/* activations and their gradients: the backend's element size */
+#define TAKE_ACT(ptr, n) ((ptr) = ps_arena_take_act(a, (n)))
 
 void ps_resnet_take_bn(ps_arena_t *a, bn_t *b)
 {
@@ -224,43 +226,88 @@ void ps_resnet_take_bn(ps_arena_t *a, bn_t *b)
 
 static size_t umax(size_t a, size_t b) { return a > b ? a : b; }
 
+static size_t conv_out_numel(const conv_t *c)
+{
+    return (size_t)c->d.K * c->P * c->Q;
+}
+
+/* A block's activations from a (the arena, or with recompute its stage's
+ * view of the shared region): the shifted input, the conv outputs, the BN +
+ * ReLU outputs unless recomputed (ascr), the downsample output and, unless
+ * kept apart (the stage's output), the block output. */
+static void take_block(ps_arena_t *a, const ps_model_t *m, block_t *b, int take_y)
+{
+    size_t N = m->max_n;
+    if (b->shift) TAKE_ACT(b->xs, N * b->cin * b->H * b->W);
+    for (int j = 0; j < b->nconv; j++) {
+        TAKE_ACT(b->co[j], N * conv_out_numel(&b->conv[j]));
+        if (j < b->nconv - 1) {
+            if (m->cfg.recompute) b->a[j] = m->ascr;
+            else TAKE_ACT(b->a[j], N * conv_out_numel(&b->conv[j]));
+        }
+    }
+    if (b->has_ds) TAKE_ACT(b->dso, N * b->cout * b->P * b->Q);
+    if (take_y) TAKE_ACT(b->y, N * b->cout * b->P * b->Q);
+}
+
+/* --recompute: the stages' block activations, each stage laid out from the
+ * start of one region (only the stage being computed or recomputed is
+ * live); the stages' outputs are taken from a itself. */
+static void take_stages_shared(ps_arena_t *a, ps_model_t *m)
+{
+    size_t region = 0;
+    ps_arena_t v;
+    for (int s = 0, bi = 0; s < 4; s++) { /* sizes: a view with no memory */
+        ps_arena_view(&v, a, NULL, 0);
+        for (; bi <= m->stage_end[s]; bi++) take_block(&v, m, &m->blocks[bi], bi != m->stage_end[s]);
+        region = umax(region, v.used);
+    }
+    float *base = ps_arena_take(a, (region + sizeof(float) - 1) / sizeof(float));
+    for (int s = 0, bi = 0; s < 4; s++) {
+        ps_arena_view(&v, a, base, region);
+        for (; bi <= m->stage_end[s]; bi++) take_block(&v, m, &m->blocks[bi], bi != m->stage_end[s]);
+        block_t *last = &m->blocks[m->stage_end[s]];
+        TAKE_ACT(last->y, m->max_n * last->cout * last->P * last->Q);
+    }
+}
+
 /* Hand out every pointer; run once while sizing and once for real, in the
  * same order (ps_arena_t's contract). */
 static void layout(ps_model_t *m, ps_arena_t *a)
 {
     size_t N = m->max_n, K = m->cfg.num_classes;
+    const int rc = m->cfg.recompute;
     ps_mtab_take(a, m->params, m->nparams, m->buffers, m->nbuffers);
 
     TAKE(m->input, N * 3 * m->H * m->W);
-    size_t c0 = (size_t)m->conv1.d.K * m->conv1.P * m->conv1.Q;
+    size_t c0 = conv_out_numel(&m->conv1);
     size_t p0 = (size_t)m->conv1.d.K * m->pool_P * m->pool_Q;
-    TAKE(m->c0, N * c0);
-    TAKE(m->a0, N * c0);
-    TAKE(m->p0, N * p0);
+    size_t mx = umax(c0, p0), amx = c0; /* largest activation, BN + ReLU output */
+    for (int bi = 0; bi < m->nblocks; bi++) {
+        const block_t *b = &m->blocks[bi];
+        mx = umax(mx, (size_t)b->cin * b->H * b->W);
+        for (int j = 0; j < b->nconv; j++) {
+            mx = umax(mx, conv_out_numel(&b->conv[j]));
+            if (j < b->nconv - 1) amx = umax(amx, conv_out_numel(&b->conv[j]));
+        }
+    }
+    TAKE_ACT(m->c0, N * c0);
+    if (rc) TAKE_ACT(m->ascr, N * amx);
+    if (rc) m->a0 = m->ascr;
+    else TAKE_ACT(m->a0, N * c0);
+    TAKE_ACT(m->p0, N * p0);
     TAKE(m->argmax, N * p0); /* int32 has the size of a float */
     ps_resnet_take_bn(a, &m->bn1);
-    size_t mx = umax(c0, p0);
     for (int bi = 0; bi < m->nblocks; bi++) {
         block_t *b = &m->blocks[bi];
-        size_t in = (size_t)b->cin * b->H * b->W;
-        if (b->shift) TAKE(b->xs, N * in);
-        mx = umax(mx, in);
-        for (int j = 0; j < b->nconv; j++) {
-            size_t o = (size_t)b->conv[j].d.K * b->conv[j].P * b->conv[j].Q;
-            TAKE(b->co[j], N * o);
-            if (j < b->nconv - 1) TAKE(b->a[j], N * o);
-            ps_resnet_take_bn(a, &b->bn[j]);
-            mx = umax(mx, o);
-        }
-        if (b->has_ds) {
-            TAKE(b->dso, N * b->cout * b->P * b->Q);
-            ps_resnet_take_bn(a, &b->dsbn);
-        }
-        TAKE(b->y, N * b->cout * b->P * b->Q);
+        for (int j = 0; j < b->nconv; j++) ps_resnet_take_bn(a, &b->bn[j]);
+        if (b->has_ds) ps_resnet_take_bn(a, &b->dsbn);
+        if (!rc) take_block(a, m, b, 1);
     }
+    if (rc) take_stages_shared(a, m);
     m->max_act = mx;
-    for (int i = 0; i < 4; i++) TAKE(m->gbuf[i], N * mx);
-    TAKE(m->tmp, N * mx);
+    for (int i = 0; i < 4; i++) TAKE_ACT(m->gbuf[i], N * mx);
+    TAKE_ACT(m->tmp, N * mx);
     TAKE(m->lframe, N * K);
     TAKE(m->dlframe, N * K);
     ps_resnet_take_head(a, m, N);
@@ -269,10 +316,10 @@ static void layout(ps_model_t *m, ps_arena_t *a)
 void ps_resnet_take_head(ps_arena_t *a, ps_model_t *m, size_t rows)
 {
     const size_t F = m->feat_C, K = m->cfg.num_classes, B = m->max_clips;
-    TAKE(m->feat, rows * F);
-    TAKE(m->featd, rows * F);
-    TAKE(m->dfeat, rows * F);
-    TAKE(m->dfeatd, rows * F);
+    TAKE_ACT(m->feat, rows * F);
+    TAKE_ACT(m->featd, rows * F);
+    TAKE_ACT(m->dfeat, rows * F);
+    TAKE_ACT(m->dfeatd, rows * F);
     TAKE(m->mask, (rows * F + 3) / 4);
     TAKE(m->logits, B * K);
     TAKE(m->probs, B * K);
@@ -305,9 +352,10 @@ static size_t conv_ws(const conv_t *c, int N)
 int ps_resnet_build(ps_model_t *m)
 {
     int r = define(m);
-    if (r || m->count_only) return r;
+    if (r) return r;
     ps_arena_begin_sizing(&m->arena);
     layout(m, &m->arena);
+    if (m->count_only) return 0; /* m->arena.used: the size it would take */
     if ((r = ps_arena_commit(&m->arena))) return r;
     layout(m, &m->arena);
     if (m->arena.used > m->arena.size) return PS_ENOMEM;

@@ -73,7 +73,8 @@ static int build(ps_retina_t *m)
     bc.width = c->width;
     bc.bn_eps = c->bn_eps;
     bc.partial_bn = 0;
-    bc.bn_mode = PS_MODEL_BN_FROZEN; /* FrozenBatchNorm2d: a fixed scale and bias */
+    bc.bn_mode = c->bn_mode; /* FROZEN: FrozenBatchNorm2d, a fixed scale and bias */
+    bc.recompute = c->recompute;
     int r = ps_resnet_create_features(&m->body, &bc, m->be, m->ctx, m->max_n, m->H, m->W);
     if (r) return r;
     for (int i = 0; i < 3; i++) ps_resnet_stage_out(m->body, i + 1, &m->Cs[i], &m->Hs[i], &m->Ws[i]);
@@ -125,6 +126,11 @@ static int build(ps_retina_t *m)
     return ps_ctx_reserve(m->ctx, ws);
 }
 
+size_t ps_retina_arena_bytes(const ps_retina_t *m)
+{
+    return ps_model_arena_bytes(m->body) + m->arena.size;
+}
+
 int ps_retina_create(ps_retina_t **out, const ps_retina_config_t *cfg, const ps_backend_t *be,
                      ps_ctx_t *ctx, int max_n, int H, int W)
 {
@@ -133,13 +139,15 @@ int ps_retina_create(ps_retina_t **out, const ps_retina_config_t *cfg, const ps_
     if ((cfg->depth != 18 && cfg->depth != 34 && cfg->depth != 50) || cfg->num_classes < 1 ||
         cfg->num_classes > 100000 || cfg->width < 1 || cfg->width > 4096 ||
         cfg->fpn_channels < 1 || cfg->fpn_channels > 4096 || cfg->freeze_at < 0 ||
-        cfg->freeze_at > 5 || !(cfg->bn_eps > 0.f) || !(cfg->prior > 0.f && cfg->prior < 1.f) ||
+        cfg->freeze_at > 5 || !(cfg->bn_eps > 0.f) ||
+        (cfg->bn_mode != PS_MODEL_BN_FROZEN && cfg->bn_mode != PS_MODEL_BN_TRAIN) ||
+        (cfg->recompute != 0 && cfg->recompute != 1) || !(cfg->prior > 0.f && cfg->prior < 1.f) ||
         !(cfg->smoothl1_beta > 0.f) || !(cfg->focal_alpha >= 0.f) ||
         !(cfg->focal_gamma >= 0.f)) {
         ps_error("retinanet: bad config (depth %d, classes %d, width %d, fpn %d, freeze_at %d, "
-                 "eps %g, prior %g, beta %g)", cfg->depth, cfg->num_classes, cfg->width,
-                 cfg->fpn_channels, cfg->freeze_at, cfg->bn_eps, cfg->prior,
-                 cfg->smoothl1_beta);
+                 "eps %g, bn_mode %d, recompute %d, prior %g, beta %g)", cfg->depth,
+                 cfg->num_classes, cfg->width, cfg->fpn_channels, cfg->freeze_at, cfg->bn_eps,
+                 cfg->bn_mode, cfg->recompute, cfg->prior, cfg->smoothl1_beta);
         return PS_EINVAL;
     }
     if (max_n < 1 || max_n > 4096 || H < 32 || W < 32 || H > 4096 || W > 4096) {

@@ -22,6 +22,7 @@ void ps_retina_config_default(ps_retina_config_t *c)
     c->p6_from_p5 = 0;
     c->freeze_at = 2;
     c->bn_eps = 1e-5f;
+    c->bn_mode = PS_MODEL_BN_FROZEN;
     c->focal_alpha = 0.25f;
     c->focal_gamma = 2.f;
     c->smoothl1_beta = 1.f / 9.f;

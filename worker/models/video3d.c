@@ -42,6 +42,11 @@ int ps_v3d_create(ps_model_t **out, const ps_model_config_t *cfg, const ps_backe
                  cfg->width, cfg->dropout, cfg->bn_eps, cfg->bn_momentum, cfg->bn_mode);
         return PS_EINVAL;
     }
+    if (cfg->recompute) {
+        ps_error("model %s: activation recomputation is implemented for the 2-D ResNets "
+                 "(TSM / TSN, detector backbones) only", arch->name);
+        return PS_EUNSUPPORTED;
+    }
     if (max_clips < 1 || max_clips > 65536 || H < 16 || W < 16 || H > 4096 || W > 4096) {
         ps_error("model %s: bad batch geometry (max_clips %d, H %d, W %d; H, W >= 16)",
                  arch->name, max_clips, H, W);

@@ -28,6 +28,7 @@ int ps_worker_client_connect(ps_worker_t *p, ps_client_t **cp)
     co.nservers = nservers;
     co.rank = o->rank;
     co.num_workers = o->num_workers;
+    co.hello_endpoint = *p->bn_endpoint ? p->bn_endpoint : NULL; /* --bn sync */
     co.dtype = o->wire.dt;
     co.codec = o->wire.codec_id;
     co.pull_codec = o->wire.pull_codec_id;

@@ -651,7 +651,9 @@ static int cluster_train(cluster_t *k)
         ps_error("--debug-die-mid-step needs --overlap off (it splits the plain loop's pushes)");
         return PS_EINVAL;
     }
-    if ((rc = cluster_begin(k, &start)) || (rc = ps_worker_start(p))) return rc;
+    if ((rc = cluster_begin(k, &start)) || (rc = ps_worker_bn_open_side(p, k->c)) ||
+        (rc = ps_worker_start(p)))
+        return rc;
     if (p->o->prec.ls_on && (rc = ps_loss_scale_init(&p->ls, &p->o->prec.ls_cfg))) return rc;
     if (k->sync && start > 0 && (rc = restore_loss_scale(p, k->c, start))) return rc;
     ps_client_counters_t c0, c1;
@@ -697,7 +699,7 @@ int ps_worker_run_cluster(ps_worker_t *p)
         rc = PS_EINVAL;
         goto out;
     }
-    if ((rc = ps_worker_client_connect(p, &c)))
+    if ((rc = ps_worker_bn_prepare(p)) || (rc = ps_worker_client_connect(p, &c)))
         goto out;
     /* --replicate-state: the client gives a server that lost its state the
      * spec and the partitions kept here as soon as it says so */

@@ -111,6 +111,10 @@ static int ring_open(ring_t *g, ps_worker_t *p)
         .device = o->device,
         .max_numel = p->numel + 1, /* + 1: the loss-scale flag after the EXACT tail */
     };
+    /* --bn sync over NCCL: room for a BN layer's gather too (its own slot,
+     * then W slots of at most 2 + 4C floats) */
+    size_t bn = (size_t)(p->nworkers + 1) * (2 + 4 * (size_t)p->bn_cross);
+    if (p->bn_cross && bn > ao.max_numel) ao.max_numel = bn;
     rc = ps_allreduce_open(&g->ar, o->ring.allreduce, p->rank, p->nworkers,
                            (const char *const *)peers, &ao);
     free(peers);
@@ -134,6 +138,7 @@ static int ring_open(ring_t *g, ps_worker_t *p)
 
 static void ring_close(ring_t *g)
 {
+    ps_worker_bn_close(g->p); /* its group gathers over g->ar */
     ps_allreduce_bytes(g->ar, &g->p->st.wire_sent, &g->p->st.wire_recv);
     ps_allreduce_close(&g->ar);
     free(g->ls_tail);
@@ -216,6 +221,7 @@ int ps_worker_run_ring(ps_worker_t *p)
     snprintf(tag, sizeof tag, "psworker[%d]", p->rank);
     ps_log_set_prog(tag);
     int rc = ring_open(&g, p);
+    if (!rc) rc = ps_worker_bn_use(p, g.ar);
     if (!rc) {
         ps_info("rank %d of %d, allreduce %s, wire %s, %zu parameters in %u partitions", p->rank,
                 p->nworkers, o->ring.allreduce, ps_dtype_name(o->wire.dt), p->numel,

@@ -124,6 +124,7 @@ static size_t ring_rows(ps_worker_ring_opts_t *o, ps_opt_t *rows)
     ROW("peers", PS_OPT_STRING, &o->peers, "--mode allreduce: every rank's endpoint tcp://H:P,... (rank r binds the r-th)", "");
     ROW("allreduce", PS_OPT_STRING, &o->allreduce, "--mode allreduce: ring (TCP) | nccl (CUDA builds)", "ring");
     ROW("ring-conns", PS_OPT_INT, &o->ring_conns, "--mode allreduce: connections to the right neighbour", "1");
+    ROW("bn-sync-addr", PS_OPT_STRING, &o->bn_sync_addr, "--bn sync through servers: the address the other workers reach this one's BN ring at (\"\" = the one this host reaches server 0 from)", "");
     return n;
 }
 
@@ -149,6 +150,8 @@ static size_t data_rows(ps_worker_data_opts_t *o, ps_opt_t *rows)
     ROW("val-every", PS_OPT_INT, &o->val_every, "validate every N steps on rank 0 (0 = end only)", "0");
     ROW("val-batch", PS_OPT_INT, &o->val_batch, "samples per validation forward (0 = --batch)", "0");
     ROW("width", PS_OPT_INT, &o->width, "ResNet stem width (64 = torchvision)", "64");
+    ROW("recompute", PS_OPT_BOOL, &o->recompute, "ResNet models (TSM / TSN, detector backbones): keep each stage's input only and recompute the stage, and every BN + ReLU from its conv output, in the backward (bit-identical gradients, less activation memory)", "false");
+    ROW("bn", PS_OPT_STRING, &o->bn, "BN mode.  video: train|partial|frozen|sync (\"\" = --partial-bn); detector backbone: frozen (\"\", FrozenBatchNorm2d)|train|sync.  frozen: running statistics, fixed affine; train: each worker's batch statistics; sync: the statistics of every worker's batch, W x B samples normalised as one batch (cross-worker BN)", "");
     ROW("num-classes", PS_OPT_INT, &o->num_classes, "classes N, labels 0..N-1 (0 = from the data: "
         "the largest label + 1, and video labels must then be 0..K-1 without gaps)", "0");
     ROW("weights", PS_OPT_STRING, &o->weights, "safetensors to start from (or to evaluate with --eval): "

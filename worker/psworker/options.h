@@ -48,6 +48,7 @@ typedef struct ps_worker_ring_opts {
     char *peers;            /* "tcp://h:p,..." rank r binds the r-th */
     char *allreduce;        /* ring | nccl */
     int ring_conns;         /* ring: connections to the right neighbour */
+    char *bn_sync_addr;     /* --bn sync in PS mode: the BN ring's address ("" = found) */
 } ps_worker_ring_opts_t;
 
 /* Compute precision and loss scaling. */
@@ -65,6 +66,10 @@ typedef struct ps_worker_precision_opts {
  * on files (video, detection). */
 typedef struct ps_worker_data_opts {
     char *root;             /* where the lists' / annotations' files are */
+    int recompute;          /* --recompute: the ResNet stages recomputed in the backward */
+    char *bn;               /* --bn: the BN mode; each task reads its values (video:
+                               train|partial|frozen|sync, "" = --partial-bn; detector:
+                               frozen|train|sync, "" = frozen) */
     int size;               /* network input H = W */
     int flip;               /* training horizontal flip */
     int loader_threads, prefetch;

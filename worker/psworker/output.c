@@ -109,6 +109,7 @@ void ps_worker_record_step(ps_worker_t *p, uint64_t step, double loss, double t_
                 (unsigned long long)step, loss, (double)lr, t_step * 1e3, t_compute * 1e3,
                 t_comm * 1e3, t_data * 1e3, (unsigned long long)p->data_bytes, p->t_read * 1e3,
                 p->t_decode * 1e3, p->batch);
+    ps_worker_arena_peak(p);
     ps_worker_metrics_step(p, step, loss, lr, (const double[4]){t_step, t_data, t_compute, t_comm});
     int every = p->o->progress_every;
     if (every > 0 && ((step + 1) % (uint64_t)every == 0 || step + 1 == p->o->steps)) {
@@ -117,8 +118,9 @@ void ps_worker_record_step(ps_worker_t *p, uint64_t step, double loss, double t_
             p->task->progress(p, step, loss, lr, sps, t_data, t_compute, t_comm);
         else
             printf("iter %llu/%llu loss %.4f lr %.5g samples/s %.0f compute %.3f ms comm-wait "
-                   "%.3f ms\n", (unsigned long long)step + 1, (unsigned long long)p->o->steps,
-                   loss, (double)lr, sps, t_compute * 1e3, t_comm * 1e3);
+                   "%.3f ms arena %.1f MiB\n", (unsigned long long)step + 1,
+                   (unsigned long long)p->o->steps, loss, (double)lr, sps, t_compute * 1e3,
+                   t_comm * 1e3, p->arena_peak / 1048576.0);
         fflush(stdout);
     }
 }
@@ -156,8 +158,16 @@ double ps_worker_per_s(const ps_worker_t *p)
     return s->sum_step > 0 ? (double)p->batch * s->counted / s->sum_step : 0;
 }
 
+size_t ps_worker_arena_peak(ps_worker_t *p)
+{
+    size_t now = ps_arena_bytes();
+    if (now > p->arena_peak) p->arena_peak = now;
+    return p->arena_peak;
+}
+
 void ps_worker_print_out(const ps_worker_t *p)
 {
+    if (p->arena_peak) printf(" arena_peak_bytes=%zu", p->arena_peak);
     if (p->rank_steps[0]) printf(" rank_steps=%s", p->rank_steps);
     if (p->o->out && *p->o->out)
         printf(" out=%s%s", p->o->out, p->rank == 0 ? " model=model.safetensors" : "");

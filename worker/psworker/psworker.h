@@ -14,6 +14,8 @@
  *                      the local update, device memory figures
  *   elastic.c          membership that changes at step boundaries (--join,
  *                      drain): the data split and batch of each step
+ *   bn_cross.c         --bn sync: the group the model's BN layers combine
+ *                      their statistics over (the job's ring, or a side ring)
  *   state.c            what follows from the step alone (BN
  *                      num_batches_tracked, the dropout counter), set
  *                      before each compute
@@ -87,6 +89,7 @@ typedef struct ps_worker {
     ps_worker_metrics_t *mx;  /* --metrics-port: the /metrics snapshot (NULL: off) */
     ps_worker_stats_t st;
     ps_worker_devmem_t devmem;
+    size_t arena_peak;      /* bytes: the most the engine's model arenas held at once */
     int rollback;           /* sync: a server asked to roll back (restarted from a checkpoint) */
     uint64_t rollback_to;   /* the lowest version asked for this step */
     int behind;             /* sync: the servers went on without this rank (it
@@ -118,6 +121,15 @@ typedef struct ps_worker {
     uint64_t join_at;       /* --join: the first step of this rank (server 0's WELCOME) */
     int drained;            /* this rank left the job (its steps end at steps_done) */
     uint64_t steps_done;
+    /* --bn sync (bn_cross.c): the task's setup sets bn_cross to its
+     * model's BN channel count when its BN layers want the group; the loop
+     * then gives the context the group (the job's allreduce in ring mode,
+     * a side ring in PS mode) */
+    int bn_cross;
+    ps_bn_group_t bn_group;
+    struct ps_allreduce *bn_ar; /* PS mode: the side ring (owned) */
+    int bn_lfd;                 /* PS mode: its listening socket until the ring takes it */
+    char bn_endpoint[160];      /* PS mode: where it listens, sent in HELLO */
 } ps_worker_t;
 
 /* step.c: what every loop does around a step. */
@@ -187,6 +199,20 @@ int ps_worker_elastic_at(ps_worker_t *p, uint64_t step);
 int ps_worker_elastic_set(ps_worker_t *p, const char *json);
 void ps_worker_elastic_free(ps_worker_t *p);
 
+/* bn_cross.c: --bn sync.  Each returns 0 at once when the task wants no
+ * group (bn_cross 0) or W is 1.  use: ring mode, over the job's allreduce;
+ * prepare (PS mode, before HELLO): bind the BN ring's port, p->bn_endpoint;
+ * open_side (PS mode, after the start barrier): the side ring from server
+ * 0's list of endpoints; both end with a handshake that names a missing or
+ * mismatched peer within seconds.  0 or PS_E* (logged).  close: detach and
+ * free (before the allreduce it uses is closed). */
+struct ps_allreduce;
+struct ps_client;
+int ps_worker_bn_use(ps_worker_t *p, struct ps_allreduce *ar);
+int ps_worker_bn_prepare(ps_worker_t *p);
+int ps_worker_bn_open_side(ps_worker_t *p, struct ps_client *c);
+void ps_worker_bn_close(ps_worker_t *p);
+
 /* optim.c */
 int ps_worker_build_optim(ps_worker_t *p);
 /* The momentum the worker's error feedback keeps (DGC momentum correction:
@@ -254,6 +280,10 @@ void ps_worker_record_step(ps_worker_t *p, uint64_t step, double loss, double t_
                            double t_compute, double t_comm);
 /* The task's model file (rank 0; every rank with --save-all-ranks). */
 int ps_worker_save_model(ps_worker_t *p);
+/* The model arenas' bytes now, the peak kept in p->arena_peak (host or
+ * managed memory: CPU and CUDA alike; static within a run, so its peak is
+ * its size), for the progress and final lines. */
+size_t ps_worker_arena_peak(ps_worker_t *p);
 /* Mean of the last (up to 10) losses; NAN before any step. */
 double ps_worker_recent_loss(const ps_worker_t *p);
 /* Samples per second over the counted steps. */

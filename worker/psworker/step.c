@@ -29,6 +29,7 @@ int ps_worker_setup(ps_worker_t *p, const ps_worker_opts_t *o, uint32_t nservers
     p->rank = o->standalone ? 0 : o->rank;
     p->nworkers = o->standalone ? 1 : o->num_workers;
     p->batch = o->batch;
+    p->bn_lfd = -1;
     int rc = p->task->setup(p, nservers);
     if (!rc) rc = ps_worker_state_init(p);
     if (!rc) rc = ps_worker_elastic_init(p);
@@ -42,6 +43,7 @@ int ps_worker_setup(ps_worker_t *p, const ps_worker_opts_t *o, uint32_t nservers
 
 void ps_worker_teardown(ps_worker_t *p)
 {
+    ps_worker_bn_close(p);
     ps_worker_state_free(p);
     ps_worker_elastic_free(p);
     ps_worker_metrics_stop(p);
@@ -92,7 +94,17 @@ double ps_worker_compute(ps_worker_t *p, uint64_t step)
     p->data_bytes = 0;
     ps_worker_elastic_at(p, step);
     ps_worker_state_at(p, step);
-    return p->task->compute(p, step);
+    double loss = p->task->compute(p, step);
+    /* --bn sync: an exchange that failed left this step's BN on local
+     * statistics: the step is wrong, never counted (logged where it failed) */
+    int bn = p->ctx ? ps_bn_group_failed(p->ctx->bn_group) : 0;
+    if (bn) {
+        if (!p->compute_rc) ps_error("step %" PRIu64 ": cross-worker BN failed: %s", step,
+                                     ps_strerror(bn));
+        p->compute_rc = bn;
+        return NAN;
+    }
+    return loss;
 }
 
 int ps_worker_check_loss(const ps_worker_t *p, double loss, uint64_t step)

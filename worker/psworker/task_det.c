@@ -117,6 +117,10 @@ static int det_check(ps_worker_opts_t *o)
         !(d->score_thresh >= 0 && d->score_thresh < 1) || !(d->clip_grad >= 0))
         return ps_worker_opt_error("--fpn-channels must be in 8..1024, --freeze-at in 0..5, "
                 "--score-thresh in [0, 1), --clip-grad >= 0");
+    const char *bn = o->data.bn;
+    if (*bn && strcmp(bn, "frozen") && strcmp(bn, "train") && strcmp(bn, "sync"))
+        return ps_worker_opt_error("--bn: a detector's backbone BN is frozen|train|sync, got "
+                                   "\"%s\"", bn);
     if (d->rpn_pre_train < 0 || d->rpn_post_train < 0 || d->rpn_pre_test < 0 ||
         d->rpn_post_test < 0 || d->rpn_pre_train > 100000 || d->rpn_post_train > 100000 ||
         d->rpn_pre_test > 100000 || d->rpn_post_test > 100000)
@@ -252,12 +256,21 @@ static int det_model(ps_worker_t *p, det_t *d, int depth)
     if ((rc = ps_worker_open_device(p, &d->ctx, &d->be))) return rc;
     int vbatch = d->vopt.batch, maxn = p->batch > vbatch ? p->batch : vbatch;
     if (*o->export_onnx) maxn = 1; /* the graph has a symbolic batch */
-    det_build_t b = {depth, d->K, o->data.width, o->data.size, maxn, dopts(p)};
+    det_build_t b = {depth, d->K, o->data.width, o->data.size, maxn, dopts(p),
+                     *o->data.bn && strcmp(o->data.bn, "frozen") ? PS_MODEL_BN_TRAIN
+                                                                 : PS_MODEL_BN_FROZEN,
+                     o->data.recompute};
     if ((rc = d->kind->create(&d->m, &b, d->be, &d->ctx))) return rc;
     d->kind->init(d->m, o->seed);
     if (*o->data.weights) {
         if ((rc = d->kind->load(d->m, o->data.weights, o->data.weights_partial))) return rc;
         ps_info("weights loaded from %s", o->data.weights);
+    }
+    if (!strcmp(o->data.bn, "sync")) { /* the backbone's BN channels, what --bn sync exchanges */
+        int nb;
+        const ps_model_buffer_t *bu = d->kind->buffers(d->m, &nb);
+        for (int i = 0; i < nb; i++)
+            if (bu[i].f32 && strstr(bu[i].name, "running_mean")) p->bn_cross += (int)bu[i].numel;
     }
     d->A = d->kind->num_anchors(d->m);
     d->anchors = malloc(sizeof(float) * 4 * (size_t)d->A);
@@ -328,10 +341,11 @@ static int det_setup(ps_worker_t *p, uint32_t nservers)
         (rc = det_table(p, d, nservers)))
         return rc;
     ps_info("model %s (%s): %zu trainable parameters in %d tensors, %u partitions on %u "
-            "server(s), %d classes, %dx%d, width %d, FPN %d, freeze_at %d, %d anchors/image",
-            o->model, kind->name, p->numel, d->nspecs, p->table.nparts, nservers, d->K,
-            o->data.size, o->data.size,
-            o->data.width, dopts(p)->fpn_channels, dopts(p)->freeze_at, d->A);
+            "server(s), %d classes, %dx%d, width %d, FPN %d, freeze_at %d, backbone BN %s%s, "
+            "%d anchors/image", o->model, kind->name, p->numel, d->nspecs, p->table.nparts,
+            nservers, d->K, o->data.size, o->data.size, o->data.width, dopts(p)->fpn_channels,
+            dopts(p)->freeze_at, *o->data.bn ? o->data.bn : "frozen",
+            o->data.recompute ? " (stages recomputed)" : "", d->A);
     return 0;
 }
 
@@ -574,6 +588,8 @@ static void det_print_final(ps_worker_t *p, uint64_t steps_done)
            s->sum_data * ms, s->sum_compute * ms, s->sum_comm * ms,
            d->tl ? ps_det_loader_skipped(d->tl) : (size_t)0, d->eval_s,
            ps_worker_now() - s->t_start);
+    printf(" bn=%s", *p->o->data.bn ? p->o->data.bn : "frozen");
+    if (p->bn_cross) printf(" bn_exchanges=%llu", (unsigned long long)p->bn_group.gathers);
     ps_worker_print_out(p);
     printf("\n");
     fflush(stdout);

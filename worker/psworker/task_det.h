@@ -29,6 +29,8 @@ typedef struct det_opts {
 typedef struct det_build {
     int depth, num_classes, width, size, max_n;
     const det_opts_t *o;
+    int bn_mode;          /* the backbone's BN: PS_MODEL_BN_FROZEN or _TRAIN (--bn) */
+    int recompute;        /* --recompute */
 } det_build_t;
 
 typedef struct det_kind {
@@ -49,6 +51,7 @@ typedef struct det_kind {
     int (*load)(void *m, const char *path, int partial);
     int (*save)(const void *m, const char *path);
     const ps_model_param_t *(*params)(const void *m, int *n);
+    const ps_model_buffer_t *(*buffers)(const void *m, int *n); /* BN running statistics */
     int (*find_param)(const void *m, const char *name);
     int (*tensor_specs)(const void *m, ps_tensor_spec_t **specs);
     int (*groups)(const void *m, ps_param_group_t *groups, int max);

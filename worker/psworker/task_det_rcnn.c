@@ -42,6 +42,8 @@ static int rc_create(void **out, const det_build_t *b, const ps_backend_t *be, p
     c.width = b->width;
     c.fpn_channels = o->fpn_channels;
     c.freeze_at = o->freeze_at;
+    c.bn_mode = b->bn_mode;
+    c.recompute = b->recompute;
     c.rpn_train.pre_nms_top_n = scaled(o->rpn_pre_train, 2000, 100, b->size);
     c.rpn_train.post_nms_top_n = scaled(o->rpn_post_train, 2000, 100, b->size);
     c.rpn_test.pre_nms_top_n = scaled(o->rpn_pre_test, 1000, 50, b->size);
@@ -88,6 +90,10 @@ static int rc_load(void *m, const char *path, int partial)
 }
 static int rc_save(const void *m, const char *path) { return ps_rcnn_save(M(m), path); }
 static const ps_model_param_t *rc_params(const void *m, int *n) { return ps_rcnn_params(M(m), n); }
+static const ps_model_buffer_t *rc_buffers(const void *m, int *n)
+{
+    return ps_rcnn_buffers(M(m), n);
+}
 static int rc_find(const void *m, const char *name) { return ps_rcnn_find_param(M(m), name); }
 static int rc_specs(const void *m, ps_tensor_spec_t **s) { return ps_rcnn_tensor_specs(M(m), s); }
 static int rc_groups(const void *m, ps_param_group_t *g, int max)
@@ -157,6 +163,7 @@ const det_kind_t det_kind_rcnn = {
     .load = rc_load,
     .save = rc_save,
     .params = rc_params,
+    .buffers = rc_buffers,
     .find_param = rc_find,
     .tensor_specs = rc_specs,
     .groups = rc_groups,

@@ -17,6 +17,8 @@ static int r_create(void **m, const det_build_t *b, const ps_backend_t *be, ps_c
     cfg.width = b->width;
     cfg.fpn_channels = b->o->fpn_channels;
     cfg.freeze_at = b->o->freeze_at;
+    cfg.bn_mode = b->bn_mode;
+    cfg.recompute = b->recompute;
     return ps_retina_create((ps_retina_t **)m, &cfg, be, ctx, b->max_n, b->size, b->size);
 }
 
@@ -29,6 +31,10 @@ static int r_load(void *m, const char *path, int partial)
 static int r_onnx(const void *m, const char *path) { return ps_retina_export_onnx(m, path); }
 static int r_save(const void *m, const char *path) { return ps_retina_save(m, path); }
 static const ps_model_param_t *r_params(const void *m, int *n) { return ps_retina_params(m, n); }
+static const ps_model_buffer_t *r_buffers(const void *m, int *n)
+{
+    return ps_retina_buffers(m, n);
+}
 static int r_find(const void *m, const char *name) { return ps_retina_find_param(m, name); }
 static int r_specs(const void *m, ps_tensor_spec_t **s) { return ps_retina_tensor_specs(m, s); }
 static int r_groups(const void *m, ps_param_group_t *g, int max)
@@ -91,6 +97,7 @@ const det_kind_t det_kind_retina = {
     .load = r_load,
     .save = r_save,
     .params = r_params,
+    .buffers = r_buffers,
     .find_param = r_find,
     .tensor_specs = r_specs,
     .groups = r_groups,

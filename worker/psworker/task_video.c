@@ -53,7 +53,6 @@ typedef struct video_opts {
     int shift_div;          /* 1/N each way (0 = the --weights file's tsm.shift_div, else 8) */
     float dropout;
     int partial_bn;
-    char *bn;               /* BN mode train|partial|frozen ("" = --partial-bn) */
     int bn_sync;            /* average BN running statistics over the workers */
     char *video_list, *val_video_list; /* video files decoded on the fly, in place of the lists */
     int short_side;         /* video files: shorter side of the decoded frames */
@@ -64,6 +63,7 @@ typedef struct video_opts {
     int stride;             /* dense: frame stride (0 = the model's) */
     char *inflate;          /* 2-D --weights into a 3-D model: mean|centre */
     int bn_mode;            /* derived: PS_MODEL_BN_* value, -1 = from --partial-bn */
+    int bn_cross;           /* derived: --bn sync (TRAIN over the workers' batches) */
     const ps_video_model_row_t *row; /* derived: --model's row */
     int sampling_kind;      /* derived: PS_VIDEO_SAMPLING_* */
 } video_opts_t;
@@ -125,7 +125,6 @@ static size_t video_rows(void *topts, ps_opt_t *rows)
         "file's tsm.shift_div, else 8)", "0");
     ROW("dropout", PS_OPT_FLOAT, &v->dropout, "video: dropout before fc", "0.5");
     ROW("partial-bn", PS_OPT_BOOL, &v->partial_bn, "video: TSM partial BN (only bn1 updates statistics)", "false");
-    ROW("bn", PS_OPT_STRING, &v->bn, "video: BN mode train|partial|frozen (frozen: running stats, fixed affine)", "");
     ROW("bn-sync", PS_OPT_INT, &v->bn_sync, "video: average BN running statistics over the workers (1) or not (0)", "1");
     ROW("video-list", PS_OPT_STRING, &v->video_list, "video: video files 'path label' (relative to --root) decoded on the fly, in place of --train-list", "");
     ROW("val-video-list", PS_OPT_STRING, &v->val_video_list, "video: validation video files, in place of --val-list", "");
@@ -167,15 +166,21 @@ static int video_check(ps_worker_opts_t *o)
     if ((*v->shift_place || v->shift_div) && strncmp(o->model, "tsm-", 4))
         return ps_worker_opt_error("--shift-place / --shift-div need a tsm-* model (--model %s has no shift)",
                 o->model);
-    static const char *const modes[] = {"train", "partial", "frozen"};
-    static const int mode_of[] = {PS_MODEL_BN_TRAIN, PS_MODEL_BN_PARTIAL, PS_MODEL_BN_FROZEN};
+    static const char *const modes[] = {"train", "partial", "frozen", "sync"};
+    static const int mode_of[] = {PS_MODEL_BN_TRAIN, PS_MODEL_BN_PARTIAL, PS_MODEL_BN_FROZEN,
+                                  PS_MODEL_BN_TRAIN};
+    const char *bn = o->data.bn;
     v->bn_mode = -1;
-    for (int i = 0; i < 3 && *v->bn; i++)
-        if (!strcmp(v->bn, modes[i])) v->bn_mode = mode_of[i];
-    if (*v->bn && v->bn_mode < 0)
-        return ps_worker_opt_error("--bn: expected train|partial|frozen, got \"%s\"", v->bn);
+    for (int i = 0; i < 4 && *bn; i++)
+        if (!strcmp(bn, modes[i])) v->bn_mode = mode_of[i];
+    v->bn_cross = !strcmp(bn, "sync");
+    if (*bn && v->bn_mode < 0)
+        return ps_worker_opt_error("--bn: expected train|partial|frozen|sync, got \"%s\"", bn);
     if (v->bn_mode == PS_MODEL_BN_TRAIN && v->partial_bn)
-        return ps_worker_opt_error("--bn train contradicts --partial-bn");
+        return ps_worker_opt_error("--bn %s contradicts --partial-bn", bn);
+    if (o->data.recompute && strncmp(o->model, "tsm-", 4) && strncmp(o->model, "tsn-", 4))
+        return ps_worker_opt_error("--recompute is implemented for the 2-D ResNets (tsm-*, tsn-*), "
+                                   "not --model %s", o->model);
     if (v->bn_sync != 0 && v->bn_sync != 1)
         return ps_worker_opt_error("--bn-sync must be 0 or 1");
     v->row = ps_video_model_find(o->model);
@@ -427,6 +432,19 @@ static int shift_options(const ps_worker_opts_t *o, const video_opts_t *vo, ps_m
     return 0;
 }
 
+/* Channels of the BNs a training forward normalises with batch statistics
+ * (every one in TRAIN mode): what --bn sync exchanges per step. */
+static int bn_channels(const ps_model_t *m)
+{
+    int nb, n = 0;
+    const ps_model_buffer_t *bu = ps_model_buffers(m, &nb);
+    for (int i = 0; i < nb; i++) {
+        size_t l = strlen(bu[i].name);
+        if (bu[i].f32 && l > 12 && !strcmp(bu[i].name + l - 12, "running_mean")) n += (int)bu[i].numel;
+    }
+    return n;
+}
+
 /* The model on its device and precision, initialised or loaded. */
 static int video_model(ps_worker_t *p, video_t *v, int classes)
 {
@@ -445,6 +463,7 @@ static int video_model(ps_worker_t *p, video_t *v, int classes)
         cfg.partial_bn = vo->bn_mode == PS_MODEL_BN_PARTIAL;
     }
     cfg.width = o->data.width;
+    cfg.recompute = o->data.recompute;
     if ((rc = shift_options(o, vo, &cfg))) return rc;
     if ((rc = ps_worker_open_device(p, &v->ctx, &v->be))) return rc;
     if (strcmp(o->prec.precision, "fp32")) {
@@ -459,7 +478,9 @@ static int video_model(ps_worker_t *p, video_t *v, int classes)
         return rc;
     ps_model_init(v->m, o->seed, 0);
     static const char *const bn_names[] = {"train", "partial", "frozen"};
-    ps_info("BN mode %s", bn_names[ps_model_bn_mode(v->m)]);
+    ps_info("BN mode %s%s", vo->bn_cross ? "sync" : bn_names[ps_model_bn_mode(v->m)],
+            o->data.recompute ? ", stages recomputed in the backward (--recompute)" : "");
+    if (vo->bn_cross) p->bn_cross = bn_channels(v->m);
     ps_model_set_seed(v->m, o->seed);
     if (*o->data.weights) {
         const int inflate = !strcmp(vo->inflate, "centre") ? PS_MODEL_LOAD_INFLATE_CENTRE : 0;
@@ -520,7 +541,9 @@ static int video_table(ps_worker_t *p, video_t *v, uint32_t nservers)
     v->nspecs = ps_model_tensor_specs(v->m, &v->specs);
     if (v->nspecs < 0) return v->nspecs;
     v->nparams = v->nspecs;
-    if (vopts(p)->bn_sync && (rc = add_stat_specs(v))) return rc;
+    /* --bn sync: every rank updates its running statistics with the same
+     * numbers, so there is nothing to average */
+    if (vopts(p)->bn_sync && !vopts(p)->bn_cross && (rc = add_stat_specs(v))) return rc;
     /* The statistics travel exactly (raw fp32 whatever --dtype / --codec):
      * partitions of their own, PS_PART_EXACT (ps_optim_exact_groups). */
     uint32_t exact = v->nspecs > v->nparams ? 1u << STAT_GROUP : 0;
@@ -833,10 +856,11 @@ static void video_progress(ps_worker_t *p, uint64_t step, double loss, float lr,
     const video_t *v = p->ts;
     const ps_video_clip_cost_t c = ps_video_clip_cost(v && v->tl ? v->tl : NULL);
     printf("iter %llu/%llu epoch %.2f loss %.4f lr %.5g clips/s %.1f data-wait %.1f ms "
-           "compute %.1f ms comm-wait %.1f ms data %.1f kB/clip decode %.1f ms/clip\n",
+           "compute %.1f ms comm-wait %.1f ms data %.1f kB/clip decode %.1f ms/clip "
+           "arena %.1f MiB\n",
            (unsigned long long)step + 1, (unsigned long long)p->o->steps,
            video_epoch(p, step + 1), loss, (double)lr, per_s, t_data * 1e3, t_compute * 1e3,
-           t_comm * 1e3, c.bytes / 1e3, c.read_ms + c.decode_ms);
+           t_comm * 1e3, c.bytes / 1e3, c.read_ms + c.decode_ms, p->arena_peak / 1048576.0);
 }
 
 static int video_save(ps_worker_t *p, const char *path)
@@ -847,11 +871,21 @@ static int video_save(ps_worker_t *p, const char *path)
 }
 
 /* CRC32C of this worker's BN running statistics (the AVERAGE tensors of
- * p->w; 0 when there are none): equal on every rank when they agree. */
+ * p->w; with --bn sync the model's own, which the group keeps equal; 0
+ * when there are none): equal on every rank when they agree. */
 static uint32_t bn_crc(const ps_worker_t *p, int *ntensors)
 {
     const video_t *v = p->ts;
     *ntensors = v->nspecs - v->nparams;
+    if (vopts(p)->bn_cross) {
+        int nb;
+        uint32_t crc = 0;
+        const ps_model_buffer_t *bu = ps_model_buffers(v->m, &nb);
+        v->be->sync((ps_ctx_t *)&v->ctx);
+        for (int i = 0; i < nb; i++)
+            if (bu[i].f32) crc = ps_crc32c(crc, bu[i].f32, bu[i].numel * sizeof(float)), ++*ntensors;
+        return crc;
+    }
     if (!*ntensors) return 0;
     size_t off = p->nparam_numel;
     return ps_crc32c(0, p->w + off, (p->numel - off) * sizeof(float));
@@ -882,6 +916,7 @@ static void video_print_final(ps_worker_t *p, uint64_t steps_done)
     uint32_t crc = bn_crc(p, &nbn);
     printf(" val=%s bn_sync=%d bn_stats=%d bn_crc=%08x", p->rank == 0 ? "here" : "rank0",
            nbn > 0, nbn, (unsigned)crc);
+    if (vopts(p)->bn_cross) printf(" bn=sync bn_exchanges=%llu", (unsigned long long)p->bn_group.gathers);
     const ps_video_clip_cost_t c = ps_video_clip_cost(v->tl);
     printf(" frames_per_clip=%.0f bytes_per_clip=%.0f read_ms_per_clip=%.3f "
            "decode_ms_per_clip=%.3f", c.frames, c.bytes, c.read_ms, c.decode_ms);

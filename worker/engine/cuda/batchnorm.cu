@@ -1,5 +1,9 @@
 // batchnorm2d on the GPU with own kernels (why not cuDNN's: top of
-// backend_cuda.cu).  Same semantics as layers/batchnorm.c: biased variance
+// backend_cuda.cu).  Cross-worker BN (ctx->bn_group, --bn sync): the
+// per-channel moments / backward sums go to the host after their kernel,
+// through the group (worker/engine/bn_group.c, the same code as the CPU's)
+// and back before the kernels that use them; a stream sync per BN layer and
+// direction, the price of a host-side collective.  Same semantics as layers/batchnorm.c: biased variance
 // to normalise, unbiased for the running update, NULL gamma/beta = affine
 // off, parameter gradients accumulated, dinp overwritten (NULL allowed).
 //
@@ -26,10 +30,75 @@ __device__ double block_sum(double v)
     return t;
 }
 
+// The end of a training forward's statistics for channel c, from the
+// batch's count M, mean and M2 (sum of squared deviations): the saved
+// statistics, the running update (unbiased variance) and the coefficients
+// y = x*scale + shift.  bn_saved_coef recomputes the coefficients from the
+// saved values with the same expressions, bit for bit.
+__device__ void bn_epilogue(float *scale_shift, float *save_mean, float *save_rstd,
+                            float *run_mean, float *run_var, const float *gamma,
+                            const float *beta, float eps, float momentum, int C, int c,
+                            double M, double mean, double m2)
+{
+    const double var = m2 / M;
+    const float rstd = (float)(1.0 / sqrt(var + eps));
+    if (save_mean) save_mean[c] = (float)mean;
+    if (save_rstd) save_rstd[c] = rstd;
+    if (run_mean) run_mean[c] = (1.0f - momentum) * run_mean[c] + momentum * (float)mean;
+    if (run_var) {
+        const double uvar = M > 1 ? m2 / (M - 1) : var;
+        run_var[c] = (1.0f - momentum) * run_var[c] + momentum * (float)uvar;
+    }
+    const float sc = (gamma ? gamma[c] : 1.0f) * rstd;
+    scale_shift[c] = sc;
+    scale_shift[C + c] = (beta ? beta[c] : 0.0f) - (float)mean * sc;
+}
+
 // element j of channel c over (n, i): address (n*C + c)*HW + i
 __device__ __forceinline__ size_t chan_at(size_t j, int c, int C, int HW)
 {
     return ((j / HW) * C + c) * (size_t)HW + j % HW;
+}
+
+// Channel blockIdx.x's mean and M2 (squared deviations from the mean
+// rounded to float), by the whole block in two passes; every thread gets
+// them.
+__device__ void chan_moments(const float *x, int N, int C, int HW, double *mean, double *m2)
+{
+    const int c = blockIdx.x;
+    const size_t M = (size_t)N * HW;
+    double s = 0;
+    for (size_t j = threadIdx.x; j < M; j += BN_THREADS) s += x[chan_at(j, c, C, HW)];
+    *mean = block_sum(s) / (double)M;
+    const float meanf = (float)*mean;
+    double v = 0;
+    for (size_t j = threadIdx.x; j < M; j += BN_THREADS) {
+        const float d = x[chan_at(j, c, C, HW)] - meanf;
+        v += (double)(d * d);
+    }
+    *m2 = block_sum(v);
+}
+
+// Channel blockIdx.x's backward sums over its first M elements (M = 0:
+// none): *a = sum dy, *b = rstd * sum dy*(x-mean), every thread gets them;
+// thread 0 adds them to dbeta / dgamma (each may be NULL).
+__device__ void chan_dy_sums(const float *dy, const float *x, float mean, float rstd, int C,
+                             int HW, size_t M, float *dgamma, float *dbeta, double *a, double *b)
+{
+    const int c = blockIdx.x;
+    double sa = 0, sb = 0;
+    for (size_t j = threadIdx.x; j < M; j += BN_THREADS) {
+        const size_t at = chan_at(j, c, C, HW);
+        const float g = dy[at];
+        sa += g;
+        sb += (double)(g * (x[at] - mean));
+    }
+    *a = block_sum(sa);
+    *b = block_sum(sb) * rstd;
+    if (threadIdx.x == 0) {
+        if (dbeta) dbeta[c] += (float)*a;
+        if (dgamma) dgamma[c] += (float)*b;
+    }
 }
 
 __global__ void __launch_bounds__(BN_THREADS)
@@ -37,32 +106,11 @@ k_bn_stats(float *scale_shift, float *save_mean, float *save_rstd, float *run_me
            float *run_var, const float *x, const float *gamma, const float *beta, float eps,
            float momentum, int N, int C, int HW)
 {
-    const int c = blockIdx.x;
-    const size_t M = (size_t)N * HW;
-    double s = 0;
-    for (size_t j = threadIdx.x; j < M; j += BN_THREADS) s += x[chan_at(j, c, C, HW)];
-    const double mean = block_sum(s) / (double)M;
-    const float meanf = (float)mean;
-    double v = 0;
-    for (size_t j = threadIdx.x; j < M; j += BN_THREADS) {
-        const float d = x[chan_at(j, c, C, HW)] - meanf;
-        v += (double)(d * d);
-    }
-    v = block_sum(v);
-    if (threadIdx.x == 0) {
-        const double var = v / (double)M;
-        const float rstd = (float)(1.0 / sqrt(var + eps));
-        if (save_mean) save_mean[c] = (float)mean;
-        if (save_rstd) save_rstd[c] = rstd;
-        if (run_mean) run_mean[c] = (1.0f - momentum) * run_mean[c] + momentum * (float)mean;
-        if (run_var) {
-            const double uvar = M > 1 ? v / (double)(M - 1) : var;
-            run_var[c] = (1.0f - momentum) * run_var[c] + momentum * (float)uvar;
-        }
-        const float sc = (gamma ? gamma[c] : 1.0f) * rstd;
-        scale_shift[c] = sc;
-        scale_shift[C + c] = (beta ? beta[c] : 0.0f) - (float)mean * sc;
-    }
+    double mean, v;
+    chan_moments(x, N, C, HW, &mean, &v);
+    if (threadIdx.x == 0)
+        bn_epilogue(scale_shift, save_mean, save_rstd, run_mean, run_var, gamma, beta, eps,
+                    momentum, C, blockIdx.x, (double)N * HW, mean, v);
 }
 
 // Eval: scale/shift from the running statistics.
@@ -101,19 +149,10 @@ k_bn_bwd_sums(float *coef, float *dgamma, float *dbeta, const float *dy, const f
     const float mean = train ? save_mean[c] : run_mean[c];
     const float rstd = train ? save_rstd[c] : 1.0f / sqrtf(run_var[c] + eps);
     const size_t M = (size_t)N * HW;
-    double a = 0, b = 0;
-    if (train || dgamma || dbeta)
-        for (size_t j = threadIdx.x; j < M; j += BN_THREADS) {
-            const size_t at = chan_at(j, c, C, HW);
-            const float g = dy[at];
-            a += g;
-            b += (double)(g * (x[at] - mean));
-        }
-    a = block_sum(a);
-    b = block_sum(b) * rstd;
+    double a, b;
+    chan_dy_sums(dy, x, mean, rstd, C, HW, train || dgamma || dbeta ? M : 0, dgamma, dbeta, &a,
+                 &b);
     if (threadIdx.x == 0) {
-        if (dbeta) dbeta[c] += (float)a;
-        if (dgamma) dgamma[c] += (float)b;
         float *k = coef + 5 * (size_t)c;
         k[0] = (gamma ? gamma[c] : 1.0f) * rstd;
         k[1] = train ? (float)(a / (double)M) : 0.0f;
@@ -167,20 +206,9 @@ k_h_bn_stats(float *scale_shift, float *save_mean, float *save_rstd, float *run_
         v += (double)(d * d);
     }
     v = block_sum(v);
-    if (threadIdx.x == 0) {
-        const double var = v / (double)M;
-        const float rstd = (float)(1.0 / sqrt(var + eps));
-        if (save_mean) save_mean[c] = (float)mean;
-        if (save_rstd) save_rstd[c] = rstd;
-        if (run_mean) run_mean[c] = (1.0f - momentum) * run_mean[c] + momentum * (float)mean;
-        if (run_var) {
-            const double uvar = M > 1 ? v / (double)(M - 1) : var;
-            run_var[c] = (1.0f - momentum) * run_var[c] + momentum * (float)uvar;
-        }
-        const float sc = (gamma ? gamma[c] : 1.0f) * rstd;
-        scale_shift[c] = sc;
-        scale_shift[C + c] = (beta ? beta[c] : 0.0f) - (float)mean * sc;
-    }
+    if (threadIdx.x == 0)
+        bn_epilogue(scale_shift, save_mean, save_rstd, run_mean, run_var, gamma, beta, eps,
+                    momentum, C, c, (double)M, mean, v);
 }
 
 template <class T>
@@ -293,6 +321,21 @@ k_h_bn_part(double *part, const void *u_, const void *x_, const float *mean, siz
     }
 }
 
+// Channel c's mean and biased variance (clamped at 0) from k_h_bn_part's
+// nch partials (sum, sum of squares) of M elements
+__device__ void part_mean_var(const double *part, int nch, size_t M, int C, int c,
+                              double *mean, double *var)
+{
+    double s = 0, q = 0;
+    for (int k = 0; k < nch; k++) {
+        s += part[((size_t)k * C + c) * 2];
+        q += part[((size_t)k * C + c) * 2 + 1];
+    }
+    *mean = s / (double)M;
+    const double v = q / (double)M - *mean * *mean;
+    *var = v > 0 ? v : 0;
+}
+
 // Forward finish: the statistics of k_h_bn_stats from the partials.
 __global__ void k_bn_stats_fin(float *scale_shift, float *save_mean, float *save_rstd,
                                float *run_mean, float *run_var, const double *part, int nch,
@@ -301,14 +344,8 @@ __global__ void k_bn_stats_fin(float *scale_shift, float *save_mean, float *save
 {
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
-    double s = 0, q = 0;
-    for (int k = 0; k < nch; k++) {
-        s += part[((size_t)k * C + c) * 2];
-        q += part[((size_t)k * C + c) * 2 + 1];
-    }
-    const double mean = s / (double)M;
-    double var = q / (double)M - mean * mean;
-    var = var > 0 ? var : 0;
+    double mean, var;
+    part_mean_var(part, nch, M, C, c, &mean, &var);
     const float rstd = (float)(1.0 / sqrt(var + eps));
     if (save_mean) save_mean[c] = (float)mean;
     if (save_rstd) save_rstd[c] = rstd;
@@ -320,6 +357,104 @@ __global__ void k_bn_stats_fin(float *scale_shift, float *save_mean, float *save
     const float sc = (gamma ? gamma[c] : 1.0f) * rstd;
     scale_shift[c] = sc;
     scale_shift[C + c] = (beta ? beta[c] : 0.0f) - (float)mean * sc;
+}
+
+// ---- cross-worker BN (ctx->bn_group): this rank's moments out, the
+// group's back in (bn_group.c combines them on the host), then the same
+// epilogue.  mom: mean[0..C) then M2[0..C), double.
+
+// fp32: one block per channel, the two passes of k_bn_stats
+__global__ void __launch_bounds__(BN_THREADS)
+k_bn_moments(double *mom, const float *x, int N, int C, int HW)
+{
+    double mean, v;
+    chan_moments(x, N, C, HW, &mean, &v);
+    if (threadIdx.x == 0) {
+        mom[blockIdx.x] = mean;
+        mom[C + blockIdx.x] = v;
+    }
+}
+
+// half: from k_h_bn_part's partials (sum, sum of squares), as k_bn_stats_fin
+__global__ void k_bn_part_moments(double *mom, const double *part, int nch, size_t M, int C)
+{
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    double mean, var;
+    part_mean_var(part, nch, M, C, c, &mean, &var);
+    mom[c] = mean;
+    mom[C + c] = var * (double)M;
+}
+
+__global__ void k_bn_fin_moments(float *scale_shift, float *save_mean, float *save_rstd,
+                                 float *run_mean, float *run_var, const double *mom, double M,
+                                 const float *gamma, const float *beta, float eps,
+                                 float momentum, int C)
+{
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    bn_epilogue(scale_shift, save_mean, save_rstd, run_mean, run_var, gamma, beta, eps,
+                momentum, C, c, M, mom[c], mom[C + c]);
+}
+
+// Recomputation (bn_forward_saved): bn_epilogue's coefficients from the
+// values it saved
+__global__ void k_bn_saved_coef(float *scale_shift, const float *gamma, const float *beta,
+                                const float *save_mean, const float *save_rstd, int C)
+{
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    const float sc = (gamma ? gamma[c] : 1.0f) * save_rstd[c];
+    scale_shift[c] = sc;
+    scale_shift[C + c] = (beta ? beta[c] : 0.0f) - save_mean[c] * sc;
+}
+
+// Backward: this rank's sums ab[2c] = sum dy, ab[2c+1] = sum dy*xhat (its
+// own dgamma / dbeta added), fp32 one block per channel ...
+__global__ void __launch_bounds__(BN_THREADS)
+k_bn_bwd_local(double *ab, float *dgamma, float *dbeta, const float *dy, const float *x,
+               const float *save_mean, const float *save_rstd, int N, int C, int HW)
+{
+    const int c = blockIdx.x;
+    const float mean = save_mean[c], rstd = save_rstd[c];
+    double a, b;
+    chan_dy_sums(dy, x, mean, rstd, C, HW, (size_t)N * HW, dgamma, dbeta, &a, &b);
+    if (threadIdx.x == 0) {
+        ab[2 * (size_t)c] = a;
+        ab[2 * (size_t)c + 1] = b;
+    }
+}
+
+// ... or from k_h_bn_part's partials (half)
+__global__ void k_bn_part_sums(double *ab, float *dgamma, float *dbeta, const double *part,
+                               int nch, const float *save_rstd, int C)
+{
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    double a = 0, b = 0;
+    for (int k = 0; k < nch; k++) {
+        a += part[((size_t)k * C + c) * 2];
+        b += part[((size_t)k * C + c) * 2 + 1];
+    }
+    b *= save_rstd[c];
+    if (dbeta) dbeta[c] += (float)a;
+    if (dgamma) dgamma[c] += (float)b;
+    ab[2 * (size_t)c] = a;
+    ab[2 * (size_t)c + 1] = b;
+}
+
+// dx's coefficients (k_bn_bwd_sums's layout) from the group's sums
+__global__ void k_bn_bwd_coef(float *coef, const double *ab, double M, const float *gamma,
+                              const float *save_mean, const float *save_rstd, int C)
+{
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    float *k = coef + 5 * (size_t)c;
+    k[0] = (gamma ? gamma[c] : 1.0f) * save_rstd[c];
+    k[1] = (float)(ab[2 * (size_t)c] / M);
+    k[2] = (float)(ab[2 * (size_t)c + 1] / M);
+    k[3] = save_mean[c];
+    k[4] = save_rstd[c];
 }
 
 // Backward finish: k_h_bn_bwd_sums's epilogue from the partials (nch 0:
@@ -426,6 +561,87 @@ static bn_red_t bn_red(ps_cu_state *s, size_t M, int C, int ncoef)
     return r;
 }
 
+// Doubles after `fbytes` bytes of floats in a scratch block (16-aligned).
+static double *after_floats(void *p, size_t fbytes)
+{
+    return (double *)((char *)p + ((fbytes + 15) & ~(size_t)15));
+}
+
+static void bn_forward_group(ps_ctx_t *ctx, ps_cu_state *s, int half, float *out,
+                             float *save_mean, float *save_rstd, float *run_mean,
+                             float *run_var, const float *inp, const float *gamma,
+                             const float *beta, float eps, float momentum, int N, int C, int HW)
+{
+    const size_t n = (size_t)N * C * HW, M = (size_t)N * HW;
+    float *ss;
+    double *mom;
+    if (half) {
+        // coefficients (2C floats) then the moments (2C doubles) in the coef block
+        const bn_red_t r = bn_red(s, M, C, 6);
+        ss = r.coef;
+        mom = (double *)(r.coef + 2 * (size_t)C);
+        HLAUNCH_GB(k_h_bn_part, r.ctiles * r.nch, BN_THREADS, r.part, inp, inp,
+                   (const float *)NULL, M, C, r.chunk, r.ctiles);
+        k_bn_part_moments<<<(C + 255) / 256, 256, 0, s->stream>>>(mom, r.part, r.nch, M, C);
+    } else {
+        const size_t fb = 2 * (size_t)C * sizeof(float);
+        ss = (float *)ps_cu_scratch(s, fb + 16 + 2 * (size_t)C * sizeof(double));
+        mom = after_floats(ss, fb);
+        k_bn_moments<<<C, BN_THREADS, 0, s->stream>>>(mom, inp, N, C, HW);
+    }
+    CU_LAUNCHED();
+    const double Mg = ps_cu_bn_group_moments(s, ctx->bn_group, mom, C, (double)M);
+    k_bn_fin_moments<<<(C + 255) / 256, 256, 0, s->stream>>>(ss, save_mean, save_rstd, run_mean,
+                                                             run_var, mom, Mg, gamma, beta, eps,
+                                                             momentum, C);
+    CU_LAUNCHED();
+    if (half) {
+        HLAUNCH(k_h_bn_apply, n, out, inp, ss, n, C);
+        return;
+    }
+    k_bn_apply<<<cu_grid(n, CU_BLOCK), CU_BLOCK, 0, s->stream>>>(out, inp, ss, n, C, HW);
+    CU_LAUNCHED();
+}
+
+static void bn_backward_group(ps_ctx_t *ctx, ps_cu_state *s, int half, float *dinp,
+                              float *dgamma, float *dbeta, const float *dout, const float *inp,
+                              const float *gamma, const float *save_mean,
+                              const float *save_rstd, int N, int C, int HW)
+{
+    const size_t n = (size_t)N * C * HW, M = (size_t)N * HW;
+    float *coef;
+    double *ab;
+    if (half) {
+        // coefficients (5C floats, padded to 8 bytes) then the sums (2C doubles)
+        const bn_red_t r = bn_red(s, M, C, 10);
+        coef = r.coef;
+        ab = (double *)(r.coef + 5 * (size_t)C + (C & 1));
+        HLAUNCH_GB(k_h_bn_part, r.ctiles * r.nch, BN_THREADS, r.part, dout, inp, save_mean, M,
+                   C, r.chunk, r.ctiles);
+        k_bn_part_sums<<<(C + 255) / 256, 256, 0, s->stream>>>(ab, dgamma, dbeta, r.part, r.nch,
+                                                               save_rstd, C);
+    } else {
+        const size_t fb = 5 * (size_t)C * sizeof(float);
+        coef = (float *)ps_cu_scratch(s, fb + 16 + 2 * (size_t)C * sizeof(double));
+        ab = after_floats(coef, fb);
+        k_bn_bwd_local<<<C, BN_THREADS, 0, s->stream>>>(ab, dgamma, dbeta, dout, inp, save_mean,
+                                                        save_rstd, N, C, HW);
+    }
+    CU_LAUNCHED();
+    const double Mg = ps_cu_bn_group_sums(s, ctx->bn_group, ab, C, (double)M);
+    k_bn_bwd_coef<<<(C + 255) / 256, 256, 0, s->stream>>>(coef, ab, Mg, gamma, save_mean,
+                                                          save_rstd, C);
+    CU_LAUNCHED();
+    if (!dinp) return;
+    if (half) {
+        HLAUNCH(k_h_bn_bwd_apply, n, dinp, dout, inp, coef, n, C, 1);
+        return;
+    }
+    k_bn_bwd_apply<<<cu_grid(n, CU_BLOCK), CU_BLOCK, 0, s->stream>>>(dinp, dout, inp, coef, n,
+                                                                     C, HW, 1);
+    CU_LAUNCHED();
+}
+
 void ps_cu_bn_forward_train(ps_ctx_t *ctx, float *out, float *save_mean, float *save_rstd,
                             float *run_mean, float *run_var, const float *inp,
                             const float *gamma, const float *beta, float eps, float momentum,
@@ -433,9 +649,15 @@ void ps_cu_bn_forward_train(ps_ctx_t *ctx, float *out, float *save_mean, float *
 {
     ps_cu_state *s = cu_state(ctx);
     if (!bn_valid("bn_forward_train", N, C, HW)) return;
-    float *ss = (float *)ps_cu_scratch(s, 2 * (size_t)C * sizeof(float));
     int bad;
-    if (bn_half(s, "bn_forward_train", out, inp, NULL, &bad)) {
+    const int half = bn_half(s, "bn_forward_train", out, inp, NULL, &bad);
+    if (ctx->bn_group) {
+        bn_forward_group(ctx, s, half, out, save_mean, save_rstd, run_mean, run_var, inp, gamma,
+                         beta, eps, momentum, N, C, HW);
+        return;
+    }
+    float *ss = (float *)ps_cu_scratch(s, 2 * (size_t)C * sizeof(float));
+    if (half) {
         const size_t n = (size_t)N * C * HW, M = (size_t)N * HW;
         const bn_red_t r = bn_red(s, M, C, 2);
         HLAUNCH_GB(k_h_bn_part, r.ctiles * r.nch, BN_THREADS, r.part, inp, inp,
@@ -455,6 +677,34 @@ void ps_cu_bn_forward_train(ps_ctx_t *ctx, float *out, float *save_mean, float *
     CU_LAUNCHED();
 }
 
+// out = inp * scale + shift per channel (ss: the C scales, then the C
+// shifts), in the activations' storage (half or float)
+static void bn_apply(ps_cu_state *s, const char *what, float *out, const float *inp,
+                     const float *ss, int N, int C, int HW)
+{
+    const size_t n = (size_t)N * C * HW;
+    int bad;
+    if (bn_half(s, what, out, inp, NULL, &bad)) {
+        HLAUNCH(k_h_bn_apply, n, out, inp, ss, n, C);
+        return;
+    }
+    k_bn_apply<<<cu_grid(n, CU_BLOCK), CU_BLOCK, 0, s->stream>>>(out, inp, ss, n, C, HW);
+    CU_LAUNCHED();
+}
+
+void ps_cu_bn_forward_saved(ps_ctx_t *ctx, float *out, const float *inp, const float *gamma,
+                            const float *beta, const float *save_mean, const float *save_rstd,
+                            int N, int C, int HW)
+{
+    ps_cu_state *s = cu_state(ctx);
+    if (!bn_valid("bn_forward_saved", N, C, HW)) return;
+    float *ss = (float *)ps_cu_scratch(s, 2 * (size_t)C * sizeof(float));
+    k_bn_saved_coef<<<(C + 255) / 256, 256, 0, s->stream>>>(ss, gamma, beta, save_mean,
+                                                            save_rstd, C);
+    CU_LAUNCHED();
+    bn_apply(s, "bn_forward_saved", out, inp, ss, N, C, HW);
+}
+
 void ps_cu_bn_forward_eval(ps_ctx_t *ctx, float *out, const float *inp, const float *gamma,
                            const float *beta, const float *run_mean, const float *run_var,
                            float eps, int N, int C, int HW)
@@ -465,14 +715,7 @@ void ps_cu_bn_forward_eval(ps_ctx_t *ctx, float *out, const float *inp, const fl
     k_bn_eval_coef<<<(C + 255) / 256, 256, 0, s->stream>>>(ss, gamma, beta, run_mean, run_var,
                                                            eps, C);
     CU_LAUNCHED();
-    const size_t n = (size_t)N * C * HW;
-    int bad;
-    if (bn_half(s, "bn_forward_eval", out, inp, NULL, &bad)) {
-        HLAUNCH(k_h_bn_apply, n, out, inp, ss, n, C);
-        return;
-    }
-    k_bn_apply<<<cu_grid(n, CU_BLOCK), CU_BLOCK, 0, s->stream>>>(out, inp, ss, n, C, HW);
-    CU_LAUNCHED();
+    bn_apply(s, "bn_forward_eval", out, inp, ss, N, C, HW);
 }
 
 static void bn_backward(ps_ctx_t *ctx, float *dinp, float *dgamma, float *dbeta,
@@ -483,9 +726,16 @@ static void bn_backward(ps_ctx_t *ctx, float *dinp, float *dgamma, float *dbeta,
     ps_cu_state *s = cu_state(ctx);
     const int train = save_mean != NULL;
     if (!train && !dgamma && !dbeta && !dinp) return;
-    float *coef = (float *)ps_cu_scratch(s, 5 * (size_t)C * sizeof(float));
     int bad;
-    if (bn_half(s, "bn_backward", dinp, inp, dout, &bad)) {
+    const int half = bn_half(s, "bn_backward", dinp, inp, dout, &bad);
+    if (bad) return;
+    if (train && ctx->bn_group) {
+        bn_backward_group(ctx, s, half, dinp, dgamma, dbeta, dout, inp, gamma, save_mean,
+                          save_rstd, N, C, HW);
+        return;
+    }
+    float *coef = (float *)ps_cu_scratch(s, 5 * (size_t)C * sizeof(float));
+    if (half) {
         const size_t M = (size_t)N * HW;
         const bn_red_t r = bn_red(s, M, C, 5);
         // the sums only where something uses them (frozen BN: dinp alone)
@@ -502,7 +752,6 @@ static void bn_backward(ps_ctx_t *ctx, float *dinp, float *dgamma, float *dbeta,
         HLAUNCH(k_h_bn_bwd_apply, n, dinp, dout, inp, r.coef, n, C, train);
         return;
     }
-    if (bad) return;
     k_bn_bwd_sums<<<C, BN_THREADS, 0, s->stream>>>(coef, dgamma, dbeta, dout, inp, gamma,
                                                     save_mean, save_rstd, run_mean, run_var,
                                                     eps, N, C, HW);

@@ -122,6 +122,7 @@ struct ps_cu_state {
     // pointer -> 1 half NHWC / 0 fp32 NCHW).  A pointer not in it is fp32:
     // the host wrote it (the model input) or an fp32 layer did.
     int hstore;
+    int act2;             // act_elsize has told a model 2 bytes (half storage)
     const void **hkey;
     unsigned char *hval;
     size_t hcap, hcount;
@@ -177,6 +178,13 @@ static inline unsigned cu_grid(size_t n, unsigned block)
 void ps_cu_conv_free(ps_cu_state *s);
 // conv3d.cu: free the 3-D plan cache
 void ps_cu_conv3d_free(ps_cu_state *s);
+// bn_exchange.cu (--bn sync): this rank's moments mom (device: mean[C]
+// then M2[C], double) or backward sums ab (device: {sum dy, sum dy*xhat}
+// per channel) -> the group's, in place; returns the group's element
+// count, or M (this rank's) when the exchange failed (the values stay this
+// rank's and g remembers the error)
+double ps_cu_bn_group_moments(ps_cu_state *s, ps_bn_group_t *g, double *mom, int C, double M);
+double ps_cu_bn_group_sums(ps_cu_state *s, ps_bn_group_t *g, double *ab, int C, double M);
 // batchnorm.cu: per-channel sum of x (N, C, HW) ADDED into acc[c] (conv
 // bias gradient)
 void ps_cu_channel_sum_acc(ps_cu_state *s, float *acc, const float *x, int N, int C, int HW);

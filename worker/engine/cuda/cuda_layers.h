@@ -29,6 +29,9 @@ void ps_cu_bn_backward_train(ps_ctx_t *ctx, float *dinp, float *dgamma, float *d
                              const float *dout, const float *inp, const float *gamma,
                              const float *save_mean, const float *save_rstd, int N, int C,
                              int HW);
+void ps_cu_bn_forward_saved(ps_ctx_t *ctx, float *out, const float *inp, const float *gamma,
+                            const float *beta, const float *save_mean, const float *save_rstd,
+                            int N, int C, int HW);
 void ps_cu_bn_forward_eval(ps_ctx_t *ctx, float *out, const float *inp, const float *gamma,
                            const float *beta, const float *run_mean, const float *run_var,
                            float eps, int N, int C, int HW);

@@ -114,6 +114,24 @@ void *ps_cu_half_buf(ps_cu_state *s, int which, size_t elems)
     return s->half[which];
 }
 
+// A model sized its activation slots with 2 bytes (act_elsize) and the
+// backend now stores 4: its layers would write past the slots.
+static void warn_sized_half(ps_cu_state *s)
+{
+    if (s->act2 && !s->hstore)
+        ps_warn("cuda: half storage is off now, but a model of this context sized its "
+                "activations for 2-byte elements: create it again before running it");
+}
+
+// The act_elsize slot: 2-byte activations while half storage is on.
+extern "C" size_t ps_cuda_backend_act_elsize(ps_ctx_t *ctx)
+{
+    ps_cu_state *s = cu_state(ctx);
+    if (!s->hstore) return sizeof(float);
+    s->act2 = 1;
+    return 2;
+}
+
 extern "C" int ps_cuda_backend_set_precision(ps_ctx_t *ctx, ps_precision_t prec)
 {
     if (!ctx || !ctx->backend_state) return PS_EINVAL;
@@ -141,6 +159,7 @@ extern "C" int ps_cuda_backend_set_precision(ps_ctx_t *ctx, ps_precision_t prec)
     // operand copies inside conv / linear) for comparison
     const char *h = getenv("PS_CUDA_HALF_STORAGE");
     s->hstore = prec != PS_PRECISION_FP32 && s->nhwc && !(h && *h == '0');
+    warn_sized_half(s);
     s->hcount = 0; // a precision change forgets every tag (nothing is half yet)
     if (s->hval) memset(s->hval, 0, s->hcap);
     if (s->hkey) memset(s->hkey, 0, s->hcap * sizeof *s->hkey);
@@ -221,6 +240,7 @@ extern "C" int ps_cuda_backend_set_half_storage(ps_ctx_t *ctx, int on)
         return PS_EINVAL;
     }
     s->hstore = on != 0;
+    warn_sized_half(s);
     s->hcount = 0;
     if (s->hval) memset(s->hval, 0, s->hcap);
     if (s->hkey) memset(s->hkey, 0, s->hcap * sizeof *s->hkey);

@@ -88,6 +88,10 @@ ps_precision_t ps_cuda_backend_precision(ps_ctx_t *ctx);
  * backend knows which pointer holds what from the writes it performed.
  * set: 0, PS_EINVAL (fp32, NCHW or no state; logged).  get: 1 on, 0 off. */
 int ps_cuda_backend_set_half_storage(ps_ctx_t *ctx, int on);
+/* The act_elsize slot: 2 while half storage is on (a model then sizes its
+ * activation slots in 2-byte elements, and the backend must not go back
+ * to fp32 storage under it: that is logged), else 4. */
+size_t ps_cuda_backend_act_elsize(ps_ctx_t *ctx);
 int ps_cuda_backend_half_storage(ps_ctx_t *ctx);
 /* 1 when device pointer p holds a half tensor written by this backend. */
 int ps_cuda_is_half(ps_ctx_t *ctx, const void *p);

@@ -19,6 +19,7 @@ int ps_cpu_event_query(ps_ctx_t *ctx, int slot);
 int ps_cpu_event_wait(ps_ctx_t *ctx, int slot);
 int ps_cpu_mem_stats(ps_ctx_t *ctx, ps_backend_mem_t *m, int reset_peak);
 void ps_cpu_release(ps_ctx_t *ctx);
+size_t ps_cpu_act_elsize(ps_ctx_t *ctx);
 
 /* conv_select.c: the conv2d slots, through the row of conv_provider.h
  * chosen for the shape (conv2d.c holds the im2col + GEMM row,
@@ -79,6 +80,9 @@ void ps_cpu_bn_backward_train(ps_ctx_t *ctx, float *dinp, float *dgamma, float *
                               const float *dout, const float *inp, const float *gamma,
                               const float *save_mean, const float *save_rstd, int N, int C,
                               int HW);
+void ps_cpu_bn_forward_saved(ps_ctx_t *ctx, float *out, const float *inp, const float *gamma,
+                             const float *beta, const float *save_mean, const float *save_rstd,
+                             int N, int C, int HW);
 void ps_cpu_bn_forward_eval(ps_ctx_t *ctx, float *out, const float *inp, const float *gamma,
                             const float *beta, const float *run_mean, const float *run_var,
                             float eps, int N, int C, int HW);
