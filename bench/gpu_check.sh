@@ -9,7 +9,8 @@
 #      operands, and the loss scale in xent's backward), tests/test_cuda_det
 #      (the detection layers of det_layers.cu), tests/test_cuda_rcnn (the
 #      two-stage detectors' RoIAlign, roi_align.cu, and a whole Faster R-CNN
-#      step vs the CPU), tests/test_cuda_half (every
+#      step vs the CPU), tests/test_cuda_layers3d (conv3d through cuDNN's
+#      graph API, 3-D pools), tests/test_cuda_half (every
 #      layer with half storage of the activations, fp16 and bf16, vs the CPU
 #      fp32 layers), tests/test_cuda_half_model (a small TSM-ResNet-18 step
 #      with half storage vs the CPU fp32 and the CPU rounding model,
@@ -80,7 +81,7 @@ if [ -x "$CARRY/gpu_bench" ] && [ -x "$CARRY/test_cuda_layers" ]; then
     BIN=$CARRY
     CAST=$BIN/test_cuda_cast LAYERS=$BIN/test_cuda_layers BENCH=$BIN/gpu_bench NCCLT=$BIN/test_nccl
     DET=$BIN/test_cuda_det HALF=$BIN/test_cuda_half HALFM=$BIN/test_cuda_half_model
-    TABLE=$BIN/test_cuda_table RCNN=$BIN/test_cuda_rcnn
+    TABLE=$BIN/test_cuda_table RCNN=$BIN/test_cuda_rcnn L3D=$BIN/test_cuda_layers3d
     # cuDNN / cuBLAS / NCCL: the toolkit's, else PyTorch's pip packages
     LP=$CARRY/lib
     for py in python3 /usr/bin/python3; do
@@ -117,12 +118,13 @@ else
     make -s proto/ps.pb-c.h >/dev/null 2>&1
     timeout 300 make -s -j"$J" tests/test_cuda_cast tests/test_cuda_layers tests/test_cuda_det \
         tests/test_cuda_half tests/test_cuda_half_model tests/test_cuda_table \
-        tests/test_cuda_rcnn bench/gpu_bench \
+        tests/test_cuda_rcnn tests/test_cuda_layers3d bench/gpu_bench \
         >"$W/build.out" 2>&1 || { tail -40 "$W/build.out"; exit 1; }
     grep -i 'warning' "$W/build.out" | head -20
     CAST=./tests/test_cuda_cast LAYERS=./tests/test_cuda_layers BENCH=./bench/gpu_bench
     DET=./tests/test_cuda_det HALF=./tests/test_cuda_half HALFM=./tests/test_cuda_half_model
     TABLE=./tests/test_cuda_table NCCLT=./tests/test_nccl RCNN=./tests/test_cuda_rcnn
+    L3D=./tests/test_cuda_layers3d
 fi
 
 # ---- parity ---------------------------------------------------------------
@@ -150,6 +152,9 @@ layer_parity 150 layers "$LAYERS" 40 8
 
 stage "test_cuda_table (the CUDA backend table and device row: open, events, memory, release)"
 layer_parity 30 table "$TABLE" 10 0
+
+stage "test_cuda_layers3d (3-D layers vs the CPU: conv3d through cuDNN's graph API in fp32 / fp16 / bf16, pools)"
+layer_parity 90 layers3d "$L3D" 25 5
 
 stage "test_cuda_det (detection layers vs the CPU references)"
 layer_parity 60 det "$DET" 25 5

@@ -13,7 +13,7 @@
 #   bench/gpu_prep.sh [BUILD_DIR]     (default /tmp/ps-gpu-prep)
 # Output: tests/test_cuda_carry/ (ignored by git: /tests/test_* in
 # .gitignore) holding test_cuda_cast, test_cuda_layers, test_cuda_det, test_cuda_rcnn, test_cuda_half,
-# test_cuda_half_model, test_cuda_table, gpu_bench, psd, psworker, psdata (bench/gpu_train.sh),
+# test_cuda_half_model, test_cuda_table, test_cuda_layers3d, gpu_bench, psd, psworker, psdata (bench/gpu_train.sh),
 # test_nccl (when NCCL was found) and lib/ (libopenblas, libgfortran,
 # libquadmath, libgomp, libcjson, libcudart, and libzmq, libuv, libjpeg,
 # liblz4, protobuf-c with what they link); ~55 MB, under the device
@@ -37,8 +37,8 @@ fi
 grep -q '^NVCC = .*nvcc' Makefile || { echo "gpu_prep: configure did not find CUDA here" >&2; exit 1; }
 make -s proto/ps.pb-c.h >/dev/null
 make -s -j"$J" tests/test_cuda_cast tests/test_cuda_layers tests/test_cuda_det tests/test_cuda_half \
-    tests/test_cuda_half_model tests/test_cuda_table tests/test_cuda_rcnn bench/gpu_bench psd psworker \
-    psdata
+    tests/test_cuda_half_model tests/test_cuda_table tests/test_cuda_rcnn tests/test_cuda_layers3d \
+    bench/gpu_bench psd psworker psdata
 nccl=
 if grep -q '^#define PS_HAVE_NCCL 1' config.h && make -s -j"$J" tests/test_nccl; then
     nccl=tests/test_nccl
@@ -47,8 +47,8 @@ fi
 rm -rf "$OUT"
 mkdir -p "$OUT/lib"
 for b in tests/test_cuda_cast tests/test_cuda_layers tests/test_cuda_det tests/test_cuda_half \
-    tests/test_cuda_half_model tests/test_cuda_table tests/test_cuda_rcnn bench/gpu_bench psd psworker \
-    psdata $nccl; do
+    tests/test_cuda_half_model tests/test_cuda_table tests/test_cuda_rcnn tests/test_cuda_layers3d \
+    bench/gpu_bench psd psworker psdata $nccl; do
     cp "$b" "$OUT/"
 done
 # host libraries the programs need that a bare image may lack (not the

@@ -24,7 +24,7 @@ const char *ps_wire_type_name(int type)
     static const char *names[] = {
         "?", "HELLO", "WELCOME", "INIT", "PUSH", "PULL", "PUSHPULL", "BARRIER",
         "HEARTBEAT", "CHECKPOINT", "STATS", "SHUTDOWN", "ERROR", "ACK", "WEIGHTS", "BYE",
-        "ROLLBACK",
+        "ROLLBACK", "DRAIN", "MEMBERS",
     };
     if (type < 1 || type >= (int)(sizeof names / sizeof names[0])) return "?";
     return names[type];

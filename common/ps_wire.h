@@ -26,6 +26,25 @@
 #define PS_FLAG_DONE       0x10u /* BYE: the worker finished its steps */
 #define PS_FLAG_FAILED     0x20u /* BYE: the worker failed: error_code and
                                     error_text say why, and the job stops */
+#define PS_FLAG_PREFLIGHT  0x80u /* STATS: add what `psctl check` needs (the
+                                    flags, the clock; the server writes a probe
+                                    file in its checkpoint directory) */
+#define PS_FLAG_STATE      0x100u /* sync PUSHPULL: this worker keeps the partition's
+                                    state: its WEIGHTS reply carries raw fp32
+                                    weights then momentum (2 * numel floats);
+                                    INIT: the payload is weights, momentum and,
+                                    optionally, the previous version's weights
+                                    (rebuilding a server that lost its state) */
+#define PS_FLAG_REBUILD    0x200u /* ERROR: this server holds nothing of the job
+                                    (started empty): the workers rebuild it;
+                                    PULL: wait for the partition's INIT */
+#define PS_FLAG_JOIN       0x400u /* HELLO (to server 0): join a running sync job
+                                    at the next step boundary (psworker --join);
+                                    WELCOME: iteration = its first step */
+#define PS_FLAG_EXACT      0x40u /* PULL (sync): the weights of exactly version
+                                    min_version, also when the partition is one
+                                    update past it (a worker that died between
+                                    its pushes of that step computes it again) */
 
 /* Largest header frame accepted.  Headers are small except INIT's body, the
  * JSON model spec (ResNet-50: ~160 tensors, RetinaNet ~300, ~20-30 KB), so

@@ -5,7 +5,7 @@
 # rank 0's progress and print a summary.  Everything started here is stopped
 # on exit or Ctrl-C.
 #
-# usage: ./deploy/local-cluster.sh [--model tsm-r18|tsn-r18|...|retinanet-r18|fasterrcnn-r18|smoke]
+# usage: ./deploy/local-cluster.sh [--model tsm-r18|tsn-r18|...|i3d-r50-311|r3d-18|...|retinanet-r18|fasterrcnn-r18|smoke]
 #            [--data DIR] [--steps N] [--workers N] [--servers N] [--batch N]
 #            [--size S] [--frames T] [--width W] [--dtype fp32|fp16|bf16] [--mode sync|async|ssp]
 #            [--metrics-port P] [--] [extra psworker flags, e.g. --lr 0.1 --codec lz4 --val-every 100]
@@ -16,6 +16,8 @@
 #   on P+servers+r (127.0.0.1; deploy/grafana/ has a dashboard for them).
 # Rank 0 draws the run's plots (RUN/plots/*.png) with gnuplot, installed here
 # when run as root.
+# The 3-D models (i3d-r50-333|i3d-r50-311|r3d-18|mc3-18|r2plus1d-18) train on
+#   the same data: width 16, clips of --frames 8 every 2nd frame (dense).
 # Environment: PS_BIN_DIR=DIR  use psd/psworker already built in DIR (no build)
 #              PS_RUN_ROOT=DIR where run directories go (default ./run)
 set -uo pipefail
@@ -25,7 +27,7 @@ SRC=$(pwd)
 STEPS= WORKERS=2 SERVERS_N=2 DTYPE=fp32 BATCH= MODE=sync MODEL=tsm-r18
 DATA= SIZE=48 FRAMES=8 WIDTH= GEN_VIDEOS=800 GEN_FRAMES=16 GEN_SIZE=48 METRICS_PORT=
 EXTRA=()
-usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
     case $1 in
     --steps) STEPS=${2:?--steps needs a value}; shift 2 ;;
@@ -65,6 +67,16 @@ if [ $DET = 1 ]; then
     [ -n "$WIDTH" ] || WIDTH=16
     # 48 is the video default: the detector's is 128
     [ "$SIZE" = 48 ] && SIZE=128
+fi
+# 3-D models (docs/video.md, "3-D models"): the same data and recipe as
+# TSM, clips of 8 frames every 2nd (a 16-frame video), width 16 (1.9-2.3 M
+# weights, 0.5-1.5 GFLOP per training clip at 48x48: one to two TSM-R18
+# steps' worth), 300 steps (7.5 epochs) so the run stays within minutes.
+VIDEO3D=0
+case $MODEL in i3d-*|r3d-*|mc3-*|r2plus1d-*) VIDEO3D=1 ;; esac
+if [ $VIDEO3D = 1 ]; then
+    [ -n "$WIDTH" ] || WIDTH=16
+    [ -n "$STEPS" ] || STEPS=300
 fi
 # defaults per model: the smoke MLP is instant; a video step takes seconds.
 # TSM-R18 at 48x48x8, batch 8, half width (stem 32 channels, 2.8 M weights):
@@ -282,6 +294,8 @@ SUMMARY
     exit 0
 fi
 if [ $VIDEO = 1 ]; then
+    CLIP="$FRAMES segments"
+    [ $VIDEO3D = 1 ] && CLIP="clips of $FRAMES frames (dense)"
     total_cps=0
     for ((r = 0; r < WORKERS; r++)); do
         total_cps=$(awk -v a="$total_cps" -v b="$(val "$RUN/worker$r.log" clips_per_s)" 'BEGIN { printf "%.1f", a + b }')
@@ -289,10 +303,11 @@ if [ $VIDEO = 1 ]; then
     cat <<SUMMARY
 
 ==== summary ====
-model:            $MODEL (width $WIDTH), $FRAMES segments, ${SIZE}x$SIZE, data $DATA
+model:            $MODEL (width $WIDTH), $CLIP, ${SIZE}x$SIZE, data $DATA
 steps:            $(val "$RUN/worker0.log" steps) ($(val "$RUN/worker0.log" epochs) epochs; sync SGD, $WORKERS workers x batch $BATCH, $SERVERS_N servers, wire $DTYPE)
 train loss:       $(val "$RUN/worker0.log" loss) (rank 0, mean of the last 10 steps)
 validation:       top1 $(val "$RUN/worker0.log" top1)  top5 $(val "$RUN/worker0.log" top5)  loss $(val "$RUN/worker0.log" val_loss)
+data per clip:    $(val "$RUN/worker0.log" frames_per_clip) frames, $(val "$RUN/worker0.log" bytes_per_clip) bytes read, decoded in $(val "$RUN/worker0.log" decode_ms_per_clip) ms (rank 0's loader)
 throughput:       $total_cps clips/s (all workers); rank 0 step $(val "$RUN/worker0.log" step_ms) ms = data wait $(val "$RUN/worker0.log" data_wait_ms) ms + compute $(val "$RUN/worker0.log" compute_ms) ms + comm wait $(val "$RUN/worker0.log" comm_wait_ms) ms
 wall time:        $(val "$RUN/worker0.log" wall_s) s
 model file:       $RUN/model.safetensors (psworker --eval --model $MODEL --weights ... --val-list ... evaluates it)

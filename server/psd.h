@@ -27,17 +27,21 @@
  *   psd_spec.c        the INIT spec: parse, check, hold its table
  *                     -> maxmsg, members, store
  *   psd_metrics.c     the STATS reply, stats log line, HTTP /metrics
- *                     -> late, members
+ *                     -> preflight, late, members
+ *   psd_preflight.c   psctl check's STATS members (flags, clock, a probe
+ *                     write in the checkpoint directory)
  *   psd_late.c        who the server waits for; steps per rank -> members
  *   psd_curve.c       --curve: CURVE server + ZAP allow-list thread
  *   psd_waiters.c     requests waiting for a partition version -> reply, peers
  *   psd_members.c     ranks, session tokens, liveness, BARRIER, BYE
- *                     -> curve, reply
+ *                     -> elastic, curve, reply
+ *   psd_elastic.c     membership epochs (join, drain, MEMBERS) -> reply
  *   psd_maxmsg.c      ZMQ_MAXMSGSIZE: message bound, the limit at the bind
  *   psd_reply.c       every send: counters, dropped replies, the ERROR log,
  *                     WEIGHTS -> store
  *   psd_store.c       partitions, slots, versions, sum + apply, encoded
- *                     weights -> pool
+ *                     weights -> skips, pool
+ *   psd_skips.c       the sync steps skipped for a loss-scale overflow
  *   psd_peers.c       waiting requests counted per peer
  *   psd_pool.c        summation threads
  * One call goes back up, at run time: psd_t.drain, which the loop sets and
@@ -91,6 +95,8 @@ typedef struct psd_opts {
     int server_id;
     int num_servers;
     int num_workers;       /* 0: learn from HELLO / INIT */
+    int max_workers;       /* elastic (sync): the most workers at once (> num_workers
+                            * makes the job elastic; psd_elastic.c) */
     char *mode;            /* sync | async | ssp */
     int staleness;         /* ssp: refuse pushes older than version - staleness */
     int threads;           /* summation threads (0: one per CPU, at most 8) */
@@ -144,6 +150,8 @@ typedef struct psd_waiter {
     uint8_t idlen;
     uint64_t request_id;
     uint64_t min_version;   /* reply once version >= this */
+    int exact;              /* PS_FLAG_EXACT: only version == min_version will do */
+    int state;              /* PS_FLAG_STATE: the reply carries weights and momentum */
     int dtype, codec;       /* encoding of the WEIGHTS reply */
 } psd_waiter_t;
 
@@ -189,6 +197,18 @@ typedef struct psd_part {
                              * version carry PS_FLAG_OVERFLOW so every worker
                              * learns the step was skipped (not checkpointed) */
     uint64_t *last_iter;    /* (W) async/ssp: last iteration applied per rank + 1 (0: none) */
+    psd_buf_t *prevbuf;     /* sync: the weights of version prev_version, the one
+                             * before `version`, kept by every update: a worker
+                             * that died between its pushes of that step computes
+                             * it again from them (PULL with PS_FLAG_EXACT) when
+                             * some partitions are already one update ahead.  An
+                             * update writes the new weights into the buffer of
+                             * the version before and swaps it with wbuf, so the
+                             * version it replaces is kept without a copy (and a
+                             * reply of it in flight needs no copy either); NULL
+                             * until the first update */
+    uint64_t prev_version;  /* UINT64_MAX: prev holds no version */
+    int prev_skipped;       /* version prev_version came from a skipped update */
     uint64_t wait_since_ms; /* sync: uv_now of the first push for `version` (psd_late.c) */
     psd_waiter_t *waiters;  /* PULL / PUSHPULL replies pending on a version */
     int nwaiters;
@@ -208,6 +228,8 @@ typedef struct psd_spec {
     ps_partition_table_t table;
     ps_optim_config_t optim;
     int nworkers;                /* W */
+    int elastic_linear;          /* "elastic": {"lr": "linear"} */
+    long long global_batch;      /* "elastic": {"global_batch": N} (0: none) */
     size_t max_numel;            /* largest partition this server would own */
     const char *json;            /* the spec as received (len bytes) */
     size_t len;
@@ -228,6 +250,9 @@ typedef struct psd_store {
     size_t scratch_cap;
     int from_ckpt;               /* state was loaded from a checkpoint */
     uint64_t updates;            /* shard updates applied (all partitions) */
+    uint64_t *skips;             /* sync: versions whose update was skipped for a
+                                  * loss-scale overflow, ascending (psd_skips.c) */
+    size_t nskips, skips_cap;
 } psd_store_t;
 
 /* Worker membership (psd_members.c). */
@@ -277,13 +302,24 @@ typedef struct psd_ackwait {
 
 typedef struct psd_ckpt_job psd_ckpt_job_t; /* psd_checkpoint.c */
 
+/* Elastic membership (psd_elastic.c): from version `from` on, the sync
+ * updates wait for the ranks in `ranks` (bit r: rank r). */
+typedef struct psd_epoch {
+    uint64_t from;
+    uint64_t ranks;
+} psd_epoch_t;
+
 /* Counters, incremented where things happen, reported by psd_metrics.c. */
 #define PSD_NERR 21 /* PS_E* codes are -1..-20 */
 typedef struct psd_metrics {
     uint64_t bytes_in, bytes_out, msgs_in, msgs_out, updates, skipped;
     uint64_t errors[PSD_NERR];
     uint64_t dropped_replies;
-    uint64_t weights_cow;  /* updates that found the weights still being sent */
+    uint64_t weights_cow;  /* updates that found the weights still being sent
+                            * and copied them (in place: async modes) */
+    uint64_t weights_left; /* sync updates that found the weights still being
+                            * sent and left them to the replies (the version
+                            * before), no copy */
     uint64_t disconnects;  /* peer connections closed (a message over
                             * ZMQ_MAXMSGSIZE ends its connection this way) */
     double agg_seconds, apply_seconds;
@@ -330,7 +366,12 @@ typedef struct psd {
     psd_store_t st;
     psd_pool_t *pool;           /* summation threads */
     psd_worker_t *workers;      /* (nworkers) */
-    int nworkers;               /* W, 0 until known */
+    int nworkers;               /* ranks: W, or --max-workers in an elastic job; 0 until known */
+    int w0;                     /* the workers the job starts with (HELLO / INIT num_workers) */
+    psd_epoch_t *epochs;        /* elastic: the membership epochs, by `from` (NULL: fixed W) */
+    int nepochs;
+    int elastic_linear;         /* the spec's lr rule: 1 linear scaling, 0 keep-batch */
+    long long global_batch;     /* the spec's global batch (keep-batch must split it) */
     int job_started;            /* a barrier was released or a gradient pushed
                                  * here: only from then on can a silent worker
                                  * be declared lost (psd_members.c) */
@@ -390,6 +431,26 @@ void psd_handle(psd_t *s, ps_wire_msg_t *m);
 /* After a worker was lost or left: partitions whose remaining slots are complete. */
 void psd_recheck_pending(psd_t *s);
 
+/* ---- psd_elastic.c: membership that changes at step boundaries ---- */
+/* Rank r is in the job at version v (always, in a job that is not elastic). */
+int psd_elastic_active(const psd_t *s, int r, uint64_t v);
+/* How many ranks are in the job at version v. */
+int psd_elastic_count(const psd_t *s, uint64_t v);
+/* The lr factor of version v: W_v / W0 under linear scaling, else 1. */
+float psd_elastic_lr_scale(const psd_t *s, uint64_t v);
+/* Once the cluster size is known: the first epoch when --max-workers > W0
+ * (0, or PS_E* logged). */
+int psd_elastic_init(psd_t *s);
+/* HELLO with PS_FLAG_JOIN on server 0: the rank the joiner gets (its first
+ * step in *from), or -1 with the cause in err. */
+int psd_elastic_join(psd_t *s, uint64_t *from, char *err, size_t len);
+/* The epochs as JSON [[from,[ranks]],...] (malloc'd), and back (a longer
+ * list replaces the one held; 0 or PS_EINVAL with the cause). */
+char *psd_elastic_json(const psd_t *s);
+int psd_elastic_parse(psd_t *s, const char *json, char *err, size_t len);
+void psd_handle_members(psd_t *s, ps_wire_msg_t *m);
+void psd_handle_drain(psd_t *s, ps_wire_msg_t *m);
+
 /* ---- psd_rollback.c ---- */
 /* MSG_ROLLBACK(V), sync mode: restore every owned partition above version V
  * from this server's aligned checkpoint of version V (weights, momentum;
@@ -446,8 +507,17 @@ int psd_spec_hold(psd_t *s, const char *json, size_t len, const uint64_t *want_h
  * descriptors. */
 int psd_metrics_start(psd_t *s);
 void psd_metrics_stop(psd_t *s);
-/* STATS body: malloc'd JSON. */
-char *psd_stats_json(const psd_t *s);
+/* STATS body: malloc'd JSON; with preflight, psctl check's members too
+ * (psd_preflight.c: that writes a probe file in the checkpoint directory). */
+char *psd_stats_json(const psd_t *s, int preflight);
+
+/* ---- psd_preflight.c ---- */
+/* Add "preflight": {time_unix, host, num_servers, num_workers (the flags),
+ * checkpoint_every_steps, checkpoint_dir, checkpoint_dir_error ("" when a
+ * probe file was written and synced there), checkpoint_free_bytes,
+ * checkpoint_bytes (one file of this shard, 0 before INIT)} to o. */
+struct cJSON;
+void psd_preflight_add(const psd_t *s, struct cJSON *o);
 void psd_stats_log(psd_t *s);
 
 /* ---- psd_curve.c ---- */
@@ -486,6 +556,9 @@ void psd_jobfail_hello(psd_t *s, int r);
 /* Called by the handlers when a rank's gradient for p's current version
  * arrives (the first one starts p's wait). */
 void psd_late_arrived(psd_t *s, psd_part_t *p, int rank);
+/* A sync update of p is about to be applied: count the step of each rank
+ * in it (steps per rank; on this server's first partition). */
+void psd_late_applying(psd_t *s, const psd_part_t *p);
 /* Seconds rank r has kept this server waiting (0: not late). */
 double psd_late_seconds(const psd_t *s, int r);
 /* One line of what this server waits for ("" when nothing): the barrier's
@@ -501,9 +574,10 @@ void psd_members_seen(psd_t *s, int rank);
 void psd_members_pushed(psd_t *s, int rank);
 int psd_members_is_live(const psd_t *s, int rank);
 int psd_members_live_count(const psd_t *s);
-/* Rank r's gradient / barrier is waited for (live, or lost under
- * --on-worker-loss=wait). */
-int psd_members_required(const psd_t *s, int r);
+/* Rank r's gradient of version v / its barrier (v = UINT64_MAX: at the
+ * newest membership) is waited for: it is in the job then, and live, or
+ * lost / left under --on-worker-loss=wait. */
+int psd_members_required(const psd_t *s, int r, uint64_t v);
 /* HELLO: the rank welcomed, or -1 when refused; `refusal` (len bytes) is
  * set when the refusal keeps the job from starting (the caller stops it). */
 int psd_handle_hello(psd_t *s, ps_wire_msg_t *m, char *refusal, size_t len);
@@ -522,6 +596,10 @@ void psd_members_fail_barrier(psd_t *s, int code, const char *text);
 void psd_members_notify_shutdown(psd_t *s, const char *why);
 /* A sync step of rank r was counted (its first owned partition's push). */
 void psd_members_count_step(psd_t *s, int r);
+/* The steps each rank contributed as "[n0,n1,...]" (malloc'd, NULL: out of
+ * memory), and back from a checkpoint's copy (entries past W ignored). */
+char *psd_members_steps_json(const psd_t *s);
+void psd_members_steps_load(psd_t *s, const char *json);
 /* Timer: mark silent workers lost and release the barriers they block;
  * 1 when one was lost (the caller rechecks the pending sync updates). */
 int psd_members_check(psd_t *s);
@@ -553,6 +631,10 @@ void psd_send_ack(psd_t *s, const void *id, size_t idlen, uint64_t request_id);
  * logged (at most 20 lines a second). */
 void psd_send_error(psd_t *s, const void *id, size_t idlen, const Ps__Header *req, int code,
                     const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+/* ERROR(PS_ESTATE) with PS_FLAG_REBUILD: this server holds nothing of the
+ * job (text: why), the workers that keep state rebuild it. */
+void psd_send_rebuild_error(psd_t *s, const void *id, size_t idlen, const Ps__Header *req,
+                            const char *text);
 /* ERROR(PS_ESTATE) with PS_FLAG_ROLLBACK and iteration = v. */
 void psd_send_rollback_error(psd_t *s, const void *id, size_t idlen, const Ps__Header *req,
                              uint64_t v, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
@@ -561,12 +643,30 @@ void psd_errors_log_flush(psd_t *s);
 /* WEIGHTS of p at its version, zero-copy (ERROR if it cannot be encoded). */
 void psd_send_weights(psd_t *s, const void *id, size_t idlen, uint64_t request_id, psd_part_t *p,
                       int dtype, int codec);
+/* WEIGHTS of p at its version with PS_FLAG_STATE: raw fp32 weights then
+ * momentum, for the worker that keeps p's state. */
+void psd_send_state(psd_t *s, const void *id, size_t idlen, uint64_t request_id, psd_part_t *p);
+/* WEIGHTS of p at version v exactly: its current weights, or those kept
+ * from the version before (p->prevbuf); ERROR(PS_ESTATE) when neither is v. */
+void psd_send_weights_of(psd_t *s, const void *id, size_t idlen, uint64_t request_id,
+                         psd_part_t *p, uint64_t v, int dtype, int codec);
 /* Codec of the WEIGHTS reply: Header.reply_codec when present (a PUSHPULL
  * whose gradient is TOPK / SIGN wants its weights exact), else the request's. */
 int psd_reply_codec(const Ps__Header *h);
 /* Keep m's routing identity for a later reply (at most 255 bytes); is it id? */
 void psd_reply_keep_id(uint8_t dst[256], uint8_t *dlen, const ps_wire_msg_t *m);
 int psd_reply_same_id(const uint8_t *id, size_t idlen, const ps_wire_msg_t *m);
+
+/* ---- psd_skips.c: the sync steps skipped for a loss-scale overflow ---- */
+/* Record that the update of version v was skipped (once per step). */
+void psd_skips_add(psd_store_t *st, uint64_t v);
+/* Forget the skips of versions >= v (a rollback to v). */
+void psd_skips_cut(psd_store_t *st, uint64_t v);
+/* "[v,...]" (malloc'd, NULL when out of memory). */
+char *psd_skips_json(const psd_store_t *st);
+/* Replace the list with a JSON array of versions (a checkpoint's); 0 or
+ * PS_EINVAL with the cause in err. */
+int psd_skips_parse(psd_store_t *st, const char *json, char *err, size_t errlen);
 
 /* ---- psd_store.c ---- */
 int psd_mode_parse(const char *s, psd_mode_t *m);
@@ -580,6 +680,20 @@ void psd_store_apply_sync(psd_t *s, psd_part_t *p);
 void psd_store_apply_async(psd_t *s, psd_part_t *p, const float *grad);
 /* Encoded weights of p at its current version (new reference) or NULL. */
 psd_buf_t *psd_store_encoded(psd_t *s, psd_part_t *p, int dtype, int codec, int *err);
+/* The weights of the version before (p->prevbuf), encoded into a buffer of
+ * their own (one reference, not cached: asked for only by a rejoining
+ * worker), or NULL with *err. */
+psd_buf_t *psd_store_encoded_prev(psd_t *s, psd_part_t *p, int dtype, int codec, int *err);
+/* Forget the kept previous version (the weights were replaced). */
+void psd_store_forget_prev(psd_part_t *p);
+/* The weights of version prev_version (NULL: none kept). */
+static inline float *psd_store_prev(const psd_part_t *p)
+{
+    return p->prevbuf ? (float *)p->prevbuf->data : NULL;
+}
+/* A buffer for the previous version's weights to be written into (the
+ * rebuild from the workers' copies), NULL when out of memory. */
+float *psd_store_prev_writable(psd_part_t *p);
 void psd_store_drop_cache(psd_part_t *p);
 /* Before writing p->w: drop the encoded replies and, when a zero-copy send
  * of the weights is still in flight, move them to a fresh buffer.  0, or

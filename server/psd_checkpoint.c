@@ -285,6 +285,16 @@ static int snap_meta(psd_t *s, psd_ckpt_job_t *j, const char *vjson, uint32_t cr
     if ((rc = ps_st_writer_meta(j->w, "table_hash", num))) return rc;
     snprintf(num, sizeof num, "%llu", (unsigned long long)st->updates);
     if ((rc = ps_st_writer_meta(j->w, "updates", num))) return rc;
+    char *skips = psd_skips_json(st), *steps = psd_members_steps_json(s);
+    char *epochs = s->nepochs ? psd_elastic_json(s) : NULL;
+    rc = skips && steps && (epochs || !s->nepochs) ? ps_st_writer_meta(j->w, "skipped_steps", skips)
+                                                   : PS_ENOMEM;
+    if (!rc) rc = ps_st_writer_meta(j->w, "rank_steps", steps);
+    if (!rc && epochs) rc = ps_st_writer_meta(j->w, "epochs", epochs);
+    free(skips);
+    free(steps);
+    free(epochs);
+    if (rc) return rc;
     snprintf(num, sizeof num, "%08x", crc);
     return ps_st_writer_meta(j->w, "data_crc32c", num);
 }
@@ -644,7 +654,10 @@ static void reset_state(psd_t *s)
     psd_store_free(&s->st);
     free(s->workers);
     s->workers = NULL;
-    s->nworkers = 0;
+    s->nworkers = s->w0 = 0;
+    free(s->epochs);
+    s->epochs = NULL;
+    s->nepochs = 0;
     char err[128];
     if (s->o.num_workers > 0) psd_members_set_count(s, s->o.num_workers, err, sizeof err);
 }
@@ -826,6 +839,17 @@ static int try_load(psd_t *s, const char *path, char *err, size_t errlen)
         goto out;
     }
     psd_store_t *st = &s->st;
+    const char *skips = ps_st_meta(&f, "skipped_steps"); /* absent: an older file */
+    if (skips && (rc = psd_skips_parse(st, skips, err, errlen))) {
+        reset_state(s);
+        goto out;
+    }
+    psd_members_steps_load(s, ps_st_meta(&f, "rank_steps"));
+    const char *epochs = ps_st_meta(&f, "epochs");
+    if (epochs && (rc = psd_elastic_parse(s, epochs, err, errlen))) {
+        reset_state(s);
+        goto out;
+    }
     st->updates = mt.upd ? strtoull(mt.upd, NULL, 10) : 0;
     st->from_ckpt = 1;
     s->updates_at_ckpt = st->updates;

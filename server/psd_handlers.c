@@ -30,6 +30,14 @@ static void after_update(psd_t *s, psd_part_t *p)
     psd_checkpoint_maybe(s);
 }
 
+/* Every required gradient of p's step is in: update, answer, checkpoint. */
+static void apply_sync(psd_t *s, psd_part_t *p)
+{
+    psd_late_applying(s, p);
+    psd_store_apply_sync(s, p);
+    after_update(s, p);
+}
+
 /* Whether p's next sync update can be made: every rank whose gradient is
  * required (psd_members_required) has pushed one; *ncontrib: how many did. */
 static int sync_ready(psd_t *s, psd_part_t *p, int *ncontrib)
@@ -37,7 +45,7 @@ static int sync_ready(psd_t *s, psd_part_t *p, int *ncontrib)
     int n = 0;
     for (int r = 0; r < s->st.nworkers; r++) {
         if (p->have[r]) n++;
-        else if (psd_members_required(s, r)) return 0;
+        else if (psd_members_required(s, r, p->version)) return 0;
     }
     *ncontrib = n;
     return n > 0;
@@ -49,10 +57,7 @@ void psd_recheck_pending(psd_t *s)
     for (uint32_t i = 0; i < s->st.table.nparts; i++) {
         psd_part_t *p = &s->st.parts[i];
         int n;
-        if (p->owned && p->initialised && sync_ready(s, p, &n)) {
-            psd_store_apply_sync(s, p);
-            after_update(s, p);
-        }
+        if (p->owned && p->initialised && sync_ready(s, p, &n)) apply_sync(s, p);
     }
 }
 
@@ -63,9 +68,13 @@ static psd_part_t *check_part(psd_t *s, ps_wire_msg_t *m, int need_weights)
     const Ps__Header *h = m->hdr;
     const char *what = ps_wire_type_name(h->type);
     if (!s->st.have_table) {
-        char why[900];
+        /* Nothing of the job here (a server started empty, its checkpoint
+         * lost or never written): workers that keep the partitions' state
+         * rebuild it (PS_FLAG_REBUILD); the others stop with this text. */
+        char why[900], text[1000];
         psd_checkpoint_why_none(s, why, sizeof why);
-        psd_send_error(s, PSD_ID_OF(m), h, PS_ESTATE, "%s before INIT: %s", what, why);
+        snprintf(text, sizeof text, "%s before INIT: %s", what, why);
+        psd_send_rebuild_error(s, PSD_ID_OF(m), h, text);
         return NULL;
     }
     if (!h->has_partition || h->partition >= s->st.table.nparts) {
@@ -96,8 +105,11 @@ static psd_part_t *check_part(psd_t *s, ps_wire_msg_t *m, int need_weights)
         return NULL;
     }
     if (need_weights && !p->initialised) {
-        psd_send_error(s, PSD_ID_OF(m), h, PS_ESTATE, "%s: partition %u has no weights yet (INIT first)",
-                       what, p->id);
+        /* Never so at a start (the workers push after rank 0's INIT of every
+         * partition): this server is being rebuilt, so PS_FLAG_REBUILD. */
+        char text[160];
+        snprintf(text, sizeof text, "%s: partition %u has no weights yet (INIT first)", what, p->id);
+        psd_send_rebuild_error(s, PSD_ID_OF(m), h, text);
         return NULL;
     }
     return p;
@@ -140,6 +152,50 @@ static int decode_into(psd_t *s, ps_wire_msg_t *m, psd_part_t *p, float *dst)
     return 0;
 }
 
+/* INIT with PS_FLAG_STATE: a worker that kept partition p's state
+ * rebuilds it on a server that lost it: raw fp32 weights then momentum at
+ * version `iteration`; with PS_FLAG_EXACT too, the weights of the version
+ * before (what a worker that died between its pushes computes again from),
+ * sent after the state.  A partition that has its state keeps it. */
+static void init_state(psd_t *s, ps_wire_msg_t *m, psd_part_t *p)
+{
+    const Ps__Header *h = m->hdr;
+    int prev = (h->flags & PS_FLAG_EXACT) != 0;
+    size_t bytes = p->numel * sizeof(float), len = m->has_payload ? zmq_msg_size(&m->payload) : 0;
+    if (s->mode != PSD_SYNC || h->dtype != PS__DTYPE__DT_FP32 || h->codec != PS__CODEC__CODEC_RAW ||
+        !h->has_iteration || len != (prev ? 1 : 2) * bytes) {
+        psd_send_error(s, PSD_ID_OF(m), h, PS_EPROTO,
+                       "INIT with state of partition %u: want sync mode, an iteration and raw "
+                       "fp32 %s (%zu bytes), got %zu", p->id,
+                       prev ? "weights" : "weights then momentum", (prev ? 1 : 2) * bytes, len);
+        return;
+    }
+    const float *src = zmq_msg_data(&m->payload);
+    if (s->o.reject_nonfinite && psd_store_nonfinite(s, src, len / sizeof(float))) {
+        psd_send_error(s, PSD_ID_OF(m), h, PS_ENONFINITE, "INIT: partition %u: NaN or Inf", p->id);
+        return;
+    }
+    if (prev) {
+        float *prev;
+        if (p->initialised && p->version == h->iteration + 1 && (prev = psd_store_prev_writable(p))) {
+            memcpy(prev, src, bytes);
+            p->prev_version = h->iteration;
+            p->prev_skipped = 0;
+        }
+    } else if (!p->initialised) {
+        psd_store_weights_writable(s, p);
+        memcpy(p->w, src, bytes);
+        memcpy(p->m, src + p->numel, bytes);
+        psd_store_forget_prev(p);
+        p->version = h->iteration;
+        p->initialised = 1;
+        ps_info("partition %u rebuilt at version %llu from rank %d's copy", p->id,
+                (unsigned long long)p->version, h->has_rank ? h->rank : -1);
+        psd_waiters_notify(s, p);
+    }
+    send_ack(s, m, 0);
+}
+
 static void handle_init(psd_t *s, ps_wire_msg_t *m)
 {
     const Ps__Header *h = m->hdr;
@@ -160,6 +216,10 @@ static void handle_init(psd_t *s, ps_wire_msg_t *m)
     }
     psd_part_t *p = check_part(s, m, 0);
     if (!p) return;
+    if (h->flags & PS_FLAG_STATE) {
+        init_state(s, m, p);
+        return;
+    }
     if (p->initialised) { /* a retry, or state from a checkpoint: keep what we have */
         send_ack(s, m, s->st.from_ckpt ? PS_FLAG_FROM_CKPT : 0);
         return;
@@ -168,6 +228,7 @@ static void handle_init(psd_t *s, ps_wire_msg_t *m)
     if (decode_into(s, m, p, s->st.gsum)) return;
     psd_store_weights_writable(s, p);
     memcpy(p->w, s->st.gsum, p->numel * sizeof(float));
+    psd_store_forget_prev(p);
     p->version = h->has_iteration ? h->iteration : 0;
     p->initialised = 1;
     ps_debug("partition %u initialised (%zu elements, version %llu)", p->id, p->numel,
@@ -179,7 +240,9 @@ static void handle_init(psd_t *s, ps_wire_msg_t *m)
 /* A retry of a push that is already applied: answer like the original. */
 static void reply_done(psd_t *s, ps_wire_msg_t *m, psd_part_t *p, int pushpull)
 {
-    if (pushpull)
+    if (pushpull && (m->hdr->flags & PS_FLAG_STATE) && s->mode == PSD_SYNC)
+        psd_send_state(s, PSD_ID_OF(m), m->hdr->request_id, p);
+    else if (pushpull)
         psd_send_weights(s, PSD_ID_OF(m), m->hdr->request_id, p, m->hdr->dtype,
                          psd_reply_codec(m->hdr));
     else if (!(m->hdr->flags & PS_FLAG_NO_REPLY)) send_ack(s, m, 0);
@@ -262,10 +325,7 @@ static void push_sync(psd_t *s, ps_wire_msg_t *m, psd_part_t *p, int rank, int p
     } else if (!(h->flags & PS_FLAG_NO_REPLY)) {
         send_ack(s, m, 0);
     }
-    if (sync_ready(s, p, &n)) {
-        psd_store_apply_sync(s, p);
-        after_update(s, p);
-    }
+    if (sync_ready(s, p, &n)) apply_sync(s, p);
 out:
     /* Not applied now (the reply could not be queued): the payload dies
      * with the message, so keep a copy in the rank's slot. */
@@ -317,10 +377,22 @@ static void handle_push(psd_t *s, ps_wire_msg_t *m, int pushpull)
 
 static void handle_pull(psd_t *s, ps_wire_msg_t *m)
 {
-    psd_part_t *p = check_part(s, m, 1);
+    /* PS_FLAG_REBUILD: a worker rebuilding this server waits for the
+     * partition's INIT from the worker that kept it */
+    int rebuild = (m->hdr->flags & PS_FLAG_REBUILD) != 0;
+    psd_part_t *p = check_part(s, m, !rebuild);
     if (!p) return;
+    if (!p->initialised) {
+        psd_waiters_add(s, m, p, 0);
+        return;
+    }
     uint64_t want = m->hdr->has_min_version ? m->hdr->min_version : 0;
-    if (p->version >= want)
+    if (p->version >= want && (m->hdr->flags & PS_FLAG_EXACT))
+        /* a worker that died between its pushes of step `want` comes back:
+         * it computes that step from version `want` everywhere */
+        psd_send_weights_of(s, PSD_ID_OF(m), m->hdr->request_id, p, want, m->hdr->dtype,
+                            psd_reply_codec(m->hdr));
+    else if (p->version >= want)
         psd_send_weights(s, PSD_ID_OF(m), m->hdr->request_id, p, m->hdr->dtype,
                          psd_reply_codec(m->hdr));
     else psd_waiters_add(s, m, p, want);
@@ -328,7 +400,7 @@ static void handle_pull(psd_t *s, ps_wire_msg_t *m)
 
 static void handle_stats(psd_t *s, ps_wire_msg_t *m)
 {
-    char *json = psd_stats_json(s);
+    char *json = psd_stats_json(s, (m->hdr->flags & PS_FLAG_PREFLIGHT) != 0);
     if (!json) {
         psd_send_error(s, PSD_ID_OF(m), m->hdr, PS_ENOMEM, "STATS: out of memory");
         return;
@@ -482,6 +554,13 @@ void psd_handle(psd_t *s, ps_wire_msg_t *m)
     case PS__MSG_TYPE__MSG_BYE: handle_bye(s, m); break;
     case PS__MSG_TYPE__MSG_ROLLBACK:
         if (member_ok(s, m)) psd_handle_rollback(s, m);
+        break;
+    case PS__MSG_TYPE__MSG_MEMBERS:
+        if (member_ok(s, m)) psd_handle_members(s, m);
+        break;
+    case PS__MSG_TYPE__MSG_DRAIN: /* psctl drain, or the worker itself (SIGTERM) */
+        if ((h->has_rank && psd_members_rank_of(s, m) == h->rank) || admin_ok(s, m))
+            psd_handle_drain(s, m);
         break;
     default:
         psd_send_error(s, PSD_ID_OF(m), h, PS_EPROTO, "unexpected message type %d (%s) for a server",

@@ -28,20 +28,29 @@ void psd_late_arrived(psd_t *s, psd_part_t *p, int rank)
     int n = 0;
     for (int r = 0; r < s->st.nworkers; r++) n += p->have[r] != 0;
     if (n == 1) p->wait_since_ms = uv_now(s->loop);
-    if ((int)p->id == first_owned(s)) psd_members_count_step(s, rank);
+    (void)rank;
+}
+
+void psd_late_applying(psd_t *s, const psd_part_t *p)
+{
+    /* counted at the update, not at arrival: a rollback to an aligned
+     * checkpoint then restores exactly the counts of its version */
+    if ((int)p->id != first_owned(s)) return;
+    for (int r = 0; r < s->st.nworkers; r++)
+        if (p->have[r]) psd_members_count_step(s, r);
 }
 
 /* Rank r holds up p's update: it is required and has not pushed. */
 static int holds_up(const psd_t *s, const psd_part_t *p, int r)
 {
-    return p->owned && p->wait_since_ms && !p->have[r] && psd_members_required(s, r);
+    return p->owned && p->wait_since_ms && !p->have[r] && psd_members_required(s, r, p->version);
 }
 
 double psd_late_seconds(const psd_t *s, int r)
 {
     uint64_t now = uv_now(s->loop), since = 0;
     if (r < 0 || r >= s->nworkers) return 0;
-    if (s->barrier_since_ms && !s->workers[r].at_barrier && psd_members_required(s, r))
+    if (s->barrier_since_ms && !s->workers[r].at_barrier && psd_members_required(s, r, UINT64_MAX))
         since = s->barrier_since_ms;
     for (uint32_t i = 0; s->mode == PSD_SYNC && s->st.have_table && i < s->st.table.nparts; i++) {
         const psd_part_t *p = &s->st.parts[i];
@@ -76,7 +85,7 @@ static size_t list_ranks(const psd_t *s, char *buf, size_t len,
 static int barrier_late(const psd_t *s, int r, void *arg)
 {
     (void)arg;
-    return !s->workers[r].at_barrier && psd_members_required(s, r);
+    return !s->workers[r].at_barrier && psd_members_required(s, r, UINT64_MAX);
 }
 
 static int step_late(const psd_t *s, int r, void *arg)

@@ -33,6 +33,7 @@ static int parse_args(psd_opts_t *o, int argc, char **argv)
         {"server-id", PS_OPT_INT, &o->server_id, "index of this shard (0 keeps membership)", "0"},
         {"num-servers", PS_OPT_INT, &o->num_servers, "number of shards", "1"},
         {"num-workers", PS_OPT_INT, &o->num_workers, "cluster size (0: from HELLO / INIT)", "0"},
+        {"max-workers", PS_OPT_INT, &o->max_workers, "sync: the most workers at once; above --num-workers the job is elastic (psworker --join, psctl drain)", "0"},
         {"mode", PS_OPT_STRING, &o->mode, "sync | async | ssp (bounded staleness)", "sync"},
         {"staleness", PS_OPT_INT, &o->staleness, "ssp: refuse pushes older than version - staleness", "2"},
         {"threads", PS_OPT_INT, &o->threads, "threads for gradient summation (0: one per CPU, at most 8)", "0"},
@@ -90,6 +91,11 @@ static int check_opts(psd_t *s)
     }
     if (psd_mode_parse(o->mode, &s->mode)) {
         fprintf(stderr, "psd: --mode %s: want sync|async|ssp\n", o->mode);
+        return 2;
+    }
+    if (o->max_workers > o->num_workers && (o->num_workers <= 0 || strcmp(o->mode, "sync"))) {
+        fprintf(stderr, "psd: --max-workers %d makes the job elastic: that needs --mode sync and "
+                        "--num-workers (the workers it starts with)\n", o->max_workers);
         return 2;
     }
     if (!strcmp(o->on_worker_loss, "continue")) o->loss_continue = 1;

@@ -33,21 +33,26 @@ int psd_members_set_count(psd_t *s, int n, char *err, size_t errlen)
         snprintf(err, errlen, "num_workers %d out of range 1..65536", n);
         return PS_ERANGE;
     }
-    if (s->nworkers == n) return 0;
-    if (s->nworkers > 0) {
-        snprintf(err, errlen, "num_workers %d differs from the cluster size %d", n, s->nworkers);
+    if (s->w0 == n) return 0;
+    if (s->w0 > 0) {
+        snprintf(err, errlen, "num_workers %d differs from the cluster size %d", n, s->w0);
         return PS_EMISMATCH;
     }
-    s->workers = calloc(n, sizeof *s->workers);
+    /* an elastic job has room for --max-workers ranks */
+    int cap = s->o.max_workers > n ? s->o.max_workers : n;
+    s->workers = calloc(cap, sizeof *s->workers);
     if (!s->workers) {
-        snprintf(err, errlen, "out of memory for %d workers", n);
+        snprintf(err, errlen, "out of memory for %d workers", cap);
         return PS_ENOMEM;
     }
     uint64_t now = uv_now(s->loop);
-    for (int r = 0; r < n; r++) s->workers[r].last_seen_ms = now;
-    s->nworkers = n;
+    for (int r = 0; r < cap; r++) s->workers[r].last_seen_ms = now;
+    s->nworkers = cap;
+    s->w0 = n;
     ps_info("cluster size: %d workers", n);
-    return 0;
+    int rc = psd_elastic_init(s);
+    if (rc) snprintf(err, errlen, "--max-workers: at most 64 in an elastic job");
+    return rc;
 }
 
 /* Heard from and neither silent nor gone: a rank never heard from is not
@@ -57,9 +62,9 @@ int psd_members_is_live(const psd_t *s, int r)
     return r >= 0 && r < s->nworkers && s->workers[r].state == PSD_W_LIVE;
 }
 
-int psd_members_required(const psd_t *s, int r)
+int psd_members_required(const psd_t *s, int r, uint64_t v)
 {
-    if (r < 0 || r >= s->nworkers) return 0;
+    if (!psd_elastic_active(s, r, v)) return 0;
     psd_wstate_t st = s->workers[r].state;
     if (st == PSD_W_UNKNOWN || st == PSD_W_LIVE) return 1;
     /* --on-worker-loss=wait (the default): a lost worker, or one that left
@@ -87,6 +92,31 @@ int psd_members_rank_of(const psd_t *s, const ps_wire_msg_t *m)
 void psd_members_count_step(psd_t *s, int r)
 {
     if (r >= 0 && r < s->nworkers) s->workers[r].steps++;
+}
+
+char *psd_members_steps_json(const psd_t *s)
+{
+    size_t cap = 8 + 24 * (size_t)(s->nworkers > 0 ? s->nworkers : 0), n = 0;
+    char *out = malloc(cap);
+    if (!out) return NULL;
+    n += (size_t)snprintf(out, cap, "[");
+    for (int r = 0; r < s->nworkers; r++)
+        n += (size_t)snprintf(out + n, cap - n, "%s%llu", r ? "," : "",
+                              (unsigned long long)s->workers[r].steps);
+    snprintf(out + n, cap - n, "]");
+    return out;
+}
+
+void psd_members_steps_load(psd_t *s, const char *json)
+{
+    const char *c = json && *json == '[' ? json + 1 : NULL;
+    for (int r = 0; c && r < s->nworkers && *c && *c != ']'; r++) {
+        char *end;
+        unsigned long long v = strtoull(c, &end, 10);
+        if (end == c) break;
+        s->workers[r].steps = v;
+        c = *end == ',' ? end + 1 : end;
+    }
 }
 
 void psd_members_seen(psd_t *s, int r)
@@ -118,12 +148,23 @@ static void barrier_ack(psd_t *s, const void *id, size_t idlen, uint64_t req, in
     psd_send(s, id, idlen, &h, NULL, 0);
 }
 
+/* The membership a barrier waits for: the one in force at this server's
+ * lowest partition version (the start: 0; the end: the last step), or the
+ * newest before the table is known. */
+static uint64_t barrier_version(const psd_t *s)
+{
+    uint64_t v = UINT64_MAX;
+    for (uint32_t i = 0; s->st.have_table && i < s->st.table.nparts; i++)
+        if (s->st.parts[i].owned && s->st.parts[i].version < v) v = s->st.parts[i].version;
+    return v;
+}
+
 static void barrier_try_release(psd_t *s)
 {
     int arrived = 0;
     for (int r = 0; r < s->nworkers; r++) {
         if (s->workers[r].at_barrier) arrived++;
-        else if (psd_members_required(s, r)) return;
+        else if (psd_members_required(s, r, barrier_version(s))) return;
     }
     if (!arrived) return;
     ps_info("barrier released (%d workers)", arrived);
@@ -199,6 +240,19 @@ int psd_handle_hello(psd_t *s, ps_wire_msg_t *m, char *refusal, size_t len)
     char err[256] = "";
     int rc;
 
+    /* Checked before anything is kept, so a misconfigured worker that
+     * comes first cannot make the cluster's table its own. */
+    uint32_t nserv = s->st.have_table ? s->st.table.nservers
+                                      : (uint32_t)(s->o.num_servers > 0 ? s->o.num_servers : 0);
+    if (h->has_num_servers && h->num_servers && nserv && h->num_servers != nserv) {
+        char why[200];
+        snprintf(why, sizeof why, "the worker's --servers lists %u server(s), the cluster has %u "
+                 "(psd --num-servers): give every worker all the servers, server 0 first",
+                 h->num_servers, nserv);
+        psd_send_error(s, PSD_ID_OF(m), h, PS_EMISMATCH, "%s", why);
+        hello_refused(s, h->has_rank ? h->rank : -1, why, refusal, len);
+        return -1;
+    }
     if (h->has_table_hash) {
         uint64_t known = s->st.have_table ? s->st.table.hash : s->table_hash_seen;
         if ((s->st.have_table || s->have_hash_seen) && h->table_hash != known) {
@@ -210,8 +264,6 @@ int psd_handle_hello(psd_t *s, ps_wire_msg_t *m, char *refusal, size_t len)
             hello_refused(s, h->has_rank ? h->rank : -1, why, refusal, len);
             return -1;
         }
-        s->table_hash_seen = h->table_hash;
-        s->have_hash_seen = 1;
     }
     if (h->has_num_workers && h->num_workers > 0 &&
         (rc = psd_members_set_count(s, (int)h->num_workers, err, sizeof err))) {
@@ -219,13 +271,25 @@ int psd_handle_hello(psd_t *s, ps_wire_msg_t *m, char *refusal, size_t len)
         if (rc == PS_EMISMATCH) hello_refused(s, h->has_rank ? h->rank : -1, err, refusal, len);
         return -1;
     }
+    if (h->has_table_hash) {
+        s->table_hash_seen = h->table_hash;
+        s->have_hash_seen = 1;
+    }
     if (s->nworkers <= 0) {
         psd_send_error(s, PSD_ID_OF(m), h, PS_ESTATE,
                        "HELLO: cluster size unknown (send num_workers or start psd with --num-workers)");
         return -1;
     }
     int rank = h->has_rank ? h->rank : -1;
-    if (rank < 0) {
+    uint64_t join_at = 0;
+    if (h->has_flags && (h->flags & PS_FLAG_JOIN)) {
+        /* psworker --join: a new rank from the next step boundary on */
+        char why[300] = "";
+        if ((rank = psd_elastic_join(s, &join_at, why, sizeof why)) < 0) {
+            psd_send_error(s, PSD_ID_OF(m), h, PS_ESTATE, "HELLO to join: %s", why);
+            return -1;
+        }
+    } else if (rank < 0) {
         if (s->o.server_id != 0) {
             psd_send_error(s, PSD_ID_OF(m), h, PS_ESTATE,
                            "HELLO with rank -1 must go to server 0 (this is server %d)", s->o.server_id);
@@ -290,6 +354,8 @@ int psd_handle_hello(psd_t *s, ps_wire_msg_t *m, char *refusal, size_t len)
         r.table_hash = s->st.have_table ? s->st.table.hash : s->table_hash_seen;
     }
     if (s->st.from_ckpt) r.has_flags = 1, r.flags = PS_FLAG_FROM_CKPT;
+    if (join_at) r.has_flags = 1, r.flags |= PS_FLAG_JOIN, r.has_iteration = 1, r.iteration = join_at;
+    if (s->nepochs) r.has_epochs = 1, r.epochs = (uint32_t)s->nepochs;
     psd_send(s, PSD_ID_OF(m), &r, NULL, 0);
     return rank;
 }

@@ -26,7 +26,7 @@ static uint64_t error_count(const psd_t *s)
     return errs;
 }
 
-char *psd_stats_json(const psd_t *s)
+char *psd_stats_json(const psd_t *s, int preflight)
 {
     cJSON *o = cJSON_CreateObject();
     if (!o) return NULL;
@@ -58,12 +58,16 @@ char *psd_stats_json(const psd_t *s)
     cJSON_AddNumberToObject(o, "checkpoint_last_error_time", s->mx.ckpt_fail_time);
     cJSON_AddNumberToObject(o, "updates", (double)s->mx.updates);
     cJSON_AddNumberToObject(o, "skipped_updates", (double)s->mx.skipped);
+    cJSON *sk = cJSON_AddArrayToObject(o, "skipped_steps");
+    for (size_t i = 0; sk && i < s->st.nskips; i++)
+        cJSON_AddItemToArray(sk, cJSON_CreateNumber((double)s->st.skips[i]));
     cJSON_AddNumberToObject(o, "bytes_in", (double)s->mx.bytes_in);
     cJSON_AddNumberToObject(o, "bytes_out", (double)s->mx.bytes_out);
     cJSON_AddNumberToObject(o, "msgs_in", (double)s->mx.msgs_in);
     cJSON_AddNumberToObject(o, "msgs_out", (double)s->mx.msgs_out);
     cJSON_AddNumberToObject(o, "dropped_replies", (double)s->mx.dropped_replies);
     cJSON_AddNumberToObject(o, "weights_copied", (double)s->mx.weights_cow);
+    cJSON_AddNumberToObject(o, "weights_left_to_replies", (double)s->mx.weights_left);
     cJSON_AddNumberToObject(o, "peer_disconnects", (double)s->mx.disconnects);
     cJSON_AddNumberToObject(o, "max_msg_bytes", (double)s->maxmsg);
     ps_http_stats_t hs;
@@ -73,7 +77,15 @@ char *psd_stats_json(const psd_t *s)
     cJSON_AddNumberToObject(o, "http_rejected", (double)hs.rejected);
     cJSON_AddNumberToObject(o, "errors", (double)error_count(s));
     cJSON_AddNumberToObject(o, "live_workers", psd_members_live_count(s));
-    cJSON_AddNumberToObject(o, "num_workers", s->nworkers);
+    cJSON_AddNumberToObject(o, "num_workers", s->w0);
+    if (s->nepochs) { /* elastic: the membership, and how many are in it now */
+        char *ej = psd_elastic_json(s);
+        cJSON *ea = ej ? cJSON_Parse(ej) : NULL;
+        free(ej);
+        if (ea) cJSON_AddItemToObject(o, "epochs", ea);
+        cJSON_AddNumberToObject(o, "max_workers", s->nworkers);
+        cJSON_AddNumberToObject(o, "active_workers", psd_elastic_count(s, UINT64_MAX));
+    }
     cJSON_AddNumberToObject(o, "owned_partitions", s->st.nowned);
     cJSON_AddBoolToObject(o, "from_checkpoint", s->st.from_ckpt);
     if (s->st.have_table) {
@@ -116,6 +128,7 @@ char *psd_stats_json(const psd_t *s)
         cJSON_AddStringToObject(o, "spec", s->st.spec_json);
     cJSON_AddNumberToObject(o, "aggregation_seconds", s->mx.agg_seconds);
     cJSON_AddNumberToObject(o, "apply_seconds", s->mx.apply_seconds);
+    if (preflight) psd_preflight_add(s, o);
     char *txt = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     return txt;

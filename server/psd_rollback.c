@@ -113,10 +113,12 @@ static int restore(psd_t *s, uint64_t v, char *err, size_t errlen, char *used, s
             p->direct = NULL;
             p->overflow = 0;
             p->skipped_ver = 0;
+            psd_store_forget_prev(p);
             p->version = v;
             psd_waiters_cancel(s, p, v); /* that future is gone */
             psd_waiters_notify(s, p);
         }
+        psd_members_steps_load(s, ps_st_meta(&f, "rank_steps")); /* as of v */
         snprintf(used, usedlen, "%s", path);
         ps_st_close(&f);
         rc = 0;
@@ -179,6 +181,7 @@ void psd_handle_rollback(psd_t *s, ps_wire_msg_t *m)
             return;
         }
         s->aligned_v = s->aligned_taken = v; /* restored from a durable file of v */
+        psd_skips_cut(&s->st, v);           /* those steps are redone */
         s->rollbacks++;
         ps_warn("rolled back from versions %llu..%llu to %llu (%s): %llu step(s) to redo",
                 (unsigned long long)vmin, (unsigned long long)vmax, (unsigned long long)v, used,

@@ -13,6 +13,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "ps_error.h"
 
@@ -98,9 +99,9 @@ static int parse_counts(const psd_t *s, const cJSON *root, long long *pbytes, lo
     if (s->o.server_id >= *nserv)
         return errf(err, errlen, PS_EMISMATCH, "INIT spec: num_servers %lld but this is server %d",
                     *nserv, s->o.server_id);
-    if (s->nworkers > 0 && *nwork != s->nworkers)
+    if (s->w0 > 0 && *nwork != s->w0)
         return errf(err, errlen, PS_EMISMATCH, "INIT spec: num_workers %lld but the cluster has %d",
-                    *nwork, s->nworkers);
+                    *nwork, s->w0);
     return 0;
 }
 
@@ -176,6 +177,13 @@ static int parse_spec(const psd_t *s, const char *json, size_t len, const uint64
                            errlen);
     if (!rc) rc = parse_counts(s, root, &pbytes, &nserv, &nwork, err, errlen);
     if (!rc) rc = parse_optim(root, &sp->optim, err, errlen);
+    /* elastic membership's lr rule (psworker --elastic-lr), and the global
+     * batch that keep-batch splits over the workers */
+    const cJSON *el = cJSON_GetObjectItemCaseSensitive(root, "elastic");
+    const cJSON *lr = cJSON_GetObjectItemCaseSensitive(el, "lr"),
+                *gb = cJSON_GetObjectItemCaseSensitive(el, "global_batch");
+    sp->elastic_linear = cJSON_IsString(lr) && !strcmp(lr->valuestring, "linear");
+    sp->global_batch = cJSON_IsNumber(gb) ? (long long)gb->valuedouble : 0;
     if (!rc)
         rc = build_table(s, specs, nt, pbytes, nserv, &sp->optim, want_hash, &sp->table, err,
                          errlen);
@@ -204,5 +212,7 @@ int psd_spec_hold(psd_t *s, const char *json, size_t len, const uint64_t *want_h
         ps_partition_table_free(&sp.table);
         return rc;
     }
+    s->elastic_linear = sp.elastic_linear;
+    s->global_batch = sp.global_batch;
     return psd_store_hold(s, &sp, err, errlen);
 }

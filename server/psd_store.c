@@ -13,6 +13,7 @@
 #include "ps_crc32c.h"
 #include "ps_error.h"
 #include "ps_log.h"
+#include "ps_util.h"
 
 int psd_mode_parse(const char *s, psd_mode_t *m)
 {
@@ -105,6 +106,7 @@ static void part_free(psd_part_t *p)
     free(p->seg);
     free(p->m);
     free(p->slots);
+    psd_buf_unref(p->prevbuf);
     free(p->have);
     free(p->last_iter);
     psd_store_drop_cache(p);
@@ -126,6 +128,7 @@ void psd_store_free(psd_store_t *st)
     free(st->optim_json);
     free(st->gsum);
     free(st->scratch);
+    free(st->skips);
     memset(st, 0, sizeof *st);
 }
 
@@ -211,6 +214,7 @@ static int alloc_shard(psd_t *s, char *err, size_t errlen)
         p->numel = t->parts[i].numel;
         if (t->parts[i].server != (uint32_t)s->o.server_id) continue;
         p->owned = 1;
+        p->prev_version = UINT64_MAX;
         st->nowned++;
         if (p->numel > st->max_numel) st->max_numel = p->numel;
         if ((p->wbuf = wbuf_new(p->numel, 1))) p->w = (float *)p->wbuf->data;
@@ -245,7 +249,8 @@ int psd_store_hold(psd_t *s, psd_spec_t *sp, char *err, size_t errlen)
     st->table = sp->table;
     st->have_table = 1;
     st->optim = sp->optim;
-    st->nworkers = sp->nworkers;
+    /* slots for every rank the job may have (elastic: --max-workers) */
+    st->nworkers = s->nworkers > sp->nworkers ? s->nworkers : sp->nworkers;
     st->optim_json = ps_optim_config_to_json(&sp->optim);
     st->spec_json = strndup(sp->json, sp->len);
     int rc = alloc_shard(s, err, errlen);
@@ -267,7 +272,10 @@ static void apply_grad(psd_t *s, psd_part_t *p, const float *g)
 {
     psd_store_weights_writable(s, p);
     double t0 = psd_now_s();
-    int rc = ps_optim_apply_partition(&s->st.optim, &s->st.table, p->id, p->w, p->m, g, p->version);
+    ps_optim_config_t c = s->st.optim;
+    float k = psd_elastic_lr_scale(s, p->version);
+    c.lr *= k, c.min_lr *= k; /* every schedule is linear in (lr, min_lr) */
+    int rc = ps_optim_apply_partition(&c, &s->st.table, p->id, p->w, p->m, g, p->version);
     if (rc) ps_error("partition %u: optimizer step failed: %s", p->id, ps_strerror(rc));
     s->mx.apply_seconds += psd_now_s() - t0;
     s->mx.apply_count++;
@@ -382,6 +390,8 @@ typedef struct fuse_job {
     const ps_optim_config_t *c;
     int first;
     uint32_t *crc;              /* (nchunks) CRC32C of each chunk's new weights */
+    float *dst;                 /* (numel) where the new weights go: p->w (in place),
+                                 * or another buffer (the old weights are kept) */
 } fuse_job_t;
 
 static void fuse_chunk(void *arg, size_t c)
@@ -411,6 +421,8 @@ static void fuse_chunk(void *arg, size_t c)
         }
         g = gch;
     }
+    float *w = j->dst;
+    if (w != p->w) memcpy(w + lo, p->w + lo, (hi - lo) * sizeof(float));
     /* The segments overlapping [lo, hi): binary search for the first. */
     uint32_t a = 0, b = p->nseg;
     while (b - a > 1) {
@@ -422,15 +434,18 @@ static void fuse_chunk(void *arg, size_t c)
         const psd_seg_t *sg = &p->seg[k];
         size_t s0 = sg->off > lo ? sg->off : lo, e = sg->off + sg->n < hi ? sg->off + sg->n : hi;
         if (s0 >= e) continue;
-        ps_optim_sgd(p->w + s0, p->m ? p->m + s0 : NULL, g + (s0 - lo), e - s0, sg->lr, sg->wd, j->c,
+        ps_optim_sgd(w + s0, p->m ? p->m + s0 : NULL, g + (s0 - lo), e - s0, sg->lr, sg->wd, j->c,
                      j->first);
     }
-    if (j->crc) j->crc[c] = ps_crc32c(0, p->w + lo, (hi - lo) * sizeof(float));
+    if (j->crc) j->crc[c] = ps_crc32c(0, w + lo, (hi - lo) * sizeof(float));
 }
 
 /* mean(src_of[0..n)) * n / div, then the optimizer step; 1 when done, 0
- * when the partition needs the unfused path (no usable segment list). */
-static int fused_apply(psd_t *s, psd_part_t *p, const float *const *src_of, int n, float div)
+ * when the partition needs the unfused path (no usable segment list).
+ * nb: the buffer the new weights go to, p->w left as it was (NULL: in
+ * place in p->wbuf). */
+static int fused_apply(psd_t *s, psd_part_t *p, const float *const *src_of, int n, float div,
+                       psd_buf_t *nb)
 {
     const ps_optim_config_t *c = &s->st.optim;
     if (!p->seg || !p->nseg) return 0;
@@ -439,17 +454,20 @@ static int fused_apply(psd_t *s, psd_part_t *p, const float *const *src_of, int 
         /* AVERAGE groups (BN statistics, ps_optim.h) are not SGD: unfused path */
         if (c->group_kind[p->seg[k].group] != PS_GROUP_SGD) return 0;
         const ps_param_group_t *g = &c->groups[p->seg[k].group];
-        /* As ps_optim_apply_partition computes them. */
-        p->seg[k].lr = ps_optim_lr_group(c, p->version, g->lr_mult);
+        /* As ps_optim_apply_partition computes them (elastic linear
+         * scaling: times W_v / W0) */
+        p->seg[k].lr = ps_optim_lr_group(c, p->version, g->lr_mult) *
+                       psd_elastic_lr_scale(s, p->version);
         p->seg[k].wd = (float)((double)c->weight_decay * g->wd_mult);
     }
-    psd_store_weights_writable(s, p);
+    if (!nb) psd_store_weights_writable(s, p);
+    psd_buf_t *out = nb ? nb : p->wbuf;
     double t0 = psd_now_s();
     size_t nch = nchunks_of(p->numel);
     fuse_job_t j = {.src_of = src_of, .n = n, .div = div, .p = p, .c = c, .first = p->version == 0,
-                    .crc = malloc(nch * sizeof(uint32_t))};
+                    .crc = malloc(nch * sizeof(uint32_t)), .dst = nb ? (float *)nb->data : p->w};
     psd_pool_run(s->pool, fuse_chunk, &j, nch);
-    if (j.crc && p->wbuf) {
+    if (j.crc && out) {
         static uint32_t op_full[32];
         static int have_op;
         uint32_t op_last[32];
@@ -460,8 +478,8 @@ static int fused_apply(psd_t *s, psd_part_t *p, const float *const *src_of, int 
         for (size_t k = 1; k < nch; k++)
             crc = crc_join(crc, j.crc[k], k == nch - 1 && last != SUM_CHUNK * sizeof(float) ? op_last : op_full);
         /* Valid for the version this update produces (bump_version follows). */
-        p->wbuf->crc = crc;
-        p->wbuf->version = p->version + 1;
+        out->crc = crc;
+        out->version = p->version + 1;
     }
     free(j.crc);
     /* The aggregation is part of this pass: its time is in apply_seconds. */
@@ -471,19 +489,73 @@ static int fused_apply(psd_t *s, psd_part_t *p, const float *const *src_of, int 
     return 1;
 }
 
+void psd_store_forget_prev(psd_part_t *p)
+{
+    p->prev_version = UINT64_MAX;
+    p->prev_skipped = 0;
+}
+
+/* The buffer the next version's weights go to: the one of the version
+ * before (prevbuf) when no reply of it is in flight any more, else a new
+ * one; NULL when out of memory (then the update is made in place and no
+ * version is kept). */
+static psd_buf_t *spare_buffer(psd_part_t *p)
+{
+    psd_buf_t *b = p->prevbuf;
+    p->prevbuf = NULL;
+    psd_store_forget_prev(p);
+    if (b && atomic_load(&b->refs) == 1) {
+        b->version = UINT64_MAX; /* its CRC is the fused pass's to set */
+        return b;
+    }
+    psd_buf_unref(b); /* the replies in flight keep their references */
+    if (!(b = wbuf_new(p->numel, 0)))
+        ps_warn("partition %u: out of memory for the previous version's weights: a worker "
+                "that dies between its pushes cannot rejoin exactly", p->id);
+    return b;
+}
+
+/* The update made in nb: it becomes the weights, the old ones the version
+ * before (the partition's reference moves with them). */
+static void swap_in(psd_t *s, psd_part_t *p, psd_buf_t *nb)
+{
+    psd_store_drop_cache(p);
+    if (p->wbuf && atomic_load(&p->wbuf->refs) > 1) s->mx.weights_left++;
+    p->prevbuf = p->wbuf;
+    p->wbuf = nb;
+    p->w = (float *)nb->data;
+}
+
+float *psd_store_prev_writable(psd_part_t *p)
+{
+    if (p->prevbuf && atomic_load(&p->prevbuf->refs) > 1) {
+        psd_buf_unref(p->prevbuf);
+        p->prevbuf = NULL;
+    }
+    if (!p->prevbuf) p->prevbuf = wbuf_new(p->numel, 0);
+    return psd_store_prev(p);
+}
+
 void psd_store_apply_sync(psd_t *s, psd_part_t *p)
 {
     int W = s->st.nworkers, n = 0;
     const float *src_of[W > 0 ? W : 1];
     for (int r = 0; r < W; r++)
         if (p->have[r]) src_of[n++] = psd_store_slot(p, r);
+    uint64_t from = p->version;
+    int from_skipped = p->skipped_ver && p->skipped_ver == p->version;
+    psd_buf_t *nb = spare_buffer(p);
     if (p->overflow) {
         /* info, not debug: rare, and the one trace of a skipped step here */
         ps_info("partition %u iteration %llu: loss-scale overflow flagged, update skipped",
                 p->id, (unsigned long long)p->version);
         s->mx.skipped++;
-    } else if (n > 0 && fused_apply(s, p, src_of, n, (float)n)) {
-        /* done in one pass */
+        psd_skips_add(&s->st, p->version);
+        /* the weights stay; the version before is the same values */
+        if (nb) memcpy(nb->data, p->w, p->numel * sizeof(float)), swap_in(s, p, nb);
+    } else if (n > 0 && fused_apply(s, p, src_of, n, (float)n, nb)) {
+        /* done in one pass, into nb: the old weights stay the version before */
+        if (nb) swap_in(s, p, nb);
     } else if (n > 0) {
         double t0 = psd_now_s();
         /* One contributor: its gradient is the mean (x / 1 is exact), so
@@ -496,7 +568,11 @@ void psd_store_apply_sync(psd_t *s, psd_part_t *p)
         }
         s->mx.agg_seconds += psd_now_s() - t0;
         s->mx.agg_count++;
+        if (nb) memcpy(nb->data, p->w, p->numel * sizeof(float)), swap_in(s, p, nb);
         apply_grad(s, p, g);
+    } else if (nb) {
+        psd_buf_unref(nb); /* nothing applied: no version to keep */
+        nb = NULL;
     }
     memset(p->have, 0, W);
     psd_store_release_held(p);
@@ -505,11 +581,12 @@ void psd_store_apply_sync(psd_t *s, psd_part_t *p)
     p->overflow = 0;
     bump_version(s, p);
     p->skipped_ver = skipped ? p->version : 0;
+    if (nb) p->prev_version = from, p->prev_skipped = from_skipped;
 }
 
 void psd_store_apply_async(psd_t *s, psd_part_t *p, const float *grad)
 {
-    if (fused_apply(s, p, &grad, 1, (float)s->st.nworkers)) {
+    if (fused_apply(s, p, &grad, 1, (float)s->st.nworkers, NULL)) {
         bump_version(s, p);
         return;
     }
@@ -521,6 +598,33 @@ void psd_store_apply_async(psd_t *s, psd_part_t *p, const float *grad)
     s->mx.agg_count++;
     apply_grad(s, p, g);
     bump_version(s, p);
+}
+
+/* w (numel floats, version v) encoded into a new buffer with one reference. */
+static psd_buf_t *encode_new(psd_t *s, const float *w, size_t numel, uint64_t v, int dtype,
+                             int codec, int *err)
+{
+    size_t cap = ps_codec_bound(dtype, codec, numel);
+    size_t need = ps_codec_scratch_size(dtype, codec, numel);
+    if (!cap || psd_store_scratch(&s->st, need ? need : 1)) {
+        *err = cap ? PS_ENOMEM : PS_EUNSUPPORTED;
+        return NULL;
+    }
+    psd_buf_t *b = malloc(sizeof *b + cap);
+    if (!b) {
+        *err = PS_ENOMEM;
+        return NULL;
+    }
+    int rc = ps_codec_encode(b->data, cap, &b->len, w, numel, dtype, codec, s->st.scratch);
+    if (rc) {
+        free(b);
+        *err = rc;
+        return NULL;
+    }
+    b->version = v;
+    b->crc = ps_crc32c(0, b->data, b->len);
+    atomic_init(&b->refs, 1);
+    return b;
 }
 
 psd_buf_t *psd_store_encoded(psd_t *s, psd_part_t *p, int dtype, int codec, int *err)
@@ -549,27 +653,22 @@ psd_buf_t *psd_store_encoded(psd_t *s, psd_part_t *p, int dtype, int codec, int 
         p->cache[dtype][codec] = b;
         return b;
     }
-    size_t cap = ps_codec_bound(dtype, codec, p->numel);
-    size_t need = ps_codec_scratch_size(dtype, codec, p->numel);
-    if (!cap || psd_store_scratch(&s->st, need ? need : 1)) {
-        *err = cap ? PS_ENOMEM : PS_EUNSUPPORTED;
-        return NULL;
-    }
-    b = malloc(sizeof *b + cap);
-    if (!b) {
-        *err = PS_ENOMEM;
-        return NULL;
-    }
-    int rc = ps_codec_encode(b->data, cap, &b->len, p->w, p->numel, dtype, codec, s->st.scratch);
-    if (rc) {
-        free(b);
-        *err = rc;
-        return NULL;
-    }
-    b->version = p->version;
-    b->crc = ps_crc32c(0, b->data, b->len);
-    atomic_init(&b->refs, 2); /* the cache's and the caller's */
+    if (!(b = encode_new(s, p->w, p->numel, p->version, dtype, codec, err))) return NULL;
+    atomic_fetch_add(&b->refs, 1); /* the cache's and the caller's */
     psd_buf_unref(p->cache[dtype][codec]);
     p->cache[dtype][codec] = b;
     return b;
+}
+
+psd_buf_t *psd_store_encoded_prev(psd_t *s, psd_part_t *p, int dtype, int codec, int *err)
+{
+    if (dtype < 0 || dtype >= PSD_NDTYPE || codec < 0 || codec >= PSD_NCODEC) {
+        *err = PS_EINVAL;
+        return NULL;
+    }
+    if (!p->prevbuf || p->prev_version == UINT64_MAX) {
+        *err = PS_ESTATE;
+        return NULL;
+    }
+    return encode_new(s, psd_store_prev(p), p->numel, p->prev_version, dtype, codec, err);
 }

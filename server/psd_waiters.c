@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "ps_error.h"
+#include "ps_wire.h"
 
 int psd_waiters_add(psd_t *s, ps_wire_msg_t *m, psd_part_t *p, uint64_t min_version)
 {
@@ -45,6 +46,9 @@ int psd_waiters_add(psd_t *s, ps_wire_msg_t *m, psd_part_t *p, uint64_t min_vers
     psd_reply_keep_id(w->id, &w->idlen, m);
     w->request_id = h->request_id;
     w->min_version = min_version;
+    w->exact = h->type == PS__MSG_TYPE__MSG_PULL && (h->flags & PS_FLAG_EXACT);
+    w->state = h->type == PS__MSG_TYPE__MSG_PUSHPULL && (h->flags & PS_FLAG_STATE) &&
+               s->mode == PSD_SYNC;
     w->dtype = h->dtype;
     w->codec = psd_reply_codec(h);
     /* Append: replies go out in arrival order. */
@@ -82,7 +86,13 @@ void psd_waiters_notify(psd_t *s, psd_part_t *p)
     psd_waiter_t *w = take(s, p, 0, p->version);
     while (w) {
         psd_waiter_t *next = w->next;
-        psd_send_weights(s, w->id, w->idlen, w->request_id, p, w->dtype, w->codec);
+        if (w->state)
+            psd_send_state(s, w->id, w->idlen, w->request_id, p);
+        else if (w->exact)
+            psd_send_weights_of(s, w->id, w->idlen, w->request_id, p, w->min_version, w->dtype,
+                                w->codec);
+        else
+            psd_send_weights(s, w->id, w->idlen, w->request_id, p, w->dtype, w->codec);
         free(w);
         w = next;
     }

@@ -23,7 +23,9 @@ MODEL=(--model tsm-r18 --width 32 --size 32 --frames 4 --flip 0 --dropout 0 --th
        --train-list "$T/ds/train.txt" --val-list "$T/ds/val.txt" --root "$T/ds" --retry-ms 250
        --progress-every 0)
 
-# launch OUT RANK0_FLAGS... -- RANK1_FLAGS...: 2 workers against $SERVERS
+# launch OUT RANK0_FLAGS... -- RANK1_FLAGS...: 2 workers against $SERVERS.
+# Each is bounded by WORKER_TIMEOUT (300 s) against a hang; a validation pass
+# takes ~3 s on a quiet machine and was seen at 25 s under load.
 launch() {
     local out=$1 r rc=0; shift
     local f0=() f1=() wp=()
@@ -34,7 +36,7 @@ launch() {
     for r in 0 1; do
         local extra=("${f0[@]}")
         [ $r -eq 1 ] && extra=("${f1[@]}")
-        timeout -k 2 "${WORKER_TIMEOUT:-60}" "$PSW" --servers "$SERVERS" --rank $r --num-workers 2 \
+        timeout -k 2 "${WORKER_TIMEOUT:-300}" "$PSW" --servers "$SERVERS" --rank $r --num-workers 2 \
             --out "$out" "${MODEL[@]}" "${extra[@]}" >"$out/w$r.out" 2>"$out/w$r.err" &
         wp+=($!)
         PIDS+=($!)

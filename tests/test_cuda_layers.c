@@ -17,6 +17,7 @@
  * session can see how much headroom there is. */
 #include "tests/lib/tap.h"
 #include "tests/lib/cuda_testutil.h"
+#include "tests/lib/cuda_devbuf.h"
 #include "worker/engine/cuda/ps_cuda.h"
 #include "ps_error.h"
 #include "worker/engine/cuda/ps_cuda_backend.h"
@@ -32,33 +33,8 @@ static const ps_backend_t *C_ = &ps_backend_cpu, *G_ = &ps_backend_cuda;
 
 /* ---- host / device buffers --------------------------------------------- */
 
-static void *dup_dev(const void *h, size_t bytes)
-{
-    void *d = NULL;
-    if (ps_cuda_malloc(&d, bytes ? bytes : 4) || ps_cuda_memcpy_h2d(d, h, bytes)) {
-        printf("Bail out! device allocation/copy failed\n");
-        exit(1);
-    }
-    return d;
-}
-static float *dev(const float *h, size_t n) { return dup_dev(h, n * sizeof(float)); }
-static float *dev_nan(size_t n)
-{
-    float *h = hnan(n);
-    float *d = dev(h, n);
-    free(h);
-    return d;
-}
 /* Download after waiting for the backend's stream. */
-static float *down(const float *d, size_t n)
-{
-    float *h = malloc((n ? n : 1) * sizeof *h);
-    if (ps_cuda_backend_sync(&gctx) || ps_cuda_memcpy_d2h(h, d, n * sizeof *h)) {
-        printf("Bail out! device sync/copy failed (a kernel fault?)\n");
-        exit(1);
-    }
-    return h;
-}
+static float *down(const float *d, size_t n) { return down_ctx(&gctx, d, n * sizeof(float)); }
 static void uploaded(void) { ps_cuda_device_sync(); }
 static void repoison(float *d, size_t n)
 {

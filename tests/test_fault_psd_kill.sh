@@ -7,8 +7,17 @@
 #     answers the workers' pushes for later steps ERROR(PS_ESTATE,
 #     PS_FLAG_ROLLBACK, V); the workers roll both servers back to V
 #     (MSG_ROLLBACK), pull, and recompute from step V.
-#  2. Later worker 1 is SIGKILLed and restarted with its rank: it skips the
-#     start barrier, pulls the servers' versions and goes on from there.
+#     The kill is placed, not timed: both workers are SIGSTOPped, and psd 1
+#     is killed only once its STATS say an aligned checkpoint A is durable
+#     and no partition is at A + N yet (else the workers go on a moment and
+#     it looks again), so at most N steps are redone whatever the load.
+#  2. Later worker 1 dies between its pushes of a step
+#     (--debug-die-mid-step: half of its partitions pushed and updated with
+#     rank 0's gradient, i.e. one step ahead, the rest never sent) and is
+#     restarted with its rank: it skips the start barrier and must compute
+#     that step from the weights of that step's version on every partition
+#     (psd keeps one version back; PULL with PS_FLAG_EXACT), not from the
+#     partitions one ahead.
 # Checks: both workers finish all steps; at most one checkpoint interval of
 # progress is recomputed (the survivor's rollback log line); and rank 0's
 # final weights equal those of the same cluster run without faults.  The
@@ -16,8 +25,9 @@
 # bit for bit: the sums are in rank order, the restored weights and
 # momentum are exact fp32 copies, and a step's data depends only on the
 # step, so the steps redone are the same arithmetic; one lost or doubled
-# step would show as ~1e-3.
+# step would show as ~1e-3, a step computed from mixed versions as ~1e-5.
 . "$(dirname "$0")/lib/integration_common.sh" || { echo "Bail out! cannot read lib/integration_common.sh"; exit 99; }
+. "$(dirname "$0")/lib/fault_cluster.sh" || { echo "Bail out! cannot read lib/fault_cluster.sh"; exit 99; }
 
 B=8
 STEPS=140
@@ -25,8 +35,8 @@ N=10
 COMMON=(--steps "$STEPS" --lr 0.05 --momentum 0.9 --weight-decay 1e-4 --warmup-steps 5
         --schedule cosine --partition-bytes 2048 --seed 7 --data-seed 3 --batch $B
         --retry-ms 200 --timeout-ms 30000)
-KILL_PSD_AT=45    # not a multiple of N: progress since the last checkpoint is lost
-KILL_W_AT=95
+KILL_PSD_AT=45    # from here on: not at a multiple of N, progress since the last checkpoint is lost
+KILL_W_AT=120     # worker 1 dies between its pushes of this step
 PSDF=(--mode sync --checkpoint-every-steps $N)
 
 # ---- reference: the same cluster, no fault ----
@@ -46,46 +56,21 @@ start_psd 0 2 2 "${PSDF[@]}" --checkpoint-dir "$T/ck0" &&
     start_psd 1 2 2 "${PSDF[@]}" --checkpoint-dir "$T/ck1"
 ok $? "2 psd started with --checkpoint-every-steps $N"
 SERVERS=tcp://127.0.0.1:$PORT_0,tcp://127.0.0.1:$PORT_1
-start_worker() { # RANK LOGSUFFIX
-    timeout -k 2 50 "$PSW" --servers "$SERVERS" --rank "$1" --num-workers 2 --out "$T/run" \
-        --progress-every 0 --log-level info "${COMMON[@]}" --step-sleep-ms 15 \
-        >"$T/run/w$1$2.out" 2>"$T/run/w$1$2.err" &
-    WPID=$!
-    PIDS+=($WPID)
-}
-start_worker 0 ""; W0=$WPID
-start_worker 1 ""; W1=$WPID
+fc_start_worker 0 "" "$T/run" "${COMMON[@]}" --step-sleep-ms 15; W0=$WPID; C0=$WCHILD
+fc_start_worker 1 "" "$T/run" "${COMMON[@]}" --step-sleep-ms 15 --debug-die-mid-step $KILL_W_AT
+W1=$WPID; C1=$WCHILD
 
-wait_rows() { # wait until rank 0's CSV has $1 rows; prints the count
-    local seen=0
-    for _ in $(seq 1 1000); do
-        seen=$(csv_rows "$T/run/metrics-rank0.csv")
-        [ "$seen" -ge "$1" ] && break
-        sleep 0.01
-    done
-    echo "$seen"
-}
-seen=$(wait_rows $KILL_PSD_AT)
-[ "$seen" -ge $KILL_PSD_AT ] && [ "$seen" -lt $STEPS ]
-ok $? "run reached step $seen of $STEPS before the psd kill"
-kill -KILL "$PID_1"
-wait "$PID_1" 2>/dev/null
-diag "psd 1 SIGKILLed at rank 0's step ~$seen"
-sleep 0.3 # the workers retry against a dead server
-PS_PORT=$PORT_1 start_psd 1 2 2 "${PSDF[@]}" --checkpoint-dir "$T/ck1"
-ok $? "psd 1 restarted on port $PORT_1 with the same flags"
-
-seen=$(wait_rows $KILL_W_AT)
-[ "$seen" -ge $KILL_W_AT ] && [ "$seen" -lt $STEPS ]
-ok $? "run reached step $seen after the rollback"
-# $W1 is timeout(1); the psworker is its child
-wchild=$(pgrep -P "$W1" | head -n 1)
-! grep -q '^final:' "$T/run/w1.out" && [ -n "$wchild" ] && kill -KILL "$wchild"
-ok $? "worker 1 (pid ${wchild:-?}) SIGKILLed before it finished"
-wait "$W1" 2>/dev/null
-diag "worker 1 SIGKILLed at rank 0's step ~$seen"
-sleep 0.3
-start_worker 1 ".restart"; W1=$WPID
+fc_wait_rows "$T/run/metrics-rank0.csv" $KILL_PSD_AT >/dev/null
+seen=$(csv_rows "$T/run/metrics-rank0.csv")
+fc_psd_lost_and_back 1 $N "$T/ck1" "$C0" "$C1"
+placed=$?
+a=$FC_A vmax=$FC_VMAX
+[ $placed -eq 0 ] && [ "$seen" -ge $KILL_PSD_AT ] && [ "$seen" -lt $KILL_W_AT ]
+ok $? "psd 1 SIGKILLed with the workers stopped after step $seen (>= $KILL_PSD_AT, < $KILL_W_AT): its partitions at ..${vmax:-?}, aligned checkpoint ${a:-?} durable; restarted on port $PORT_1 with the same flags"
+fc_died_mid_step "$W1" "$T/run/w1.err"
+ok $? "worker 1 killed itself between its pushes of step $KILL_W_AT"
+grep 'debug-die-mid-step' "$T/run/w1.err" | sed 's/^/# /'
+fc_start_worker 1 ".restart" "$T/run" "${COMMON[@]}" --step-sleep-ms 15; W1=$WPID
 
 rc=0
 wait "$W0" || { rc=1; echo "# worker 0 failed"; show_log "$T/run/w0.err"; }
@@ -99,8 +84,8 @@ grep 'loaded checkpoint' "$T/psd1.log" | tail -n 1 | sed 's/^/# /'
 line=$(grep 'loaded checkpoint' "$T/psd1.log" | tail -n 1)
 V=$(echo "$line" | sed -n 's/.*versions \([0-9]*\)\.\.\([0-9]*\).*/\1 \2/p')
 set -- $V
-[ -n "${1:-}" ] && [ "$1" = "$2" ] && [ $(($1 % N)) -eq 0 ] && [ "$1" -gt 0 ]
-ok $? "restarted psd 1 loaded an aligned checkpoint (versions ${1:-?}..${2:-?}, a multiple of $N)"
+[ -n "${1:-}" ] && [ "$1" = "$2" ] && [ "$1" = "$a" ]
+ok $? "restarted psd 1 loaded its aligned checkpoint (versions ${1:-?}..${2:-?}, = $a)"
 V=${1:-0}
 
 grep 'rolled back from' "$T/psd0.log" | sed 's/^/# /'
@@ -113,13 +98,15 @@ grep -q 'rolling every server back' "$T/run/w0.err" && grep -q 'rolled back to s
 ok $? "worker 0 logged the rollback"
 grep -q 'joining the running job' "$T/run/w1.restart.err"
 ok $? "restarted worker 1 joined the running job (no start barrier)"
-grep -E 'resuming at step [0-9]+' "$T/run/w1.restart.err" | sed 's/^/# /'
+grep -E 'resuming at step [0-9]+|one step ahead' "$T/run/w1.restart.err" | sed 's/^/# /'
 rs=$(sed -n 's/.*resuming at step \([0-9]*\).*/\1/p' "$T/run/w1.restart.err" | head -n 1)
-[ -n "$rs" ] && [ "$rs" -gt 0 ] && [ "$rs" -lt $STEPS ]
-ok $? "restarted worker 1 started from the servers' version (${rs:-?}), not 0, and trained on"
+[ "$rs" = "$KILL_W_AT" ]
+ok $? "restarted worker 1 resumed at the step it died in ($KILL_W_AT), not 0 nor the step after"
+grep -q "partition(s) one step ahead.*pulled at version $KILL_W_AT" "$T/run/w1.restart.err"
+ok $? "and pulled the partitions one step ahead at version $KILL_W_AT"
 
 compare "$T/run/model.safetensors" "$T/ref/model.safetensors" 1e-6
 ok $? "final weights == the fault-free run's (norm_rel <= 1e-6; expected bitwise equal)"
-compare "$T/run/model.safetensors" "$T/ref/model.safetensors" 0
-ok $? "and bitwise equal (tol 0)"
+compare "$T/run/model.safetensors" "$T/ref/model.safetensors" 0 "" --bytes
+ok $? "and bitwise equal (every tensor's bytes)"
 tap_done

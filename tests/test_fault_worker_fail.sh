@@ -14,7 +14,14 @@
 #  5. a psd stopped (SIGSTOP) for a few seconds: the workers warn, naming
 #     the server and the partitions they wait for, and finish normally once
 #     it runs again (exit 0);
-#  6. a normal run: each worker's BYE says it finished (psd logs it).
+#  6. a normal run: each worker's BYE says it finished (psd logs it);
+#  7. rank 1 given only one of the two servers: its HELLO is refused naming
+#     --servers, and the job stops for rank 0 too, within seconds (before:
+#     rank 0 hung and psd 1 reported 2/2 workers live);
+#  8. one worker without its --train-list: it exits 2 at once naming the
+#     flag, and the other does not wait in silence: within seconds it warns
+#     about server 0's barrier and relays what psd says it waits for
+#     ("waiting for rank 1 (never connected)").
 # Each case is bounded well under a minute; no assertion reads a duration
 # except as a generous upper bound.
 . "$(dirname "$0")/lib/integration_common.sh" || { echo "Bail out! cannot read lib/integration_common.sh"; exit 99; }
@@ -139,5 +146,42 @@ ok $? "... and both finish once it runs again (exit $rc0 / $rc1)"
 # ---- 6. a normal end -------------------------------------------------------
 grep -q "worker rank 0 finished (BYE)" "$T/psd0.log" && grep -q "worker rank 1 finished (BYE)" "$T/psd0.log"
 ok $? "each worker's BYE says it finished" || show_log "$T/psd0.log"
+kill -TERM "$PID_0" 2>/dev/null; wait "$PID_0" 2>/dev/null
+
+# ---- 7. rank 1 given one of the two servers ----------------------------------
+start_cluster 2 2 || exit 1
+worker o0 0 --servers "$SERVERS" "${SMOKE[@]}" --steps 50 --out "$T/o"
+p0=$WPID
+worker o1 1 --servers "tcp://127.0.0.1:$PORT_0" "${SMOKE[@]}" --steps 50
+p1=$WPID
+wait_exit "$p1" 20; rc1=$?
+wait_exit "$p0" 20; rc0=$?
+[ $rc1 -ne 0 ] && [ $rc1 -ne 124 ] && grep -q -- "--servers lists 1 server(s), the cluster has 2" "$T/o1.err"
+ok $? "rank 1 with one of two servers: HELLO refused naming --servers (exit $rc1)" ||
+    show_log "$T/o1.err"
+[ $rc0 -ne 0 ] && [ $rc0 -ne 124 ] && grep -q "worker rank 1 cannot join.*--servers" "$T/o0.err"
+ok $? "rank 0 stops too (exit $rc0), naming rank 1 and --servers" || show_log "$T/o0.err"
+kill -TERM "$PID_0" "$PID_1" 2>/dev/null; wait "$PID_0" "$PID_1" 2>/dev/null
+
+# ---- 8. one worker without its --train-list ----------------------------------
+start_cluster 1 2 || exit 1
+NOLIST=()
+for a in "${VIDEO[@]}"; do [ "$a" = "$T/ds/train.txt" ] || [ "$a" = --train-list ] || NOLIST+=("$a"); done
+worker l0 0 --servers "$SERVERS" "${VIDEO[@]}" --root "$T/ds" --timeout-ms 8000
+p0=$WPID
+worker l1 1 --servers "$SERVERS" "${NOLIST[@]}" --root "$T/ds"
+p1=$WPID
+wait_exit "$p1" 20; rc1=$?
+[ $rc1 = 2 ] && grep -q -- "--train-list" "$T/l1.err"
+ok $? "rank 1 without --train-list exits $rc1 at once, naming the flag" || show_log "$T/l1.err"
+for _ in $(seq 1 100); do grep -q "says: barrier" "$T/l0.err" && break; sleep 0.1; done
+grep -h "unanswered.*BARRIER\|says: barrier" "$T/l0.err" | head -n 2 | sed 's/^/# /'
+grep -q "server 0 (tcp://127.0.0.1:$PORT_0).*unanswered.*BARRIER" "$T/l0.err" &&
+    grep -q "server 0 (tcp://127.0.0.1:$PORT_0) says: barrier: 1 of 2 workers arrived.*waiting for rank 1 (never connected)" "$T/l0.err"
+ok $? "rank 0 does not wait in silence: it warns about the barrier and relays psd's 'waiting for rank 1 (never connected)'" ||
+    show_log "$T/l0.err"
+wait_exit "$p0" 30; rc0=$?
+[ $rc0 -ne 0 ] && [ $rc0 -ne 124 ]
+ok $? "... and gives up at its --timeout-ms (exit $rc0)"
 kill -TERM "$PID_0" 2>/dev/null; wait "$PID_0" 2>/dev/null
 tap_done

@@ -16,6 +16,7 @@
  * from their kinks so the difference never straddles one.
  * Also checked: parameter gradients ACCUMULATE (backward twice -> 2x) while
  * input gradients are OVERWRITTEN (backward twice -> same). */
+#include "tests/lib/gradcheck.h"
 #include "tests/lib/tap.h"
 #include "worker/engine/layers/cpu_layers.h"
 #include "worker/engine/ps_blas.h"
@@ -24,76 +25,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#define ATOL 2e-3
-#define RTOL 1e-2
-
 static ps_ctx_t ctx;
 static const ps_backend_t *be = &ps_backend_cpu;
-static uint64_t rng_state = 0x1234567;
-
-static float frand(void) /* uniform in [-1, 1) */
-{
-    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
-    return (float)((rng_state >> 40) * (2.0 / 16777216.0) - 1.0);
-}
-static float *rbuf(size_t n, float scale)
-{
-    float *p = malloc((n ? n : 1) * sizeof(float));
-    for (size_t i = 0; i < n; i++) p[i] = frand() * scale;
-    return p;
-}
-static float *zbuf(size_t n)
-{
-    return calloc(n ? n : 1, sizeof(float));
-}
-static double dot(const float *a, const float *b, size_t n)
-{
-    double s = 0;
-    for (size_t i = 0; i < n; i++) s += (double)a[i] * b[i];
-    return s;
-}
-
-/* Central differences of loss() over every element of v, against g. */
-typedef double (*loss_fn)(void *arg);
-static void gradcheck(const char *what, float *v, const float *g, size_t n, loss_fn loss,
-                      void *arg, float eps)
-{
-    size_t bad = 0, worst = 0;
-    double worst_ex = -1, wn = 0, wa = 0;
-    for (size_t i = 0; i < n; i++) {
-        const float v0 = v[i];
-        v[i] = v0 + eps;
-        double lp = loss(arg);
-        v[i] = v0 - eps;
-        double lm = loss(arg);
-        v[i] = v0;
-        /* the step actually taken, after float rounding of v0 +- eps */
-        double num = (lp - lm) / ((double)(v0 + eps) - (double)(v0 - eps));
-        double ex = fabs(num - g[i]) - (ATOL + RTOL * fabs(g[i]));
-        if (ex > 0 || isnan(num) || isnan(g[i])) bad++;
-        if (ex > worst_ex || isnan(ex)) worst_ex = ex, worst = i, wn = num, wa = g[i];
-    }
-    if (!ok(bad == 0, "%s: %zu elements match central differences", what, n))
-        printf("#   %zu bad; worst at %zu: numeric %.6g analytic %.6g\n", bad, worst, wn, wa);
-}
-
-/* Backward run twice: parameter gradients double, input gradients repeat. */
-static void check_accumulates(const char *what, const float *once, const float *twice,
-                              size_t n)
-{
-    float *ref = malloc(n * sizeof(float));
-    for (size_t i = 0; i < n; i++) ref[i] = 2 * once[i];
-    char m[160];
-    snprintf(m, sizeof m, "%s accumulates (backward twice = 2x)", what);
-    allclose(twice, ref, (long)n, 1e-6, 1e-5, m);
-    free(ref);
-}
-static void check_overwrites(const char *what, const float *once, const float *twice, size_t n)
-{
-    char m[160];
-    snprintf(m, sizeof m, "%s is overwritten (backward twice = same)", what);
-    allclose(twice, once, (long)n, 0, 0, m);
-}
 
 /* ---- conv2d ------------------------------------------------------------------ */
 

@@ -4,6 +4,7 @@
  * forgot to write shows up; parameter gradients start from a non-zero
  * value to check they are accumulated, not overwritten. */
 #include "tests/lib/golden_io.h"
+#include "tests/lib/layer_check.h"
 #include "tests/lib/tap.h"
 #include "worker/engine/layers/cpu_layers.h"
 #include "worker/engine/ps_blas.h"
@@ -21,50 +22,6 @@
 typedef golden_rec_t rec_t;
 
 static rec_t *find(const char *name) { return golden_find(name); }
-
-/* A record that must exist; aborts the test run (not the library) if not. */
-static const float *F_(const char *prefix, const char *field, size_t want)
-{
-    char nm[96];
-    snprintf(nm, sizeof nm, "%s%s", prefix, field);
-    rec_t *r = find(nm);
-    if (!r || r->dtype != 0 || (want && r->numel != want)) {
-        printf("Bail out! golden record %s missing or of the wrong size\n", nm);
-        exit(1);
-    }
-    return r->data;
-}
-static const int32_t *I_(const char *prefix, const char *field)
-{
-    char nm[96];
-    snprintf(nm, sizeof nm, "%s%s", prefix, field);
-    rec_t *r = find(nm);
-    if (!r || r->dtype != 1) {
-        printf("Bail out! golden record %s missing\n", nm);
-        exit(1);
-    }
-    return r->data;
-}
-
-static float *nanbuf(size_t n)
-{
-    float *p = malloc((n ? n : 1) * sizeof(float));
-    for (size_t i = 0; i < n; i++) p[i] = NAN;
-    return p;
-}
-static float *constbuf(size_t n, float v)
-{
-    float *p = malloc((n ? n : 1) * sizeof(float));
-    for (size_t i = 0; i < n; i++) p[i] = v;
-    return p;
-}
-/* ref + v, for checking accumulation onto a buffer that started at v */
-static float *plus(const float *ref, size_t n, float v)
-{
-    float *p = malloc((n ? n : 1) * sizeof(float));
-    for (size_t i = 0; i < n; i++) p[i] = ref[i] + v;
-    return p;
-}
 
 #define ATOL 1e-4
 #define RTOL 1e-4
@@ -140,48 +97,8 @@ static void test_conv(int ci, int mode)
 
 static void test_bn(void)
 {
-    const char *p = "bn_train.";
-    const int32_t *c = I_(p, "cfg");
-    const int N = c[0], C = c[1], HW = c[2];
-    const size_t n = (size_t)N * C * HW;
-    const float eps = 1e-5f, mom = 0.1f;
-    float *y = nanbuf(n), *mean = nanbuf(C), *rstd = nanbuf(C);
-    float *rm = malloc(C * sizeof(float)), *rv = malloc(C * sizeof(float));
-    memcpy(rm, F_(p, "rm0", C), C * sizeof(float));
-    memcpy(rv, F_(p, "rv0", C), C * sizeof(float));
-    const float *x = F_(p, "x", n), *g = F_(p, "gamma", C), *bt = F_(p, "beta", C);
-    be->bn_forward_train(&ctx, y, mean, rstd, rm, rv, x, g, bt, eps, mom, N, C, HW);
-    allclose(y, F_(p, "out", n), (long)n, ATOL, RTOL, "bn train forward");
-    allclose(mean, F_(p, "mean", C), C, 1e-5, 1e-5, "bn train saved mean");
-    allclose(rstd, F_(p, "rstd", C), C, 1e-5, 1e-4, "bn train saved rstd");
-    allclose(rm, F_(p, "rm1", C), C, 1e-5, 1e-5, "bn train running mean update");
-    allclose(rv, F_(p, "rv1", C), C, 1e-5, 1e-4, "bn train running var update (unbiased)");
-    float *dx = nanbuf(n), *dg = constbuf(C, PRIOR), *db = constbuf(C, PRIOR);
-    be->bn_backward_train(&ctx, dx, dg, db, F_(p, "dout", n), x, g, mean, rstd, N, C, HW);
-    allclose(dx, F_(p, "dx", n), (long)n, ATOL, RTOL, "bn train dinp");
-    float *rg = plus(F_(p, "dgamma", C), C, PRIOR), *rb = plus(F_(p, "dbeta", C), C, PRIOR);
-    allclose(dg, rg, C, ATOL, RTOL, "bn train dgamma (accumulated)");
-    allclose(db, rb, C, ATOL, RTOL, "bn train dbeta (accumulated)");
-    free(y), free(mean), free(rstd), free(rm), free(rv), free(dx), free(dg), free(db);
-    free(rg), free(rb);
-
-    p = "bn_eval.";
-    x = F_(p, "x", n), g = F_(p, "gamma", C), bt = F_(p, "beta", C);
-    const float *erm = F_(p, "rm", C), *erv = F_(p, "rv", C), *edy = F_(p, "dout", n);
-    y = nanbuf(n);
-    be->bn_forward_eval(&ctx, y, x, g, bt, erm, erv, eps, N, C, HW);
-    allclose(y, F_(p, "out", n), (long)n, ATOL, RTOL, "bn eval forward");
-    dx = nanbuf(n), dg = constbuf(C, PRIOR), db = constbuf(C, PRIOR);
-    be->bn_backward_eval(&ctx, dx, dg, db, edy, x, g, erm, erv, eps, N, C, HW);
-    allclose(dx, F_(p, "dx", n), (long)n, ATOL, RTOL, "bn eval dinp");
-    rg = plus(F_(p, "dgamma", C), C, PRIOR), rb = plus(F_(p, "dbeta", C), C, PRIOR);
-    allclose(dg, rg, C, ATOL, RTOL, "bn eval dgamma (accumulated)");
-    allclose(db, rb, C, ATOL, RTOL, "bn eval dbeta (accumulated)");
-    /* frozen (TSM partial BN): no affine gradients, same input gradient */
-    float *dx2 = nanbuf(n);
-    be->bn_backward_eval(&ctx, dx2, NULL, NULL, edy, x, g, erm, erv, eps, N, C, HW);
-    allclose(dx2, F_(p, "dx", n), (long)n, ATOL, RTOL, "bn frozen dinp (dgamma/dbeta NULL)");
-    free(y), free(dx), free(dx2), free(dg), free(db), free(rg), free(rb);
+    const int32_t *c = I_("bn_train.", "cfg");
+    check_bn_golden(be, &ctx, "bn_train.", "bn_eval.", c[0], c[1], c[2], "bn");
 }
 
 /* fused eval BN + relu (optional table entries) against the two layers

@@ -140,6 +140,8 @@ int main(void)
 
     /* Iterations 0..3; iteration 2 has an overflowed worker. */
     const float lr = 0.1f, mu = 0.9f, wd = 0.01f;
+    static float wv[5][N]; /* the servers' weights of each version */
+    memcpy(wv[0], w0, sizeof w0);
     for (int it = 0; it < 4; it++) {
         int overflow = it == 2;
         float wnew[N];
@@ -167,6 +169,7 @@ int main(void)
             retry_ok &= expect(1, base + 5, r2, &v1) == PS__MSG_TYPE__MSG_WEIGHTS && v1 == (uint64_t)it + 1 &&
                         !memcmp(r2, r0, T.parts[p].numel * 4);
         }
+        memcpy(wv[it + 1], wnew, sizeof wnew);
         ok(all_ok, "iteration %d: every partition updated to version %d", it, it + 1);
         ok(dup_ok, "iteration %d: duplicate pending push acknowledged", it);
         ok(order_hold, "iteration %d: PUSHPULL waits for all workers", it);
@@ -187,6 +190,35 @@ int main(void)
         if (overflow) ok(!memcmp(wnew, w, sizeof w), "iteration %d: overflow flag skips the update", it);
         else allclose(wnew, w, N, 1e-6, 1e-5, "weights equal closed-form SGD");
         is_close(wnew[5], w[5], 1e-6, 1e-5, "iteration %d: element 5 summed in rank order", it);
+    }
+
+    /* PULL with PS_FLAG_EXACT: the weights of exactly that version, the
+     * current one or the one before (what a worker that died between its
+     * pushes of a step computes it again from); older ones are gone. */
+    {
+        int cur = 1, prev = 1;
+        for (uint32_t p = 0; p < T.nparts; p++) {
+            size_t off = T.parts[p].offset, n = T.parts[p].numel;
+            float buf[N];
+            uint64_t v = 0;
+            Ps__Header x;
+            t_hdr(&x, PS__MSG_TYPE__MSG_PULL, 1, p);
+            x.has_min_version = 1, x.min_version = 4;
+            x.has_flags = 1, x.flags = PS_FLAG_EXACT;
+            cur &= t_call(D[1], &x, NULL, 0, buf, N, &v, NULL, 0) == PS__MSG_TYPE__MSG_WEIGHTS &&
+                   v == 4 && !memcmp(buf, wv[4] + off, n * 4);
+            x.min_version = 3;
+            prev &= t_call(D[1], &x, NULL, 0, buf, N, &v, NULL, 0) == PS__MSG_TYPE__MSG_WEIGHTS &&
+                    v == 3 && !memcmp(buf, wv[3] + off, n * 4) && memcmp(buf, wv[4] + off, n * 4);
+        }
+        ok(cur, "PULL exact version 4 (current): the weights of version 4");
+        ok(prev, "PULL exact version 3 (one before): the weights of version 3, not 4");
+        Ps__Header x;
+        t_hdr(&x, PS__MSG_TYPE__MSG_PULL, 1, 0);
+        x.has_min_version = 1, x.min_version = 2;
+        x.has_flags = 1, x.flags = PS_FLAG_EXACT;
+        is_int(t_call(D[1], &x, NULL, 0, NULL, 0, NULL, et, sizeof et), PS_ESTATE,
+               "PULL exact version 2 (two before): PS_ESTATE (%s)", et);
     }
 
     /* A push ahead of the current version is refused. */

@@ -1,8 +1,9 @@
 /* psd sends fp32 raw WEIGHTS zero-copy straight from the weights buffer and
  * sums a completing raw push straight from the ZMQ message.  Checked here:
  * (1) replies still queued for a slow reader when an update comes keep the
- * version they were sent at (bit for bit, CRC intact): the update moves the
- * weights to a new buffer (STATS weights_copied > 0, so the case did occur);
+ * version they were sent at (bit for bit, CRC intact): the sync update
+ * writes the new weights into another buffer and leaves the old one to
+ * those replies (STATS weights_left_to_replies > 0, so the case did occur);
  * (2) one worker (the gradient is read in place, no summation pass) and two
  * workers (rank-order sum, one of them read in place) give the closed-form
  * SGD update; (3) a PULL after the update sees the new weights. */
@@ -95,9 +96,9 @@ static void run(int W)
         REF[i] = W0[i] - 0.5f * (W == 1 ? G0[i] : (G0[i] + G1[i]) / 2.0f);
     snprintf(what, sizeof what, "W=%d: closed-form SGD step", W);
     allclose(OUT, REF, N, 1e-6, 1e-6, what);
-    ok(stats_num(d, "weights_copied") >= 1,
-       "W=%d: the update found replies in flight and copied the weights (%ld)", W,
-       stats_num(d, "weights_copied"));
+    ok(stats_num(d, "weights_left_to_replies") >= 1,
+       "W=%d: the update found replies in flight and left them the old weights (%ld)", W,
+       stats_num(d, "weights_left_to_replies"));
 
     /* Now read the queued replies: still version 0, exactly W0, CRC ok. */
     int good = 0;

@@ -64,15 +64,6 @@ static void hash_input(float *x, int clips, int T, int H)
     ps_model_hash_fill(x, (size_t)clips * T * 3 * H * H, "input", SEED, 1.0);
 }
 
-static int find_buffer(const ps_model_t *m, const char *name)
-{
-    int n;
-    const ps_model_buffer_t *b = ps_model_buffers(m, &n);
-    for (int i = 0; i < n; i++)
-        if (!strcmp(b[i].name, name)) return i;
-    return -1;
-}
-
 static void check_variant(ps_ctx_t *ctx, const variant_t *v)
 {
     char path[1024];
@@ -136,26 +127,8 @@ static void check_variant(ps_ctx_t *ctx, const variant_t *v)
             double ref_norm;
             bad_grad += check_grad_line(v->name, name, line, off, &P[pi], &ref_norm, &worst_norm,
                                         &worst_elem);
-        } else if (sscanf(line, "buf %127s %*d%n", name, &off) == 1 && off > 0) {
-            int bi = find_buffer(m, name);
-            const ps_model_buffer_t *b = bi >= 0 ? &ps_model_buffers(m, NULL)[bi] : NULL;
-            nbuf++;
-            if (!b || !b->f32) {
-                bad_buf++;
-                diag("%s: buffer %s missing", v->name, name);
-                continue;
-            }
-            bad_buf += check_sample_list(line + off, b->f32, b->numel, v->name, name, NULL);
-        } else if (sscanf(line, "count %127s", name) == 1) {
-            long long want = 0;
-            sscanf(line, "count %*s %lld", &want);
-            int bi = find_buffer(m, name);
-            nbuf++;
-            if (bi < 0 || !ps_model_buffers(m, NULL)[bi].i64 ||
-                *ps_model_buffers(m, NULL)[bi].i64 != want) {
-                bad_buf++;
-                diag("%s: %s differs from PyTorch's %lld", v->name, name, want);
-            }
+        } else {
+            check_buffer_line(m, v->name, line, &nbuf, &bad_buf);
         }
     }
     int unseen = 0;

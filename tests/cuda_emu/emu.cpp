@@ -186,6 +186,44 @@ static void elementwise()
     tap(exact, "unscale by 1/4 exact");
 }
 
+/* the 3-D pools (pool3d.cu): max (forward, argmax, gathered backward) and
+ * average (with and without the padding in the divisor), exactly the CPU's */
+static void pooling3d()
+{
+    /* N C D H W  KT R S  st sh sw  pt ph pw  count_include_pad */
+    const int cfgs[][15] = {{2, 3, 4, 9, 8, 1, 3, 3, 1, 2, 2, 0, 1, 1, 1},
+                            {1, 2, 6, 5, 4, 2, 1, 1, 2, 1, 1, 0, 0, 0, 1},
+                            {1, 2, 5, 7, 6, 3, 3, 3, 2, 2, 2, 1, 1, 1, 0}};
+    for (const auto &c : cfgs) {
+        const int N = c[0], C = c[1], D = c[2], H = c[3], W = c[4];
+        ps_pool3d_desc_t d = {c[5], c[6], c[7], c[8], c[9], c[10], c[11], c[12], c[13], c[14]};
+        const int O = ps_conv_out(D, d.KT, d.stride_t, d.pad_t, 1);
+        const int P = ps_conv_out(H, d.R, d.stride_h, d.pad_h, 1);
+        const int Q = ps_conv_out(W, d.S, d.stride_w, d.pad_w, 1);
+        const pool3 p = {D, H, W, O, P, Q, d.KT, d.R, d.S, d.stride_t, d.stride_h, d.stride_w,
+                         d.pad_t, d.pad_h, d.pad_w, d.count_include_pad};
+        const size_t ni = (size_t)N * C * D * H * W, no = (size_t)N * C * O * P * Q;
+        float *x = rnd(ni), *dy = rnd(no), *y = nans(no), *y2 = nans(no), *dx = nans(ni),
+              *dx2 = nans(ni);
+        for (size_t i = 0; i + 1 < ni; i += 7) x[i + 1] = x[i]; /* ties */
+        int32_t *am = (int32_t *)malloc(no * 4), *am2 = (int32_t *)malloc(no * 4);
+        ps_cpu_maxpool3d_forward(&ctx, y, am, x, &d, N, C, D, H, W);
+        EMU(k_pool3d_fwd<true>, 3, 32, y2, am2, x, no, p);
+        cmp(y2, y, no, 0, 0, "maxpool3d forward");
+        tap(!memcmp(am, am2, no * 4), "maxpool3d argmax identical");
+        ps_cpu_maxpool3d_backward(&ctx, dx, dy, am, &d, N, C, D, H, W);
+        EMU(k_pool3d_bwd<true>, 3, 32, dx2, dy, am2, ni, p);
+        cmp(dx2, dx, ni, 0, 0, "maxpool3d backward (gather)");
+        ps_cpu_avgpool3d_forward(&ctx, y, x, &d, N, C, D, H, W);
+        EMU(k_pool3d_fwd<false>, 3, 32, y2, (int32_t *)NULL, x, no, p);
+        cmp(y2, y, no, 0, 0, "avgpool3d forward");
+        ps_cpu_avgpool3d_backward(&ctx, dx, dy, &d, N, C, D, H, W);
+        EMU(k_pool3d_bwd<false>, 3, 32, dx2, dy, (const int32_t *)NULL, ni, p);
+        cmp(dx2, dx, ni, 0, 0, "avgpool3d backward (gather, the CPU's order)");
+        free(x), free(dy), free(y), free(y2), free(dx), free(dx2), free(am), free(am2);
+    }
+}
+
 static void pooling()
 {
     const int cfgs[][7] = {{2, 4, 11, 11, 3, 2, 1}, {2, 3, 8, 8, 2, 2, 0}, {1, 2, 7, 9, 3, 1, 1},
@@ -883,6 +921,7 @@ int main()
     omp_set_dynamic(0);
     elementwise();
     pooling();
+    pooling3d();
     shift_consensus_xent();
     batchnorm();
     biases();

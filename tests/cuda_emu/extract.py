@@ -9,10 +9,12 @@ import re
 import sys
 
 FILES = ["half.cuh", "batchnorm.cu", "conv2d.cu", "det_layers.cu", "layers.cu", "linear.cu",
-         "loss_scale.cu", "mixed.cu", "pool.cu", "roi_align.cu"]
+         "loss_scale.cu", "mixed.cu", "pool.cu", "pool3d.cu", "roi_align.cu"]
+# files whose kernels take plain structs by value: their "struct X { ... };"
+# definitions are taken too
+STRUCT_FILES = ("pool3d.cu", "roi_align.cu")
 MACROS = ("GRID_STRIDE", "BN_THREADS", "BNC_CH", "XENT_THREADS", "DET_THREADS", "DET_STRIDE",
           "ROI_THREADS", "ROI_STRIDE")
-STRUCTS = ("roi_geom",)
 
 
 def functions(src):
@@ -38,9 +40,8 @@ def functions(src):
 
 
 def structs(src):
-    for m in re.finditer(r"^struct (\w+) \{$", src, re.M):
-        if m.group(1) in STRUCTS:
-            yield src[m.start():src.index("\n};", m.start()) + 3]
+    for m in re.finditer(r"^struct \w+ \{.*?^\};", src, re.M | re.S):
+        yield m.group(0)
 
 
 def macros(src):
@@ -63,7 +64,8 @@ def main():
         src = open(os.path.join(d, f)).read()
         out.append("// ---- " + f)
         out.extend(macros(src))
-        out.extend(structs(src))
+        if f in STRUCT_FILES:
+            out.extend(structs(src))
         out.extend(functions(src))
     print("\n\n".join(out))
 

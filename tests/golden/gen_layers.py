@@ -13,31 +13,16 @@ inputs and parameters, the forward outputs, a random upstream gradient
 "<case>.dout" and the gradients PyTorch's autograd computes from it.
 """
 import os
-import struct
 import sys
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from psgold import put, rnd, write  # noqa: E402
+
 torch.manual_seed(20261129)
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "layers_golden.bin")
-records = []
-
-
-def put(name, t):
-    a = t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else np.asarray(t)
-    if a.dtype in (np.int64, np.int32):
-        a, code = a.astype("<i4"), 1
-    else:
-        a, code = a.astype("<f4"), 0
-    if a.ndim == 0:
-        a = a.reshape(1)
-    records.append((name, code, a))
-
-
-def rnd(*shape, scale=1.0):
-    return (torch.randn(*shape) * scale).requires_grad_(True)
 
 
 # ---- conv2d: N, C, H, W, K, R, S, sh, sw, ph, pw, dh, dw, groups, bias ----
@@ -186,11 +171,4 @@ y.backward(dy)
 put("consensus.cfg", [B, T, K])
 put("consensus.x", x); put("consensus.out", y); put("consensus.dout", dy); put("consensus.dx", x.grad)
 
-with open(OUT, "wb") as f:
-    f.write(b"PSGOLD1\n")
-    for name, code, a in records:
-        nb = name.encode()
-        f.write(struct.pack("<I", len(nb)) + nb + struct.pack("<II", code, a.ndim))
-        f.write(struct.pack("<%dI" % a.ndim, *a.shape))
-        f.write(a.tobytes())
-print("wrote %s: %d records, %d bytes" % (OUT, len(records), os.path.getsize(OUT)), file=sys.stderr)
+write(OUT)

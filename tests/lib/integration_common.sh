@@ -116,10 +116,12 @@ standalone() {
         --log-level warn "$@" >"$out/w0.out" 2>"$out/w0.err" || { show_log "$out/w0.err"; return 1; }
 }
 
-# compare A REF TOL [FLOOR]: st_compare, printing its summary as a comment.
+# compare A REF TOL [FLOOR [st_compare flags...]]: st_compare, printing its
+# summary as a comment (FLOOR "" = none).
 compare() {
-    local out rc
-    out=$("$STC" "$1" "$2" --tol "$3" ${4:+--floor "$4"} 2>&1)
+    local out rc a=$1 b=$2 tol=$3 fl=${4:-}
+    shift 3; [ $# -gt 0 ] && shift
+    out=$("$STC" "$a" "$b" --tol "$tol" ${fl:+--floor "$fl"} "$@" 2>&1)
     rc=$?
     echo "$out" | sed 's/^/# /'
     return $rc

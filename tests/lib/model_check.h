@@ -125,6 +125,52 @@ static inline int check_grad_line(const char *vname, const char *name, const cha
     return bad;
 }
 
+/* Index of a buffer of m by name, or -1. */
+static inline int model_find_buffer(const ps_model_t *m, const char *name)
+{
+    int n;
+    const ps_model_buffer_t *b = ps_model_buffers(m, &n);
+    for (int i = 0; i < n; i++)
+        if (!strcmp(b[i].name, name)) return i;
+    return -1;
+}
+
+/* One golden line "buf NAME NUMEL idx:val ..." (BN running statistics) or
+ * "count NAME V" (num_batches_tracked) against m's buffers.  Returns 0 when
+ * the line is neither; else 1, with *nbuf counted and *bad counting the
+ * mismatches (each diagnosed). */
+static inline int check_buffer_line(const ps_model_t *m, const char *vname, const char *line,
+                                    int *nbuf, int *bad)
+{
+    char name[128];
+    int off = 0;
+    if (sscanf(line, "buf %127s %*d%n", name, &off) == 1 && off > 0) {
+        int bi = model_find_buffer(m, name);
+        const ps_model_buffer_t *b = bi >= 0 ? &ps_model_buffers(m, NULL)[bi] : NULL;
+        (*nbuf)++;
+        if (!b || !b->f32) {
+            (*bad)++;
+            diag("%s: buffer %s missing", vname, name);
+            return 1;
+        }
+        *bad += check_sample_list(line + off, b->f32, b->numel, vname, name, NULL);
+        return 1;
+    }
+    if (sscanf(line, "count %127s", name) == 1) {
+        long long want = 0;
+        sscanf(line, "count %*s %lld", &want);
+        int bi = model_find_buffer(m, name);
+        (*nbuf)++;
+        if (bi < 0 || !ps_model_buffers(m, NULL)[bi].i64 ||
+            *ps_model_buffers(m, NULL)[bi].i64 != want) {
+            (*bad)++;
+            diag("%s: %s differs from PyTorch's %lld", vname, name, want);
+        }
+        return 1;
+    }
+    return 0;
+}
+
 /* Zeroed per-tensor buffers shaped like the table (SGD momentum, sums). */
 static inline float **alloc_like(const ps_model_param_t *P, int np)
 {

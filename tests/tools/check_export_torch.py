@@ -46,6 +46,17 @@ def load_clip(d, F, T, scale, crop, tmpl):
     return torch.from_numpy(V.load_clip(d, F, T, scale, crop, tmpl))
 
 
+def load_frames(d, inds, scale, crop, tmpl):
+    """Frames inds (1-based) of folder d through TSM's test transform (scale
+    the shorter side, centre crop, normalise): (len(inds), 3, crop, crop)."""
+    out = []
+    for i in inds:
+        im = V.scale_shorter(Image.open(os.path.join(d, tmpl % i)).convert("RGB"), scale)
+        (x, y), = V.crop_offsets(im.size[0], im.size[1], crop, 1)
+        out.append(V.normalise(im.crop((x, y, x + crop, y + crop))))
+    return torch.from_numpy(np.stack(out).astype(np.float32))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--weights", required=True)

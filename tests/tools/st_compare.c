@@ -1,4 +1,4 @@
-/* st_compare A.safetensors REF.safetensors [--tol T] [--floor F]
+/* st_compare A.safetensors REF.safetensors [--tol T] [--floor F] [--bytes]
  *
  * Compares two model files tensor by tensor (same names and shapes; any
  * float dtype, read as fp32; I64 tensors must be equal) with REF as the
@@ -11,8 +11,10 @@
  * error is meaningless for weights that pass through zero (a weight of 1e-9
  * turns a harmless 1e-12 difference into 1e-3), so max_rel is reported for
  * information with a floor, and checked instead of norm_rel when --floor is
- * given.  Exit 0 when within tol, 1 when over (or a tensor is missing,
- * differs in shape, or a value is NaN), 2 on a usage or file error. */
+ * given.  --bytes: every tensor must also have the same dtype and the same
+ * bytes (tells -0 from 0, and NaN payloads apart).  Exit 0 when within
+ * tol, 1 when over (or a tensor is missing, differs in shape, or a value is
+ * NaN), 2 on a usage or file error. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,16 +34,18 @@ int main(int argc, char **argv)
 {
     const char *pa = NULL, *pb = NULL;
     double tol = 1e-6, floor_ = 1e-3;
-    int use_floor = 0;
+    int use_floor = 0, bytes = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--tol") && i + 1 < argc) tol = atof(argv[++i]);
         else if (!strcmp(argv[i], "--floor") && i + 1 < argc) floor_ = atof(argv[++i]), use_floor = 1;
+        else if (!strcmp(argv[i], "--bytes")) bytes = 1;
         else if (!pa) pa = argv[i];
         else if (!pb) pb = argv[i];
         else pa = NULL, pb = NULL, i = argc;
     }
     if (!pa || !pb || !(tol >= 0) || !(floor_ > 0)) {
-        fprintf(stderr, "usage: st_compare A.safetensors REF.safetensors [--tol T] [--floor F]\n");
+        fprintf(stderr, "usage: st_compare A.safetensors REF.safetensors [--tol T] [--floor F] "
+                        "[--bytes]\n");
         return 2;
     }
     ps_st_file_t a, b;
@@ -77,6 +81,11 @@ int main(int argc, char **argv)
             break;
         }
         size_t n = numel_of(tb);
+        if (bytes && (ta->dtype != tb->dtype || ta->nbytes != tb->nbytes ||
+                      memcmp(ps_st_tensor_data(&a, ta), ps_st_tensor_data(&b, tb), tb->nbytes))) {
+            fprintf(stderr, "st_compare: tensor %s: bytes differ\n", tb->name);
+            bad = 1;
+        }
         if (tb->dtype == PS_ST_I64 || ta->dtype == PS_ST_I64) {
             /* integer buffers (BN num_batches_tracked) must match exactly */
             if (ta->dtype != tb->dtype ||

@@ -221,6 +221,7 @@ int ps_client_new(ps_client_t **cp, const ps_client_opts_t *o, const ps_partitio
                     : o->codec == PS_CODEC_LZ4 ? PS_CODEC_LZ4 : PS_CODEC_RAW;
     pthread_mutex_init(&c->mu, NULL);
     pthread_mutex_init(&c->ef_mu, NULL);
+    pthread_mutex_init(&c->keep_mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
     pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -233,7 +234,7 @@ int ps_client_new(ps_client_t **cp, const ps_client_opts_t *o, const ps_partitio
     for (uint32_t p = 0; p < t->nparts; p++)
         if (t->parts[p].numel > maxnumel) maxnumel = t->parts[p].numel;
     size_t b1 = ps_codec_bound(PS_DT_FP32, PS_CODEC_LZ4, maxnumel);
-    size_t b2 = maxnumel * 4;
+    size_t b2 = maxnumel * 4 * (o->keep_state ? 2 : 1); /* state replies: weights, momentum */
     c->maxmsg = (b1 > b2 ? b1 : b2) + PS_WIRE_MAX_HEADER + 4096;
     tune_malloc();
 
@@ -252,6 +253,7 @@ int ps_client_new(ps_client_t **cp, const ps_client_opts_t *o, const ps_partitio
         goto fail;
     }
     if (ps_client_uses_ef(c, o->dtype, o->codec) && (rc = ef_new(c)) < 0) goto fail;
+    if ((rc = ps_client_keep_init(c)) < 0) goto fail;
     if ((rc = ps_client_curve_load(c)) < 0) goto fail;
     for (uint32_t i = c->npool; i-- > 0;) {
         ps_req_t *r = &c->pool[i];
@@ -349,6 +351,8 @@ void ps_client_destroy(ps_client_t **cp)
     pthread_cond_destroy(&c->cv);
     pthread_mutex_destroy(&c->mu);
     pthread_mutex_destroy(&c->ef_mu);
+    ps_client_keep_free(c);
+    pthread_mutex_destroy(&c->keep_mu);
     free(c);
     *cp = NULL;
 }
@@ -441,6 +445,17 @@ static void req_submit(ps_client_t *c, ps_req_t *r)
     ps_client_io_wake(c);
 }
 
+ps_req_t *ps_client_req_alloc(ps_client_t *c, int type, int server, uint32_t part)
+{
+    return req_alloc(c, type, server, part);
+}
+
+void ps_client_req_abandon(ps_client_t *c, ps_req_t *r) { req_abandon(c, r); }
+
+void ps_client_req_submit(ps_client_t *c, ps_req_t *r) { req_submit(c, r); }
+
+void ps_client_req_release_locked(ps_client_t *c, ps_req_t *r) { req_release_locked(c, r); }
+
 static int check_part(ps_client_t *c, uint32_t part, const void *p1, const void *p2)
 {
     if (part >= c->t->nparts) {
@@ -472,6 +487,8 @@ static int data_req(ps_client_t *c, int type, uint32_t part, uint64_t iteration,
     r->flags = flags;
     r->numel = c->t->parts[part].numel;
     if (type == PS__MSG_TYPE__MSG_PUSH && (flags & PS_FLAG_NO_REPLY)) r->no_reply = 1;
+    /* the partitions this worker keeps: their weights and momentum come back */
+    if (type == PS__MSG_TYPE__MSG_PUSHPULL && ps_client_keeps(c, part)) r->flags |= PS_FLAG_STATE;
     /* PS_PART_EXACT (BN statistics): raw fp32 both ways, whatever the wire
      * dtype / codec; the server answers in the request's dtype and
      * reply_codec, and decodes each push by its own header. */
@@ -502,6 +519,18 @@ int ps_client_push(ps_client_t *c, uint32_t part, uint64_t iteration, const floa
 int ps_client_pull(ps_client_t *c, uint32_t part, uint64_t min_version, float *dst, ps_req_t **req)
 {
     return data_req(c, PS__MSG_TYPE__MSG_PULL, part, 0, min_version, NULL, dst, 0, req);
+}
+
+int ps_client_pull_ex(ps_client_t *c, uint32_t part, uint64_t min_version, uint32_t flags,
+                      float *dst, ps_req_t **req)
+{
+    return data_req(c, PS__MSG_TYPE__MSG_PULL, part, 0, min_version, NULL, dst, flags, req);
+}
+
+int ps_client_pull_exact(ps_client_t *c, uint32_t part, uint64_t version, float *dst,
+                         ps_req_t **req)
+{
+    return data_req(c, PS__MSG_TYPE__MSG_PULL, part, 0, version, NULL, dst, PS_FLAG_EXACT, req);
 }
 
 int ps_client_pushpull(ps_client_t *c, uint32_t part, uint64_t iteration, const float *grad,
@@ -584,266 +613,7 @@ int ps_client_wait(ps_client_t *c, ps_req_t *req, int timeout_ms, uint64_t *vers
     return ps_client_wait_ex(c, req, timeout_ms, version, NULL);
 }
 
-/* ---- blocking conveniences --------------------------------------------- */
-
-static ps_req_t *ctl_req(ps_client_t *c, int type, int server, const char *body, size_t blen)
+int ps_client_wait_done_locked(ps_client_t *c, ps_req_t *r, int timeout_ms)
 {
-    ps_req_t *r = req_alloc(c, type, server, PS_PART_NONE);
-    if (!r) return NULL;
-    if (body) {
-        r->body = malloc(blen + 1);
-        if (!r->body) {
-            req_abandon(c, r);
-            return NULL;
-        }
-        memcpy(r->body, body, blen);
-        r->body[blen] = 0;
-        r->body_len = blen;
-    }
-    return r;
-}
-
-/* Submit a control request and wait for it; on success the reply fields are
- * read by `read` (may be NULL) before the handle goes back to the pool. */
-typedef int (*reply_fn)(ps_client_t *c, ps_req_t *r, void *arg);
-static int ctl_call(ps_client_t *c, ps_req_t *r, reply_fn read, void *arg)
-{
-    req_submit(c, r);
-    wait_done_locked(c, r, -1);
-    int rc = r->result;
-    pthread_mutex_unlock(&c->mu);
-    if (rc == 0 && read) rc = read(c, r, arg);
-    pthread_mutex_lock(&c->mu);
-    req_release_locked(c, r);
-    pthread_mutex_unlock(&c->mu);
-    return rc;
-}
-
-static int read_welcome(ps_client_t *c, ps_req_t *r, void *arg)
-{
-    (void)arg;
-    if (r->reply_has_hash && r->reply_hash != c->t->hash) {
-        ps_client_set_error(c, "server 0 has partition table hash %016llx, this worker %016llx",
-                            (unsigned long long)r->reply_hash, (unsigned long long)c->t->hash);
-        ps_error("%s", c->last_error);
-        return PS_EMISMATCH;
-    }
-    if (r->reply_nservers && r->reply_nservers != c->t->nservers) {
-        ps_client_set_error(c, "server 0 says %u servers, this worker has %u", r->reply_nservers,
-                            c->t->nservers);
-        ps_error("%s", c->last_error);
-        return PS_EMISMATCH;
-    }
-    if (r->reply_rank < 0 || (c->o.rank >= 0 && r->reply_rank != c->o.rank)) {
-        ps_client_set_error(c, "server 0 gave rank %d (asked for %d)", r->reply_rank, c->o.rank);
-        ps_error("%s", c->last_error);
-        return PS_EPROTO;
-    }
-    c->rank = r->reply_rank;
-    return 0;
-}
-
-/* The WELCOME of server s > 0: the rank server 0 gave, the same table. */
-static int read_welcome_other(ps_client_t *c, ps_req_t *r, int s)
-{
-    if (r->result < 0) return r->result;
-    if (r->reply_has_hash && r->reply_hash != c->t->hash) {
-        ps_client_set_error(c, "server %d (%s) has partition table hash %016llx, this worker "
-                            "%016llx", s, c->endpoints[s], (unsigned long long)r->reply_hash,
-                            (unsigned long long)c->t->hash);
-        ps_error("%s", c->last_error);
-        return PS_EMISMATCH;
-    }
-    if (r->reply_rank != c->rank) {
-        ps_client_set_error(c, "server %d (%s) gave rank %d, server 0 gave %d", s,
-                            c->endpoints[s], r->reply_rank, c->rank);
-        ps_error("%s", c->last_error);
-        return PS_EPROTO;
-    }
-    return 0;
-}
-
-int ps_client_hello(ps_client_t *c)
-{
-    char host[256] = "?";
-    if (!c) return PS_EINVAL;
-    gethostname(host, sizeof host - 1);
-    host[sizeof host - 1] = 0;
-    ps_req_t *r = ctl_req(c, PS__MSG_TYPE__MSG_HELLO, 0, host, strlen(host));
-    if (!r) return PS_ENOMEM;
-    int rc = ctl_call(c, r, read_welcome, NULL);
-    if (rc < 0) return rc;
-    /* The other servers, all at once, with the rank server 0 gave. */
-    int S = c->o.nservers;
-    ps_req_t **rs = calloc((size_t)S, sizeof *rs);
-    if (!rs) return PS_ENOMEM;
-    for (int s = 1; s < S && !rc; s++) {
-        if (!(rs[s] = ctl_req(c, PS__MSG_TYPE__MSG_HELLO, s, host, strlen(host)))) rc = PS_ENOMEM;
-        else req_submit(c, rs[s]);
-    }
-    for (int s = 1; s < S && rs[s]; s++) {
-        wait_done_locked(c, rs[s], -1);
-        pthread_mutex_unlock(&c->mu); /* done: the reply fields no longer change */
-        int r1 = read_welcome_other(c, rs[s], s);
-        pthread_mutex_lock(&c->mu);
-        req_release_locked(c, rs[s]);
-        pthread_mutex_unlock(&c->mu);
-        if (r1 < 0 && rc == 0) rc = r1;
-    }
-    free(rs);
-    return rc < 0 ? rc : c->rank;
-}
-
-void ps_client_set_outcome(ps_client_t *c, int outcome, int code, const char *text)
-{
-    if (!c) return;
-    pthread_mutex_lock(&c->mu);
-    c->outcome = outcome;
-    c->outcome_code = code;
-    snprintf(c->outcome_text, sizeof c->outcome_text, "%s", text ? text : "");
-    pthread_mutex_unlock(&c->mu);
-}
-
-int ps_client_init(ps_client_t *c, const char *spec_json, const float *flat_weights,
-                   int *from_ckpt)
-{
-    int S = c ? c->o.nservers : 0, rc = 0, nckpt = 0;
-    if (from_ckpt) *from_ckpt = 0;
-    if (!c || !spec_json || !flat_weights) return PS_EINVAL;
-
-    ps_req_t **rs = calloc((size_t)S + c->t->nparts, sizeof *rs);
-    int *ckpt = calloc((size_t)S, sizeof *ckpt);
-    if (!rs || !ckpt) {
-        free(rs);
-        free(ckpt);
-        return PS_ENOMEM;
-    }
-    /* The spec goes to every server at once; weights follow only after each
-     * server built its table (and told us whether it restored a checkpoint). */
-    for (int s = 0; s < S; s++) {
-        rs[s] = ctl_req(c, PS__MSG_TYPE__MSG_INIT, s, spec_json, strlen(spec_json));
-        if (!rs[s]) {
-            rc = PS_ENOMEM;
-            break;
-        }
-        req_submit(c, rs[s]);
-    }
-    for (int s = 0; s < S && rs[s]; s++) {
-        wait_done_locked(c, rs[s], -1);
-        int r1 = rs[s]->result;
-        ckpt[s] = r1 == 0 && (rs[s]->reply_flags & PS_FLAG_FROM_CKPT);
-        req_release_locked(c, rs[s]);
-        pthread_mutex_unlock(&c->mu);
-        if (r1 < 0 && rc == 0) rc = r1;
-        nckpt += ckpt[s];
-    }
-    if (rc == 0 && nckpt > 0 && nckpt < S)
-        ps_warn("%d of %d servers restored a checkpoint; sending initial weights to the others",
-                nckpt, S);
-    /* Residuals belong to the weights they were computed against. */
-    if (rc == 0 && nckpt > 0) ps_client_ef_reset(c);
-
-    uint32_t n = 0;
-    for (uint32_t p = 0; rc == 0 && p < c->t->nparts; p++) {
-        const ps_partition_t *pt = &c->t->parts[p];
-        if (ckpt[pt->server]) continue;
-        ps_req_t *r = req_alloc(c, PS__MSG_TYPE__MSG_INIT, (int)pt->server, p);
-        if (!r) {
-            rc = PS_EAGAIN;
-            break;
-        }
-        rc = ps_client_encode_part(c, r, p, flat_weights + pt->offset, PS_DT_FP32, PS_CODEC_RAW);
-        if (rc < 0) {
-            req_abandon(c, r);
-            break;
-        }
-        req_submit(c, r);
-        rs[S + n++] = r;
-    }
-    for (uint32_t i = 0; i < n; i++) {
-        int r1 = ps_client_wait(c, rs[S + i], -1, NULL);
-        if (r1 < 0 && rc == 0) rc = r1;
-    }
-    if (rc == 0 && from_ckpt) *from_ckpt = nckpt == S;
-    free(rs);
-    free(ckpt);
-    return rc;
-}
-
-int ps_client_barrier(ps_client_t *c)
-{
-    if (!c) return PS_EINVAL;
-    ps_req_t *r = ctl_req(c, PS__MSG_TYPE__MSG_BARRIER, 0, NULL, 0);
-    return r ? ctl_call(c, r, NULL, NULL) : PS_EAGAIN;
-}
-
-static int read_body(ps_client_t *c, ps_req_t *r, void *arg)
-{
-    char **json = arg;
-    (void)c;
-    *json = malloc(r->reply_body_len + 1);
-    if (!*json) return PS_ENOMEM;
-    if (r->reply_body_len) memcpy(*json, r->reply_body, r->reply_body_len);
-    (*json)[r->reply_body_len] = 0;
-    return 0;
-}
-
-int ps_client_rollback(ps_client_t *c, uint64_t *version)
-{
-    if (!c || !version) return PS_EINVAL;
-    /* Each round either succeeds on every server or lowers the target to
-     * the version of a server that is behind it; versions only go down, and
-     * a server's own version is always restorable by it, so this ends. */
-    for (int round = 0; round < 16; round++) {
-        uint64_t v = *version, lower = v;
-        int rc = 0;
-        for (int s = 0; s < c->o.nservers && !rc && lower == v; s++) {
-            ps_req_t *r = ctl_req(c, PS__MSG_TYPE__MSG_ROLLBACK, s, NULL, 0);
-            if (!r) return PS_EAGAIN;
-            r->iteration = v;
-            req_submit(c, r);
-            wait_done_locked(c, r, -1);
-            rc = r->result;
-            if (rc == PS_ESTATE && (r->reply_flags & PS_FLAG_ROLLBACK) && r->version < v) {
-                lower = r->version;
-                rc = 0;
-            }
-            req_release_locked(c, r);
-            pthread_mutex_unlock(&c->mu);
-        }
-        if (rc) return rc;
-        if (lower == v) return 0;
-        ps_warn("a server is at version %llu, below %llu: rolling back to %llu",
-                (unsigned long long)lower, (unsigned long long)v, (unsigned long long)lower);
-        *version = lower;
-    }
-    ps_client_set_error(c, "rollback: the servers' versions kept changing");
-    return PS_ESTATE;
-}
-
-int ps_client_stats(ps_client_t *c, int server, char **json)
-{
-    if (json) *json = NULL;
-    if (!c || !json || server < 0 || server >= c->o.nservers) return PS_EINVAL;
-    ps_req_t *r = ctl_req(c, PS__MSG_TYPE__MSG_STATS, server, NULL, 0);
-    return r ? ctl_call(c, r, read_body, json) : PS_EAGAIN;
-}
-
-int ps_client_checkpoint(ps_client_t *c, int server)
-{
-    if (!c || server < 0 || server >= c->o.nservers) return PS_EINVAL;
-    ps_req_t *r = ctl_req(c, PS__MSG_TYPE__MSG_CHECKPOINT, server, NULL, 0);
-    return r ? ctl_call(c, r, NULL, NULL) : PS_EAGAIN;
-}
-
-int ps_client_shutdown_servers(ps_client_t *c)
-{
-    int rc = 0;
-    if (!c) return PS_EINVAL;
-    for (int s = 0; s < c->o.nservers; s++) {
-        ps_req_t *r = ctl_req(c, PS__MSG_TYPE__MSG_SHUTDOWN, s, NULL, 0);
-        int r1 = r ? ctl_call(c, r, NULL, NULL) : PS_EAGAIN;
-        if (r1 < 0 && rc == 0) rc = r1;
-    }
-    return rc;
+    return wait_done_locked(c, r, timeout_ms);
 }

@@ -93,6 +93,12 @@ typedef struct ps_client_opts {
     uint64_t topk_warmup_steps;  /* topk: density warm-up over the first iterations,
                                     25% down to topk_ratio (ps_ef_topk_warmup_ratio;
                                     default 0 = off) */
+    int keep_state;              /* sync: keep an exact copy (weights of two versions,
+                                    momentum) of 1/W of the partitions (the j-th of
+                                    server s is kept by rank (s + 1 + j) mod W),
+                                    brought by their PUSHPULL replies, so a
+                                    server that lost everything is rebuilt
+                                    (ps_client_rebuild; default 0) */
 
     /* CURVE: all three set = encrypted, authenticated connections;
      * all unset = plain TCP.  Files hold one Z85 key (40 characters), as
@@ -124,6 +130,21 @@ void ps_client_destroy(ps_client_t **c);
  * other server (each binds the rank to this process's session token):
  * returns the rank (>= 0) or a negative PS_E*. */
 int ps_client_hello(ps_client_t *c);
+/* Elastic sync jobs (psd --max-workers above --num-workers):
+ * join: HELLO with PS_FLAG_JOIN instead: server 0 gives a new rank, in the
+ * job from step *from on; returns the rank or PS_E*.
+ * members: the membership epochs (JSON [[from,[ranks]],...], from server
+ * 0's STATS "epochs") to every server; a worker does it before it pushes
+ * the first step of a new epoch.  0 or PS_E*.
+ * drain: ask server 0 to take `rank` out of the job; *from = its first step
+ * without it.  0 or PS_E* (text in last_error).
+ * epochs_seen: the most membership epochs any reply named (a change to
+ * fetch when above what the caller knows). */
+int ps_client_join(ps_client_t *c, uint64_t *from);
+int ps_client_members(ps_client_t *c, const char *json);
+int ps_client_drain(ps_client_t *c, int rank, uint64_t *from);
+unsigned ps_client_epochs_seen(const ps_client_t *c);
+
 /* How this worker's BYE (at ps_client_destroy) ends its part in the job:
  * PS_CLIENT_DONE, it finished; PS_CLIENT_FAILED, it failed with `code` and
  * `text` (the servers stop the job and give every worker that error);
@@ -158,6 +179,17 @@ int ps_client_pull(ps_client_t *c, uint32_t part, uint64_t min_version, float *d
                    ps_req_t **req);
 int ps_client_pushpull(ps_client_t *c, uint32_t part, uint64_t iteration, const float *grad,
                        float *dst, uint32_t flags, ps_req_t **req);
+/* pull_exact (sync): the weights of exactly `version` (PS_FLAG_EXACT): the
+ * current ones, or those of the version before, which a sync server keeps;
+ * waits while the partition is below it, and fails with PS_ESTATE when it
+ * is further ahead.  A worker that died between its pushes of a step finds
+ * some partitions one update ahead and computes the step from these. */
+int ps_client_pull_exact(ps_client_t *c, uint32_t part, uint64_t version, float *dst,
+                         ps_req_t **req);
+/* pull with Header.flags (PS_FLAG_REBUILD: wait for the partition's INIT on a
+ * server being rebuilt, instead of an error). */
+int ps_client_pull_ex(ps_client_t *c, uint32_t part, uint64_t min_version, uint32_t flags,
+                      float *dst, ps_req_t **req);
 
 /* Wait for one request (timeout_ms < 0: forever).  Returns the request's
  * result: 0, or the server's PS_E* code (its text via ps_client_last_error),
@@ -184,8 +216,10 @@ const char *ps_client_last_error(const ps_client_t *c);
 
 /* Blocking conveniences. */
 int ps_client_barrier(ps_client_t *c);
-/* STATS of one server: *json is malloc'd (caller frees). */
+/* STATS of one server: *json is malloc'd (caller frees).  _ex: with
+ * Header.flags (PS_FLAG_PREFLIGHT: psctl check's members too). */
 int ps_client_stats(ps_client_t *c, int server, char **json);
+int ps_client_stats_ex(ps_client_t *c, int server, uint32_t flags, char **json);
 int ps_client_checkpoint(ps_client_t *c, int server);
 /* Sync mode, after a server restarted from an older checkpoint: a push or
  * pushpull then fails with PS_ESTATE and reply flag PS_FLAG_ROLLBACK
@@ -197,6 +231,16 @@ int ps_client_checkpoint(ps_client_t *c, int server);
  * partition and recompute from step *version), or PS_E* (e.g. PS_ENOTFOUND:
  * a server has no checkpoint of that version; text in last_error). */
 int ps_client_rollback(ps_client_t *c, uint64_t *version);
+/* Sync with keep_state, after a push failed with PS_ESTATE and reply flag
+ * PS_FLAG_REBUILD (the server restarted empty): give server `server` the
+ * spec and the state of the partitions this worker keeps (their version,
+ * and the weights of the one before).  Every worker calls it; then each
+ * pulls with ps_client_pull_ex(..., PS_FLAG_REBUILD, ...), which waits for
+ * the partitions other workers give back.  0 or PS_E*. */
+int ps_client_rebuild(ps_client_t *c, int server, const char *spec_json);
+/* keep_state: the INIT spec (copied), which the client sends a server that
+ * lost its state the moment it says so, with the partitions kept here. */
+int ps_client_set_spec(ps_client_t *c, const char *spec_json);
 int ps_client_shutdown_servers(ps_client_t *c);
 
 /* Error feedback of topk / sign (and ef_rounding) pushes: each partition's

@@ -36,6 +36,7 @@ struct ps_req {
     uint32_t part;          /* partition or PS_PART_NONE */
     uint64_t iteration, min_version;
     uint32_t flags;
+    int rank_arg;           /* DRAIN: the rank to take out (Header.rank) */
     uint64_t seq;           /* submission order, ties in the priority queue */
     int no_reply;           /* PS_FLAG_NO_REPLY push: done once sent */
 
@@ -97,6 +98,8 @@ typedef struct ps_client_server {
     int64_t stall_next;     /* next stall warning (0: nothing stalled) */
     int stall_gap;          /* ms to the one after */
     int shut;               /* the server said it shuts down: fail at once */
+    int gave_back;          /* keep_state: the partitions kept were given back to
+                               this server since it said it lost its state */
 } ps_client_server_t;
 
 struct ps_client {
@@ -156,6 +159,15 @@ struct ps_client {
     void *dec_scratch;
     size_t dec_scratch_cap;
 
+    /* opts.keep_state: the state of the partitions this worker keeps
+     * (ps_client_keep.c; written by the I/O thread, read by rebuilds) */
+    struct ps_client_keep *keep; /* (nparts), allocated at the first state reply */
+    pthread_mutex_t keep_mu;
+    char *spec;             /* the INIT spec (ps_client_set_spec): a server's rebuild */
+    int *keeper;            /* (nparts) the rank that keeps each partition */
+
+    atomic_uint epochs_seen;  /* elastic: the most membership epochs a reply named */
+
     char last_error[512];
     atomic_uint_fast64_t bytes_out, bytes_in, requests, retries, errors;
 };
@@ -177,7 +189,31 @@ int ps_client_uses_ef(const ps_client_t *c, ps_dtype_t dt, ps_codec_t codec);
 int ps_client_curve_load(ps_client_t *c);
 int ps_client_curve_apply(ps_client_t *c, int s, void *sock);
 
-/* ps_client.c */
+/* ps_client_keep.c: who keeps which partition (at ps_client_new); whether
+ * this worker keeps partition part's state; a
+ * WEIGHTS reply with PS_FLAG_STATE for r (payload: weights then momentum)
+ * kept, the weights into r->dst as its wire dtype brings them (0 or PS_E*,
+ * I/O thread); the kept state freed. */
+int ps_client_keep_init(ps_client_t *c);
+int ps_client_keeps(const ps_client_t *c, uint32_t part);
+int ps_client_keep_reply(ps_client_t *c, ps_req_t *r, uint64_t v, const void *payload, size_t len);
+void ps_client_keep_free(ps_client_t *c);
+/* I/O thread: server s said it lost its state (PS_FLAG_REBUILD): send it
+ * the spec and the partitions kept here, once per loss. */
+void ps_client_keep_give_back(ps_client_t *c, int s);
+
+/* ps_client.c (the control calls are in ps_client_ctl.c) */
+/* A request handle for (type, server, part), NULL when the pool is empty;
+ * give it back unsent with abandon, or hand it to the I/O thread. */
+ps_req_t *ps_client_req_alloc(ps_client_t *c, int type, int server, uint32_t part);
+void ps_client_req_abandon(ps_client_t *c, ps_req_t *r);
+void ps_client_req_submit(ps_client_t *c, ps_req_t *r);
+/* Under c->mu: give a finished handle back.  Wait until r is done (or
+ * timeout_ms, < 0: forever): 0 with c->mu held, or PS_ETIMEOUT without. */
+void ps_client_req_release_locked(ps_client_t *c, ps_req_t *r);
+int ps_client_wait_done_locked(ps_client_t *c, ps_req_t *r, int timeout_ms);
+/* The INIT spec to one server, waited for: 0 or PS_E*. */
+int ps_client_send_spec(ps_client_t *c, int server, const char *spec_json);
 void ps_client_set_error(ps_client_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Under c->mu: mark done, wake waiters (I/O thread). */
 void ps_client_complete_locked(ps_client_t *c, ps_req_t *r, int result);

@@ -101,7 +101,7 @@ static void fill_header(ps_client_t *c, ps_req_t *r, Ps__Header *h)
 {
     ps_wire_header_init(h, (Ps__MsgType)r->type);
     h->has_rank = 1;
-    h->rank = c->rank;
+    h->rank = r->type == PS__MSG_TYPE__MSG_DRAIN ? r->rank_arg : c->rank;
     h->has_request_id = 1;
     h->request_id = ((uint64_t)r->gen << 32) | r->slot;
     if (r->part != PS_PART_NONE) {
@@ -118,7 +118,8 @@ static void fill_header(ps_client_t *c, ps_req_t *r, Ps__Header *h)
         h->partition = PS_PART_NONE;
     }
     if (r->type == PS__MSG_TYPE__MSG_PUSH || r->type == PS__MSG_TYPE__MSG_PUSHPULL ||
-        r->type == PS__MSG_TYPE__MSG_ROLLBACK) {
+        r->type == PS__MSG_TYPE__MSG_ROLLBACK ||
+        (r->type == PS__MSG_TYPE__MSG_INIT && (r->flags & PS_FLAG_STATE))) {
         h->has_iteration = 1;
         h->iteration = r->iteration;
     }
@@ -138,6 +139,10 @@ static void fill_header(ps_client_t *c, ps_req_t *r, Ps__Header *h)
     h->table_hash = c->t->hash;
     h->has_num_workers = 1;
     h->num_workers = (uint32_t)c->o.num_workers;
+    if (r->type == PS__MSG_TYPE__MSG_HELLO) {
+        h->has_num_servers = 1;
+        h->num_servers = (uint32_t)c->o.nservers;
+    }
     h->has_session = 1;
     h->session = c->session;
     h->has_num_servers = 1;
@@ -402,6 +407,37 @@ static void server_shut(ps_client_t *c, int s, const char *why)
     sv->ninflight = 0;
 }
 
+/* A stalled request that waits on other workers (a sync push, a barrier):
+ * ask the server whom it waits for.  The STATS goes with request_id 0,
+ * which no request of the pool ever has (generations start at 1), and its
+ * answer is logged by late_reply. */
+static void late_probe(ps_client_t *c, int s, const ps_req_t *old)
+{
+    if (old->type != PS__MSG_TYPE__MSG_PUSH && old->type != PS__MSG_TYPE__MSG_PUSHPULL &&
+        old->type != PS__MSG_TYPE__MSG_BARRIER)
+        return;
+    Ps__Header h;
+    ps_wire_header_init(&h, PS__MSG_TYPE__MSG_STATS);
+    h.has_rank = 1, h.rank = c->rank;
+    h.has_request_id = 1, h.request_id = 0;
+    ps_wire_send(c->srv[s].sock, NULL, 0, &h, NULL, 0, NULL, NULL, ZMQ_DONTWAIT);
+}
+
+/* The answer to late_probe: the server's "late" line, e.g. "step 812:
+ * waiting 4.1 s for rank 3 (partitions 0-11 of server 1)". */
+static void late_reply(ps_client_t *c, int s, const Ps__Header *h)
+{
+    char late[400] = "";
+    const char *b = (const char *)h->body.data, *end = b + h->body.len;
+    const char *k = memmem(b, h->body.len, "\"late\":\"", 8);
+    if (k) {
+        size_t n = 0;
+        for (k += 8; k < end && *k != '"' && n + 1 < sizeof late; k++) late[n++] = *k;
+        late[n] = 0;
+    }
+    if (late[0]) ps_warn("server %d (%s) says: %s", s, c->srv[s].endpoint, late);
+}
+
 static void handle_reply(ps_client_t *c, int s, ps_wire_msg_t *m, int rc, const char *err)
 {
     ps_client_server_t *sv = &c->srv[s];
@@ -428,7 +464,17 @@ static void handle_reply(ps_client_t *c, int s, ps_wire_msg_t *m, int rc, const 
         server_shut(c, s, h->error_text ? h->error_text : "");
         return;
     }
+    if (h->type == PS__MSG_TYPE__MSG_ACK && !h->request_id && h->has_body) {
+        late_reply(c, s, h);
+        return;
+    }
     ps_req_t *r = lookup(c, s, h);
+    if (h->has_epochs && h->epochs > atomic_load(&c->epochs_seen))
+        atomic_store(&c->epochs_seen, h->epochs); /* elastic: a membership change */
+    if (h->type == PS__MSG_TYPE__MSG_ERROR && h->has_flags && (h->flags & PS_FLAG_REBUILD))
+        ps_client_keep_give_back(c, s);
+    else if (h->type == PS__MSG_TYPE__MSG_WEIGHTS)
+        sv->gave_back = 0; /* whole again: a later loss is given back again */
     if (h->type == PS__MSG_TYPE__MSG_ERROR) {
         atomic_fetch_add(&c->errors, 1);
         ps_client_set_error(c, "server %d: %s (%s, partition %d): %s", s,
@@ -460,12 +506,21 @@ static void handle_reply(ps_client_t *c, int s, ps_wire_msg_t *m, int rc, const 
                             ps_wire_type_name(h->type), ps_wire_type_name(r->type));
         ps_warn("%s", c->last_error);
         result = PS_EPROTO;
+    } else if (h->type == PS__MSG_TYPE__MSG_WEIGHTS && h->has_flags &&
+               (h->flags & PS_FLAG_STATE)) {
+        /* a partition this worker keeps: weights and momentum */
+        r->reply_flags = h->flags;
+        r->version = h->iteration;
+        result = ps_client_keep_reply(c, r, h->iteration,
+                                      m->has_payload ? zmq_msg_data(&m->payload) : "",
+                                      m->has_payload ? zmq_msg_size(&m->payload) : 0);
     } else if (h->type == PS__MSG_TYPE__MSG_WEIGHTS) {
         r->reply_flags = h->has_flags ? h->flags : 0; /* PS_FLAG_OVERFLOW: step skipped */
         result = decode_weights(c, s, r, m);
     } else {
         r->reply_flags = h->has_flags ? h->flags : 0;
         r->reply_rank = h->has_rank ? h->rank : -1;
+        if (h->has_iteration) r->version = h->iteration; /* WELCOME to join, DRAIN: a step */
         r->reply_has_hash = h->has_table_hash;
         r->reply_hash = h->table_hash;
         r->reply_nworkers = h->has_num_workers ? h->num_workers : 0;
@@ -602,6 +657,7 @@ static void stall_check(ps_client_t *c, int s, int64_t now)
     ps_warn("server %d (%s): %d request(s) unanswered for %.1f s, the oldest %s%s%s (sent %d "
             "time(s))%s; %s", s, sv->endpoint, n, (double)(now - old->t_submit) / 1e3,
             ps_wire_type_name(old->type), parts, step, old->nsent, probe, stall_hint(old->type));
+    if (old->nsent > 0) late_probe(c, s, old);
     sv->stall_gap = sv->stall_gap * 2 > 60000 ? 60000 : sv->stall_gap * 2;
     sv->stall_next = now + sv->stall_gap;
 }

@@ -26,9 +26,10 @@
  *   sample stream: s = mix(mix(mix(seed) ^ epoch) ^ sample_index)
  *   epoch permutation: s = mix(mix(seed ^ 0x7065726D) ^ epoch)  ("perm"),
  *             Fisher-Yates: for i = N-1 down to 1: j = below(i+1); swap(i,j)
- *   A sample draws, in this order: T segment offsets (training, TSN rule),
- *   the crop-size pair, the fixed crop offset, then flip = (below(2) == 1)
- *   only when flipping is enabled.
+ *   A sample draws, in this order: T segment offsets (training, TSN rule)
+ *   or one clip offset (training, dense rule, when the video is at least
+ *   as long as the clip), the crop-size pair, the fixed crop offset, then flip =
+ *   (below(2) == 1) only when flipping is enabled.
  */
 #ifndef PS_VIDEO_H
 #define PS_VIDEO_H
@@ -109,11 +110,36 @@ int ps_video_read_frames(const ps_video_list_t *l, size_t i, const int *idx, int
 int ps_video_read_frame(const ps_video_list_t *l, size_t i, int frame,
                         uint8_t **rgb, int *w, int *h, char *err, size_t errlen);
 
+/* What loading cost, summed over the samples it counts: the encoded
+ * bytes read, the seconds reading them and the seconds turning them into
+ * the network's input (JPEG decode, crop / resize, normalisation). */
+typedef struct ps_video_io {
+    uint64_t samples, frames, bytes;
+    double read_s, decode_s;
+} ps_video_io_t;
+void ps_video_io_add(ps_video_io_t *acc, const ps_video_io_t *x);
+/* ps_video_read_frame, its cost added to *io (may be NULL). */
+int ps_video_read_frame_io(const ps_video_list_t *l, size_t i, int frame, uint8_t **rgb,
+                           int *w, int *h, ps_video_io_t *io, char *err, size_t errlen);
+/* ps_video_read_frames, its cost added to *io (may be NULL): frames, and
+ * for frame files the bytes and the seconds reading them (a video file
+ * demuxes and decodes in one pass: all of its time is decoding). */
+int ps_video_read_frames_io(const ps_video_list_t *l, size_t i, const int *idx, int n, uint8_t **px,
+                            int *w, int *h, ps_video_io_t *io, char *err, size_t errlen);
+
 /* ---- sampling and augmentation ------------------------------------------ */
 #define PS_VIDEO_MAX_SCALES 8
 
+/* Which frames a clip takes (ps_video_opts_t.sampling). */
+enum {
+    PS_VIDEO_SAMPLING_TSN = 0,   /* T segments of the video, a frame from each (TSN / TSM) */
+    PS_VIDEO_SAMPLING_DENSE = 1  /* T frames `stride` apart from one offset (3-D models) */
+};
+
 typedef struct ps_video_opts {
     int n_segment;        /* T (TSM: 8) */
+    int sampling;         /* PS_VIDEO_SAMPLING_* (default TSN) */
+    int stride;           /* dense: every stride-th frame (>= 1) */
     int crop_h, crop_w;   /* network input H, W (TSM: 224) */
     int scale_size;       /* test: shorter side resized to this, then centre
                              crop; 0 = crop_h * 256 / 224 (TSM's scale_size) */
@@ -162,6 +188,19 @@ void ps_video_tsn_test_indices(int num_frames, int T, int clip, int n_clips, int
  * centre crops there; here the three go along the longer side.) */
 void ps_video_test_crop(int img_w, int img_h, int crop_w, int crop_h, int n_crops, int crop,
                         int *x, int *y);
+/* Dense sampling (video_dense.c; mmaction2's SampleFrames with clip_len T,
+ * frame_interval stride, out-of-bound frames looped): a clip spans
+ * L = T*stride frames.  Training: offset = below(N - L + 1) when the video
+ * has L frames or more (one draw), else 0; test clip c of n: offset =
+ * floor(c*a + a/2) with a = (N - L + 1) / n when N > L - 1, else 0.  Frame
+ * t is ((offset + t*stride) mod N) + 1, 1-based. */
+void ps_video_dense_train_indices(int num_frames, int T, int stride, ps_vrng_t *r, int *out);
+void ps_video_dense_test_indices(int num_frames, int T, int stride, int clip, int n_clips,
+                                 int *out);
+/* The 1-based frames of clip `clip` of `n_clips` of a video under o's
+ * sampling (training draws from r). */
+void ps_video_clip_indices(const ps_video_opts_t *o, int num_frames, int clip, int n_clips,
+                           ps_vrng_t *r, int *out);
 
 /* GroupMultiScaleCrop's choice for an image of w x h (fix_crop on). */
 typedef struct ps_video_crop { int x, y, w, h; int flip; } ps_video_crop_t;
@@ -180,6 +219,11 @@ size_t ps_video_sampler_indices(size_t n, uint64_t seed, uint64_t epoch, int ran
 int ps_video_load_sample(const ps_video_list_t *l, const ps_video_opts_t *o,
                          uint64_t epoch, size_t index, float *out,
                          char *err, size_t errlen);
+/* The same with its cost added to *io (may be NULL): one sample, its frames,
+ * bytes and seconds. */
+int ps_video_load_sample_io(const ps_video_list_t *l, const ps_video_opts_t *o,
+                            uint64_t epoch, size_t index, float *out, ps_video_io_t *io,
+                            char *err, size_t errlen);
 
 /* ---- loader -------------------------------------------------------------- */
 typedef struct ps_video_loader ps_video_loader_t;
@@ -204,6 +248,9 @@ int ps_video_loader_next(ps_video_loader_t *ld, float *clips, int32_t *labels,
 size_t ps_video_loader_batches(const ps_video_loader_t *ld); /* per epoch */
 size_t ps_video_loader_samples(const ps_video_loader_t *ld); /* per epoch */
 size_t ps_video_loader_skipped(const ps_video_loader_t *ld); /* bad samples replaced */
+/* The cost of the batches next() has handed out: the last one's (last, may
+ * be NULL) and the total since the loader was made (total, may be NULL). */
+void ps_video_loader_io(const ps_video_loader_t *ld, ps_video_io_t *last, ps_video_io_t *total);
 const char *ps_video_loader_error(const ps_video_loader_t *ld);
 void ps_video_loader_destroy(ps_video_loader_t **ld);
 

@@ -54,8 +54,11 @@ static int keep_frame(int k, const uint8_t *rgb, int w, int h, void *user, char 
 
 /* The source row: one pass over the file for all of a sample's frames. */
 static int file_frames(const ps_video_list_t *l, size_t i, const int *idx, int n, uint8_t **px, int *w,
-                       int *h, char *err, size_t errlen)
+                       int *h, ps_video_io_t *io, char *err, size_t errlen)
 {
+    /* demuxing and decoding are one pass here: the whole time counts as
+     * decoding, no bytes are counted as read */
+    if (io) io->frames += (uint64_t)n;
     const ps_video_entry_t *e = &l->v[i];
     char path[4096], m[1024];
     want_t *wt = malloc(sizeof *wt * (size_t)n);

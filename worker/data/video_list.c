@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -379,15 +380,22 @@ int ps_video_read_frame_bytes(const ps_video_list_t *l, size_t i, int frame,
     return 0;
 }
 
-/* One JPEG frame decoded (folder or pack). */
-static int jpeg_frame(const ps_video_list_t *l, size_t i, int frame, uint8_t **rgb, int *w, int *h,
-                      char *err, size_t errlen)
+int ps_video_read_frame_io(const ps_video_list_t *l, size_t i, int frame, uint8_t **rgb,
+                           int *w, int *h, ps_video_io_t *io, char *err, size_t errlen)
 {
     uint8_t *b;
     size_t n;
     *rgb = NULL;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     int rc = ps_video_read_frame_bytes(l, i, frame, &b, &n, err, errlen);
     if (rc < 0) return rc;
+    if (io) {
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        io->frames++;
+        io->bytes += n;
+        io->read_s += (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    }
     char m[300];
     rc = ps_jpeg_decode(b, n, rgb, w, h, m, sizeof m);
     free(b);
@@ -402,10 +410,10 @@ static int jpeg_frame(const ps_video_list_t *l, size_t i, int frame, uint8_t **r
 }
 
 static int jpeg_frames(const ps_video_list_t *l, size_t i, const int *idx, int n, uint8_t **px,
-                       int *w, int *h, char *err, size_t errlen)
+                       int *w, int *h, ps_video_io_t *io, char *err, size_t errlen)
 {
     for (int k = 0; k < n; k++) {
-        int rc = jpeg_frame(l, i, idx[k], &px[k], &w[k], &h[k], err, errlen);
+        int rc = ps_video_read_frame_io(l, i, idx[k], &px[k], &w[k], &h[k], io, err, errlen);
         if (rc < 0) {
             while (k > 0) {
                 free(px[--k]);
@@ -419,15 +427,21 @@ static int jpeg_frames(const ps_video_list_t *l, size_t i, const int *idx, int n
 
 const ps_video_source_t ps_video_source_jpeg = { "JPEG frames", jpeg_frames, NULL };
 
-int ps_video_read_frames(const ps_video_list_t *l, size_t i, const int *idx, int n, uint8_t **px,
-                         int *w, int *h, char *err, size_t errlen)
+int ps_video_read_frames_io(const ps_video_list_t *l, size_t i, const int *idx, int n, uint8_t **px,
+                            int *w, int *h, ps_video_io_t *io, char *err, size_t errlen)
 {
     for (int k = 0; k < n; k++) px[k] = NULL;
     if (i >= l->n) {
         ps_errf(err, errlen, "%s: video %zu out of range (%zu videos)", l->source, i, l->n);
         return PS_ERANGE;
     }
-    return l->src->read_frames(l, i, idx, n, px, w, h, err, errlen);
+    return l->src->read_frames(l, i, idx, n, px, w, h, io, err, errlen);
+}
+
+int ps_video_read_frames(const ps_video_list_t *l, size_t i, const int *idx, int n, uint8_t **px,
+                         int *w, int *h, char *err, size_t errlen)
+{
+    return ps_video_read_frames_io(l, i, idx, n, px, w, h, NULL, err, errlen);
 }
 
 int ps_video_read_frame(const ps_video_list_t *l, size_t i, int frame,

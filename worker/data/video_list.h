@@ -29,9 +29,11 @@ typedef struct ps_video_source {
     const char *kind;  /* for messages */
     /* Frames idx[0..n) (1-based, any order) of video i as malloc'd RGB8
      * px[k] of w[k] x h[k]; on failure nothing is left allocated and err
-     * names the list line and the file. */
+     * names the list line and the file.  io (may be NULL): the frames, and
+     * the encoded bytes and the seconds reading them where the kind can
+     * tell them from decoding. */
     int (*read_frames)(const ps_video_list_t *l, size_t i, const int *idx, int n, uint8_t **px,
-                       int *w, int *h, char *err, size_t errlen);
+                       int *w, int *h, ps_video_io_t *io, char *err, size_t errlen);
     /* frees what the kind keeps per entry (NULL: nothing) */
     void (*free_entry)(ps_video_entry_t *e);
 } ps_video_source_t;

@@ -21,6 +21,7 @@ typedef struct payload {
     float *clips;
     int32_t *labels;
     int64_t *idx;
+    ps_video_io_t io; /* what decoding this batch cost */
 } payload_t;
 
 struct ps_video_loader {
@@ -33,6 +34,7 @@ struct ps_video_loader {
     int64_t *order;
     size_t n_order, n_batches;
     ps_prefetch_t *pf;
+    ps_video_io_t io_last, io_total; /* handed-out batches (the consumer's thread) */
 };
 
 /* Decodes batch b into p (no lock held; p is this caller's alone). */
@@ -43,10 +45,11 @@ static int fill(void *payload, size_t b, void *user, size_t *skipped, char *err,
     size_t B = (size_t)ld->o.batch, first = b * B;
     size_t n = ld->n_order - first < B ? ld->n_order - first : B;
     size_t N = ps_video_list_size(ld->l);
+    memset(&p->io, 0, sizeof p->io);
     for (size_t j = 0; j < n; j++) {
         size_t idx = (size_t)ld->order[first + j];
         float *dst = p->clips + j * ld->sample_floats;
-        int rc = ps_video_load_sample(ld->l, &ld->o, ld->epoch, idx, dst, err, errlen);
+        int rc = ps_video_load_sample_io(ld->l, &ld->o, ld->epoch, idx, dst, &p->io, err, errlen);
         /* Skip mode: the next video in list order stands in, decoded with
          * its own (seed, epoch, index) stream, so the substitute is the same
          * whichever thread or rank meets the bad one. */
@@ -54,7 +57,7 @@ static int fill(void *payload, size_t b, void *user, size_t *skipped, char *err,
             ps_warn("skipped: %s", err);
             (*skipped)++;
             idx = (idx + 1) % N;
-            rc = ps_video_load_sample(ld->l, &ld->o, ld->epoch, idx, dst, err, errlen);
+            rc = ps_video_load_sample_io(ld->l, &ld->o, ld->epoch, idx, dst, &p->io, err, errlen);
         }
         if (rc < 0) return rc;
         p->labels[j] = ps_video_list_label(ld->l, idx);
@@ -144,7 +147,7 @@ int ps_video_loader_seek(ps_video_loader_t *ld, uint64_t epoch, size_t batch)
 int ps_video_loader_next(ps_video_loader_t *ld, float *clips, int32_t *labels, int64_t *indices,
                          double *wait_s)
 {
-    payload_t own = { clips, labels, NULL }, *p;
+    payload_t own = { clips, labels, NULL, { 0, 0, 0, 0, 0 } }, *p;
     if (ps_prefetch_threads(ld->pf) == 0 && ps_prefetch_position(ld->pf) < ld->n_batches) {
         own.idx = malloc(sizeof(int64_t) * (size_t)ld->o.batch);
         if (!own.idx) return PS_ENOMEM;
@@ -156,6 +159,8 @@ int ps_video_loader_next(ps_video_loader_t *ld, float *clips, int32_t *labels, i
             memcpy(labels, p->labels, sizeof(int32_t) * (size_t)n);
         }
         if (indices) memcpy(indices, p->idx, sizeof(int64_t) * (size_t)n);
+        ld->io_last = p->io;
+        ps_video_io_add(&ld->io_total, &p->io);
         ps_prefetch_release(ld->pf);
     }
     free(own.idx);
@@ -168,6 +173,12 @@ size_t ps_video_loader_position(const ps_video_loader_t *ld) { return ps_prefetc
 size_t ps_video_loader_samples(const ps_video_loader_t *ld) { return ld->n_order; }
 size_t ps_video_loader_skipped(const ps_video_loader_t *ld) { return ps_prefetch_skipped(ld->pf); }
 const char *ps_video_loader_error(const ps_video_loader_t *ld) { return ps_prefetch_error(ld->pf); }
+
+void ps_video_loader_io(const ps_video_loader_t *ld, ps_video_io_t *last, ps_video_io_t *total)
+{
+    if (last) *last = ld->io_last;
+    if (total) *total = ld->io_total;
+}
 
 void ps_video_loader_destroy(ps_video_loader_t **ldp)
 {

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "ps_error.h"
 #include "ps_log.h"
@@ -45,6 +46,8 @@ void ps_video_opts_default(ps_video_opts_t *o)
     static const double sc[4] = { 1, .875, .75, .66 };
     memset(o, 0, sizeof *o);
     o->n_segment = 8;
+    o->sampling = PS_VIDEO_SAMPLING_TSN;
+    o->stride = 1;
     o->crop_h = o->crop_w = 224;
     o->train = 1;
     o->flip = 1;
@@ -68,6 +71,10 @@ int ps_video_opts_check(const ps_video_opts_t *o, char *err, size_t errlen)
 {
 #define BAD(...) do { ps_errf(err, errlen, __VA_ARGS__); return PS_EINVAL; } while (0)
     if (o->n_segment < 1 || o->n_segment > 1024) BAD("n_segment %d out of range 1..1024", o->n_segment);
+    if (o->sampling != PS_VIDEO_SAMPLING_TSN && o->sampling != PS_VIDEO_SAMPLING_DENSE)
+        BAD("sampling %d is neither TSN segments (%d) nor dense (%d)", o->sampling,
+            PS_VIDEO_SAMPLING_TSN, PS_VIDEO_SAMPLING_DENSE);
+    if (o->stride < 1 || o->stride > 1024) BAD("stride %d out of range 1..1024", o->stride);
     if (o->crop_h < 8 || o->crop_w < 8 || o->crop_h > 4096 || o->crop_w > 4096)
         BAD("crop size %dx%d out of range 8..4096", o->crop_h, o->crop_w);
     int ss = o->scale_size ? o->scale_size : o->crop_h * 256 / 224;
@@ -212,9 +219,34 @@ static void normalise(const ps_video_opts_t *o, const uint8_t *px, int flip, flo
         }
 }
 
+void ps_video_io_add(ps_video_io_t *acc, const ps_video_io_t *x)
+{
+    acc->samples += x->samples;
+    acc->frames += x->frames;
+    acc->bytes += x->bytes;
+    acc->read_s += x->read_s;
+    acc->decode_s += x->decode_s;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 int ps_video_load_sample(const ps_video_list_t *l, const ps_video_opts_t *o, uint64_t epoch,
                          size_t index, float *out, char *err, size_t errlen)
 {
+    return ps_video_load_sample_io(l, o, epoch, index, out, NULL, err, errlen);
+}
+
+int ps_video_load_sample_io(const ps_video_list_t *l, const ps_video_opts_t *o, uint64_t epoch,
+                            size_t index, float *out, ps_video_io_t *io, char *err,
+                            size_t errlen)
+{
+    ps_video_io_t cost = {1, 0, 0, 0, 0};
+    const double t_start = now_s();
     if (index >= l->n) {
         ps_errf(err, errlen, "sample %zu out of range (%zu videos)", index, l->n);
         return PS_ERANGE;
@@ -239,11 +271,8 @@ int ps_video_load_sample(const ps_video_list_t *l, const ps_video_opts_t *o, uin
     /* every index first (the random draws keep their documented order:
      * the offsets, then the crop), then all frames in one read, so a video
      * file is opened and decoded forward once per sample */
-    for (int k = 0; k < nk; k++) {
-        if (o->train) ps_video_tsn_train_indices(l->v[index].frames, T, &r, idx + k * T);
-        else ps_video_tsn_test_indices(l->v[index].frames, T, k, nk, idx + k * T);
-    }
-    rc = ps_video_read_frames(l, index, idx, KT, px, fw, fh, err, errlen);
+    for (int k = 0; k < nk; k++) ps_video_clip_indices(o, l->v[index].frames, k, nk, &r, idx + k * T);
+    rc = ps_video_read_frames_io(l, index, idx, KT, px, fw, fh, &cost, err, errlen);
     for (int j = 0; j < KT && rc == 0; j++) {
         int k = j / T, t = j % T;
         if (j == 0) {
@@ -285,5 +314,9 @@ int ps_video_load_sample(const ps_video_list_t *l, const ps_video_opts_t *o, uin
     free(idx);
     free(rs);
     free(scaled);
+    /* decoding: everything but reading the bytes (JPEG decode, crop,
+     * resize, normalisation) */
+    cost.decode_s = now_s() - t_start - cost.read_s;
+    if (io && rc >= 0) ps_video_io_add(io, &cost);
     return rc;
 }

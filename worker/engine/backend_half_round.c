@@ -218,6 +218,66 @@ static void r_conv_bwd(ps_ctx_t *ctx, float *dinp, float *dw, float *db, const f
     free(tdw);
 }
 
+/* conv3d (cuda/conv3d.cu): half operands (input, weights, output gradient
+ * cast per call), fp32 accumulation, results widened back into the fp32
+ * NCDHW tensors: the outputs carry one half rounding but stay fp32
+ * storage, so the 3-D models' other layers run in fp32 as on CUDA. */
+static size_t wnumel3(const ps_conv3d_desc_t *d)
+{
+    return (size_t)d->K * (d->C / d->groups) * d->KT * d->R * d->S;
+}
+
+static size_t out3(const ps_conv3d_desc_t *d, int D, int H, int W)
+{
+    return (size_t)ps_conv_out(D, d->KT, d->stride_t, d->pad_t, d->dil_t) *
+           ps_conv_out(H, d->R, d->stride_h, d->pad_h, d->dil_h) *
+           ps_conv_out(W, d->S, d->stride_w, d->pad_w, d->dil_w);
+}
+
+static void r_conv3d_fwd(ps_ctx_t *ctx, float *out, const float *inp, const float *w,
+                         const float *b, const ps_conv3d_desc_t *d, int N, int D, int H, int W)
+{
+    hround_t *h = st(ctx);
+    const size_t nout = (size_t)N * d->K * out3(d, D, H, W);
+    float *x = round_copy(h, inp, (size_t)N * d->C * D * H * W);
+    float *wr = round_copy(h, w, wnumel3(d));
+    cpu->conv3d_forward(ctx, out, x, wr, NULL, d, N, D, H, W);
+    round_inplace(h, out, nout);
+    mark(h, out, 0);
+    if (b) { /* the bias is added to the widened fp32 output */
+        const size_t OPQ = out3(d, D, H, W);
+        for (size_t i = 0; i < nout; i++) out[i] += b[(i / OPQ) % d->K];
+    }
+    free(x);
+    free(wr);
+}
+
+static void r_conv3d_bwd(ps_ctx_t *ctx, float *dinp, float *dw, float *db, const float *dout,
+                         const float *inp, const float *w, const ps_conv3d_desc_t *d, int N,
+                         int D, int H, int W)
+{
+    hround_t *h = st(ctx);
+    const size_t nin = (size_t)N * d->C * D * H * W, nout = (size_t)N * d->K * out3(d, D, H, W);
+    const size_t nw = wnumel3(d);
+    float *dy = round_copy(h, dout, nout), *x = round_copy(h, inp, nin), *wr = round_copy(h, w, nw);
+    float *tdw = dw ? calloc(nw, sizeof *tdw) : NULL; /* written half, then added in fp32 */
+    if (dw && !tdw) abort();
+    cpu->conv3d_backward(ctx, dinp, tdw, NULL, dy, x, wr, d, N, D, H, W);
+    if (dw) {
+        round_inplace(h, tdw, nw);
+        for (size_t i = 0; i < nw; i++) dw[i] += tdw[i];
+    }
+    if (dinp) {
+        round_inplace(h, dinp, nin);
+        mark(h, dinp, 0);
+    }
+    if (db) cpu->conv3d_backward(ctx, NULL, NULL, db, dout, inp, w, d, N, D, H, W);
+    free(dy);
+    free(x);
+    free(wr);
+    free(tdw);
+}
+
 static void r_linear_fwd(ps_ctx_t *ctx, float *out, const float *inp, const float *w,
                          const float *b, int N, int C, int K)
 {
@@ -531,6 +591,13 @@ const ps_backend_t ps_backend_cpu_round = {
     .head_permute_backward = ps_cpu_head_permute_backward,
     .roi_align_forward = ps_cpu_roi_align_forward,
     .roi_align_backward = ps_cpu_roi_align_backward,
+    .conv3d_forward = r_conv3d_fwd,
+    .conv3d_backward = r_conv3d_bwd,
+    /* CUDA pools 3-D tensors in fp32 (they are never half): the CPU's */
+    .maxpool3d_forward = ps_cpu_maxpool3d_forward,
+    .maxpool3d_backward = ps_cpu_maxpool3d_backward,
+    .avgpool3d_forward = ps_cpu_avgpool3d_forward,
+    .avgpool3d_backward = ps_cpu_avgpool3d_backward,
     /* NULL as on CUDA (cuda/backend_cuda_table.c): the model takes the unfused path */
     .bn_relu_forward_eval = NULL,
     .bn_relu_backward_eval = NULL,

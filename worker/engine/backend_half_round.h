@@ -15,7 +15,10 @@
  *   - every other layer's output when its input is a half tensor (BN,
  *     ReLU, pools, dropout, add, accumulate, shift, consensus);
  *   - linear's output (the logits), softmax, the loss, BN statistics,
- *     parameters and parameter gradients other than conv's stay fp32.
+ *     parameters and parameter gradients other than conv's stay fp32;
+ *   - conv3d (cuda/conv3d.cu): its operands (input, weights, output
+ *     gradient) and results are rounded, its outputs stay fp32 storage, so
+ *     a 3-D model's other layers run unrounded, as on CUDA.
  * Which tensors are half is tracked as the CUDA backend does (mixed.cu): a
  * tag per pointer, set by the layer that writes it.  xent's backward
  * multiplies dloss by the loss scale (set_loss_scale returns 0: the model's

@@ -29,6 +29,11 @@ static const ps_device_t cpu_row = {"cpu", "CPU reference backend", cpu_open};
 static const ps_device_t *rows[MAX_DEVICES] = {&cpu_row};
 static int nrows = 1;
 
+/* The 3-D video layers' slots (a block of their own in ps_backend_t). */
+#define VIDEO3D_SLOTS(X)                                                                     \
+    X(conv3d_forward) X(conv3d_backward) X(maxpool3d_forward) X(maxpool3d_backward)        \
+    X(avgpool3d_forward) X(avgpool3d_backward)
+
 /* Every slot a table must fill (the optional ones at the end of
  * ps_backend_t are not here). */
 #define REQUIRED_SLOTS(X)                                                                    \
@@ -42,7 +47,7 @@ static int nrows = 1;
     X(accumulate) X(upsample_add_forward) X(upsample_add_backward) X(count_pos)            \
     X(focal_forward) X(focal_backward) X(smoothl1_forward) X(smoothl1_backward)            \
     X(head_permute_forward) X(head_permute_backward) X(roi_align_forward)                  \
-    X(roi_align_backward)
+    X(roi_align_backward) VIDEO3D_SLOTS(X)
 
 int ps_engine_check_backend(const ps_backend_t *be)
 {

@@ -15,7 +15,8 @@
  *   C   input channels, K output channels (or classes)
  *   H,W input height/width;  P,Q output height/width
  *   R,S kernel height/width
- * Layout: NCHW, fp32 on the CPU backend.
+ * Layout: NCHW, fp32 on the CPU backend.  The 3-D video layers (their own
+ * block of the table, legend there) take clips as NCDHW. 
  *
  * Gradient contract:
  *   - parameter gradients (dw, db, dgamma, dbeta) are ACCUMULATED (+=): the
@@ -96,6 +97,33 @@ size_t ps_conv2d_workspace(const ps_conv2d_desc_t *d, int N, int H, int W);
 typedef struct ps_pool_desc {
     int R, S, stride_h, stride_w, pad_h, pad_w;
 } ps_pool_desc_t;
+
+/* 3-D (video) layers: clips of D frames, NCDHW (legend of the 3-D slots
+ * below).  Output size per axis: ps_conv_out(). */
+typedef struct ps_conv3d_desc {
+    int C, K;          /* input / output channels */
+    int KT, R, S;      /* kernel: frames, height, width */
+    int stride_t, stride_h, stride_w, pad_t, pad_h, pad_w, dil_t, dil_h, dil_w;
+    int groups;
+} ps_conv3d_desc_t;
+/* Floats of ctx->workspace conv3d forward/backward need for this shape on
+ * the CPU backend (0 for an invalid one). */
+size_t ps_conv3d_workspace(const ps_conv3d_desc_t *d, int N, int D, int H, int W);
+
+typedef struct ps_pool3d_desc {
+    int KT, R, S;      /* window: frames, height, width */
+    int stride_t, stride_h, stride_w, pad_t, pad_h, pad_w;
+    int count_include_pad; /* average pool: divide by the whole window, padding
+                              included (1, PyTorch's default) or by the part
+                              inside the input (0) */
+} ps_pool3d_desc_t;
+/* 1 when d and the shape make a valid 3-D convolution / pooling window
+ * (pooling: padding at most half the window, PyTorch's rule); else 0 with
+ * one error line naming `who` (the layer and backend).  Both backends
+ * check their arguments with these. */
+int ps_conv3d_check(const char *who, const ps_conv3d_desc_t *d, int N, int D, int H, int W);
+int ps_pool3d_check(const char *who, const ps_pool3d_desc_t *d, int N, int C, int D, int H,
+                    int W);
 
 /* ---- precisions and device memory figures ------------------------------- */
 
@@ -341,6 +369,36 @@ typedef struct ps_backend {
     void (*roi_align_backward)(ps_ctx_t *ctx, float *dfeat, const float *dout,
                                const float *rois, int R, int N, int C, int H, int W, int PH,
                                int PW, float spatial_scale, int sampling_ratio, int aligned);
+
+    /* ---- 3-D video layers (I3D, R3D, MC3, R(2+1)D) -------------------- *
+     * Legend: N clips, C / K channels, D x H x W input (frames, height,
+     * width), O x P x Q output; KT x R x S kernel or window.  Layout
+     * NCDHW fp32: a channel of a clip is one contiguous D*H*W block, so BN
+     * over (N, T, H, W) is the batch-norm slots above with HW = D*H*W and
+     * the global average pool over T x H x W is avgpool_forward with HW =
+     * D*H*W (no slots of their own).  Same gradient contract as above. */
+    /* conv3d: inp (N,C,D,H,W), w (K, C/groups, KT, R, S), b (K) or NULL ->
+     * out (N,K,O,P,Q); cross-correlation as torch.nn.functional.conv3d */
+    void (*conv3d_forward)(ps_ctx_t *ctx, float *out, const float *inp, const float *w,
+                           const float *b, const ps_conv3d_desc_t *d, int N, int D, int H,
+                           int W);
+    void (*conv3d_backward)(ps_ctx_t *ctx, float *dinp, float *dw, float *db,
+                            const float *dout, const float *inp, const float *w,
+                            const ps_conv3d_desc_t *d, int N, int D, int H, int W);
+    /* max pool (N,C,D,H,W) -> (N,C,O,P,Q): padding never wins, a NaN does
+     * (PyTorch); argmax (int32, index within D*H*W) saved for backward,
+     * where overlapping windows add.  pad <= half the window per axis. */
+    void (*maxpool3d_forward)(ps_ctx_t *ctx, float *out, int32_t *argmax, const float *inp,
+                              const ps_pool3d_desc_t *d, int N, int C, int D, int H, int W);
+    void (*maxpool3d_backward)(ps_ctx_t *ctx, float *dinp, const float *dout,
+                               const int32_t *argmax, const ps_pool3d_desc_t *d, int N, int C,
+                               int D, int H, int W);
+    /* windowed average pool (N,C,D,H,W) -> (N,C,O,P,Q), divisor per
+     * d->count_include_pad (torch.nn.functional.avg_pool3d) */
+    void (*avgpool3d_forward)(ps_ctx_t *ctx, float *out, const float *inp,
+                              const ps_pool3d_desc_t *d, int N, int C, int D, int H, int W);
+    void (*avgpool3d_backward)(ps_ctx_t *ctx, float *dinp, const float *dout,
+                               const ps_pool3d_desc_t *d, int N, int C, int D, int H, int W);
 
     /* ---- optional fused entries: NULL in a backend that lacks them, so a
      * caller checks and falls back to the two separate layers ----------- */

@@ -1,8 +1,9 @@
 /* Model weights in safetensors with torchvision names: what ps_model_save()
- * writes loads into torchvision.models.resnetXX with load_state_dict
- * (strict=True), and a torchvision state dict or an official TSM checkpoint
- * converted to safetensors loads here (ps_weights.h; fc replaced when the
- * class count differs). */
+ * writes loads into torchvision.models.resnetXX / torchvision.models.video
+ * with load_state_dict (strict=True), and a torchvision state dict or an
+ * official TSM checkpoint converted to safetensors loads here (ps_weights.h;
+ * fc replaced when the class count differs, 2-D kernels inflated into a 3-D
+ * model's). */
 #include "resnet_internal.h"
 
 #include "ps_error.h"
@@ -16,15 +17,49 @@
 
 int ps_model_save(const ps_model_t *m, const char *path)
 {
-    char arch[64];
-    snprintf(arch, sizeof arch, "%s-resnet%d", m->cfg.shift ? "tsm" : "tsn", m->cfg.depth);
-    return ps_mtab_save(m->params, m->nparams, m->buffers, m->nbuffers, arch, "model", path);
+    return ps_mtab_save(m->params, m->nparams, m->buffers, m->nbuffers, m->arch_name, "model",
+                        path);
 }
 
 static int fc_may_reinit(void *ctx, int i)
 {
     const ps_model_t *m = ctx;
     return i == m->fc_pw || i == m->fc_pb;
+}
+
+/* The adapt hook of a load: a 2-D kernel (K, C, R, S) in the file for a 3-D
+ * one (K, C, T, R, S), spread over the T slices: each slice kernel / T
+ * ("mean" inflation: a clip of T equal frames then gives the 2-D net's
+ * response), or the centre slice T/2 = kernel and the others 0 ("centre"). */
+typedef struct inflate_ctx {
+    ps_model_t *m;
+    int centre, n;
+} inflate_ctx_t;
+
+static int inflate_kernel(void *ctx, int i, const float *src, int ndim, const int64_t *shape,
+                          float *dst)
+{
+    inflate_ctx_t *c = ctx;
+    const ps_model_param_t *p = &c->m->params[i];
+    if (!(p->ndim == 5 && ndim == 4 && shape[0] == p->shape[0] && shape[1] == p->shape[1] &&
+          shape[2] == p->shape[3] && shape[3] == p->shape[4]))
+        return 0;
+    const int T = p->shape[2];
+    const size_t KC = (size_t)p->shape[0] * p->shape[1], RS = (size_t)p->shape[3] * p->shape[4];
+    for (size_t kc = 0; kc < KC; kc++)
+        for (int t = 0; t < T; t++) {
+            float *d = dst + (kc * T + t) * RS;
+            const float *k2 = src + kc * RS;
+            for (size_t j = 0; j < RS; j++)
+                d[j] = c->centre ? (t == T / 2 ? k2[j] : 0.0f) : k2[j] / (float)T;
+        }
+    c->n++;
+    return 1;
+}
+
+static int may_reinit_fc(void *ctx, int i)
+{
+    return fc_may_reinit(((inflate_ctx_t *)ctx)->m, i);
 }
 
 /* A TSM checkpoint's shift placement (its ".net." levels) against the
@@ -94,16 +129,22 @@ int ps_model_load(ps_model_t *m, const char *path, int flags)
                  "(ps_retina_load)", path);
         return PS_EINVAL;
     }
+    inflate_ctx_t ic = {m, (flags & PS_MODEL_LOAD_INFLATE_CENTRE) != 0, 0};
     ps_weights_target_t t = {
         .what = "model", .params = m->params, .nparams = m->nparams, .buffers = m->buffers,
-        .nbuffers = m->nbuffers, .ctx = m,
-        .may_reinit = (flags & PS_MODEL_LOAD_REPLACE_FC) ? fc_may_reinit : NULL};
+        .nbuffers = m->nbuffers, .ctx = &ic,
+        .may_reinit = (flags & PS_MODEL_LOAD_REPLACE_FC) ? may_reinit_fc : NULL,
+        .adapt = inflate_kernel};
     ps_weights_report_t rep;
     int r = check_tsm_place(m, path);
     if (!r)
         r = ps_weights_load(&t, path, ps_weights_resnet_formats, PS_WEIGHTS_RESNET_NFORMATS,
                             (flags & PS_MODEL_LOAD_PARTIAL) ? PS_WEIGHTS_PARTIAL : 0, &rep);
     if (r) return r;
+    m->inflated = rep.adapted;
+    if (rep.adapted)
+        ps_info("model load %s: %d 2-D kernels inflated to 3-D (%s inflation)", path, rep.adapted,
+                ic.centre ? "centre" : "mean");
     m->fc_replaced = rep.reinit > 0;
     if (m->fc_replaced) {
         /* TSM fine-tuning: a fresh fc, trained faster (lr x5 weight, x10 bias) */

@@ -41,6 +41,12 @@
 #include "worker/engine/ps_engine.h"
 
 typedef struct ps_model_config {
+    char arch[32];     /* "" (default): the 2-D ResNet below (depth, shift);
+                          else a 3-D video model by name (ps_video3d.h:
+                          "i3d-r50-311", "r3d-18", ...), which reads only
+                          num_classes, n_segment (its clip's frames T),
+                          dropout, partial_bn / bn_mode, width and the BN
+                          constants */
     int depth;         /* 18, 34 or 50 */
     int num_classes;   /* K */
     int n_segment;     /* T frames per clip (TSM: 8) */
@@ -101,7 +107,7 @@ enum {
     PS_MODEL_NGROUPS = 5
 };
 
-#define PS_MODEL_MAX_NDIM 4
+#define PS_MODEL_MAX_NDIM 5 /* conv3d weights (K, C, T, R, S) */
 
 /* One learnable tensor, in model (= torchvision state-dict) order. */
 typedef struct ps_model_param {
@@ -211,11 +217,28 @@ int ps_model_tensor_specs(const ps_model_t *m, ps_tensor_spec_t **specs);
 /* Floating-point operations of one forward / backward over nclips clips,
  * counted from the layer shapes (2 per multiply-add; convs and fc only). */
 void ps_model_flops(const ps_model_t *m, int nclips, double *fwd, double *bwd);
+
+/* What a model of cfg costs, from its shapes alone (no memory for weights
+ * or activations, so the paper's sizes can be counted anywhere). */
+typedef struct ps_model_count {
+    size_t params;        /* learnable elements */
+    size_t trainable;     /* of which trainable in cfg's BN mode (what is pushed) */
+    size_t bn_stats;      /* BN running mean / var elements (--bn-sync sends them too) */
+    double fwd_flops;     /* one clip's forward, 2 per multiply-add of convs and fc */
+    double bwd_flops;     /* its backward (input and weight gradients) */
+} ps_model_count_t;
+/* 0, or PS_EINVAL (bad config, logged) / PS_ENOMEM. */
+int ps_model_count(const ps_model_config_t *cfg, int H, int W, ps_model_count_t *c);
 /* Dropout masks are a pure function of (seed, forward counter): forward
  * number k (0-based, counted from this call; every forward counts) draws
  * its mask with seed ^ (0x9E3779B97F4A7C15 * (k + 1)) through the backend's
  * dropout (keep where ps_rng_uniform(that, i) >= p). */
 void ps_model_set_seed(ps_model_t *m, uint64_t seed);
+/* Set the forward counter: psworker sets it to the training step before
+ * each step's forward, so the masks are a function of the step (the same
+ * in a run restarted or rolled back to that step, whatever validation
+ * forwards came before). */
+void ps_model_set_step(ps_model_t *m, uint64_t step);
 
 /* ---- safetensors (model_io.c) ------------------------------------------- */
 
@@ -234,17 +257,24 @@ enum {
      * tensors the file has and the model lacks are skipped (both listed in
      * the log; ps_weights.h PS_WEIGHTS_PARTIAL) */
     PS_MODEL_LOAD_PARTIAL = 2,
+    /* a 4-D (K, C, R, S) file tensor for a 5-D (K, C, T, R, S) model weight
+     * is inflated along T (I3D's ImageNet initialisation): by default each
+     * of the T slices is the 2-D kernel / T ("mean" inflation: a clip of T
+     * equal frames then gives the 2-D net's response); with this flag the
+     * centre slice is the 2-D kernel and the others are 0 ("centre") */
+    PS_MODEL_LOAD_INFLATE_CENTRE = 4,
 };
 /* Load a safetensors file: torchvision names (what ps_model_save writes, a
  * converted torchvision state dict) or an official TSM checkpoint's
  * (module.base_model.*, .net., new_fc; ps_weights.h), whose shift placement
  * must be the model's.  Every model tensor must be present with the same
- * shape (num_batches_tracked may be missing: 0), and no unknown tensor may be
- * present, unless the flags say otherwise; every skipped or re-initialised
- * tensor is logged; on any error nothing is changed.  Returns 0, PS_EIO,
- * PS_ECORRUPT, PS_ENOTFOUND, PS_EMISMATCH or PS_EINVAL (a detector's
- * backbone: load through ps_retina_load) with a message naming the file and
- * tensor. */
+ * shape (num_batches_tracked may be missing: 0; a 3-D model's conv weights
+ * may be 2-D ones, inflated on load, see PS_MODEL_LOAD_INFLATE_CENTRE), and
+ * no unknown tensor may be present, unless the flags say otherwise; every
+ * skipped, inflated or re-initialised tensor is logged; on any error nothing
+ * is changed.  Returns 0, PS_EIO, PS_ECORRUPT, PS_ENOTFOUND, PS_EMISMATCH or
+ * PS_EINVAL (a detector's backbone: load through ps_retina_load) with a
+ * message naming the file and tensor. */
 int ps_model_load(ps_model_t *m, const char *path, int flags);
 /* What a weights file says about the model it fits (model_io.c), for
  * options not given: TSM's shift placement from the names of an official
@@ -271,5 +301,10 @@ int ps_model_export_onnx(const ps_model_t *m, const char *path);
 
 /* 1 if the last load replaced fc (class count differed). */
 int ps_model_fc_replaced(const ps_model_t *m);
+/* Tensors the last load inflated from 2-D to 3-D (0 for a 2-D model). */
+int ps_model_inflated(const ps_model_t *m);
+/* The architecture's name as saved in the file's "ps.arch" metadata
+ * ("tsm-resnet50", "i3d-r50-311", ...). */
+const char *ps_model_arch(const ps_model_t *m);
 
 #endif

@@ -5,11 +5,12 @@
 #include "ps_error.h"
 #include "ps_log.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 static int create(ps_model_t **out, const ps_model_config_t *cfg, const ps_backend_t *be,
-                  ps_ctx_t *ctx, int max_clips, int H, int W, int features_only)
+                  ps_ctx_t *ctx, int max_clips, int H, int W, int features_only, int count_only)
 {
     *out = NULL;
     if (!cfg || !be || !ctx) return PS_EINVAL;
@@ -37,6 +38,9 @@ static int create(ps_model_t **out, const ps_model_config_t *cfg, const ps_backe
     }
     ps_model_t *m = calloc(1, sizeof *m);
     if (!m) return PS_ENOMEM;
+    m->family = &ps_resnet_family;
+    snprintf(m->arch_name, sizeof m->arch_name, "%s-resnet%d", cfg->shift ? "tsm" : "tsn",
+             cfg->depth);
     m->cfg = *cfg;
     m->be = be;
     m->ctx = ctx;
@@ -45,6 +49,7 @@ static int create(ps_model_t **out, const ps_model_config_t *cfg, const ps_backe
     m->W = W;
     m->max_n = (size_t)max_clips * cfg->n_segment;
     m->features_only = features_only;
+    m->count_only = count_only;
     m->bn_mode = cfg->bn_mode == PS_MODEL_BN_FROZEN                      ? PS_MODEL_BN_FROZEN
                  : cfg->bn_mode == PS_MODEL_BN_PARTIAL || cfg->partial_bn ? PS_MODEL_BN_PARTIAL
                                                                           : PS_MODEL_BN_TRAIN;
@@ -55,17 +60,17 @@ static int create(ps_model_t **out, const ps_model_config_t *cfg, const ps_backe
         ps_model_destroy(&m);
         return r;
     }
-    ps_model_init(m, 0, 0);
+    if (!count_only) ps_model_init(m, 0, 0);
     ps_debug("model: ResNet-%d (%s), %d params, arena %zu MiB", cfg->depth,
              cfg->shift ? "TSM" : "TSN", m->nparams, m->arena.size >> 20);
     *out = m;
     return 0;
 }
 
-int ps_model_create(ps_model_t **out, const ps_model_config_t *cfg, const ps_backend_t *be,
-                    ps_ctx_t *ctx, int max_clips, int H, int W)
+int ps_resnet_create(ps_model_t **out, const ps_model_config_t *cfg, const ps_backend_t *be,
+                     ps_ctx_t *ctx, int max_clips, int H, int W, int count_only)
 {
-    return create(out, cfg, be, ctx, max_clips, H, W, 0);
+    return create(out, cfg, be, ctx, max_clips, H, W, 0, count_only);
 }
 
 int ps_resnet_create_features(ps_model_t **out, const ps_model_config_t *cfg,
@@ -77,52 +82,7 @@ int ps_resnet_create_features(ps_model_t **out, const ps_model_config_t *cfg,
     c.shift = 0;
     c.dropout = 0.f;
     c.num_classes = 1;
-    return create(out, &c, be, ctx, max_n, H, W, 1);
-}
-
-int ps_model_bn_mode(const ps_model_t *m) { return m->bn_mode; }
-
-void ps_model_destroy(ps_model_t **mp)
-{
-    if (!mp || !*mp) return;
-    ps_model_t *m = *mp;
-    ps_resnet_free_tables(m);
-    free(m->blocks);
-    ps_arena_free(&m->arena);
-    free(m);
-    *mp = NULL;
-}
-
-const ps_model_config_t *ps_model_config(const ps_model_t *m) { return &m->cfg; }
-const float *ps_model_logits(const ps_model_t *m) { return m->logits; }
-int ps_model_fc_replaced(const ps_model_t *m) { return m->fc_replaced; }
-void ps_model_set_seed(ps_model_t *m, uint64_t seed) { m->seed = seed; m->step = 0; }
-
-const ps_model_param_t *ps_model_params(const ps_model_t *m, int *n)
-{
-    if (n) *n = m->nparams;
-    return m->params;
-}
-
-const ps_model_buffer_t *ps_model_buffers(const ps_model_t *m, int *n)
-{
-    if (n) *n = m->nbuffers;
-    return m->buffers;
-}
-
-int ps_model_find_param(const ps_model_t *m, const char *name)
-{
-    return ps_mtab_find(m->params, m->nparams, name);
-}
-
-void ps_model_zero_grad(ps_model_t *m) { ps_mtab_zero_grad(m->params, m->nparams); }
-
-void ps_model_set_hooks(ps_model_t *m, ps_model_hook_fn grad_ready, ps_model_hook_fn weights_needed,
-                        void *ctx)
-{
-    m->grad_ready = grad_ready;
-    m->weights_needed = weights_needed;
-    m->hook_ctx = ctx;
+    return create(out, &c, be, ctx, max_n, H, W, 1, 0);
 }
 
 /* A block's parameters are contiguous in the table (resnet_params.c defines
@@ -170,8 +130,8 @@ static void conv_bwd(ps_model_t *m, const conv_t *c, float *din, const float *do
     m->be->conv2d_backward(m->ctx, din, c->g, NULL, dout, in, c->w, &c->d, N, c->H, c->W);
 }
 
-static void bn_fwd(ps_model_t *m, bn_t *b, float *out, const float *in, int N, int HW,
-                   int training)
+void ps_resnet_bn_fwd(ps_model_t *m, bn_t *b, float *out, const float *in, int N, int HW,
+                      int training)
 {
     /* partial BN: only the first BN keeps batch statistics in training;
      * frozen: none */
@@ -188,8 +148,8 @@ static void bn_fwd(ps_model_t *m, bn_t *b, float *out, const float *in, int N, i
     }
 }
 
-static void bn_bwd(ps_model_t *m, bn_t *b, float *din, const float *dout, const float *in,
-                   int N, int HW)
+void ps_resnet_bn_bwd(ps_model_t *m, bn_t *b, float *din, const float *dout, const float *in,
+                      int N, int HW)
 {
     if (b->batch_stats) {
         m->be->bn_backward_train(m->ctx, din, b->dgamma, b->dbeta, dout, in, b->gamma,
@@ -219,17 +179,17 @@ static void block_fwd(ps_model_t *m, block_t *b, const float *x, int N, int trai
         int PQ = c->P * c->Q;
         conv_fwd(m, c, b->co[j], in, N);
         if (j < b->nconv - 1) {
-            bn_fwd(m, &b->bn[j], b->a[j], b->co[j], N, PQ, training);
+            ps_resnet_bn_fwd(m, &b->bn[j], b->a[j], b->co[j], N, PQ, training);
             be->relu_forward(m->ctx, b->a[j], b->a[j], (size_t)N * c->d.K * PQ);
             in = b->a[j];
         } else {
-            bn_fwd(m, &b->bn[j], b->y, b->co[j], N, PQ, training);
+            ps_resnet_bn_fwd(m, &b->bn[j], b->y, b->co[j], N, PQ, training);
         }
     }
     size_t n = (size_t)N * b->cout * b->P * b->Q;
     if (b->has_ds) {
         conv_fwd(m, &b->ds, b->dso, id, N);
-        bn_fwd(m, &b->dsbn, m->tmp, b->dso, N, b->P * b->Q, training);
+        ps_resnet_bn_fwd(m, &b->dsbn, m->tmp, b->dso, N, b->P * b->Q, training);
         be->add(m->ctx, b->y, b->y, m->tmp, n);
     } else {
         be->add(m->ctx, b->y, b->y, id, n);
@@ -246,7 +206,7 @@ static void block_bwd(ps_model_t *m, block_t *b, float **g, int N)
     size_t n = (size_t)N * b->cout * b->P * b->Q;
     be->relu_backward(m->ctx, A, A, b->y, n);
     int last = b->nconv - 1;
-    bn_bwd(m, &b->bn[last], Bf, A, b->co[last], N, b->P * b->Q);
+    ps_resnet_bn_bwd(m, &b->bn[last], Bf, A, b->co[last], N, b->P * b->Q);
     for (int j = last; j >= 0; j--) {
         const conv_t *c = &b->conv[j];
         const float *in = j > 0 ? b->a[j - 1] : (b->shift ? b->xs : b->x);
@@ -256,7 +216,7 @@ static void block_bwd(ps_model_t *m, block_t *b, float **g, int N)
             const conv_t *p = &b->conv[j - 1];
             size_t np = (size_t)N * p->d.K * p->P * p->Q;
             be->relu_backward(m->ctx, C, C, b->a[j - 1], np);
-            bn_bwd(m, &b->bn[j - 1], Bf, C, b->co[j - 1], N, p->P * p->Q);
+            ps_resnet_bn_bwd(m, &b->bn[j - 1], Bf, C, b->co[j - 1], N, p->P * p->Q);
         }
     }
     /* 'blockres': conv1's gradient shifted back now, the identity's adds
@@ -269,7 +229,7 @@ static void block_bwd(ps_model_t *m, block_t *b, float **g, int N)
     float *acc = blk ? C : D;
     if (b->has_ds) {
         float *dd = blk ? D : C; /* free at this point in either case */
-        bn_bwd(m, &b->dsbn, Bf, A, b->dso, N, b->P * b->Q);
+        ps_resnet_bn_bwd(m, &b->dsbn, Bf, A, b->dso, N, b->P * b->Q);
         conv_bwd(m, &b->ds, dd, Bf, blk ? b->xs : b->x, N);
         be->accumulate(m->ctx, acc, dd, nin);
     } else {
@@ -293,7 +253,7 @@ void ps_resnet_forward_features(ps_model_t *m, const float *input, int N, int tr
     size_t n0 = (size_t)N * c1->d.K * c1->P * c1->Q;
     stem_hook(m, m->weights_needed);
     conv_fwd(m, c1, m->c0, m->input, N);
-    bn_fwd(m, &m->bn1, m->a0, m->c0, N, c1->P * c1->Q, training);
+    ps_resnet_bn_fwd(m, &m->bn1, m->a0, m->c0, N, c1->P * c1->Q, training);
     be->relu_forward(m->ctx, m->a0, m->a0, n0);
     be->maxpool_forward(m->ctx, m->p0, m->argmax, m->a0, &m->pool, N, c1->d.K, c1->P, c1->Q);
 
@@ -316,8 +276,8 @@ const float *ps_resnet_stage_out(const ps_model_t *m, int s, int *C, int *P, int
     return b->y;
 }
 
-int ps_model_forward(ps_model_t *m, const float *input, int nclips, const int32_t *labels,
-                     int training, float *loss)
+static int resnet_forward(ps_model_t *m, const float *input, int nclips,
+                          const int32_t *labels, int training, float *loss)
 {
     if (m->features_only) {
         ps_error("model forward: a detector backbone has no classification head");
@@ -402,12 +362,12 @@ static void backward_trunk(ps_model_t *m, const float *const *dstage, int N, int
     const conv_t *c1 = &m->conv1;
     be->maxpool_backward(m->ctx, g[1], g[0], m->argmax, &m->pool, N, c1->d.K, c1->P, c1->Q);
     be->relu_backward(m->ctx, g[1], g[1], m->a0, (size_t)N * c1->d.K * c1->P * c1->Q);
-    bn_bwd(m, &m->bn1, g[2], g[1], m->c0, N, c1->P * c1->Q);
+    ps_resnet_bn_bwd(m, &m->bn1, g[2], g[1], m->c0, N, c1->P * c1->Q);
     conv_bwd(m, c1, NULL, g[2], m->input, N);
     stem_hook(m, m->grad_ready);
 }
 
-int ps_model_backward(ps_model_t *m)
+static int resnet_backward(ps_model_t *m)
 {
     const ps_backend_t *be = m->be;
     if (!m->last_training || !m->last_has_labels) {
@@ -447,7 +407,7 @@ static double conv_flops(const conv_t *c, int N)
     return 2.0 * N * c->d.K * (double)(c->d.C / c->d.groups) * c->d.R * c->d.S * c->P * c->Q;
 }
 
-void ps_model_flops(const ps_model_t *m, int nclips, double *fwd, double *bwd)
+static void resnet_flops(const ps_model_t *m, int nclips, double *fwd, double *bwd)
 {
     int N = nclips * m->cfg.n_segment;
     double f = 0, b = 0, x;
@@ -473,3 +433,17 @@ void ps_model_flops(const ps_model_t *m, int nclips, double *fwd, double *bwd)
     if (fwd) *fwd = f;
     if (bwd) *bwd = b;
 }
+
+static void resnet_free_impl(ps_model_t *m)
+{
+    free(m->blocks);
+    m->blocks = NULL;
+}
+
+const ps_model_family_t ps_resnet_family = {
+    .name = "resnet",
+    .forward = resnet_forward,
+    .backward = resnet_backward,
+    .flops = resnet_flops,
+    .free_impl = resnet_free_impl,
+};

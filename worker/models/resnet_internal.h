@@ -48,7 +48,27 @@ typedef struct block {
     const float *x;     /* block input (previous y), set by forward */
 } block_t;
 
+/* What differs between the model families behind ps_model.h: the 2-D
+ * ResNets (resnet.c) and the 3-D video models (video3d.c).  Everything
+ * else -- the parameter and buffer tables, the arena, the head's buffers,
+ * init, save, load, groups, hooks -- is the same code for both, on the
+ * fields of struct ps_model below. */
+typedef struct ps_model_family {
+    const char *name;
+    int (*forward)(ps_model_t *m, const float *input, int nclips, const int32_t *labels,
+                   int training, float *loss);
+    int (*backward)(ps_model_t *m);
+    void (*flops)(const ps_model_t *m, int nclips, double *fwd, double *bwd);
+    void (*free_impl)(ps_model_t *m); /* what the family allocated besides the tables */
+} ps_model_family_t;
+extern const ps_model_family_t ps_resnet_family;
+
 struct ps_model {
+    const ps_model_family_t *family;
+    void *impl;            /* the family's own state (3-D models: video3d.c) */
+    char arch_name[48];    /* "ps.arch" of saved files */
+    int inflated;          /* tensors the last load inflated */
+    int count_only;        /* tables and shapes only, no arena (ps_model_count) */
     ps_model_config_t cfg;
     const ps_backend_t *be;
     ps_ctx_t *ctx;
@@ -124,9 +144,32 @@ void ps_resnet_backward_features(ps_model_t *m, const float *const dstage[4], in
 struct ps_onnx;
 const char *ps_resnet_onnx_trunk(struct ps_onnx *g, const ps_model_t *m, const char *prefix,
                                  const char *x, const char *stage_out[4]);
+/* resnet.c: the 2-D ResNet (cfg->arch ""); model.c picks it */
+int ps_resnet_create(ps_model_t **out, const ps_model_config_t *cfg, const ps_backend_t *be,
+                     ps_ctx_t *ctx, int max_clips, int H, int W, int count_only);
+/* video3d.c: a 3-D video model (cfg->arch names it) */
+int ps_v3d_create(ps_model_t **out, const ps_model_config_t *cfg, const ps_backend_t *be,
+                  ps_ctx_t *ctx, int max_clips, int H, int W, int count_only);
+
+/* resnet.c: one BN forward / backward in the model's BN mode (batch or
+ * running statistics, frozen affine), shared with the 3-D models */
+void ps_resnet_bn_fwd(ps_model_t *m, bn_t *b, float *out, const float *in, int N, int HW,
+                      int training);
+void ps_resnet_bn_bwd(ps_model_t *m, bn_t *b, float *din, const float *dout, const float *in,
+                      int N, int HW);
 
 /* resnet_params.c */
 int ps_resnet_build(ps_model_t *m); /* architecture + tables + arena */
+/* A BN's five tensors under name (name.weight ... name.num_batches_tracked),
+ * trainable per the model's BN mode; its saved statistics from the arena;
+ * its pointers resolved after the arena is committed. */
+int ps_resnet_def_bn(ps_model_t *m, bn_t *b, const char *name, int C, int first);
+void ps_resnet_take_bn(ps_arena_t *a, bn_t *b);
+/* The head's buffers from the arena: pooled features, dropout mask and
+ * their gradients for `rows` rows (frames of a 2-D model, clips of a 3-D
+ * one), logits, probabilities and labels for max_clips clips. */
+void ps_resnet_take_head(ps_arena_t *a, ps_model_t *m, size_t rows);
+void ps_resnet_resolve_bn(ps_model_t *m, bn_t *b);
 void ps_resnet_free_tables(ps_model_t *m);
 void ps_resnet_init_fc(ps_model_t *m, uint64_t seed);
 
@@ -149,6 +192,12 @@ int ps_mtab_add_backbone(ps_model_param_t **params, int *np, int *cap,
 /* torchvision's trainable_layers for a backbone tensor name: freeze_at 1
  * freezes the stem (conv1, bn1), k >= 2 also layer1..layer(k-1). */
 int ps_mtab_frozen(const char *name, int freeze_at);
+/* The tables' memory from arena a (pass 1 sizes, pass 2 hands out):
+ * every weight, then every gradient, each in model order (the trainable
+ * part of a model is then nearly one flat vector for the optimizer), then
+ * the float buffers. */
+void ps_mtab_take(ps_arena_t *a, ps_model_param_t *params, int np, ps_model_buffer_t *buffers,
+                  int nb);
 /* Every parameter (F32) and buffer (F32, num_batches_tracked as 0-dim I64)
  * with metadata format=pt, ps.arch=arch. */
 int ps_mtab_save(const ps_model_param_t *params, int np, const ps_model_buffer_t *buffers,

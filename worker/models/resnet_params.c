@@ -106,7 +106,7 @@ static int def_conv(ps_model_t *m, conv_t *c, const char *name, int C, int K, in
     return c->pw < 0 ? c->pw : 0;
 }
 
-static int def_bn(ps_model_t *m, bn_t *b, const char *name, int C, int first)
+int ps_resnet_def_bn(ps_model_t *m, bn_t *b, const char *name, int C, int first)
 {
     memset(b, 0, sizeof *b);
     b->C = C;
@@ -143,7 +143,7 @@ static int define(ps_model_t *m)
     int bottleneck = c->depth == 50, exp = bottleneck ? 4 : 1;
 
     if ((r = def_conv(m, &m->conv1, "conv1", 3, w, 7, 2, 3, m->H, m->W))) return r;
-    if ((r = def_bn(m, &m->bn1, "bn1", w, 1))) return r;
+    if ((r = ps_resnet_def_bn(m, &m->bn1, "bn1", w, 1))) return r;
     m->pool = (ps_pool_desc_t){.R = 3, .S = 3, .stride_h = 2, .stride_w = 2, .pad_h = 1,
                                .pad_w = 1};
     m->pool_P = ps_conv_out(m->conv1.P, 3, 2, 1, 1);
@@ -181,14 +181,14 @@ static int define(ps_model_t *m)
                 snprintf(name, sizeof name, "layer%d.%d.conv%d", s + 1, i, j + 1);
                 if ((r = def_conv(m, &b->conv[j], name, cin, cout, k, cs, k / 2, hin, win))) return r;
                 snprintf(name, sizeof name, "layer%d.%d.bn%d", s + 1, i, j + 1);
-                if ((r = def_bn(m, &b->bn[j], name, cout, 0))) return r;
+                if ((r = ps_resnet_def_bn(m, &b->bn[j], name, cout, 0))) return r;
             }
             if (st != 1 || inplanes != planes * exp) {
                 b->has_ds = 1;
                 snprintf(name, sizeof name, "layer%d.%d.downsample.0", s + 1, i);
                 if ((r = def_conv(m, &b->ds, name, inplanes, planes * exp, 1, st, 0, H, W))) return r;
                 snprintf(name, sizeof name, "layer%d.%d.downsample.1", s + 1, i);
-                if ((r = def_bn(m, &b->dsbn, name, planes * exp, 0))) return r;
+                if ((r = ps_resnet_def_bn(m, &b->dsbn, name, planes * exp, 0))) return r;
             }
             b->P = b->conv[b->nconv - 1].P;
             b->Q = b->conv[b->nconv - 1].Q;
@@ -216,7 +216,7 @@ static int define(ps_model_t *m)
 
 #define TAKE(ptr, n) ((ptr) = (void *)ps_arena_take(a, (n)))
 
-static void take_bn(ps_arena_t *a, bn_t *b)
+void ps_resnet_take_bn(ps_arena_t *a, bn_t *b)
 {
     TAKE(b->save_mean, b->C);
     TAKE(b->save_rstd, b->C);
@@ -228,13 +228,8 @@ static size_t umax(size_t a, size_t b) { return a > b ? a : b; }
  * same order (ps_arena_t's contract). */
 static void layout(ps_model_t *m, ps_arena_t *a)
 {
-    size_t N = m->max_n, K = m->cfg.num_classes, B = m->max_clips;
-    /* parameters first, then gradients, each in model order: the trainable
-     * part of the model is (nearly) one flat vector for the optimizer */
-    for (int i = 0; i < m->nparams; i++) TAKE(m->params[i].w, m->params[i].numel);
-    for (int i = 0; i < m->nparams; i++) TAKE(m->params[i].g, m->params[i].numel);
-    for (int i = 0; i < m->nbuffers; i++)
-        if (m->buffers[i].ndim == 1) TAKE(m->buffers[i].f32, m->buffers[i].numel);
+    size_t N = m->max_n, K = m->cfg.num_classes;
+    ps_mtab_take(a, m->params, m->nparams, m->buffers, m->nbuffers);
 
     TAKE(m->input, N * 3 * m->H * m->W);
     size_t c0 = (size_t)m->conv1.d.K * m->conv1.P * m->conv1.Q;
@@ -243,7 +238,7 @@ static void layout(ps_model_t *m, ps_arena_t *a)
     TAKE(m->a0, N * c0);
     TAKE(m->p0, N * p0);
     TAKE(m->argmax, N * p0); /* int32 has the size of a float */
-    take_bn(a, &m->bn1);
+    ps_resnet_take_bn(a, &m->bn1);
     size_t mx = umax(c0, p0);
     for (int bi = 0; bi < m->nblocks; bi++) {
         block_t *b = &m->blocks[bi];
@@ -254,26 +249,31 @@ static void layout(ps_model_t *m, ps_arena_t *a)
             size_t o = (size_t)b->conv[j].d.K * b->conv[j].P * b->conv[j].Q;
             TAKE(b->co[j], N * o);
             if (j < b->nconv - 1) TAKE(b->a[j], N * o);
-            take_bn(a, &b->bn[j]);
+            ps_resnet_take_bn(a, &b->bn[j]);
             mx = umax(mx, o);
         }
         if (b->has_ds) {
             TAKE(b->dso, N * b->cout * b->P * b->Q);
-            take_bn(a, &b->dsbn);
+            ps_resnet_take_bn(a, &b->dsbn);
         }
         TAKE(b->y, N * b->cout * b->P * b->Q);
     }
     m->max_act = mx;
     for (int i = 0; i < 4; i++) TAKE(m->gbuf[i], N * mx);
     TAKE(m->tmp, N * mx);
-    size_t F = m->feat_C;
-    TAKE(m->feat, N * F);
-    TAKE(m->featd, N * F);
-    TAKE(m->dfeat, N * F);
-    TAKE(m->dfeatd, N * F);
-    TAKE(m->mask, (N * F + 3) / 4);
     TAKE(m->lframe, N * K);
     TAKE(m->dlframe, N * K);
+    ps_resnet_take_head(a, m, N);
+}
+
+void ps_resnet_take_head(ps_arena_t *a, ps_model_t *m, size_t rows)
+{
+    const size_t F = m->feat_C, K = m->cfg.num_classes, B = m->max_clips;
+    TAKE(m->feat, rows * F);
+    TAKE(m->featd, rows * F);
+    TAKE(m->dfeat, rows * F);
+    TAKE(m->dfeatd, rows * F);
+    TAKE(m->mask, (rows * F + 3) / 4);
     TAKE(m->logits, B * K);
     TAKE(m->probs, B * K);
     TAKE(m->dlogits, B * K);
@@ -286,7 +286,7 @@ static void resolve_conv(ps_model_t *m, conv_t *c)
     c->g = m->params[c->pw].g;
 }
 
-static void resolve_bn(ps_model_t *m, bn_t *b)
+void ps_resnet_resolve_bn(ps_model_t *m, bn_t *b)
 {
     b->gamma = m->params[b->pg].w;
     b->dgamma = m->params[b->pg].g;
@@ -305,7 +305,7 @@ static size_t conv_ws(const conv_t *c, int N)
 int ps_resnet_build(ps_model_t *m)
 {
     int r = define(m);
-    if (r) return r;
+    if (r || m->count_only) return r;
     ps_arena_begin_sizing(&m->arena);
     layout(m, &m->arena);
     if ((r = ps_arena_commit(&m->arena))) return r;
@@ -313,18 +313,18 @@ int ps_resnet_build(ps_model_t *m)
     if (m->arena.used > m->arena.size) return PS_ENOMEM;
 
     resolve_conv(m, &m->conv1);
-    resolve_bn(m, &m->bn1);
+    ps_resnet_resolve_bn(m, &m->bn1);
     size_t ws = conv_ws(&m->conv1, (int)m->max_n);
     for (int bi = 0; bi < m->nblocks; bi++) {
         block_t *b = &m->blocks[bi];
         for (int j = 0; j < b->nconv; j++) {
             resolve_conv(m, &b->conv[j]);
-            resolve_bn(m, &b->bn[j]);
+            ps_resnet_resolve_bn(m, &b->bn[j]);
             ws = umax(ws, conv_ws(&b->conv[j], (int)m->max_n));
         }
         if (b->has_ds) {
             resolve_conv(m, &b->ds);
-            resolve_bn(m, &b->dsbn);
+            ps_resnet_resolve_bn(m, &b->dsbn);
             ws = umax(ws, conv_ws(&b->ds, (int)m->max_n));
         }
     }
@@ -377,10 +377,12 @@ void ps_model_init(ps_model_t *m, uint64_t seed, int random_bn)
         ps_model_param_t *p = &m->params[i];
         size_t len = strlen(p->name);
         if (i == m->fc_pw || i == m->fc_pb) continue;
-        if (p->ndim == 4) {
+        if (p->ndim >= 4) {
             /* kaiming_normal_(mode='fan_out', nonlinearity='relu'): std
-             * sqrt(2/fan_out); a uniform with that std has bound sqrt(3)*std */
-            double fan_out = (double)p->shape[0] * p->shape[2] * p->shape[3];
+             * sqrt(2/fan_out); a uniform with that std has bound sqrt(3)*std.
+             * fan_out = K times the kernel's extent (R*S, or T*R*S in 3-D). */
+            double fan_out = (double)p->shape[0];
+            for (int d = 2; d < p->ndim; d++) fan_out *= p->shape[d];
             ps_model_hash_fill(p->w, p->numel, p->name, seed, sqrt(6.0 / fan_out));
         } else if (len > 7 && !strcmp(p->name + len - 7, ".weight")) {
             if (random_bn) fill_offset(p->w, p->numel, p->name, seed, 0.5, 1.0);

@@ -52,17 +52,18 @@ int ps_worker_client_connect(ps_worker_t *p, ps_client_t **cp)
     co.retry_ms = o->retry_ms;
     co.heartbeat_ms = o->heartbeat_ms;
     co.stall_warn_ms = o->stall_warn_ms;
+    co.keep_state = o->replicate_state && !strcmp(o->mode, "sync");
     if ((rc = ps_client_new(&c, &co, &p->table))) {
         ps_error("cannot create the client for %s: %s", o->servers, ps_strerror(rc));
         goto out;
     }
-    rc = ps_client_hello(c);
+    rc = o->join ? ps_client_join(c, &p->join_at) : ps_client_hello(c);
     if (rc < 0) {
         ps_error("HELLO to %s failed: %s (%s)", servers[0], ps_strerror(rc),
                  ps_client_last_error(c));
         goto out;
     }
-    if (rc >= o->num_workers) {
+    if (rc >= o->num_workers && !o->join) { /* a joiner's rank may be above the start's */
         ps_error("server 0 assigned rank %d but --num-workers is %d", rc, o->num_workers);
         rc = PS_EMISMATCH;
         goto out;

@@ -18,8 +18,10 @@
 
 #include <inttypes.h>
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "ps_error.h"
 #include "ps_log.h"
@@ -44,10 +46,13 @@ static int wait_all(ps_client_t *c, ps_req_t **req, uint64_t *ver, uint32_t n, c
     return first_err;
 }
 
-static int pull_all(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_t *ver)
+/* Pull every partition's current weights into p->w (flags: PS_FLAG_REBUILD
+ * waits for partitions a server being rebuilt does not hold yet). */
+static int pull_all_ex(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_t *ver,
+                       uint32_t flags)
 {
     for (uint32_t i = 0; i < p->table.nparts; i++) {
-        int rc = ps_client_pull(c, i, 0, p->w + p->table.parts[i].offset, &req[i]);
+        int rc = ps_client_pull_ex(c, i, 0, flags, p->w + p->table.parts[i].offset, &req[i]);
         if (rc) {
             ps_error("pull of partition %u: %s", i, ps_strerror(rc));
             wait_all(c, req, ver, i, "pull");
@@ -55,6 +60,11 @@ static int pull_all(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_t *ve
         }
     }
     return wait_all(c, req, ver, p->table.nparts, "pull");
+}
+
+static int pull_all(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_t *ver)
+{
+    return pull_all_ex(p, c, req, ver, 0);
 }
 
 /* Partition i's PUSHPULL of `step` (req[i]) is done or about to be: wait
@@ -86,6 +96,13 @@ int ps_worker_part_complete(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint
         p->rollback = 1;
         return 0;
     }
+    if (r == PS_ESTATE && sync && (rflags & PS_FLAG_REBUILD)) {
+        /* A server restarted with nothing of the job: cluster_one rebuilds
+         * it from the workers' copies once this step's requests are done. */
+        uint32_t srv = p->table.parts[i].server;
+        p->rebuild |= UINT64_C(1) << (srv < 63 ? srv : 63);
+        return 0;
+    }
     if (r == PS_ESTALE && !sync) {
         p->st.stale_drops++;
         ps_debug("partition %u: gradient of version %" PRIu64 " too stale, pulling", i, ver[i]);
@@ -101,10 +118,20 @@ int ps_worker_part_complete(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint
         *first_rc = *first_rc ? *first_rc : r;
         return r;
     }
-    if (sync && v != step + 1 && !*first_rc) {
-        /* Exactly one update per step: anything else is a lost or doubled one. */
+    if (sync && v > step + 1) {
+        /* The servers went on without this rank (declared lost under
+         * --on-worker-loss continue while it was stopped or cut off): its
+         * push was answered as a retry with the current weights.  The loop
+         * catches up from the servers' version (catch_up). */
+        if (!p->behind)
+            ps_warn("step %" PRIu64 ": partition %u is at version %" PRIu64 " already: the "
+                    "servers went on without this rank (--on-worker-loss continue); catching up",
+                    step, i, v);
+        p->behind = 1;
+    } else if (sync && v != step + 1 && !*first_rc) {
+        /* Exactly one update per step: anything else is a lost one. */
         ps_error("step %" PRIu64 ": partition %u came back at version %" PRIu64
-                 ", expected %" PRIu64 " (lost or doubled update; or the servers do not "
+                 ", expected %" PRIu64 " (lost update; or the servers do not "
                  "run --mode sync: give psworker the same --mode)", step, i, v, step + 1);
         *first_rc = PS_ESTATE;
     }
@@ -130,6 +157,8 @@ static int cluster_step(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_t
     uint32_t pflags = ps_loss_scale_push_flags(local_ovf);
     int rc = 0;
     *remote_ovf = 0;
+    int die = p->o->debug_die_mid_step >= 0 && step == (uint64_t)p->o->debug_die_mid_step;
+    if (die) n = n > 1 ? n / 2 : n;
     for (uint32_t i = 0; i < n && !rc; i++) {
         size_t off = p->table.parts[i].offset;
         rc = ps_client_pushpull(c, i, sync ? step : ver[i], p->grad + off, p->w + off, pflags,
@@ -141,6 +170,60 @@ static int cluster_step(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_t
     for (uint32_t i = 0; i < n; i++)
         ps_worker_part_complete(p, c, req, ver, i, p->w + p->table.parts[i].offset, step, sync,
                                 remote_ovf, &rc);
+    if (die) {
+        /* --debug-die-mid-step: a worker lost between its pushes of a step,
+         * deterministically (a timed kill hits this only by chance): the
+         * partitions below n are updated with its gradient, the rest wait
+         * for it. */
+        ps_warn("step %" PRIu64 ": --debug-die-mid-step: %u of %u partitions pushed and "
+                "answered; SIGKILL now", step, n, p->table.nparts);
+        raise(SIGKILL);
+    }
+    return rc;
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Sync with loss scaling, resuming or rolling back to `step`: the scale an
+ * uninterrupted run holds there, replayed from the steps the servers
+ * skipped (STATS skipped_steps of every server, merged). */
+static int restore_loss_scale(ps_worker_t *p, ps_client_t *c, uint64_t step)
+{
+    if (!p->o->prec.ls_on) return 0;
+    uint64_t *skips = NULL;
+    size_t n = 0, cap = 0;
+    int rc = 0;
+    for (uint32_t s = 0; s < p->table.nservers && !rc; s++) {
+        char *json = NULL;
+        if ((rc = ps_client_stats(c, (int)s, &json))) {
+            ps_error("STATS of server %u (for the loss-scale verdicts): %s (%s)", s,
+                     ps_strerror(rc), ps_client_last_error(c));
+            break;
+        }
+        const char *k = json ? strstr(json, "\"skipped_steps\":[") : NULL;
+        for (char *e = k ? (char *)k + 17 : NULL; e && *e != ']';) {
+            char *end;
+            unsigned long long v = strtoull(e, &end, 10);
+            if (end == e) break;
+            if (n == cap) {
+                uint64_t *nn = realloc(skips, (cap = cap ? 2 * cap : 64) * sizeof *nn);
+                if (!nn) { rc = PS_ENOMEM; break; }
+                skips = nn;
+            }
+            if (v < step) skips[n++] = v;
+            e = *end == ',' ? end + 1 : end;
+        }
+        free(json);
+    }
+    if (!rc) {
+        qsort(skips, n, sizeof *skips, cmp_u64);
+        rc = ps_worker_ls_replay(p, step, skips, n);
+    }
+    free(skips);
     return rc;
 }
 
@@ -174,7 +257,7 @@ static int rollback(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_t *ve
             ps_client_ef_reset(c);
             ps_info("rolled back to step %" PRIu64 " (%" PRIu64 " step(s) to redo)", v, step - v);
             *next = v;
-            return 0;
+            return restore_loss_scale(p, c, v);
         }
         /* Another worker rolled some server further back meanwhile. */
         v = lo;
@@ -212,7 +295,7 @@ static int job_under_way(ps_client_t *c, int nservers)
 static int overlap_step(ps_worker_t *p, ps_worker_overlap_t *ov, uint64_t s, double *t_wait)
 {
     int rc = ps_worker_overlap_end(ov, t_wait), remote = 0;
-    if (rc || p->rollback || p->compute_rc)
+    if (rc || p->rollback || p->behind || p->rebuild || p->compute_rc)
         return rc;
     if (s + 1 == p->o->steps || ps_worker_val_due(p, s + 1)) {
         double t0 = ps_worker_now();
@@ -253,12 +336,125 @@ static int send_init(cluster_t *k)
     return 0;
 }
 
+/* A worker that died between its pushes of step `lo` left the partitions
+ * it had pushed one update ahead (the others' gradients and its own were
+ * in); it must compute step lo from version lo everywhere, so those
+ * partitions are pulled again at exactly lo (the servers keep one version
+ * back).  0, PS_EAGAIN when a partition moved meanwhile (pull again), or
+ * the PS_E* of a failed pull. */
+static int pull_ahead_at(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64_t *ver,
+                         uint64_t lo)
+{
+    uint32_t n = 0;
+    int rc = 0;
+    for (uint32_t i = 0; i < p->table.nparts && !rc; i++)
+        if (ver[i] != lo) {
+            rc = ps_client_pull_exact(c, i, lo, p->w + p->table.parts[i].offset, &req[i]);
+            n++;
+        }
+    if (rc) ps_error("pull of version %" PRIu64 ": %s", lo, ps_strerror(rc));
+    int wrc = wait_all(c, req, ver, p->table.nparts, "pull of the version before");
+    if (rc || wrc) return rc ? rc : wrc == PS_ESTATE ? PS_EAGAIN : wrc;
+    ps_info("%u partition(s) one step ahead (this rank's pushes of step %" PRIu64 " were in "
+            "there before it stopped or lost them): pulled at version %" PRIu64
+            " with the others", n, lo, lo);
+    return 0;
+}
+
+/* Pull every partition and find the step to compute: the lowest version
+ * (sync; partitions one ahead pulled again at it, pull_ahead_at), 0 in
+ * async modes (versions count pushes there). */
+static int pull_start(cluster_t *k, uint64_t *start, uint32_t flags)
+{
+    ps_worker_t *p = k->p;
+    int rc;
+    for (int tries = 0;; tries++) {
+        if ((rc = pull_all_ex(p, k->c, k->req, k->ver, flags))) return rc;
+        uint64_t lo = k->ver[0], hi = k->ver[0];
+        for (uint32_t i = 1; i < p->table.nparts; i++) {
+            lo = k->ver[i] < lo ? k->ver[i] : lo;
+            hi = k->ver[i] > hi ? k->ver[i] : hi;
+        }
+        *start = k->sync ? lo : 0; /* versions count pushes, not steps, in async modes */
+        if (!k->sync || hi == lo) break;
+        if (hi - lo > 1) {
+            ps_error("partitions start at different versions (%" PRIu64 " and %" PRIu64
+                     "): servers restored from checkpoints of different steps", lo, hi);
+            return PS_ESTATE;
+        }
+        /* One apart: this rank rejoins a step its previous process left
+         * half pushed. */
+        rc = pull_ahead_at(p, k->c, k->req, k->ver, lo);
+        if (rc != PS_EAGAIN) {
+            if (rc) return rc;
+            break;
+        }
+        if (tries == 8) {
+            ps_error("partition versions keep moving while this worker joins; giving up");
+            return PS_ESTATE;
+        }
+        /* a server being rebuilt may not have the version before yet */
+        struct timespec ts = {0, 50000000L * (tries + 1)};
+        nanosleep(&ts, NULL);
+    }
+    return 0;
+}
+
+/* Elastic membership: a reply named more epochs than this worker knows.
+ * Take them from server 0 (STATS "epochs") and tell every server, before
+ * any push of the step the change begins at (elastic.c). */
+static int elastic_sync(cluster_t *k)
+{
+    char *json = NULL;
+    int rc = ps_client_stats(k->c, 0, &json);
+    const char *e = json ? strstr(json, "\"epochs\":[") : NULL;
+    if (!rc && !e) rc = PS_EPROTO;
+    if (!rc) {
+        /* the array: up to its matching bracket */
+        const char *a = e + 9, *z = a;
+        for (int depth = 0; *z; z++) {
+            depth += *z == '[' ? 1 : *z == ']' ? -1 : 0;
+            if (!depth) break;
+        }
+        char *list = strndup(a, (size_t)(z - a) + 1);
+        rc = !list ? PS_ENOMEM : ps_worker_elastic_set(k->p, list);
+        if (!rc) rc = ps_client_members(k->c, list);
+        free(list);
+    }
+    free(json);
+    if (rc) ps_error("membership change: %s (%s)", ps_strerror(rc), ps_client_last_error(k->c));
+    return rc;
+}
+
+/* --join: server 0 gave this rank its first step; the others compute the
+ * steps before it.  Pull the weights of that version (waiting for it). */
+static int join_begin(cluster_t *k, uint64_t *start)
+{
+    ps_worker_t *p = k->p;
+    int rc = elastic_sync(k);
+    uint32_t n = p->table.nparts;
+    ps_info("joining the running job at step %" PRIu64, p->join_at);
+    for (uint32_t i = 0; i < n && !rc; i++)
+        rc = ps_client_pull(k->c, i, p->join_at, p->w + p->table.parts[i].offset, &k->req[i]);
+    int wrc = wait_all(k->c, k->req, k->ver, n, "pull of the joining step");
+    if (rc || wrc) return rc ? rc : wrc;
+    for (uint32_t i = 0; i < n; i++)
+        if (k->ver[i] != p->join_at) {
+            ps_error("joining at step %" PRIu64 ": partition %u is at version %" PRIu64, p->join_at,
+                     i, k->ver[i]);
+            return PS_ESTATE;
+        }
+    *start = p->join_at;
+    return 0;
+}
+
 /* INIT, the start barrier (or joining a job under way), the first pull:
  * *start = the step to compute first. */
 static int cluster_begin(cluster_t *k, uint64_t *start)
 {
     ps_worker_t *p = k->p;
     int rc;
+    if (p->o->join) return join_begin(k, start);
     if (p->rank == 0 && (rc = send_init(k))) return rc;
     if (k->sync && job_under_way(k->c, p->table.nservers))
         ps_info("the servers are past version 0: joining the running job (no start barrier)");
@@ -266,23 +462,80 @@ static int cluster_begin(cluster_t *k, uint64_t *start)
         ps_error("start barrier failed: %s (%s)", ps_strerror(rc), ps_client_last_error(k->c));
         return rc;
     }
-    if ((rc = pull_all(p, k->c, k->req, k->ver))) return rc;
-    uint64_t lo = k->ver[0], hi = k->ver[0];
-    for (uint32_t i = 1; i < p->table.nparts; i++)
-        hi = k->ver[i] > hi ? k->ver[i] : hi;
-    for (uint32_t i = 1; i < p->table.nparts; i++) {
-        /* One apart is a worker rejoining a running job mid-step: the
-         * partitions its previous life already pushed are one ahead; it
-         * starts from the lowest and those answer its pushes as retries. */
-        if (k->ver[i] != lo && k->sync && hi - (k->ver[i] < lo ? k->ver[i] : lo) > 1) {
-            ps_error("partitions start at different versions (%" PRIu64 " and %" PRIu64
-                     "): servers restored from checkpoints of different steps", lo, k->ver[i]);
-            return PS_ESTATE;
-        }
-        if (k->ver[i] < lo) lo = k->ver[i];
+    if ((rc = pull_start(k, start, 0))) return rc;
+    if (k->sync && *start > 0) ps_info("resuming at step %" PRIu64, *start);
+    return 0;
+}
+
+/* The servers went on without this rank: pull, start again at their
+ * version with the loss scale of that step, forget error feedback (it
+ * belongs to weights long gone). */
+static int catch_up(cluster_t *k, uint64_t step, uint64_t *next)
+{
+    ps_worker_t *p = k->p;
+    p->behind = 0;
+    int rc = pull_start(k, next, 0);
+    if (rc) return rc;
+    ps_client_ef_reset(k->c);
+    ps_warn("step %" PRIu64 ": caught up with the servers at step %" PRIu64 " (%" PRIu64
+            " step(s) of this rank missed)", step, *next, *next - step - 1);
+    return restore_loss_scale(p, k->c, *next);
+}
+
+/* A server restarted with nothing of the job (its disk lost too): every
+ * worker gives it the spec and the partitions it keeps (--replicate-state),
+ * then pulls everything, waiting for the partitions the others give back,
+ * and goes on from the lowest version (a worker one step ahead computes
+ * that step again: its data is a function of the step, and the servers
+ * keep the version before).  Nothing is lost or redone on the servers. */
+static int rebuild(cluster_t *k, uint64_t step, uint64_t *next)
+{
+    ps_worker_t *p = k->p;
+    int rc = 0;
+    uint64_t lost = p->rebuild;
+    p->rebuild = 0;
+    if (!p->o->replicate_state) {
+        ps_error("step %" PRIu64 ": a server restarted without the job's state (%s), and this "
+                 "job keeps no copy of it: run with --replicate-state to rebuild a lost server, "
+                 "or give psd a --checkpoint-dir that survives", step, ps_client_last_error(k->c));
+        return PS_ESTATE;
     }
-    *start = k->sync ? lo : 0; /* versions count pushes, not steps, in async modes */
-    if (k->sync && lo > 0) ps_info("resuming at step %" PRIu64, lo);
+    char *spec = ps_worker_spec_json(p);
+    if (!spec) return PS_ENOMEM;
+    for (uint32_t s = 0; s < p->table.nservers && !rc; s++) {
+        if (!(lost & (UINT64_C(1) << (s < 63 ? s : 63)))) continue;
+        ps_warn("step %" PRIu64 ": server %u restarted with nothing of the job: rebuilding it "
+                "from the workers' copies", step, s);
+        rc = ps_client_rebuild(k->c, (int)s, spec);
+    }
+    free(spec);
+    if (!rc) rc = pull_start(k, next, PS_FLAG_REBUILD);
+    if (rc) {
+        ps_error("rebuilding a server failed: %s (%s)", ps_strerror(rc), ps_client_last_error(k->c));
+        return rc;
+    }
+    ps_client_ef_reset(k->c);
+    ps_info("servers whole again: going on at step %" PRIu64, *next);
+    return restore_loss_scale(p, k->c, *next);
+}
+
+static volatile sig_atomic_t sigterm_seen;
+static void on_sigterm(int sig) { (void)sig; sigterm_seen = 1; }
+
+/* SIGTERM in a sync job: leave gracefully -- ask server 0 to drain this
+ * rank; it trains to the step before the boundary and ends there. */
+static int drain_self(cluster_t *k)
+{
+    ps_worker_t *p = k->p;
+    uint64_t from = 0;
+    p->drain_asked = 1;
+    int rc = ps_client_drain(k->c, p->rank, &from);
+    if (rc) {
+        ps_error("SIGTERM: cannot leave the job gracefully: %s (%s); stopping", ps_strerror(rc),
+                 ps_client_last_error(k->c));
+        return PS_ESHUTDOWN;
+    }
+    ps_warn("SIGTERM: leaving the job at step %" PRIu64 " (drained; the others go on)", from);
     return 0;
 }
 
@@ -293,17 +546,31 @@ static int cluster_one(cluster_t *k, uint64_t s, uint64_t *next)
     int rc;
     double t0 = ps_worker_now();
     *next = s + 1;
+    if (sigterm_seen && !p->drain_asked && (rc = drain_self(k))) return rc;
+    if (k->sync && !ps_worker_elastic_at(p, s)) {
+        /* drained: this rank is not in the job from step s on */
+        ps_info("membership: rank %d leaves the job at step %" PRIu64, p->rank, s);
+        p->drained = 1;
+        *next = p->o->steps;
+        return 0;
+    }
     ps_worker_ls_begin(p);
     if (k->ov) ps_worker_overlap_begin(k->ov, s);
     double loss = ps_worker_compute(p, s), t_wait = 0;
     if (k->ov && (rc = overlap_step(p, k->ov, s, &t_wait))) return rc;
-    if (!(k->ov && p->rollback) && (rc = ps_worker_check_loss(p, loss, s))) return rc;
+    if (!(k->ov && (p->rollback || p->behind || p->rebuild)) &&
+        (rc = ps_worker_check_loss(p, loss, s)))
+        return rc;
     ps_worker_devmem_step(p, s);
     int ovf = ps_worker_ls_prepare(p, s), remote = 0; /* ls is off with --overlap */
     double t1 = ps_worker_now();
     if (!k->ov && (rc = cluster_step(p, k->c, k->req, k->ver, s, k->sync, ovf, &remote)))
         return rc;
     if (p->rollback) return rollback(p, k->c, k->req, k->ver, s, next);
+    if (p->behind) return catch_up(k, s, next);
+    if (p->rebuild) return rebuild(k, s, next);
+    if (k->sync && ps_client_epochs_seen(k->c) > (unsigned)p->nepochs && (rc = elastic_sync(k)))
+        return rc;
     if (ovf && k->sync && !remote)
         /* Our flagged pushes were skipped, yet no reply says so: a psd
          * without the echo; the other workers cannot know either. */
@@ -323,6 +590,32 @@ static int cluster_one(cluster_t *k, uint64_t s, uint64_t *next)
     return 0;
 }
 
+/* Sync: the steps each rank contributed, as the servers counted them (the
+ * largest count over servers: one that owns nothing counts nothing), into
+ * p->rank_steps for the final line.  Best effort: left "" on a failure. */
+static void count_rank_steps(ps_worker_t *p, ps_client_t *c)
+{
+    uint64_t most[64] = {0};
+    int n = 0; /* every rank the servers list (an elastic job's joiners too) */
+    for (uint32_t s = 0; s < p->table.nservers; s++) {
+        char *json = NULL;
+        if (ps_client_stats(c, (int)s, &json) || !json) return;
+        const char *k = strstr(json, "\"workers\":[");
+        int r = 0;
+        for (; k && r < 64 && (k = strstr(k, "\"steps\":")); r++) {
+            uint64_t v = strtoull(k + 8, NULL, 10);
+            most[r] = v > most[r] ? v : most[r];
+            k += 8;
+        }
+        n = r > n ? r : n;
+        free(json);
+    }
+    size_t len = 0;
+    for (int r = 0; r < n && len < sizeof p->rank_steps; r++)
+        len += (size_t)snprintf(p->rank_steps + len, sizeof p->rank_steps - len, "%s%llu",
+                                r ? "," : "", (unsigned long long)most[r]);
+}
+
 /* Everyone finished: in async modes the newest weights are on the servers,
  * so every rank reads them back before evaluating / saving; a second
  * barrier, so that nobody still pulls when rank 0 shuts the servers down. */
@@ -334,6 +627,7 @@ static int cluster_end(cluster_t *k)
         ps_error("final barrier failed: %s (%s)", ps_strerror(rc), ps_client_last_error(k->c));
         return rc;
     }
+    if (k->sync) count_rank_steps(p, k->c);
     if ((rc = pull_all(p, k->c, k->req, k->ver)) || (rc = ps_worker_finish(p, p->o->steps)))
         return rc;
     if ((rc = ps_client_barrier(k->c))) {
@@ -353,16 +647,34 @@ static int cluster_train(cluster_t *k)
     ps_worker_t *p = k->p;
     uint64_t start = 0;
     int rc;
+    if (k->ov && p->o->debug_die_mid_step >= 0) {
+        ps_error("--debug-die-mid-step needs --overlap off (it splits the plain loop's pushes)");
+        return PS_EINVAL;
+    }
     if ((rc = cluster_begin(k, &start)) || (rc = ps_worker_start(p))) return rc;
     if (p->o->prec.ls_on && (rc = ps_loss_scale_init(&p->ls, &p->o->prec.ls_cfg))) return rc;
+    if (k->sync && start > 0 && (rc = restore_loss_scale(p, k->c, start))) return rc;
     ps_client_counters_t c0, c1;
     ps_client_counters(k->c, &c0);
     p->st.t_start = ps_worker_now();
-    for (uint64_t s = start, next; s < p->o->steps; s = next)
-        if ((rc = cluster_one(k, s, &next))) return rc;
+    uint64_t s = start, next;
+    /* While it trains, a sync worker's first SIGTERM leaves the job
+     * gracefully at the next step boundary (drain_self); the handler
+     * resets itself, so a second SIGTERM stops it at once, as before and
+     * after the loop. */
+    struct sigaction sa = {.sa_handler = on_sigterm, .sa_flags = SA_RESETHAND}, old_sa;
+    if (k->sync) sigaction(SIGTERM, &sa, &old_sa);
+    for (; s < p->o->steps && !p->drained && !rc; s = next) {
+        p->steps_done = s;
+        rc = cluster_one(k, s, &next);
+    }
+    if (k->sync && !sigterm_seen) sigaction(SIGTERM, &old_sa, NULL);
+    if (rc) return rc;
     ps_client_counters(k->c, &c1);
     p->st.wire_sent = c1.bytes_out - c0.bytes_out;
     p->st.wire_recv = c1.bytes_in - c0.bytes_in;
+    /* drained: the others go on; this rank's part ends here */
+    if (p->drained) return ps_worker_finish(p, p->steps_done);
     return cluster_end(k);
 }
 
@@ -371,6 +683,7 @@ int ps_worker_run_cluster(ps_worker_t *p)
     ps_client_t *c = NULL;
     ps_worker_overlap_t *ov = NULL;
     int rc, sync = !strcmp(p->o->mode, "sync");
+    char *spec = NULL;
     ps_req_t **req = calloc(p->table.nparts, sizeof *req);
     uint64_t *ver = calloc(p->table.nparts, sizeof *ver);
 
@@ -378,10 +691,24 @@ int ps_worker_run_cluster(ps_worker_t *p)
         rc = PS_ENOMEM;
         goto out;
     }
+    if (p->o->join && !(p->task->flags & PS_TASK_ELASTIC)) {
+        ps_error("--join: the %s task shards its data once, at start; joining a running job "
+                 "needs --model smoke for now", p->task->name);
+        rc = PS_EINVAL;
+        goto out;
+    }
     if ((rc = ps_worker_client_connect(p, &c)))
         goto out;
+    /* --replicate-state: the client gives a server that lost its state the
+     * spec and the partitions kept here as soon as it says so */
+    if (p->o->replicate_state && sync &&
+        (!(spec = ps_worker_spec_json(p)) || ps_client_set_spec(c, spec))) {
+        rc = PS_ENOMEM;
+        goto out;
+    }
     if ((rc = ps_worker_overlap_new(p, c, req, ver, sync, &ov)))
         goto out;
+
     cluster_t k = {p, c, req, ver, ov, sync};
     rc = cluster_train(&k);
 out:
@@ -400,6 +727,7 @@ out:
      * freed; the overlap's communication thread is idle between steps. */
     ps_client_destroy(&c);
     ps_worker_overlap_free(&ov);
+    free(spec);
     free(req);
     free(ver);
     return rc;

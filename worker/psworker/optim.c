@@ -106,7 +106,7 @@ int ps_worker_build_optim(ps_worker_t *p)
 char *ps_worker_spec_json(const ps_worker_t *p)
 {
     char *optim = ps_optim_config_to_json(&p->optim);
-    size_t cap = 256 + (optim ? strlen(optim) : 0);
+    size_t cap = 384 + (optim ? strlen(optim) : 0) + ps_worker_state_spec(p, NULL, 0);
     for (uint32_t i = 0; i < p->table.ntensors; i++) cap += strlen(p->table.tensors[i].name) + 48;
     char *s = malloc(cap);
     if (!optim || !s) {
@@ -119,9 +119,16 @@ char *ps_worker_spec_json(const ps_worker_t *p)
         n += (size_t)snprintf(s + n, cap - n, "%s[\"%s\",%zu,%d]", i ? "," : "",
                               p->table.tensors[i].name, p->table.tensors[i].numel,
                               p->table.tensors[i].group);
-    snprintf(s + n, cap - n,
-             "],\"partition_bytes\":%zu,\"num_servers\":%u,\"num_workers\":%d,\"optim\":%s}",
-             p->table.partition_bytes, p->table.nservers, p->nworkers, optim);
+    n += (size_t)snprintf(s + n, cap - n,
+                          "],\"partition_bytes\":%zu,\"num_servers\":%u,\"num_workers\":%d,"
+                          "\"optim\":%s", p->table.partition_bytes, p->table.nservers,
+                          p->nworkers, optim);
+    n += ps_worker_state_spec(p, s + n, cap - n);
+    /* elastic membership: the servers' lr rule, the batch keep-batch splits */
+    n += (size_t)snprintf(s + n, cap - n, ",\"elastic\":{\"lr\":\"%s\",\"global_batch\":%llu}",
+                          p->o->elastic_lr,
+                          (unsigned long long)p->w0 * (unsigned long long)p->b0);
+    snprintf(s + n, cap - n, "}");
     free(optim);
     return s;
 }

@@ -73,6 +73,10 @@ static size_t job_rows(ps_worker_opts_t *o, ps_opt_t *rows)
     ROW("stall-warn-ms", PS_OPT_INT, &o->stall_warn_ms, "warn, naming the server, message and partitions, when requests stay unanswered this long, then at 2x, 4x ... up to every 60 s (0 = off)", "10000");
     ROW("shutdown-servers", PS_OPT_BOOL, &o->shutdown_servers, "rank 0 shuts the servers down at the end", "false");
     ROW("step-sleep-ms", PS_OPT_INT, &o->step_sleep_ms, "sleep this long per step (emulated compute, tests)", "0");
+    ROW("join", PS_OPT_BOOL, &o->join, "sync: join a running elastic job (psd --max-workers above --num-workers) at its next step boundary; give the job's --num-workers (the count it started with)", "false");
+    ROW("elastic-lr", PS_OPT_STRING, &o->elastic_lr, "when workers join or leave (elastic job): keep-batch (the global batch W0*B stays, each worker takes W0*B/W; lr unchanged) | linear (each worker's batch stays; the servers scale lr by W/W0)", "keep-batch");
+    ROW("replicate-state", PS_OPT_BOOL, &o->replicate_state, "sync: each worker keeps an exact copy of the servers' state of 1/W of the partitions (weights of two versions, momentum; sent with their replies), so a server that restarts empty, its disk lost, is rebuilt from the workers with no step lost", "false");
+    ROW("debug-die-mid-step", PS_OPT_INT, &o->debug_die_mid_step, "testing: at step N push half the partitions, wait for their weights, then SIGKILL this worker (-1 = off)", "-1");
     ROW("metrics-port", PS_OPT_INT, &o->metrics_port, "Prometheus /metrics of this worker on this port (0 = off)", "0");
     ROW("metrics-bind", PS_OPT_STRING, &o->metrics_bind, "address of the /metrics listener", "127.0.0.1");
     ROW("plots", PS_OPT_BOOL, &o->plots, "rank 0 draws PNG plots of the run into DIR/plots/ at the end (--out; needs gnuplot)", "true");
@@ -332,6 +336,16 @@ static int job_check(ps_worker_opts_t *o)
         return ps_worker_opt_error("--partition-bytes must be in [4, 4 GiB]");
     if (o->step_sleep_ms < 0 || o->step_sleep_ms > 60000)
         return ps_worker_opt_error("--step-sleep-ms must be in [0, 60000]");
+    if (strcmp(o->elastic_lr, "keep-batch") && strcmp(o->elastic_lr, "linear"))
+        return ps_worker_opt_error("--elastic-lr: expected keep-batch|linear, got \"%s\"",
+                                   o->elastic_lr);
+    if (o->join && (strcmp(o->mode, "sync") || o->standalone || o->rank >= 0))
+        return ps_worker_opt_error("--join needs --mode sync through servers and no --rank "
+                                   "(server 0 gives the joiner its rank)");
+    if (o->debug_die_mid_step < -1)
+        return ps_worker_opt_error("--debug-die-mid-step must be a step >= 0 (or -1 = off)");
+    if (o->debug_die_mid_step >= 0 && (strcmp(o->mode, "sync") || o->standalone))
+        return ps_worker_opt_error("--debug-die-mid-step needs --mode sync through servers");
     if (o->threads < 0) return ps_worker_opt_error("--threads must be >= 0");
     if (o->metrics_port < 0 || o->metrics_port > 65535)
         return ps_worker_opt_error("--metrics-port must be in [0, 65535] (0 = off)");

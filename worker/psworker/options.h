@@ -105,6 +105,13 @@ typedef struct ps_worker_opts {
     int stall_warn_ms;      /* log what a request waits for after this long (0 = off) */
     int shutdown_servers;   /* rank 0 sends SHUTDOWN to every psd at the end */
     int step_sleep_ms;      /* extra "compute" per step (demos, fault tests) */
+    int join;               /* sync: join a running elastic job (psd --max-workers) */
+    char *elastic_lr;       /* keep-batch | linear: the lr / batch rule when W changes */
+    int replicate_state;    /* sync: keep 1/W of the servers' state (weights,
+                             * momentum) so a server that lost it is rebuilt */
+    int debug_die_mid_step; /* tests (sync, servers): at this step push half the
+                             * partitions, wait for their weights, then SIGKILL
+                             * this process (-1 = off) */
     int metrics_port;       /* /metrics on this port (0 = off) */
     char *metrics_bind;     /* ... on this address */
     int plots;              /* rank 0 draws DIR/plots/ at the end (--out) */

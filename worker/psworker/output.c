@@ -64,8 +64,8 @@ int ps_worker_output_open(ps_worker_t *p)
     /* Line-buffered so progress can be followed (and tests can watch it) live. */
     setvbuf(p->csv, NULL, _IOLBF, 0);
     /* the last column: the step's samples, named by what a sample is */
-    fprintf(p->csv, "iteration,loss,lr,step_ms,compute_ms,comm_wait_ms,data_wait_ms,%s\n",
-            p->task->unit ? p->task->unit : "samples");
+    fprintf(p->csv, "iteration,loss,lr,step_ms,compute_ms,comm_wait_ms,data_wait_ms,data_bytes,"
+                    "read_ms,decode_ms,%s\n", p->task->unit ? p->task->unit : "samples");
     return 0;
 }
 
@@ -105,8 +105,10 @@ void ps_worker_record_step(ps_worker_t *p, uint64_t step, double loss, double t_
     s->samples += (uint64_t)p->batch;
     s->recent_loss[s->nloss++ % 10] = loss;
     if (p->csv)
-        fprintf(p->csv, "%llu,%.6f,%.6g,%.3f,%.3f,%.3f,%.3f,%d\n", (unsigned long long)step, loss,
-                (double)lr, t_step * 1e3, t_compute * 1e3, t_comm * 1e3, t_data * 1e3, p->batch);
+        fprintf(p->csv, "%llu,%.6f,%.6g,%.3f,%.3f,%.3f,%.3f,%llu,%.3f,%.3f,%d\n",
+                (unsigned long long)step, loss, (double)lr, t_step * 1e3, t_compute * 1e3,
+                t_comm * 1e3, t_data * 1e3, (unsigned long long)p->data_bytes, p->t_read * 1e3,
+                p->t_decode * 1e3, p->batch);
     ps_worker_metrics_step(p, step, loss, lr, (const double[4]){t_step, t_data, t_compute, t_comm});
     int every = p->o->progress_every;
     if (every > 0 && ((step + 1) % (uint64_t)every == 0 || step + 1 == p->o->steps)) {
@@ -156,6 +158,7 @@ double ps_worker_per_s(const ps_worker_t *p)
 
 void ps_worker_print_out(const ps_worker_t *p)
 {
+    if (p->rank_steps[0]) printf(" rank_steps=%s", p->rank_steps);
     if (p->o->out && *p->o->out)
         printf(" out=%s%s", p->o->out, p->rank == 0 ? " model=model.safetensors" : "");
 }

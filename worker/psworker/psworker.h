@@ -10,7 +10,13 @@
  *   loop_standalone.c  --standalone: the one-process reference, and --eval
  *   overlap.c          --overlap: per-layer pushes and weight waits (cluster loop)
  *   step.c             what every loop does around a step: compute, loss
- *                      scaling, the local update, device memory figures
+ *                      scaling (and its replay from the servers' verdicts),
+ *                      the local update, device memory figures
+ *   elastic.c          membership that changes at step boundaries (--join,
+ *                      drain): the data split and batch of each step
+ *   state.c            what follows from the step alone (BN
+ *                      num_batches_tracked, the dropout counter), set
+ *                      before each compute
  *   client.c           the psd client from the options (HELLO, rank)
  *   optim.c            the optimizer configuration and the INIT spec
  *   output.c           CSV, progress lines, the model file, final-line helpers,
@@ -70,6 +76,11 @@ typedef struct ps_worker {
     float *grad;    /* (numel) this step's mean gradient */
     float *mom;     /* (numel) momentum buffers (local update only) */
     double t_data;  /* seconds the last compute waited for data */
+    /* what loading the last compute's batch cost (the loader's threads; 0
+     * for tasks that do not measure it): encoded bytes read, seconds reading
+     * them and seconds decoding them into the input */
+    uint64_t data_bytes;
+    double t_read, t_decode;
     int compute_rc; /* PS_E* when the last compute failed for a reason other
                        than divergence (already logged) */
     FILE *csv;
@@ -78,11 +89,35 @@ typedef struct ps_worker {
     ps_worker_devmem_t devmem;
     int rollback;           /* sync: a server asked to roll back (restarted from a checkpoint) */
     uint64_t rollback_to;   /* the lowest version asked for this step */
+    int behind;             /* sync: the servers went on without this rank (it
+                               was lost under --on-worker-loss continue) */
+    uint64_t rebuild;       /* sync: servers that restarted empty (PS_FLAG_REBUILD),
+                               bit s for server s (bit 63: 63 and above) */
     /* loss scaling: identical on every worker, each feeds it the cluster's
      * verdict; this step's backend part (step.c) */
     ps_loss_scale_t ls;
     int ls_in_backend;      /* the backend scaled this step's loss itself */
     size_t ls_scaled_numel; /* ... which scaled p->grad[0..this) */
+    /* the model's step counters (BN num_batches_tracked), set from the step
+     * before each compute (state.c) */
+    struct ps_worker_counter *counters;
+    int ncounters;
+    /* sync through servers: the steps each rank contributed, as the servers
+     * counted them ("140,140"; a lost rank under --on-worker-loss continue
+     * shows fewer), for the final line; "" otherwise */
+    char rank_steps[256];
+    /* elastic membership (elastic.c): the epochs known, W and B the job
+     * started with; before each compute: this rank's place among the
+     * ranks of the step (shard) and the step's first sample */
+    struct ps_worker_epoch *epochs;
+    int nepochs;
+    int w0, b0;
+    int shard;
+    uint64_t step_first;
+    int drain_asked;        /* SIGTERM: this worker asked server 0 to drain it */
+    uint64_t join_at;       /* --join: the first step of this rank (server 0's WELCOME) */
+    int drained;            /* this rank left the job (its steps end at steps_done) */
+    uint64_t steps_done;
 } ps_worker_t;
 
 /* step.c: what every loop does around a step. */
@@ -113,6 +148,11 @@ void ps_worker_ls_begin(ps_worker_t *p);
 int ps_worker_ls_prepare(ps_worker_t *p, uint64_t step);
 int ps_worker_ls_finish(ps_worker_t *p, uint64_t step, const char *where, int verdict);
 void ps_worker_ls_report(const ps_worker_t *p);
+/* Sync: the scaler as an uninterrupted run holds it before `step`: from its
+ * start, over steps 0..step-1 with the cluster's verdicts (skips: the steps
+ * whose update the servers skipped, ascending).  A worker that resumes or
+ * rolls back calls it.  0, or the PS_E* of the scaler's settings. */
+int ps_worker_ls_replay(ps_worker_t *p, uint64_t step, const uint64_t *skips, size_t n);
 #define PS_WORKER_LS_WHERE(local) ((local) ? "on this worker" : "on another worker")
 /* The step's update on this worker's own fp32 master copy (--standalone,
  * ring mode): ps_optim over every partition of p->grad into p->w / p->mom.
@@ -125,6 +165,27 @@ void ps_worker_devmem_report(const ps_worker_t *p);
 /* After the last step: the loss-scale summary, the model file, the device
  * memory line and the task's final line.  0 or the save's PS_E*. */
 int ps_worker_finish(ps_worker_t *p, uint64_t steps_done);
+
+/* state.c: what follows from the step alone (the model's step counters,
+ * its dropout counter), set before each compute so a restarted or rolled
+ * back run holds what an uninterrupted one does.  init after the task's
+ * setup (their values at step 0); at: set them for `step`; spec: the INIT
+ * spec's ",\"counters\":[...]" member into buf (cap bytes; buf NULL:
+ * measure), returns its length (0: none). */
+int ps_worker_state_init(ps_worker_t *p);
+void ps_worker_state_at(ps_worker_t *p, uint64_t step);
+void ps_worker_state_free(ps_worker_t *p);
+size_t ps_worker_state_spec(const ps_worker_t *p, char *buf, size_t cap);
+
+/* elastic.c: membership that changes at step boundaries.  init: the
+ * starting epoch (W0 = p->nworkers, B0 = p->batch); at: set p->nworkers,
+ * p->batch, p->shard and p->step_first for `step`, 1 when this rank is in
+ * the job then; set: the epochs from server 0 (JSON [[from,[ranks]],...]),
+ * 0 or PS_E* (logged; PS_EUNSUPPORTED for a task without PS_TASK_ELASTIC). */
+int ps_worker_elastic_init(ps_worker_t *p);
+int ps_worker_elastic_at(ps_worker_t *p, uint64_t step);
+int ps_worker_elastic_set(ps_worker_t *p, const char *json);
+void ps_worker_elastic_free(ps_worker_t *p);
 
 /* optim.c */
 int ps_worker_build_optim(ps_worker_t *p);
@@ -197,7 +258,8 @@ int ps_worker_save_model(ps_worker_t *p);
 double ps_worker_recent_loss(const ps_worker_t *p);
 /* Samples per second over the counted steps. */
 double ps_worker_per_s(const ps_worker_t *p);
-/* " out=DIR model=model.safetensors" (rank 0) at the end of a final: line. */
+/* " rank_steps=A,B out=DIR model=model.safetensors" (rank 0) at the end of
+ * a final: line. */
 void ps_worker_print_out(const ps_worker_t *p);
 /* Rank 0 with --out and --plots 1, after its loop (done or failed): the
  * run directory's PNG plots (worker/plot/ps_plot.h).  A plot that cannot

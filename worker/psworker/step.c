@@ -30,6 +30,8 @@ int ps_worker_setup(ps_worker_t *p, const ps_worker_opts_t *o, uint32_t nservers
     p->nworkers = o->standalone ? 1 : o->num_workers;
     p->batch = o->batch;
     int rc = p->task->setup(p, nservers);
+    if (!rc) rc = ps_worker_state_init(p);
+    if (!rc) rc = ps_worker_elastic_init(p);
     if (!rc && o->standalone && !(p->mom = calloc(p->numel, sizeof(float)))) {
         ps_error("out of memory for the momentum of %zu parameters", p->numel);
         rc = PS_ENOMEM;
@@ -40,6 +42,8 @@ int ps_worker_setup(ps_worker_t *p, const ps_worker_opts_t *o, uint32_t nservers
 
 void ps_worker_teardown(ps_worker_t *p)
 {
+    ps_worker_state_free(p);
+    ps_worker_elastic_free(p);
     ps_worker_metrics_stop(p);
     if (p->task) p->task->teardown(p);
     if (p->csv) fclose(p->csv);
@@ -82,7 +86,10 @@ double ps_worker_compute(ps_worker_t *p, uint64_t step)
         struct timespec ts = {p->o->step_sleep_ms / 1000, (p->o->step_sleep_ms % 1000) * 1000000L};
         nanosleep(&ts, NULL);
     }
-    p->t_data = 0;
+    p->t_data = p->t_read = p->t_decode = 0;
+    p->data_bytes = 0;
+    ps_worker_elastic_at(p, step);
+    ps_worker_state_at(p, step);
     return p->task->compute(p, step);
 }
 
@@ -149,6 +156,21 @@ int ps_worker_ls_finish(ps_worker_t *p, uint64_t step, const char *where, int ve
         ps_info("loss scale: step %" PRIu64 " clean, scale %.0f -> %.0f", step, (double)before,
                 (double)after);
     return applied;
+}
+
+int ps_worker_ls_replay(ps_worker_t *p, uint64_t step, const uint64_t *skips, size_t n)
+{
+    if (!p->o->prec.ls_on) return 0;
+    int rc = ps_loss_scale_init(&p->ls, &p->o->prec.ls_cfg);
+    if (rc) return rc;
+    size_t k = 0;
+    for (uint64_t t = 0; t < step; t++) {
+        while (k < n && skips[k] < t) k++;
+        ps_loss_scale_update(&p->ls, k < n && skips[k] == t);
+    }
+    ps_info("loss scale: replayed steps 0..%" PRIu64 " from the servers' verdicts (%" PRIu64
+            " skipped): scale %.0f", step, p->ls.skipped, (double)ps_loss_scale_get(&p->ls));
+    return 0;
 }
 
 void ps_worker_ls_report(const ps_worker_t *p)

@@ -33,6 +33,10 @@ enum {
     /* ring mode leaves out the local optimizer update: it stands for GPU
      * work the emulation does not measure (synthetic compute) */
     PS_TASK_NO_LOCAL_UPDATE = 1u << 0,
+    /* the task's compute reads its samples at p->step_first + p->shard *
+     * p->batch, so elastic membership can re-split the data at any step
+     * (elastic.c); the others shard their loaders once, at start */
+    PS_TASK_ELASTIC = 1u << 1,
 };
 
 #define PS_TASK_MAX_OPTS 48 /* rows a task's opt_rows may write */
@@ -64,7 +68,8 @@ typedef struct ps_task {
      * sharded by rank, rank 0's validation CSV, a first evaluation). */
     int (*start)(struct ps_worker *p);
     /* This rank's mean loss of `step` and its gradient in p->grad (global
-     * batch positions step*W*B + rank*B .. + B-1).  NAN on failure, with
+     * batch positions step*W*B + rank*B .. + B-1; PS_TASK_ELASTIC tasks:
+     * p->step_first + p->shard*p->batch .. + p->batch-1).  NAN on failure, with
      * p->compute_rc set when the cause is not divergence (logged). */
     double (*compute)(struct ps_worker *p, uint64_t step);
     /* Optional: periodic validation after `step` steps; 1 when `step`

@@ -120,8 +120,8 @@ static int smoke_start(ps_worker_t *p)
 static double smoke_compute(ps_worker_t *p, uint64_t step)
 {
     smoke_t *k = p->ts;
-    uint64_t first = step * (uint64_t)p->nworkers * (uint64_t)p->batch +
-                     (uint64_t)p->rank * (uint64_t)p->batch;
+    (void)step; /* p->step_first is the step's (elastic.c) */
+    uint64_t first = p->step_first + (uint64_t)p->shard * (uint64_t)p->batch;
     ps_smoke_data_batch(&k->data, first, p->batch, k->x, k->y);
     return ps_smoke_loss_grad(&k->dims, p->w, k->x, k->y, p->batch, p->grad, k->wd, k->gd,
                               &k->work, NULL);
@@ -182,6 +182,7 @@ static void smoke_teardown(ps_worker_t *p)
 const ps_task_t ps_task_smoke = {
     .name = "smoke",
     .models = "smoke",
+    .flags = PS_TASK_ELASTIC,
     .opts_size = sizeof(smoke_opts_t),
     .claims = smoke_claims,
     .opt_rows = smoke_rows,

@@ -1,5 +1,6 @@
-/* The video task: TSM / TSN ResNets (worker/models) fed by the video data
- * pipeline (worker/data).  The trainable tensors are kept as one flat
+/* The video task: TSM / TSN ResNets and the 3-D video models (worker/models,
+ * picked by --model from the rows of video_models.c) fed by the video data
+ * pipeline (worker/data: TSN segments or dense clips).  The trainable tensors are kept as one flat
  * vector in model order (p->w, p->grad) -- the layout the partition table,
  * the client and ps_optim work on -- and copied into / out of the model's
  * own tables around each forward/backward.  The copies cost a few
@@ -37,6 +38,7 @@
 #include "worker/data/ps_video.h"
 #include "worker/models/ps_model.h"
 #include "worker/psworker/psworker.h"
+#include "worker/psworker/video_models.h"
 
 typedef struct video_opts {
     char *train_list, *val_list;   /* TSM list files (or pack dirs with --packed) */
@@ -58,7 +60,12 @@ typedef struct video_opts {
     float fps;              /* video files: frames per second (0 = every frame) */
     char *class_names;      /* --predictions: class i's name is line i + 1 of this file */
     const char *train_src, *val_src; /* derived: the training / validation list of either kind */
+    char *sampling;         /* tsn|dense ("" = the model's) */
+    int stride;             /* dense: frame stride (0 = the model's) */
+    char *inflate;          /* 2-D --weights into a 3-D model: mean|centre */
     int bn_mode;            /* derived: PS_MODEL_BN_* value, -1 = from --partial-bn */
+    const ps_video_model_row_t *row; /* derived: --model's row */
+    int sampling_kind;      /* derived: PS_VIDEO_SAMPLING_* */
 } video_opts_t;
 
 typedef struct video {
@@ -92,7 +99,7 @@ static const video_opts_t *vopts(const ps_worker_t *p) { return ps_worker_task_o
 static int video_claims(const ps_worker_opts_t *o, const void *topts)
 {
     (void)topts;
-    return !strncmp(o->model, "tsm-r", 5) || !strncmp(o->model, "tsn-r", 5);
+    return ps_video_model_find(o->model) != NULL;
 }
 
 #define ROW(name, type, dst, help, def) rows[n++] = (ps_opt_t){name, type, dst, help, def}
@@ -125,6 +132,9 @@ static size_t video_rows(void *topts, ps_opt_t *rows)
     ROW("short-side", PS_OPT_INT, &v->short_side, "video files: shorter side of the decoded frames (psdata extract's --short-side)", "256");
     ROW("fps", PS_OPT_FLOAT, &v->fps, "video files: frames per second (psdata extract's --fps; 0 = every frame)", "0");
     ROW("class-names", PS_OPT_STRING, &v->class_names, "--predictions: class-name file (class i = line i+1), names added to each row", "");
+    ROW("sampling", PS_OPT_STRING, &v->sampling, "video: frames of a clip: tsn (T segments) | dense (T frames --stride apart); \"\" = the model's (tsn for TSM/TSN, dense for 3-D)", "");
+    ROW("stride", PS_OPT_INT, &v->stride, "video: dense sampling's frame stride (0 = the model's: 2)", "0");
+    ROW("inflate", PS_OPT_STRING, &v->inflate, "video: 2-D --weights into a 3-D model: mean (kernel / T on every slice) | centre (kernel on the middle slice)", "mean");
     return n;
 }
 
@@ -163,6 +173,11 @@ static int video_check(ps_worker_opts_t *o)
         return ps_worker_opt_error("--bn train contradicts --partial-bn");
     if (v->bn_sync != 0 && v->bn_sync != 1)
         return ps_worker_opt_error("--bn-sync must be 0 or 1");
+    v->row = ps_video_model_find(o->model);
+    if (v->row && ps_video_model_sampling(v->row, v->sampling, &v->stride, &v->sampling_kind))
+        return PS_EINVAL;
+    if (strcmp(v->inflate, "mean") && strcmp(v->inflate, "centre"))
+        return ps_worker_opt_error("--inflate: expected mean|centre, got \"%s\"", v->inflate);
     if (*o->data.predictions && !o->eval)
         return ps_worker_opt_error("--predictions goes with --eval (per-video rows of that "
                 "evaluation)");
@@ -213,6 +228,8 @@ static void base_opts(const ps_worker_opts_t *o, ps_video_opts_t *lv)
     const video_opts_t *v = ps_worker_task_opts(o);
     ps_video_opts_default(lv);
     lv->n_segment = v->frames;
+    lv->sampling = v->sampling_kind;
+    lv->stride = v->stride;
     lv->crop_h = lv->crop_w = o->data.size;
     lv->scale_size = v->scale_size;
     lv->flip = o->data.flip;
@@ -355,13 +372,19 @@ static int video_data(ps_worker_t *p, video_t *v, int *classes)
     }
     v->K = ps_video_clips_per_sample(&v->vopt);
     if (v->val) {
+        /* TSN: a video of at most T frames gives frame 1 for every segment;
+         * dense: one shorter than the clip's span loops back to its start */
+        const int dense = vo->sampling_kind == PS_VIDEO_SAMPLING_DENSE;
+        const int need = dense ? vo->frames * vo->stride : vo->frames + 1;
         size_t shortv = 0;
         for (size_t i = 0; i < ps_video_list_size(v->val); i++)
-            shortv += ps_video_list_frames(v->val, i) <= vo->frames;
+            shortv += ps_video_list_frames(v->val, i) < need;
         if (shortv)
-            ps_warn("%s: %zu of %zu videos have at most --frames %d frames: TSM's test sampling "
-                    "then takes frame 1 for every segment (no motion in those clips)",
-                    vo->val_src, shortv, ps_video_list_size(v->val), vo->frames);
+            ps_warn("%s: %zu of %zu videos have fewer than %d frames: %s", vo->val_src, shortv,
+                    ps_video_list_size(v->val), need,
+                    dense ? "their clips loop back to the first frame (--frames x --stride)"
+                          : "TSM's test sampling then takes frame 1 for every segment (no "
+                            "motion in those clips)");
     }
     v->max_clips = p->batch > v->vopt.batch * v->K ? p->batch : v->vopt.batch * v->K;
     if (*o->export_onnx) v->max_clips = 1; /* the graph has a symbolic batch */
@@ -407,7 +430,7 @@ static int video_model(ps_worker_t *p, video_t *v, int classes)
     ps_model_config_t cfg;
     int rc;
     ps_model_config_default(&cfg);
-    ps_model_parse_name(o->model, &cfg.depth, &cfg.shift);
+    vo->row->config(&cfg, vo->row);
     cfg.num_classes = classes;
     cfg.n_segment = vo->frames;
     cfg.dropout = vo->dropout;
@@ -434,12 +457,16 @@ static int video_model(ps_worker_t *p, video_t *v, int classes)
     ps_info("BN mode %s", bn_names[ps_model_bn_mode(v->m)]);
     ps_model_set_seed(v->m, o->seed);
     if (*o->data.weights) {
+        const int inflate = !strcmp(vo->inflate, "centre") ? PS_MODEL_LOAD_INFLATE_CENTRE : 0;
         rc = ps_model_load(v->m, o->data.weights,
-                           (o->eval ? PS_MODEL_LOAD_STRICT : PS_MODEL_LOAD_REPLACE_FC) |
+                           (o->eval ? PS_MODEL_LOAD_STRICT : PS_MODEL_LOAD_REPLACE_FC) | inflate |
                                (o->data.weights_partial ? PS_MODEL_LOAD_PARTIAL : 0));
         if (rc) return rc;
-        ps_info("weights loaded from %s%s", o->data.weights,
-                ps_model_fc_replaced(v->m) ? " (fc replaced)" : "");
+        ps_info("weights loaded from %s%s%s", o->data.weights,
+                ps_model_fc_replaced(v->m) ? " (fc replaced)" : "",
+                ps_model_inflated(v->m) ? (inflate ? " (2-D kernels inflated: centre)"
+                                                   : " (2-D kernels inflated: mean)")
+                                        : "");
     }
     return 0;
 }
@@ -554,9 +581,10 @@ static int video_buffers(ps_worker_t *p, video_t *v)
 static int video_setup(ps_worker_t *p, uint32_t nservers)
 {
     const ps_worker_opts_t *o = p->o;
-    int classes, rc, depth, shift;
-    if (ps_model_parse_name(o->model, &depth, &shift)) {
-        ps_error("--model: unknown model \"%s\" (smoke, tsm-r18|34|50, tsn-r18|34|50)", o->model);
+    const video_opts_t *vo = vopts(p);
+    int classes, rc;
+    if (!vo->row) {
+        ps_error("--model: unknown model \"%s\" (%s)", o->model, ps_video_model_names());
         return PS_EINVAL;
     }
     video_t *v = calloc(1, sizeof *v);
@@ -569,9 +597,13 @@ static int video_setup(ps_worker_t *p, uint32_t nservers)
     if (v->nspecs > v->nparams)
         ps_info("BN running statistics: %d tensors averaged over the workers through the servers "
                 "(--bn-sync)", v->nspecs - v->nparams);
+    char smp[64] = "TSN segments";
+    if (vo->sampling_kind == PS_VIDEO_SAMPLING_DENSE)
+        snprintf(smp, sizeof smp, "dense, every %d. frame", vo->stride);
     ps_info("model %s: %zu trainable parameters in %d tensors, %u partitions on %u server(s), "
-            "%d classes, T=%d, %dx%d", o->model, p->numel, v->nspecs, p->table.nparts, nservers,
-            classes, vopts(p)->frames, o->data.size, o->data.size);
+            "%d classes, T=%d (%s), %dx%d; the model computes on %s", o->model, p->numel,
+            v->nspecs, p->table.nparts, nservers, classes, vo->frames, smp, o->data.size,
+            o->data.size, vo->row->layout);
     return 0;
 }
 
@@ -651,6 +683,9 @@ static double video_compute(ps_worker_t *p, uint64_t step)
     if (ps_video_loader_epoch(v->tl) != epoch || ps_video_loader_position(v->tl) != b)
         ps_video_loader_seek(v->tl, epoch, b);
     int n = ps_video_loader_next(v->tl, v->clips, v->labels, v->idx, &p->t_data);
+    ps_video_io_t io;
+    ps_video_loader_io(v->tl, &io, NULL);
+    p->data_bytes = io.bytes, p->t_read = io.read_s, p->t_decode = io.decode_s;
     if (n != p->batch) {
         ps_error("training data: %s", n < 0 ? ps_video_loader_error(v->tl) : "short batch");
         p->compute_rc = n < 0 ? n : PS_ESTATE;
@@ -790,11 +825,13 @@ static int video_validate(ps_worker_t *p, uint64_t step)
 static void video_progress(ps_worker_t *p, uint64_t step, double loss, float lr, double per_s,
                            double t_data, double t_compute, double t_comm)
 {
+    const video_t *v = p->ts;
+    const ps_video_clip_cost_t c = ps_video_clip_cost(v && v->tl ? v->tl : NULL);
     printf("iter %llu/%llu epoch %.2f loss %.4f lr %.5g clips/s %.1f data-wait %.1f ms "
-           "compute %.1f ms comm-wait %.1f ms\n",
+           "compute %.1f ms comm-wait %.1f ms data %.1f kB/clip decode %.1f ms/clip\n",
            (unsigned long long)step + 1, (unsigned long long)p->o->steps,
            video_epoch(p, step + 1), loss, (double)lr, per_s, t_data * 1e3, t_compute * 1e3,
-           t_comm * 1e3);
+           t_comm * 1e3, c.bytes / 1e3, c.read_ms + c.decode_ms);
 }
 
 static int video_save(ps_worker_t *p, const char *path)
@@ -840,6 +877,9 @@ static void video_print_final(ps_worker_t *p, uint64_t steps_done)
     uint32_t crc = bn_crc(p, &nbn);
     printf(" val=%s bn_sync=%d bn_stats=%d bn_crc=%08x", p->rank == 0 ? "here" : "rank0",
            nbn > 0, nbn, (unsigned)crc);
+    const ps_video_clip_cost_t c = ps_video_clip_cost(v->tl);
+    printf(" frames_per_clip=%.0f bytes_per_clip=%.0f read_ms_per_clip=%.3f "
+           "decode_ms_per_clip=%.3f", c.frames, c.bytes, c.read_ms, c.decode_ms);
     if (v->val_nonfinite) printf(" nonfinite=%zu", v->val_nonfinite);
     ps_worker_print_out(p);
     printf("\n");
@@ -932,7 +972,8 @@ static void video_teardown(ps_worker_t *p)
 
 const ps_task_t ps_task_video = {
     .name = "video",
-    .models = "tsm-r18|34|50 | tsn-r18|34|50",
+    .models = "tsm-r18|34|50 | tsn-r18|34|50 | i3d-r50-333|i3d-r50-311 | r3d-18 | mc3-18 | "
+              "r2plus1d-18",
     .unit = "clips",
     .opts_size = sizeof(video_opts_t),
     .claims = video_claims,

@@ -22,7 +22,7 @@ int ps_task_find(const ps_worker_opts_t *o)
 
 const char *ps_task_models(void)
 {
-    static char buf[256];
+    static char buf[512];
     size_t n = 0;
     buf[0] = 0;
     for (int t = 0; ps_tasks[t] && n < sizeof buf; t++)

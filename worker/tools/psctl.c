@@ -5,6 +5,9 @@
  *   psctl --servers LIST export FILE   pull every partition -> FILE.safetensors
  *   psctl --servers LIST export --onnx --model M FILE   ... -> FILE.onnx
  *   psctl --servers LIST shutdown      checkpoint (if configured) and stop
+ *   psctl --servers LIST drain RANK    an elastic job lets RANK go
+ *   psctl --servers LIST check         preflight: what is wrong, what to fix
+ *                                      (psctl_check.c)
  *   psctl keygen PREFIX                CURVE key pair: PREFIX.pub, PREFIX.key
  *   psctl plot DIR                     PNG plots of a psworker run directory
  *
@@ -28,19 +31,16 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
-#include <netdb.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 
 #include "worker/client/ps_client.h"
+#include "worker/tools/psctl_check.h"
 #include "ps_config.h"
 #include "ps_error.h"
 #include "ps_log.h"
@@ -69,6 +69,8 @@ typedef struct psctl_opts {
     char *curve_server_key;  /* FILE (shared) or FILE,FILE,... (one per server) */
     char *curve_public_key;  /* this client's Z85 public key file */
     char *curve_secret_key;  /* this client's Z85 secret key file */
+    int num_workers;    /* check: the workers' --num-workers (0: not checked) */
+    int max_skew_ms;    /* check: largest clock difference accepted */
 } psctl_opts_t;
 
 typedef struct psctl {
@@ -91,6 +93,11 @@ static const char usage[] =
     "                  (needs --spec: the INIT spec JSON or a psd checkpoint file);\n"
     "                  --onnx --model M [--frames T --size S]: as an ONNX graph\n"
     "  shutdown        every server checkpoints (when configured) and exits\n"
+    "  drain RANK      an elastic job (psd --max-workers) lets RANK go at its next\n"
+    "                  step boundary; the others go on (SIGTERM on a worker does it too)\n"
+    "  check           preflight: every server answers, ids, sizes, modes, CURVE,\n"
+    "                  checkpoint directories (writable, room for a checkpoint: --spec),\n"
+    "                  clocks; prints what to fix, exit 1 on any problem\n"
     "  keygen PREFIX   CURVE key pair: PREFIX.pub (Z85 public key), PREFIX.key\n"
     "                  (Z85 secret key, mode 0600)\n"
     "  plot DIR        PNG plots of a psworker run directory (--out) into DIR/plots\n"
@@ -296,7 +303,11 @@ static int cmd_status(psctl_t *p)
         printf("cluster: %d server(s)", p->nserv);
         if (m)
             printf(", mode %s, table %s, workers %.0f/%.0f live", str(m, "mode"),
-                   str(m, "table_hash"), num(m, "live_workers"), num(m, "num_workers"));
+                   str(m, "table_hash"), num(m, "live_workers"),
+                   isnan(num(m, "active_workers")) ? num(m, "num_workers") : num(m, "active_workers"));
+        if (m && !isnan(num(m, "active_workers")))
+            printf(" (elastic: %.0f in the job now, started with %.0f, at most %.0f)",
+                   num(m, "active_workers"), num(m, "num_workers"), num(m, "max_workers"));
         printf("\n");
         const char *hash0 = NULL;
         for (int s = 0; s < p->nserv; s++) {
@@ -359,51 +370,6 @@ static int cmd_checkpoint(psctl_t *p)
     return failed ? PS_EIO : 0;
 }
 
-/* 1: nothing listens at endpoint any more (connection refused / socket
- * gone), 0: something accepts connections, -1: cannot tell. */
-static int endpoint_down(const char *ep)
-{
-    int fd = -1, res = -1;
-    if (!strncmp(ep, "ipc://", 6)) {
-        struct sockaddr_un ua = {.sun_family = AF_UNIX};
-        if (strlen(ep + 6) >= sizeof ua.sun_path) return -1;
-        strcpy(ua.sun_path, ep + 6);
-        if ((fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0) return -1;
-        res = connect(fd, (struct sockaddr *)&ua, sizeof ua) == 0 ? 0
-              : (errno == ECONNREFUSED || errno == ENOENT) ? 1 : -1;
-        close(fd);
-        return res;
-    }
-    char host[256], *colon;
-    if (strncmp(ep, "tcp://", 6) || snprintf(host, sizeof host, "%s", ep + 6) >= (int)sizeof host ||
-        !(colon = strrchr(host, ':')))
-        return -1;
-    *colon = 0;
-    const char *port = colon + 1;
-    if (host[0] == '[' && colon > host + 1 && colon[-1] == ']') { /* [v6]:port */
-        colon[-1] = 0;
-        memmove(host, host + 1, strlen(host));
-    }
-    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai = NULL;
-    if (getaddrinfo(host, port, &hints, &ai) || !ai) return -1;
-    if ((fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0)) >= 0) {
-        if (connect(fd, ai->ai_addr, ai->ai_addrlen) == 0) {
-            res = 0;
-        } else if (errno == ECONNREFUSED) {
-            res = 1;
-        } else if (errno == EINPROGRESS) {
-            struct pollfd pf = {.fd = fd, .events = POLLOUT};
-            int err = 0;
-            socklen_t el = sizeof err;
-            if (poll(&pf, 1, 1000) == 1 && !getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el))
-                res = err == 0 ? 0 : err == ECONNREFUSED ? 1 : -1;
-        }
-        close(fd);
-    }
-    freeaddrinfo(ai);
-    return res;
-}
-
 /* SHUTDOWN server by server, each on its own connection.  A server closes
  * its socket right after the ACK, and that ACK can be lost with the
  * connection (seen with libzmq: the reply is dropped when the peer's
@@ -436,7 +402,7 @@ static int cmd_shutdown(psctl_t *p)
             rc = ps_client_shutdown_servers(c);
             if (rc == 0) state = 0;
             else if (rc != PS_ETIMEOUT) state = -2;
-            else if (endpoint_down(p->ep[s]) == 1) state = 1;
+            else if (psctl_endpoint_down(p->ep[s]) == 1) state = 1;
             else if (now_s() >= t_end) break;
         }
         if (state == 0) printf("server %d: SHUTDOWN acknowledged\n", s);
@@ -578,6 +544,40 @@ static int check_hashes(psctl_t *p)
     return 0;
 }
 
+/* The model's step counters (BN num_batches_tracked) from the spec's
+ * "counters": [[name, value at step 0, per step], ...]: each a 0-dim int64
+ * tensor with its value at the exported version, as the workers hold it
+ * (worker/psworker/state.c).  Skipped, with a note, when the partitions are
+ * at different versions (no one step to give).  *vals (malloc'd, kept
+ * until the file is written) holds the values. */
+static int add_counters(ps_st_writer_t *wr, const char *spec, uint64_t vmin, uint64_t vmax,
+                        int64_t **vals)
+{
+    cJSON *j = cJSON_Parse(spec);
+    const cJSON *cs = j ? cJSON_GetObjectItemCaseSensitive(j, "counters") : NULL;
+    int n = cJSON_IsArray(cs) ? cJSON_GetArraySize(cs) : 0, rc = 0;
+    if (n > 0 && vmin != vmax)
+        printf("note: the %d step counters (num_batches_tracked) are left out: partitions at "
+               "versions %llu..%llu\n", n, (unsigned long long)vmin, (unsigned long long)vmax);
+    if (n <= 0 || vmin != vmax || !(*vals = calloc((size_t)n, sizeof **vals))) {
+        cJSON_Delete(j);
+        return n > 0 && vmin == vmax ? PS_ENOMEM : 0;
+    }
+    for (int i = 0; i < n && !rc; i++) {
+        const cJSON *e = cJSON_GetArrayItem(cs, i), *nm = cJSON_GetArrayItem(e, 0),
+                    *b = cJSON_GetArrayItem(e, 1), *k = cJSON_GetArrayItem(e, 2);
+        if (!cJSON_IsString(nm) || !cJSON_IsNumber(b) || !cJSON_IsNumber(k)) {
+            fprintf(stderr, "psctl: spec: counters[%d] is not [name, base, per_step]\n", i);
+            rc = PS_EINVAL;
+            break;
+        }
+        (*vals)[i] = (int64_t)b->valuedouble + (int64_t)vmin * (int64_t)k->valuedouble;
+        rc = ps_st_writer_add(wr, nm->valuestring, PS_ST_I64, 0, NULL, &(*vals)[i]);
+    }
+    cJSON_Delete(j);
+    return rc;
+}
+
 static int cmd_export(psctl_t *p, const char *path)
 {
     char *spec = load_spec(p);
@@ -591,6 +591,7 @@ static int cmd_export(psctl_t *p, const char *path)
     uint64_t *ver = NULL;
     ps_req_t **rq = NULL;
     ps_st_writer_t *wr = NULL;
+    int64_t *counters = NULL;
     ps_st_file_t like;
     int have_like = 0;
     memset(&like, 0, sizeof like);
@@ -666,6 +667,7 @@ static int cmd_export(psctl_t *p, const char *path)
         rc = ps_st_writer_add(wr, t->tensors[i].name, PS_ST_F32, nd, shape,
                               w + t->tensor_offset[i]);
     }
+    if (!rc) rc = add_counters(wr, spec, vmin, vmax, &counters);
     char buf[64];
     if (!rc) rc = ps_st_writer_meta(wr, "format", "psctl-export-1");
     snprintf(buf, sizeof buf, "%016llx", (unsigned long long)t->hash);
@@ -689,12 +691,53 @@ static int cmd_export(psctl_t *p, const char *path)
                "stop the workers first for a consistent snapshot\n");
 out:
     ps_st_writer_destroy(&wr);
+    free(counters);
     if (have_like) ps_st_close(&like);
     free(rq);
     free(ver);
     free(w);
     free(spec);
     return rc;
+}
+
+/* ---- drain --------------------------------------------------------------- */
+
+/* An elastic job lets rank R go at the next step boundary (server 0). */
+static int cmd_drain(psctl_t *p, const char *arg)
+{
+    char *end;
+    long r = strtol(arg, &end, 10);
+    if (*end || r < 0 || r > 65535) {
+        fprintf(stderr, "psctl: drain RANK: \"%s\" is not a rank\n", arg);
+        return PS_EINVAL;
+    }
+    uint64_t from = 0;
+    int rc = ps_client_drain(p->c, (int)r, &from);
+    if (rc) {
+        fprintf(stderr, "psctl: drain %ld: %s: %s\n", r, ps_strerror(rc), ps_client_last_error(p->c));
+        return rc;
+    }
+    printf("rank %ld leaves the job at step %llu (the others go on)\n", r, (unsigned long long)from);
+    return 0;
+}
+
+/* ---- check ---------------------------------------------------------------- */
+
+static int cmd_check(psctl_t *p)
+{
+    int rc = 0;
+    if (p->o.spec && *p->o.spec) { /* the model's table: the room a checkpoint needs */
+        char *spec = load_spec(p);
+        ps_client_destroy(&p->c);
+        rc = spec ? table_from_spec(p, spec) : PS_EINVAL;
+        free(spec);
+        if (rc || (rc = connect_client(p))) return rc;
+    }
+    psctl_check_in_t in = {.c = p->c, .ep = p->ep, .nserv = p->nserv,
+                           .num_workers = p->o.num_workers,
+                           .table = p->o.spec && *p->o.spec ? &p->table : NULL,
+                           .max_skew_ms = p->o.max_skew_ms};
+    return psctl_check(&in);
 }
 
 /* ---- keygen --------------------------------------------------------------- */
@@ -763,6 +806,8 @@ int main(int argc, char **argv)
         {"shift-place", PS_OPT_STRING, &o->shift_place, "export --onnx: TSM shift placement blockres|block", "blockres"},
         {"shift-div", PS_OPT_INT, &o->shift_div, "export --onnx: TSM shift 1/N each way", "8"},
         {"force", PS_OPT_BOOL, &o->force, "keygen: overwrite existing key files", "false"},
+        {"num-workers", PS_OPT_INT, &o->num_workers, "check: the workers' --num-workers (0: not checked)", "0"},
+        {"max-clock-skew-ms", PS_OPT_INT, &o->max_skew_ms, "check: largest clock difference to a server", "2000"},
         {"log-level", PS_OPT_STRING, &o->log_level, "error | warn | info | debug", "warn"},
         {"curve-server-key", PS_OPT_STRING, &o->curve_server_key,
          "CURVE: servers' public key file (one shared, or FILE,FILE,... per server)", ""},
@@ -784,9 +829,12 @@ int main(int argc, char **argv)
         return 2;
     }
     const char *verb = argv[1], *arg = npos >= 2 ? argv[2] : NULL;
-    int want_arg = !strcmp(verb, "export") || !strcmp(verb, "keygen") || !strcmp(verb, "plot");
-    if (strcmp(verb, "status") && strcmp(verb, "checkpoint") && strcmp(verb, "shutdown") && !want_arg) {
-        fprintf(stderr, "psctl: unknown verb \"%s\" (status, checkpoint, export, shutdown, keygen, plot)\n", verb);
+    int want_arg = !strcmp(verb, "export") || !strcmp(verb, "keygen") || !strcmp(verb, "plot") ||
+                   !strcmp(verb, "drain");
+    if (strcmp(verb, "status") && strcmp(verb, "checkpoint") && strcmp(verb, "shutdown") &&
+        strcmp(verb, "check") && !want_arg) {
+        fprintf(stderr, "psctl: unknown verb \"%s\" (status, checkpoint, export, shutdown, check, "
+                        "drain, keygen, plot)\n", verb);
         return 2;
     }
     if (npos != 1 + want_arg) {
@@ -812,6 +860,8 @@ int main(int argc, char **argv)
         if (!(rc = connect_client(&p))) {
             if (!strcmp(verb, "status")) rc = cmd_status(&p);
             else if (!strcmp(verb, "checkpoint")) rc = cmd_checkpoint(&p);
+            else if (!strcmp(verb, "check")) rc = cmd_check(&p);
+            else if (!strcmp(verb, "drain")) rc = cmd_drain(&p, arg);
             else if (!strcmp(verb, "shutdown")) {
                 ps_client_destroy(&p.c); /* one connection per server instead */
                 rc = cmd_shutdown(&p);

@@ -151,6 +151,7 @@ extern "C" void ps_cuda_backend_free(ps_ctx_t *ctx)
     ps_cu_state *s = (ps_cu_state *)ctx->backend_state;
     cudaStreamSynchronize(s->stream);
     ps_cu_conv_free(s);
+    ps_cu_conv3d_free(s);
     if (s->ws) cudaFree(s->ws);
     if (s->scratch) cudaFree(s->scratch);
     mem_sub(s->ws_bytes + s->scratch_bytes);

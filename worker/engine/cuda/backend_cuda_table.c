@@ -59,6 +59,12 @@ const ps_backend_t ps_backend_cuda = {
     .head_permute_backward = ps_cu_head_permute_backward,
     .roi_align_forward = ps_cu_roi_align_forward,
     .roi_align_backward = ps_cu_roi_align_backward,
+    .conv3d_forward = ps_cu_conv3d_forward,
+    .conv3d_backward = ps_cu_conv3d_backward,
+    .maxpool3d_forward = ps_cu_maxpool3d_forward,
+    .maxpool3d_backward = ps_cu_maxpool3d_backward,
+    .avgpool3d_forward = ps_cu_avgpool3d_forward,
+    .avgpool3d_backward = ps_cu_avgpool3d_backward,
     /* optional fused entries, not on CUDA yet: callers take the unfused path */
     .bn_relu_forward_eval = NULL,
     .bn_relu_backward_eval = NULL,

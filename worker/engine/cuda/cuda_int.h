@@ -84,6 +84,8 @@ struct ps_cu_conv_entry {
     size_t ws_fwd, ws_bwd_data, ws_bwd_filter; // bytes
 };
 
+struct ps_cu_conv3d_entry; // conv3d.cu: one shape's graph-API plans
+
 struct ps_cu_state {
     int device;
     cudaStream_t stream;
@@ -99,6 +101,11 @@ struct ps_cu_state {
     // conv algorithm cache, linear search (a model has < ~60 shapes)
     ps_cu_conv_entry *conv;
     int nconv, capconv;
+    // conv3d plan cache (conv3d.cu) and the device-properties descriptor
+    // its heuristics and plans are made for (a cudnnBackendDescriptor_t)
+    ps_cu_conv3d_entry *conv3d;
+    int nconv3d, capconv3d;
+    void *c3_devprop;
     // mixed precision (mixed.cu): PS_PRECISION_FP32/FP16/BF16 for conv2d and
     // linear, their half operands NHWC (nhwc) or NCHW; the loss scale xent's
     // backward multiplies dloss by (1 = off)
@@ -168,6 +175,8 @@ static inline unsigned cu_grid(size_t n, unsigned block)
 
 // conv2d.cu: free the algorithm cache's descriptors
 void ps_cu_conv_free(ps_cu_state *s);
+// conv3d.cu: free the 3-D plan cache
+void ps_cu_conv3d_free(ps_cu_state *s);
 // batchnorm.cu: per-channel sum of x (N, C, HW) ADDED into acc[c] (conv
 // bias gradient)
 void ps_cu_channel_sum_acc(ps_cu_state *s, float *acc, const float *x, int N, int C, int HW);

@@ -105,6 +105,21 @@ void ps_cu_roi_align_forward(ps_ctx_t *ctx, float *out, const float *feat, const
 void ps_cu_roi_align_backward(ps_ctx_t *ctx, float *dfeat, const float *dout,
                               const float *rois, int R, int N, int C, int H, int W, int PH,
                               int PW, float spatial_scale, int sampling_ratio, int aligned);
+// conv3d.cu, pool3d.cu: the 3-D video layers
+void ps_cu_conv3d_forward(ps_ctx_t *ctx, float *out, const float *inp, const float *w,
+                          const float *b, const ps_conv3d_desc_t *d, int N, int D, int H, int W);
+void ps_cu_conv3d_backward(ps_ctx_t *ctx, float *dinp, float *dw, float *db, const float *dout,
+                           const float *inp, const float *w, const ps_conv3d_desc_t *d, int N,
+                           int D, int H, int W);
+void ps_cu_maxpool3d_forward(ps_ctx_t *ctx, float *out, int32_t *argmax, const float *inp,
+                             const ps_pool3d_desc_t *d, int N, int C, int D, int H, int W);
+void ps_cu_maxpool3d_backward(ps_ctx_t *ctx, float *dinp, const float *dout,
+                              const int32_t *argmax, const ps_pool3d_desc_t *d, int N, int C,
+                              int D, int H, int W);
+void ps_cu_avgpool3d_forward(ps_ctx_t *ctx, float *out, const float *inp,
+                             const ps_pool3d_desc_t *d, int N, int C, int D, int H, int W);
+void ps_cu_avgpool3d_backward(ps_ctx_t *ctx, float *dinp, const float *dout,
+                              const ps_pool3d_desc_t *d, int N, int C, int D, int H, int W);
 
 #ifdef __cplusplus
 }

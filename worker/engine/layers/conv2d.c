@@ -377,21 +377,7 @@ void ps_cpu_conv2d_backward(ps_ctx_t *ctx, float *dinp, float *dw, float *db,
     const int K = p.K;
     const size_t PQ = p.PQ;
 
-    if (db) {
-        /* bias gradient: sum of dout over images and the plane (accumulated) */
-#pragma omp parallel for schedule(static) if (team_max() > 1)
-        for (int k = 0; k < K; k++) {
-            double s = 0;
-            for (int n = 0; n < N; n++) {
-                const float *o = dout + ((size_t)n * K + k) * PQ;
-                float sp = 0;
-#pragma omp simd reduction(+ : sp)
-                for (size_t i = 0; i < PQ; i++) sp += o[i];
-                s += sp;
-            }
-            db[k] += (float)s;
-        }
-    }
+    if (db) ps_cpu_conv_bias_grad(db, dout, N, K, PQ); /* accumulated */
     if (!dw && !dinp) return;
     float *ws = conv_workspace(ctx, d, N, H, W);
     if (!ws && ps_conv2d_workspace(d, N, H, W)) return;
@@ -415,14 +401,7 @@ void ps_cpu_conv2d_backward(ps_ctx_t *ctx, float *dinp, float *dw, float *db,
                 bwd_chunk(&p, d, dinp, mydw, dout, inp, w, wt, my, n0, nc, H, W);
             }
             /* (implicit barrier) the threads' partial weight gradients */
-            if (dw && nth > 1) {
-#pragma omp for schedule(static)
-                for (size_t i = 0; i < p.nw; i++) {
-                    float s = dw[i];
-                    for (int u = 1; u < nth; u++) s += red[p.nw * (u - 1) + i];
-                    dw[i] = s;
-                }
-            }
+            if (dw && nth > 1) ps_cpu_sum_partials(dw, red, p.nw, nth);
         }
         return;
     }

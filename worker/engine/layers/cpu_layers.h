@@ -45,6 +45,24 @@ void ps_cpu_im2col(float *col, const float *x, size_t img_stride, int nc, int Cg
 void ps_cpu_col2im(float *dx, const float *col, size_t img_stride, int nc, int Cg, int H,
                    int W, const ps_conv2d_desc_t *d, int P, int Q);
 
+/* One row's P x Q block of a column matrix from one input plane xp (H x W):
+ * dst[p][q] = xp[p*sh + h0][q*sw + w0], 0 outside the plane (conv2d_col.c,
+ * shared by im2col and vol2col); the _add form is the transpose, adding src
+ * into xp.  col_qrange: the q range whose column q*sw + w0 lies in [0, W). */
+void ps_cpu_col_qrange(int w0, int sw, int W, int Q, int *qlo, int *qhi);
+void ps_cpu_col_plane(float *dst, const float *xp, int H, int W, int P, int Q, int h0, int sh,
+                      int w0, int sw);
+void ps_cpu_col_plane_add(float *xp, const float *src, int H, int W, int P, int Q, int h0, int sh,
+                          int w0, int sw);
+
+/* conv_common.c, shared by conv2d.c and conv3d.c: the bias gradient (the
+ * sum of dout (N, K, PQ) over images and positions, ADDED to db), and
+ * inside an OpenMP team the sum of the other threads' partial weight
+ * gradients red[(t-1)*nw ..] into dw (an orphaned worksharing loop: every
+ * thread of the team calls it). */
+void ps_cpu_conv_bias_grad(float *db, const float *dout, int N, int K, size_t PQ);
+void ps_cpu_sum_partials(float *dw, const float *red, size_t nw, int nth);
+
 /* batchnorm.c */
 void ps_cpu_bn_forward_train(ps_ctx_t *ctx, float *out, float *save_mean, float *save_rstd,
                              float *run_mean, float *run_var, const float *inp,
@@ -157,5 +175,36 @@ void ps_cpu_roi_align_forward(ps_ctx_t *ctx, float *out, const float *feat, cons
 void ps_cpu_roi_align_backward(ps_ctx_t *ctx, float *dfeat, const float *dout,
                                const float *rois, int R, int N, int C, int H, int W, int PH,
                                int PW, float spatial_scale, int sampling_ratio, int aligned);
+/* ---- 3-D video layers ---------------------------------------------------- */
+
+/* conv3d.c, conv3d_col.c */
+void ps_cpu_conv3d_forward(ps_ctx_t *ctx, float *out, const float *inp, const float *w,
+                           const float *b, const ps_conv3d_desc_t *d, int N, int D, int H,
+                           int W);
+void ps_cpu_conv3d_backward(ps_ctx_t *ctx, float *dinp, float *dw, float *db,
+                            const float *dout, const float *inp, const float *w,
+                            const ps_conv3d_desc_t *d, int N, int D, int H, int W);
+/* Floats of one thread's vol2col buffer at most (unless one output frame
+ * needs more): longer clips are cut into output-frame ranges.  0 restores
+ * the default (16 MiB).  Process-wide, for tests (set before sizing). */
+void ps_conv3d_set_col_cap(size_t floats);
+/* vol2col / col2vol for one clip and group, output frames [o0, o1) (conv3d_col.c).
+ * col is (Cg*KT*R*S) x ((o1-o0)*P*Q); x / dx hold the group's first channel
+ * (Cg blocks of D*H*W).  col2vol ADDS into dx. */
+void ps_cpu_vol2col(float *col, const float *x, int Cg, int D, int H, int W,
+                    const ps_conv3d_desc_t *d, int P, int Q, int o0, int o1);
+void ps_cpu_col2vol(float *dx, const float *col, int Cg, int D, int H, int W,
+                    const ps_conv3d_desc_t *d, int P, int Q, int o0, int o1);
+
+/* pool3d.c */
+void ps_cpu_maxpool3d_forward(ps_ctx_t *ctx, float *out, int32_t *argmax, const float *inp,
+                              const ps_pool3d_desc_t *d, int N, int C, int D, int H, int W);
+void ps_cpu_maxpool3d_backward(ps_ctx_t *ctx, float *dinp, const float *dout,
+                               const int32_t *argmax, const ps_pool3d_desc_t *d, int N, int C,
+                               int D, int H, int W);
+void ps_cpu_avgpool3d_forward(ps_ctx_t *ctx, float *out, const float *inp,
+                              const ps_pool3d_desc_t *d, int N, int C, int D, int H, int W);
+void ps_cpu_avgpool3d_backward(ps_ctx_t *ctx, float *dinp, const float *dout,
+                               const ps_pool3d_desc_t *d, int N, int C, int D, int H, int W);
 
 #endif
