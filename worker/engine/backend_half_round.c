@@ -591,6 +591,10 @@ const ps_backend_t ps_backend_cpu_round = {
     .head_permute_backward = ps_cpu_head_permute_backward,
     .roi_align_forward = ps_cpu_roi_align_forward,
     .roi_align_backward = ps_cpu_roi_align_backward,
+    .deconv_forward = ps_cpu_deconv_forward,
+    .deconv_backward = ps_cpu_deconv_backward,
+    .mask_bce_forward = ps_cpu_mask_bce_forward,
+    .mask_bce_backward = ps_cpu_mask_bce_backward,
     .conv3d_forward = r_conv3d_fwd,
     .conv3d_backward = r_conv3d_bwd,
     /* CUDA pools 3-D tensors in fp32 (they are never half): the CPU's */
