@@ -18,7 +18,8 @@ mkdir -p "$d" || exit 1
 "$PY" "$src/tests/cuda_emu/extract.py" "$src/worker/engine/cuda" >"$d/kernels.inc" || {
     echo "Bail out! kernel extraction failed"; exit 1; }
 if ! "$CXX" -std=c++17 -O1 -fopenmp -w -I"$src" -I"$src/common" -I"$d" -o "$d/emu" \
-        "$src/tests/cuda_emu/emu.cpp" "$b/libps_engine.a" "$b/libps_common.a" -lm \
+        "$src/tests/cuda_emu/emu.cpp" "$b/libps_engine.a" "$b/libps_common.a" \
+        ${PS_BLAS_LIBS:--lopenblas} -lm \
         >"$d/build.log" 2>&1; then
     if grep -q 'fopenmp\|omp.h' "$d/build.log"; then
         echo "1..0 # SKIP $CXX without OpenMP"; exit 77
