@@ -145,8 +145,8 @@ out:
 
 /* ---- box head targets ------------------------------------------------------------- */
 
-int ps_det_roi_targets(float *rois, int32_t *labels, float *targets, const float *proposals,
-                       int P, const float *gt, const int32_t *gt_class, int M, int K,
+int ps_det_roi_targets(float *rois, int32_t *labels, float *targets, int32_t *gt_index,
+                       const float *proposals, int P, const float *gt, const int32_t *gt_class, int M, int K,
                        const ps_det_roi_sample_params_t *p, uint64_t key)
 {
     for (int g = 0; g < M; g++)
@@ -174,6 +174,7 @@ int ps_det_roi_targets(float *rois, int32_t *labels, float *targets, const float
         if (lab[i] < 0) continue;
         memcpy(rois + (size_t)s * 4, cand + (size_t)i * 4, 4 * sizeof(float));
         labels[s] = lab[i];
+        if (gt_index) gt_index[s] = lab[i] >= 1 ? matched[i] : -1;
         if (lab[i] >= 1)
             ps_det_box_encode_w(targets + (size_t)s * 4, gt + (size_t)matched[i] * 4,
                                 cand + (size_t)i * 4, 1, p->weights);

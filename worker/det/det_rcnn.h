@@ -65,8 +65,11 @@ int ps_det_rpn_proposals(float *out_boxes, float *out_scores, const float *objec
  * (ps_det_match, fg_iou / bg_iou, no low-quality matches), labelled (class
  * + 1, 0 background below bg_iou, ignored between), sampled
  * (ps_det_sample_balanced with key) and kept in index order.  Writes the
- * sampled boxes (S, 4), labels (S: 0 background, c + 1 class c) and
- * encoded targets (S, 4; coder weights; zero on background rows: unused).
+ * sampled boxes (S, 4), labels (S: 0 background, c + 1 class c),
+ * encoded targets (S, 4; coder weights; zero on background rows: unused)
+ * and, when gt_index is not NULL, each row's matched ground truth (S: its
+ * index 0..M-1 on foreground rows, -1 on background ones; Mask R-CNN's
+ * mask targets).
  * The outputs hold at most min(batch, P + M) rows.  M = 0 (an image
  * without boxes): every proposal is background.  Returns S, PS_EINVAL (a
  * class outside 0..K-1, logged) or PS_ENOMEM. */
@@ -76,8 +79,8 @@ typedef struct ps_det_roi_sample_params {
     float fraction;        /* positives: 0.25 */
     float weights[4];      /* box coder: 10, 10, 5, 5 */
 } ps_det_roi_sample_params_t;
-int ps_det_roi_targets(float *rois, int32_t *labels, float *targets, const float *proposals,
-                       int P, const float *gt, const int32_t *gt_class, int M, int K,
+int ps_det_roi_targets(float *rois, int32_t *labels, float *targets, int32_t *gt_index,
+                       const float *proposals, int P, const float *gt, const int32_t *gt_class, int M, int K,
                        const ps_det_roi_sample_params_t *p, uint64_t key);
 
 /* ---- box head post-processing (torchvision RoIHeads.postprocess_detections)

@@ -68,6 +68,10 @@ typedef struct ps_rcnn_config {
     ps_det_roi_post_params_t post;  /* 0.05, 0.5, 100, 1e-2, (10, 10, 5, 5) */
     float smoothl1_beta; /* 1/9 */
     int max_gt;         /* ground-truth boxes per image at most: 100 */
+    /* Mask R-CNN's mask branch (0: Faster R-CNN) */
+    int mask;
+    int mask_dim;       /* MaskRCNNHeads' four convs and the predictor's deconv: 256 */
+    int mask_roi_size;  /* its RoIAlign output: 14 (the logits are twice that: 28) */
 } ps_rcnn_config_t;
 
 /* Faster R-CNN ResNet-50-FPN as torchvision builds it (80 classes, width 64,
@@ -114,12 +118,16 @@ typedef struct ps_rcnn_input {
     const float *proposals;    /* (n, proposal_stride, 4) or NULL */
     const int32_t *nproposals; /* (n) */
     int proposal_stride;
+    /* Mask R-CNN training: each ground-truth box's mask, 0/1, H x W at the
+     * network input (the loader's gt_masks: zero outside image_hw) */
+    const uint8_t *gt_masks;   /* (n, gt_stride, H, W) */
 } ps_rcnn_input_t;
 
 /* torchvision's loss dict: loss_objectness, loss_rpn_box_reg,
  * loss_classifier, loss_box_reg */
 typedef struct ps_rcnn_losses {
     float objectness, rpn_box, classifier, box_reg;
+    float mask; /* loss_mask (Mask R-CNN; 0 otherwise) */
 } ps_rcnn_losses_t;
 
 /* training (rpn_labels given) needs losses; the backbone always runs with
@@ -149,9 +157,22 @@ int ps_rcnn_box_outputs(const ps_rcnn_t *m, float *rois, int32_t *img, int32_t *
                         float *class_logits, float *box_deltas);
 int ps_rcnn_max_rois(const ps_rcnn_t *m);
 /* Detections of image i after an inference forward (ps_det_roi_postprocess
- * with the config's post parameters, clipped to image_hw): at most
- * post.max_det rows; returns the count or PS_ENOMEM. */
+ * with the config's post parameters, clipped to image_hw; made by the
+ * forward): at most post.max_det rows; returns the count. */
 int ps_rcnn_detect(const ps_rcnn_t *m, int i, float *boxes, float *scores, int32_t *classes);
+/* Mask R-CNN, after an inference forward: the mask of each of image i's
+ * detections (ps_rcnn_detect's order) as torchvision's maskrcnn_inference
+ * gives it -- the sigmoid of the detected class's 28 x 28 logits (2 x
+ * mask_roi_size square), M*M floats per detection into probs; returns the
+ * count, PS_ESTATE without the mask branch. */
+int ps_rcnn_detect_masks(const ps_rcnn_t *m, int i, float *probs);
+/* Mask R-CNN's last mask logits: rows (torchvision's order: training the
+ * positive RoIs image by image, inference the detections), each (K+1) x
+ * M x M, copied into logits (may be NULL; sized by ps_rcnn_max_mask_rois),
+ * with each row's channel (class + 1) into labels (may be NULL); returns
+ * the row count. */
+int ps_rcnn_mask_outputs(const ps_rcnn_t *m, float *logits, int32_t *labels);
+int ps_rcnn_max_mask_rois(const ps_rcnn_t *m);
 
 /* Tables, groups, specs, as ps_retinanet.h's (names are torchvision's). */
 const ps_model_param_t *ps_rcnn_params(const ps_rcnn_t *m, int *n);

@@ -25,6 +25,7 @@ static void layout(ps_rcnn_t *m, ps_arena_t *a)
     ps_rcnn_fpn_layout(m, a);
     ps_rcnn_rpn_layout(m, a);
     ps_rcnn_box_layout(m, &m->box, a);
+    if (m->cfg.mask) ps_rcnn_mask_layout(m, a);
     size_t scratch = (size_t)m->max_n * umax(m->cfg.fpn_channels, 4 * PS_RCNN_ANCHORS) *
                      m->lh[0] * m->lw[0];
     TAKE(m->s1, scratch);
@@ -84,7 +85,15 @@ static int host_arrays(ps_rcnn_t *m)
     s->img = malloc(sizeof(int32_t) * R);
     s->h_rois = malloc(sizeof(float) * 4 * R);
     s->h_labels = malloc(sizeof(int32_t) * R);
-    return r->props && r->nprops && m->hw && s->pos && s->img && s->h_rois && s->h_labels
+    s->h_gt = malloc(sizeof(int32_t) * R);
+    size_t D = (size_t)m->max_n * m->cfg.post.max_det;
+    m->det_boxes = malloc(sizeof(float) * 4 * D);
+    m->det_scores = malloc(sizeof(float) * D);
+    m->det_classes = malloc(sizeof(int32_t) * D);
+    m->det_count = calloc((size_t)m->max_n, sizeof(int));
+    if (m->cfg.mask && ps_rcnn_mask_host(m)) return PS_ENOMEM;
+    return r->props && r->nprops && m->hw && s->pos && s->img && s->h_rois && s->h_labels &&
+                   s->h_gt && m->det_boxes && m->det_scores && m->det_classes && m->det_count
                ? 0
                : PS_ENOMEM;
 }
@@ -107,6 +116,9 @@ static int build(ps_rcnn_t *m)
     m->rpn.post_max = imax(c->rpn_train.post_nms_top_n, c->rpn_test.post_nms_top_n);
     int per_image = imax(imin(c->roi.batch, m->rpn.post_max + c->max_gt), m->rpn.post_max);
     m->Rmax = m->max_n * imax(per_image, 1);
+    /* mask rows: the positives sampled (training) or the detections */
+    if (c->mask)
+        m->Rmask = m->max_n * imax((int)(c->roi.batch * c->roi.fraction), c->post.max_det);
     if ((r = ps_rcnn_define(m))) return r;
     ps_arena_begin_sizing(&m->arena);
     layout(m, &m->arena);
@@ -133,6 +145,10 @@ static int build(ps_rcnn_t *m)
     ps_rlin_resolve(&m->box.fc7, m->params);
     ps_rlin_resolve(&m->box.cls, m->params);
     ps_rlin_resolve(&m->box.bbox, m->params);
+    if (c->mask) {
+        ps_rcnn_mask_resolve(m);
+        ws = umax(ws, ps_rcnn_mask_workspace(m));
+    }
     make_anchors(m);
     return ps_ctx_reserve(m->ctx, ws);
 }
@@ -154,7 +170,9 @@ static int bad_config(const ps_rcnn_config_t *c)
            !(c->roi.fraction > 0 && c->roi.fraction <= 1) ||
            !(c->roi.bg_iou > 0 && c->roi.bg_iou <= c->roi.fg_iou && c->roi.fg_iou <= 1) ||
            !(c->post.nms_thresh > 0 && c->post.nms_thresh <= 1) || c->post.max_det < 1 ||
-           !(c->smoothl1_beta > 0.f) || c->max_gt < 1 || c->max_gt > 100000;
+           !(c->smoothl1_beta > 0.f) || c->max_gt < 1 || c->max_gt > 100000 ||
+           (c->mask && (c->mask_dim < 1 || c->mask_dim > 4096 || c->mask_roi_size < 1 ||
+                        c->mask_roi_size > 64));
 }
 
 int ps_rcnn_create(ps_rcnn_t **out, const ps_rcnn_config_t *cfg, const ps_backend_t *be,
@@ -186,8 +204,8 @@ int ps_rcnn_create(ps_rcnn_t **out, const ps_rcnn_config_t *cfg, const ps_backen
     m->W = W;
     int r = build(m);
     if (r) {
-        ps_error("rcnn: cannot build Faster R-CNN ResNet-%d-FPN for %d images of %dx%d: %s",
-                 cfg->depth, max_n, H, W, ps_strerror(r));
+        ps_error("rcnn: cannot build %s R-CNN ResNet-%d-FPN for %d images of %dx%d: %s",
+                 cfg->mask ? "Mask" : "Faster", cfg->depth, max_n, H, W, ps_strerror(r));
         ps_rcnn_destroy(&m);
         return r;
     }
@@ -205,6 +223,9 @@ void ps_rcnn_destroy(ps_rcnn_t **mp)
     ps_arena_free(&m->arena);
     free(m->rpn.props), free(m->rpn.nprops), free(m->hw);
     free(m->box.pos), free(m->box.img), free(m->box.h_rois), free(m->box.h_labels);
+    free(m->box.h_gt), free(m->det_boxes), free(m->det_scores), free(m->det_classes);
+    free(m->det_count);
+    ps_rcnn_mask_free_host(m);
     free(m);
     *mp = NULL;
 }
@@ -223,6 +244,8 @@ const float *ps_rcnn_proposals(const ps_rcnn_t *m, int i, int *count)
 }
 
 /* ---- forward / backward ------------------------------------------------------ */
+
+static int detect_all(ps_rcnn_t *m, int n);
 
 static int check_input(const ps_rcnn_t *m, const ps_rcnn_input_t *in, ps_rcnn_losses_t *l)
 {
@@ -274,6 +297,17 @@ int ps_rcnn_forward(ps_rcnn_t *m, const ps_rcnn_input_t *in, ps_rcnn_losses_t *l
     if ((rc = ps_rcnn_box_forward(m, &m->box, in, m->rpn.props, m->rpn.nprops, m->rpn.post_max,
                                   training, 1, training ? l : NULL)))
         return rc;
+    if (!training) {
+        /* the host post-processes the box head's outputs; Mask R-CNN's mask
+         * branch then runs on those detections */
+        if ((rc = m->be->sync(m->ctx))) {
+            ps_error("rcnn forward: device sync failed: %s", ps_strerror(rc));
+            return rc;
+        }
+        if ((rc = detect_all(m, n))) return rc;
+    }
+    if (m->cfg.mask && (rc = ps_rcnn_mask_forward(m, in, training, training ? l : NULL)))
+        return rc;
     m->last_training = training;
     return 0;
 }
@@ -286,6 +320,8 @@ int ps_rcnn_backward(ps_rcnn_t *m)
     }
     ps_rcnn_rpn_backward(m, m->last_n);      /* writes dP */
     ps_rcnn_box_backward(m, &m->box);         /* adds RoIAlign's share to dP2..dP5 */
+    int rc = m->cfg.mask ? ps_rcnn_mask_backward(m) : 0; /* and the mask branch's */
+    if (rc) return rc;
     ps_rcnn_fpn_backward(m, m->last_n);       /* and on into the backbone */
     return 0;
 }
@@ -312,6 +348,18 @@ int ps_rcnn_box_outputs(const ps_rcnn_t *m, float *rois, int32_t *img, int32_t *
 
 int ps_rcnn_detect(const ps_rcnn_t *m, int i, float *boxes, float *scores, int32_t *classes)
 {
+    int n = m->det_count[i];
+    size_t src = (size_t)i * m->cfg.post.max_det;
+    memcpy(boxes, m->det_boxes + src * 4, sizeof(float) * 4 * (size_t)n);
+    memcpy(scores, m->det_scores + src, sizeof(float) * (size_t)n);
+    memcpy(classes, m->det_classes + src, sizeof(int32_t) * (size_t)n);
+    return n;
+}
+
+/* Image i's detections into the caches (ps_det_roi_postprocess of its
+ * RoIs' outputs); count or PS_ENOMEM. */
+static int detect_image(ps_rcnn_t *m, int i)
+{
     const rcnn_stage_t *s = &m->box;
     int K = m->cfg.num_classes, first = 0, R = 0;
     size_t K1 = (size_t)K + 1;
@@ -329,8 +377,20 @@ int ps_rcnn_detect(const ps_rcnn_t *m, int i, float *boxes, float *scores, int32
         memcpy(lg + j * K1, s->cls_out + p * K1, K1 * sizeof(float));
         memcpy(dl + j * K1 * 4, s->box_out + p * K1 * 4, K1 * 4 * sizeof(float));
     }
-    int rc = ps_det_roi_postprocess(boxes, scores, classes, lg, dl, s->h_rois + (size_t)first * 4,
+    size_t dst = (size_t)i * m->cfg.post.max_det;
+    int rc = ps_det_roi_postprocess(m->det_boxes + dst * 4, m->det_scores + dst,
+                                    m->det_classes + dst, lg, dl, s->h_rois + (size_t)first * 4,
                                     R, K, m->hw[2 * i], m->hw[2 * i + 1], &s->post);
     free(lg), free(dl);
     return rc;
+}
+
+static int detect_all(ps_rcnn_t *m, int n)
+{
+    for (int i = 0; i < n; i++) {
+        int k = detect_image(m, i);
+        if (k < 0) return k;
+        m->det_count[i] = k;
+    }
+    return 0;
 }

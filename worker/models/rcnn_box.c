@@ -105,7 +105,7 @@ static int roi_list(ps_rcnn_t *m, rcnn_stage_t *s, const ps_rcnn_input_t *in,
                 return PS_EINVAL;
             }
             k = ps_det_roi_targets(s->h_rois + (size_t)R * 4, s->h_labels + R,
-                                   tgt + (size_t)R * 4, props, P,
+                                   tgt + (size_t)R * 4, s->h_gt + R, props, P,
                                    in->gt_boxes + (size_t)i * in->gt_stride * 4,
                                    in->gt_classes + (size_t)i * in->gt_stride, M, K, &s->sample,
                                    ps_det_sample_key(in->seed, site, i));
@@ -121,24 +121,34 @@ static int roi_list(ps_rcnn_t *m, rcnn_stage_t *s, const ps_rcnn_input_t *in,
     return R;
 }
 
+void ps_rcnn_level_major(const float *h_rois, const int32_t *img, int R, int32_t *pos, int *Rl,
+                         float *rois)
+{
+    int off[PS_RCNN_ROI_LEVELS];
+    memset(Rl, 0, sizeof(int) * PS_RCNN_ROI_LEVELS);
+    for (int j = 0; j < R; j++) {
+        pos[j] = ps_det_roi_level(h_rois + (size_t)j * 4, 2, 5, 4, 224.f, 1e-6f);
+        Rl[pos[j]]++;
+    }
+    off[0] = 0;
+    for (int l = 1; l < PS_RCNN_ROI_LEVELS; l++) off[l] = off[l - 1] + Rl[l - 1];
+    for (int j = 0; j < R; j++) {
+        int p = off[pos[j]]++;
+        pos[j] = p;
+        float *r = rois + (size_t)p * 5;
+        r[0] = (float)img[j];
+        memcpy(r + 1, h_rois + (size_t)j * 4, 4 * sizeof(float));
+    }
+}
+
 /* Level-major arena rows from the host list (R rows); targets expanded to
  * the (R*(K+1), 4) view the box loss reads. */
 static void to_arena(ps_rcnn_t *m, rcnn_stage_t *s, int R, const float *tgt)
 {
-    int K1 = m->cfg.num_classes + 1, off[PS_RCNN_ROI_LEVELS];
-    memset(s->Rl, 0, sizeof s->Rl);
+    int K1 = m->cfg.num_classes + 1;
+    ps_rcnn_level_major(s->h_rois, s->img, R, s->pos, s->Rl, s->rois);
     for (int j = 0; j < R; j++) {
-        s->pos[j] = ps_det_roi_level(s->h_rois + (size_t)j * 4, 2, 5, 4, 224.f, 1e-6f);
-        s->Rl[s->pos[j]]++;
-    }
-    off[0] = 0;
-    for (int l = 1; l < PS_RCNN_ROI_LEVELS; l++) off[l] = off[l - 1] + s->Rl[l - 1];
-    for (int j = 0; j < R; j++) {
-        int p = off[s->pos[j]]++, lab = s->h_labels[j];
-        s->pos[j] = p;
-        float *r = s->rois + (size_t)p * 5;
-        r[0] = (float)s->img[j];
-        memcpy(r + 1, s->h_rois + (size_t)j * 4, 4 * sizeof(float));
+        int p = s->pos[j], lab = s->h_labels[j];
         s->labels[p] = lab;
         for (int k = 0; k < K1; k++) {
             size_t row = (size_t)p * K1 + k;

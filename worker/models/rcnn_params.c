@@ -31,6 +31,9 @@ void ps_rcnn_config_default(ps_rcnn_config_t *c)
     c->post = (ps_det_roi_post_params_t){0.05f, 0.5f, 100, 1e-2f, {10.f, 10.f, 5.f, 5.f}};
     c->smoothl1_beta = 1.f / 9.f;
     c->max_gt = 100;
+    c->mask = 0;
+    c->mask_dim = 256;
+    c->mask_roi_size = 14;
 }
 
 int ps_rcnn_define(ps_rcnn_t *m)
@@ -40,7 +43,9 @@ int ps_rcnn_define(ps_rcnn_t *m)
     if (r) return r;
     m->nbody = m->nparams;
     if ((r = ps_rcnn_fpn_define(m)) || (r = ps_rcnn_rpn_define(m))) return r;
-    return ps_rcnn_box_define(m, &m->box, "roi_heads.box_head", "roi_heads.box_predictor");
+    if ((r = ps_rcnn_box_define(m, &m->box, "roi_heads.box_head", "roi_heads.box_predictor")))
+        return r;
+    return m->cfg.mask ? ps_rcnn_mask_define(m) : 0;
 }
 
 void ps_rcnn_free_tables(ps_rcnn_t *m)
@@ -113,15 +118,16 @@ void ps_rcnn_init(ps_rcnn_t *m, uint64_t seed, int random)
     init_lin(m, &m->box.fc7, seed);
     init_lin(m, &m->box.cls, seed);
     init_lin(m, &m->box.bbox, seed);
+    if (m->cfg.mask) ps_rcnn_mask_init(m, seed, random);
     ps_rcnn_zero_grad(m);
 }
 
 int ps_rcnn_save(const ps_rcnn_t *m, const char *path)
 {
     char arch[64];
-    snprintf(arch, sizeof arch, "fasterrcnn-resnet%d-fpn", m->cfg.depth);
-    return ps_mtab_save(m->params, m->nparams, m->buffers, m->nbuffers, arch, "fasterrcnn",
-                        path);
+    const char *kind = m->cfg.mask ? "maskrcnn" : "fasterrcnn";
+    snprintf(arch, sizeof arch, "%s-resnet%d-fpn", kind, m->cfg.depth);
+    return ps_mtab_save(m->params, m->nparams, m->buffers, m->nbuffers, arch, kind, path);
 }
 
 /* Its own checkpoint (torchvision's fasterrcnn names), or an ImageNet
