@@ -1,9 +1,11 @@
 #!/bin/bash
-# C-written Faster R-CNN checkpoints loaded into torchvision with
+# C-written Faster and Mask R-CNN checkpoints loaded into torchvision with
 # strict=True, eval-mode outputs compared (tests/tools/check_fasterrcnn_torch.py):
 # fasterrcnn_resnet50_fpn at torchvision's widths, the ResNet-18 variant
 # built on resnet_fpn_backbone, and a psworker --model fasterrcnn-r18
-# export (FPN 32, box head 64) trained two steps on a generated set.  TAP;
+# export (FPN 32, box head 64) trained two steps on a generated set; the
+# same for Mask R-CNN (maskrcnn_resnet50_fpn, MaskRCNN on the ResNet-18
+# backbone, a psworker --model maskrcnn-r18 export), masks included.  TAP;
 # exit 77 = skipped without torch / torchvision.
 PY=${PS_PYTHON:-/usr/bin/python3}
 top_srcdir=${top_srcdir:-.}
@@ -39,8 +41,10 @@ export_check() { # NAME LABEL rcnn_export ARGS...
     if ok $rc "$label: rcnn_export"; then py_checks "$T/$name" "$label"; else show "$T/export_$name.out"; fi
 }
 
-export_check r50 "fasterrcnn_resnet50_fpn" 90 64 50 64 256 1024
-export_check r18 "resnet_fpn_backbone(resnet18)" 3 64 18 64 256 1024
+export_check r50 "fasterrcnn_resnet50_fpn" 90 64 50 64 256 1024 0
+export_check r18 "resnet_fpn_backbone(resnet18)" 3 64 18 64 256 1024 0
+export_check m50 "maskrcnn_resnet50_fpn" 90 64 50 64 256 1024 256
+export_check m18 "MaskRCNN(resnet_fpn_backbone(resnet18))" 3 64 18 64 256 1024 256
 
 run gen "$B/psdata" gen-det --out "$T/ds" --images 4 --val-images 1 --size 64 --classes 3
 ok $rc "psdata gen-det" || show "$T/gen.out"
@@ -48,9 +52,20 @@ run train "$B/psworker" --standalone --model fasterrcnn-r18 --fpn-channels 32 --
     --size 64 --batch 2 --steps 2 --threads 2 --log-level warn --progress-every 0 \
     --train-json "$T/ds/annotations/instances_train.json" --root "$T/ds/train" --out "$T/run"
 if ok $rc "psworker trained and exported fasterrcnn-r18 (FPN 32, box head 64)"; then
-    export_check psw "psworker fasterrcnn-r18 export" 3 64 18 64 32 64 "$T/run/model.safetensors"
+    export_check psw "psworker fasterrcnn-r18 export" 3 64 18 64 32 64 0 "$T/run/model.safetensors"
 else
     show "$T/train.out"
+fi
+run gen_m "$B/psdata" gen-det --out "$T/dsm" --images 4 --val-images 1 --size 64 --classes 3 --masks
+ok $rc "psdata gen-det --masks" || show "$T/gen_m.out"
+run train_m "$B/psworker" --standalone --model maskrcnn-r18 --fpn-channels 32 --box-head-dim 64 \
+    --mask-head-dim 16 --size 64 --batch 2 --steps 2 --threads 2 --log-level warn \
+    --progress-every 0 --train-json "$T/dsm/annotations/instances_train.json" --root "$T/dsm/train" \
+    --out "$T/run_m"
+if ok $rc "psworker trained and exported maskrcnn-r18 (FPN 32, box head 64, mask head 16)"; then
+    export_check psw_m "psworker maskrcnn-r18 export" 3 64 18 64 32 64 16 "$T/run_m/model.safetensors"
+else
+    show "$T/train_m.out"
 fi
 echo "1..$n"
 [ $fails -eq 0 ]

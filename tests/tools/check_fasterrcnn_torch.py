@@ -19,7 +19,10 @@ torchvision's proposals against C's as sets (each within 0.05 px; the
 top-n / NMS decisions may flip on near ties, so >= 98% must match); the
 box head on C's proposals (same tolerances); and torchvision's
 postprocess_detections of those outputs against C's detections (same
-class, score within 1e-3, box within 0.05 px).
+class, score within 1e-3, box within 0.05 px).  A Mask R-CNN export goes
+into maskrcnn_resnet50_fpn / MaskRCNN of its shape (MaskRCNNHeads and
+MaskRCNNPredictor of its mask width), and torchvision's mask branch on C's
+detections (maskrcnn_inference) is compared with C's mask probabilities.
 """
 import os
 import sys
@@ -34,18 +37,26 @@ import gen_resnet as G  # noqa: E402
 from taplib import ok, plan, strict_load  # noqa: E402
 
 
-def build(K, depth, width, fpn, rep):
+def build(K, depth, width, fpn, rep, mask=0):
     import torchvision
-    from torchvision.models.detection import FasterRCNN, fasterrcnn_resnet50_fpn
+    from torchvision.models.detection import (FasterRCNN, MaskRCNN, fasterrcnn_resnet50_fpn,
+                                              maskrcnn_resnet50_fpn)
+    from torchvision.models.detection.mask_rcnn import MaskRCNNHeads, MaskRCNNPredictor
     from torchvision.models.detection.backbone_utils import BackboneWithFPN, resnet_fpn_backbone
     from torchvision.models.detection.faster_rcnn import FastRCNNPredictor, TwoMLPHead
     from torchvision.ops import misc
     from torchvision.ops.feature_pyramid_network import LastLevelMaxPool
     if width != 64:
         raise SystemExit("width %d: torchvision's ResNets are width 64" % width)
-    if (depth, fpn, rep) == (50, 256, 1024):
+    if (depth, fpn, rep, mask) == (50, 256, 1024, 256):
+        return maskrcnn_resnet50_fpn(weights=None, weights_backbone=None, num_classes=K + 1)
+    if (depth, fpn, rep, mask) == (50, 256, 1024, 0):
         return fasterrcnn_resnet50_fpn(weights=None, weights_backbone=None, num_classes=K + 1)
-    if (fpn, rep) == (256, 1024):
+    if (fpn, rep, mask) == (256, 1024, 256):
+        bb = resnet_fpn_backbone(backbone_name="resnet%d" % depth, weights=None,
+                                 trainable_layers=5)
+        return MaskRCNN(bb, num_classes=K + 1)
+    if (fpn, rep, mask) == (256, 1024, 0):
         bb = resnet_fpn_backbone(backbone_name="resnet%d" % depth, weights=None,
                                  trainable_layers=5)
         return FasterRCNN(bb, num_classes=K + 1)
@@ -54,8 +65,11 @@ def build(K, depth, width, fpn, rep):
     c2 = body.inplanes // 8  # 64 (BasicBlock) or 256 (Bottleneck)
     bb = BackboneWithFPN(body, {"layer1": "0", "layer2": "1", "layer3": "2", "layer4": "3"},
                          [c2, 2 * c2, 4 * c2, 8 * c2], fpn, extra_blocks=LastLevelMaxPool())
-    return FasterRCNN(bb, num_classes=None, box_head=TwoMLPHead(fpn * 49, rep),
-                      box_predictor=FastRCNNPredictor(rep, K + 1))
+    heads = dict(box_head=TwoMLPHead(fpn * 49, rep), box_predictor=FastRCNNPredictor(rep, K + 1))
+    if not mask:
+        return FasterRCNN(bb, num_classes=None, **heads)
+    return MaskRCNN(bb, num_classes=None, mask_head=MaskRCNNHeads(fpn, (mask,) * 4, 1),
+                    mask_predictor=MaskRCNNPredictor(mask, mask, K + 1), **heads)
 
 
 def close(name, got, ref):
@@ -79,12 +93,13 @@ def matched(a, b, tol):
 def main():
     d = sys.argv[1]
     torch.set_num_threads(2)
-    K, H, seed, A, P, D, depth, width, fpn, rep = \
+    K, H, seed, A, P, D, depth, width, fpn, rep, mask = \
         [int(v) for v in open(os.path.join(d, "config.txt")).read().split()]
     raw = lambda name, cols: np.fromfile(os.path.join(d, name), dtype=np.float32).reshape(-1, cols)  # noqa: E731
-    net = build(K, depth, width, fpn, rep)
+    net = build(K, depth, width, fpn, rep, mask)
     sd, meta = G.read_safetensors(os.path.join(d, "model.safetensors"))
-    if not strict_load(net, sd, meta, "fasterrcnn-resnet%d-fpn" % depth):
+    kind = "maskrcnn" if mask else "fasterrcnn"
+    if not strict_load(net, sd, meta, "%s-resnet%d-fpn" % (kind, depth)):
         return plan()
     from torchvision.models.detection.image_list import ImageList
     from torchvision.models.detection.rpn import concat_box_prediction_layers
@@ -118,6 +133,15 @@ def main():
     ok(len(det) == len(ref) and same == len(ref),
        "detections: %d, torchvision %d, %d with the same class, score and box"
        % (len(det), len(ref), same))
+    if mask:
+        from torchvision.models.detection.roi_heads import maskrcnn_inference
+        with torch.no_grad():
+            b = [torch.from_numpy(det[:, :4].copy())]
+            lab = [torch.from_numpy(det[:, 5].astype(np.int64) + 1)]
+            x = rh.mask_predictor(rh.mask_head(rh.mask_roi_pool(feats, b, images.image_sizes)))
+            probs = maskrcnn_inference(x, lab)[0]
+        close("masks of C's %d detections" % len(det), raw("mask_probs.bin", 784),
+              probs.reshape(-1, 784).numpy())
     return plan()
 
 
