@@ -133,7 +133,9 @@ def main():
     ok(len(det) == len(ref) and same == len(ref),
        "detections: %d, torchvision %d, %d with the same class, score and box"
        % (len(det), len(ref), same))
-    if mask:
+    if mask and len(det) == 0:  # an export trained 2 steps scores below 0.05 everywhere
+        ok(True, "masks: no detections to compare on (the default-init exports have 100)")
+    elif mask:
         from torchvision.models.detection.roi_heads import maskrcnn_inference
         with torch.no_grad():
             b = [torch.from_numpy(det[:, :4].copy())]
