@@ -83,6 +83,18 @@ int ps_det_roi_targets(float *rois, int32_t *labels, float *targets, int32_t *gt
                        const float *proposals, int P, const float *gt, const int32_t *gt_class, int M, int K,
                        const ps_det_roi_sample_params_t *p, uint64_t key);
 
+/* ---- a cascade stage's targets (Detectron2 CascadeROIHeads._match_and_label_boxes)
+ * For one image: every RoI (R, 4: the previous stage's refined boxes, no
+ * sampling, no ground truth appended) matched to the ground truth at
+ * p->fg_iou (Matcher([t], [0, 1]) without low-quality matches: IoU >= t
+ * foreground, else background), labels (R: 0 or class + 1), targets (R,
+ * 4; encoded with p->weights; 0 on background) and, when not NULL, the
+ * matched ground truth (-1 background).  Returns R, PS_EINVAL (a class
+ * outside 0..K-1) or PS_ENOMEM. */
+int ps_det_roi_relabel(int32_t *labels, float *targets, int32_t *gt_index, const float *rois,
+                       int R, const float *gt, const int32_t *gt_class, int M, int K,
+                       const ps_det_roi_sample_params_t *p);
+
 /* ---- box head post-processing (torchvision RoIHeads.postprocess_detections)
  * For one image: class logits (R, K+1; column 0 background) and class
  * deltas (R, (K+1)*4) on the RoIs (R, 4): softmax, every class's box
@@ -102,5 +114,16 @@ int ps_det_roi_postprocess(float *out_boxes, float *out_scores, int32_t *out_cla
                            const float *class_logits, const float *box_deltas,
                            const float *rois, int R, int K, int height, int width,
                            const ps_det_roi_post_params_t *p);
+/* The softmax of class_logits (R, K+1) into probs, as the post-processing
+ * computes it. */
+void ps_det_roi_softmax(float *probs, const float *class_logits, int R, int K);
+/* The same selection on given class probabilities (R, K+1) and one decoded
+ * box per RoI (R, 4) for every class (Detectron2's fast_rcnn_inference
+ * with class-agnostic boxes: Cascade R-CNN's mean scores over its stages
+ * and its last stage's boxes): clipped, scores > score_thresh, boxes
+ * smaller than min_size dropped, class-wise NMS, max_det. */
+int ps_det_roi_select(float *out_boxes, float *out_scores, int32_t *out_classes,
+                      const float *probs, const float *boxes, int R, int K, int height, int width,
+                      const ps_det_roi_post_params_t *p);
 
 #endif
