@@ -137,6 +137,12 @@ static void test_mask_layers(int N, int C, int K, int H, int W, int sd)
     lab_ = dev(lab, (size_t)R * 4);
     is_int(ps_backend_cuda.mask_bce_forward(&g, &lgpu, lg_, lab_, t_, 1.0f, R, K1, MM), PS_EINVAL,
            "mask loss (cuda): a label of K+1 channels refused");
+    float *sc = dev(lg, nl * 4);
+    ps_backend_cuda.scale(&g, sc, 1.0f / 3.0f, nl);
+    ps_backend_cpu.scale(&c, lg, 1.0f / 3.0f, nl);
+    float *gsc = down(sc, nl);
+    cmp_report(gsc, lg, nl, 0, 0, "scale by 1/3 (Cascade R-CNN)");
+    ps_cuda_free(sc), free(gsc);
     ps_cuda_free(lg_), ps_cuda_free(t_), ps_cuda_free(dl_), ps_cuda_free(lab_);
     free(lg), free(t), free(dl), free(lab), free(gdl);
 }

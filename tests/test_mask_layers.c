@@ -1,4 +1,4 @@
-/* Mask R-CNN's two layers on the CPU table (worker/engine/layers/deconv.c,
+/* Mask R-CNN's two layers (and Cascade R-CNN's scale) on the CPU table (worker/engine/layers/deconv.c,
  * mask_bce.c) against PyTorch goldens (tests/golden/gen_mask_layers.py ->
  * mask_layers_golden.bin): the transposed convolution whose kernel equals
  * its stride (torch conv_transpose2d: forward, input, weight and bias
@@ -134,6 +134,11 @@ int main(int argc, char **argv)
     const char *bce[] = {"bce", "bce_sat", "bce_one"};
     for (int i = 0; i < 3; i++) check_bce(bce[i]);
     check_bce_contract();
+    /* the scale slot (Cascade R-CNN's feature-gradient scale): x *= alpha */
+    float v[5] = {3.0f, -1.5f, 0.0f, 6e-39f, 1e30f};
+    be->scale(&ctx, v, 1.0f / 3.0f, 5);
+    ok(v[0] == 1.0f && v[1] == -0.5f && v[2] == 0.0f && v[3] == 6e-39f * (1.0f / 3.0f) &&
+       v[4] == 1e30f * (1.0f / 3.0f), "scale: x *= 1/3 elementwise");
     golden_free();
     ps_ctx_free(&ctx);
     return tap_done();

@@ -688,7 +688,11 @@ static void mask_layers()
     ps_cpu_mask_bce_backward(&ctx, dx, x, lab, t, 0.8f, (float)(R * MM), R, K, MM);
     EMU(k_det_mask_bce_bwd, 3, 64, dx2, x, lab, t, n, K, MM, (double)0.8f / (R * MM));
     cmp(dx2, dx, n, 0, 0, "mask loss backward (exact)");
-    free(x), free(t), free(dx), free(dx2);
+    float *y = cp(x, n);
+    ps_cpu_scale(&ctx, x, 1.0f / 3.0f, n);
+    EMU(k_scale, 2, 32, y, 1.0f / 3.0f, n);
+    cmp(y, x, n, 0, 0, "scale by 1/3 (exact)");
+    free(x), free(t), free(dx), free(dx2), free(y);
 }
 
 // ---- half storage (--precision fp16|bf16): the k_h_* kernels on half NHWC

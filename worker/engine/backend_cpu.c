@@ -87,6 +87,7 @@ const ps_backend_t ps_backend_cpu = {
     .deconv_backward = ps_cpu_deconv_backward,
     .mask_bce_forward = ps_cpu_mask_bce_forward,
     .mask_bce_backward = ps_cpu_mask_bce_backward,
+    .scale = ps_cpu_scale,
     .conv3d_forward = ps_cpu_conv3d_forward,
     .conv3d_backward = ps_cpu_conv3d_backward,
     .maxpool3d_forward = ps_cpu_maxpool3d_forward,

@@ -595,6 +595,7 @@ const ps_backend_t ps_backend_cpu_round = {
     .deconv_backward = ps_cpu_deconv_backward,
     .mask_bce_forward = ps_cpu_mask_bce_forward,
     .mask_bce_backward = ps_cpu_mask_bce_backward,
+    .scale = ps_cpu_scale,
     .conv3d_forward = r_conv3d_fwd,
     .conv3d_backward = r_conv3d_bwd,
     /* CUDA pools 3-D tensors in fp32 (they are never half): the CPU's */

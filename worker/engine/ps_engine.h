@@ -395,6 +395,10 @@ typedef struct ps_backend {
     int (*mask_bce_backward)(ps_ctx_t *ctx, float *dlogits, const float *logits,
                              const int32_t *labels, const float *targets, float dloss,
                              float normaliser, int R, int K, int MM);
+    /* x *= alpha in place, n floats (Cascade R-CNN scales the gradient of
+     * each stage's pooled features by 1 / stages, Detectron2's
+     * _ScaleGradient) */
+    void (*scale)(ps_ctx_t *ctx, float *x, float alpha, size_t n);
 
     /* ---- 3-D video layers (I3D, R3D, MC3, R(2+1)D) -------------------- *
      * Legend: N clips, C / K channels, D x H x W input (frames, height,

@@ -63,6 +63,7 @@ const ps_backend_t ps_backend_cuda = {
     .deconv_backward = ps_cu_deconv_backward,
     .mask_bce_forward = ps_cu_mask_bce_forward,
     .mask_bce_backward = ps_cu_mask_bce_backward,
+    .scale = ps_cu_scale,
     .conv3d_forward = ps_cu_conv3d_forward,
     .conv3d_backward = ps_cu_conv3d_backward,
     .maxpool3d_forward = ps_cu_maxpool3d_forward,

@@ -117,6 +117,8 @@ int ps_cu_mask_bce_forward(ps_ctx_t *ctx, float *loss, const float *logits,
 int ps_cu_mask_bce_backward(ps_ctx_t *ctx, float *dlogits, const float *logits,
                             const int32_t *labels, const float *targets, float dloss,
                             float normaliser, int R, int K, int MM);
+// layers.cu (Cascade R-CNN)
+void ps_cu_scale(ps_ctx_t *ctx, float *x, float alpha, size_t n);
 // conv3d.cu, pool3d.cu: the 3-D video layers
 void ps_cu_conv3d_forward(ps_ctx_t *ctx, float *out, const float *inp, const float *w,
                           const float *b, const ps_conv3d_desc_t *d, int N, int D, int H, int W);

@@ -187,6 +187,8 @@ int ps_cpu_mask_bce_forward(ps_ctx_t *ctx, float *loss, const float *logits,
 int ps_cpu_mask_bce_backward(ps_ctx_t *ctx, float *dlogits, const float *logits,
                              const int32_t *labels, const float *targets, float dloss,
                              float normaliser, int R, int K, int MM);
+/* elementwise.c (Cascade R-CNN) */
+void ps_cpu_scale(ps_ctx_t *ctx, float *x, float alpha, size_t n);
 /* ---- 3-D video layers ---------------------------------------------------- */
 
 /* conv3d.c, conv3d_col.c */
