@@ -5,7 +5,9 @@
  * is the output plane k's pixels (s*y + i, s*x + j); backward gathers
  * dout into that layout and runs the two transposed GEMMs.  col lives in
  * ctx's workspace (K*s*s*H*W floats; grown, with a warning, when a caller
- * sized it smaller). */
+ * sized it smaller).  The copies between col and the planes are plain
+ * loops: a parallel region per image (hundreds of RoIs a call) would cost
+ * more in thread wake-ups than the copies themselves. */
 #include "cpu_layers.h"
 #include "worker/engine/ps_blas.h"
 
@@ -41,7 +43,6 @@ void ps_cpu_deconv_forward(ps_ctx_t *ctx, float *out, const float *inp, const fl
         ps_blas_sgemm(1, 0, Kss, HW, C, 1.0f, w, Kss, inp + (size_t)n * C * HW, HW, 0.0f, col,
                       HW);
         float *o = out + (size_t)n * K * HW * s * s;
-#pragma omp parallel for num_threads(ctx->nthreads) if (ctx->nthreads > 1)
         for (int k = 0; k < K; k++) {
             float bias = b ? b[k] : 0.0f;
             float *plane = o + (size_t)k * HW * s * s;
@@ -66,7 +67,6 @@ void ps_cpu_deconv_backward(ps_ctx_t *ctx, float *dinp, float *dw, float *db,
     if (!col) return;
     for (int n = 0; n < N; n++) {
         const float *o = dout + (size_t)n * K * HW * s * s;
-#pragma omp parallel for num_threads(ctx->nthreads) if (ctx->nthreads > 1)
         for (int k = 0; k < K; k++) {
             const float *plane = o + (size_t)k * HW * s * s;
             for (int i = 0; i < s; i++)
