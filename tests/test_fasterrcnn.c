@@ -45,6 +45,7 @@ typedef struct variant {
     int pre_tr, post_tr, pre_te, post_te, random;
     double scale;
     int mask_dim; /* Mask R-CNN's mask branch width (0: Faster R-CNN) */
+    int stages;   /* box head stages: 0 or 1, 3 = Cascade R-CNN */
 } variant_t;
 
 static ps_rcnn_t *make(ps_ctx_t *ctx, const variant_t *v)
@@ -66,6 +67,7 @@ static ps_rcnn_t *make(ps_ctx_t *ctx, const variant_t *v)
     c.max_gt = 8;
     c.mask = v->mask_dim > 0;
     c.mask_dim = v->mask_dim ? v->mask_dim : c.mask_dim;
+    c.stages = v->stages > 1 ? v->stages : 1;
     ps_rcnn_t *m = NULL;
     is_int(ps_rcnn_create(&m, &c, &ps_backend_cpu, ctx, v->n, v->H, v->H), 0, "%s: create",
            v->name);
@@ -276,7 +278,7 @@ static void check_gradients(ps_rcnn_t *m, const golden_t *g, const char *vname)
 
 static void check_box_head(ps_rcnn_t *m, const golden_t *g, const char *vname, int K, int eval)
 {
-    int Rm = ps_rcnn_max_rois(m);
+    int Rm = ps_rcnn_max_rois(m), nb = ps_rcnn_config(m)->stages > 1 ? 1 : K + 1;
     float *rois = malloc(sizeof(float) * 4 * Rm), *cl = malloc(sizeof(float) * (K + 1) * Rm);
     float *bd = malloc(sizeof(float) * 4 * (K + 1) * Rm);
     int32_t *img = malloc(sizeof(int32_t) * Rm), *lab = malloc(sizeof(int32_t) * Rm);
@@ -297,7 +299,7 @@ static void check_box_head(ps_rcnn_t *m, const golden_t *g, const char *vname, i
     const char *lb = find_line(g, eval ? "eval_box_regression" : "box_regression");
     if (ok(lc && lb, "%s: golden has the box head outputs", vname)) {
         samples(lc, eval ? "eval_class_logits" : "class_logits", cl, (size_t)R * (K + 1), vname);
-        samples(lb, eval ? "eval_box_regression" : "box_regression", bd, (size_t)R * (K + 1) * 4,
+        samples(lb, eval ? "eval_box_regression" : "box_regression", bd, (size_t)R * nb * 4,
                 vname);
     }
     free(rois), free(cl), free(bd), free(img), free(lab);
@@ -353,6 +355,78 @@ static void check_detections(ps_rcnn_t *m, const golden_t *g, const variant_t *v
     free(probs);
 }
 
+/* Cascade R-CNN: each stage's losses; stages 1 and 2's RoIs (the previous
+ * stage's refined boxes) and labels row for row, their outputs (training),
+ * their class logits (eval) */
+static void check_stages(ps_rcnn_t *m, const golden_t *g, const variant_t *v,
+                         const ps_rcnn_losses_t *L, int eval)
+{
+    char tag[64];
+    for (int k = 0; k < 3 && !eval; k++) {
+        const char *lc, *lb;
+        snprintf(tag, sizeof tag, "loss_classifier_stage%d", k);
+        lc = find_line(g, tag);
+        snprintf(tag, sizeof tag, "loss_box_reg_stage%d", k);
+        lb = find_line(g, tag);
+        if (!ok(lc && lb, "%s: golden has stage %d's losses", v->name, k)) continue;
+        is_close(L->stage_classifier[k], strtod(strchr(lc, ' '), NULL), 1e-4, 1e-3,
+                 "%s: stage %d loss_classifier", v->name, k);
+        is_close(L->stage_box_reg[k], strtod(strchr(lb, ' '), NULL), 1e-4, 1e-3,
+                 "%s: stage %d loss_box_reg (L1)", v->name, k);
+    }
+    int Rm = ps_rcnn_max_rois(m), K1 = v->K + 1;
+    float *rois = malloc(sizeof(float) * 4 * Rm), *cl = malloc(sizeof(float) * K1 * Rm);
+    float *bd = malloc(sizeof(float) * 4 * Rm);
+    int32_t *img = malloc(sizeof(int32_t) * Rm), *lab = malloc(sizeof(int32_t) * Rm);
+    for (int k = 1; k < 3; k++) {
+        int R = ps_rcnn_stage_outputs(m, k, rois, img, lab, cl, bd);
+        if (eval) {
+            snprintf(tag, sizeof tag, "s%d_eval_class_logits", k);
+            const char *l = find_line(g, tag);
+            if (ok(l != NULL, "%s: golden has %s", v->name, tag))
+                samples(l, tag, cl, (size_t)R * K1, v->name);
+            continue;
+        }
+        int n = 0, same = 1, cnt[2] = {0, 0};
+        char lt[32];
+        snprintf(lt, sizeof lt, "s%d_roi", k);
+        for (int li = 0; li < g->nlines; li++) {
+            int i;
+            float b[4];
+            if (strncmp(g->lines[li], lt, strlen(lt)) || g->lines[li][strlen(lt)] != ' ' ||
+                sscanf(g->lines[li] + strlen(lt), "%d %f %f %f %f", &i, &b[0], &b[1], &b[2],
+                       &b[3]) != 5)
+                continue;
+            same &= n < R && img[n] == i;
+            for (int c = 0; same && c < 4; c++) same = fabs(rois[4 * n + c] - b[c]) <= 2e-3;
+            if (i >= 0 && i < 2) cnt[i]++;
+            n++;
+        }
+        snprintf(tag, sizeof tag, "s%d_roi_labels", k);
+        const char *ll = find_line(g, tag);
+        int nl = 0;
+        for (const char *p = ll ? ll + strlen(tag) : ""; ll && *p;) {
+            char *e;
+            long c = strtol(p, &e, 10);
+            if (e == p) break;
+            same &= nl < R && lab[nl] == c;
+            nl++;
+            p = e;
+        }
+        ok(same && n == R && nl == R && R > 0, "%s: stage %d: %d RoIs (%d + %d), the previous "
+           "stage's refined boxes and their labels row for row", v->name, k, R, cnt[0], cnt[1]);
+        snprintf(tag, sizeof tag, "s%d_class_logits", k);
+        const char *l1 = find_line(g, tag);
+        if (ok(l1 != NULL, "%s: golden has %s", v->name, tag))
+            samples(l1, tag, cl, (size_t)R * K1, v->name);
+        snprintf(tag, sizeof tag, "s%d_box_regression", k);
+        const char *l2 = find_line(g, tag);
+        if (ok(l2 != NULL, "%s: golden has %s", v->name, tag))
+            samples(l2, tag, bd, (size_t)R * 4, v->name);
+    }
+    free(rois), free(cl), free(bd), free(img), free(lab);
+}
+
 /* Mask R-CNN training: loss_mask, the positive RoIs' channels and logits */
 static void check_mask_training(ps_rcnn_t *m, const golden_t *g, const variant_t *v, float loss)
 {
@@ -377,6 +451,8 @@ static void check_variant(ps_ctx_t *ctx, const variant_t *v)
     char path[1024];
     if (v->mask_dim)
         snprintf(path, sizeof path, "%s/tests/golden/maskrcnn_%s.txt", srcdir(), v->name + 5);
+    else if (v->stages > 1)
+        snprintf(path, sizeof path, "%s/tests/golden/%s.txt", srcdir(), v->name);
     else
         snprintf(path, sizeof path, "%s/tests/golden/fasterrcnn_%s.txt", srcdir(), v->name);
     golden_t g;
@@ -407,6 +483,7 @@ static void check_variant(ps_ctx_t *ctx, const variant_t *v)
     }
     check_box_head(m, &g, v->name, v->K, 0);
     if (v->mask_dim) check_mask_training(m, &g, v, L.mask);
+    if (v->stages > 1) check_stages(m, &g, v, &L, 0);
     is_int(ps_rcnn_backward(m), 0, "%s: backward", v->name);
     check_gradients(m, &g, v->name);
 
@@ -425,6 +502,7 @@ static void check_variant(ps_ctx_t *ctx, const variant_t *v)
                           .proposal_stride = MAXB};
     is_int(ps_rcnn_forward(m, &ev, NULL), 0, "%s: inference on given proposals", v->name);
     check_box_head(m, &g, v->name, v->K, 1);
+    if (v->stages > 1) check_stages(m, &g, v, NULL, 1);
     check_detections(m, &g, v);
     ev.proposals = NULL;
     is_int(ps_rcnn_forward(m, &ev, NULL), 0, "%s: inference", v->name);
@@ -470,7 +548,7 @@ static void check_levels(void)
 static void check_tables(ps_ctx_t *ctx)
 {
     variant_t v = {"tables", 50, 64, 256, 90, 1, 64, 2, 1024, 256, 512, 2000, 2000, 1000, 1000,
-                   0, 1.0, 0};
+                   0, 1.0, 0, 0};
     ps_rcnn_t *m = make(ctx, &v);
     if (!m) return;
     int np, nb;
@@ -510,7 +588,7 @@ static void check_tables(ps_ctx_t *ctx)
  * bad input. */
 static void check_training(ps_ctx_t *ctx)
 {
-    variant_t v = {"train", 18, 8, 16, 3, 2, 64, 2, 64, 64, 64, 200, 100, 100, 50, 0, 1.0, 0};
+    variant_t v = {"train", 18, 8, 16, 3, 2, 64, 2, 64, 64, 64, 200, 100, 100, 50, 0, 1.0, 0, 0};
     ps_rcnn_t *m = make(ctx, &v);
     if (!m) return;
     ps_rcnn_init(m, 7, 0);
@@ -646,9 +724,10 @@ int main(void)
     ps_log_level = PS_LOG_WARN;
     ps_engine_init(&ctx, 0);
     static const variant_t vs[] = {
-        {"r18", 18, 8, 16, 3, 2, 64, 0, 32, 64, 64, 200, 100, 100, 50, 1, 0.25, 0},
-        {"r50", 50, 8, 16, 2, 1, 64, 2, 32, 2048, 512, 200, 100, 100, 50, 0, 0.1, 0},
-        {"mask_r18", 18, 8, 16, 3, 2, 64, 0, 32, 64, 64, 200, 100, 100, 50, 1, 0.25, 8},
+        {"r18", 18, 8, 16, 3, 2, 64, 0, 32, 64, 64, 200, 100, 100, 50, 1, 0.25, 0, 0},
+        {"r50", 50, 8, 16, 2, 1, 64, 2, 32, 2048, 512, 200, 100, 100, 50, 0, 0.1, 0, 0},
+        {"mask_r18", 18, 8, 16, 3, 2, 64, 0, 32, 64, 64, 200, 100, 100, 50, 1, 0.25, 8, 0},
+        {"cascade_r18", 18, 8, 16, 3, 2, 64, 0, 32, 64, 64, 200, 100, 100, 50, 1, 0.25, 0, 3},
     };
     for (size_t i = 0; i < sizeof vs / sizeof vs[0]; i++) check_variant(&ctx, &vs[i]);
     check_levels();

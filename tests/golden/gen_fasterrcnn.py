@@ -30,6 +30,11 @@ written; and in eval mode the box head outputs on pinned test proposals
 and torchvision's post-processed detections.  The backbone runs with frozen
 BN, as ps_rcnn_t always does.
 
+The Cascade R-CNN variant (cascade_r18.txt) replaces RoIHeads by
+cascade_ref.CascadeHeads (Detectron2's CascadeROIHeads semantics on
+torchvision's pieces; stage 0 sampled by RoIHeads.select_training_samples
+with the hash sampler) and writes each stage's losses, RoIs and outputs.
+
 The Mask R-CNN variant (maskrcnn_r18.txt) adds maskrcnn_resnet50_fpn's
 mask branch to RoIHeads (MultiScaleRoIAlign 14, MaskRCNNHeads,
 MaskRCNNPredictor) and each ground-truth box's mask (the ellipse inscribed
@@ -46,6 +51,7 @@ import torch
 import torch.nn as nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cascade_ref as C  # noqa: E402
 import gen_resnet as G  # noqa: E402
 import gen_retinanet as R  # noqa: E402
 
@@ -75,7 +81,9 @@ VARIANTS = [
     ("r18", 18, 8, 16, 3, 2, 64, 0, 32, 64, 64, 200, 100, 100, 50, 1, 0.25, 32),
     ("r50", 50, 8, 16, 2, 1, 64, 2, 32, 2048, 512, 200, 100, 100, 50, 0, 0.1, 32),
     ("mask_r18", 18, 8, 16, 3, 2, 64, 0, 32, 64, 64, 200, 100, 100, 50, 1, 0.25, 32),
+    ("cascade_r18", 18, 8, 16, 3, 2, 64, 0, 32, 64, 64, 200, 100, 100, 50, 1, 0.25, 32),
 ]
+CASCADE = {"cascade_r18"}
 # the mask branch's width of the Mask R-CNN variants (MaskRCNNHeads' layers)
 MASK_DIM = {"mask_r18": 8}
 # pixels of each detection's 28 x 28 mask sampled into the golden
@@ -146,6 +154,9 @@ class FasterRCNNParts(nn.Module):
         self.roi_heads = RoIHeads(MultiScaleRoIAlign(["0", "1", "2", "3"], 7, 2),
                                   TwoMLPHead(fpn * 49, rep), FastRCNNPredictor(rep, K + 1),
                                   0.5, 0.5, box_b, 0.25, None, 0.05, 0.5, 100)
+        if v[0] in CASCADE:  # Detectron2's CascadeROIHeads in the place of RoIHeads
+            self.roi_heads = C.CascadeHeads(MultiScaleRoIAlign(["0", "1", "2", "3"], 7, 2), fpn,
+                                            rep, K, self.roi_heads)
         D = MASK_DIM.get(v[0])
         if D:  # maskrcnn_resnet50_fpn's mask branch
             self.roi_heads.mask_roi_pool = MultiScaleRoIAlign(["0", "1", "2", "3"], 14, 2)
@@ -215,9 +226,12 @@ def build(v, dtype):
     torch.manual_seed(0)
     net = FasterRCNNParts(v)
     hash_init(net, SEED, bool(v[15]))
+    if name in CASCADE:
+        C.init(net, SEED, G.hash_fill)
     net.to(dtype)
     net.rpn.fg_bg_sampler = HashSampler(rpn_b, 0.5, SEED, 0)
-    net.roi_heads.fg_bg_sampler = HashSampler(box_b, 0.25, SEED, 1)
+    sampling = net.roi_heads._sampling[0] if name in CASCADE else net.roi_heads
+    sampling.fg_bg_sampler = HashSampler(box_b, 0.25, SEED, 1)
     x = hash_input(v).to(dtype)
     return net, x, ImageList(x, [(H, H)] * n)
 
@@ -258,6 +272,46 @@ def train_run(v, dtype, pinned=None):
                 mask_logits=None if mlog is None else mlog.double(), mask_labels=mlab)
 
 
+def train_run_cascade(v, dtype, pinned=None):
+    K, n, freeze_at = v[4], v[5], v[7]
+    net, x, images = build(v, dtype)
+    net.train()
+    R.freeze(net, freeze_at)
+    targets = make_targets(K, n, dtype)
+    feats = net.backbone(x)
+    obj, dl = concat_box_prediction_layers(*net.rpn.head(list(feats.values())))
+    props, rpn_losses = net.rpn(images, feats, targets)
+    if pinned is None:
+        pinned = [torch.cat([p.detach().float()[:-len(EXTRA)], torch.tensor(EXTRA)]) for p in props]
+    P = [p.to(dtype) for p in pinned]
+    roi_losses, stages = net.roi_heads.forward_train(feats, P, images.image_sizes, targets)
+    losses = {**rpn_losses, **roi_losses}
+    sum(v for k, v in losses.items() if "stage" not in k).backward()
+    grads = {k: (p.grad.flatten().double() if p.grad is not None
+                 else torch.zeros(p.numel(), dtype=torch.float64))
+             for k, p in net.named_parameters()}
+    s0 = stages[0]
+    return dict(losses={k: v.item() for k, v in losses.items()}, obj=obj.detach().double(),
+                props=[p.detach() for p in props], dl=dl.detach().double(), pinned=pinned,
+                rois=s0["rois"], labels=s0["labels"], cls=s0["cls"].detach().double(),
+                reg=s0["reg"].detach().double(), grads=grads, net=net, stages=stages)
+
+
+def eval_run_cascade(net, v):
+    n, H = v[5], v[6]
+    x = hash_input(v).double()
+    images = ImageList(x, [(H, H)] * n)
+    net.eval()
+    with torch.no_grad():
+        feats = net.backbone(x)
+        props, _ = net.rpn(images, feats)
+        pinned = [torch.cat([p.float()[:-len(EXTRA)], torch.tensor(EXTRA)]) for p in props]
+        P = [p.double() for p in pinned]
+        dets, stages = net.roi_heads.forward_eval(feats, P, images.image_sizes)
+    return (pinned, stages[0]["cls"], stages[0]["reg"], [d[0] for d in dets], [d[1] for d in dets],
+            [d[2] for d in dets], props, None, stages)
+
+
 def eval_run(net, v):
     n, H = v[5], v[6]
     x = hash_input(v).double()
@@ -295,9 +349,11 @@ def box_lines(tag, per_image):
 
 def gen(outdir, v):
     name, K, n, nsamp = v[0], v[4], v[5], v[-1]
-    ref = train_run(v, torch.float64)
-    r32 = train_run(v, torch.float32, ref["pinned"])
-    ev = eval_run(ref["net"], v)
+    cascade = name in CASCADE
+    tr, er = (train_run_cascade, eval_run_cascade) if cascade else (train_run, eval_run)
+    ref = tr(v, torch.float64)
+    r32 = tr(v, torch.float32, ref["pinned"])
+    ev = er(ref["net"], v)
     A = ref["obj"].numel() // n
     lines = ["# %s: Faster R-CNN ResNet-%d width %d fpn %d K %d images %d %dx%d freeze_at %d "
              "representation %d rpn_batch %d box_batch %d rpn train %d/%d test %d/%d random %d "
@@ -332,6 +388,16 @@ def gen(outdir, v):
     for i in range(n):
         for b, s, c in zip(ev[3][i].tolist(), ev[4][i].tolist(), ev[5][i].tolist()):
             lines.append("det %d %.9g %d %s" % (i, s, c - 1, " ".join("%.9g" % x for x in b)))
+    if cascade:  # stages 1 and 2: their RoIs (stage k-1's boxes), labels and outputs
+        for k in (1, 2):
+            st = ref["stages"][k]
+            lines += box_lines("s%d_roi" % k, st["rois"])
+            lines.append("s%d_roi_labels %s" % (k, " ".join(str(int(x)) for x in
+                                                           torch.cat(st["labels"]))))
+            lines.append(samples("s%d_class_logits" % k, st["cls"].detach().double(), 64))
+            lines.append(samples("s%d_box_regression" % k, st["reg"].detach().double(), 64))
+            se = ev[8][k]
+            lines.append(samples("s%d_eval_class_logits" % k, se["cls"].double(), 64))
     if name in MASK_DIM:
         lines.append("loss_mask_labels %s" % " ".join(str(int(x)) for x in ref["mask_labels"]))
         lines.append(samples("mask_logits", ref["mask_logits"], 64))
@@ -350,7 +416,8 @@ def gen(outdir, v):
             k, g.numel(), nrm, e32.max().item(), torch.quantile(e32.float(), 0.9).item(),
             abs(r32["grads"][k].norm().item() - nrm) / nrm if nrm > 0 else 0.0,
             " ".join("%d:%.9g" % (i, g[i].item()) for i in idx)))
-    fname = "maskrcnn_%s.txt" % name[5:] if name in MASK_DIM else "fasterrcnn_%s.txt" % name
+    fname = ("maskrcnn_%s.txt" % name[5:] if name in MASK_DIM else
+             "%s.txt" % name if cascade else "fasterrcnn_%s.txt" % name)
     with open(os.path.join(outdir, fname), "w") as f:
         f.write("\n".join(lines) + "\n")
     print("%s: %s; %d RoIs, %d eval detections" % (

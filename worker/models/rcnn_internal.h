@@ -45,6 +45,9 @@ typedef struct rcnn_rpn {
 typedef struct rcnn_stage {
     ps_det_roi_sample_params_t sample;
     ps_det_roi_post_params_t post;
+    int k;                        /* its index in the cascade (0: sampled from the proposals) */
+    int agnostic;                 /* 4 deltas per RoI (Cascade) instead of (K+1)*4 */
+    float beta;                   /* its box loss's smooth-L1 beta */
     rlin_t fc6, fc7, cls, bbox;
     int R;                        /* RoIs of the last forward */
     int Rl[PS_RCNN_ROI_LEVELS];   /* per level, level-major in the arena */
@@ -61,6 +64,7 @@ typedef struct rcnn_stage {
     float *h_rois;                /* (Rmax, 4) torchvision's order */
     int32_t *h_labels;
     int32_t *h_gt;                /* training: the matched ground truth (-1 background) */
+    float *h_next;                /* (Rmax, 4) its refined boxes (a cascade's next proposals) */
 } rcnn_stage_t;
 
 /* Mask R-CNN's mask branch: RoIAlign (mask_roi_size), MaskRCNNHeads (four
@@ -103,7 +107,8 @@ struct ps_rcnn {
 
     rcnn_fpn_t fpn;
     rcnn_rpn_t rpn;
-    rcnn_stage_t box;
+    rcnn_stage_t stage[PS_RCNN_MAX_STAGES]; /* stage[0]: Faster / Mask R-CNN's box head */
+    int nstages;
     rcnn_mask_t mask;
     int Rmask;                    /* mask rows at most (0 without the branch) */
     /* the last inference's detections (host): per image at most max_det */
@@ -138,6 +143,15 @@ void ps_rcnn_box_layout(ps_rcnn_t *m, rcnn_stage_t *s, ps_arena_t *a);
 int ps_rcnn_box_forward(ps_rcnn_t *m, rcnn_stage_t *s, const ps_rcnn_input_t *in,
                         const float *props, const int *counts, int stride, int training,
                         int site, ps_rcnn_losses_t *l);
+/* A cascade's stage on the previous stage's refined boxes (prev->h_next;
+ * training: the non-empty ones, relabelled at the stage's IoU). */
+int ps_rcnn_box_forward_next(ps_rcnn_t *m, rcnn_stage_t *s, const rcnn_stage_t *prev,
+                             const ps_rcnn_input_t *in, int training, ps_rcnn_losses_t *l);
+/* The stage's refined boxes (its deltas decoded on its RoIs with its
+ * weights, clipped to each image) into h_next (host, after a sync). */
+void ps_rcnn_box_refine(ps_rcnn_t *m, rcnn_stage_t *s);
+int ps_rcnn_box_host(ps_rcnn_t *m, rcnn_stage_t *s);
+void ps_rcnn_box_free_host(rcnn_stage_t *s);
 void ps_rcnn_box_backward(ps_rcnn_t *m, rcnn_stage_t *s); /* += into dP[0..3] */
 /* The R host rows (h_rois, img) into the arena level-major (rois (R, 5):
  * batch index + box), pos[j] = row j's arena row, Rl per level. */

@@ -146,7 +146,7 @@ void ps_rcnn_mask_init(ps_rcnn_t *m, uint64_t seed, int random)
 static int mask_rows(ps_rcnn_t *m, const ps_rcnn_input_t *in, int training)
 {
     rcnn_mask_t *k = &m->mask;
-    const rcnn_stage_t *s = &m->box;
+    const rcnn_stage_t *s = &m->stage[0];
     int R = 0;
     if (!training) {
         for (int i = 0; i < in->n; i++)
@@ -180,7 +180,7 @@ static int mask_rows(ps_rcnn_t *m, const ps_rcnn_input_t *in, int training)
 static void mask_targets(ps_rcnn_t *m, const ps_rcnn_input_t *in)
 {
     rcnn_mask_t *k = &m->mask;
-    const rcnn_stage_t *s = &m->box;
+    const rcnn_stage_t *s = &m->stage[0];
     int M = 2 * S_of(m), r = 0;
     size_t plane = (size_t)m->H * m->W;
     for (int j = 0; j < s->R; j++) {
