@@ -5,7 +5,8 @@
 # ap75=; rank 0's export evaluated by psworker --eval gives rank 0's own
 # numbers; one worker through psd equals --standalone (frozen BN and the
 # step's sampling seed a function of (--seed, step, rank): the same
-# arithmetic); bad input is a clear error or a counted skip.
+# arithmetic), Cascade R-CNN too; bad input is a clear error or a counted
+# skip.
 . "$(dirname "$0")/lib/integration_common.sh" || { echo "Bail out! cannot read lib/integration_common.sh"; exit 99; }
 PSDATA=$top_builddir/psdata
 [ -x "$PSDATA" ] || { echo "1..0 # SKIP psdata not built"; exit 77; }
@@ -54,6 +55,28 @@ done
 ok $? "the evaluation saw detections (a non-trivial comparison)"
 
 psd_vs_standalone 3 "Faster R-CNN" "${MODEL[@]}" "${DATA[@]}"
+
+# Cascade R-CNN: the same through psd and standalone, its export's --eval
+# equal to its final line, the cascade's names and class count in the file
+CASCADE=("${MODEL[@]/fasterrcnn-r18/cascade-r18}")
+psd_vs_standalone 3 "Cascade R-CNN" "${CASCADE[@]}" "${DATA[@]}"
+timeout 60 "$PSW" --standalone "${CASCADE[@]}" "${DATA[@]}" --batch 2 --steps 3 --out "$T/crun" \
+    >"$T/crun.out" 2>"$T/crun.err"
+ok $? "cascade-r18 trained 3 steps with validation"
+timeout 50 "$PSW" --eval "${CASCADE[@]}" --weights "$T/crun/model.safetensors" \
+    --val-json "$T/ds/annotations/instances_val.json" --val-root "$T/ds/val" --log-level warn \
+    >"$T/ceval.out" 2>"$T/ceval.err"
+ok $? "psworker --eval on the exported Cascade R-CNN"
+for k in detections map ap50 ap75; do
+    a=$(final_value "$T/crun.out" $k); b=$(final_value "$T/ceval.out" $k)
+    [ -n "$a" ] && [ "$a" = "$b" ]
+    ok $? "cascade --eval $k=$b equals the final $k=$a"
+done
+timeout 20 "$PSW" --eval "${MODEL[@]}" --weights "$T/crun/model.safetensors" \
+    --val-json "$T/ds/annotations/instances_val.json" --val-root "$T/ds/val" >"$T/cx.out" 2>"$T/cx.err"
+rc=$?
+[ $rc -ne 0 ] && grep -q "box_predictor" "$T/cx.err"
+ok $? "a Cascade R-CNN checkpoint as --model fasterrcnn-r18: exit $rc naming the tensors"
 
 # bad input: clear errors, exit 1 or 2, no crash
 timeout 20 "$PSW" --standalone "${MODEL[@]/fasterrcnn-r18/fasterrcnn-r19}" "${DATA[@]}" \

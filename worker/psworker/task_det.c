@@ -1,6 +1,6 @@
 /* The detection task: the detectors of task_det.h's rows -- RetinaNet-FPN
- * (worker/models/ps_retinanet.h), Faster and Mask R-CNN-FPN (worker/models/
- * ps_rcnn.h) -- fed by the detection data pipeline (worker/det/det_data.h),
+ * (worker/models/ps_retinanet.h), Faster, Mask and Cascade R-CNN-FPN
+ * (worker/models/ps_rcnn.h) -- fed by the detection data pipeline (worker/det/det_data.h),
  * trained by the same loops as every other task.  As for the video models (task_video.c)
  * the trainable tensors live in one flat vector in model order (p->w,
  * p->grad), copied into / out of the model's tables around each step.
@@ -39,7 +39,7 @@
 
 /* the rows, in claim order */
 static const det_kind_t *const kinds[] = {&det_kind_retina, &det_kind_rcnn, &det_kind_maskrcnn,
-                                          NULL};
+                                          &det_kind_cascade, NULL};
 
 typedef struct det {
     ps_ctx_t ctx;
@@ -670,7 +670,7 @@ static void det_teardown(ps_worker_t *p)
 
 const ps_task_t ps_task_det = {
     .name = "detection",
-    .models = "retinanet-r18|34|50, fasterrcnn-r18|34|50, maskrcnn-r18|34|50",
+    .models = "retinanet-r18|34|50, fasterrcnn-r18|34|50, maskrcnn-r18|34|50, cascade-r18|34|50",
     .unit = "images",
     .opts_size = sizeof(det_opts_t),
     .claims = det_claims,

@@ -1,5 +1,5 @@
 /* The detectors the detection task (task_det.c) trains, as rows: RetinaNet
- * (task_det_retina.c), Faster and Mask R-CNN (task_det_rcnn.c).  The task's
+ * (task_det_retina.c), Faster, Mask and Cascade R-CNN (task_det_rcnn.c).  The task's
  * set-up, loop entries and evaluation never ask which row runs; a row
  * wraps one model of worker/models/ behind these entries.  Private to
  * psworker. */
@@ -79,6 +79,6 @@ typedef struct det_kind {
 
 #define DET_MAX_DETECTIONS 100
 
-extern const det_kind_t det_kind_retina, det_kind_rcnn, det_kind_maskrcnn;
+extern const det_kind_t det_kind_retina, det_kind_rcnn, det_kind_maskrcnn, det_kind_cascade;
 
 #endif

@@ -1,9 +1,10 @@
-/* The Faster and Mask R-CNN rows of the detection task (task_det.h):
- * ps_rcnn_t behind the rows' entries (Mask R-CNN: its mask branch on,
- * the loader's masks in training, each detection's mask pasted into the
- * original image and RLE-encoded at evaluation, as torchvision's
- * paste_masks_in_image and its COCO evaluation's masks > 0.5).  The loader matches the RPN's anchors at 0.7 / 0.3
- * and carries each image's boxes for the box head's sampling; the image
+/* The Faster, Mask and Cascade R-CNN rows of the detection task
+ * (task_det.h): ps_rcnn_t behind the rows' entries (Cascade: three box
+ * stages; Mask R-CNN: its mask branch on, the loader's masks in training,
+ * each detection's mask pasted into the original image and RLE-encoded at
+ * evaluation, as torchvision's paste_masks_in_image and its COCO
+ * evaluation's masks > 0.5).  The loader matches the RPN's anchors at 0.7
+ * / 0.3 and carries each image's boxes for the box head's sampling; the image
  * sizes (the resized image inside the padding) clip the proposals and the
  * detections, as torchvision's image_sizes do.
  *
@@ -39,12 +40,13 @@ static int scaled(int flag, int tv, int floor_, int size)
 }
 
 static int create(void **out, const det_build_t *b, const ps_backend_t *be, ps_ctx_t *ctx,
-                  int mask)
+                  int mask, int stages)
 {
     const det_opts_t *o = b->o;
     ps_rcnn_config_t c;
     ps_rcnn_config_default(&c);
     c.mask = mask;
+    c.stages = stages;
     c.mask_dim = o->mask_head_dim;
     c.depth = b->depth;
     c.num_classes = b->num_classes;
@@ -72,7 +74,8 @@ static int create(void **out, const det_build_t *b, const ps_backend_t *be, ps_c
         return rc;
     }
     ps_info("%s R-CNN: RPN pre / post NMS %d / %d training, %d / %d test, %d RoIs per "
-            "image, box head %d, at most %d boxes per image%s", mask ? "Mask" : "Faster",
+            "image, box head %d, at most %d boxes per image%s",
+            mask ? "Mask" : stages > 1 ? "Cascade" : "Faster",
             c.rpn_train.pre_nms_top_n, c.rpn_train.post_nms_top_n, c.rpn_test.pre_nms_top_n,
             c.rpn_test.post_nms_top_n, c.roi.batch, c.representation, c.max_gt,
             mask ? ", mask head" : "");
@@ -84,12 +87,17 @@ static int create(void **out, const det_build_t *b, const ps_backend_t *be, ps_c
 
 static int rc_create(void **out, const det_build_t *b, const ps_backend_t *be, ps_ctx_t *ctx)
 {
-    return create(out, b, be, ctx, 0);
+    return create(out, b, be, ctx, 0, 1);
 }
 
 static int mrc_create(void **out, const det_build_t *b, const ps_backend_t *be, ps_ctx_t *ctx)
 {
-    return create(out, b, be, ctx, 1);
+    return create(out, b, be, ctx, 1, 1);
+}
+
+static int crc_create(void **out, const det_build_t *b, const ps_backend_t *be, ps_ctx_t *ctx)
+{
+    return create(out, b, be, ctx, 0, PS_RCNN_MAX_STAGES);
 }
 
 static void rc_destroy(void **m)
@@ -206,8 +214,8 @@ static int mrc_detect_masks(void *m, int i, const ps_det_geom_t *g, int n, const
 
 /* the entries the two rows share (RPN anchors matched at 0.7 / 0.3) */
 #define RCNN_ROW_ENTRIES                                                                     \
-    .fg_iou = 0.7f, .bg_iou = 0.3f, .classes_tensor = "roi_heads.box_predictor.cls_score.bias", \
-    .classes_per = 1, .classes_extra = 1, .max_gt = rc_max_gt, .destroy = rc_destroy,         \
+    .fg_iou = 0.7f, .bg_iou = 0.3f, .classes_per = 1, .classes_extra = 1,                    \
+    .max_gt = rc_max_gt, .destroy = rc_destroy,                                              \
     .init = rc_init, .load = rc_load, .save = rc_save, .params = rc_params,                  \
     .find_param = rc_find, .tensor_specs = rc_specs, .groups = rc_groups,                    \
     .zero_grad = rc_zero_grad, .num_anchors = rc_num_anchors, .anchors = rc_anchors,         \
@@ -216,6 +224,7 @@ static int mrc_detect_masks(void *m, int i, const ps_det_geom_t *g, int n, const
 const det_kind_t det_kind_rcnn = {
     .prefix = "fasterrcnn-r",
     .name = "Faster R-CNN",
+    .classes_tensor = "roi_heads.box_predictor.cls_score.bias",
     .create = rc_create,
     RCNN_ROW_ENTRIES,
 };
@@ -223,8 +232,17 @@ const det_kind_t det_kind_rcnn = {
 const det_kind_t det_kind_maskrcnn = {
     .prefix = "maskrcnn-r",
     .name = "Mask R-CNN",
+    .classes_tensor = "roi_heads.box_predictor.cls_score.bias",
     .create = mrc_create,
     .masks = 1,
     .detect_masks = mrc_detect_masks,
+    RCNN_ROW_ENTRIES,
+};
+
+const det_kind_t det_kind_cascade = {
+    .prefix = "cascade-r",
+    .name = "Cascade R-CNN",
+    .classes_tensor = "roi_heads.box_predictor.0.cls_score.bias",
+    .create = crc_create,
     RCNN_ROW_ENTRIES,
 };
