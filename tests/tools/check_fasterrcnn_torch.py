@@ -23,6 +23,10 @@ class, score within 1e-3, box within 0.05 px).  A Mask R-CNN export goes
 into maskrcnn_resnet50_fpn / MaskRCNN of its shape (MaskRCNNHeads and
 MaskRCNNPredictor of its mask width), and torchvision's mask branch on C's
 detections (maskrcnn_inference) is compared with C's mask probabilities.
+A Cascade R-CNN export goes into FasterRCNN with its RoIHeads replaced by
+tests/golden/cascade_ref.CascadeHeads (Detectron2's semantics; torchvision
+has no Cascade R-CNN): the stage-0 outputs on C's proposals and the
+cascade's detections (three stages, mean scores, last boxes) are compared.
 """
 import os
 import sys
@@ -33,11 +37,18 @@ import torch
 _here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(_here, "..", "golden"))  # the golden generators
 sys.path.insert(0, os.path.join(_here, "..", "lib"))     # taplib
+import cascade_ref as CR  # noqa: E402
 import gen_resnet as G  # noqa: E402
 from taplib import ok, plan, strict_load  # noqa: E402
 
 
-def build(K, depth, width, fpn, rep, mask=0):
+def build(K, depth, width, fpn, rep, mask=0, stages=1):
+    if stages > 1:  # torchvision's FasterRCNN around Detectron2's cascade heads
+        from torchvision.ops import MultiScaleRoIAlign
+        net = build(K, depth, width, fpn, 1024 if rep == 1024 else rep)
+        net.roi_heads = CR.CascadeHeads(MultiScaleRoIAlign(["0", "1", "2", "3"], 7, 2), fpn, rep,
+                                        K, net.roi_heads)
+        return net
     import torchvision
     from torchvision.models.detection import (FasterRCNN, MaskRCNN, fasterrcnn_resnet50_fpn,
                                               maskrcnn_resnet50_fpn)
@@ -93,12 +104,12 @@ def matched(a, b, tol):
 def main():
     d = sys.argv[1]
     torch.set_num_threads(2)
-    K, H, seed, A, P, D, depth, width, fpn, rep, mask = \
+    K, H, seed, A, P, D, depth, width, fpn, rep, mask, stages = \
         [int(v) for v in open(os.path.join(d, "config.txt")).read().split()]
     raw = lambda name, cols: np.fromfile(os.path.join(d, name), dtype=np.float32).reshape(-1, cols)  # noqa: E731
-    net = build(K, depth, width, fpn, rep, mask)
+    net = build(K, depth, width, fpn, rep, mask, stages)
     sd, meta = G.read_safetensors(os.path.join(d, "model.safetensors"))
-    kind = "maskrcnn" if mask else "fasterrcnn"
+    kind = "maskrcnn" if mask else "cascade" if stages > 1 else "fasterrcnn"
     if not strict_load(net, sd, meta, "%s-resnet%d-fpn" % (kind, depth)):
         return plan()
     from torchvision.models.detection.image_list import ImageList
@@ -119,10 +130,17 @@ def main():
            "proposals: %d, torchvision %d, %d of them within 0.05 px" % (len(mine), len(ref), n))
         rh = net.roi_heads
         P_ = [torch.from_numpy(mine)]
-        cls, reg = rh.box_predictor(rh.box_head(rh.box_roi_pool(feats, P_, images.image_sizes)))
+        if stages > 1:
+            dets, st = rh.forward_eval(feats, P_, images.image_sizes)
+            cls, reg = st[0]["cls"], st[0]["reg"]
+            boxes, scores, labels = [dets[0][0]], [dets[0][1]], [dets[0][2]]
+        else:
+            cls, reg = rh.box_predictor(rh.box_head(rh.box_roi_pool(feats, P_, images.image_sizes)))
+        nb = 1 if stages > 1 else K + 1
         close("class logits on C's proposals", raw("class_logits.bin", K + 1), cls.numpy())
-        close("box deltas on C's proposals", raw("box_deltas.bin", 4 * (K + 1)), reg.numpy())
-        boxes, scores, labels = rh.postprocess_detections(cls, reg, P_, images.image_sizes)
+        close("box deltas on C's proposals", raw("box_deltas.bin", 4 * nb), reg.numpy())
+        if stages == 1:
+            boxes, scores, labels = rh.postprocess_detections(cls, reg, P_, images.image_sizes)
     det = raw("detections.bin", 6)
     ref = np.concatenate([boxes[0].numpy(), scores[0].numpy()[:, None],
                           labels[0].numpy()[:, None].astype(np.float32) - 1], axis=1)
