@@ -42,16 +42,23 @@ ok $? "final lines: model=fasterrcnn-r18, 2 workers"
 [ -s "$T/run/model.safetensors" ]
 ok $? "rank 0 wrote model.safetensors"
 
-timeout 50 "$PSW" --eval "${MODEL[@]}" --weights "$T/run/model.safetensors" \
-    --val-json "$T/ds/annotations/instances_val.json" --val-root "$T/ds/val" --log-level warn \
-    >"$T/eval.out" 2>"$T/eval.err"
-ok $? "psworker --eval on the exported detector"
-for k in detections map ap50 ap75; do
-    a=$(final_value "$T/run/w0.out" $k); b=$(final_value "$T/eval.out" $k)
-    [ -n "$a" ] && [ "$a" = "$b" ]
-    ok $? "--eval $k=$b equals rank 0's final $k=$a"
-done
-[ "$(final_value "$T/eval.out" detections)" -gt 0 ]
+# eval_equals OUT_OF_TRAINING LABEL MODEL ARGS...: psworker --eval of
+# that run's export gives its final line's numbers
+eval_equals() {
+    local run=$1 label=$2 k a b
+    shift 2
+    timeout 50 "$PSW" --eval "$@" --weights "$(dirname "$run")/model.safetensors" \
+        --val-json "$T/ds/annotations/instances_val.json" --val-root "$T/ds/val" \
+        --log-level warn >"$run.eval" 2>"$run.eval.err"
+    ok $? "psworker --eval on the exported $label"
+    for k in detections map ap50 ap75; do
+        a=$(final_value "$run" $k); b=$(final_value "$run.eval" $k)
+        [ -n "$a" ] && [ "$a" = "$b" ]
+        ok $? "$label: --eval $k=$b equals the final $k=$a"
+    done
+}
+eval_equals "$T/run/w0.out" "Faster R-CNN (rank 0)" "${MODEL[@]}"
+[ "$(final_value "$T/run/w0.out.eval" detections)" -gt 0 ]
 ok $? "the evaluation saw detections (a non-trivial comparison)"
 
 psd_vs_standalone 3 "Faster R-CNN" "${MODEL[@]}" "${DATA[@]}"
@@ -60,18 +67,11 @@ psd_vs_standalone 3 "Faster R-CNN" "${MODEL[@]}" "${DATA[@]}"
 # equal to its final line, the cascade's names and class count in the file
 CASCADE=("${MODEL[@]/fasterrcnn-r18/cascade-r18}")
 psd_vs_standalone 3 "Cascade R-CNN" "${CASCADE[@]}" "${DATA[@]}"
+mkdir -p "$T/crun"
 timeout 60 "$PSW" --standalone "${CASCADE[@]}" "${DATA[@]}" --batch 2 --steps 3 --out "$T/crun" \
-    >"$T/crun.out" 2>"$T/crun.err"
+    >"$T/crun/train.out" 2>"$T/crun.err"
 ok $? "cascade-r18 trained 3 steps with validation"
-timeout 50 "$PSW" --eval "${CASCADE[@]}" --weights "$T/crun/model.safetensors" \
-    --val-json "$T/ds/annotations/instances_val.json" --val-root "$T/ds/val" --log-level warn \
-    >"$T/ceval.out" 2>"$T/ceval.err"
-ok $? "psworker --eval on the exported Cascade R-CNN"
-for k in detections map ap50 ap75; do
-    a=$(final_value "$T/crun.out" $k); b=$(final_value "$T/ceval.out" $k)
-    [ -n "$a" ] && [ "$a" = "$b" ]
-    ok $? "cascade --eval $k=$b equals the final $k=$a"
-done
+eval_equals "$T/crun/train.out" "Cascade R-CNN" "${CASCADE[@]}"
 timeout 20 "$PSW" --eval "${MODEL[@]}" --weights "$T/crun/model.safetensors" \
     --val-json "$T/ds/annotations/instances_val.json" --val-root "$T/ds/val" >"$T/cx.out" 2>"$T/cx.err"
 rc=$?

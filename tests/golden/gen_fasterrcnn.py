@@ -236,12 +236,20 @@ def build(v, dtype):
     return net, x, ImageList(x, [(H, H)] * n)
 
 
+def grads_of(net):
+    return {k: (p.grad.flatten().double() if p.grad is not None
+                else torch.zeros(p.numel(), dtype=torch.float64))
+            for k, p in net.named_parameters()}
+
+
 def train_run(v, dtype, pinned=None):
+    """training forward and backward on the pinned proposals (the float64
+    RPN's rounded, the last four EXTRA): the losses, outputs, gradients"""
     K, n, freeze_at = v[4], v[5], v[7]
     net, x, images = build(v, dtype)
     net.train()
     R.freeze(net, freeze_at)
-    mask = v[0] in MASK_DIM
+    mask, cascade = v[0] in MASK_DIM, v[0] in CASCADE
     targets = make_targets(K, n, dtype, v[6] if mask else 0)
     feats = net.backbone(x)
     obj, dl = concat_box_prediction_layers(*net.rpn.head(list(feats.values())))
@@ -249,70 +257,41 @@ def train_run(v, dtype, pinned=None):
     if pinned is None:
         pinned = [torch.cat([p.detach().float()[:-len(EXTRA)], torch.tensor(EXTRA)]) for p in props]
     P = [p.to(dtype) for p in pinned]
-    rois, _, labels, _ = net.roi_heads.select_training_samples([p.clone() for p in P], targets)
-    _, roi_losses = net.roi_heads(feats, P, images.image_sizes, targets)
-    losses = {**rpn_losses, **roi_losses}
-    sum(losses.values()).backward()
-    with torch.no_grad():
-        rh = net.roi_heads
-        cls, reg = rh.box_predictor(rh.box_head(rh.box_roi_pool(feats, rois, images.image_sizes)))
-        mlog = mlab = None
-        if mask:  # the positive RoIs' mask logits, as roi_heads' training forward makes them
-            pos = [r[lb > 0] for r, lb in zip(rois, labels)]
-            mlab = torch.cat([lb[lb > 0] for lb in labels])
-            mlog = rh.mask_predictor(rh.mask_head(rh.mask_roi_pool(feats, pos,
-                                                                   images.image_sizes)))
-    grads = {k: (p.grad.flatten().double() if p.grad is not None
-                 else torch.zeros(p.numel(), dtype=torch.float64))
-             for k, p in net.named_parameters()}
-    return dict(losses={k: v.item() for k, v in losses.items()}, obj=obj.detach().double(),
-                props=[p.detach() for p in props],
-                dl=dl.detach().double(), pinned=pinned, rois=rois, labels=labels,
-                cls=cls.double(), reg=reg.double(), grads=grads, net=net, targets=targets,
-                mask_logits=None if mlog is None else mlog.double(), mask_labels=mlab)
-
-
-def train_run_cascade(v, dtype, pinned=None):
-    K, n, freeze_at = v[4], v[5], v[7]
-    net, x, images = build(v, dtype)
-    net.train()
-    R.freeze(net, freeze_at)
-    targets = make_targets(K, n, dtype)
-    feats = net.backbone(x)
-    obj, dl = concat_box_prediction_layers(*net.rpn.head(list(feats.values())))
-    props, rpn_losses = net.rpn(images, feats, targets)
-    if pinned is None:
-        pinned = [torch.cat([p.detach().float()[:-len(EXTRA)], torch.tensor(EXTRA)]) for p in props]
-    P = [p.to(dtype) for p in pinned]
-    roi_losses, stages = net.roi_heads.forward_train(feats, P, images.image_sizes, targets)
-    losses = {**rpn_losses, **roi_losses}
-    sum(v for k, v in losses.items() if "stage" not in k).backward()
-    grads = {k: (p.grad.flatten().double() if p.grad is not None
-                 else torch.zeros(p.numel(), dtype=torch.float64))
-             for k, p in net.named_parameters()}
-    s0 = stages[0]
-    return dict(losses={k: v.item() for k, v in losses.items()}, obj=obj.detach().double(),
-                props=[p.detach() for p in props], dl=dl.detach().double(), pinned=pinned,
-                rois=s0["rois"], labels=s0["labels"], cls=s0["cls"].detach().double(),
-                reg=s0["reg"].detach().double(), grads=grads, net=net, stages=stages)
-
-
-def eval_run_cascade(net, v):
-    n, H = v[5], v[6]
-    x = hash_input(v).double()
-    images = ImageList(x, [(H, H)] * n)
-    net.eval()
-    with torch.no_grad():
-        feats = net.backbone(x)
-        props, _ = net.rpn(images, feats)
-        pinned = [torch.cat([p.float()[:-len(EXTRA)], torch.tensor(EXTRA)]) for p in props]
-        P = [p.double() for p in pinned]
-        dets, stages = net.roi_heads.forward_eval(feats, P, images.image_sizes)
-    return (pinned, stages[0]["cls"], stages[0]["reg"], [d[0] for d in dets], [d[1] for d in dets],
-            [d[2] for d in dets], props, None, stages)
+    out = dict(obj=obj.detach().double(), props=[p.detach() for p in props],
+               dl=dl.detach().double(), pinned=pinned, net=net, targets=targets)
+    if cascade:
+        roi_losses, stages = net.roi_heads.forward_train(feats, P, images.image_sizes, targets)
+        losses = {**rpn_losses, **roi_losses}
+        sum(v for k, v in losses.items() if "stage" not in k).backward()
+        s0 = stages[0]
+        out.update(rois=s0["rois"], labels=s0["labels"], cls=s0["cls"].detach().double(),
+                   reg=s0["reg"].detach().double(), stages=stages)
+    else:
+        rois, _, labels, _ = net.roi_heads.select_training_samples([p.clone() for p in P],
+                                                                   targets)
+        _, roi_losses = net.roi_heads(feats, P, images.image_sizes, targets)
+        losses = {**rpn_losses, **roi_losses}
+        sum(losses.values()).backward()
+        with torch.no_grad():
+            rh = net.roi_heads
+            cls, reg = rh.box_predictor(rh.box_head(rh.box_roi_pool(feats, rois,
+                                                                    images.image_sizes)))
+            mlog = mlab = None
+            if mask:  # the positive RoIs' mask logits, as roi_heads' training forward makes them
+                pos = [r[lb > 0] for r, lb in zip(rois, labels)]
+                mlab = torch.cat([lb[lb > 0] for lb in labels])
+                mlog = rh.mask_predictor(rh.mask_head(rh.mask_roi_pool(feats, pos,
+                                                                       images.image_sizes)))
+        out.update(rois=rois, labels=labels, cls=cls.double(), reg=reg.double(),
+                   mask_logits=None if mlog is None else mlog.double(), mask_labels=mlab)
+    out.update(losses={k: v.item() for k, v in losses.items()}, grads=grads_of(net))
+    return out
 
 
 def eval_run(net, v):
+    """eval mode on the pinned test proposals: (pinned, class logits, box
+    deltas, boxes, scores, labels, the RPN's proposals, mask probabilities,
+    the cascade's stages)"""
     n, H = v[5], v[6]
     x = hash_input(v).double()
     images = ImageList(x, [(H, H)] * n)
@@ -323,6 +302,10 @@ def eval_run(net, v):
         pinned = [torch.cat([p.float()[:-len(EXTRA)], torch.tensor(EXTRA)]) for p in props]
         P = [p.double() for p in pinned]
         rh = net.roi_heads
+        if v[0] in CASCADE:
+            dets, stages = rh.forward_eval(feats, P, images.image_sizes)
+            return (pinned, stages[0]["cls"], stages[0]["reg"], [d[0] for d in dets],
+                    [d[1] for d in dets], [d[2] for d in dets], props, None, stages)
         cls, reg = rh.box_predictor(rh.box_head(rh.box_roi_pool(feats, P, images.image_sizes)))
         boxes, scores, labels = rh.postprocess_detections(cls, reg, P, images.image_sizes)
         probs = None
@@ -330,7 +313,7 @@ def eval_run(net, v):
             x = rh.mask_predictor(rh.mask_head(rh.mask_roi_pool(feats, boxes,
                                                                 images.image_sizes)))
             probs = maskrcnn_inference(x, labels)
-    return pinned, cls, reg, boxes, scores, labels, props, probs
+    return pinned, cls, reg, boxes, scores, labels, props, probs, None
 
 
 def samples(what, t, count):
@@ -350,10 +333,9 @@ def box_lines(tag, per_image):
 def gen(outdir, v):
     name, K, n, nsamp = v[0], v[4], v[5], v[-1]
     cascade = name in CASCADE
-    tr, er = (train_run_cascade, eval_run_cascade) if cascade else (train_run, eval_run)
-    ref = tr(v, torch.float64)
-    r32 = tr(v, torch.float32, ref["pinned"])
-    ev = er(ref["net"], v)
+    ref = train_run(v, torch.float64)
+    r32 = train_run(v, torch.float32, ref["pinned"])
+    ev = eval_run(ref["net"], v)
     A = ref["obj"].numel() // n
     lines = ["# %s: Faster R-CNN ResNet-%d width %d fpn %d K %d images %d %dx%d freeze_at %d "
              "representation %d rpn_batch %d box_batch %d rpn train %d/%d test %d/%d random %d "
