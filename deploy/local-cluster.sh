@@ -5,7 +5,7 @@
 # rank 0's progress and print a summary.  Everything started here is stopped
 # on exit or Ctrl-C.
 #
-# usage: ./deploy/local-cluster.sh [--model tsm-r18|tsn-r18|...|i3d-r50-311|r3d-18|...|retinanet-r18|fasterrcnn-r18|maskrcnn-r18|smoke]
+# usage: ./deploy/local-cluster.sh [--model tsm-r18|tsn-r18|...|i3d-r50-311|r3d-18|...|retinanet-r18|fasterrcnn-r18|maskrcnn-r18|cascade-r18|smoke]
 #            [--data DIR] [--steps N] [--workers N] [--servers N] [--batch N]
 #            [--size S] [--frames T] [--width W] [--dtype fp32|fp16|bf16] [--mode sync|async|ssp]
 #            [--metrics-port P] [--] [extra psworker flags, e.g. --lr 0.1 --codec lz4 --val-every 100]
@@ -57,8 +57,8 @@ DET=0
 case $MODEL in retinanet-*|fasterrcnn-*|maskrcnn-*|cascade-*) DET=1; VIDEO=0 ;; esac
 if [ $DET = 1 ]; then
     # the acceptance configurations (docs/detection.md): RetinaNet-R18-FPN
-    # and Faster R-CNN-R18-FPN at 128x128, width 16, FPN 32, trained from
-    # scratch; 2 workers x batch 8
+    # and Faster / Mask / Cascade R-CNN-R18-FPN at 128x128, width 16, FPN
+    # 32, trained from scratch; 2 workers x batch 8
     # (Faster R-CNN passed AP50 0.99 by 1000 images x 8 epochs: 1500 steps
     # leave a margin)
     case $MODEL in fasterrcnn-*|maskrcnn-*|cascade-*) [ -n "$STEPS" ] || STEPS=1500 ;; esac
@@ -170,7 +170,8 @@ if [ $DET = 1 ]; then
     case $MODEL in
     # Faster R-CNN: a box head of 256 (torchvision 1024) on 128 RoIs per
     # image (512), the RPN's proposal counts scaled to 128 px (320 / 160)
-    fasterrcnn-*) MODEL_ARGS+=(--lr 0.02 --box-head-dim 256 --box-batch 128) ;;
+    # Cascade R-CNN: Faster R-CNN's configuration, three box stages
+    fasterrcnn-*|cascade-*) MODEL_ARGS+=(--lr 0.02 --box-head-dim 256 --box-batch 128) ;;
     # Mask R-CNN: Faster R-CNN's and a mask head of 16 channels (256)
     maskrcnn-*) MODEL_ARGS+=(--lr 0.02 --box-head-dim 256 --box-batch 128 --mask-head-dim 16) ;;
     *) MODEL_ARGS+=(--lr 0.04) ;;
