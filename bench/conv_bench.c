@@ -6,7 +6,11 @@
  *   conv_bench [-t threads] [-r reps] [-n images]
  *
  * Times are the best of reps.  They mean something only on an otherwise
- * idle machine; bench/conv_bench_torch.py times PyTorch on the same shapes. */
+ * idle machine; bench/conv_bench_torch.py times PyTorch on the same shapes.
+ * The convolutions go through the CPU backend's slots, so the selection
+ * (conv_provider.h) picks a row per shape at the first call; the rows that
+ * ran are listed at the end (PS_CONV_KERNELS=gemm|onednn pins one). */
+#include "bench/bench_kernels.h"
 #include "worker/engine/layers/cpu_layers.h"
 #include "worker/engine/ps_blas.h"
 #include "worker/engine/ps_engine.h"
@@ -73,6 +77,7 @@ int main(int argc, char **argv)
     if (reps < 1 || N < 1) return 2;
     ps_ctx_t ctx;
     ps_engine_init(&ctx, threads);
+    bench_print_cpu(stdout);
     printf("OpenBLAS core %s, %d threads, %d images, %d reps\n", ps_blas_corename(),
            ctx.nthreads, N, reps);
 
@@ -130,6 +135,7 @@ int main(int argc, char **argv)
     printf("\nall shapes once: fwd %.1f ms, bwd %.1f ms, %.1f GFLOP/s = %.0f%% of sgemm peak\n",
            tf_all * 1e3, tb_all * 1e3, fl_all / (tf_all + tb_all) * 1e-9,
            fl_all / (tf_all + tb_all) * 1e-9 / peak * 100);
+    bench_print_conv_kernels(stdout, 1);
     ps_ctx_free(&ctx);
     return 0;
 }

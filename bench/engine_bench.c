@@ -6,8 +6,20 @@
  * run.  bench/engine_bench_torch.py does the same in PyTorch and
  * bench/engine_bench.sh runs both and prints the ratio.
  *
- *   engine_bench [-t threads] [-s steps] [-w warmup] [-n clips] [-H size] [-d depth] [-p]
+ *   engine_bench [-t threads] [-s steps] [-w warmup] [-n clips] [-H size] [-T frames]
+ *                [-d depth | -m model,...] [-p] [-k] [-P fp32|bf16]
  *
+ * -m: tsm-r18|34|50 (default tsm-r18,tsm-r50) or the 3-D models (r3d-18,
+ * mc3-18, r2plus1d-18, i3d-r50-333, i3d-r50-311), clips of T frames
+ * (default 8; the 3-D models take the clip as one NCDHW volume).
+ *
+ * -P bf16: the CPU backend's bf16 precision (oneDNN bf16 convolutions,
+ * fp32 accumulation, BN and weights) where the CPU has native bf16; else
+ * one "RESULT ... refused=1" line saying why, and exit 0.
+ * Prints the CPU, OpenBLAS's core, oneDNN's instruction set and, after
+ * each model, the convolution kernels that ran (-k: per layer shape, with
+ * every candidate's time from the selection).  The selection runs in the
+ * warm-up steps (each model starts with a fresh one).
  * -p: run through a backend table that times every layer call and print
  * the share of each layer kind (conv fwd/bwd, BN, ReLU, ...) - the profile
  * behind any optimisation.
@@ -16,6 +28,7 @@
 #include "worker/engine/ps_blas.h"
 #include "worker/models/ps_model.h"
 
+#include "bench/bench_kernels.h"
 #include "bench/bench_util.h"
 #include "ps_log.h"
 
@@ -122,33 +135,65 @@ static void w_add(ps_ctx_t *c, float *o, const float *a, const float *b, size_t 
 static void w_acc(ps_ctx_t *c, float *a, const float *x, size_t n)
 { T0; real->accumulate(c, a, x, n); T1(P_ADD); }
 
-static const ps_backend_t profiled = {
-    .name = "cpu+profile",
-    .conv2d_forward = w_conv_f, .conv2d_backward = w_conv_b,
-    .bn_forward_train = w_bn_ft, .bn_backward_train = w_bn_bt,
-    .bn_forward_eval = w_bn_fe, .bn_backward_eval = w_bn_be,
-    .relu_forward = w_relu_f, .relu_backward = w_relu_b,
-    .maxpool_forward = w_mp_f, .maxpool_backward = w_mp_b,
-    .avgpool_forward = w_ap_f, .avgpool_backward = w_ap_b,
-    .linear_forward = w_lin_f, .linear_backward = w_lin_b,
-    .dropout_forward = w_do_f, .dropout_backward = w_do_b,
-    .xent_forward = w_xe_f, .xent_backward = w_xe_b,
-    .tshift_forward = w_ts_f, .tshift_backward = w_ts_b,
-    .consensus_forward = w_cs_f, .consensus_backward = w_cs_b,
-    .add = w_add, .accumulate = w_acc,
-};
+static void w_conv3_f(ps_ctx_t *c, float *o, const float *i, const float *w, const float *b,
+                      const ps_conv3d_desc_t *d, int N, int D, int H, int W)
+{ T0; real->conv3d_forward(c, o, i, w, b, d, N, D, H, W); T1(P_CONV_F); }
+static void w_conv3_b(ps_ctx_t *c, float *di, float *dw, float *db, const float *dout,
+                      const float *i, const float *w, const ps_conv3d_desc_t *d, int N, int D,
+                      int H, int W)
+{ T0; real->conv3d_backward(c, di, dw, db, dout, i, w, d, N, D, H, W); T1(P_CONV_B); }
 
-static int profile;
+/* the CPU table with the timing wrappers over the slots above (the rest,
+ * 3-D pools included, untimed: they count as time outside the kinds) */
+static ps_backend_t profiled;
+static void profiled_init(void)
+{
+    profiled = ps_backend_cpu;
+    profiled.name = "cpu+profile";
+    profiled.conv2d_forward = w_conv_f, profiled.conv2d_backward = w_conv_b;
+    profiled.conv3d_forward = w_conv3_f, profiled.conv3d_backward = w_conv3_b;
+    profiled.bn_forward_train = w_bn_ft, profiled.bn_backward_train = w_bn_bt;
+    profiled.bn_forward_eval = w_bn_fe, profiled.bn_backward_eval = w_bn_be;
+    /* the fused BN + ReLU off, so the two kinds are timed apart */
+    profiled.bn_relu_forward_eval = NULL, profiled.bn_relu_backward_eval = NULL;
+    profiled.relu_forward = w_relu_f, profiled.relu_backward = w_relu_b;
+    profiled.maxpool_forward = w_mp_f, profiled.maxpool_backward = w_mp_b;
+    profiled.avgpool_forward = w_ap_f, profiled.avgpool_backward = w_ap_b;
+    profiled.linear_forward = w_lin_f, profiled.linear_backward = w_lin_b;
+    profiled.dropout_forward = w_do_f, profiled.dropout_backward = w_do_b;
+    profiled.xent_forward = w_xe_f, profiled.xent_backward = w_xe_b;
+    profiled.tshift_forward = w_ts_f, profiled.tshift_backward = w_ts_b;
+    profiled.consensus_forward = w_cs_f, profiled.consensus_backward = w_cs_b;
+    profiled.add = w_add, profiled.accumulate = w_acc;
+}
 
-static int bench(ps_ctx_t *ctx, int depth, int clips, int H, int steps, int warmup,
-                 double peak)
+static int profile, per_shape;
+static ps_precision_t precision = PS_PRECISION_FP32;
+
+/* One model by name: "tsm-r18|34|50" (TSM's training set-up: residual
+ * shift, partial BN, dropout 0.5) or a 3-D architecture ("r3d-18",
+ * "i3d-r50-311", ...: BN in training mode; dropout 0.5 for I3D as in
+ * Non-local's, none for torchvision's video ResNets), T frames a clip,
+ * 400 classes. */
+static int bench(ps_ctx_t *ctx, const char *name, int clips, int T, int H, int steps,
+                 int warmup, double peak)
 {
     ps_model_config_t cfg;
     ps_model_config_default(&cfg); /* TSM: shift, partial BN, dropout 0.5, 400 classes */
-    cfg.depth = depth;
+    int depth = 0, shift = 0;
+    if (ps_model_parse_name(name, &depth, &shift) == 0) {
+        cfg.depth = depth;
+        cfg.shift = shift;
+    } else {
+        snprintf(cfg.arch, sizeof cfg.arch, "%s", name);
+        cfg.partial_bn = 0;
+        cfg.dropout = strncmp(name, "i3d", 3) ? 0.0f : 0.5f;
+    }
+    cfg.n_segment = T;
     ps_model_t *m = NULL;
     if (ps_model_create(&m, &cfg, profile ? &profiled : &ps_backend_cpu, ctx, clips, H, H))
         return 1;
+    ps_conv_set_kernels(ps_conv_get_kernels()); /* this model's own choices */
     memset(ptime, 0, sizeof ptime);
     ps_model_init(m, 1, 0);
     ps_model_set_seed(m, 1);
@@ -179,13 +224,13 @@ static int bench(ps_ctx_t *ctx, int depth, int clips, int H, int steps, int warm
     double mf = bench_median(tf, steps), mb = bench_median(tb, steps);
     double ms = bench_median(ts, steps);
     double gf = (fl_f + fl_b) / ms * 1e-9;
-    printf("TSM-ResNet-%d %dx%dx3x%dx%d: fwd %.1f ms, bwd %.1f ms, step %.1f ms, %.2f clips/s, "
-           "%.1f GFLOP/step, %.1f GFLOP/s (%.0f%% of sgemm peak), loss %.3f\n",
-           depth, clips, cfg.n_segment, H, H, mf * 1e3, mb * 1e3, ms * 1e3, clips / ms,
-           (fl_f + fl_b) * 1e-9, gf, peak > 0 ? 100 * gf / peak : 0, loss);
-    printf("RESULT impl=c depth=%d fwd_ms=%.2f bwd_ms=%.2f step_ms=%.2f clips_per_s=%.3f "
-           "gflop_step=%.3f gflops=%.2f\n", depth, mf * 1e3, mb * 1e3, ms * 1e3, clips / ms,
-           (fl_f + fl_b) * 1e-9, gf);
+    printf("%s %s %dx%dx3x%dx%d: fwd %.1f ms, bwd %.1f ms, step %.1f ms, %.2f clips/s, "
+           "%.1f GFLOP/step, %.1f GFLOP/s (%.0f%% of sgemm peak), loss %.3f\n", name,
+           ps_precision_name(precision), clips, cfg.n_segment, H, H, mf * 1e3, mb * 1e3,
+           ms * 1e3, clips / ms, (fl_f + fl_b) * 1e-9, gf, peak > 0 ? 100 * gf / peak : 0, loss);
+    printf("RESULT impl=c prec=%s model=%s fwd_ms=%.2f bwd_ms=%.2f step_ms=%.2f "
+           "clips_per_s=%.3f gflop_step=%.3f gflops=%.2f\n", ps_precision_name(precision), name,
+           mf * 1e3, mb * 1e3, ms * 1e3, clips / ms, (fl_f + fl_b) * 1e-9, gf);
     if (profile) {
         double all = 0;
         for (int k = 0; k < P_N; k++) all += ptime[k];
@@ -194,6 +239,7 @@ static int bench(ps_ctx_t *ctx, int depth, int clips, int H, int steps, int warm
             printf("%s %s %.1f%%", k ? "," : "", pname[k], 100 * ptime[k] / (all > 0 ? all : 1));
         printf("\n");
     }
+    bench_print_conv_kernels(stdout, per_shape);
     fflush(stdout);
     free(x), free(labels), free(tf), free(tb), free(ts);
     ps_model_destroy(&m);
@@ -203,8 +249,9 @@ static int bench(ps_ctx_t *ctx, int depth, int clips, int H, int steps, int warm
 int main(int argc, char **argv)
 {
     ps_blas_autoselect(argc, argv); /* may re-exec with a better OpenBLAS core */
-    int threads = 2, steps = 10, warmup = 2, clips = 2, H = 112, depth = 0, opt;
-    while ((opt = getopt(argc, argv, "t:s:w:n:H:d:p")) != -1) {
+    int threads = 2, steps = 10, warmup = 2, clips = 2, H = 112, T = 8, depth = 0, opt;
+    const char *models = NULL;
+    while ((opt = getopt(argc, argv, "t:s:w:n:H:d:m:T:pkP:")) != -1) {
         switch (opt) {
         case 't': threads = atoi(optarg); break;
         case 's': steps = atoi(optarg); break;
@@ -212,26 +259,52 @@ int main(int argc, char **argv)
         case 'n': clips = atoi(optarg); break;
         case 'H': H = atoi(optarg); break;
         case 'd': depth = atoi(optarg); break;
+        case 'm': models = optarg; break;
+        case 'T': T = atoi(optarg); break;
         case 'p': profile = 1; break;
+        case 'k': per_shape = 1; break;
+        case 'P':
+            if (!strcmp(optarg, "bf16")) precision = PS_PRECISION_BF16;
+            else if (strcmp(optarg, "fp32")) return 2;
+            break;
         default:
             fprintf(stderr, "usage: engine_bench [-t threads] [-s steps] [-w warmup] "
-                            "[-n clips] [-H size] [-d depth (0 = 18 and 50)] [-p]\n");
+                            "[-n clips] [-H size] [-T frames] [-d depth (0 = 18 and 50)] [-m model,...] [-p] [-k] "
+                            "[-P fp32|bf16]\n");
             return 2;
         }
     }
-    if (steps < 1 || warmup < 0 || clips < 1 || H < 32) return 2;
+    if (steps < 1 || warmup < 0 || clips < 1 || H < 32 || T < 1) return 2;
     ps_log_level = PS_LOG_WARN;
     ps_ctx_t ctx;
     ps_engine_init(&ctx, threads);
     double peak = sgemm_peak(2048, 3);
+    bench_print_cpu(stdout);
     printf("OpenBLAS core %s, %d threads; sgemm 2048^3 peak %.1f GFLOP/s\n", ps_blas_corename(),
            ctx.nthreads, peak);
     printf("RESULT impl=c sgemm_gflops=%.2f core=%s threads=%d\n", peak, ps_blas_corename(),
            ctx.nthreads);
+    char why[192];
+    if (precision != PS_PRECISION_FP32 &&
+        !ps_engine_cpu_precision_ok(precision, why, sizeof why)) {
+        printf("%s: not measured: %s\nRESULT impl=c prec=%s refused=1\n",
+               ps_precision_name(precision), why, ps_precision_name(precision));
+        ps_ctx_free(&ctx);
+        return 0;
+    }
+    if (ps_backend_cpu.set_precision(&ctx, precision)) return 1;
+    char list[256];
+    if (models)
+        snprintf(list, sizeof list, "%s", models);
+    else if (depth)
+        snprintf(list, sizeof list, "tsm-r%d", depth);
+    else
+        snprintf(list, sizeof list, "tsm-r18,tsm-r50");
+    profiled_init();
     int rc = 0;
-    if (depth == 0 || depth == 18) rc |= bench(&ctx, 18, clips, H, steps, warmup, peak);
-    if (depth == 0 || depth == 50) rc |= bench(&ctx, 50, clips, H, steps, warmup, peak);
-    if (depth == 34) rc |= bench(&ctx, 34, clips, H, steps, warmup, peak);
+    for (char *save = NULL, *name = strtok_r(list, ",", &save); name;
+         name = strtok_r(NULL, ",", &save))
+        rc |= bench(&ctx, name, clips, T, H, steps, warmup, peak);
     ps_ctx_free(&ctx);
     return rc;
 }

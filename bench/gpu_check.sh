@@ -7,10 +7,11 @@
 #   2. parity: tests/test_cuda_cast, tests/test_cuda_layers (every layer vs
 #      the CPU reference in fp32, then conv / linear with fp16 and bf16
 #      operands, and the loss scale in xent's backward), tests/test_cuda_det
-#      (the detection layers of det_layers.cu), tests/test_cuda_rcnn (the
+#      (the detection layers of det_layers.cu), tests/test_cuda_layers3d
+#      (conv3d through cuDNN's graph API, 3-D pools), tests/test_cuda_rcnn (the
 #      two-stage detectors' RoIAlign, roi_align.cu, Mask R-CNN's deconv and
-#      mask loss, the scale, and a whole Faster R-CNN step vs the CPU), tests/test_cuda_layers3d (conv3d through cuDNN's
-#      graph API, 3-D pools), tests/test_cuda_half (every
+#      mask loss, the scale, and a whole Faster R-CNN step vs the CPU),
+#      tests/test_cuda_half (every
 #      layer with half storage of the activations, fp16 and bf16, vs the CPU
 #      fp32 layers), tests/test_cuda_half_model (a small TSM-ResNet-18 step
 #      with half storage vs the CPU fp32 and the CPU rounding model,

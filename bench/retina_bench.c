@@ -17,6 +17,7 @@
 #include "worker/engine/ps_blas.h"
 #include "worker/models/ps_retinanet.h"
 
+#include "bench/bench_kernels.h"
 #include "bench/bench_util.h"
 #include "ps_log.h"
 
@@ -114,11 +115,13 @@ int main(int argc, char **argv)
     ps_log_level = PS_LOG_WARN;
     ps_ctx_t ctx;
     ps_engine_init(&ctx, threads);
+    bench_print_cpu(stdout);
     printf("OpenBLAS core %s, %d threads\n", ps_blas_corename(), ctx.nthreads);
     int rc = 0;
     if (depth == 0 || depth == 18) rc |= bench(&ctx, 18, n, H, K, steps, warmup);
     if (depth == 0 || depth == 50) rc |= bench(&ctx, 50, n, H, K, steps, warmup);
     if (depth == 34) rc |= bench(&ctx, 34, n, H, K, steps, warmup);
+    bench_print_conv_kernels(stdout, 0);
     ps_ctx_free(&ctx);
     return rc;
 }

@@ -4,7 +4,7 @@
 PS_DEBIAN_PACKAGES="build-essential autoconf automake libtool pkg-config \
 libzmq3-dev libprotobuf-c-dev protobuf-c-compiler liblz4-dev libuv1-dev \
 libopenblas-dev libcjson-dev libjpeg62-turbo-dev libavformat-dev libavcodec-dev \
-libswscale-dev libavutil-dev procps"
+libswscale-dev libavutil-dev libdnnl-dev procps"
 
 # The packages among "$@" that are not installed, on one line.
 ps_missing_packages() {

@@ -105,20 +105,8 @@ compare "$T/run/export.safetensors" "$T/ref/export.safetensors" 0 "" --bytes
 ok $? "psctl export == the fault-free run's, byte for byte"
 compare "$T/run/export.safetensors" "$T/run/model.safetensors" 0 "" --bytes
 ok $? "psctl export == rank 0's model file (every tensor, num_batches_tracked included)"
-# num_batches_tracked read straight from the file's bytes (independent of psworker)
-nbt=$(/usr/bin/python3 - "$T/run/model.safetensors" <<'PY' 2>&1
-import json, struct, sys
-b = open(sys.argv[1], "rb").read()
-n = struct.unpack("<Q", b[:8])[0]
-h = json.loads(b[8:8 + n])
-vals = set()
-for k, v in h.items():
-    if k.endswith("num_batches_tracked"):
-        s, e = v["data_offsets"]
-        vals.add(struct.unpack("<q", b[8 + n + s:8 + n + e])[0])
-print(" ".join(str(x) for x in sorted(vals)) or "none")
-PY
-)
+# num_batches_tracked read straight from the file (tests/tools/st_i64, not psworker)
+nbt=$("$top_builddir/tests/tools/st_i64" "$T/run/model.safetensors" num_batches_tracked 2>&1)
 [ "$nbt" = "$STEPS" ]
 ok $? "every num_batches_tracked = $STEPS (found: $nbt)"
 lsr=$(grep -h 'loss scale: final' "$T/ref/w0.err" | sed 's/.*loss scale: //')

@@ -18,6 +18,7 @@
  * input gradients are OVERWRITTEN (backward twice -> same). */
 #include "tests/lib/gradcheck.h"
 #include "tests/lib/tap.h"
+#include "worker/engine/layers/conv_provider.h"
 #include "worker/engine/layers/cpu_layers.h"
 #include "worker/engine/ps_blas.h"
 #include "worker/engine/ps_engine.h"
@@ -44,6 +45,8 @@ static double conv_loss(void *a)
     return dot(c->y, c->r, c->ny);
 }
 
+static const char *conv_row = "?"; /* the row under test, for the messages */
+
 static void test_conv(const char *name, ps_conv2d_desc_t d, int N, int H, int W, int bias,
                       size_t gemm_cols)
 {
@@ -60,23 +63,23 @@ static void test_conv(const char *name, ps_conv2d_desc_t d, int N, int H, int W,
     float *dx2 = zbuf(nx), *dw2 = zbuf(nw), *db2 = zbuf(d.K);
     be->conv2d_backward(&ctx, dx, dw, bias ? db : NULL, c.r, c.x, c.w, &d, N, H, W);
     char m[128];
-    snprintf(m, sizeof m, "conv %s dinp", name);
+    snprintf(m, sizeof m, "conv[%s] %s dinp", conv_row, name);
     gradcheck(m, c.x, dx, nx, conv_loss, &c, 1e-2f);
-    snprintf(m, sizeof m, "conv %s dw", name);
+    snprintf(m, sizeof m, "conv[%s] %s dw", conv_row, name);
     gradcheck(m, c.w, dw, nw, conv_loss, &c, 1e-2f);
     if (bias) {
-        snprintf(m, sizeof m, "conv %s db", name);
+        snprintf(m, sizeof m, "conv[%s] %s db", conv_row, name);
         gradcheck(m, c.b, db, d.K, conv_loss, &c, 1e-2f);
     }
     be->conv2d_backward(&ctx, dx2, dw2, bias ? db2 : NULL, c.r, c.x, c.w, &d, N, H, W);
     be->conv2d_backward(&ctx, dx2, dw2, bias ? db2 : NULL, c.r, c.x, c.w, &d, N, H, W);
-    snprintf(m, sizeof m, "conv %s dw", name);
+    snprintf(m, sizeof m, "conv[%s] %s dw", conv_row, name);
     check_accumulates(m, dw, dw2, nw);
     if (bias) {
-        snprintf(m, sizeof m, "conv %s db", name);
+        snprintf(m, sizeof m, "conv[%s] %s db", conv_row, name);
         check_accumulates(m, db, db2, d.K);
     }
-    snprintf(m, sizeof m, "conv %s dinp", name);
+    snprintf(m, sizeof m, "conv[%s] %s dinp", conv_row, name);
     check_overwrites(m, dx, dx2, nx);
     free(c.x), free(c.w), free(c.b), free(c.y), free(c.r);
     free(dx), free(dw), free(db), free(dx2), free(dw2), free(db2);
@@ -309,6 +312,12 @@ int main(int argc, char **argv)
 {
     ps_blas_autoselect(argc, argv);
     ps_engine_init(&ctx, 0);
+    /* every convolution row of the CPU backend (conv_provider.h): the
+     * oneDNN one falls back to im2col + GEMM in a build without it */
+    static const char *const rows[] = {"gemm", "onednn"};
+    for (int r = 0; r < 2; r++) {
+    ps_conv_set_kernels(rows[r]);
+    conv_row = rows[r];
     /* name, desc {C,K,R,S,sh,sw,ph,pw,dh,dw,groups}, N, H, W, bias, gemm cols */
     test_conv("3x3 s1 p1 bias", (ps_conv2d_desc_t){3, 4, 3, 3, 1, 1, 1, 1, 1, 1, 1}, 2, 6, 5,
               1, 0);
@@ -323,6 +332,8 @@ int main(int argc, char **argv)
     test_conv("depthwise 3x3 s2", (ps_conv2d_desc_t){4, 4, 3, 3, 2, 2, 1, 1, 1, 1, 4}, 2, 6, 6,
               1, 0);
     test_conv("7x7 s2 p3", (ps_conv2d_desc_t){2, 3, 7, 7, 2, 2, 3, 3, 1, 1, 1}, 1, 9, 8, 0, 0);
+    }
+    ps_conv_set_kernels(NULL);
     test_bn(1);
     test_bn(0);
     test_one("relu dinp", K_RELU);

@@ -6,6 +6,7 @@
 #include "tests/lib/golden_io.h"
 #include "tests/lib/layer_check.h"
 #include "tests/lib/tap.h"
+#include "worker/engine/layers/conv_provider.h"
 #include "worker/engine/layers/cpu_layers.h"
 #include "worker/engine/ps_blas.h"
 #include "worker/engine/ps_engine.h"
@@ -35,9 +36,9 @@ static const ps_backend_t *be = &ps_backend_cpu;
 
 /* mode 0: one image per GEMM; 1: two images per GEMM (last chunk may be
  * partial); 2: the default batching */
-static void test_conv(int ci, int mode)
+static void test_conv(int ci, int mode, const char *rows)
 {
-    char p[32], what[128];
+    char p[32], what[160];
     snprintf(p, sizeof p, "conv.%d.", ci);
     const int32_t *c = I_(p, "cfg");
     const int N = c[0], H = c[2], W = c[3];
@@ -52,9 +53,10 @@ static void test_conv(int ci, int mode)
     const size_t nw = (size_t)d.K * (d.C / d.groups) * d.R * d.S;
     const float *x = F_(p, "x", nx), *w = F_(p, "w", nw), *b = bias ? F_(p, "b", d.K) : NULL;
     const float *dy = F_(p, "dout", ny);
-    snprintf(what, sizeof what, "conv %d (C%d K%d %dx%d s%d,%d p%d,%d d%d,%d g%d%s, %d img/GEMM)",
+    snprintf(what, sizeof what, "conv %d (C%d K%d %dx%d s%d,%d p%d,%d d%d,%d g%d%s, %s, %d img/GEMM)",
              ci, d.C, d.K, d.R, d.S, d.stride_h, d.stride_w, d.pad_h, d.pad_w, d.dil_h,
-             d.dil_w, d.groups, bias ? " bias" : "", ps_conv2d_images_per_gemm(&d, N, H, W));
+             d.dil_w, d.groups, bias ? " bias" : "", rows,
+             ps_conv2d_images_per_gemm(&d, N, H, W));
 
     /* workspace sized exactly, with a guard band that must survive */
     size_t ws = ps_conv2d_workspace(&d, N, H, W);
@@ -64,7 +66,7 @@ static void test_conv(int ci, int mode)
 
     float *y = nanbuf(ny);
     be->conv2d_forward(&ctx, y, x, w, b, &d, N, H, W);
-    char m[160];
+    char m[200];
     snprintf(m, sizeof m, "%s forward", what);
     allclose(y, F_(p, "out", ny), (long)ny, ATOL, RTOL, m);
 
@@ -348,8 +350,18 @@ int main(int argc, char **argv)
         omp_set_num_threads(teams[tm]);
 #endif
         diag("conv2d with %d thread(s)", teams[tm]);
+        /* im2col + GEMM in its three batchings with the default sgemm
+         * library, with OpenBLAS's, and the oneDNN row (where this build
+         * has it; else it falls back to the GEMM row) */
+        ps_conv_set_kernels("gemm");
         for (int i = 0; i < nconv; i++)
-            for (int mode = 0; mode < 3; mode++) test_conv(i, mode);
+            for (int mode = 0; mode < 3; mode++) test_conv(i, mode, ps_blas_library());
+        ps_blas_set_library("openblas");
+        for (int i = 0; i < nconv; i++) test_conv(i, 2, "OpenBLAS");
+        ps_blas_set_library(NULL);
+        ps_conv_set_kernels("onednn");
+        for (int i = 0; i < nconv; i++) test_conv(i, 2, "oneDNN row");
+        ps_conv_set_kernels(NULL);
     }
 #ifdef _OPENMP
     omp_set_num_threads(ctx.nthreads);

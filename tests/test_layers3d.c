@@ -16,6 +16,7 @@
 #include "tests/lib/layer_check.h"
 #include "tests/lib/gradcheck.h"
 #include "tests/lib/tap.h"
+#include "worker/engine/layers/conv_provider.h"
 #include "worker/engine/layers/cpu_layers.h"
 #include "worker/engine/ps_blas.h"
 #include "worker/engine/ps_engine.h"
@@ -63,9 +64,9 @@ static size_t out_numel(const ps_conv3d_desc_t *d, int N, int D, int H, int W)
 
 /* mode 0: one thread; 1: the default team (two threads); 2: two threads
  * and a column buffer of one output frame's worth */
-static void test_conv(int ci, int mode)
+static void test_conv(int ci, int mode, const char *row)
 {
-    char p[32], what[160], m[224];
+    char p[32], what[192], m[256];
     snprintf(p, sizeof p, "conv3d.%d.", ci);
     const int32_t *c = I_(p, "cfg");
     const int N = c[0], D = c[2], H = c[3], W = c[4], bias = c[19];
@@ -76,9 +77,9 @@ static void test_conv(int ci, int mode)
     const size_t nw = (size_t)d.K * (d.C / d.groups) * d.KT * d.R * d.S;
     const float *x = F_(p, "x", nx), *w = F_(p, "w", nw), *b = bias ? F_(p, "b", d.K) : NULL;
     const float *dy = F_(p, "dout", ny);
-    snprintf(what, sizeof what, "conv3d %d (C%d K%d %dx%dx%d s%d,%d,%d p%d,%d,%d d%d,%d,%d g%d%s, %s)",
+    snprintf(what, sizeof what, "conv3d %d (C%d K%d %dx%dx%d s%d,%d,%d p%d,%d,%d d%d,%d,%d g%d%s, %s, %s)",
              ci, d.C, d.K, d.KT, d.R, d.S, d.stride_t, d.stride_h, d.stride_w, d.pad_t, d.pad_h,
-             d.pad_w, d.dil_t, d.dil_h, d.dil_w, d.groups, bias ? " bias" : "",
+             d.pad_w, d.dil_t, d.dil_h, d.dil_w, d.groups, bias ? " bias" : "", row,
              mode == 0 ? "1 thread" : mode == 1 ? "2 threads" : "2 threads, frame chunks");
 
     size_t ws = ps_conv3d_workspace(&d, N, D, H, W);
@@ -209,6 +210,8 @@ static double conv_loss(void *a)
     return dot(c->y, c->r, c->ny);
 }
 
+static const char *conv_row = "?"; /* the row under test, for messages */
+
 static void fd_conv(const char *name, ps_conv3d_desc_t d, int N, int D, int H, int W, int bias)
 {
     fconv_t c = {.d = d, .N = N, .D = D, .H = H, .W = W};
@@ -222,23 +225,23 @@ static void fd_conv(const char *name, ps_conv3d_desc_t d, int N, int D, int H, i
     float *dx2 = zbuf(nx), *dw2 = zbuf(nw), *db2 = zbuf(d.K);
     be->conv3d_backward(&ctx, dx, dw, bias ? db : NULL, c.r, c.x, c.w, &d, N, D, H, W);
     char m[128];
-    snprintf(m, sizeof m, "conv3d %s dinp", name);
+    snprintf(m, sizeof m, "conv3d[%s] %s dinp", conv_row, name);
     gradcheck(m, c.x, dx, nx, conv_loss, &c, 1e-2f);
-    snprintf(m, sizeof m, "conv3d %s dw", name);
+    snprintf(m, sizeof m, "conv3d[%s] %s dw", conv_row, name);
     gradcheck(m, c.w, dw, nw, conv_loss, &c, 1e-2f);
     if (bias) {
-        snprintf(m, sizeof m, "conv3d %s db", name);
+        snprintf(m, sizeof m, "conv3d[%s] %s db", conv_row, name);
         gradcheck(m, c.b, db, d.K, conv_loss, &c, 1e-2f);
     }
     for (int rep = 0; rep < 2; rep++)
         be->conv3d_backward(&ctx, dx2, dw2, bias ? db2 : NULL, c.r, c.x, c.w, &d, N, D, H, W);
-    snprintf(m, sizeof m, "conv3d %s dw", name);
+    snprintf(m, sizeof m, "conv3d[%s] %s dw", conv_row, name);
     check_accumulates(m, dw, dw2, nw);
     if (bias) {
-        snprintf(m, sizeof m, "conv3d %s db", name);
+        snprintf(m, sizeof m, "conv3d[%s] %s db", conv_row, name);
         check_accumulates(m, db, db2, d.K);
     }
-    snprintf(m, sizeof m, "conv3d %s dinp", name);
+    snprintf(m, sizeof m, "conv3d[%s] %s dinp", conv_row, name);
     check_overwrites(m, dx, dx2, nx);
     free(c.x), free(c.w), free(c.b), free(c.y), free(c.r);
     free(dx), free(dw), free(db), free(dx2), free(dw2), free(db2);
@@ -317,12 +320,24 @@ int main(int argc, char **argv)
     ps_blas_autoselect(argc, argv);
     ps_engine_init(&ctx, 2);
     golden_load_or_bail("tests/golden/layers3d_golden.bin", 512);
+    /* the rows of conv_provider.h: vol2col + GEMM in its three ways of
+     * cutting the work, then oneDNN's (the GEMM row again in a build
+     * without oneDNN) with one and two threads */
+    ps_conv_set_kernels("gemm");
     for (int ci = 0; ci < 11; ci++)
-        for (int mode = 0; mode < 3; mode++) test_conv(ci, mode);
+        for (int mode = 0; mode < 3; mode++) test_conv(ci, mode, "gemm");
+    ps_conv_set_kernels("onednn");
+    for (int ci = 0; ci < 11; ci++)
+        for (int mode = 0; mode < 2; mode++) test_conv(ci, mode, "onednn");
+    ps_conv_set_kernels(NULL);
     set_threads(2);
     test_pools();
     test_bn_gap();
 
+    static const char *const rows[] = {"gemm", "onednn"};
+    for (int r = 0; r < 2; r++) {
+    ps_conv_set_kernels(rows[r]);
+    conv_row = rows[r];
     /* name, desc {C,K,KT,R,S, st,sh,sw, pt,ph,pw, dt,dh,dw, groups}, N, D, H, W, bias */
     fd_conv("3x3x3 s1 p1 bias", (ps_conv3d_desc_t){3, 4, 3, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1},
             2, 4, 5, 4, 1);
@@ -338,6 +353,8 @@ int main(int argc, char **argv)
     fd_conv("3x3x3 dil 2,1,1 (1 thread)",
             (ps_conv3d_desc_t){2, 3, 3, 3, 3, 1, 1, 1, 2, 1, 1, 2, 1, 1, 1}, 2, 5, 4, 4, 1);
     set_threads(2);
+    }
+    ps_conv_set_kernels(NULL);
     fd_pool("maxpool3d 1x3x3 s1,2,2 p0,1,1 dinp", 1,
             (ps_pool3d_desc_t){1, 3, 3, 1, 2, 2, 0, 1, 1, 1});
     fd_pool("maxpool3d 3x3x3 s2 p1 dinp", 1, (ps_pool3d_desc_t){3, 3, 3, 2, 2, 2, 1, 1, 1, 1});

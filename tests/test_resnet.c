@@ -40,6 +40,7 @@
  * gradient term) moves these by orders of magnitude more. */
 #include "tests/lib/model_check.h"
 #include "tests/lib/tap.h"
+#include "worker/engine/layers/conv_provider.h"
 #include "worker/models/ps_model.h"
 
 #include "ps_error.h"
@@ -411,7 +412,27 @@ int main(void)
         {"r18_tsm_pbn", 18, 1, 1, 1, 32, 5, 0.f},
         {"r50_tsm_pbn", 50, 1, 1, 1, 32, 10, 0.f},
     };
-    for (size_t i = 0; i < sizeof vs / sizeof vs[0]; i++) check_variant(&ctx, &vs[i]);
+    /* the convolution rows of conv_provider.h in turn: the reference
+     * im2col + GEMM one (with the default sgemm library), then oneDNN's.
+     * oneDNN rounds differently from PyTorch's fp32 run, and in
+     * r50_tsm_pbn that flips one ReLU decision (a pre-activation of 1e-6 in
+     * layer 3), which the training-mode bn1 spreads over its channel:
+     * |grad bn1.bias| moves by 0.4% of itself, past the 2e-3 + 3x PyTorch's
+     * own noise the reference row meets.  The oneDNN pass allows 6e-3 on
+     * the norms; every element check is the same. */
+    static const char *const rows[] = {"gemm", "onednn"};
+    for (int r = 0; r < 2; r++) {
+        if (r == 1 && !ps_conv_onednn_available()) {
+            diag("no oneDNN in this build: its row is the GEMM one");
+            break;
+        }
+        ps_conv_set_kernels(rows[r]);
+        model_check_norm_slack = r ? 6e-3 : 2e-3;
+        diag("conv2d through the %s row", rows[r]);
+        for (size_t i = 0; i < sizeof vs / sizeof vs[0]; i++) check_variant(&ctx, &vs[i]);
+    }
+    ps_conv_set_kernels(NULL);
+    model_check_norm_slack = 2e-3;
     check_tables(&ctx);
     check_loss_falls(&ctx);
     check_frozen_bn(&ctx);

@@ -8,11 +8,12 @@ import os
 import re
 import sys
 
-FILES = ["half.cuh", "batchnorm.cu", "conv2d.cu", "deconv.cu", "det_layers.cu", "layers.cu", "linear.cu",
-         "loss_scale.cu", "mixed.cu", "pool.cu", "pool3d.cu", "roi_align.cu"]
-# files whose kernels take plain structs by value: their "struct X { ... };"
-# definitions are taken too
-STRUCT_FILES = ("pool3d.cu", "roi_align.cu")
+FILES = ["half.cuh", "batchnorm.cu", "conv2d.cu", "deconv.cu", "det_layers.cu", "layers.cu",
+         "linear.cu", "loss_scale.cu", "mixed.cu", "pool.cu", "pool3d.cu", "roi_align.cu"]
+# structs the kernels take by value or use: every "struct X { ... };" of these
+# files, and the named ones of any file
+STRUCT_FILES = ("pool3d.cu",)
+STRUCTS = ("roi_geom",)
 MACROS = ("GRID_STRIDE", "BN_THREADS", "BNC_CH", "XENT_THREADS", "DET_THREADS", "DET_STRIDE",
           "ROI_THREADS", "ROI_STRIDE", "DECONV_THREADS", "DECONV_STRIDE")
 
@@ -39,9 +40,10 @@ def functions(src):
                     break
 
 
-def structs(src):
-    for m in re.finditer(r"^struct \w+ \{.*?^\};", src, re.M | re.S):
-        yield m.group(0)
+def structs(src, all_of_file):
+    for m in re.finditer(r"^struct (\w+) \{$", src, re.M):
+        if all_of_file or m.group(1) in STRUCTS:
+            yield src[m.start():src.index("\n};", m.start()) + 3]
 
 
 def macros(src):
@@ -64,8 +66,7 @@ def main():
         src = open(os.path.join(d, f)).read()
         out.append("// ---- " + f)
         out.extend(macros(src))
-        if f in STRUCT_FILES:
-            out.extend(structs(src))
+        out.extend(structs(src, f in STRUCT_FILES))
         out.extend(functions(src))
     print("\n\n".join(out))
 

@@ -19,7 +19,7 @@ fc_start_worker() {
     WPID=$!
     PIDS+=($WPID)
     WCHILD=
-    for _ in $(seq 1 200); do
+    for _ in $(seq 1 1000); do # 10 s: timeout(1) forks late on a loaded machine
         WCHILD=$(pgrep -P "$WPID" | head -n 1)
         [ -n "$WCHILD" ] && break
         sleep 0.01

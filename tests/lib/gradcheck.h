@@ -74,7 +74,7 @@ static inline void check_accumulates(const char *what, const float *once, const 
 {
     float *ref = malloc((n ? n : 1) * sizeof(float));
     for (size_t i = 0; i < n; i++) ref[i] = 2 * once[i];
-    char m[160];
+    char m[192];
     snprintf(m, sizeof m, "%s accumulates (backward twice = 2x)", what);
     allclose(twice, ref, (long)n, 1e-6, 1e-5, m);
     free(ref);
@@ -82,7 +82,7 @@ static inline void check_accumulates(const char *what, const float *once, const 
 static inline void check_overwrites(const char *what, const float *once, const float *twice,
                                     size_t n)
 {
-    char m[160];
+    char m[192];
     snprintf(m, sizeof m, "%s is overwritten (backward twice = same)", what);
     allclose(twice, once, (long)n, 0, 0, m);
 }

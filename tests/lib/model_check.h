@@ -62,9 +62,13 @@ static inline int check_sample_list(const char *s, const float *out, size_t nume
     return bad;
 }
 
+/* Relative slack of the norm check below (2e-3 unless a test states why
+ * it needs more). */
+static double model_check_norm_slack = 2e-3;
+
 /* One golden line "grad NAME numel norm noise_max noise_p90 noise_n idx:val
  * ..." (off: where the samples start) against parameter p's gradient:
- *   norm within 2e-3 + 3*noise_n (relative);
+ *   norm within model_check_norm_slack + 3*noise_n (relative);
  *   >= 80% of the samples within 1e-2*|ref| + (2e-3 + 3*noise_p90)*rms;
  *   every sample within 1e-2*|ref| + (0.25 + 3*noise_max)*rms.
  * Returns the number of failures (each diagnosed); *ref_norm gets the
@@ -87,7 +91,7 @@ static inline int check_grad_line(const char *vname, const char *name, const cha
     *ref_norm_out = ref_norm;
     double norm = l2(p->g, p->numel);
     double rel = fabs(norm - ref_norm) / (ref_norm > 0 ? ref_norm : 1);
-    if (ref_norm == 0 ? norm != 0 : rel > 2e-3 + 3 * noise_n) {
+    if (ref_norm == 0 ? norm != 0 : rel > model_check_norm_slack + 3 * noise_n) {
         bad++;
         diag("%s: |grad %s| = %.9g, PyTorch %.9g", vname, name, norm, ref_norm);
     }

@@ -1,22 +1,53 @@
 /* The CPU backend table: the readable reference implementation of every
  * layer (layers/<name>.c), and the device-control slots of a backend whose
  * layers have finished when they return (nothing to wait for, no device
- * memory, no other precision). */
+ * memory; bf16 only where the CPU has it natively). */
 #include "ps_engine.h"
 #include "ps_error.h"
 #include "ps_log.h"
+#include "layers/conv_provider.h"
 #include "layers/cpu_layers.h"
 
+#include <stdio.h>
 #include <string.h>
 
 int ps_cpu_sync(ps_ctx_t *ctx) { return 0; }
 
+/* fp32, or bf16 where the CPU multiplies bf16 natively (AVX-512 BF16,
+ * AMX) and oneDNN is there to do it: conv2d through oneDNN's bf16
+ * primitives, linear on bf16-rounded operands, both accumulating in fp32;
+ * BN, the loss and every parameter stay fp32 (the master weights are the
+ * caller's fp32 ones).  fp16 has no fast CPU path: refused. */
+int ps_engine_cpu_precision_ok(ps_precision_t precision, char *why, size_t len)
+{
+    switch (precision) {
+    case PS_PRECISION_FP32: return 1;
+    case PS_PRECISION_BF16: return ps_conv_onednn_bf16(why, len);
+    case PS_PRECISION_FP16:
+        snprintf(why, len, "the CPU has no fast fp16 path (bf16 has one on CPUs with AVX-512 "
+                 "BF16 or AMX; fp16 needs --device cuda)");
+        return 0;
+    }
+    snprintf(why, len, "unknown precision %d", (int)precision);
+    return 0;
+}
+
 int ps_cpu_set_precision(ps_ctx_t *ctx, ps_precision_t precision)
 {
-    if (precision == PS_PRECISION_FP32) return 0;
-    ps_error("cpu: precision %s is not supported (the CPU engine computes in fp32)",
-             ps_precision_name(precision));
-    return PS_EUNSUPPORTED;
+    char why[192];
+    if (!ps_engine_cpu_precision_ok(precision, why, sizeof why)) {
+        ps_error("cpu: precision %s refused: %s", ps_precision_name(precision), why);
+        return precision == PS_PRECISION_FP16 || precision == PS_PRECISION_BF16
+                   ? PS_EUNSUPPORTED
+                   : PS_EINVAL;
+    }
+    ps_cpu_state_t *st = ps_cpu_state(ctx);
+    if (!st) return PS_ENOMEM;
+    st->precision = precision;
+    if (precision == PS_PRECISION_BF16)
+        ps_info("cpu: bf16 convolutions (oneDNN) and linear layers, fp32 accumulation, BN, "
+                "loss and weights");
+    return 0;
 }
 
 /* the caller scales: on fp32, scaling the gradients after backward is the
@@ -81,6 +112,12 @@ const ps_backend_t ps_backend_cpu = {
     .smoothl1_backward = ps_cpu_smoothl1_backward,
     .head_permute_forward = ps_cpu_head_permute_forward,
     .head_permute_backward = ps_cpu_head_permute_backward,
+    .conv3d_forward = ps_cpu_conv3d_forward,
+    .conv3d_backward = ps_cpu_conv3d_backward,
+    .maxpool3d_forward = ps_cpu_maxpool3d_forward,
+    .maxpool3d_backward = ps_cpu_maxpool3d_backward,
+    .avgpool3d_forward = ps_cpu_avgpool3d_forward,
+    .avgpool3d_backward = ps_cpu_avgpool3d_backward,
     .roi_align_forward = ps_cpu_roi_align_forward,
     .roi_align_backward = ps_cpu_roi_align_backward,
     .deconv_forward = ps_cpu_deconv_forward,
@@ -88,12 +125,6 @@ const ps_backend_t ps_backend_cpu = {
     .mask_bce_forward = ps_cpu_mask_bce_forward,
     .mask_bce_backward = ps_cpu_mask_bce_backward,
     .scale = ps_cpu_scale,
-    .conv3d_forward = ps_cpu_conv3d_forward,
-    .conv3d_backward = ps_cpu_conv3d_backward,
-    .maxpool3d_forward = ps_cpu_maxpool3d_forward,
-    .maxpool3d_backward = ps_cpu_maxpool3d_backward,
-    .avgpool3d_forward = ps_cpu_avgpool3d_forward,
-    .avgpool3d_backward = ps_cpu_avgpool3d_backward,
     .bn_relu_forward_eval = ps_cpu_bn_relu_forward_eval,
     .bn_relu_backward_eval = ps_cpu_bn_relu_backward_eval,
     .copy_in = NULL, /* the host memcpy is the copy */

@@ -1,8 +1,12 @@
 #include "ps_blas.h"
+#include "config.h"
 #include "ps_error.h"
 #include "ps_log.h"
 
 #include <cblas.h>
+#ifdef PS_HAVE_ONEDNN
+#include <oneapi/dnnl/dnnl.h>
+#endif
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -96,6 +100,89 @@ int ps_blas_get_threads(void)
     return openblas_get_num_threads();
 }
 
+/* ---- which library multiplies ------------------------------------------ */
+
+/* oneDNN's sgemm when the build has it: measured against OpenBLAS's Zen
+ * kernel on this project's convolution and linear shapes (2 threads, one
+ * slice each, AMD EPYC Zen 3) it was faster on every shape but the tiniest
+ * (e.g. 256x784x64: 179 vs 135 GFLOP/s; 2048^3: level), and on Intel CPUs
+ * it is the MKL-derived JIT kernel.  OpenBLAS otherwise. */
+static int use_onednn = -1; /* -1: not decided yet */
+
+static int decide_library(void)
+{
+    if (use_onednn < 0) {
+#ifdef PS_HAVE_ONEDNN
+        const char *e = getenv("PS_SGEMM");
+        use_onednn = !(e && !strcasecmp(e, "openblas"));
+#else
+        use_onednn = 0;
+#endif
+    }
+    return use_onednn;
+}
+
+int ps_blas_set_library(const char *name)
+{
+    if (name && !strcasecmp(name, "openblas")) {
+        use_onednn = 0;
+        return 0;
+    }
+#ifdef PS_HAVE_ONEDNN
+    if (!name || !strcasecmp(name, "onednn")) {
+        use_onednn = 1;
+        return 0;
+    }
+#else
+    if (!name) {
+        use_onednn = 0;
+        return 0;
+    }
+#endif
+    ps_error("sgemm library %s: unknown or not in this build (openblas%s)", name,
+#ifdef PS_HAVE_ONEDNN
+             ", onednn"
+#else
+             ""
+#endif
+    );
+    return PS_EINVAL;
+}
+
+const char *ps_blas_library(void)
+{
+    return decide_library() ? "oneDNN" : "OpenBLAS";
+}
+
+/* One single-threaded row-major sgemm through the chosen library. */
+static void sgemm1(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,
+                   int lda, const float *B, int ldb, float beta, float *C, int ldc)
+{
+#ifdef PS_HAVE_ONEDNN
+    if (decide_library()) {
+        /* oneDNN threads a call made outside a parallel region over
+         * omp_get_max_threads(); the callers here want one thread */
+        int nt = 1;
+#ifdef _OPENMP
+        if (!omp_in_parallel()) nt = omp_get_max_threads(), omp_set_num_threads(1);
+#endif
+        dnnl_status_t st = dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha,
+                                      A, lda, B, ldb, beta, C, ldc);
+#ifdef _OPENMP
+        if (nt != 1) omp_set_num_threads(nt);
+#endif
+        if (st == dnnl_success) return;
+        static int warned;
+        if (!warned++)
+            ps_warn("oneDNN sgemm failed (status %d); this and later calls that fail go to "
+                    "OpenBLAS", (int)st);
+    }
+#endif
+    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+                trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta, C,
+                ldc);
+}
+
 #define SPLIT_ALIGN 16            /* slice edges on kernel-unroll multiples */
 #define SPLIT_MIN_FLOPS (1 << 20) /* below this a team costs more than it saves */
 #define SPLIT_MIN_SLICE 128       /* rows/columns below which slices stop paying */
@@ -103,14 +190,12 @@ int ps_blas_get_threads(void)
 void ps_blas_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,
                    int lda, const float *B, int ldb, float beta, float *C, int ldc)
 {
-    const enum CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
-    const enum CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
     int nt = 1;
 #ifdef _OPENMP
     if (!omp_in_parallel()) nt = omp_get_max_threads();
 #endif
     if (nt <= 1 || (double)M * N * K < SPLIT_MIN_FLOPS) {
-        cblas_sgemm(CblasRowMajor, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        sgemm1(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
     /* cut the longer side: each slice keeps the full reduction (K), so the
@@ -130,12 +215,11 @@ void ps_blas_sgemm(int trans_a, int trans_b, int M, int N, int K, float alpha, c
         const int lo = t * chunk, n = len - lo < chunk ? len - lo : chunk;
         if (split_n) {
             const float *Bt = trans_b ? B + (size_t)lo * ldb : B + lo;
-            cblas_sgemm(CblasRowMajor, ta, tb, M, n, K, alpha, A, lda, Bt, ldb, beta, C + lo,
-                        ldc);
+            sgemm1(trans_a, trans_b, M, n, K, alpha, A, lda, Bt, ldb, beta, C + lo, ldc);
         } else {
             const float *At = trans_a ? A + lo : A + (size_t)lo * lda;
-            cblas_sgemm(CblasRowMajor, ta, tb, n, N, K, alpha, At, lda, B, ldb, beta,
-                        C + (size_t)lo * ldc, ldc);
+            sgemm1(trans_a, trans_b, n, N, K, alpha, At, lda, B, ldb, beta, C + (size_t)lo * ldc,
+                   ldc);
         }
     }
 }

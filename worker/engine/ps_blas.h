@@ -1,5 +1,6 @@
-/* BLAS set-up for the CPU backend: make OpenBLAS use a kernel that fits
- * this CPU, and control its thread count.
+/* BLAS set-up for the CPU backend: which library multiplies (oneDNN's
+ * sgemm where the build has it, OpenBLAS otherwise), make OpenBLAS use a
+ * kernel that fits this CPU, and control the thread counts.
  *
  * Why: Debian's OpenBLAS 0.3.21 (DYNAMIC_ARCH) mis-detects some AVX-512
  * Xeons as "Prescott" and then runs SSE3 kernels about 5x slower.  The core
@@ -35,10 +36,19 @@ const char *ps_blas_best_coretype(void);
 void ps_blas_set_threads(int n);
 int ps_blas_get_threads(void);
 
+/* The library ps_blas_sgemm multiplies with: "oneDNN" (its sgemm, in
+ * builds with oneDNN: faster than OpenBLAS on the engine's shapes, see
+ * ps_blas.c) or "OpenBLAS".  PS_SGEMM=openblas in the environment, or
+ * ps_blas_set_library("openblas"), picks OpenBLAS (tests run both); NULL
+ * restores the default.  0 or PS_EINVAL (unknown name, or oneDNN asked in
+ * a build without it; logged). */
+int ps_blas_set_library(const char *name);
+const char *ps_blas_library(void);
+
 /* Row-major C = alpha*op(A)*op(B) + beta*C, op(A) M x K, op(B) K x N, as
  * cblas_sgemm, but threaded with OpenMP: the larger of M and N is cut into
  * one slice per OpenMP thread and each thread runs a single-threaded
- * OpenBLAS sgemm on its slice.  Why: OpenBLAS's pthread pool and OpenMP's
+ * sgemm of the library above on its slice.  Why: OpenBLAS's pthread pool and OpenMP's
  * pool each spin-wait after their work, so alternating GEMMs (OpenBLAS
  * threads) with OpenMP loops (im2col, BN) on the same cores oversubscribes
  * them - measured 5-20x slower convolutions on 2 busy cores.  With every

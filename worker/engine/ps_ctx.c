@@ -1,5 +1,6 @@
 /* Execution context of the CPU backend: thread counts and the scratch
  * workspace (im2col columns) shared by all layers of a model. */
+#include "layers/conv_provider.h"
 #include "ps_blas.h"
 #include "ps_engine.h"
 #include "ps_error.h"
@@ -57,6 +58,7 @@ int ps_ctx_reserve(ps_ctx_t *ctx, size_t numel)
 void ps_ctx_free(ps_ctx_t *ctx)
 {
     if (!ctx) return;
+    ps_cpu_state_free(ctx);
     free(ctx->workspace);
     ctx->workspace = NULL;
     ctx->workspace_numel = 0;

@@ -24,8 +24,12 @@
  *     (RetinaNet's shared heads) is handled for free;
  *   - input gradients (dinp) are OVERWRITTEN; a NULL dinp means "not needed"
  *     (first layer) and must be accepted.
- * Threads: the CPU backend uses OpenMP for non-GEMM loops and OpenBLAS for
- * GEMM; ps_engine_init() sets both so they never oversubscribe.
+ * Threads: the CPU backend uses one OpenMP team for its loops, its GEMM
+ * slices (oneDNN's sgemm or OpenBLAS, single-threaded inside each) and
+ * oneDNN's convolutions (Debian's oneDNN runs on OpenMP too);
+ * ps_engine_init() sets it so nothing oversubscribes.  Which convolution
+ * kernel runs is chosen per layer shape (ps_engine_set_conv_kernels below,
+ * worker/engine/layers/conv_provider.h).
  */
 #ifndef PS_ENGINE_H
 #define PS_ENGINE_H
@@ -70,6 +74,8 @@ typedef struct ps_ctx {
     size_t workspace_numel;
     void *backend_state;   /* what opening the device put here (CUDA: handles,
                               stream, caches); freed by the backend's release */
+    void *cpu_state;       /* the CPU layers' own (precision, oneDNN primitives
+                              and buffers), made on first use; ps_ctx_free frees it */
 } ps_ctx_t;
 
 /* Set thread counts (0 = all cores) and make sure OpenBLAS uses a fast
@@ -346,6 +352,35 @@ typedef struct ps_backend {
     void (*head_permute_backward)(ps_ctx_t *ctx, float *dinp, const float *dout, int nA,
                                   int D, int H, int W);
 
+    /* ---- 3-D video layers (I3D, R3D, MC3, R(2+1)D) -------------------- *
+     * Legend: N clips, C / K channels, D x H x W input (frames, height,
+     * width), O x P x Q output; KT x R x S kernel or window.  Layout
+     * NCDHW fp32: a channel of a clip is one contiguous D*H*W block, so BN
+     * over (N, T, H, W) is the batch-norm slots above with HW = D*H*W and
+     * the global average pool over T x H x W is avgpool_forward with HW =
+     * D*H*W (no slots of their own).  Same gradient contract as above. */
+    /* conv3d: inp (N,C,D,H,W), w (K, C/groups, KT, R, S), b (K) or NULL ->
+     * out (N,K,O,P,Q); cross-correlation as torch.nn.functional.conv3d */
+    void (*conv3d_forward)(ps_ctx_t *ctx, float *out, const float *inp, const float *w,
+                           const float *b, const ps_conv3d_desc_t *d, int N, int D, int H,
+                           int W);
+    void (*conv3d_backward)(ps_ctx_t *ctx, float *dinp, float *dw, float *db,
+                            const float *dout, const float *inp, const float *w,
+                            const ps_conv3d_desc_t *d, int N, int D, int H, int W);
+    /* max pool (N,C,D,H,W) -> (N,C,O,P,Q): padding never wins, a NaN does
+     * (PyTorch); argmax (int32, index within D*H*W) saved for backward,
+     * where overlapping windows add.  pad <= half the window per axis. */
+    void (*maxpool3d_forward)(ps_ctx_t *ctx, float *out, int32_t *argmax, const float *inp,
+                              const ps_pool3d_desc_t *d, int N, int C, int D, int H, int W);
+    void (*maxpool3d_backward)(ps_ctx_t *ctx, float *dinp, const float *dout,
+                               const int32_t *argmax, const ps_pool3d_desc_t *d, int N, int C,
+                               int D, int H, int W);
+    /* windowed average pool (N,C,D,H,W) -> (N,C,O,P,Q), divisor per
+     * d->count_include_pad (torch.nn.functional.avg_pool3d) */
+    void (*avgpool3d_forward)(ps_ctx_t *ctx, float *out, const float *inp,
+                              const ps_pool3d_desc_t *d, int N, int C, int D, int H, int W);
+    void (*avgpool3d_backward)(ps_ctx_t *ctx, float *dinp, const float *dout,
+                               const ps_pool3d_desc_t *d, int N, int C, int D, int H, int W);
     /* ---- two-stage detection layers (Faster R-CNN; Mask / Cascade R-CNN
      * reuse them) ------------------------------------------------------- *
      * RoIAlign as torchvision.ops.roi_align (0.14) on one feature map:
@@ -400,36 +435,6 @@ typedef struct ps_backend {
      * _ScaleGradient) */
     void (*scale)(ps_ctx_t *ctx, float *x, float alpha, size_t n);
 
-    /* ---- 3-D video layers (I3D, R3D, MC3, R(2+1)D) -------------------- *
-     * Legend: N clips, C / K channels, D x H x W input (frames, height,
-     * width), O x P x Q output; KT x R x S kernel or window.  Layout
-     * NCDHW fp32: a channel of a clip is one contiguous D*H*W block, so BN
-     * over (N, T, H, W) is the batch-norm slots above with HW = D*H*W and
-     * the global average pool over T x H x W is avgpool_forward with HW =
-     * D*H*W (no slots of their own).  Same gradient contract as above. */
-    /* conv3d: inp (N,C,D,H,W), w (K, C/groups, KT, R, S), b (K) or NULL ->
-     * out (N,K,O,P,Q); cross-correlation as torch.nn.functional.conv3d */
-    void (*conv3d_forward)(ps_ctx_t *ctx, float *out, const float *inp, const float *w,
-                           const float *b, const ps_conv3d_desc_t *d, int N, int D, int H,
-                           int W);
-    void (*conv3d_backward)(ps_ctx_t *ctx, float *dinp, float *dw, float *db,
-                            const float *dout, const float *inp, const float *w,
-                            const ps_conv3d_desc_t *d, int N, int D, int H, int W);
-    /* max pool (N,C,D,H,W) -> (N,C,O,P,Q): padding never wins, a NaN does
-     * (PyTorch); argmax (int32, index within D*H*W) saved for backward,
-     * where overlapping windows add.  pad <= half the window per axis. */
-    void (*maxpool3d_forward)(ps_ctx_t *ctx, float *out, int32_t *argmax, const float *inp,
-                              const ps_pool3d_desc_t *d, int N, int C, int D, int H, int W);
-    void (*maxpool3d_backward)(ps_ctx_t *ctx, float *dinp, const float *dout,
-                               const int32_t *argmax, const ps_pool3d_desc_t *d, int N, int C,
-                               int D, int H, int W);
-    /* windowed average pool (N,C,D,H,W) -> (N,C,O,P,Q), divisor per
-     * d->count_include_pad (torch.nn.functional.avg_pool3d) */
-    void (*avgpool3d_forward)(ps_ctx_t *ctx, float *out, const float *inp,
-                              const ps_pool3d_desc_t *d, int N, int C, int D, int H, int W);
-    void (*avgpool3d_backward)(ps_ctx_t *ctx, float *dinp, const float *dout,
-                               const ps_pool3d_desc_t *d, int N, int C, int D, int H, int W);
-
     /* ---- optional fused entries: NULL in a backend that lacks them, so a
      * caller checks and falls back to the two separate layers ----------- */
     /* batchnorm (eval / frozen) then relu, one pass over memory instead of
@@ -460,6 +465,28 @@ extern const ps_backend_t ps_backend_cpu;
  * one line per empty slot logged.  ps_engine_open_device() runs it on the
  * table a device hands out; tests run it on theirs. */
 int ps_engine_check_backend(const ps_backend_t *be);
+
+/* ---- the CPU backend's convolution kernels -------------------------------- */
+
+/* How the CPU backend picks a convolution kernel per layer shape and
+ * direction (worker/engine/layers/conv_provider.h): "auto" or NULL (the
+ * default: each candidate -- im2col + GEMM, oneDNN -- is timed on the first
+ * call of each shape and the fastest kept for the process), or a row name,
+ * "gemm" or "onednn", for that row wherever it can (runs that must match
+ * bit for bit across processes; the measured choice may differ between
+ * two processes on a busy machine).  PS_CONV_KERNELS in the environment is
+ * the same setting.  0, or PS_EINVAL for an unknown name (logged). */
+int ps_engine_set_conv_kernels(const char *mode);
+/* The CPU convolution kernels that ran in this process, in calls per
+ * direction ("fwd gemm:im2col+sgemm(oneDNN) 120, onednn:jit:avx2 40;
+ * bwd-data ..."), into buf; "no convolution yet" when none ran. */
+const char *ps_engine_conv_kernels(char *buf, size_t len);
+
+/* 1 when the CPU backend can compute at `precision` on this machine (fp32
+ * always; bf16 with oneDNN on a CPU with AVX-512 BF16 or AMX; fp16 never),
+ * else 0 with the reason in why: what set_precision would refuse, asked
+ * before any model exists (option checks). */
+int ps_engine_cpu_precision_ok(ps_precision_t precision, char *why, size_t len);
 
 /* ---- devices: the rows --device strings name ----------------------------- */
 

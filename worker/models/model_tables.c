@@ -129,6 +129,15 @@ int ps_mtab_read_buffers(const ps_st_file_t *f, ps_model_buffer_t *buffers, int 
     return 0;
 }
 
+void ps_mtab_take(ps_arena_t *a, ps_model_param_t *params, int np, ps_model_buffer_t *buffers,
+                  int nb)
+{
+    for (int i = 0; i < np; i++) params[i].w = ps_arena_take(a, params[i].numel);
+    for (int i = 0; i < np; i++) params[i].g = ps_arena_take(a, params[i].numel);
+    for (int i = 0; i < nb; i++)
+        if (buffers[i].ndim == 1) buffers[i].f32 = ps_arena_take(a, buffers[i].numel);
+}
+
 int ps_mtab_frozen(const char *name, int freeze_at)
 {
     if (freeze_at >= 1 && (!strncmp(name, "conv1.", 6) || !strncmp(name, "bn1.", 4))) return 1;
@@ -166,13 +175,4 @@ int ps_mtab_add_backbone(ps_model_param_t **params, int *np, int *cap,
         (*nb)++;
     }
     return 0;
-}
-
-void ps_mtab_take(ps_arena_t *a, ps_model_param_t *params, int np, ps_model_buffer_t *buffers,
-                  int nb)
-{
-    for (int i = 0; i < np; i++) params[i].w = ps_arena_take(a, params[i].numel);
-    for (int i = 0; i < np; i++) params[i].g = ps_arena_take(a, params[i].numel);
-    for (int i = 0; i < nb; i++)
-        if (buffers[i].ndim == 1) buffers[i].f32 = ps_arena_take(a, buffers[i].numel);
 }

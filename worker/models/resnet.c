@@ -163,6 +163,43 @@ void ps_resnet_bn_bwd(ps_model_t *m, bn_t *b, float *din, const float *dout, con
     }
 }
 
+/* bn then relu, out = relu(bn(in)), shared with the 3-D models: one pass through the backend's fused
+ * entry when the BN uses its running statistics (partial BN's frozen
+ * layers, eval) and the backend has one, else the two layers. */
+void ps_resnet_bn_relu_fwd(ps_model_t *m, bn_t *b, float *out, const float *in, int N, int HW,
+                           int training)
+{
+    const ps_backend_t *be = m->be;
+    const int batch = training && (m->bn_mode == PS_MODEL_BN_TRAIN ||
+                                   (m->bn_mode == PS_MODEL_BN_PARTIAL && b->first));
+    if (!batch && be->bn_relu_forward_eval) {
+        b->batch_stats = 0;
+        be->bn_relu_forward_eval(m->ctx, out, in, b->gamma, b->beta, b->rm, b->rv,
+                                 m->cfg.bn_eps, N, b->C, HW);
+        return;
+    }
+    ps_resnet_bn_fwd(m, b, out, in, N, HW, training);
+    be->relu_forward(m->ctx, out, out, (size_t)N * b->C * HW);
+}
+
+/* The backward of ps_resnet_bn_relu_fwd: dout (clobbered) is the gradient w.r.t. the
+ * relu output `out`, din w.r.t. the BN input `in`. */
+void ps_resnet_bn_relu_bwd(ps_model_t *m, bn_t *b, float *din, float *dout, const float *out,
+                           const float *in, int N, int HW)
+{
+    const ps_backend_t *be = m->be;
+    if (!b->batch_stats && be->bn_relu_backward_eval) {
+        int frozen = m->bn_mode == PS_MODEL_BN_FROZEN ||
+                     (m->bn_mode == PS_MODEL_BN_PARTIAL && !b->first);
+        be->bn_relu_backward_eval(m->ctx, din, frozen ? NULL : b->dgamma,
+                                  frozen ? NULL : b->dbeta, dout, out, in, b->gamma, b->rm,
+                                  b->rv, m->cfg.bn_eps, N, b->C, HW);
+        return;
+    }
+    be->relu_backward(m->ctx, dout, dout, out, (size_t)N * b->C * HW);
+    ps_resnet_bn_bwd(m, b, din, dout, in, N, HW);
+}
+
 static void block_fwd(ps_model_t *m, block_t *b, const float *x, int N, int training)
 {
     const ps_backend_t *be = m->be;
@@ -179,8 +216,7 @@ static void block_fwd(ps_model_t *m, block_t *b, const float *x, int N, int trai
         int PQ = c->P * c->Q;
         conv_fwd(m, c, b->co[j], in, N);
         if (j < b->nconv - 1) {
-            ps_resnet_bn_fwd(m, &b->bn[j], b->a[j], b->co[j], N, PQ, training);
-            be->relu_forward(m->ctx, b->a[j], b->a[j], (size_t)N * c->d.K * PQ);
+            ps_resnet_bn_relu_fwd(m, &b->bn[j], b->a[j], b->co[j], N, PQ, training);
             in = b->a[j];
         } else {
             ps_resnet_bn_fwd(m, &b->bn[j], b->y, b->co[j], N, PQ, training);
@@ -214,9 +250,7 @@ static void block_bwd(ps_model_t *m, block_t *b, float **g, int N)
         conv_bwd(m, c, din, Bf, in, N);
         if (j > 0) {
             const conv_t *p = &b->conv[j - 1];
-            size_t np = (size_t)N * p->d.K * p->P * p->Q;
-            be->relu_backward(m->ctx, C, C, b->a[j - 1], np);
-            ps_resnet_bn_bwd(m, &b->bn[j - 1], Bf, C, b->co[j - 1], N, p->P * p->Q);
+            ps_resnet_bn_relu_bwd(m, &b->bn[j - 1], Bf, C, b->a[j - 1], b->co[j - 1], N, p->P * p->Q);
         }
     }
     /* 'blockres': conv1's gradient shifted back now, the identity's adds
@@ -250,11 +284,9 @@ void ps_resnet_forward_features(ps_model_t *m, const float *input, int N, int tr
 
     /* stem */
     const conv_t *c1 = &m->conv1;
-    size_t n0 = (size_t)N * c1->d.K * c1->P * c1->Q;
     stem_hook(m, m->weights_needed);
     conv_fwd(m, c1, m->c0, m->input, N);
-    ps_resnet_bn_fwd(m, &m->bn1, m->a0, m->c0, N, c1->P * c1->Q, training);
-    be->relu_forward(m->ctx, m->a0, m->a0, n0);
+    ps_resnet_bn_relu_fwd(m, &m->bn1, m->a0, m->c0, N, c1->P * c1->Q, training);
     be->maxpool_forward(m->ctx, m->p0, m->argmax, m->a0, &m->pool, N, c1->d.K, c1->P, c1->Q);
 
     const float *x = m->p0;
@@ -361,8 +393,7 @@ static void backward_trunk(ps_model_t *m, const float *const *dstage, int N, int
     /* stem: the input image needs no gradient */
     const conv_t *c1 = &m->conv1;
     be->maxpool_backward(m->ctx, g[1], g[0], m->argmax, &m->pool, N, c1->d.K, c1->P, c1->Q);
-    be->relu_backward(m->ctx, g[1], g[1], m->a0, (size_t)N * c1->d.K * c1->P * c1->Q);
-    ps_resnet_bn_bwd(m, &m->bn1, g[2], g[1], m->c0, N, c1->P * c1->Q);
+    ps_resnet_bn_relu_bwd(m, &m->bn1, g[2], g[1], m->a0, m->c0, N, c1->P * c1->Q);
     conv_bwd(m, c1, NULL, g[2], m->input, N);
     stem_hook(m, m->grad_ready);
 }

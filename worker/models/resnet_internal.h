@@ -157,6 +157,13 @@ void ps_resnet_bn_fwd(ps_model_t *m, bn_t *b, float *out, const float *in, int N
                       int training);
 void ps_resnet_bn_bwd(ps_model_t *m, bn_t *b, float *din, const float *dout, const float *in,
                       int N, int HW);
+/* BN then ReLU (out = relu(bn(in))) and its backward (dout, the gradient
+ * w.r.t. out, is clobbered; din w.r.t. in): the backend's fused entries
+ * when the BN uses running statistics and the backend has them */
+void ps_resnet_bn_relu_fwd(ps_model_t *m, bn_t *b, float *out, const float *in, int N, int HW,
+                           int training);
+void ps_resnet_bn_relu_bwd(ps_model_t *m, bn_t *b, float *din, float *dout, const float *out,
+                           const float *in, int N, int HW);
 
 /* resnet_params.c */
 int ps_resnet_build(ps_model_t *m); /* architecture + tables + arena */
@@ -182,6 +189,12 @@ void ps_mtab_free(ps_model_param_t **params, int *np, ps_model_buffer_t **buffer
 int ps_mtab_find(const ps_model_param_t *params, int n, const char *name);
 void ps_mtab_zero_grad(ps_model_param_t *params, int n);
 int ps_mtab_tensor_specs(const ps_model_param_t *params, int n, ps_tensor_spec_t **specs);
+/* The tables' memory from arena a (pass 1 sizes, pass 2 hands out):
+ * every weight, then every gradient, each in model order (the trainable
+ * part of a model is then nearly one flat vector for the optimizer), then
+ * the float buffers. */
+void ps_mtab_take(ps_arena_t *a, ps_model_param_t *params, int np, ps_model_buffer_t *buffers,
+                  int nb);
 /* The detectors' copy of a backbone's tables (RetinaNet, R-CNN): every
  * parameter and buffer of body under prefix + its name (pointing into the
  * body's arena), trainable unless frozen by freeze_at (ps_mtab_frozen);
@@ -192,12 +205,6 @@ int ps_mtab_add_backbone(ps_model_param_t **params, int *np, int *cap,
 /* torchvision's trainable_layers for a backbone tensor name: freeze_at 1
  * freezes the stem (conv1, bn1), k >= 2 also layer1..layer(k-1). */
 int ps_mtab_frozen(const char *name, int freeze_at);
-/* The tables' memory from arena a (pass 1 sizes, pass 2 hands out):
- * every weight, then every gradient, each in model order (the trainable
- * part of a model is then nearly one flat vector for the optimizer), then
- * the float buffers. */
-void ps_mtab_take(ps_arena_t *a, ps_model_param_t *params, int np, ps_model_buffer_t *buffers,
-                  int nb);
 /* Every parameter (F32) and buffer (F32, num_batches_tracked as 0-dim I64)
  * with metadata format=pt, ps.arch=arch. */
 int ps_mtab_save(const ps_model_param_t *params, int np, const ps_model_buffer_t *buffers,

@@ -117,8 +117,10 @@ static size_t out_numel(const v3conv_t *u, int B)
 static void unit_fwd(ps_model_t *m, v3conv_t *u, float *dst, const float *in, int B, int training)
 {
     m->be->conv3d_forward(m->ctx, u->co, in, u->w, NULL, &u->d, B, u->T, u->H, u->W);
-    ps_resnet_bn_fwd(m, &u->bn, dst, u->co, B, u->O * u->P * u->Q, training);
-    if (u->relu) m->be->relu_forward(m->ctx, dst, dst, out_numel(u, B));
+    if (u->relu)
+        ps_resnet_bn_relu_fwd(m, &u->bn, dst, u->co, B, u->O * u->P * u->Q, training);
+    else
+        ps_resnet_bn_fwd(m, &u->bn, dst, u->co, B, u->O * u->P * u->Q, training);
 }
 
 /* Gradient g w.r.t. the unit's output (clobbered: ReLU's backward in
@@ -126,8 +128,10 @@ static void unit_fwd(ps_model_t *m, v3conv_t *u, float *dst, const float *in, in
 static void unit_bwd(ps_model_t *m, v3conv_t *u, float *din, float *g, float *tmp,
                      const float *in, const float *out, int B)
 {
-    if (u->relu) m->be->relu_backward(m->ctx, g, g, out, out_numel(u, B));
-    ps_resnet_bn_bwd(m, &u->bn, tmp, g, u->co, B, u->O * u->P * u->Q);
+    if (u->relu)
+        ps_resnet_bn_relu_bwd(m, &u->bn, tmp, g, out, u->co, B, u->O * u->P * u->Q);
+    else
+        ps_resnet_bn_bwd(m, &u->bn, tmp, g, u->co, B, u->O * u->P * u->Q);
     m->be->conv3d_backward(m->ctx, din, u->g, NULL, tmp, in, u->w, &u->d, B, u->T, u->H, u->W);
 }
 

@@ -59,6 +59,7 @@ static size_t job_rows(ps_worker_opts_t *o, ps_opt_t *rows)
     ROW("partition-bytes", PS_OPT_UINT64, &o->partition_bytes, "max bytes per partition (1 MiB: several per server even for small models, so pushes, updates and replies pipeline)", "1048576");
     ROW("device", PS_OPT_STRING, &o->device, "compute device cpu | cuda | cuda:N (video models, detector)", "cpu");
     ROW("threads", PS_OPT_INT, &o->threads, "compute threads (0 = all cores)", "0");
+    ROW("conv-kernels", PS_OPT_STRING, &o->conv_kernels, "--device cpu: convolution kernels auto (each layer shape times im2col+GEMM and oneDNN at its first call, keeps the faster) | gemm | onednn (one row everywhere it can: runs compared bit for bit across processes); \"\" = PS_CONV_KERNELS, else auto", "");
     ROW("overlap", PS_OPT_STRING, &o->overlap, "on|off: push each partition when its layers' backward ends, wait per layer in the next forward (default on for video models without --loss-scale)", "");
     ROW("out", PS_OPT_STRING, &o->out, "run directory for CSV and model (\"\" = none)", "");
     ROW("save-all-ranks", PS_OPT_BOOL, &o->save_all_ranks, "every rank r > 0 also writes model-rank<r>.safetensors", "false");
@@ -129,7 +130,7 @@ static size_t ring_rows(ps_worker_ring_opts_t *o, ps_opt_t *rows)
 static size_t precision_rows(ps_worker_precision_opts_t *o, ps_opt_t *rows)
 {
     size_t n = 0;
-    ROW("precision", PS_OPT_STRING, &o->precision, "compute precision fp32|fp16|bf16 (fp16/bf16: --device cuda)", "fp32");
+    ROW("precision", PS_OPT_STRING, &o->precision, "compute precision fp32|fp16|bf16 (fp16: --device cuda; bf16: cuda, or cpu with AVX-512 BF16 / AMX)", "fp32");
     ROW("loss-scale", PS_OPT_STRING, &o->loss_scale, "dynamic | static:S | off (\"\" = dynamic for fp16, else off)", "");
     ROW("loss-scale-window", PS_OPT_INT, &o->loss_scale_window, "dynamic loss scale: clean steps before it doubles", "2000");
     ROW("debug-overflow-at", PS_OPT_INT, &o->debug_overflow_at, "testing: make this worker's gradient of step N Inf (-1 = off)", "-1");
@@ -347,6 +348,10 @@ static int job_check(ps_worker_opts_t *o)
     if (o->debug_die_mid_step >= 0 && (strcmp(o->mode, "sync") || o->standalone))
         return ps_worker_opt_error("--debug-die-mid-step needs --mode sync through servers");
     if (o->threads < 0) return ps_worker_opt_error("--threads must be >= 0");
+    if (*o->conv_kernels && strcmp(o->conv_kernels, "auto") && strcmp(o->conv_kernels, "gemm") &&
+        strcmp(o->conv_kernels, "onednn"))
+        return ps_worker_opt_error("--conv-kernels: expected auto|gemm|onednn, got \"%s\"",
+                                   o->conv_kernels);
     if (o->metrics_port < 0 || o->metrics_port > 65535)
         return ps_worker_opt_error("--metrics-port must be in [0, 65535] (0 = off)");
     return 0;

@@ -96,6 +96,7 @@ typedef struct ps_worker_opts {
     uint64_t partition_bytes;
     char *device;           /* cpu | cuda | cuda:N */
     int threads;            /* compute threads (0 = all cores) */
+    char *conv_kernels;     /* CPU convolution kernels: "" | auto | gemm | onednn */
     char *overlap;          /* on | off | "" (on where it applies) */
     char *out;              /* run directory ("" = none) */
     int save_all_ranks;     /* every rank r > 0 also writes model-rank<r>.safetensors */

@@ -61,6 +61,8 @@ int ps_worker_open_device(ps_worker_t *p, ps_ctx_t *ctx, const ps_backend_t **be
         ps_error("engine init failed: %s", ps_strerror(rc));
         return rc;
     }
+    if (*p->o->conv_kernels && (rc = ps_engine_set_conv_kernels(p->o->conv_kernels)))
+        return PS_EINVAL;
     if ((rc = ps_engine_open_device(dev, ctx, be))) {
         /* a device that cannot be used is a usage error: exit 2 */
         ps_error("--device %s: cannot use it (%s); --device cpu runs on the CPU", dev,
@@ -228,6 +230,9 @@ void ps_worker_devmem_report(const ps_worker_t *p)
 
 int ps_worker_finish(ps_worker_t *p, uint64_t steps_done)
 {
+    char kern[512];
+    ps_engine_conv_kernels(kern, sizeof kern);
+    if (strcmp(kern, "no convolution yet")) ps_info("CPU convolution kernels: %s", kern);
     ps_worker_ls_report(p);
     int rc = ps_worker_save_model(p);
     if (rc) return rc;

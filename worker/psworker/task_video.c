@@ -141,11 +141,16 @@ static size_t video_rows(void *topts, ps_opt_t *rows)
 static int video_check(ps_worker_opts_t *o)
 {
     video_opts_t *v = ps_worker_task_opts(o);
-    /* fp16/bf16 compute is the CUDA backend's (docs/cuda.md): refuse rather
-     * than train in fp32 while the user believes it is fp16. */
-    if (strcmp(o->prec.precision, "fp32") && !strcmp(o->device, "cpu"))
-        return ps_worker_opt_error("--precision %s needs a video model on --device cuda[:N] "
-                                   "(the CPU engine computes in fp32)", o->prec.precision);
+    /* fp16 compute is the CUDA backend's (docs/cuda.md), bf16 also the
+     * CPU's where it has native bf16: refuse rather than train in fp32
+     * while the user believes it is half. */
+    char why[192];
+    if (strcmp(o->prec.precision, "fp32") && !strcmp(o->device, "cpu") &&
+        !ps_engine_cpu_precision_ok(!strcmp(o->prec.precision, "bf16") ? PS_PRECISION_BF16
+                                                                       : PS_PRECISION_FP16,
+                                    why, sizeof why))
+        return ps_worker_opt_error("--precision %s on --device cpu: %s", o->prec.precision,
+                                   why);
     if (ps_worker_data_opts_check(o)) return PS_EINVAL;
     if (v->frames < 1 || v->frames > 256 || v->val_clips < 1 || v->val_clips > 32 ||
         v->test_clips < 0 || v->test_clips > 32 || v->scale_size < 0 ||

@@ -1,4 +1,6 @@
-/* conv2d on the CPU: im2col + OpenBLAS sgemm, per group.
+/* conv2d on the CPU by im2col + sgemm (ps_blas_sgemm: oneDNN's or
+ * OpenBLAS's), per group: the 2-D half of the "gemm" convolution row
+ * (conv_gemm.c, conv_provider.h), the readable reference.
  *
  * Legend: N images, C in / K out channels, G groups (Cg = C/G, Kg = K/G),
  * H,W input and P,Q output plane, R,S kernel; CRS = Cg*R*S.
@@ -22,22 +24,26 @@
  * each waiting for the slowest thread), and the whole im2col -> GEMM ->
  * col2im of one chunk now stays in that thread's cache.  Weight gradients
  * are accumulated per thread (thread 0 straight into dw, the others into
- * zeroed workspace copies) and summed once at the end.  With one thread or
+ * zeroed workspace copies; a static share of the chunks each, so the sums
+ * are reproducible) and summed once at the end.  With one thread or
  * one image the chunks run in turn and ps_blas_sgemm splits each GEMM.
  * Workspace (ps_conv2d_workspace, exact for the current thread count):
  * per team member CRS*PQ*nb for the columns plus, when nb > 1, K*nb*PQ for
  * the gathered output / output gradient; plus (team-1) dw copies.
  */
+#include "conv_provider.h"
 #include "cpu_layers.h"
 #include "ps_log.h"
 #include "worker/engine/ps_blas.h"
 
+#include <stdio.h>
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
 #define DEFAULT_GEMM_COLS 1024 /* enough columns for sgemm to reach its plateau */
+#define SINGLE_CHUNK_MAX ((size_t)1 << 22) /* 16 MiB of columns */
 
 static size_t gemm_cols = DEFAULT_GEMM_COLS;
 
@@ -51,8 +57,7 @@ size_t ps_conv2d_get_gemm_cols(void)
     return gemm_cols;
 }
 
-/* Validates a descriptor and shape; logs what is wrong. */
-static int conv_valid(const ps_conv2d_desc_t *d, int N, int H, int W)
+int ps_conv2d_valid(const ps_conv2d_desc_t *d, int N, int H, int W)
 {
     if (!d || N <= 0 || H <= 0 || W <= 0 || d->C <= 0 || d->K <= 0 || d->R <= 0 ||
         d->S <= 0 || d->stride_h <= 0 || d->stride_w <= 0 || d->pad_h < 0 || d->pad_w < 0 ||
@@ -78,17 +83,6 @@ static int is_pointwise(const ps_conv2d_desc_t *d)
            d->pad_w == 0;
 }
 
-/* Threads a conv call may use: a call made inside a parallel region runs
- * on its own thread. */
-static int team_max(void)
-{
-#ifdef _OPENMP
-    return omp_in_parallel() ? 1 : omp_get_max_threads();
-#else
-    return 1;
-#endif
-}
-
 /* How one call is cut: nb images per GEMM, team threads over the chunks. */
 typedef struct conv_plan {
     int P, Q, G, C, K, Cg, Kg, CRS, nb, nchunks, team, direct;
@@ -110,7 +104,9 @@ static int can_flip(const ps_conv2d_desc_t *d)
            d->pad_h <= d->dil_h * (d->R - 1) && d->pad_w <= d->dil_w * (d->S - 1);
 }
 
-static void conv_plan(conv_plan_t *p, const ps_conv2d_desc_t *d, int N, int H, int W)
+/* The plan of a forward (dw 0) or of a backward that computes the weight
+ * gradient (dw 1). */
+static void conv_plan(conv_plan_t *p, const ps_conv2d_desc_t *d, int N, int H, int W, int dw)
 {
     p->P = ps_conv_out(H, d->R, d->stride_h, d->pad_h, d->dil_h);
     p->Q = ps_conv_out(W, d->S, d->stride_w, d->pad_w, d->dil_w);
@@ -125,7 +121,7 @@ static void conv_plan(conv_plan_t *p, const ps_conv2d_desc_t *d, int N, int H, i
         size_t want = (gemm_cols + p->PQ - 1) / p->PQ;
         nb = want > (size_t)N ? N : (int)want;
     }
-    const int nt = team_max();
+    const int nt = ps_cpu_team_threads();
     int nchunks = (N + nb - 1) / nb;
     if (nt > 1 && nchunks % nt) {
         /* a multiple of the team (3 chunks on 2 threads would leave one
@@ -135,6 +131,17 @@ static void conv_plan(conv_plan_t *p, const ps_conv2d_desc_t *d, int N, int H, i
         nb = (N + nchunks - 1) / nchunks;
         nchunks = (N + nb - 1) / nb;
     }
+    /* Weight gradients of big weights on small planes (ResNet's last
+     * stages: 512x4608 weights on 4x4 planes): a private copy per thread
+     * (zeroed, then summed) moves more memory than the thread's columns.
+     * There the whole batch is one chunk and ps_blas_sgemm splits each GEMM
+     * over the team instead, when the batch's columns stay within
+     * SINGLE_CHUNK_MAX floats (measured on TSM-R18's 512 @4x4: backward
+     * 17.2 vs 18.5 ms; its forward was 4% slower that way, so it keeps the
+     * chunks). */
+    if (dw && nt > 1 && !is_pointwise(d) && p->nw * (nt - 1) > (size_t)p->CRS * p->PQ * nb &&
+        (size_t)p->CRS * p->PQ * N <= SINGLE_CHUNK_MAX)
+        nb = N, nchunks = 1;
     p->nb = nb, p->nchunks = nchunks;
     p->team = nchunks < nt ? nchunks : nt;
     p->direct = nb == 1 && is_pointwise(d);
@@ -170,18 +177,20 @@ static void flip_weights(float *wt, const float *w, const ps_conv2d_desc_t *d,
 
 int ps_conv2d_images_per_gemm(const ps_conv2d_desc_t *d, int N, int H, int W)
 {
-    if (!conv_valid(d, N, H, W)) return 1;
+    if (!ps_conv2d_valid(d, N, H, W)) return 1;
     conv_plan_t p;
-    conv_plan(&p, d, N, H, W);
+    conv_plan(&p, d, N, H, W, 0);
     return p.nb;
 }
 
 size_t ps_conv2d_workspace(const ps_conv2d_desc_t *d, int N, int H, int W)
 {
-    if (!conv_valid(d, N, H, W)) return 0;
-    conv_plan_t p;
-    conv_plan(&p, d, N, H, W);
-    return p.per_thread * p.team + p.shared;
+    if (!ps_conv2d_valid(d, N, H, W)) return 0;
+    conv_plan_t f, b;
+    conv_plan(&f, d, N, H, W, 0);
+    conv_plan(&b, d, N, H, W, 1);
+    const size_t nf = f.per_thread * f.team + f.shared, nb = b.per_thread * b.team + b.shared;
+    return nf > nb ? nf : nb;
 }
 
 /* Workspace for this call; grows ctx's if a caller sized it too small. */
@@ -226,19 +235,19 @@ static void fwd_chunk(const conv_plan_t *p, const ps_conv2d_desc_t *d, float *ou
                       (int)cols, 0.0f, tmp + (size_t)g * Kg * cols, (int)cols);
     }
     /* (K, nc, PQ) -> (nc, K, PQ) */
-#pragma omp parallel for collapse(2) schedule(static) if (team_max() > 1)
+#pragma omp parallel for collapse(2) schedule(static) if (ps_cpu_team_threads() > 1)
     for (int i = 0; i < nc; i++)
         for (int k = 0; k < K; k++)
             memcpy(out + ((size_t)(n0 + i) * K + k) * PQ, tmp + (size_t)k * cols + (size_t)i * PQ,
                    PQ * sizeof(float));
 }
 
-void ps_cpu_conv2d_forward(ps_ctx_t *ctx, float *out, const float *inp, const float *w,
-                           const float *b, const ps_conv2d_desc_t *d, int N, int H, int W)
+void ps_conv2d_gemm_forward(ps_ctx_t *ctx, float *out, const float *inp, const float *w,
+                            const float *b, const ps_conv2d_desc_t *d, int N, int H, int W)
 {
-    if (!conv_valid(d, N, H, W)) return;
+    if (!ps_conv2d_valid(d, N, H, W)) return;
     conv_plan_t p;
-    conv_plan(&p, d, N, H, W);
+    conv_plan(&p, d, N, H, W, 0);
     float *ws = conv_workspace(ctx, d, N, H, W);
     if (!ws && ps_conv2d_workspace(d, N, H, W)) return;
     const int K = p.K;
@@ -270,7 +279,7 @@ void ps_cpu_conv2d_forward(ps_ctx_t *ctx, float *out, const float *inp, const fl
     for (int n0 = 0; n0 < N; n0 += p.nb)
         fwd_chunk(&p, d, out, inp, w, ws, n0, N - n0 < p.nb ? N - n0 : p.nb, H, W);
     if (b) {
-#pragma omp parallel for collapse(2) schedule(static) if (team_max() > 1)
+#pragma omp parallel for collapse(2) schedule(static) if (ps_cpu_team_threads() > 1)
         for (int n = 0; n < N; n++)
             for (int k = 0; k < K; k++) {
                 float *o = out + ((size_t)n * K + k) * PQ, bk = b[k];
@@ -296,7 +305,7 @@ static void bwd_chunk(const conv_plan_t *p, const ps_conv2d_desc_t *d, float *di
         ldy = PQ;
     } else {
         float *tmp = ws + (size_t)CRS * PQ * p->nb;
-#pragma omp parallel for collapse(2) schedule(static) if (team_max() > 1)
+#pragma omp parallel for collapse(2) schedule(static) if (ps_cpu_team_threads() > 1)
         for (int i = 0; i < nc; i++)
             for (int k = 0; k < K; k++)
                 memcpy(tmp + (size_t)k * cols + (size_t)i * PQ,
@@ -308,9 +317,10 @@ static void bwd_chunk(const conv_plan_t *p, const ps_conv2d_desc_t *d, float *di
     if (dinp && !p->direct && !p->flip)
         memset(dinp + (size_t)n0 * C * HW, 0, (size_t)nc * C * HW * sizeof(float));
     for (int g = 0; g < G; g++) {
-        const float *xg = inp + ((size_t)n0 * C + (size_t)g * Cg) * HW;
+        /* inp is NULL when only dinp is wanted, w when only dw is */
+        const float *xg = dwacc ? inp + ((size_t)n0 * C + (size_t)g * Cg) * HW : NULL;
         const float *dyg = dy + (size_t)g * Kg * ldy;
-        const float *wg = w + (size_t)g * Kg * CRS;
+        const float *wg = dinp ? w + (size_t)g * Kg * CRS : NULL;
         float *dxg = dinp ? dinp + ((size_t)n0 * C + (size_t)g * Cg) * HW : NULL;
         if (p->direct) {
             /* dW += dY (Kg x HW) * X^T;  dX = W^T (Cg x Kg) * dY */
@@ -358,7 +368,7 @@ static void bwd_chunk(const conv_plan_t *p, const ps_conv2d_desc_t *d, float *di
             ps_blas_sgemm(0, 0, Cg, (int)hcols, KRS, 1.0f, wt + (size_t)g * Cg * KRS, KRS, col,
                           (int)hcols, 0.0f, tmp, (int)hcols);
             /* (Cg, nc, HW) -> (nc, Cg, HW) */
-#pragma omp parallel for collapse(2) schedule(static) if (team_max() > 1)
+#pragma omp parallel for collapse(2) schedule(static) if (ps_cpu_team_threads() > 1)
             for (int i = 0; i < nc; i++)
                 for (int c = 0; c < Cg; c++)
                     memcpy(dxg + ((size_t)i * C + c) * HW, tmp + (size_t)c * hcols + (size_t)i * HW,
@@ -367,17 +377,13 @@ static void bwd_chunk(const conv_plan_t *p, const ps_conv2d_desc_t *d, float *di
     }
 }
 
-void ps_cpu_conv2d_backward(ps_ctx_t *ctx, float *dinp, float *dw, float *db,
-                            const float *dout, const float *inp, const float *w,
-                            const ps_conv2d_desc_t *d, int N, int H, int W)
+void ps_conv2d_gemm_backward(ps_ctx_t *ctx, float *dinp, float *dw, const float *dout,
+                             const float *inp, const float *w, const ps_conv2d_desc_t *d, int N,
+                             int H, int W)
 {
-    if (!conv_valid(d, N, H, W)) return;
+    if (!ps_conv2d_valid(d, N, H, W)) return;
     conv_plan_t p;
-    conv_plan(&p, d, N, H, W);
-    const int K = p.K;
-    const size_t PQ = p.PQ;
-
-    if (db) ps_cpu_conv_bias_grad(db, dout, N, K, PQ); /* accumulated */
+    conv_plan(&p, d, N, H, W, dw != NULL);
     if (!dw && !dinp) return;
     float *ws = conv_workspace(ctx, d, N, H, W);
     if (!ws && ps_conv2d_workspace(d, N, H, W)) return;
@@ -395,7 +401,10 @@ void ps_cpu_conv2d_backward(ps_ctx_t *ctx, float *dinp, float *dw, float *db,
             float *mydw = !dw ? NULL : t == 0 ? dw : red + p.nw * (t - 1);
             if (mydw && t > 0) memset(mydw, 0, p.nw * sizeof(float));
             if (wt) flip_weights(wt, w, d, &p); /* ends in a barrier */
-#pragma omp for schedule(dynamic, 1)
+            /* a static share of the chunks per thread: each thread's partial
+             * weight gradient then sums the same images every run, so dw is
+             * reproducible bit for bit (dynamic hand-out was not) */
+#pragma omp for schedule(static)
             for (int c = 0; c < p.nchunks; c++) {
                 const int n0 = c * p.nb, nc = N - n0 < p.nb ? N - n0 : p.nb;
                 bwd_chunk(&p, d, dinp, mydw, dout, inp, w, wt, my, n0, nc, H, W);
@@ -406,10 +415,20 @@ void ps_cpu_conv2d_backward(ps_ctx_t *ctx, float *dinp, float *dw, float *db,
         return;
     }
     if (wt) {
-#pragma omp parallel if (team_max() > 1)
+#pragma omp parallel if (ps_cpu_team_threads() > 1)
         flip_weights(wt, w, d, &p);
     }
     for (int n0 = 0; n0 < N; n0 += p.nb)
         bwd_chunk(&p, d, dinp, dw, dout, inp, w, wt, ws, n0, N - n0 < p.nb ? N - n0 : p.nb, H,
                   W);
+}
+
+const char *ps_conv2d_gemm_scheme(const ps_conv2d_desc_t *d, int N, int H, int W, int data_grad)
+{
+    conv_plan_t p;
+    conv_plan(&p, d, N, H, W, 0);
+    return p.direct                 ? "sgemm"
+           : data_grad && p.flip    ? "flipped-im2col+sgemm"
+           : data_grad              ? "sgemm+col2im"
+                                    : "im2col+sgemm";
 }

@@ -1,7 +1,8 @@
 /* conv3d on the CPU: vol2col + GEMM through ps_blas_sgemm, per clip and
  * group; the readable reference the CUDA backend and the 3-D models are
- * checked against.  Speed work (blocking, oneDNN) is left for later: this
- * file is meant to be obviously right.
+ * checked against, and the 3-D half of the "gemm" convolution row
+ * (conv_gemm.c): the conv3d slots choose between it and oneDNN per layer
+ * shape (conv_select.c).  This file is meant to be obviously right.
  *
  * Legend: N clips, C in / K out channels, G groups (Cg = C/G, Kg = K/G),
  * D,H,W input and O,P,Q output frames / height / width, KT,R,S kernel;
@@ -62,17 +63,6 @@ int ps_conv3d_check(const char *who, const ps_conv3d_desc_t *d, int N, int D, in
     return 1;
 }
 
-/* Threads a call may use: a call made inside a parallel region runs on
- * its own thread. */
-static int team_max(void)
-{
-#ifdef _OPENMP
-    return omp_in_parallel() ? 1 : omp_get_max_threads();
-#else
-    return 1;
-#endif
-}
-
 typedef struct plan3 {
     int O, P, Q, G, Cg, Kg, CRS;
     size_t DHW, PQ, OPQ, nw;
@@ -81,6 +71,13 @@ typedef struct plan3 {
     int team;          /* threads over clips; 1 = one clip at a time */
     size_t per_thread; /* column floats per team member */
 } plan3_t;
+
+/* 1x1x1, stride 1, no padding: the input block is the column matrix */
+static int is_direct(const ps_conv3d_desc_t *d)
+{
+    return d->KT == 1 && d->R == 1 && d->S == 1 && d->stride_t == 1 && d->stride_h == 1 &&
+           d->stride_w == 1 && d->pad_t == 0 && d->pad_h == 0 && d->pad_w == 0;
+}
 
 static void plan3(plan3_t *p, const ps_conv3d_desc_t *d, int N, int D, int H, int W)
 {
@@ -91,12 +88,10 @@ static void plan3(plan3_t *p, const ps_conv3d_desc_t *d, int N, int D, int H, in
     p->CRS = p->Cg * d->KT * d->R * d->S;
     p->DHW = (size_t)D * H * W, p->PQ = (size_t)p->P * p->Q, p->OPQ = p->PQ * p->O;
     p->nw = (size_t)d->K * p->CRS;
-    p->direct = d->KT == 1 && d->R == 1 && d->S == 1 && d->stride_t == 1 &&
-                d->stride_h == 1 && d->stride_w == 1 && d->pad_t == 0 && d->pad_h == 0 &&
-                d->pad_w == 0;
+    p->direct = is_direct(d);
     size_t frame_cols = (size_t)p->CRS * p->PQ, f = col_cap / frame_cols;
     p->fchunk = f < 1 ? 1 : f > (size_t)p->O ? p->O : (int)f;
-    const int nt = team_max();
+    const int nt = ps_cpu_team_threads();
     p->team = N >= 2 && nt > 1 ? (N < nt ? N : nt) : 1;
     p->per_thread = p->direct ? 0 : frame_cols * (size_t)p->fchunk;
 }
@@ -158,9 +153,9 @@ static void fwd_clip(const plan3_t *p, const ps_conv3d_desc_t *d, float *out, co
         }
 }
 
-void ps_cpu_conv3d_forward(ps_ctx_t *ctx, float *out, const float *inp, const float *w,
-                           const float *b, const ps_conv3d_desc_t *d, int N, int D, int H,
-                           int W)
+void ps_conv3d_gemm_forward(ps_ctx_t *ctx, float *out, const float *inp, const float *w,
+                            const float *b, const ps_conv3d_desc_t *d, int N, int D, int H,
+                            int W)
 {
     if (!ps_conv3d_check("conv3d", d, N, D, H, W)) return;
     plan3_t p;
@@ -195,8 +190,9 @@ static void bwd_clip(const plan3_t *p, const ps_conv3d_desc_t *d, float *dinp, f
     if (dinp && !p->direct)
         memset(dinp + (size_t)n * d->C * p->DHW, 0, (size_t)d->C * p->DHW * sizeof(float));
     for (int g = 0; g < p->G; g++) {
-        const float *xg = inp + ((size_t)n * d->C + (size_t)g * Cg) * p->DHW;
-        const float *wg = w + (size_t)g * Kg * CRS;
+        /* inp is NULL when only dinp is wanted, w when only dw is */
+        const float *xg = dwacc ? inp + ((size_t)n * d->C + (size_t)g * Cg) * p->DHW : NULL;
+        const float *wg = dinp ? w + (size_t)g * Kg * CRS : NULL;
         const float *dyg = dout + ((size_t)n * d->K + (size_t)g * Kg) * p->OPQ;
         float *dwg = dwacc ? dwacc + (size_t)g * Kg * CRS : NULL;
         float *dxg = dinp ? dinp + ((size_t)n * d->C + (size_t)g * Cg) * p->DHW : NULL;
@@ -229,14 +225,13 @@ static void bwd_clip(const plan3_t *p, const ps_conv3d_desc_t *d, float *dinp, f
     }
 }
 
-void ps_cpu_conv3d_backward(ps_ctx_t *ctx, float *dinp, float *dw, float *db,
-                            const float *dout, const float *inp, const float *w,
-                            const ps_conv3d_desc_t *d, int N, int D, int H, int W)
+void ps_conv3d_gemm_backward(ps_ctx_t *ctx, float *dinp, float *dw, const float *dout,
+                             const float *inp, const float *w, const ps_conv3d_desc_t *d, int N,
+                             int D, int H, int W)
 {
     if (!ps_conv3d_check("conv3d", d, N, D, H, W)) return;
     plan3_t p;
     plan3(&p, d, N, D, H, W);
-    if (db) ps_cpu_conv_bias_grad(db, dout, N, d->K, p.OPQ); /* accumulated */
     if (!dw && !dinp) return;
     int failed;
     float *ws = workspace3(ctx, d, N, D, H, W, &failed);
@@ -263,4 +258,9 @@ void ps_cpu_conv3d_backward(ps_ctx_t *ctx, float *dinp, float *dw, float *db,
         return;
     }
     for (int n = 0; n < N; n++) bwd_clip(&p, d, dinp, dw, dout, inp, w, ws, n, D, H, W);
+}
+
+const char *ps_conv3d_gemm_scheme(const ps_conv3d_desc_t *d, int data_grad)
+{
+    return is_direct(d) ? "sgemm" : data_grad ? "sgemm+col2vol" : "vol2col+sgemm";
 }

@@ -1,10 +1,20 @@
-/* What the CPU convolutions (conv2d.c, conv3d.c) share after the GEMMs:
- * the bias gradient and the reduction of per-thread weight gradients. */
+/* What the CPU convolutions (conv2d.c, conv3d.c, conv_select.c) share:
+ * the team a call may use, the bias gradient and the reduction of
+ * per-thread weight gradients. */
 #include "cpu_layers.h"
 
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+
+int ps_cpu_team_threads(void)
+{
+#ifdef _OPENMP
+    return omp_in_parallel() ? 1 : omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
 
 void ps_cpu_conv_bias_grad(float *db, const float *dout, int N, int K, size_t PQ)
 {

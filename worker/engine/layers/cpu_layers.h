@@ -20,13 +20,17 @@ int ps_cpu_event_wait(ps_ctx_t *ctx, int slot);
 int ps_cpu_mem_stats(ps_ctx_t *ctx, ps_backend_mem_t *m, int reset_peak);
 void ps_cpu_release(ps_ctx_t *ctx);
 
-/* conv2d.c, conv2d_col.c */
+/* conv_select.c: the conv2d slots, through the row of conv_provider.h
+ * chosen for the shape (conv2d.c holds the im2col + GEMM row,
+ * conv_onednn.c the oneDNN one) */
 void ps_cpu_conv2d_forward(ps_ctx_t *ctx, float *out, const float *inp, const float *w,
                            const float *b, const ps_conv2d_desc_t *d, int N, int H, int W);
 void ps_cpu_conv2d_backward(ps_ctx_t *ctx, float *dinp, float *dw, float *db,
                             const float *dout, const float *inp, const float *w,
                             const ps_conv2d_desc_t *d, int N, int H, int W);
-/* Columns targeted per GEMM: convolutions whose output plane (P*Q) is
+/* 1 when the descriptor and shape make a convolution, else 0 (logged). */
+int ps_conv2d_valid(const ps_conv2d_desc_t *d, int N, int H, int W);
+/* conv2d.c, the im2col + GEMM row: columns targeted per GEMM: convolutions whose output plane (P*Q) is
  * smaller than this process several images in one GEMM.  Changing it
  * changes ps_conv2d_workspace(); 0 restores the default.  Process-wide,
  * meant for tests and benchmarks (set it before sizing a model). */
@@ -61,6 +65,9 @@ void ps_cpu_col_plane_add(float *xp, const float *src, int H, int W, int P, int 
  * gradients red[(t-1)*nw ..] into dw (an orphaned worksharing loop: every
  * thread of the team calls it). */
 void ps_cpu_conv_bias_grad(float *db, const float *dout, int N, int K, size_t PQ);
+/* Threads a call may use: the OpenMP team's size, 1 for a call made inside
+ * a parallel region (it runs on its own thread). */
+int ps_cpu_team_threads(void);
 void ps_cpu_sum_partials(float *dw, const float *red, size_t nw, int nth);
 
 /* batchnorm.c */
@@ -168,30 +175,10 @@ void ps_cpu_head_permute_forward(ps_ctx_t *ctx, float *out, const float *inp, in
 void ps_cpu_head_permute_backward(ps_ctx_t *ctx, float *dinp, const float *dout, int nA,
                                   int D, int H, int W);
 
-/* roi_align.c (two-stage detectors) */
-void ps_cpu_roi_align_forward(ps_ctx_t *ctx, float *out, const float *feat, const float *rois,
-                              int R, int N, int C, int H, int W, int PH, int PW,
-                              float spatial_scale, int sampling_ratio, int aligned);
-void ps_cpu_roi_align_backward(ps_ctx_t *ctx, float *dfeat, const float *dout,
-                               const float *rois, int R, int N, int C, int H, int W, int PH,
-                               int PW, float spatial_scale, int sampling_ratio, int aligned);
-/* deconv.c, mask_bce.c (Mask R-CNN) */
-void ps_cpu_deconv_forward(ps_ctx_t *ctx, float *out, const float *inp, const float *w,
-                           const float *b, int N, int C, int K, int H, int W, int s);
-void ps_cpu_deconv_backward(ps_ctx_t *ctx, float *dinp, float *dw, float *db,
-                            const float *dout, const float *inp, const float *w, int N, int C,
-                            int K, int H, int W, int s);
-int ps_cpu_mask_bce_forward(ps_ctx_t *ctx, float *loss, const float *logits,
-                            const int32_t *labels, const float *targets, float normaliser, int R,
-                            int K, int MM);
-int ps_cpu_mask_bce_backward(ps_ctx_t *ctx, float *dlogits, const float *logits,
-                             const int32_t *labels, const float *targets, float dloss,
-                             float normaliser, int R, int K, int MM);
-/* elementwise.c (Cascade R-CNN) */
-void ps_cpu_scale(ps_ctx_t *ctx, float *x, float alpha, size_t n);
 /* ---- 3-D video layers ---------------------------------------------------- */
 
-/* conv3d.c, conv3d_col.c */
+/* conv_select.c: the conv3d slots through the chosen row (conv3d.c,
+ * conv3d_col.c: vol2col + GEMM; conv_onednn.c) */
 void ps_cpu_conv3d_forward(ps_ctx_t *ctx, float *out, const float *inp, const float *w,
                            const float *b, const ps_conv3d_desc_t *d, int N, int D, int H,
                            int W);
@@ -220,5 +207,26 @@ void ps_cpu_avgpool3d_forward(ps_ctx_t *ctx, float *out, const float *inp,
                               const ps_pool3d_desc_t *d, int N, int C, int D, int H, int W);
 void ps_cpu_avgpool3d_backward(ps_ctx_t *ctx, float *dinp, const float *dout,
                                const ps_pool3d_desc_t *d, int N, int C, int D, int H, int W);
+/* roi_align.c (two-stage detectors) */
+void ps_cpu_roi_align_forward(ps_ctx_t *ctx, float *out, const float *feat, const float *rois,
+                              int R, int N, int C, int H, int W, int PH, int PW,
+                              float spatial_scale, int sampling_ratio, int aligned);
+void ps_cpu_roi_align_backward(ps_ctx_t *ctx, float *dfeat, const float *dout,
+                               const float *rois, int R, int N, int C, int H, int W, int PH,
+                               int PW, float spatial_scale, int sampling_ratio, int aligned);
+/* deconv.c, mask_bce.c (Mask R-CNN) */
+void ps_cpu_deconv_forward(ps_ctx_t *ctx, float *out, const float *inp, const float *w,
+                           const float *b, int N, int C, int K, int H, int W, int s);
+void ps_cpu_deconv_backward(ps_ctx_t *ctx, float *dinp, float *dw, float *db,
+                            const float *dout, const float *inp, const float *w, int N, int C,
+                            int K, int H, int W, int s);
+int ps_cpu_mask_bce_forward(ps_ctx_t *ctx, float *loss, const float *logits,
+                            const int32_t *labels, const float *targets, float normaliser, int R,
+                            int K, int MM);
+int ps_cpu_mask_bce_backward(ps_ctx_t *ctx, float *dlogits, const float *logits,
+                             const int32_t *labels, const float *targets, float dloss,
+                             float normaliser, int R, int K, int MM);
+/* elementwise.c (Cascade R-CNN) */
+void ps_cpu_scale(ps_ctx_t *ctx, float *x, float alpha, size_t n);
 
 #endif
