@@ -57,25 +57,14 @@ ok $? "the predictions carry compressed-RLE segmentations"
 psd_vs_standalone 3 "Mask R-CNN" "${MODEL[@]}" "${DATA[@]}"
 
 # bad input.  Image 0 without annotations, image 1 crowd-only, a degenerate
-# box (w = 0): left out / ignored, counted, training runs with a finite loss
-python3 - "$T/ds/annotations/instances_train.json" "$T" <<'PY' || exit 1
-import copy, json, sys
-d = json.load(open(sys.argv[1]))
-ids = [im["id"] for im in d["images"]]
-e = copy.deepcopy(d)
-e["annotations"] = [a for a in e["annotations"] if a["image_id"] != ids[0]]
-for a in e["annotations"]:
-    if a["image_id"] == ids[1]:
-        a["iscrowd"] = 1
-e["annotations"][-1]["bbox"][2] = 0
-json.dump(e, open(sys.argv[2] + "/empty.json", "w"))
-o = copy.deepcopy(d)  # a polygon reaching far outside its image
-o["annotations"][2]["segmentation"] = [[1.0, 1.0, 500.0, 2.0, 3.0, 400.0]]
-json.dump(o, open(sys.argv[2] + "/outside.json", "w"))
-n = copy.deepcopy(d)  # a training instance without a segmentation
-del n["annotations"][3]["segmentation"]
-json.dump(n, open(sys.argv[2] + "/noseg.json", "w"))
-PY
+# box (w = 0): left out / ignored, counted, training runs with a finite loss.
+# Annotation 2's polygon reaching far outside its image; annotation 3
+# without a segmentation.
+J=$T/ds/annotations/instances_train.json
+MUT=$top_builddir/tests/tools/coco_mutate
+{ "$MUT" "$J" "$T/empty.json" empty=0 crowd=1 degenerate=-1 &&
+  "$MUT" "$J" "$T/outside.json" outside=2 && "$MUT" "$J" "$T/noseg.json" noseg=3; } ||
+    { echo "Bail out! coco_mutate failed"; exit 99; }
 timeout 30 "$PSW" --standalone "${MODEL[@]}" --train-json "$T/empty.json" --root "$T/ds/train" \
     --batch 4 --steps 3 >"$T/em.out" 2>"$T/em.err"
 rc=$?

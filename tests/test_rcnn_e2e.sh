@@ -95,7 +95,8 @@ rc=$?
 ok $? "an image with more boxes than --max-gt: exit $rc naming it"
 # every box of image 1 crowd, one box of another image degenerate (w = 0):
 # the crowd-only image leaves the training set (counted), the empty box is no target
-"$top_builddir/tests/tools/coco_mutate" "$T/ds/annotations/instances_train.json" "$T/crowd.json" ||
+"$top_builddir/tests/tools/coco_mutate" "$T/ds/annotations/instances_train.json" "$T/crowd.json" \
+    crowd=0 degenerate=-1 ||
     { echo "Bail out! coco_mutate failed"; exit 99; }
 timeout 30 "$PSW" --standalone "${MODEL[@]}" --train-json "$T/crowd.json" --root "$T/ds/train" \
     --batch 4 --steps 3 >"$T/cr.out" 2>"$T/cr.err"
