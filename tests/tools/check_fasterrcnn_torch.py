@@ -1,10 +1,14 @@
 #!/usr/bin/python3
-"""A C-written Faster R-CNN checkpoint in torchvision (run by
+"""C-written Faster R-CNN checkpoints in torchvision (run by
 tests/check_fasterrcnn_torch.sh; TAP).
 
+    check_fasterrcnn_torch.py DIR...
+
 tests/tools/rcnn_export writes a Faster R-CNN-FPN and what the C engine
-computes for the hash input in eval mode; here the checkpoint goes into the
-torchvision model of that shape with load_state_dict(strict=True):
+computes for the hash input in eval mode into each DIR (checked in order,
+each introduced by a "# dir: DIR" line, in one process so torch is imported
+once); here the checkpoint goes into the torchvision model of that shape
+with load_state_dict(strict=True):
   * ResNet-50, width 64, FPN 256, box head 1024: fasterrcnn_resnet50_fpn
     (weights=None, num_classes=K+1) itself;
   * other depths with FPN 256 and box head 1024: FasterRCNN on
@@ -19,7 +23,8 @@ torchvision's proposals against C's as sets (each within 0.05 px; the
 top-n / NMS decisions may flip on near ties, so >= 98% must match); the
 box head on C's proposals (same tolerances); and torchvision's
 postprocess_detections of those outputs against C's detections (same
-class, score within 1e-3, box within 0.05 px).  A Mask R-CNN export goes
+class, score within 1e-3, box within 0.05 px; at most the export's MAXDET,
+torchvision's detections_per_img).  A Mask R-CNN export goes
 into maskrcnn_resnet50_fpn / MaskRCNN of its shape (MaskRCNNHeads and
 MaskRCNNPredictor of its mask width), and torchvision's mask branch on C's
 detections (maskrcnn_inference) is compared with C's mask probabilities.
@@ -101,17 +106,18 @@ def matched(a, b, tol):
     return int((d.min(axis=1) <= tol).sum())
 
 
-def main():
-    d = sys.argv[1]
-    torch.set_num_threads(2)
-    K, H, seed, A, P, D, depth, width, fpn, rep, mask, stages = \
+def check(d):
+    K, H, seed, A, P, D, depth, width, fpn, rep, mask, stages, maxdet = \
         [int(v) for v in open(os.path.join(d, "config.txt")).read().split()]
     raw = lambda name, cols: np.fromfile(os.path.join(d, name), dtype=np.float32).reshape(-1, cols)  # noqa: E731
     net = build(K, depth, width, fpn, rep, mask, stages)
+    if stages > 1 and maxdet != 100:
+        raise SystemExit("MAXDET %d: cascade_ref.CascadeHeads keeps 100" % maxdet)
+    net.roi_heads.detections_per_img = maxdet
     sd, meta = G.read_safetensors(os.path.join(d, "model.safetensors"))
     kind = "maskrcnn" if mask else "cascade" if stages > 1 else "fasterrcnn"
     if not strict_load(net, sd, meta, "%s-resnet%d-fpn" % (kind, depth)):
-        return plan()
+        return
     from torchvision.models.detection.image_list import ImageList
     from torchvision.models.detection.rpn import concat_box_prediction_layers
     net.eval()
@@ -152,7 +158,7 @@ def main():
        "detections: %d, torchvision %d, %d with the same class, score and box"
        % (len(det), len(ref), same))
     if mask and len(det) == 0:  # an export trained 2 steps scores below 0.05 everywhere
-        ok(True, "masks: no detections to compare on (the default-init exports have 100)")
+        ok(True, "masks: no detections to compare on (the default-init exports have MAXDET)")
     elif mask:
         from torchvision.models.detection.roi_heads import maskrcnn_inference
         with torch.no_grad():
@@ -162,6 +168,14 @@ def main():
             probs = maskrcnn_inference(x, lab)[0]
         close("masks of C's %d detections" % len(det), raw("mask_probs.bin", 784),
               probs.reshape(-1, 784).numpy())
+
+
+def main():
+    torch.set_num_threads(2)
+    for d in sys.argv[1:]:
+        print("# dir: %s" % d)
+        sys.stdout.flush()
+        check(d)
     return plan()
 
 
