@@ -42,15 +42,9 @@ head -1 "$T/run/val.csv" | grep -q ',segm_map,segm_ap50,segm_ap75$' &&
     [ "$(tail -1 "$T/run/val.csv" | tr ',' '\n' | wc -l)" = 9 ]
 ok $? "the validation CSV has the masks' columns"
 
-timeout 50 "$PSW" --eval "${MODEL[@]}" --weights "$T/run/model.safetensors" \
-    --val-json "$T/ds/annotations/instances_val.json" --val-root "$T/ds/val" --log-level warn \
-    --predictions "$T/pred.json" >"$T/eval.out" 2>"$T/eval.err"
-ok $? "psworker --eval --predictions on the exported Mask R-CNN"
-for k in detections map ap50 ap75 segm_map segm_ap50 segm_ap75; do
-    a=$(final_value "$T/run/w0.out" $k); b=$(final_value "$T/eval.out" $k)
-    [ -n "$a" ] && [ "$a" = "$b" ]
-    ok $? "--eval $k=$b equals rank 0's final $k=$a"
-done
+eval_equals "$T/run/w0.out" "Mask R-CNN (rank 0), with --predictions" \
+    "$BOX_KEYS segm_map segm_ap50 segm_ap75" "${MODEL[@]}" --predictions "$T/pred.json" \
+    --val-json "$T/ds/annotations/instances_val.json" --val-root "$T/ds/val"
 grep -q '"segmentation": *{"size": *\[' "$T/pred.json"
 ok $? "the predictions carry compressed-RLE segmentations"
 
@@ -65,27 +59,17 @@ MUT=$top_builddir/tests/tools/coco_mutate
 { "$MUT" "$J" "$T/empty.json" empty=0 crowd=1 degenerate=-1 &&
   "$MUT" "$J" "$T/outside.json" outside=2 && "$MUT" "$J" "$T/noseg.json" noseg=3; } ||
     { echo "Bail out! coco_mutate failed"; exit 99; }
-timeout 30 "$PSW" --standalone "${MODEL[@]}" --train-json "$T/empty.json" --root "$T/ds/train" \
-    --batch 4 --steps 3 >"$T/em.out" 2>"$T/em.err"
-rc=$?
-l=$(final_value "$T/em.out" loss)
-[ $rc -eq 0 ] && grep -q "10 images, 3 classes (2 without boxes left out" "$T/em.err" &&
-    [ -n "$l" ] && [ "$l" != nan ] && [ "$l" != -nan ]
-ok $? "an image without objects and a crowd-only image left out (counted), a degenerate box ignored: trains, loss=$l"
-timeout 30 "$PSW" --standalone "${MODEL[@]}" --train-json "$T/outside.json" --root "$T/ds/train" \
-    --batch 4 --steps 1 >"$T/os.out" 2>"$T/os.err"
-rc=$?
+R=(--root "$T/ds/train")
+train_json em 3 "${MODEL[@]}" --train-json "$T/empty.json" "${R[@]}"
+[ $rc -eq 0 ] && grep -q "10 images, 3 classes (2 without boxes left out" "$T/em.err" && finite "$loss"
+ok $? "an image without objects and a crowd-only image left out (counted), a degenerate box ignored: trains, loss=$loss"
+train_json os 1 "${MODEL[@]}" --train-json "$T/outside.json" "${R[@]}"
 [ $rc -eq 1 ] && grep -q 'outside.json: annotations\[2\].*segmentation' "$T/os.err"
 ok $? "a polygon far outside the image: exit $rc naming the record"
-timeout 30 "$PSW" --standalone "${MODEL[@]}" --train-json "$T/outside.json" --root "$T/ds/train" \
-    --batch 4 --steps 2 --skip-bad >"$T/os2.out" 2>"$T/os2.err"
-rc=$?
-l=$(final_value "$T/os2.out" loss)
-[ $rc -eq 0 ] && grep -q "1 bad records skipped" "$T/os2.err" && [ -n "$l" ] && [ "$l" != nan ]
-ok $? "--skip-bad: that record skipped (counted), trains, loss=$l"
-timeout 30 "$PSW" --standalone "${MODEL[@]}" --train-json "$T/noseg.json" --root "$T/ds/train" \
-    --batch 4 --steps 1 >"$T/ns.out" 2>"$T/ns.err"
-rc=$?
+train_json os2 2 "${MODEL[@]}" --train-json "$T/outside.json" "${R[@]}" --skip-bad
+[ $rc -eq 0 ] && grep -q "1 bad records skipped" "$T/os2.err" && finite "$loss"
+ok $? "--skip-bad: that record skipped (counted), trains, loss=$loss"
+train_json ns 1 "${MODEL[@]}" --train-json "$T/noseg.json" "${R[@]}"
 [ $rc -eq 1 ] && grep -qi 'segmentation' "$T/ns.err"
 ok $? "a training instance without a segmentation: exit $rc naming it"
 tap_done
