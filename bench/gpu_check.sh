@@ -9,8 +9,9 @@
 #      operands, and the loss scale in xent's backward), tests/test_cuda_det
 #      (the detection layers of det_layers.cu), tests/test_cuda_layers3d
 #      (conv3d through cuDNN's graph API, 3-D pools), tests/test_cuda_rcnn (the
-#      two-stage detectors' RoIAlign, roi_align.cu, and a whole Faster R-CNN
-#      step vs the CPU), tests/test_cuda_half (every
+#      two-stage detectors' RoIAlign, roi_align.cu, Mask R-CNN's deconv and
+#      mask loss, the scale, and a whole Faster R-CNN step vs the CPU),
+#      tests/test_cuda_half (every
 #      layer with half storage of the activations, fp16 and bf16, vs the CPU
 #      fp32 layers), tests/test_cuda_half_model (a small TSM-ResNet-18 step
 #      with half storage vs the CPU fp32 and the CPU rounding model,
@@ -166,7 +167,7 @@ layer_parity 90 layers3d "$L3D" 25 5
 stage "test_cuda_det (detection layers vs the CPU references)"
 layer_parity 60 det "$DET" 25 5
 
-stage "test_cuda_rcnn (RoIAlign vs the CPU reference; a whole Faster R-CNN-R18-FPN step, CPU vs CUDA fp32)"
+stage "test_cuda_rcnn (RoIAlign, Mask R-CNN's deconv and mask loss vs the CPU reference; a whole Faster R-CNN-R18-FPN step, CPU vs CUDA fp32)"
 layer_parity 60 rcnn "$RCNN" 15 4
 
 stage "test_cuda_half (half storage: every layer on fp16 / bf16 NHWC activations vs the CPU)"

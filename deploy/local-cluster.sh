@@ -5,7 +5,7 @@
 # rank 0's progress and print a summary.  Everything started here is stopped
 # on exit or Ctrl-C.
 #
-# usage: ./deploy/local-cluster.sh [--model tsm-r18|tsn-r18|...|i3d-r50-311|r3d-18|...|retinanet-r18|fasterrcnn-r18|smoke]
+# usage: ./deploy/local-cluster.sh [--model tsm-r18|tsn-r18|...|i3d-r50-311|r3d-18|...|retinanet-r18|fasterrcnn-r18|maskrcnn-r18|cascade-r18|smoke]
 #            [--data DIR] [--steps N] [--workers N] [--servers N] [--batch N]
 #            [--size S] [--frames T] [--width W] [--dtype fp32|fp16|bf16] [--mode sync|async|ssp]
 #            [--metrics-port P] [--] [extra psworker flags, e.g. --lr 0.1 --codec lz4 --val-every 100]
@@ -54,14 +54,14 @@ VIDEO=1
 [ "$MODEL" = smoke ] && VIDEO=0
 # detector (docs/detection.md): its own dataset, defaults and summary
 DET=0
-case $MODEL in retinanet-*|fasterrcnn-*) DET=1; VIDEO=0 ;; esac
+case $MODEL in retinanet-*|fasterrcnn-*|maskrcnn-*|cascade-*) DET=1; VIDEO=0 ;; esac
 if [ $DET = 1 ]; then
     # the acceptance configurations (docs/detection.md): RetinaNet-R18-FPN
-    # and Faster R-CNN-R18-FPN at 128x128, width 16, FPN 32, trained from
-    # scratch; 2 workers x batch 8
+    # and Faster / Mask / Cascade R-CNN-R18-FPN at 128x128, width 16, FPN
+    # 32, trained from scratch; 2 workers x batch 8
     # (Faster R-CNN passed AP50 0.99 by 1000 images x 8 epochs: 1500 steps
     # leave a margin)
-    case $MODEL in fasterrcnn-*) [ -n "$STEPS" ] || STEPS=1500 ;; esac
+    case $MODEL in fasterrcnn-*|maskrcnn-*|cascade-*) [ -n "$STEPS" ] || STEPS=1500 ;; esac
     [ -n "$STEPS" ] || STEPS=2000
     [ -n "$BATCH" ] || BATCH=8
     [ -n "$WIDTH" ] || WIDTH=16
@@ -145,12 +145,16 @@ fi
 
 if [ $DET = 1 ]; then
     if [ -z "$DATA" ]; then
-        DATA=$SRC/data/det
+        # Mask R-CNN trains on the instance masks: the same images with
+        # --masks (gen-det writes identical JPEGs either way)
+        DATA=$SRC/data/det MASKS=()
+        case $MODEL in maskrcnn-*) DATA=$SRC/data/det-masks MASKS=(--masks) ;; esac
         if [ ! -f "$DATA/annotations/instances_train.json" ]; then
             [ -x "$BIN/psdata" ] || { echo "local-cluster: $BIN/psdata not found (needed to generate the dataset)" >&2; exit 1; }
-            echo "generating the detection dataset in $DATA (2000 + 200 images of 128x128, 3 classes) ..."
+            echo "generating the detection dataset in $DATA (2000 + 200 images of 128x128, 3 classes${MASKS:+, masks}) ..."
             "$BIN/psdata" gen-det --out "$DATA" --images 2000 --val-images 200 --size 128 --classes 3 \
-                --min-objects 1 --max-objects 4 --min-size 0.2 --max-size 0.45 --seed 1 >/dev/null ||
+                --min-objects 1 --max-objects 4 --min-size 0.2 --max-size 0.45 --seed 1 \
+                "${MASKS[@]}" >/dev/null ||
                 { echo "local-cluster: psdata gen-det failed" >&2; exit 1; }
         fi
     fi
@@ -166,7 +170,10 @@ if [ $DET = 1 ]; then
     case $MODEL in
     # Faster R-CNN: a box head of 256 (torchvision 1024) on 128 RoIs per
     # image (512), the RPN's proposal counts scaled to 128 px (320 / 160)
-    fasterrcnn-*) MODEL_ARGS+=(--lr 0.02 --box-head-dim 256 --box-batch 128) ;;
+    # Cascade R-CNN: Faster R-CNN's configuration, three box stages
+    fasterrcnn-*|cascade-*) MODEL_ARGS+=(--lr 0.02 --box-head-dim 256 --box-batch 128) ;;
+    # Mask R-CNN: Faster R-CNN's and a mask head of 16 channels (256)
+    maskrcnn-*) MODEL_ARGS+=(--lr 0.02 --box-head-dim 256 --box-batch 128 --mask-head-dim 16) ;;
     *) MODEL_ARGS+=(--lr 0.04) ;;
     esac
 fi
@@ -278,13 +285,16 @@ PLOTS=$(ls "$RUN"/plots/*.png 2>/dev/null | tr '\n' ' ' | sed 's/ $//')
 [ -n "$PLOTS" ] || PLOTS="none (see $RUN/worker0.log; with gnuplot-nox installed: $BIN/psctl plot $RUN)"
 
 if [ $DET = 1 ]; then
+    SEGM=
+    grep -q '^final:.* segm_map=' "$RUN/worker0.log" && SEGM=1
     cat <<SUMMARY
 
 ==== summary ====
 model:            $MODEL (width $WIDTH, FPN 32), ${SIZE}x$SIZE, data $DATA
 steps:            $(val "$RUN/worker0.log" steps) ($(val "$RUN/worker0.log" epochs) epochs; sync SGD, $WORKERS workers x batch $BATCH, $SERVERS_N servers, wire $DTYPE)
 train loss:       $(val "$RUN/worker0.log" loss) (rank 0, mean of the last 10 steps)
-validation:       mAP $(val "$RUN/worker0.log" map)  AP50 $(val "$RUN/worker0.log" ap50)  AP75 $(val "$RUN/worker0.log" ap75) ($(val "$RUN/worker0.log" val_images) images)
+validation:       mAP $(val "$RUN/worker0.log" map)  AP50 $(val "$RUN/worker0.log" ap50)  AP75 $(val "$RUN/worker0.log" ap75) ($(val "$RUN/worker0.log" val_images) images)${SEGM:+
+masks:            mAP $(val "$RUN/worker0.log" segm_map)  AP50 $(val "$RUN/worker0.log" segm_ap50)  AP75 $(val "$RUN/worker0.log" segm_ap75)}
 throughput:       $(val "$RUN/worker0.log" cluster_images_per_s) images/s (all workers); rank 0 step $(val "$RUN/worker0.log" step_ms) ms = data wait $(val "$RUN/worker0.log" data_wait_ms) ms + compute $(val "$RUN/worker0.log" compute_ms) ms + comm wait $(val "$RUN/worker0.log" comm_wait_ms) ms
 wall time:        $(val "$RUN/worker0.log" wall_s) s (training + validations)
 model file:       $RUN/model.safetensors (psworker --eval --model $MODEL --weights ... --val-json ... evaluates it)

@@ -54,22 +54,38 @@ for gt in "$VJ" "$top_srcdir/tests/golden/coco_segm_gt.json"; do
         bail "coco_results $gt" "$T/$n.err"
 done
 
-# a RetinaNet trained a few steps, evaluated with --predictions (an untrained
-# detector scores ~0.01 everywhere: --score-thresh 0.001 keeps detections)
-MODEL=(--model retinanet-r18 --width 8 --fpn-channels 16 --size 64 --freeze-at 0 --threads 1
-       --loader-threads 1 --score-thresh 0.001 --log-level warn --progress-every 0)
-timeout 120 "$top_builddir/psworker" --standalone "${MODEL[@]}" --batch 2 --steps 3 --lr 0.01 \
-    --train-json "$T/ds/annotations/instances_train.json" --root "$T/ds/train" \
-    --out "$T/run" >"$T/train.out" 2>&1 || bail "psworker training" "$T/train.out"
-timeout 120 "$top_builddir/psworker" --eval "${MODEL[@]}" --weights "$T/run/model.safetensors" \
-    --val-json "$VJ" --val-root "$T/ds/val" --predictions "$T/pred.json" \
-    >"$T/eval.out" 2>&1 || bail "psworker --eval --predictions" "$T/eval.out"
-fv() { sed -n "s/^final:.* $1=\([^ ]*\).*/\1/p" "$T/eval.out"; }
-[ -s "$T/pred.json" ] && [ -n "$(fv map)" ] || bail "psworker wrote no predictions or no final line" "$T/eval.out"
+# train_eval DIR KEY MODEL [psworker flags...]: --model MODEL trained a few steps
+# into DIR, evaluated with --predictions DIR/pred.json, its final line in
+# DIR/eval.out carrying KEY (an untrained detector scores ~0.01 everywhere:
+# --score-thresh 0.001 keeps detections)
+train_eval() {
+    local d=$1 key=$2 m=$3
+    shift 3
+    set -- --model "$m" "$@"
+    timeout 120 "$top_builddir/psworker" --standalone "$@" --batch 2 --steps 3 --lr 0.01 \
+        --train-json "$T/ds/annotations/instances_train.json" --root "$T/ds/train" \
+        --out "$d" >"$d.train.out" 2>&1 || bail "psworker training ($m)" "$d.train.out"
+    timeout 120 "$top_builddir/psworker" --eval "$@" --weights "$d/model.safetensors" \
+        --val-json "$VJ" --val-root "$T/ds/val" --predictions "$d/pred.json" \
+        >"$d/eval.out" 2>&1 || bail "psworker --eval --predictions ($m)" "$d/eval.out"
+    [ -s "$d/pred.json" ] && [ -n "$(fv "$d" "$key")" ] ||
+        bail "psworker wrote no predictions ($m) or no $key" "$d/eval.out"
+}
+fv() { sed -n "s/^final:.* $2=\([^ ]*\).*/\1/p" "$1/eval.out"; } # DIR KEY
+COMMON=(--width 8 --fpn-channels 16 --size 64 --freeze-at 0 --threads 1 --loader-threads 1
+        --score-thresh 0.001 --log-level warn --progress-every 0)
+train_eval "$T/run" map retinanet-r18 "${COMMON[@]}"
+# Mask R-CNN: the file carries its masks, scored by pycocotools as segm too
+train_eval "$T/mrun" segm_map maskrcnn-r18 --box-head-dim 32 --box-batch 32 \
+    --mask-head-dim 8 "${COMMON[@]}"
 
 "$PYC" "$top_srcdir/tests/tools/check_coco_pycocotools.py" \
     --dataset "$VJ" --dataset "$T/ds/annotations/instances_train.json" \
     --results "$VJ" "$T/instances_val.res.json" "$T/instances_val.stats" \
     --results "$top_srcdir/tests/golden/coco_segm_gt.json" "$T/coco_segm_gt.res.json" \
         "$T/coco_segm_gt.stats" \
-    --ap "$VJ" "$T/pred.json" "$(fv map)" "$(fv ap50)" "$(fv ap75)"
+    --ap "$VJ" "$T/run/pred.json" "$(fv "$T/run" map)" "$(fv "$T/run" ap50)" "$(fv "$T/run" ap75)" \
+    --ap "$VJ" "$T/mrun/pred.json" "$(fv "$T/mrun" map)" "$(fv "$T/mrun" ap50)" \
+        "$(fv "$T/mrun" ap75)" \
+    --segm-ap "$VJ" "$T/mrun/pred.json" "$(fv "$T/mrun" segm_map)" "$(fv "$T/mrun" segm_ap50)" \
+        "$(fv "$T/mrun" segm_ap75)"

@@ -13,12 +13,15 @@ command -v "$CXX" >/dev/null 2>&1 || { echo "1..0 # SKIP no C++ compiler ($CXX)"
 [ -x "$PY" ] || command -v "$PY" >/dev/null 2>&1 || { echo "1..0 # SKIP no python3"; exit 77; }
 [ -f "$b/libps_engine.a" ] && [ -f "$b/libps_common.a" ] || {
     echo "1..0 # SKIP libraries not built"; exit 77; }
+# what libps_engine.a links against (BLAS, oneDNN): make check's, else this build's
+libs=${PS_ENGINE_EXT_LIBS-$(sed -n 's/^\(BLAS\|ONEDNN\)_LIBS = //p' "$b/Makefile" 2>/dev/null | tr '\n' ' ')}
 d=$b/tests/cuda_emu.d
 mkdir -p "$d" || exit 1
 "$PY" "$src/tests/cuda_emu/extract.py" "$src/worker/engine/cuda" >"$d/kernels.inc" || {
     echo "Bail out! kernel extraction failed"; exit 1; }
 if ! "$CXX" -std=c++17 -O1 -fopenmp -w -I"$src" -I"$src/common" -I"$d" -o "$d/emu" \
-        "$src/tests/cuda_emu/emu.cpp" "$b/libps_engine.a" "$b/libps_common.a" -lm \
+        "$src/tests/cuda_emu/emu.cpp" "$b/libps_engine.a" "$b/libps_common.a" \
+        $libs -lm \
         >"$d/build.log" 2>&1; then
     if grep -q 'fopenmp\|omp.h' "$d/build.log"; then
         echo "1..0 # SKIP $CXX without OpenMP"; exit 77

@@ -19,7 +19,8 @@
  * outputs (1e-4 x max|ref| + 1e-4 |ref|), every trainable gradient (2e-3 x
  * its max + 1e-3 |ref|: cuDNN / cuBLAS sum in other orders, ~30 layers;
  * bench/gpu_bench.c's fp32 tolerances), then the CUDA model's own
- * proposals and detections (inference) against the CPU's as sets. */
+ * proposals and detections (inference) against the CPU's as sets.  Mask R-CNN's deconv
+ * and mask loss against the CPU's too (test_mask_layers). */
 #include "tests/lib/cuda_testutil.h"
 #include "tests/lib/tap.h"
 #include "worker/engine/cuda/ps_cuda.h"
@@ -27,6 +28,7 @@
 #include "worker/det/det_boxes.h"
 #include "worker/engine/ps_engine.h"
 #include "worker/models/ps_rcnn.h"
+#include "ps_error.h"
 #include "ps_log.h"
 
 #include <stdio.h>
@@ -79,6 +81,70 @@ static void test_roi_align(int R, int N, int C, int H, int W, int PH, int PW, fl
     cmp_report(gdx, dx, nf, 1e-6 * maxabs(dx, nf), 1e-5, what);
     ps_cuda_free(df), ps_cuda_free(ddy), ps_cuda_free(drois), ps_cuda_free(dyo), ps_cuda_free(ddx);
     free(f), free(dy), free(rois), free(y), free(dx), free(poison), free(gy), free(gdx);
+}
+
+/* Mask R-CNN's deconv (2 x 2 stride 2 and 3 x 3 stride 3) and mask loss:
+ * CUDA vs CPU.  The deconv kernels sum in float in another order than the
+ * CPU's GEMM (1e-5 relative to the largest); the loss to 1e-6 relative
+ * (per-block double sums), its gradient to float rounding. */
+static void test_mask_layers(int N, int C, int K, int H, int W, int sd)
+{
+    size_t ni = (size_t)N * C * H * W, no = (size_t)N * K * H * W * sd * sd;
+    size_t nw = (size_t)C * K * sd * sd;
+    float *x = hrand(ni, 1, 0), *w = hrand(nw, 1, 0), *b = hrand(K, 1, 0), *dy = hrand(no, 1, 0);
+    float *y = hnan(no), *dx = hnan(ni), *dw = hrand(nw, 1, 0), *db = hrand(K, 1, 0);
+    float *dx_, *x_ = dev(x, ni * 4), *w_ = dev(w, nw * 4), *b_ = dev(b, K * 4);
+    float *dy_ = dev(dy, no * 4), *y_ = dev(y, no * 4), *dw_ = dev(dw, nw * 4), *db_ = dev(db, K * 4);
+    dx_ = dev(dx, ni * 4);
+    ps_backend_cpu.deconv_forward(&c, y, x, w, b, N, C, K, H, W, sd);
+    ps_backend_cpu.deconv_backward(&c, dx, dw, db, dy, x, w, N, C, K, H, W, sd);
+    ps_backend_cuda.deconv_forward(&g, y_, x_, w_, b_, N, C, K, H, W, sd);
+    ps_backend_cuda.deconv_backward(&g, dx_, dw_, db_, dy_, x_, w_, N, C, K, H, W, sd);
+    float *gy = down(y_, no), *gdx = down(dx_, ni), *gdw = down(dw_, nw), *gdb = down(db_, K);
+    char what[128];
+    snprintf(what, sizeof what, "deconv N=%d C=%d K=%d %dx%d stride %d forward", N, C, K, H, W, sd);
+    cmp_report(gy, y, no, 1e-5 * maxabs(y, no), 1e-5, what);
+    snprintf(what, sizeof what, "deconv stride %d input gradient", sd);
+    cmp_report(gdx, dx, ni, 1e-5 * maxabs(dx, ni), 1e-5, what);
+    snprintf(what, sizeof what, "deconv stride %d weight gradient (accumulated)", sd);
+    cmp_report(gdw, dw, nw, 1e-5 * maxabs(dw, nw), 1e-5, what);
+    snprintf(what, sizeof what, "deconv stride %d bias gradient (accumulated)", sd);
+    cmp_report(gdb, db, K, 1e-5 * maxabs(db, K), 1e-5, what);
+    ps_cuda_free(x_), ps_cuda_free(w_), ps_cuda_free(b_), ps_cuda_free(dy_), ps_cuda_free(y_);
+    ps_cuda_free(dx_), ps_cuda_free(dw_), ps_cuda_free(db_);
+    free(x), free(w), free(b), free(dy), free(y), free(dx), free(dw), free(db);
+    free(gy), free(gdx), free(gdw), free(gdb);
+
+    /* the mask loss on the predictor's shape: R rows, K + 1 channels of 28 x 28 */
+    int R = N * 16, K1 = K + 1, MM = 28 * 28;
+    size_t nl = (size_t)R * K1 * MM;
+    float *lg = hrand(nl, 4, 0), *t = hrand((size_t)R * MM, 0.5f, 0.5f), *dl = hnan(nl);
+    int32_t *lab = malloc(sizeof(int32_t) * R);
+    for (int r = 0; r < R; r++) lab[r] = r % K1;
+    float lc = NAN, lgpu = NAN;
+    float *lg_ = dev(lg, nl * 4), *t_ = dev(t, (size_t)R * MM * 4), *dl_ = dev(dl, nl * 4);
+    int32_t *lab_ = dev(lab, (size_t)R * 4);
+    ps_backend_cpu.mask_bce_forward(&c, &lc, lg, lab, t, (float)R * MM, R, K1, MM);
+    ps_backend_cpu.mask_bce_backward(&c, dl, lg, lab, t, 1.0f, (float)R * MM, R, K1, MM);
+    is_int(ps_backend_cuda.mask_bce_forward(&g, &lgpu, lg_, lab_, t_, (float)R * MM, R, K1, MM), 0,
+           "mask loss (cuda) accepts");
+    ps_backend_cuda.mask_bce_backward(&g, dl_, lg_, lab_, t_, 1.0f, (float)R * MM, R, K1, MM);
+    is_close(lgpu, lc, 0, 1e-6, "mask loss R=%d K+1=%d: cuda %.9g vs cpu %.9g", R, K1, lgpu, lc);
+    float *gdl = down(dl_, nl);
+    cmp_report(gdl, dl, nl, 1e-6 * maxabs(dl, nl), 1e-6, "mask loss gradient");
+    lab[R - 1] = K1;
+    ps_cuda_free(lab_);
+    lab_ = dev(lab, (size_t)R * 4);
+    is_int(ps_backend_cuda.mask_bce_forward(&g, &lgpu, lg_, lab_, t_, 1.0f, R, K1, MM), PS_EINVAL,
+           "mask loss (cuda): a label of K+1 channels refused");
+    float *sc = dev(lg, nl * 4);
+    ps_backend_cuda.scale(&g, sc, 1.0f / 3.0f, nl);
+    ps_backend_cpu.scale(&c, lg, 1.0f / 3.0f, nl);
+    float *gsc = down(sc, nl);
+    cmp_report(gsc, lg, nl, 0, 0, "scale by 1/3 (Cascade R-CNN)");
+    ps_cuda_free(sc), free(gsc);
+    ps_cuda_free(lg_), ps_cuda_free(t_), ps_cuda_free(dl_), ps_cuda_free(lab_);
+    free(lg), free(t), free(dl), free(lab), free(gdl);
 }
 
 static double excess(const float *a, const float *b, size_t n, double atol, double rtol,
@@ -226,6 +292,8 @@ int main(void)
     test_roi_align(40, 2, 3, 10, 12, 7, 7, 0.25f, 0, 1);
     test_roi_align(1024, 4, 64, 32, 32, 7, 7, 0.25f, 2, 0); /* the detector's P2 */
     test_roi_align(300, 2, 256, 13, 17, 14, 14, 0.0625f, 2, 0); /* Mask R-CNN's 14 x 14 */
+    test_mask_layers(3, 16, 8, 14, 14, 2); /* the mask predictor (reduced width) */
+    test_mask_layers(2, 5, 3, 4, 3, 3);
     test_model();
     ps_cuda_backend_free(&g);
     ps_ctx_free(&g);

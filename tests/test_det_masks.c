@@ -88,6 +88,35 @@ static void golden(void)
         free(m), free(got);
     }
     ok(nmt >= 5, "%d mask-target cases", nmt);
+    int nps = 0;
+    for (int i = 0;; i++) {
+        const golden_rec_t *pr = need("ps%d_prob", i), *bx = need("ps%d_boxes", i),
+                           *hw = need("ps%d_hw", i), *want = need("ps%d_out", i);
+        if (!pr || !bx || !hw || !want) break;
+        int N = pr->dims[0], M = pr->dims[1], h = ((int32_t *)hw->data)[0];
+        int w = ((int32_t *)hw->data)[1];
+        float *got = malloc(sizeof(float) * (size_t)N * h * w);
+        for (int n = 0; n < N; n++)
+            ps_det_mask_paste(got + (size_t)n * h * w, h, w, (float *)pr->data + (size_t)n * M * M,
+                              M, (float *)bx->data + 4 * n);
+        char what[96];
+        snprintf(what, sizeof what, "paste_masks_in_image %dx%d, %d boxes, M %d", h, w, N, M);
+        allclose(got, (float *)want->data, (long)N * h * w, 1e-6, 1e-6, what);
+        nps++;
+        free(got);
+    }
+    ok(nps >= 3, "%d mask-paste cases", nps);
+    /* wholly outside the image (beyond each side): an empty mask */
+    float prob[28 * 28], img[20 * 30];
+    for (int k = 0; k < 28 * 28; k++) prob[k] = 0.9f;
+    static const float off[4][4] = {{33, 2, 40, 9}, {-12, -9, -2.5f, -1}, {2, 25, 9, 31},
+                                    {5, -15, 9, -3}};
+    int empty = 1;
+    for (int b = 0; b < 4; b++) {
+        ps_det_mask_paste(img, 20, 30, prob, 28, off[b]);
+        for (int k = 0; k < 20 * 30; k++) empty &= img[k] == 0.0f;
+    }
+    ok(empty, "mask paste: boxes beyond each side of the image paste nothing");
     golden_free();
 }
 

@@ -17,7 +17,10 @@
  * random init; ResNet-50 width 8, 2 classes, 1 image, stem + layer1
  * frozen.  Then the tables (fasterrcnn_resnet50_fpn's element count and
  * names), a few SGD steps lower the loss, the safetensors round trip and
- * bad input. */
+ * bad input.  The Mask R-CNN variant (ResNet-18 as above with the mask
+ * branch, width 8; tests/golden/maskrcnn_r18.txt) adds loss_mask, the
+ * positive RoIs and their mask logits, every gradient of the mask branch,
+ * and each detection's mask probabilities after maskrcnn_inference. */
 #include "tests/lib/model_check.h"
 #include "tests/lib/tap.h"
 #include "worker/det/det_boxes.h"
@@ -41,6 +44,8 @@ typedef struct variant {
     int depth, width, fpn, K, n, H, freeze_at, rep, rpn_batch, box_batch;
     int pre_tr, post_tr, pre_te, post_te, random;
     double scale;
+    int mask_dim; /* Mask R-CNN's mask branch width (0: Faster R-CNN) */
+    int stages;   /* box head stages: 0 or 1, 3 = Cascade R-CNN */
 } variant_t;
 
 static ps_rcnn_t *make(ps_ctx_t *ctx, const variant_t *v)
@@ -60,6 +65,9 @@ static ps_rcnn_t *make(ps_ctx_t *ctx, const variant_t *v)
     c.rpn_test.pre_nms_top_n = v->pre_te;
     c.rpn_test.post_nms_top_n = v->post_te;
     c.max_gt = 8;
+    c.mask = v->mask_dim > 0;
+    c.mask_dim = v->mask_dim ? v->mask_dim : c.mask_dim;
+    c.stages = v->stages > 1 ? v->stages : 1;
     ps_rcnn_t *m = NULL;
     is_int(ps_rcnn_create(&m, &c, &ps_backend_cpu, ctx, v->n, v->H, v->H), 0, "%s: create",
            v->name);
@@ -125,6 +133,8 @@ static void rpn_targets(ps_rcnn_t *m, const boxes_t *gt, int n, int K, int32_t *
 }
 
 typedef struct golden {
+    uint8_t *gtmask;   /* (2, MAXB, H, H): the masks of the gt boxes ("gtmask" lines) */
+    int H;
     boxes_t gt, ptr, pev, rtr, rev, roi, det;
     float det_score[2][MAXB];
     int32_t roi_labels[2 * MAXB];
@@ -137,17 +147,31 @@ typedef struct golden {
 static const char *loss_names[4] = {"loss_objectness", "loss_rpn_box_reg", "loss_classifier",
                                     "loss_box_reg"};
 
-static int read_golden(golden_t *g, const char *path)
+/* "gtmask i j 0101...": gt box j's mask of image i, H*H digits */
+static void add_mask(golden_t *g, const char *line)
+{
+    int i, j, off = 0;
+    if (sscanf(line, "gtmask %d %d %n", &i, &j, &off) != 2 || i < 0 || i > 1 || j < 0 ||
+        j >= MAXB || (int)strlen(line + off) < g->H * g->H)
+        return;
+    uint8_t *d = g->gtmask + ((size_t)i * MAXB + j) * g->H * g->H;
+    for (int p = 0; p < g->H * g->H; p++) d[p] = line[off + p] == '1';
+}
+
+static int read_golden(golden_t *g, const char *path, int H)
 {
     FILE *f = fopen(path, "r");
     if (!f) return -1;
     memset(g, 0, sizeof *g);
+    g->H = H;
+    g->gtmask = calloc((size_t)2 * MAXB * H * H, 1);
     g->lines = calloc(4096, sizeof *g->lines);
     char *line = malloc(LINE_MAX_);
     while (fgets(line, LINE_MAX_, f)) {
         char tag[64];
         if (line[0] == '#' || sscanf(line, "%63s", tag) != 1) continue;
         if (!strcmp(tag, "gt")) add_box(&g->gt, line);
+        else if (!strcmp(tag, "gtmask")) add_mask(g, line);
         else if (!strcmp(tag, "prop_train")) add_box(&g->ptr, line);
         else if (!strcmp(tag, "prop_eval")) add_box(&g->pev, line);
         else if (!strcmp(tag, "rpn_train")) add_box(&g->rtr, line);
@@ -185,6 +209,7 @@ static void free_golden(golden_t *g)
 {
     for (int i = 0; i < g->nlines; i++) free(g->lines[i]);
     free(g->lines);
+    free(g->gtmask);
 }
 
 static const char *find_line(const golden_t *g, const char *tag)
@@ -207,7 +232,8 @@ static ps_rcnn_input_t training_input(ps_rcnn_t *m, const variant_t *v, const fl
     return (ps_rcnn_input_t){.images = x, .n = v->n, .rpn_labels = lab, .rpn_targets = tgt,
                              .gt_boxes = g->gt.b[0], .gt_classes = g->gt.cls[0], .ngt = ngt,
                              .gt_stride = MAXB, .seed = SEED, .proposals = g->ptr.b[0],
-                             .nproposals = nprop, .proposal_stride = MAXB};
+                             .nproposals = nprop, .proposal_stride = MAXB,
+                             .gt_masks = v->mask_dim ? g->gtmask : NULL};
 }
 
 static void check_gradients(ps_rcnn_t *m, const golden_t *g, const char *vname)
@@ -252,7 +278,7 @@ static void check_gradients(ps_rcnn_t *m, const golden_t *g, const char *vname)
 
 static void check_box_head(ps_rcnn_t *m, const golden_t *g, const char *vname, int K, int eval)
 {
-    int Rm = ps_rcnn_max_rois(m);
+    int Rm = ps_rcnn_max_rois(m), nb = ps_rcnn_config(m)->stages > 1 ? 1 : K + 1;
     float *rois = malloc(sizeof(float) * 4 * Rm), *cl = malloc(sizeof(float) * (K + 1) * Rm);
     float *bd = malloc(sizeof(float) * 4 * (K + 1) * Rm);
     int32_t *img = malloc(sizeof(int32_t) * Rm), *lab = malloc(sizeof(int32_t) * Rm);
@@ -273,18 +299,36 @@ static void check_box_head(ps_rcnn_t *m, const golden_t *g, const char *vname, i
     const char *lb = find_line(g, eval ? "eval_box_regression" : "box_regression");
     if (ok(lc && lb, "%s: golden has the box head outputs", vname)) {
         samples(lc, eval ? "eval_class_logits" : "class_logits", cl, (size_t)R * (K + 1), vname);
-        samples(lb, eval ? "eval_box_regression" : "box_regression", bd, (size_t)R * (K + 1) * 4,
+        samples(lb, eval ? "eval_box_regression" : "box_regression", bd, (size_t)R * nb * 4,
                 vname);
     }
     free(rois), free(cl), free(bd), free(img), free(lab);
+}
+
+/* Mask R-CNN: the golden's sampled mask probabilities of image i's
+ * detection a ("dmask i a p:v ...") against C's detection b */
+static int mask_matches(const golden_t *g, int i, int a, const float *probs, int b, int *bad)
+{
+    char tag[32];
+    snprintf(tag, sizeof tag, "dmask %d %d", i, a);
+    const char *line = find_line(g, tag);
+    if (!line) return 0;
+    int cnt = 0;
+    *bad += check_sample_list(line + strlen(tag), probs + (size_t)b * 784, 784, "mask", tag, &cnt);
+    return cnt;
 }
 
 static void check_detections(ps_rcnn_t *m, const golden_t *g, const variant_t *v)
 {
     float boxes[100 * 4], scores[100];
     int32_t cls[100];
+    float *probs = v->mask_dim ? malloc(sizeof(float) * 100 * 784) : NULL;
+    int masks = 0, mask_bad = 0, mask_px = 0;
     for (int i = 0; i < v->n; i++) {
         int nd = ps_rcnn_detect(m, i, boxes, scores, cls);
+        if (probs)
+            is_int(ps_rcnn_detect_masks(m, i, probs), nd, "%s: image %d: a mask per detection",
+                   v->name, i);
         int matched = 0;
         for (int a = 0; a < g->det.n[i]; a++)
             for (int b = 0; b < nd; b++) {
@@ -294,20 +338,125 @@ static void check_detections(ps_rcnn_t *m, const golden_t *g, const variant_t *v
                     close &= fabs(boxes[4 * b + k] - g->det.b[i][4 * a + k]) <= 1e-3;
                 if (close) {
                     matched++;
+                    if (probs) {
+                        int px = mask_matches(g, i, a, probs, b, &mask_bad);
+                        masks += px > 0;
+                        mask_px += px;
+                    }
                     break;
                 }
             }
         ok(nd == g->det.n[i] && matched == nd, "%s: image %d: %d detections, torchvision %d, %d "
            "with the same class, score and box", v->name, i, nd, g->det.n[i], matched);
     }
+    if (probs)
+        ok(masks == g->det.n[0] + g->det.n[1] && mask_bad == 0, "%s: %d detections' masks "
+           "(%d sampled probabilities) match maskrcnn_inference's", v->name, masks, mask_px);
+    free(probs);
+}
+
+/* Cascade R-CNN: each stage's losses; stages 1 and 2's RoIs (the previous
+ * stage's refined boxes) and labels row for row, their outputs (training),
+ * their class logits (eval) */
+static void check_stages(ps_rcnn_t *m, const golden_t *g, const variant_t *v,
+                         const ps_rcnn_losses_t *L, int eval)
+{
+    char tag[64];
+    for (int k = 0; k < 3 && !eval; k++) {
+        const char *lc, *lb;
+        snprintf(tag, sizeof tag, "loss_classifier_stage%d", k);
+        lc = find_line(g, tag);
+        snprintf(tag, sizeof tag, "loss_box_reg_stage%d", k);
+        lb = find_line(g, tag);
+        if (!ok(lc && lb, "%s: golden has stage %d's losses", v->name, k)) continue;
+        is_close(L->stage_classifier[k], strtod(strchr(lc, ' '), NULL), 1e-4, 1e-3,
+                 "%s: stage %d loss_classifier", v->name, k);
+        is_close(L->stage_box_reg[k], strtod(strchr(lb, ' '), NULL), 1e-4, 1e-3,
+                 "%s: stage %d loss_box_reg (L1)", v->name, k);
+    }
+    int Rm = ps_rcnn_max_rois(m), K1 = v->K + 1;
+    float *rois = malloc(sizeof(float) * 4 * Rm), *cl = malloc(sizeof(float) * K1 * Rm);
+    float *bd = malloc(sizeof(float) * 4 * Rm);
+    int32_t *img = malloc(sizeof(int32_t) * Rm), *lab = malloc(sizeof(int32_t) * Rm);
+    for (int k = 1; k < 3; k++) {
+        int R = ps_rcnn_stage_outputs(m, k, rois, img, lab, cl, bd);
+        if (eval) {
+            snprintf(tag, sizeof tag, "s%d_eval_class_logits", k);
+            const char *l = find_line(g, tag);
+            if (ok(l != NULL, "%s: golden has %s", v->name, tag))
+                samples(l, tag, cl, (size_t)R * K1, v->name);
+            continue;
+        }
+        int n = 0, same = 1, cnt[2] = {0, 0};
+        char lt[32];
+        snprintf(lt, sizeof lt, "s%d_roi", k);
+        for (int li = 0; li < g->nlines; li++) {
+            int i;
+            float b[4];
+            if (strncmp(g->lines[li], lt, strlen(lt)) || g->lines[li][strlen(lt)] != ' ' ||
+                sscanf(g->lines[li] + strlen(lt), "%d %f %f %f %f", &i, &b[0], &b[1], &b[2],
+                       &b[3]) != 5)
+                continue;
+            same &= n < R && img[n] == i;
+            for (int c = 0; same && c < 4; c++) same = fabs(rois[4 * n + c] - b[c]) <= 2e-3;
+            if (i >= 0 && i < 2) cnt[i]++;
+            n++;
+        }
+        snprintf(tag, sizeof tag, "s%d_roi_labels", k);
+        const char *ll = find_line(g, tag);
+        int nl = 0;
+        for (const char *p = ll ? ll + strlen(tag) : ""; ll && *p;) {
+            char *e;
+            long c = strtol(p, &e, 10);
+            if (e == p) break;
+            same &= nl < R && lab[nl] == c;
+            nl++;
+            p = e;
+        }
+        ok(same && n == R && nl == R && R > 0, "%s: stage %d: %d RoIs (%d + %d), the previous "
+           "stage's refined boxes and their labels row for row", v->name, k, R, cnt[0], cnt[1]);
+        snprintf(tag, sizeof tag, "s%d_class_logits", k);
+        const char *l1 = find_line(g, tag);
+        if (ok(l1 != NULL, "%s: golden has %s", v->name, tag))
+            samples(l1, tag, cl, (size_t)R * K1, v->name);
+        snprintf(tag, sizeof tag, "s%d_box_regression", k);
+        const char *l2 = find_line(g, tag);
+        if (ok(l2 != NULL, "%s: golden has %s", v->name, tag))
+            samples(l2, tag, bd, (size_t)R * 4, v->name);
+    }
+    free(rois), free(cl), free(bd), free(img), free(lab);
+}
+
+/* Mask R-CNN training: loss_mask, the positive RoIs' channels and logits */
+static void check_mask_training(ps_rcnn_t *m, const golden_t *g, const variant_t *v, float loss)
+{
+    const char *ll = find_line(g, "loss_mask"), *lb = find_line(g, "loss_mask_labels");
+    const char *lg = find_line(g, "mask_logits");
+    if (!ok(ll && lb && lg, "%s: golden has the mask branch's outputs", v->name)) return;
+    is_close(loss, strtod(ll + 9, NULL), 1e-4, 1e-3, "%s: loss_mask", v->name);
+    int Rm = ps_rcnn_max_mask_rois(m), K1 = v->K + 1;
+    float *x = malloc(sizeof(float) * (size_t)Rm * K1 * 784);
+    int32_t *lab = malloc(sizeof(int32_t) * Rm);
+    int R = ps_rcnn_mask_outputs(m, x, lab), same = 1, n = 0;
+    char *p = (char *)lb + 16, *e;
+    for (long c; (c = strtol(p, &e, 10)), e != p; p = e, n++) same &= n < R && lab[n] == c;
+    ok(same && n == R && R > 0, "%s: %d positive RoIs with torchvision's channels (%d)", v->name,
+       R, n);
+    samples(lg, "mask_logits", x, (size_t)R * K1 * 784, v->name);
+    free(x), free(lab);
 }
 
 static void check_variant(ps_ctx_t *ctx, const variant_t *v)
 {
     char path[1024];
-    snprintf(path, sizeof path, "%s/tests/golden/fasterrcnn_%s.txt", srcdir(), v->name);
+    if (v->mask_dim)
+        snprintf(path, sizeof path, "%s/tests/golden/maskrcnn_%s.txt", srcdir(), v->name + 5);
+    else if (v->stages > 1)
+        snprintf(path, sizeof path, "%s/tests/golden/%s.txt", srcdir(), v->name);
+    else
+        snprintf(path, sizeof path, "%s/tests/golden/fasterrcnn_%s.txt", srcdir(), v->name);
     golden_t g;
-    if (!ok(read_golden(&g, path) == 0, "%s: read %s", v->name, path)) return;
+    if (!ok(read_golden(&g, path, v->H) == 0, "%s: read %s", v->name, path)) return;
     ps_rcnn_t *m = make(ctx, v);
     if (!m) return;
     ps_rcnn_init(m, SEED, v->random);
@@ -333,6 +482,8 @@ static void check_variant(ps_ctx_t *ctx, const variant_t *v)
         samples(ld, "rpn_deltas", ps_rcnn_rpn_deltas(m), (size_t)v->n * A * 4, v->name);
     }
     check_box_head(m, &g, v->name, v->K, 0);
+    if (v->mask_dim) check_mask_training(m, &g, v, L.mask);
+    if (v->stages > 1) check_stages(m, &g, v, &L, 0);
     is_int(ps_rcnn_backward(m), 0, "%s: backward", v->name);
     check_gradients(m, &g, v->name);
 
@@ -351,6 +502,7 @@ static void check_variant(ps_ctx_t *ctx, const variant_t *v)
                           .proposal_stride = MAXB};
     is_int(ps_rcnn_forward(m, &ev, NULL), 0, "%s: inference on given proposals", v->name);
     check_box_head(m, &g, v->name, v->K, 1);
+    if (v->stages > 1) check_stages(m, &g, v, NULL, 1);
     check_detections(m, &g, v);
     ev.proposals = NULL;
     is_int(ps_rcnn_forward(m, &ev, NULL), 0, "%s: inference", v->name);
@@ -396,7 +548,7 @@ static void check_levels(void)
 static void check_tables(ps_ctx_t *ctx)
 {
     variant_t v = {"tables", 50, 64, 256, 90, 1, 64, 2, 1024, 256, 512, 2000, 2000, 1000, 1000,
-                   0, 1.0};
+                   0, 1.0, 0, 0};
     ps_rcnn_t *m = make(ctx, &v);
     if (!m) return;
     int np, nb;
@@ -436,7 +588,7 @@ static void check_tables(ps_ctx_t *ctx)
  * bad input. */
 static void check_training(ps_ctx_t *ctx)
 {
-    variant_t v = {"train", 18, 8, 16, 3, 2, 64, 2, 64, 64, 64, 200, 100, 100, 50, 0, 1.0};
+    variant_t v = {"train", 18, 8, 16, 3, 2, 64, 2, 64, 64, 64, 200, 100, 100, 50, 0, 1.0, 0, 0};
     ps_rcnn_t *m = make(ctx, &v);
     if (!m) return;
     ps_rcnn_init(m, 7, 0);
@@ -572,8 +724,10 @@ int main(void)
     ps_log_level = PS_LOG_WARN;
     ps_engine_init(&ctx, 0);
     static const variant_t vs[] = {
-        {"r18", 18, 8, 16, 3, 2, 64, 0, 32, 64, 64, 200, 100, 100, 50, 1, 0.25},
-        {"r50", 50, 8, 16, 2, 1, 64, 2, 32, 2048, 512, 200, 100, 100, 50, 0, 0.1},
+        {"r18", 18, 8, 16, 3, 2, 64, 0, 32, 64, 64, 200, 100, 100, 50, 1, 0.25, 0, 0},
+        {"r50", 50, 8, 16, 2, 1, 64, 2, 32, 2048, 512, 200, 100, 100, 50, 0, 0.1, 0, 0},
+        {"mask_r18", 18, 8, 16, 3, 2, 64, 0, 32, 64, 64, 200, 100, 100, 50, 1, 0.25, 8, 0},
+        {"cascade_r18", 18, 8, 16, 3, 2, 64, 0, 32, 64, 64, 200, 100, 100, 50, 1, 0.25, 0, 3},
     };
     for (size_t i = 0; i < sizeof vs / sizeof vs[0]; i++) check_variant(&ctx, &vs[i]);
     check_levels();

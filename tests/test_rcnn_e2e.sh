@@ -5,7 +5,8 @@
 # ap75=; rank 0's export evaluated by psworker --eval gives rank 0's own
 # numbers; one worker through psd equals --standalone (frozen BN and the
 # step's sampling seed a function of (--seed, step, rank): the same
-# arithmetic); bad input is a clear error or a counted skip.
+# arithmetic), Cascade R-CNN too; bad input is a clear error or a counted
+# skip.
 . "$(dirname "$0")/lib/integration_common.sh" || { echo "Bail out! cannot read lib/integration_common.sh"; exit 99; }
 PSDATA=$top_builddir/psdata
 [ -x "$PSDATA" ] || { echo "1..0 # SKIP psdata not built"; exit 77; }
@@ -41,19 +42,27 @@ ok $? "final lines: model=fasterrcnn-r18, 2 workers"
 [ -s "$T/run/model.safetensors" ]
 ok $? "rank 0 wrote model.safetensors"
 
-timeout 50 "$PSW" --eval "${MODEL[@]}" --weights "$T/run/model.safetensors" \
-    --val-json "$T/ds/annotations/instances_val.json" --val-root "$T/ds/val" --log-level warn \
-    >"$T/eval.out" 2>"$T/eval.err"
-ok $? "psworker --eval on the exported detector"
-for k in detections map ap50 ap75; do
-    a=$(final_value "$T/run/w0.out" $k); b=$(final_value "$T/eval.out" $k)
-    [ -n "$a" ] && [ "$a" = "$b" ]
-    ok $? "--eval $k=$b equals rank 0's final $k=$a"
-done
-[ "$(final_value "$T/eval.out" detections)" -gt 0 ]
+VAL=(--val-json "$T/ds/annotations/instances_val.json" --val-root "$T/ds/val")
+eval_equals "$T/run/w0.out" "Faster R-CNN (rank 0)" "$BOX_KEYS" "${MODEL[@]}" "${VAL[@]}"
+[ "$(final_value "$T/run/w0.out.eval" detections)" -gt 0 ]
 ok $? "the evaluation saw detections (a non-trivial comparison)"
 
 psd_vs_standalone 3 "Faster R-CNN" "${MODEL[@]}" "${DATA[@]}"
+
+# Cascade R-CNN: the same through psd and standalone, its export's --eval
+# equal to its final line, the cascade's names and class count in the file
+CASCADE=("${MODEL[@]/fasterrcnn-r18/cascade-r18}")
+psd_vs_standalone 3 "Cascade R-CNN" "${CASCADE[@]}" "${DATA[@]}"
+mkdir -p "$T/crun"
+timeout 60 "$PSW" --standalone "${CASCADE[@]}" "${DATA[@]}" --batch 2 --steps 3 --out "$T/crun" \
+    >"$T/crun/train.out" 2>"$T/crun.err"
+ok $? "cascade-r18 trained 3 steps with validation"
+eval_equals "$T/crun/train.out" "Cascade R-CNN" "$BOX_KEYS" "${CASCADE[@]}" "${VAL[@]}"
+timeout 20 "$PSW" --eval "${MODEL[@]}" --weights "$T/crun/model.safetensors" \
+    --val-json "$T/ds/annotations/instances_val.json" --val-root "$T/ds/val" >"$T/cx.out" 2>"$T/cx.err"
+rc=$?
+[ $rc -ne 0 ] && grep -q "box_predictor" "$T/cx.err"
+ok $? "a Cascade R-CNN checkpoint as --model fasterrcnn-r18: exit $rc naming the tensors"
 
 # bad input: clear errors, exit 1 or 2, no crash
 timeout 20 "$PSW" --standalone "${MODEL[@]/fasterrcnn-r18/fasterrcnn-r19}" "${DATA[@]}" \
@@ -72,15 +81,12 @@ rc=$?
 ok $? "an image with more boxes than --max-gt: exit $rc naming it"
 # every box of image 1 crowd, one box of another image degenerate (w = 0):
 # the crowd-only image leaves the training set (counted), the empty box is no target
-"$top_builddir/tests/tools/coco_mutate" "$T/ds/annotations/instances_train.json" "$T/crowd.json" ||
+"$top_builddir/tests/tools/coco_mutate" "$T/ds/annotations/instances_train.json" "$T/crowd.json" \
+    crowd=0 degenerate=-1 ||
     { echo "Bail out! coco_mutate failed"; exit 99; }
-timeout 30 "$PSW" --standalone "${MODEL[@]}" --train-json "$T/crowd.json" --root "$T/ds/train" \
-    --batch 4 --steps 3 >"$T/cr.out" 2>"$T/cr.err"
-rc=$?
-l=$(final_value "$T/cr.out" loss)
-[ $rc -eq 0 ] && grep -q "11 images, 3 classes (1 without boxes left out" "$T/cr.err" &&
-    [ -n "$l" ] && [ "$l" != nan ] && [ "$l" != -nan ]
-ok $? "a crowd-only image left out (counted), a degenerate box ignored: trains, loss=$l"
+train_json cr 3 "${MODEL[@]}" --train-json "$T/crowd.json" --root "$T/ds/train"
+[ $rc -eq 0 ] && grep -q "11 images, 3 classes (1 without boxes left out" "$T/cr.err" && finite "$loss"
+ok $? "a crowd-only image left out (counted), a degenerate box ignored: trains, loss=$loss"
 grep -q 'Faster R-CNN: RPN pre / post NMS 160 / 160 training, 80 / 80 test' "$T/cr.err"
 ok $? "RPN counts scaled to 64 pixels (torchvision's 2000 / 1000 x 64/800)"
 tap_done

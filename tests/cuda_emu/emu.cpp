@@ -670,6 +670,61 @@ static void roi_align()
     free(f), free(dy);
 }
 
+// Mask R-CNN: deconv.cu and the mask loss of det_layers.cu against
+// worker/engine/layers/deconv.c, mask_bce.c (the GEMM's sum order differs:
+// float rounding; the loss's per-block double sums: 1e-6 relative)
+static void mask_layers()
+{
+    ps_ctx_reserve(&ctx, 1 << 16);
+    for (int s = 1; s <= 3; s++) {
+        const int N = 2, C = 5, K = 3, H = 4, W = 3;
+        const size_t ni = (size_t)N * C * H * W, no = (size_t)N * K * H * W * s * s;
+        const size_t nw = (size_t)C * K * s * s;
+        float *x = rnd(ni), *w = rnd(nw), *b = rnd(K), *dy = rnd(no);
+        float *y = nans(no), *y2 = nans(no), *dx = nans(ni), *dx2 = nans(ni);
+        float *dw = rnd(nw), *dw2 = cp(dw, nw), *db = rnd(K), *db2 = cp(db, K);
+        char what[64];
+        ps_cpu_deconv_forward(&ctx, y, x, w, b, N, C, K, H, W, s);
+        EMU(k_deconv_fwd, 3, 32, y2, x, w, b, no, C, K, H, W, s);
+        snprintf(what, sizeof what, "deconv forward (stride %d)", s);
+        cmp(y2, y, no, 1e-6, 1e-5, what);
+        ps_cpu_deconv_backward(&ctx, dx, dw, db, dy, x, w, N, C, K, H, W, s);
+        EMU(k_deconv_bwd_data, 2, 32, dx2, dy, w, ni, C, K, H, W, s);
+        EMU(k_deconv_bwd_w, 2, 16, dw2, dy, x, nw, N, C, K, H, W, s);
+        EMU(k_deconv_bwd_b, 1, 2, db2, dy, (size_t)K, N, H * W * s * s);
+        snprintf(what, sizeof what, "deconv input gradient (stride %d)", s);
+        cmp(dx2, dx, ni, 1e-5, 1e-5, what);
+        snprintf(what, sizeof what, "deconv weight gradient, accumulated (stride %d)", s);
+        cmp(dw2, dw, nw, 1e-5, 1e-5, what);
+        snprintf(what, sizeof what, "deconv bias gradient, accumulated (stride %d)", s);
+        cmp(db2, db, K, 1e-5, 1e-5, what);
+        free(x), free(w), free(b), free(dy), free(y), free(y2), free(dx), free(dx2), free(dw);
+        free(dw2), free(db), free(db2);
+    }
+    const int R = 7, K = 4, MM = 49;
+    const size_t n = (size_t)R * K * MM;
+    float *x = rnd(n, 6.0f), *t = rnd((size_t)R * MM, 0.5f, 0.5f);
+    x[3] = 90.0f, x[n - 1] = -90.0f;
+    int32_t lab[R] = {0, 3, 1, 2, 3, 0, 1};
+    const unsigned G = 3;
+    double part[G];
+    float lc = NAN;
+    ps_cpu_mask_bce_forward(&ctx, &lc, x, lab, t, (float)(R * MM), R, K, MM);
+    EMU(k_det_mask_bce_fwd, G, DET_THREADS, part, x, lab, t, (size_t)R * MM, K, MM);
+    const float lg = (float)(det_sum(part, G) / (R * MM));
+    tap(fabs((double)lg - lc) <= 1e-6 * fabs(lc) && isfinite(lg), "mask loss %.9g vs cpu %.9g",
+        lg, lc);
+    float *dx = nans(n), *dx2 = nans(n);
+    ps_cpu_mask_bce_backward(&ctx, dx, x, lab, t, 0.8f, (float)(R * MM), R, K, MM);
+    EMU(k_det_mask_bce_bwd, 3, 64, dx2, x, lab, t, n, K, MM, (double)0.8f / (R * MM));
+    cmp(dx2, dx, n, 0, 0, "mask loss backward (exact)");
+    float *y = cp(x, n);
+    ps_cpu_scale(&ctx, x, 1.0f / 3.0f, n);
+    EMU(k_scale, 2, 32, y, 1.0f / 3.0f, n);
+    cmp(y, x, n, 0, 0, "scale by 1/3 (exact)");
+    free(x), free(t), free(dx), free(dx2), free(y);
+}
+
 // ---- half storage (--precision fp16|bf16): the k_h_* kernels on half NHWC
 // tensors against the CPU fp32 layers on the unrounded inputs.  Inputs are
 // stored with an explicit host transpose (NCHW -> NHWC) and rounding;
@@ -985,6 +1040,7 @@ int main()
     half_storage<__nv_bfloat16>("bf16", 3e-2);
     detection();
     roi_align();
+    mask_layers();
     printf("1..%d\n", nt);
     return nfail ? 1 : 0;
 }

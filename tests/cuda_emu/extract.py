@@ -8,14 +8,14 @@ import os
 import re
 import sys
 
-FILES = ["half.cuh", "batchnorm.cu", "conv2d.cu", "det_layers.cu", "layers.cu", "linear.cu",
-         "loss_scale.cu", "mixed.cu", "pool.cu", "pool3d.cu", "roi_align.cu"]
+FILES = ["half.cuh", "batchnorm.cu", "conv2d.cu", "deconv.cu", "det_layers.cu", "layers.cu",
+         "linear.cu", "loss_scale.cu", "mixed.cu", "pool.cu", "pool3d.cu", "roi_align.cu"]
 # structs the kernels take by value or use: every "struct X { ... };" of these
 # files, and the named ones of any file
 STRUCT_FILES = ("pool3d.cu",)
 STRUCTS = ("roi_geom",)
 MACROS = ("GRID_STRIDE", "BN_THREADS", "BNC_CH", "XENT_THREADS", "DET_THREADS", "DET_STRIDE",
-          "ROI_THREADS", "ROI_STRIDE")
+          "ROI_THREADS", "ROI_STRIDE", "DECONV_THREADS", "DECONV_STRIDE")
 
 
 def functions(src):

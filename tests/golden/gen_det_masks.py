@@ -10,7 +10,15 @@ writes tests/golden/det_masks.bin (PSGOLD1 records, psgold.py):
   mt<i>_M (i32 1), mt<i>_out (f32 N x M x M): torchvision's own
       roi_heads.project_masks_on_boxes(masks, boxes, idx, M), for boxes inside,
       across and beyond the mask's edges, thinner than a pixel, larger than
-      the image, and at M = 28, 14, 7, 5.
+      the image, and at M = 28, 14, 7, 5;
+  ps<i>_prob (f32 N x M x M), ps<i>_boxes (f32 N x 4), ps<i>_hw (i32 2),
+  ps<i>_out (f32 N x h x w): torchvision's paste_masks_in_image of mask
+      probabilities into an h x w image (Mask R-CNN inference), boxes inside,
+      across every edge, smaller than a pixel, larger than the image, with
+      fractional and integral corners (not wholly beyond the image: there
+      torchvision's slices go negative -- an error or a wrong region --,
+      which its clipped detections never meet; test_det_masks checks that
+      ours are empty).
 """
 import os
 
@@ -18,7 +26,7 @@ import numpy as np
 import psgold
 import torch
 import torch.nn.functional as F
-from torchvision.models.detection.roi_heads import project_masks_on_boxes
+from torchvision.models.detection.roi_heads import paste_masks_in_image, project_masks_on_boxes
 
 torch.manual_seed(20261205)
 rng = np.random.RandomState(20261205)
@@ -74,6 +82,22 @@ for i, ((h, w), M) in enumerate(cases):
     put("mt%d_idx" % i, idx.numpy(), 1)
     put("mt%d_M" % i, np.array([M]), 1)
     put("mt%d_out" % i, out.numpy(), 0)
+
+for i, ((h, w), M) in enumerate([((40, 50), 28), ((33, 27), 28), ((17, 23), 14)]):
+    boxes = [[3.2, 4.7, 30.9, 25.1], [0.0, 0.0, float(w), float(h)],
+             [-6.5, -4.2, w * 0.5, h * 0.4], [w * 0.6, h * 0.5, w + 5.5, h + 3.7],
+             [10.2, 11.3, 10.6, 11.5], [9.0, 7.0, 9.0, 7.0], [-30.0, -20.0, w + 40.0, h + 25.0],
+             [1.0, 2.0, 21.0, 12.0], [w - 1.5, h - 1.5, w - 0.2, h - 0.3]]
+    for _ in range(4):
+        x1, y1 = rng.uniform(-2, w - 2), rng.uniform(-2, h - 2)
+        boxes.append([x1, y1, x1 + rng.uniform(1, w), y1 + rng.uniform(1, h)])
+    boxes = torch.tensor(boxes, dtype=torch.float32)
+    prob = torch.rand(len(boxes), 1, M, M)
+    out = paste_masks_in_image(prob, boxes, (h, w), padding=1)
+    put("ps%d_prob" % i, prob[:, 0].numpy(), 0)
+    put("ps%d_boxes" % i, boxes.numpy(), 0)
+    put("ps%d_hw" % i, np.array([h, w]), 1)
+    put("ps%d_out" % i, out[:, 0].numpy(), 0)
 
 psgold.write(OUT, records)
 print(len(records), "records ->", OUT)

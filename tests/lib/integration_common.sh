@@ -219,6 +219,37 @@ psd_vs_standalone() {
     ok $? "psd-trained $what == standalone within 1e-5"
 }
 
+# eval_equals OUT LABEL KEYS [psworker flags...]: psworker --eval of the
+# export beside the training output OUT (its directory's model.safetensors;
+# the flags name the model and the validation set) prints the same value
+# for each of KEYS (words) as OUT's final line; its output in OUT.eval
+BOX_KEYS="detections map ap50 ap75"
+eval_equals() {
+    local run=$1 label=$2 keys=$3 k a b
+    shift 3
+    timeout 50 "$PSW" --eval "$@" --weights "$(dirname "$run")/model.safetensors" \
+        --log-level warn >"$run.eval" 2>"$run.eval.err"
+    ok $? "psworker --eval on the exported $label"
+    for k in $keys; do
+        a=$(final_value "$run" "$k"); b=$(final_value "$run.eval" "$k")
+        [ -n "$a" ] && [ "$a" = "$b" ]
+        ok $? "$label: --eval $k=$b equals the final $k=$a"
+    done
+}
+
+# train_json NAME STEPS [psworker flags...]: psworker --standalone --batch 4
+# --steps STEPS with the flags (a model and a --train-json to try), under a
+# 30 s timeout; its output in $T/NAME.out and $T/NAME.err, its exit status
+# in $rc, its final loss in $loss.  finite VALUE: a number, not NaN.
+train_json() {
+    local name=$1 steps=$2
+    shift 2
+    timeout 30 "$PSW" --standalone "$@" --batch 4 --steps "$steps" >"$T/$name.out" 2>"$T/$name.err"
+    rc=$?
+    loss=$(final_value "$T/$name.out" loss)
+}
+finite() { [ -n "$1" ] && [ "$1" != nan ] && [ "$1" != -nan ]; }
+
 # Dynamic loss scaling, independently of psworker (the loss-scale tests of
 # PS and ring mode): ls_policy STEPS K WIN INIT prints "step old new" for
 # every change of the scale when step K overflows -- start INIT, x2 after

@@ -11,7 +11,11 @@ Jobs, any number, in order:
       (mask areas for small / medium / large, as Detectron2 evaluates);
   --ap GT.json RES.json MAP AP50 AP75
       COCOeval(bbox) of a psworker --predictions file gives the AP, AP50 and
-      AP75 psworker printed (4 decimals).
+      AP75 psworker printed (4 decimals);
+  --segm-ap GT.json RES.json MAP AP50 AP75
+      the same for a Mask R-CNN's masks: COCOeval(segm) of the file with
+      the boxes dropped (mask areas, as the C evaluator and Detectron2)
+      gives the segm_map, segm_ap50, segm_ap75 psworker printed.
 Prints TAP (tests/lib/taplib.py); exit 1 when a check failed.
 """
 import contextlib
@@ -80,22 +84,32 @@ def results(gtf, resf, statsf):
               "pycocotools %s vs C %s" % (s.tolist(), want["segm"].tolist()))
 
 
-def ap(gtf, resf, m, a50, a75):
+def ap(gtf, resf, m, a50, a75, kind="bbox"):
     gt = quiet(COCO, gtf)
     with open(resf) as f:
-        n = len(json.load(f))
-    s = stats(gt, resf, "bbox")
+        res = json.load(f)
+    n = len(res)
+    if kind == "segm":
+        for r in res:
+            r.pop("bbox")
+    s = stats(gt, res, kind)
     printed = np.array([float(m), float(a50), float(a75)])
     diff = np.abs(s[:3] - printed).max()
     # psworker prints 4 decimals: equal to within the rounding
     taplib.ok(n > 0 and diff <= 0.00005 + 1e-12,
-              "psworker's %d predictions scored by pycocotools: map=%.4f ap50=%.4f ap75=%.4f, "
-              "printed %s %s %s (largest difference %.2g)" % (n, s[0], s[1], s[2], m, a50, a75, diff))
+              "psworker's %d predictions scored by pycocotools (%s): map=%.4f ap50=%.4f "
+              "ap75=%.4f, printed %s %s %s (largest difference %.2g)"
+              % (n, kind, s[0], s[1], s[2], m, a50, a75, diff))
+
+
+def segm_ap(gtf, resf, m, a50, a75):
+    ap(gtf, resf, m, a50, a75, "segm")
 
 
 def main(argv):
     i = 0
-    jobs = {"--dataset": (1, dataset), "--results": (3, results), "--ap": (5, ap)}
+    jobs = {"--dataset": (1, dataset), "--results": (3, results), "--ap": (5, ap),
+            "--segm-ap": (5, segm_ap)}
     while i < len(argv):
         n, f = jobs[argv[i]]
         f(*argv[i + 1:i + 1 + n])

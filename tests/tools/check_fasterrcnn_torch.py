@@ -1,10 +1,14 @@
 #!/usr/bin/python3
-"""A C-written Faster R-CNN checkpoint in torchvision (run by
+"""C-written Faster R-CNN checkpoints in torchvision (run by
 tests/check_fasterrcnn_torch.sh; TAP).
 
+    check_fasterrcnn_torch.py DIR...
+
 tests/tools/rcnn_export writes a Faster R-CNN-FPN and what the C engine
-computes for the hash input in eval mode; here the checkpoint goes into the
-torchvision model of that shape with load_state_dict(strict=True):
+computes for the hash input in eval mode into each DIR (checked in order,
+each introduced by a "# dir: DIR" line, in one process so torch is imported
+once); here the checkpoint goes into the torchvision model of that shape
+with load_state_dict(strict=True):
   * ResNet-50, width 64, FPN 256, box head 1024: fasterrcnn_resnet50_fpn
     (weights=None, num_classes=K+1) itself;
   * other depths with FPN 256 and box head 1024: FasterRCNN on
@@ -19,7 +23,15 @@ torchvision's proposals against C's as sets (each within 0.05 px; the
 top-n / NMS decisions may flip on near ties, so >= 98% must match); the
 box head on C's proposals (same tolerances); and torchvision's
 postprocess_detections of those outputs against C's detections (same
-class, score within 1e-3, box within 0.05 px).
+class, score within 1e-3, box within 0.05 px; at most the export's MAXDET,
+torchvision's detections_per_img).  A Mask R-CNN export goes
+into maskrcnn_resnet50_fpn / MaskRCNN of its shape (MaskRCNNHeads and
+MaskRCNNPredictor of its mask width), and torchvision's mask branch on C's
+detections (maskrcnn_inference) is compared with C's mask probabilities.
+A Cascade R-CNN export goes into FasterRCNN with its RoIHeads replaced by
+tests/golden/cascade_ref.CascadeHeads (Detectron2's semantics; torchvision
+has no Cascade R-CNN): the stage-0 outputs on C's proposals and the
+cascade's detections (three stages, mean scores, last boxes) are compared.
 """
 import os
 import sys
@@ -30,22 +42,37 @@ import torch
 _here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(_here, "..", "golden"))  # the golden generators
 sys.path.insert(0, os.path.join(_here, "..", "lib"))     # taplib
+import cascade_ref as CR  # noqa: E402
 import gen_resnet as G  # noqa: E402
 from taplib import ok, plan, strict_load  # noqa: E402
 
 
-def build(K, depth, width, fpn, rep):
+def build(K, depth, width, fpn, rep, mask=0, stages=1):
+    if stages > 1:  # torchvision's FasterRCNN around Detectron2's cascade heads
+        from torchvision.ops import MultiScaleRoIAlign
+        net = build(K, depth, width, fpn, 1024 if rep == 1024 else rep)
+        net.roi_heads = CR.CascadeHeads(MultiScaleRoIAlign(["0", "1", "2", "3"], 7, 2), fpn, rep,
+                                        K, net.roi_heads)
+        return net
     import torchvision
-    from torchvision.models.detection import FasterRCNN, fasterrcnn_resnet50_fpn
+    from torchvision.models.detection import (FasterRCNN, MaskRCNN, fasterrcnn_resnet50_fpn,
+                                              maskrcnn_resnet50_fpn)
+    from torchvision.models.detection.mask_rcnn import MaskRCNNHeads, MaskRCNNPredictor
     from torchvision.models.detection.backbone_utils import BackboneWithFPN, resnet_fpn_backbone
     from torchvision.models.detection.faster_rcnn import FastRCNNPredictor, TwoMLPHead
     from torchvision.ops import misc
     from torchvision.ops.feature_pyramid_network import LastLevelMaxPool
     if width != 64:
         raise SystemExit("width %d: torchvision's ResNets are width 64" % width)
-    if (depth, fpn, rep) == (50, 256, 1024):
+    if (depth, fpn, rep, mask) == (50, 256, 1024, 256):
+        return maskrcnn_resnet50_fpn(weights=None, weights_backbone=None, num_classes=K + 1)
+    if (depth, fpn, rep, mask) == (50, 256, 1024, 0):
         return fasterrcnn_resnet50_fpn(weights=None, weights_backbone=None, num_classes=K + 1)
-    if (fpn, rep) == (256, 1024):
+    if (fpn, rep, mask) == (256, 1024, 256):
+        bb = resnet_fpn_backbone(backbone_name="resnet%d" % depth, weights=None,
+                                 trainable_layers=5)
+        return MaskRCNN(bb, num_classes=K + 1)
+    if (fpn, rep, mask) == (256, 1024, 0):
         bb = resnet_fpn_backbone(backbone_name="resnet%d" % depth, weights=None,
                                  trainable_layers=5)
         return FasterRCNN(bb, num_classes=K + 1)
@@ -54,8 +81,11 @@ def build(K, depth, width, fpn, rep):
     c2 = body.inplanes // 8  # 64 (BasicBlock) or 256 (Bottleneck)
     bb = BackboneWithFPN(body, {"layer1": "0", "layer2": "1", "layer3": "2", "layer4": "3"},
                          [c2, 2 * c2, 4 * c2, 8 * c2], fpn, extra_blocks=LastLevelMaxPool())
-    return FasterRCNN(bb, num_classes=None, box_head=TwoMLPHead(fpn * 49, rep),
-                      box_predictor=FastRCNNPredictor(rep, K + 1))
+    heads = dict(box_head=TwoMLPHead(fpn * 49, rep), box_predictor=FastRCNNPredictor(rep, K + 1))
+    if not mask:
+        return FasterRCNN(bb, num_classes=None, **heads)
+    return MaskRCNN(bb, num_classes=None, mask_head=MaskRCNNHeads(fpn, (mask,) * 4, 1),
+                    mask_predictor=MaskRCNNPredictor(mask, mask, K + 1), **heads)
 
 
 def close(name, got, ref):
@@ -76,16 +106,18 @@ def matched(a, b, tol):
     return int((d.min(axis=1) <= tol).sum())
 
 
-def main():
-    d = sys.argv[1]
-    torch.set_num_threads(2)
-    K, H, seed, A, P, D, depth, width, fpn, rep = \
+def check(d):
+    K, H, seed, A, P, D, depth, width, fpn, rep, mask, stages, maxdet = \
         [int(v) for v in open(os.path.join(d, "config.txt")).read().split()]
     raw = lambda name, cols: np.fromfile(os.path.join(d, name), dtype=np.float32).reshape(-1, cols)  # noqa: E731
-    net = build(K, depth, width, fpn, rep)
+    net = build(K, depth, width, fpn, rep, mask, stages)
+    if stages > 1 and maxdet != 100:
+        raise SystemExit("MAXDET %d: cascade_ref.CascadeHeads keeps 100" % maxdet)
+    net.roi_heads.detections_per_img = maxdet
     sd, meta = G.read_safetensors(os.path.join(d, "model.safetensors"))
-    if not strict_load(net, sd, meta, "fasterrcnn-resnet%d-fpn" % depth):
-        return plan()
+    kind = "maskrcnn" if mask else "cascade" if stages > 1 else "fasterrcnn"
+    if not strict_load(net, sd, meta, "%s-resnet%d-fpn" % (kind, depth)):
+        return
     from torchvision.models.detection.image_list import ImageList
     from torchvision.models.detection.rpn import concat_box_prediction_layers
     net.eval()
@@ -104,10 +136,17 @@ def main():
            "proposals: %d, torchvision %d, %d of them within 0.05 px" % (len(mine), len(ref), n))
         rh = net.roi_heads
         P_ = [torch.from_numpy(mine)]
-        cls, reg = rh.box_predictor(rh.box_head(rh.box_roi_pool(feats, P_, images.image_sizes)))
+        if stages > 1:
+            dets, st = rh.forward_eval(feats, P_, images.image_sizes)
+            cls, reg = st[0]["cls"], st[0]["reg"]
+            boxes, scores, labels = [dets[0][0]], [dets[0][1]], [dets[0][2]]
+        else:
+            cls, reg = rh.box_predictor(rh.box_head(rh.box_roi_pool(feats, P_, images.image_sizes)))
+        nb = 1 if stages > 1 else K + 1
         close("class logits on C's proposals", raw("class_logits.bin", K + 1), cls.numpy())
-        close("box deltas on C's proposals", raw("box_deltas.bin", 4 * (K + 1)), reg.numpy())
-        boxes, scores, labels = rh.postprocess_detections(cls, reg, P_, images.image_sizes)
+        close("box deltas on C's proposals", raw("box_deltas.bin", 4 * nb), reg.numpy())
+        if stages == 1:
+            boxes, scores, labels = rh.postprocess_detections(cls, reg, P_, images.image_sizes)
     det = raw("detections.bin", 6)
     ref = np.concatenate([boxes[0].numpy(), scores[0].numpy()[:, None],
                           labels[0].numpy()[:, None].astype(np.float32) - 1], axis=1)
@@ -118,6 +157,25 @@ def main():
     ok(len(det) == len(ref) and same == len(ref),
        "detections: %d, torchvision %d, %d with the same class, score and box"
        % (len(det), len(ref), same))
+    if mask and len(det) == 0:  # an export trained 2 steps scores below 0.05 everywhere
+        ok(True, "masks: no detections to compare on (the default-init exports have MAXDET)")
+    elif mask:
+        from torchvision.models.detection.roi_heads import maskrcnn_inference
+        with torch.no_grad():
+            b = [torch.from_numpy(det[:, :4].copy())]
+            lab = [torch.from_numpy(det[:, 5].astype(np.int64) + 1)]
+            x = rh.mask_predictor(rh.mask_head(rh.mask_roi_pool(feats, b, images.image_sizes)))
+            probs = maskrcnn_inference(x, lab)[0]
+        close("masks of C's %d detections" % len(det), raw("mask_probs.bin", 784),
+              probs.reshape(-1, 784).numpy())
+
+
+def main():
+    torch.set_num_threads(2)
+    for d in sys.argv[1:]:
+        print("# dir: %s" % d)
+        sys.stdout.flush()
+        check(d)
     return plan()
 
 

@@ -1,9 +1,14 @@
 /* Instance masks: torchvision's nearest resize and mask targets
- * (contracts in det_masks.h). */
+ * and the inference masks pasted into the image (contracts in det_masks.h). */
 #include "worker/det/det_masks.h"
 
 #include <math.h>
 #include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ps_error.h"
+#include "ps_log.h"
 
 #include "ps_util.h"
 
@@ -55,4 +60,54 @@ void ps_det_mask_target(float *out, int M, const uint8_t *mask, int stride, int 
             }
             out[ph * M + pw] = acc / count;
         }
+}
+
+/* torch's bilinear source index (align_corners=False): the lower tap, its
+ * weight on the upper one, and whether an upper one exists */
+static void bilinear_src(int dst, float scale, int in, int *lo, float *lambda, int *step)
+{
+    float src = scale * ((float)dst + 0.5f) - 0.5f;
+    if (src < 0) src = 0;
+    *lo = (int)src;
+    *step = *lo < in - 1;
+    *lambda = src - (float)*lo;
+}
+
+int ps_det_mask_paste(float *out, int h, int w, const float *prob, int M, const float box[4])
+{
+    memset(out, 0, sizeof(float) * (size_t)h * w);
+    int P = M + 2;
+    float scale = (float)((double)P / M);
+    float wh = (box[2] - box[0]) * 0.5f * scale, hh = (box[3] - box[1]) * 0.5f * scale;
+    float xc = (box[2] + box[0]) * 0.5f, yc = (box[3] + box[1]) * 0.5f;
+    long b0 = (long)(xc - wh), b1 = (long)(yc - hh), b2 = (long)(xc + wh), b3 = (long)(yc + hh);
+    long bw = b2 - b0 + 1 > 1 ? b2 - b0 + 1 : 1, bh = b3 - b1 + 1 > 1 ? b3 - b1 + 1 : 1;
+    long x0 = b0 > 0 ? b0 : 0, x1 = b2 + 1 < w ? b2 + 1 : w;
+    long y0 = b1 > 0 ? b1 : 0, y1 = b3 + 1 < h ? b3 + 1 : h;
+    if (x1 <= x0 || y1 <= y0) return 0;
+    /* the padded mask: a zero border of one pixel */
+    float *pad = calloc((size_t)P * P, sizeof *pad);
+    if (!pad) {
+        ps_error("mask paste: out of memory");
+        return PS_ENOMEM;
+    }
+    for (int y = 0; y < M; y++)
+        memcpy(pad + (size_t)(y + 1) * P + 1, prob + (size_t)y * M, sizeof(float) * M);
+    float sy = (float)P / (float)bh, sx = (float)P / (float)bw;
+    for (long y = y0; y < y1; y++) {
+        int ty, dy;
+        float ly;
+        bilinear_src((int)(y - b1), sy, P, &ty, &ly, &dy);
+        const float *r0 = pad + (size_t)ty * P, *r1 = r0 + (size_t)dy * P;
+        for (long x = x0; x < x1; x++) {
+            int tx, dx;
+            float lx;
+            bilinear_src((int)(x - b0), sx, P, &tx, &lx, &dx);
+            float top = (1.0f - lx) * r0[tx] + lx * r0[tx + dx];
+            float bot = (1.0f - lx) * r1[tx] + lx * r1[tx + dx];
+            out[(size_t)y * w + x] = (1.0f - ly) * top + ly * bot;
+        }
+    }
+    free(pad);
+    return 0;
 }

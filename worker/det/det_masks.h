@@ -29,4 +29,17 @@ void ps_det_mask_resize(uint8_t *dst, int dst_stride, int oh, int ow, const uint
 void ps_det_mask_target(float *out, int M, const uint8_t *mask, int stride, int h, int w,
                         const float box[4]);
 
+/* Mask R-CNN inference: one detection's M x M mask probabilities pasted
+ * into an h x w image at box (x1, y1, x2, y2, image pixels), as
+ * torchvision's paste_masks_in_image (padding 1): the mask padded with a
+ * zero border to M + 2, the box widened about its centre by (M + 2) / M
+ * (float) and truncated to integers, the padded mask resized to the box's
+ * (x2 - x1 + 1) x (y2 - y1 + 1) pixels (F.interpolate bilinear,
+ * align_corners=False, in float) and written where it lies inside the
+ * image; out (h x w floats, row stride w) is 0 elsewhere.  A box wholly
+ * outside the image gives an empty mask (torchvision's negative slices
+ * would err or paste elsewhere; its clipped detections never meet that).
+ * Returns 0 or PS_ENOMEM. */
+int ps_det_mask_paste(float *out, int h, int w, const float *prob, int M, const float box[4]);
+
 #endif

@@ -145,8 +145,8 @@ out:
 
 /* ---- box head targets ------------------------------------------------------------- */
 
-int ps_det_roi_targets(float *rois, int32_t *labels, float *targets, const float *proposals,
-                       int P, const float *gt, const int32_t *gt_class, int M, int K,
+int ps_det_roi_targets(float *rois, int32_t *labels, float *targets, int32_t *gt_index,
+                       const float *proposals, int P, const float *gt, const int32_t *gt_class, int M, int K,
                        const ps_det_roi_sample_params_t *p, uint64_t key)
 {
     for (int g = 0; g < M; g++)
@@ -174,6 +174,7 @@ int ps_det_roi_targets(float *rois, int32_t *labels, float *targets, const float
         if (lab[i] < 0) continue;
         memcpy(rois + (size_t)s * 4, cand + (size_t)i * 4, 4 * sizeof(float));
         labels[s] = lab[i];
+        if (gt_index) gt_index[s] = lab[i] >= 1 ? matched[i] : -1;
         if (lab[i] >= 1)
             ps_det_box_encode_w(targets + (size_t)s * 4, gt + (size_t)matched[i] * 4,
                                 cand + (size_t)i * 4, 1, p->weights);
@@ -187,45 +188,72 @@ out:
     return rc;
 }
 
+int ps_det_roi_relabel(int32_t *labels, float *targets, int32_t *gt_index, const float *rois,
+                       int R, const float *gt, const int32_t *gt_class, int M, int K,
+                       const ps_det_roi_sample_params_t *p)
+{
+    for (int g = 0; g < M; g++)
+        if (gt_class[g] < 0 || gt_class[g] >= K) {
+            ps_error("cascade stage targets: class %d of gt %d outside 0..%d", gt_class[g], g,
+                     K - 1);
+            return PS_EINVAL;
+        }
+    int32_t *matched = malloc(sizeof(int32_t) * (size_t)(R ? R : 1));
+    if (!matched) {
+        ps_error("cascade stage targets: out of memory (%d RoIs)", R);
+        return PS_ENOMEM;
+    }
+    int rc = ps_det_match(matched, rois, R, gt, M, p->fg_iou, p->fg_iou, 0, NULL);
+    for (int r = 0; rc >= 0 && r < R; r++) {
+        int fg = matched[r] >= 0;
+        labels[r] = fg ? gt_class[matched[r]] + 1 : 0;
+        if (gt_index) gt_index[r] = fg ? matched[r] : -1;
+        if (fg)
+            ps_det_box_encode_w(targets + (size_t)r * 4, gt + (size_t)matched[r] * 4,
+                                rois + (size_t)r * 4, 1, p->weights);
+        else
+            memset(targets + (size_t)r * 4, 0, 4 * sizeof(float));
+    }
+    free(matched);
+    return rc < 0 ? rc : R;
+}
+
 /* ---- box head post-processing ------------------------------------------------------- */
 
-int ps_det_roi_postprocess(float *out_boxes, float *out_scores, int32_t *out_classes,
-                           const float *class_logits, const float *box_deltas,
-                           const float *rois, int R, int K, int height, int width,
-                           const ps_det_roi_post_params_t *p)
+/* The candidates (r, k) with probs[r][k] > score_thresh, their box either
+ * boxes[r] (one per RoI) or class k's deltas of RoI r decoded, clipped,
+ * small ones dropped, then class-wise NMS and the best max_det. */
+static int select_dets(float *out_boxes, float *out_scores, int32_t *out_classes,
+                       const float *probs, const float *box_deltas, const float *given,
+                       const float *rois, int R, int K, int height, int width,
+                       const ps_det_roi_post_params_t *p)
 {
     size_t cap = (size_t)R * K;
     float *boxes = malloc(sizeof(float) * 4 * (cap ? cap : 1));
     float *scores = malloc(sizeof(float) * (cap ? cap : 1));
-    float *prob = malloc(sizeof(float) * (size_t)(K + 1));
     int32_t *cls = malloc(sizeof(int32_t) * (cap ? cap : 1));
     int32_t *keep = malloc(sizeof(int32_t) * (cap ? cap : 1));
     int n = 0, rc;
-    if (!boxes || !scores || !prob || !cls || !keep) {
+    if (!boxes || !scores || !cls || !keep) {
         ps_error("box head post-processing: out of memory (%d RoIs x %d classes)", R, K);
         rc = PS_ENOMEM;
         goto out;
     }
-    for (int r = 0; r < R; r++) {
-        /* softmax as the xent layer: exp(x - max), double sum, times 1/sum */
-        const float *x = class_logits + (size_t)r * (K + 1);
-        float m = x[0];
-        for (int k = 1; k <= K; k++) m = x[k] > m ? x[k] : m;
-        double sum = 0;
-        for (int k = 0; k <= K; k++) sum += prob[k] = expf(x[k] - m);
-        float inv = (float)(1.0 / sum);
+    for (int r = 0; r < R; r++)
         for (int k = 1; k <= K; k++) {
-            float s = prob[k] * inv;
+            float s = probs[(size_t)r * (K + 1) + k];
             if (!(s > p->score_thresh)) continue;
             float *b = boxes + (size_t)n * 4;
-            ps_det_box_decode_w(b, box_deltas + ((size_t)r * (K + 1) + k) * 4,
-                                rois + (size_t)r * 4, 1, p->weights);
+            if (given)
+                memcpy(b, given + (size_t)r * 4, 4 * sizeof(float));
+            else
+                ps_det_box_decode_w(b, box_deltas + ((size_t)r * (K + 1) + k) * 4,
+                                    rois + (size_t)r * 4, 1, p->weights);
             ps_det_box_clip(b, 1, height, width);
             if (small_box(b, p->min_size)) continue;
             scores[n] = s;
             cls[n++] = k - 1;
         }
-    }
     rc = ps_det_batched_nms(keep, boxes, scores, cls, n, p->nms_thresh);
     if (rc < 0) goto out;
     if (rc > p->max_det) rc = p->max_det;
@@ -235,6 +263,46 @@ int ps_det_roi_postprocess(float *out_boxes, float *out_scores, int32_t *out_cla
         out_classes[i] = cls[keep[i]];
     }
 out:
-    free(boxes), free(scores), free(prob), free(cls), free(keep);
+    free(boxes), free(scores), free(cls), free(keep);
     return rc;
+}
+
+void ps_det_roi_softmax(float *probs, const float *class_logits, int R, int K)
+{
+    for (int r = 0; r < R; r++) {
+        /* softmax as the xent layer: exp(x - max), double sum, times 1/sum */
+        const float *x = class_logits + (size_t)r * (K + 1);
+        float *q = probs + (size_t)r * (K + 1);
+        float m = x[0];
+        for (int k = 1; k <= K; k++) m = x[k] > m ? x[k] : m;
+        double sum = 0;
+        for (int k = 0; k <= K; k++) sum += q[k] = expf(x[k] - m);
+        float inv = (float)(1.0 / sum);
+        for (int k = 0; k <= K; k++) q[k] *= inv;
+    }
+}
+
+int ps_det_roi_postprocess(float *out_boxes, float *out_scores, int32_t *out_classes,
+                           const float *class_logits, const float *box_deltas,
+                           const float *rois, int R, int K, int height, int width,
+                           const ps_det_roi_post_params_t *p)
+{
+    float *probs = malloc(sizeof(float) * (size_t)(R ? R : 1) * (K + 1));
+    if (!probs) {
+        ps_error("box head post-processing: out of memory (%d RoIs x %d classes)", R, K);
+        return PS_ENOMEM;
+    }
+    ps_det_roi_softmax(probs, class_logits, R, K);
+    int rc = select_dets(out_boxes, out_scores, out_classes, probs, box_deltas, NULL, rois, R, K,
+                         height, width, p);
+    free(probs);
+    return rc;
+}
+
+int ps_det_roi_select(float *out_boxes, float *out_scores, int32_t *out_classes,
+                      const float *probs, const float *boxes, int R, int K, int height, int width,
+                      const ps_det_roi_post_params_t *p)
+{
+    return select_dets(out_boxes, out_scores, out_classes, probs, NULL, boxes, NULL, R, K, height,
+                       width, p);
 }

@@ -65,8 +65,11 @@ int ps_det_rpn_proposals(float *out_boxes, float *out_scores, const float *objec
  * (ps_det_match, fg_iou / bg_iou, no low-quality matches), labelled (class
  * + 1, 0 background below bg_iou, ignored between), sampled
  * (ps_det_sample_balanced with key) and kept in index order.  Writes the
- * sampled boxes (S, 4), labels (S: 0 background, c + 1 class c) and
- * encoded targets (S, 4; coder weights; zero on background rows: unused).
+ * sampled boxes (S, 4), labels (S: 0 background, c + 1 class c),
+ * encoded targets (S, 4; coder weights; zero on background rows: unused)
+ * and, when gt_index is not NULL, each row's matched ground truth (S: its
+ * index 0..M-1 on foreground rows, -1 on background ones; Mask R-CNN's
+ * mask targets).
  * The outputs hold at most min(batch, P + M) rows.  M = 0 (an image
  * without boxes): every proposal is background.  Returns S, PS_EINVAL (a
  * class outside 0..K-1, logged) or PS_ENOMEM. */
@@ -76,9 +79,21 @@ typedef struct ps_det_roi_sample_params {
     float fraction;        /* positives: 0.25 */
     float weights[4];      /* box coder: 10, 10, 5, 5 */
 } ps_det_roi_sample_params_t;
-int ps_det_roi_targets(float *rois, int32_t *labels, float *targets, const float *proposals,
-                       int P, const float *gt, const int32_t *gt_class, int M, int K,
+int ps_det_roi_targets(float *rois, int32_t *labels, float *targets, int32_t *gt_index,
+                       const float *proposals, int P, const float *gt, const int32_t *gt_class, int M, int K,
                        const ps_det_roi_sample_params_t *p, uint64_t key);
+
+/* ---- a cascade stage's targets (Detectron2 CascadeROIHeads._match_and_label_boxes)
+ * For one image: every RoI (R, 4: the previous stage's refined boxes, no
+ * sampling, no ground truth appended) matched to the ground truth at
+ * p->fg_iou (Matcher([t], [0, 1]) without low-quality matches: IoU >= t
+ * foreground, else background), labels (R: 0 or class + 1), targets (R,
+ * 4; encoded with p->weights; 0 on background) and, when not NULL, the
+ * matched ground truth (-1 background).  Returns R, PS_EINVAL (a class
+ * outside 0..K-1) or PS_ENOMEM. */
+int ps_det_roi_relabel(int32_t *labels, float *targets, int32_t *gt_index, const float *rois,
+                       int R, const float *gt, const int32_t *gt_class, int M, int K,
+                       const ps_det_roi_sample_params_t *p);
 
 /* ---- box head post-processing (torchvision RoIHeads.postprocess_detections)
  * For one image: class logits (R, K+1; column 0 background) and class
@@ -99,5 +114,16 @@ int ps_det_roi_postprocess(float *out_boxes, float *out_scores, int32_t *out_cla
                            const float *class_logits, const float *box_deltas,
                            const float *rois, int R, int K, int height, int width,
                            const ps_det_roi_post_params_t *p);
+/* The softmax of class_logits (R, K+1) into probs, as the post-processing
+ * computes it. */
+void ps_det_roi_softmax(float *probs, const float *class_logits, int R, int K);
+/* The same selection on given class probabilities (R, K+1) and one decoded
+ * box per RoI (R, 4) for every class (Detectron2's fast_rcnn_inference
+ * with class-agnostic boxes: Cascade R-CNN's mean scores over its stages
+ * and its last stage's boxes): clipped, scores > score_thresh, boxes
+ * smaller than min_size dropped, class-wise NMS, max_det. */
+int ps_det_roi_select(float *out_boxes, float *out_scores, int32_t *out_classes,
+                      const float *probs, const float *boxes, int R, int K, int height, int width,
+                      const ps_det_roi_post_params_t *p);
 
 #endif

@@ -612,6 +612,11 @@ const ps_backend_t ps_backend_cpu_round = {
     .avgpool3d_backward = ps_cpu_avgpool3d_backward,
     .roi_align_forward = ps_cpu_roi_align_forward,
     .roi_align_backward = ps_cpu_roi_align_backward,
+    .deconv_forward = ps_cpu_deconv_forward,
+    .deconv_backward = ps_cpu_deconv_backward,
+    .mask_bce_forward = ps_cpu_mask_bce_forward,
+    .mask_bce_backward = ps_cpu_mask_bce_backward,
+    .scale = ps_cpu_scale,
     /* NULL as on CUDA (cuda/backend_cuda_table.c): the model takes the unfused path */
     .bn_relu_forward_eval = NULL,
     .bn_relu_backward_eval = NULL,

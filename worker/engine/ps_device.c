@@ -48,7 +48,8 @@ static int nrows = 1;
     X(accumulate) X(upsample_add_forward) X(upsample_add_backward) X(count_pos)            \
     X(focal_forward) X(focal_backward) X(smoothl1_forward) X(smoothl1_backward)            \
     X(head_permute_forward) X(head_permute_backward) X(roi_align_forward)                  \
-    X(roi_align_backward) VIDEO3D_SLOTS(X)
+    X(roi_align_backward) X(deconv_forward) X(deconv_backward) X(mask_bce_forward)          \
+    X(mask_bce_backward) X(scale) VIDEO3D_SLOTS(X)
 
 int ps_engine_check_backend(const ps_backend_t *be)
 {

@@ -486,6 +486,36 @@ typedef struct ps_backend {
     void (*roi_align_backward)(ps_ctx_t *ctx, float *dfeat, const float *dout,
                                const float *rois, int R, int N, int C, int H, int W, int PH,
                                int PW, float spatial_scale, int sampling_ratio, int aligned);
+    /* Mask R-CNN's mask predictor: a transposed convolution whose kernel
+     * equals its stride s (no padding, so the windows do not overlap:
+     * torch ConvTranspose2d(C, K, s, stride=s), 2 x 2 in Mask R-CNN).
+     * inp (N,C,H,W), w (C,K,s,s) (torch's layout), b (K) or NULL -> out
+     * (N,K,sH,sW): out[n,k,s*y+i,s*x+j] = b[k] + sum_c inp[n,c,y,x] w[c,k,i,j].
+     * Backward: the usual gradient contract. */
+    void (*deconv_forward)(ps_ctx_t *ctx, float *out, const float *inp, const float *w,
+                           const float *b, int N, int C, int K, int H, int W, int s);
+    void (*deconv_backward)(ps_ctx_t *ctx, float *dinp, float *dw, float *db,
+                            const float *dout, const float *inp, const float *w, int N, int C,
+                            int K, int H, int W, int s);
+    /* Mask R-CNN's mask loss (torchvision maskrcnn_loss): binary
+     * cross-entropy with logits on each row's target channel only, logits
+     * (R,K,MM), labels (R) in 0..K-1 (the channel of row r), targets
+     * (R,MM) in [0,1]:
+     *   loss = sum_r sum_p BCEwithlogits(logits[r,labels[r],p], targets[r,p]) / normaliser
+     * (torchvision's mean: normaliser R*MM; R = 0 gives 0).  Stable for any
+     * finite logit.  A label outside 0..K-1: PS_EINVAL (logged), *loss =
+     * NaN.  Backward: dlogits (R,K,MM) = dloss * d(loss)/d(logits),
+     * overwritten, 0 on every channel but the target's; the same check. */
+    int (*mask_bce_forward)(ps_ctx_t *ctx, float *loss, const float *logits,
+                            const int32_t *labels, const float *targets, float normaliser,
+                            int R, int K, int MM);
+    int (*mask_bce_backward)(ps_ctx_t *ctx, float *dlogits, const float *logits,
+                             const int32_t *labels, const float *targets, float dloss,
+                             float normaliser, int R, int K, int MM);
+    /* x *= alpha in place, n floats (Cascade R-CNN scales the gradient of
+     * each stage's pooled features by 1 / stages, Detectron2's
+     * _ScaleGradient) */
+    void (*scale)(ps_ctx_t *ctx, float *x, float alpha, size_t n);
 
     /* ---- optional fused entries: NULL in a backend that lacks them, so a
      * caller checks and falls back to the two separate layers ----------- */

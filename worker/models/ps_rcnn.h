@@ -48,6 +48,7 @@
 #define PS_RCNN_LEVELS 5     /* P2..P6 */
 #define PS_RCNN_ROI_LEVELS 4 /* P2..P5: the RoI pooler's */
 #define PS_RCNN_ANCHORS 3    /* per location: one size, three ratios */
+#define PS_RCNN_MAX_STAGES 3 /* box head stages: 1, or Cascade R-CNN's 3 */
 
 typedef struct ps_rcnn_config {
     int depth;          /* backbone 18, 34 or 50 */
@@ -70,6 +71,19 @@ typedef struct ps_rcnn_config {
     ps_det_roi_post_params_t post;  /* 0.05, 0.5, 100, 1e-2, (10, 10, 5, 5) */
     float smoothl1_beta; /* 1/9 */
     int max_gt;         /* ground-truth boxes per image at most: 100 */
+    /* Mask R-CNN's mask branch (0: Faster R-CNN) */
+    int mask;
+    int mask_dim;       /* MaskRCNNHeads' four convs and the predictor's deconv: 256 */
+    int mask_roi_size;  /* its RoIAlign output: 14 (the logits are twice that: 28) */
+    /* Cascade R-CNN (Detectron2's CascadeROIHeads): stages 3 (1: one box
+     * head, torchvision's); stage k matches at cascade_iou[k] and codes
+     * boxes with cascade_weights[k] (stage 0: roi's IoU and weights are
+     * replaced by these); class-agnostic boxes, smooth-L1 beta
+     * cascade_beta (Detectron2's 0: L1) */
+    int stages;
+    float cascade_iou[PS_RCNN_MAX_STAGES];        /* 0.5, 0.6, 0.7 */
+    float cascade_weights[PS_RCNN_MAX_STAGES][4]; /* (10,10,5,5), (20,20,10,10), (30,30,15,15) */
+    float cascade_beta;                           /* 0 */
 } ps_rcnn_config_t;
 
 /* Faster R-CNN ResNet-50-FPN as torchvision builds it (80 classes, width 64,
@@ -116,12 +130,18 @@ typedef struct ps_rcnn_input {
     const float *proposals;    /* (n, proposal_stride, 4) or NULL */
     const int32_t *nproposals; /* (n) */
     int proposal_stride;
+    /* Mask R-CNN training: each ground-truth box's mask, 0/1, H x W at the
+     * network input (the loader's gt_masks: zero outside image_hw) */
+    const uint8_t *gt_masks;   /* (n, gt_stride, H, W) */
 } ps_rcnn_input_t;
 
 /* torchvision's loss dict: loss_objectness, loss_rpn_box_reg,
  * loss_classifier, loss_box_reg */
 typedef struct ps_rcnn_losses {
     float objectness, rpn_box, classifier, box_reg;
+    float mask; /* loss_mask (Mask R-CNN; 0 otherwise) */
+    /* Cascade R-CNN: each stage's; classifier and box_reg are their sums */
+    float stage_classifier[PS_RCNN_MAX_STAGES], stage_box_reg[PS_RCNN_MAX_STAGES];
 } ps_rcnn_losses_t;
 
 /* training (rpn_labels given) needs losses; the backbone always runs with
@@ -149,11 +169,28 @@ const float *ps_rcnn_proposals(const ps_rcnn_t *m, int i, int *count);
  * caller's arrays (each may be NULL; sized by ps_rcnn_max_rois); returns R. */
 int ps_rcnn_box_outputs(const ps_rcnn_t *m, float *rois, int32_t *img, int32_t *labels,
                         float *class_logits, float *box_deltas);
+/* The same for box head stage k (0 .. stages-1; Cascade R-CNN: its RoIs
+ * are stage k-1's refined boxes, its deltas class-agnostic: 4 per RoI). */
+int ps_rcnn_stage_outputs(const ps_rcnn_t *m, int k, float *rois, int32_t *img,
+                          int32_t *labels, float *class_logits, float *box_deltas);
 int ps_rcnn_max_rois(const ps_rcnn_t *m);
 /* Detections of image i after an inference forward (ps_det_roi_postprocess
- * with the config's post parameters, clipped to image_hw): at most
- * post.max_det rows; returns the count or PS_ENOMEM. */
+ * with the config's post parameters, clipped to image_hw; made by the
+ * forward): at most post.max_det rows; returns the count. */
 int ps_rcnn_detect(const ps_rcnn_t *m, int i, float *boxes, float *scores, int32_t *classes);
+/* Mask R-CNN, after an inference forward: the mask of each of image i's
+ * detections (ps_rcnn_detect's order) as torchvision's maskrcnn_inference
+ * gives it -- the sigmoid of the detected class's 28 x 28 logits (2 x
+ * mask_roi_size square), M*M floats per detection into probs; returns the
+ * count, PS_ESTATE without the mask branch. */
+int ps_rcnn_detect_masks(const ps_rcnn_t *m, int i, float *probs);
+/* Mask R-CNN's last mask logits: rows (torchvision's order: training the
+ * positive RoIs image by image, inference the detections), each (K+1) x
+ * M x M, copied into logits (may be NULL; sized by ps_rcnn_max_mask_rois),
+ * with each row's channel (class + 1) into labels (may be NULL); returns
+ * the row count. */
+int ps_rcnn_mask_outputs(const ps_rcnn_t *m, float *logits, int32_t *labels);
+int ps_rcnn_max_mask_rois(const ps_rcnn_t *m);
 
 /* Tables, groups, specs, as ps_retinanet.h's (names are torchvision's). */
 const ps_model_param_t *ps_rcnn_params(const ps_rcnn_t *m, int *n);

@@ -24,7 +24,8 @@ static void layout(ps_rcnn_t *m, ps_arena_t *a)
     for (int i = m->nbody; i < m->nparams; i++) TAKE(m->params[i].g, m->params[i].numel);
     ps_rcnn_fpn_layout(m, a);
     ps_rcnn_rpn_layout(m, a);
-    ps_rcnn_box_layout(m, &m->box, a);
+    for (int k = 0; k < m->nstages; k++) ps_rcnn_box_layout(m, &m->stage[k], a);
+    if (m->cfg.mask) ps_rcnn_mask_layout(m, a);
     size_t scratch = (size_t)m->max_n * umax(m->cfg.fpn_channels, 4 * PS_RCNN_ANCHORS) *
                      m->lh[0] * m->lw[0];
     TAKE(m->s1, scratch);
@@ -75,16 +76,19 @@ static void make_anchors(ps_rcnn_t *m)
 static int host_arrays(ps_rcnn_t *m)
 {
     rcnn_rpn_t *r = &m->rpn;
-    rcnn_stage_t *s = &m->box;
-    size_t R = (size_t)m->Rmax;
     r->props = malloc(sizeof(float) * 4 * (size_t)m->max_n * r->post_max);
     r->nprops = calloc((size_t)m->max_n, sizeof(int));
     m->hw = malloc(sizeof(int32_t) * 2 * (size_t)m->max_n);
-    s->pos = malloc(sizeof(int32_t) * R);
-    s->img = malloc(sizeof(int32_t) * R);
-    s->h_rois = malloc(sizeof(float) * 4 * R);
-    s->h_labels = malloc(sizeof(int32_t) * R);
-    return r->props && r->nprops && m->hw && s->pos && s->img && s->h_rois && s->h_labels
+    for (int k = 0; k < m->nstages; k++)
+        if (ps_rcnn_box_host(m, &m->stage[k])) return PS_ENOMEM;
+    size_t D = (size_t)m->max_n * m->cfg.post.max_det;
+    m->det_boxes = malloc(sizeof(float) * 4 * D);
+    m->det_scores = malloc(sizeof(float) * D);
+    m->det_classes = malloc(sizeof(int32_t) * D);
+    m->det_count = calloc((size_t)m->max_n, sizeof(int));
+    if (m->cfg.mask && ps_rcnn_mask_host(m)) return PS_ENOMEM;
+    return r->props && r->nprops && m->hw && m->det_boxes && m->det_scores && m->det_classes &&
+                   m->det_count
                ? 0
                : PS_ENOMEM;
 }
@@ -100,6 +104,8 @@ static int build(ps_rcnn_t *m)
     bc.partial_bn = 0;
     bc.bn_mode = c->bn_mode; /* FROZEN: FrozenBatchNorm2d */
     bc.recompute = c->recompute;
+    m->nstages = c->stages;
+    for (int k = 0; k < m->nstages; k++) m->stage[k].k = k;
     int r = ps_resnet_create_features(&m->body, &bc, m->be, m->ctx, m->max_n, m->H, m->W);
     if (r || (r = levels(m))) return r;
     /* RoIs per image: training samples at most box-batch of the proposals
@@ -108,6 +114,9 @@ static int build(ps_rcnn_t *m)
     m->rpn.post_max = imax(c->rpn_train.post_nms_top_n, c->rpn_test.post_nms_top_n);
     int per_image = imax(imin(c->roi.batch, m->rpn.post_max + c->max_gt), m->rpn.post_max);
     m->Rmax = m->max_n * imax(per_image, 1);
+    /* mask rows: the positives sampled (training) or the detections */
+    if (c->mask)
+        m->Rmask = m->max_n * imax((int)(c->roi.batch * c->roi.fraction), c->post.max_det);
     if ((r = ps_rcnn_define(m))) return r;
     ps_arena_begin_sizing(&m->arena);
     layout(m, &m->arena);
@@ -130,10 +139,16 @@ static int build(ps_rcnn_t *m)
         ps_rconv_resolve(rpn[i], m->params);
         ws = umax(ws, ps_rconv_workspace(rpn[i], N, m->lh[0], m->lw[0])); /* largest on P2 */
     }
-    ps_rlin_resolve(&m->box.fc6, m->params);
-    ps_rlin_resolve(&m->box.fc7, m->params);
-    ps_rlin_resolve(&m->box.cls, m->params);
-    ps_rlin_resolve(&m->box.bbox, m->params);
+    for (int k = 0; k < m->nstages; k++) {
+        ps_rlin_resolve(&m->stage[k].fc6, m->params);
+        ps_rlin_resolve(&m->stage[k].fc7, m->params);
+        ps_rlin_resolve(&m->stage[k].cls, m->params);
+        ps_rlin_resolve(&m->stage[k].bbox, m->params);
+    }
+    if (c->mask) {
+        ps_rcnn_mask_resolve(m);
+        ws = umax(ws, ps_rcnn_mask_workspace(m));
+    }
     make_anchors(m);
     return ps_ctx_reserve(m->ctx, ws);
 }
@@ -156,7 +171,11 @@ static int bad_config(const ps_rcnn_config_t *c)
            !(c->roi.fraction > 0 && c->roi.fraction <= 1) ||
            !(c->roi.bg_iou > 0 && c->roi.bg_iou <= c->roi.fg_iou && c->roi.fg_iou <= 1) ||
            !(c->post.nms_thresh > 0 && c->post.nms_thresh <= 1) || c->post.max_det < 1 ||
-           !(c->smoothl1_beta > 0.f) || c->max_gt < 1 || c->max_gt > 100000;
+           !(c->smoothl1_beta > 0.f) || c->max_gt < 1 || c->max_gt > 100000 ||
+           (c->mask && (c->mask_dim < 1 || c->mask_dim > 4096 || c->mask_roi_size < 1 ||
+                        c->mask_roi_size > 64)) ||
+           (c->stages != 1 && c->stages != PS_RCNN_MAX_STAGES) || (c->mask && c->stages > 1) ||
+           !(c->cascade_beta >= 0.f);
 }
 
 int ps_rcnn_create(ps_rcnn_t **out, const ps_rcnn_config_t *cfg, const ps_backend_t *be,
@@ -188,8 +207,9 @@ int ps_rcnn_create(ps_rcnn_t **out, const ps_rcnn_config_t *cfg, const ps_backen
     m->W = W;
     int r = build(m);
     if (r) {
-        ps_error("rcnn: cannot build Faster R-CNN ResNet-%d-FPN for %d images of %dx%d: %s",
-                 cfg->depth, max_n, H, W, ps_strerror(r));
+        ps_error("rcnn: cannot build %s R-CNN ResNet-%d-FPN for %d images of %dx%d: %s",
+                 cfg->mask ? "Mask" : cfg->stages > 1 ? "Cascade" : "Faster", cfg->depth, max_n,
+                 H, W, ps_strerror(r));
         ps_rcnn_destroy(&m);
         return r;
     }
@@ -206,7 +226,10 @@ void ps_rcnn_destroy(ps_rcnn_t **mp)
     ps_model_destroy(&m->body);
     ps_arena_free(&m->arena);
     free(m->rpn.props), free(m->rpn.nprops), free(m->hw);
-    free(m->box.pos), free(m->box.img), free(m->box.h_rois), free(m->box.h_labels);
+    for (int k = 0; k < PS_RCNN_MAX_STAGES; k++) ps_rcnn_box_free_host(&m->stage[k]);
+    free(m->det_boxes), free(m->det_scores), free(m->det_classes);
+    free(m->det_count);
+    ps_rcnn_mask_free_host(m);
     free(m);
     *mp = NULL;
 }
@@ -225,6 +248,8 @@ const float *ps_rcnn_proposals(const ps_rcnn_t *m, int i, int *count)
 }
 
 /* ---- forward / backward ------------------------------------------------------ */
+
+static int detect_all(ps_rcnn_t *m, int n);
 
 static int check_input(const ps_rcnn_t *m, const ps_rcnn_input_t *in, ps_rcnn_losses_t *l)
 {
@@ -273,8 +298,37 @@ int ps_rcnn_forward(ps_rcnn_t *m, const ps_rcnn_input_t *in, ps_rcnn_losses_t *l
     if ((rc = ps_rcnn_rpn_proposals(m, in, training))) return rc;
     if (training && (rc = ps_rcnn_rpn_loss(m, in, l))) return rc;
     m->last_n = n;
-    if ((rc = ps_rcnn_box_forward(m, &m->box, in, m->rpn.props, m->rpn.nprops, m->rpn.post_max,
-                                  training, 1, training ? l : NULL)))
+    ps_rcnn_losses_t *lt = training ? l : NULL;
+    if ((rc = ps_rcnn_box_forward(m, &m->stage[0], in, m->rpn.props, m->rpn.nprops,
+                                  m->rpn.post_max, training, 1, lt)))
+        return rc;
+    for (int k = 1; k < m->nstages; k++) {
+        /* the host refines the previous stage's RoIs into this one's */
+        if ((rc = m->be->sync(m->ctx))) {
+            ps_error("rcnn forward: device sync failed: %s", ps_strerror(rc));
+            return rc;
+        }
+        ps_rcnn_box_refine(m, &m->stage[k - 1]);
+        if ((rc = ps_rcnn_box_forward_next(m, &m->stage[k], &m->stage[k - 1], in, training, lt)))
+            return rc;
+    }
+    if (lt) {
+        lt->classifier = lt->box_reg = 0.f;
+        for (int k = 0; k < m->nstages; k++) {
+            lt->classifier += lt->stage_classifier[k];
+            lt->box_reg += lt->stage_box_reg[k];
+        }
+    }
+    if (!training) {
+        /* the host post-processes the box head's outputs; Mask R-CNN's mask
+         * branch then runs on those detections */
+        if ((rc = m->be->sync(m->ctx))) {
+            ps_error("rcnn forward: device sync failed: %s", ps_strerror(rc));
+            return rc;
+        }
+        if ((rc = detect_all(m, n))) return rc;
+    }
+    if (m->cfg.mask && (rc = ps_rcnn_mask_forward(m, in, training, training ? l : NULL)))
         return rc;
     m->last_training = training;
     return 0;
@@ -287,7 +341,10 @@ int ps_rcnn_backward(ps_rcnn_t *m)
         return PS_ESTATE;
     }
     ps_rcnn_rpn_backward(m, m->last_n);      /* writes dP */
-    ps_rcnn_box_backward(m, &m->box);         /* adds RoIAlign's share to dP2..dP5 */
+    for (int k = 0; k < m->nstages; k++)
+        ps_rcnn_box_backward(m, &m->stage[k]); /* adds RoIAlign's share to dP2..dP5 */
+    int rc = m->cfg.mask ? ps_rcnn_mask_backward(m) : 0; /* and the mask branch's */
+    if (rc) return rc;
     ps_rcnn_fpn_backward(m, m->last_n);       /* and on into the backbone */
     return 0;
 }
@@ -297,8 +354,15 @@ int ps_rcnn_backward(ps_rcnn_t *m)
 int ps_rcnn_box_outputs(const ps_rcnn_t *m, float *rois, int32_t *img, int32_t *labels,
                         float *class_logits, float *box_deltas)
 {
-    const rcnn_stage_t *s = &m->box;
-    size_t K1 = (size_t)m->cfg.num_classes + 1;
+    return ps_rcnn_stage_outputs(m, 0, rois, img, labels, class_logits, box_deltas);
+}
+
+int ps_rcnn_stage_outputs(const ps_rcnn_t *m, int k, float *rois, int32_t *img,
+                          int32_t *labels, float *class_logits, float *box_deltas)
+{
+    if (k < 0 || k >= m->nstages) return 0;
+    const rcnn_stage_t *s = &m->stage[k];
+    size_t K1 = (size_t)m->cfg.num_classes + 1, nb = s->agnostic ? 1 : K1;
     for (int j = 0; j < s->R; j++) {
         size_t p = (size_t)s->pos[j];
         if (rois) memcpy(rois + (size_t)j * 4, s->h_rois + (size_t)j * 4, 4 * sizeof(float));
@@ -307,14 +371,62 @@ int ps_rcnn_box_outputs(const ps_rcnn_t *m, float *rois, int32_t *img, int32_t *
         if (class_logits)
             memcpy(class_logits + j * K1, s->cls_out + p * K1, K1 * sizeof(float));
         if (box_deltas)
-            memcpy(box_deltas + j * K1 * 4, s->box_out + p * K1 * 4, K1 * 4 * sizeof(float));
+            memcpy(box_deltas + j * nb * 4, s->box_out + p * nb * 4, nb * 4 * sizeof(float));
     }
     return s->R;
 }
 
 int ps_rcnn_detect(const ps_rcnn_t *m, int i, float *boxes, float *scores, int32_t *classes)
 {
-    const rcnn_stage_t *s = &m->box;
+    int n = m->det_count[i];
+    size_t src = (size_t)i * m->cfg.post.max_det;
+    memcpy(boxes, m->det_boxes + src * 4, sizeof(float) * 4 * (size_t)n);
+    memcpy(scores, m->det_scores + src, sizeof(float) * (size_t)n);
+    memcpy(classes, m->det_classes + src, sizeof(int32_t) * (size_t)n);
+    return n;
+}
+
+/* Image i's detections into the caches (ps_det_roi_postprocess of its
+ * RoIs' outputs); count or PS_ENOMEM. */
+/* Cascade R-CNN (Detectron2): the mean of the stages' class
+ * probabilities on the last stage's RoIs (row j of every stage is the same
+ * RoI refined: nothing is dropped at inference) and the last stage's
+ * refined boxes (h_next, made by detect_all); count or PS_ENOMEM. */
+static int detect_cascade(ps_rcnn_t *m, int i)
+{
+    int K = m->cfg.num_classes, K1 = K + 1, first = 0, R = 0, ns = m->nstages;
+    rcnn_stage_t *last = &m->stage[ns - 1];
+    while (first < last->R && last->img[first] < i) first++;
+    while (first + R < last->R && last->img[first + R] == i) R++;
+    float *mean = calloc((size_t)(R ? R : 1) * K1, sizeof(float));
+    float *p = malloc(sizeof(float) * (size_t)(R ? R : 1) * K1);
+    float *lg = malloc(sizeof(float) * (size_t)(R ? R : 1) * K1);
+    if (!mean || !p || !lg) {
+        free(mean), free(p), free(lg);
+        ps_error("cascade detect: out of memory (%d RoIs)", R);
+        return PS_ENOMEM;
+    }
+    for (int k = 0; k < ns; k++) {
+        const rcnn_stage_t *s = &m->stage[k];
+        for (int j = 0; j < R; j++)
+            memcpy(lg + (size_t)j * K1, s->cls_out + (size_t)s->pos[first + j] * K1,
+                   sizeof(float) * K1);
+        ps_det_roi_softmax(p, lg, R, K);
+        for (size_t q = 0; q < (size_t)R * K1; q++) mean[q] += p[q];
+    }
+    for (size_t q = 0; q < (size_t)R * K1; q++) mean[q] *= 1.0f / (float)ns;
+    size_t dst = (size_t)i * m->cfg.post.max_det;
+    int rc = ps_det_roi_select(m->det_boxes + dst * 4, m->det_scores + dst, m->det_classes + dst,
+                               mean, last->h_next + (size_t)first * 4, R, K, m->hw[2 * i],
+                               m->hw[2 * i + 1], &last->post);
+    free(mean), free(p), free(lg);
+    return rc;
+}
+
+static int detect_image(ps_rcnn_t *m, int i)
+{
+    if (m->nstages > 1) return detect_cascade(m, i);
+    const rcnn_stage_t *s = &m->stage[0];
     int K = m->cfg.num_classes, first = 0, R = 0;
     size_t K1 = (size_t)K + 1;
     while (first < s->R && s->img[first] < i) first++;
@@ -331,8 +443,21 @@ int ps_rcnn_detect(const ps_rcnn_t *m, int i, float *boxes, float *scores, int32
         memcpy(lg + j * K1, s->cls_out + p * K1, K1 * sizeof(float));
         memcpy(dl + j * K1 * 4, s->box_out + p * K1 * 4, K1 * 4 * sizeof(float));
     }
-    int rc = ps_det_roi_postprocess(boxes, scores, classes, lg, dl, s->h_rois + (size_t)first * 4,
+    size_t dst = (size_t)i * m->cfg.post.max_det;
+    int rc = ps_det_roi_postprocess(m->det_boxes + dst * 4, m->det_scores + dst,
+                                    m->det_classes + dst, lg, dl, s->h_rois + (size_t)first * 4,
                                     R, K, m->hw[2 * i], m->hw[2 * i + 1], &s->post);
     free(lg), free(dl);
     return rc;
+}
+
+static int detect_all(ps_rcnn_t *m, int n)
+{
+    if (m->nstages > 1) ps_rcnn_box_refine(m, &m->stage[m->nstages - 1]);
+    for (int i = 0; i < n; i++) {
+        int k = detect_image(m, i);
+        if (k < 0) return k;
+        m->det_count[i] = k;
+    }
+    return 0;
 }

@@ -17,11 +17,21 @@
  * deltas: the one row per RoI that holds its target class is labelled 1
  * (positive), every other row 0, so the slot's positive-only sum is
  * torchvision's box_regression[pos, labels_pos] loss; normaliser R as
- * torchvision's labels.numel(). */
+ * torchvision's labels.numel().
+ *
+ * Cascade R-CNN (Detectron2's CascadeROIHeads): stage k > 0 runs on stage
+ * k-1's refined boxes (its deltas decoded with its weights, clipped; in
+ * training the empty ones dropped and the rest relabelled at the stage's
+ * IoU, without sampling or appended ground truth), its regression is
+ * class-agnostic (4 deltas per RoI: the (R, 4) view, one row per RoI), and
+ * the gradient into each stage's pooled features is scaled by 1 / stages
+ * (Detectron2's _ScaleGradient: the stages' losses add up, the shared
+ * features see their mean). */
 #include "rcnn_internal.h"
 
 #include "ps_error.h"
 #include "ps_log.h"
+#include "worker/det/det_boxes.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -46,6 +56,12 @@ static int def_lin(ps_rcnn_t *m, rlin_t *l, const char *name, int C, int K)
     return l->pb < 0 ? l->pb : 0;
 }
 
+/* box rows per RoI: one per class, or one (class-agnostic) */
+static int nbox(const ps_rcnn_t *m, const rcnn_stage_t *s)
+{
+    return s->agnostic ? 1 : m->cfg.num_classes + 1;
+}
+
 int ps_rcnn_box_define(ps_rcnn_t *m, rcnn_stage_t *s, const char *head, const char *predictor)
 {
     const ps_rcnn_config_t *c = &m->cfg;
@@ -54,6 +70,15 @@ int ps_rcnn_box_define(ps_rcnn_t *m, rcnn_stage_t *s, const char *head, const ch
     char name[128];
     s->sample = c->roi;
     s->post = c->post;
+    s->beta = c->smoothl1_beta;
+    if (m->nstages > 1) { /* Detectron2's cascade: its IoU, weights and loss */
+        s->agnostic = 1;
+        s->beta = c->cascade_beta;
+        s->sample.fg_iou = s->sample.bg_iou = c->cascade_iou[s->k];
+        memcpy(s->sample.weights, c->cascade_weights[s->k], sizeof s->sample.weights);
+        memcpy(s->post.weights, c->cascade_weights[s->k], sizeof s->post.weights);
+        s->post.min_size = 0.f; /* fast_rcnn_inference keeps empty boxes */
+    }
     snprintf(name, sizeof name, "%s.fc6", head);
     if ((r = def_lin(m, &s->fc6, name, in, rep))) return r;
     snprintf(name, sizeof name, "%s.fc7", head);
@@ -61,13 +86,31 @@ int ps_rcnn_box_define(ps_rcnn_t *m, rcnn_stage_t *s, const char *head, const ch
     snprintf(name, sizeof name, "%s.cls_score", predictor);
     if ((r = def_lin(m, &s->cls, name, rep, K1))) return r;
     snprintf(name, sizeof name, "%s.bbox_pred", predictor);
-    return def_lin(m, &s->bbox, name, rep, K1 * 4);
+    return def_lin(m, &s->bbox, name, rep, nbox(m, s) * 4);
+}
+
+int ps_rcnn_box_host(ps_rcnn_t *m, rcnn_stage_t *s)
+{
+    size_t R = (size_t)m->Rmax;
+    s->pos = malloc(sizeof(int32_t) * R);
+    s->img = malloc(sizeof(int32_t) * R);
+    s->h_rois = malloc(sizeof(float) * 4 * R);
+    s->h_labels = malloc(sizeof(int32_t) * R);
+    s->h_gt = malloc(sizeof(int32_t) * R);
+    s->h_next = malloc(sizeof(float) * 4 * R);
+    return s->pos && s->img && s->h_rois && s->h_labels && s->h_gt && s->h_next ? 0 : PS_ENOMEM;
+}
+
+void ps_rcnn_box_free_host(rcnn_stage_t *s)
+{
+    free(s->pos), free(s->img), free(s->h_rois), free(s->h_labels), free(s->h_gt);
+    free(s->h_next);
 }
 
 void ps_rcnn_box_layout(ps_rcnn_t *m, rcnn_stage_t *s, ps_arena_t *a)
 {
     const ps_rcnn_config_t *c = &m->cfg;
-    size_t R = m->Rmax, K1 = c->num_classes + 1, rep = c->representation;
+    size_t R = m->Rmax, K1 = c->num_classes + 1, rep = c->representation, nb = nbox(m, s);
     size_t in = (size_t)c->fpn_channels * c->roi_size * c->roi_size;
     TAKE(s->rois, R * 5);
     TAKE(s->pooled, R * in);
@@ -80,11 +123,11 @@ void ps_rcnn_box_layout(ps_rcnn_t *m, rcnn_stage_t *s, ps_arena_t *a)
     TAKE(s->cls_out, R * K1);
     TAKE(s->probs, R * K1);
     TAKE(s->dcls, R * K1);
-    TAKE(s->box_out, R * K1 * 4);
-    TAKE(s->dbox, R * K1 * 4);
+    TAKE(s->box_out, R * nb * 4);
+    TAKE(s->dbox, R * nb * 4);
     TAKE(s->labels, R); /* int32: the size of a float */
-    TAKE(s->lab_x, R * K1);
-    TAKE(s->tgt_x, R * K1 * 4);
+    TAKE(s->lab_x, R * nb);
+    TAKE(s->tgt_x, R * nb * 4);
 }
 
 /* The RoI list of every image in torchvision's order into the host arrays
@@ -105,7 +148,7 @@ static int roi_list(ps_rcnn_t *m, rcnn_stage_t *s, const ps_rcnn_input_t *in,
                 return PS_EINVAL;
             }
             k = ps_det_roi_targets(s->h_rois + (size_t)R * 4, s->h_labels + R,
-                                   tgt + (size_t)R * 4, props, P,
+                                   tgt + (size_t)R * 4, s->h_gt + R, props, P,
                                    in->gt_boxes + (size_t)i * in->gt_stride * 4,
                                    in->gt_classes + (size_t)i * in->gt_stride, M, K, &s->sample,
                                    ps_det_sample_key(in->seed, site, i));
@@ -121,29 +164,39 @@ static int roi_list(ps_rcnn_t *m, rcnn_stage_t *s, const ps_rcnn_input_t *in,
     return R;
 }
 
-/* Level-major arena rows from the host list (R rows); targets expanded to
- * the (R*(K+1), 4) view the box loss reads. */
-static void to_arena(ps_rcnn_t *m, rcnn_stage_t *s, int R, const float *tgt)
+void ps_rcnn_level_major(const float *h_rois, const int32_t *img, int R, int32_t *pos, int *Rl,
+                         float *rois)
 {
-    int K1 = m->cfg.num_classes + 1, off[PS_RCNN_ROI_LEVELS];
-    memset(s->Rl, 0, sizeof s->Rl);
+    int off[PS_RCNN_ROI_LEVELS];
+    memset(Rl, 0, sizeof(int) * PS_RCNN_ROI_LEVELS);
     for (int j = 0; j < R; j++) {
-        s->pos[j] = ps_det_roi_level(s->h_rois + (size_t)j * 4, 2, 5, 4, 224.f, 1e-6f);
-        s->Rl[s->pos[j]]++;
+        pos[j] = ps_det_roi_level(h_rois + (size_t)j * 4, 2, 5, 4, 224.f, 1e-6f);
+        Rl[pos[j]]++;
     }
     off[0] = 0;
-    for (int l = 1; l < PS_RCNN_ROI_LEVELS; l++) off[l] = off[l - 1] + s->Rl[l - 1];
+    for (int l = 1; l < PS_RCNN_ROI_LEVELS; l++) off[l] = off[l - 1] + Rl[l - 1];
     for (int j = 0; j < R; j++) {
-        int p = off[s->pos[j]]++, lab = s->h_labels[j];
-        s->pos[j] = p;
-        float *r = s->rois + (size_t)p * 5;
-        r[0] = (float)s->img[j];
-        memcpy(r + 1, s->h_rois + (size_t)j * 4, 4 * sizeof(float));
+        int p = off[pos[j]]++;
+        pos[j] = p;
+        float *r = rois + (size_t)p * 5;
+        r[0] = (float)img[j];
+        memcpy(r + 1, h_rois + (size_t)j * 4, 4 * sizeof(float));
+    }
+}
+
+/* Level-major arena rows from the host list (R rows); targets expanded to
+ * the (R*(K+1), 4) view the box loss reads (class-agnostic: (R, 4)). */
+static void to_arena(ps_rcnn_t *m, rcnn_stage_t *s, int R, const float *tgt)
+{
+    int nb = nbox(m, s);
+    ps_rcnn_level_major(s->h_rois, s->img, R, s->pos, s->Rl, s->rois);
+    for (int j = 0; j < R; j++) {
+        int p = s->pos[j], lab = s->h_labels[j], hit = s->agnostic ? 0 : lab;
         s->labels[p] = lab;
-        for (int k = 0; k < K1; k++) {
-            size_t row = (size_t)p * K1 + k;
-            s->lab_x[row] = lab >= 1 && k == lab;
-            if (tgt && lab >= 1 && k == lab)
+        for (int k = 0; k < nb; k++) {
+            size_t row = (size_t)p * nb + k;
+            s->lab_x[row] = lab >= 1 && k == hit;
+            if (tgt && lab >= 1 && k == hit)
                 memcpy(s->tgt_x + row * 4, tgt + (size_t)j * 4, 4 * sizeof(float));
             else
                 memset(s->tgt_x + row * 4, 0, 4 * sizeof(float));
@@ -151,25 +204,59 @@ static void to_arena(ps_rcnn_t *m, rcnn_stage_t *s, int R, const float *tgt)
     }
 }
 
-int ps_rcnn_box_forward(ps_rcnn_t *m, rcnn_stage_t *s, const ps_rcnn_input_t *in,
-                        const float *props, const int *counts, int stride, int training,
-                        int site, ps_rcnn_losses_t *l)
+/* A cascade stage's RoI list: the previous stage's refined boxes, image by
+ * image in its order (training: the non-empty ones, relabelled at the
+ * stage's IoU, targets into tgt); returns R. */
+static int next_list(ps_rcnn_t *m, rcnn_stage_t *s, const rcnn_stage_t *prev,
+                     const ps_rcnn_input_t *in, int training, float *tgt)
+{
+    int R = 0, K = m->cfg.num_classes;
+    for (int i = 0; i < in->n; i++) {
+        int first = R;
+        for (int j = 0; j < prev->R; j++) {
+            const float *b = prev->h_next + (size_t)j * 4;
+            if (prev->img[j] != i || (training && !(b[2] > b[0] && b[3] > b[1]))) continue;
+            memcpy(s->h_rois + (size_t)R * 4, b, 4 * sizeof(float));
+            s->img[R++] = i;
+        }
+        if (!training) {
+            memset(s->h_labels + first, 0, sizeof(int32_t) * (size_t)(R - first));
+            continue;
+        }
+        int M = in->ngt[i];
+        int k = ps_det_roi_relabel(s->h_labels + first, tgt + (size_t)first * 4, s->h_gt + first,
+                                   s->h_rois + (size_t)first * 4, R - first,
+                                   in->gt_boxes + (size_t)i * in->gt_stride * 4,
+                                   in->gt_classes + (size_t)i * in->gt_stride, M, K, &s->sample);
+        if (k < 0) return k;
+    }
+    return R;
+}
+
+void ps_rcnn_box_refine(ps_rcnn_t *m, rcnn_stage_t *s)
+{
+    int nb = nbox(m, s);
+    for (int j = 0; j < s->R; j++) {
+        float *b = s->h_next + (size_t)j * 4;
+        /* class-agnostic: the RoI's one box (a class-specific stage is
+         * never refined: only a cascade's stages are) */
+        ps_det_box_decode_w(b, s->box_out + (size_t)s->pos[j] * nb * 4, s->h_rois + (size_t)j * 4,
+                            1, s->sample.weights);
+        ps_det_box_clip(b, 1, m->hw[2 * s->img[j]], m->hw[2 * s->img[j] + 1]);
+    }
+}
+
+/* The stage on its R host rows: arena rows, RoIAlign, the heads, the losses. */
+static int run_stage(ps_rcnn_t *m, rcnn_stage_t *s, const ps_rcnn_input_t *in, int R,
+                     const float *tgt, int training, ps_rcnn_losses_t *l)
 {
     const ps_backend_t *be = m->be;
     const ps_rcnn_config_t *c = &m->cfg;
     int K1 = c->num_classes + 1, S = c->roi_size, rep = c->representation, F = c->fpn_channels;
-    int in_dim = F * S * S;
-    float *tgt = NULL;
-    if (training && !(tgt = malloc(sizeof(float) * 4 * (size_t)m->Rmax))) {
-        ps_error("rcnn forward: out of memory for %d box targets", m->Rmax);
-        return PS_ENOMEM;
-    }
-    int R = roi_list(m, s, in, props, counts, stride, training, site, tgt);
-    if (R >= 0) to_arena(m, s, R, tgt);
-    free(tgt);
-    if (R < 0) return R;
+    int in_dim = F * S * S, nb = nbox(m, s);
+    to_arena(m, s, R, tgt);
     s->R = R;
-    if (l) l->classifier = l->box_reg = 0.f;
+    if (l) l->stage_classifier[s->k] = l->stage_box_reg[s->k] = 0.f;
     if (R == 0) return 0; /* no proposals in any image (inference only) */
     size_t off = 0;
     for (int lv = 0; lv < PS_RCNN_ROI_LEVELS; lv++) {
@@ -184,12 +271,42 @@ int ps_rcnn_box_forward(ps_rcnn_t *m, rcnn_stage_t *s, const ps_rcnn_input_t *in
     be->linear_forward(m->ctx, s->h7, s->h6, s->fc7.w, s->fc7.b, R, rep, rep);
     be->relu_forward(m->ctx, s->h7, s->h7, (size_t)R * rep);
     be->linear_forward(m->ctx, s->cls_out, s->h7, s->cls.w, s->cls.b, R, rep, K1);
-    be->linear_forward(m->ctx, s->box_out, s->h7, s->bbox.w, s->bbox.b, R, rep, K1 * 4);
+    be->linear_forward(m->ctx, s->box_out, s->h7, s->bbox.w, s->bbox.b, R, rep, nb * 4);
     if (!training) return 0;
-    l->classifier = be->xent_forward(m->ctx, s->probs, s->cls_out, s->labels, R, K1);
-    be->smoothl1_forward(m->ctx, &l->box_reg, s->box_out, s->tgt_x, s->lab_x, c->smoothl1_beta,
-                         (float)R, R * K1);
+    l->stage_classifier[s->k] = be->xent_forward(m->ctx, s->probs, s->cls_out, s->labels, R, K1);
+    be->smoothl1_forward(m->ctx, &l->stage_box_reg[s->k], s->box_out, s->tgt_x, s->lab_x, s->beta,
+                         (float)R, R * nb);
     return 0;
+}
+
+static float *targets_buffer(const ps_rcnn_t *m, int training)
+{
+    float *tgt = training ? malloc(sizeof(float) * 4 * (size_t)m->Rmax) : NULL;
+    if (training && !tgt) ps_error("rcnn forward: out of memory for %d box targets", m->Rmax);
+    return tgt;
+}
+
+int ps_rcnn_box_forward(ps_rcnn_t *m, rcnn_stage_t *s, const ps_rcnn_input_t *in,
+                        const float *props, const int *counts, int stride, int training,
+                        int site, ps_rcnn_losses_t *l)
+{
+    float *tgt = targets_buffer(m, training);
+    if (training && !tgt) return PS_ENOMEM;
+    int R = roi_list(m, s, in, props, counts, stride, training, site, tgt);
+    int rc = R < 0 ? R : run_stage(m, s, in, R, tgt, training, l);
+    free(tgt);
+    return rc;
+}
+
+int ps_rcnn_box_forward_next(ps_rcnn_t *m, rcnn_stage_t *s, const rcnn_stage_t *prev,
+                             const ps_rcnn_input_t *in, int training, ps_rcnn_losses_t *l)
+{
+    float *tgt = targets_buffer(m, training);
+    if (training && !tgt) return PS_ENOMEM;
+    int R = next_list(m, s, prev, in, training, tgt);
+    int rc = R < 0 ? R : run_stage(m, s, in, R, tgt, training, l);
+    free(tgt);
+    return rc;
 }
 
 void ps_rcnn_box_backward(ps_rcnn_t *m, rcnn_stage_t *s)
@@ -197,15 +314,15 @@ void ps_rcnn_box_backward(ps_rcnn_t *m, rcnn_stage_t *s)
     const ps_backend_t *be = m->be;
     const ps_rcnn_config_t *c = &m->cfg;
     int K1 = c->num_classes + 1, S = c->roi_size, rep = c->representation, F = c->fpn_channels;
-    int R = s->R, in_dim = F * S * S;
+    int R = s->R, in_dim = F * S * S, nb = nbox(m, s);
     if (R == 0) return;
     be->xent_backward(m->ctx, s->dcls, s->probs, s->labels, 1.f, R, K1);
-    be->smoothl1_backward(m->ctx, s->dbox, s->box_out, s->tgt_x, s->lab_x, 1.f,
-                          c->smoothl1_beta, (float)R, R * K1);
+    be->smoothl1_backward(m->ctx, s->dbox, s->box_out, s->tgt_x, s->lab_x, 1.f, s->beta, (float)R,
+                          R * nb);
     be->linear_backward(m->ctx, s->dh7, s->cls.gw, s->cls.gb, s->dcls, s->h7, s->cls.w, R, rep,
                         K1);
     be->linear_backward(m->ctx, s->dh7b, s->bbox.gw, s->bbox.gb, s->dbox, s->h7, s->bbox.w, R,
-                        rep, K1 * 4);
+                        rep, nb * 4);
     be->accumulate(m->ctx, s->dh7, s->dh7b, (size_t)R * rep);
     be->relu_backward(m->ctx, s->dh7, s->dh7, s->h7, (size_t)R * rep);
     be->linear_backward(m->ctx, s->dh6, s->fc7.gw, s->fc7.gb, s->dh7, s->h6, s->fc7.w, R, rep,
@@ -213,6 +330,7 @@ void ps_rcnn_box_backward(ps_rcnn_t *m, rcnn_stage_t *s)
     be->relu_backward(m->ctx, s->dh6, s->dh6, s->h6, (size_t)R * rep);
     be->linear_backward(m->ctx, s->dpooled, s->fc6.gw, s->fc6.gb, s->dh6, s->pooled, s->fc6.w, R,
                         in_dim, rep);
+    if (m->nstages > 1) be->scale(m->ctx, s->dpooled, 1.0f / (float)m->nstages, (size_t)R * in_dim);
     size_t off = 0;
     for (int lv = 0; lv < PS_RCNN_ROI_LEVELS; lv++) {
         if (s->Rl[lv])

@@ -45,6 +45,9 @@ typedef struct rcnn_rpn {
 typedef struct rcnn_stage {
     ps_det_roi_sample_params_t sample;
     ps_det_roi_post_params_t post;
+    int k;                        /* its index in the cascade (0: sampled from the proposals) */
+    int agnostic;                 /* 4 deltas per RoI (Cascade) instead of (K+1)*4 */
+    float beta;                   /* its box loss's smooth-L1 beta */
     rlin_t fc6, fc7, cls, bbox;
     int R;                        /* RoIs of the last forward */
     int Rl[PS_RCNN_ROI_LEVELS];   /* per level, level-major in the arena */
@@ -60,7 +63,29 @@ typedef struct rcnn_stage {
     int32_t *pos, *img;
     float *h_rois;                /* (Rmax, 4) torchvision's order */
     int32_t *h_labels;
+    int32_t *h_gt;                /* training: the matched ground truth (-1 background) */
+    float *h_next;                /* (Rmax, 4) its refined boxes (a cascade's next proposals) */
 } rcnn_stage_t;
+
+/* Mask R-CNN's mask branch: RoIAlign (mask_roi_size), MaskRCNNHeads (four
+ * 3x3 conv + ReLU), MaskRCNNPredictor (2x2 stride-2 deconv + ReLU, 1x1
+ * conv to K+1 channels), on Rmask rows: the positive RoIs (training) or
+ * the detections (inference). */
+typedef struct rcnn_mask {
+    rconv_t head[4], logits;
+    int pdw, pdb;                 /* mask_predictor.conv5_mask weight (D,D,2,2), bias */
+    float *dw, *db, *gdw, *gdb;
+    int R, Rl[PS_RCNN_ROI_LEVELS];
+    float *rois;                  /* (Rmask, 5) level-major */
+    float *pooled, *h[4];         /* (Rmask, F|D, S, S) */
+    float *up, *out;              /* (Rmask, D, 2S, 2S), (Rmask, K+1, 2S, 2S) */
+    float *targets;               /* (Rmask, 2S*2S) */
+    int32_t *labels;              /* (Rmask) the channel: class + 1 */
+    float *dpooled, *da, *db_, *dup, *dout;
+    /* host: row j of torchvision's order is arena row pos[j] */
+    int32_t *pos, *img, *h_labels;
+    float *h_rois;                /* (Rmask, 4) */
+} rcnn_mask_t;
 
 struct ps_rcnn {
     ps_rcnn_config_t cfg;
@@ -82,7 +107,14 @@ struct ps_rcnn {
 
     rcnn_fpn_t fpn;
     rcnn_rpn_t rpn;
-    rcnn_stage_t box;
+    rcnn_stage_t stage[PS_RCNN_MAX_STAGES]; /* stage[0]: Faster / Mask R-CNN's box head */
+    int nstages;
+    rcnn_mask_t mask;
+    int Rmask;                    /* mask rows at most (0 without the branch) */
+    /* the last inference's detections (host): per image at most max_det */
+    float *det_boxes, *det_scores;
+    int32_t *det_classes;
+    int *det_count;
     float *s1, *s2, *s3, *s4;     /* backward scratch, N*max(F,12)*lh[0]*lw[0] */
     int32_t *hw;                  /* (max_n, 2) last forward's image sizes (host) */
 
@@ -111,7 +143,33 @@ void ps_rcnn_box_layout(ps_rcnn_t *m, rcnn_stage_t *s, ps_arena_t *a);
 int ps_rcnn_box_forward(ps_rcnn_t *m, rcnn_stage_t *s, const ps_rcnn_input_t *in,
                         const float *props, const int *counts, int stride, int training,
                         int site, ps_rcnn_losses_t *l);
+/* A cascade's stage on the previous stage's refined boxes (prev->h_next;
+ * training: the non-empty ones, relabelled at the stage's IoU). */
+int ps_rcnn_box_forward_next(ps_rcnn_t *m, rcnn_stage_t *s, const rcnn_stage_t *prev,
+                             const ps_rcnn_input_t *in, int training, ps_rcnn_losses_t *l);
+/* The stage's refined boxes (its deltas decoded on its RoIs with its
+ * weights, clipped to each image) into h_next (host, after a sync). */
+void ps_rcnn_box_refine(ps_rcnn_t *m, rcnn_stage_t *s);
+int ps_rcnn_box_host(ps_rcnn_t *m, rcnn_stage_t *s);
+void ps_rcnn_box_free_host(rcnn_stage_t *s);
 void ps_rcnn_box_backward(ps_rcnn_t *m, rcnn_stage_t *s); /* += into dP[0..3] */
+/* The R host rows (h_rois, img) into the arena level-major (rois (R, 5):
+ * batch index + box), pos[j] = row j's arena row, Rl per level. */
+void ps_rcnn_level_major(const float *h_rois, const int32_t *img, int R, int32_t *pos, int *Rl,
+                         float *rois);
+/* rcnn_mask.c (Mask R-CNN) */
+int ps_rcnn_mask_define(ps_rcnn_t *m);
+void ps_rcnn_mask_layout(ps_rcnn_t *m, ps_arena_t *a);
+void ps_rcnn_mask_resolve(ps_rcnn_t *m);
+size_t ps_rcnn_mask_workspace(const ps_rcnn_t *m);
+int ps_rcnn_mask_host(ps_rcnn_t *m);
+void ps_rcnn_mask_free_host(ps_rcnn_t *m);
+void ps_rcnn_mask_init(ps_rcnn_t *m, uint64_t seed, int random);
+/* training: the box stage's positive RoIs with their ground truth's mask
+ * targets and the loss; inference: the detections (det_*) */
+int ps_rcnn_mask_forward(ps_rcnn_t *m, const ps_rcnn_input_t *in, int training,
+                         ps_rcnn_losses_t *l);
+int ps_rcnn_mask_backward(ps_rcnn_t *m); /* += into dP[0..3] */
 /* rcnn_params.c */
 int ps_rcnn_define(ps_rcnn_t *m);
 void ps_rcnn_free_tables(ps_rcnn_t *m);

@@ -32,6 +32,16 @@ void ps_rcnn_config_default(ps_rcnn_config_t *c)
     c->post = (ps_det_roi_post_params_t){0.05f, 0.5f, 100, 1e-2f, {10.f, 10.f, 5.f, 5.f}};
     c->smoothl1_beta = 1.f / 9.f;
     c->max_gt = 100;
+    c->mask = 0;
+    c->mask_dim = 256;
+    c->mask_roi_size = 14;
+    c->stages = 1;
+    static const float ious[PS_RCNN_MAX_STAGES] = {0.5f, 0.6f, 0.7f};
+    static const float w[PS_RCNN_MAX_STAGES][4] = {
+        {10, 10, 5, 5}, {20, 20, 10, 10}, {30, 30, 15, 15}};
+    memcpy(c->cascade_iou, ious, sizeof ious);
+    memcpy(c->cascade_weights, w, sizeof w);
+    c->cascade_beta = 0.f;
 }
 
 int ps_rcnn_define(ps_rcnn_t *m)
@@ -41,7 +51,18 @@ int ps_rcnn_define(ps_rcnn_t *m)
     if (r) return r;
     m->nbody = m->nparams;
     if ((r = ps_rcnn_fpn_define(m)) || (r = ps_rcnn_rpn_define(m))) return r;
-    return ps_rcnn_box_define(m, &m->box, "roi_heads.box_head", "roi_heads.box_predictor");
+    if (m->nstages == 1 &&
+        (r = ps_rcnn_box_define(m, &m->stage[0], "roi_heads.box_head", "roi_heads.box_predictor")))
+        return r;
+    /* Cascade: the stages' heads as ModuleLists (Detectron2's
+     * roi_heads.box_head.k, roi_heads.box_predictor.k) */
+    for (int k = 0; m->nstages > 1 && k < m->nstages; k++) {
+        char head[64], pred[64];
+        snprintf(head, sizeof head, "roi_heads.box_head.%d", k);
+        snprintf(pred, sizeof pred, "roi_heads.box_predictor.%d", k);
+        if ((r = ps_rcnn_box_define(m, &m->stage[k], head, pred))) return r;
+    }
+    return m->cfg.mask ? ps_rcnn_mask_define(m) : 0;
 }
 
 void ps_rcnn_free_tables(ps_rcnn_t *m)
@@ -95,6 +116,14 @@ static void init_lin(ps_rcnn_t *m, const rlin_t *l, uint64_t seed)
     ps_model_hash_fill(b->w, b->numel, b->name, seed, bound);
 }
 
+/* weight uniform in +-bound, bias 0 */
+static void init_lin_bound(ps_rcnn_t *m, const rlin_t *l, uint64_t seed, double bound)
+{
+    ps_model_param_t *w = &m->params[l->pw], *b = &m->params[l->pb];
+    ps_model_hash_fill(w->w, w->numel, w->name, seed, bound);
+    memset(b->w, 0, b->numel * sizeof(float));
+}
+
 void ps_rcnn_init(ps_rcnn_t *m, uint64_t seed, int random)
 {
     ps_model_init(m->body, seed, random);
@@ -110,19 +139,34 @@ void ps_rcnn_init(ps_rcnn_t *m, uint64_t seed, int random)
     const rconv_t *rpn[3] = {&m->rpn.conv, &m->rpn.cls, &m->rpn.bbox};
     for (int i = 0; i < 3; i++)
         ps_rconv_init(rpn[i], m->params, seed, random ? 0.1 : 0.01 * sqrt(3.0), random, 0.f);
-    init_lin(m, &m->box.fc6, seed);
-    init_lin(m, &m->box.fc7, seed);
-    init_lin(m, &m->box.cls, seed);
-    init_lin(m, &m->box.bbox, seed);
+    for (int k = 0; k < m->nstages; k++) {
+        const rcnn_stage_t *s = &m->stage[k];
+        if (m->nstages == 1) {
+            init_lin(m, &s->fc6, seed);
+            init_lin(m, &s->fc7, seed);
+            init_lin(m, &s->cls, seed);
+            init_lin(m, &s->bbox, seed);
+            continue;
+        }
+        /* Detectron2's: FastRCNNConvFCHead's fcs c2_xavier_fill
+         * (kaiming_uniform a=1: bound sqrt(3 / fan_in)), the predictor's
+         * cls_score normal(std 0.01) and bbox_pred normal(std 0.001) as
+         * uniforms of those stds; biases 0 */
+        init_lin_bound(m, &s->fc6, seed, sqrt(3.0 / s->fc6.C));
+        init_lin_bound(m, &s->fc7, seed, sqrt(3.0 / s->fc7.C));
+        init_lin_bound(m, &s->cls, seed, 0.01 * sqrt(3.0));
+        init_lin_bound(m, &s->bbox, seed, 0.001 * sqrt(3.0));
+    }
+    if (m->cfg.mask) ps_rcnn_mask_init(m, seed, random);
     ps_rcnn_zero_grad(m);
 }
 
 int ps_rcnn_save(const ps_rcnn_t *m, const char *path)
 {
     char arch[64];
-    snprintf(arch, sizeof arch, "fasterrcnn-resnet%d-fpn", m->cfg.depth);
-    return ps_mtab_save(m->params, m->nparams, m->buffers, m->nbuffers, arch, "fasterrcnn",
-                        path);
+    const char *kind = m->cfg.mask ? "maskrcnn" : m->nstages > 1 ? "cascade" : "fasterrcnn";
+    snprintf(arch, sizeof arch, "%s-resnet%d-fpn", kind, m->cfg.depth);
+    return ps_mtab_save(m->params, m->nparams, m->buffers, m->nbuffers, arch, kind, path);
 }
 
 /* Its own checkpoint (torchvision's fasterrcnn names), or an ImageNet

@@ -1,6 +1,6 @@
 /* The detection task: the detectors of task_det.h's rows -- RetinaNet-FPN
- * (worker/models/ps_retinanet.h) and Faster R-CNN-FPN (worker/models/
- * ps_rcnn.h) -- fed by the detection data pipeline (worker/det/det_data.h),
+ * (worker/models/ps_retinanet.h), Faster, Mask and Cascade R-CNN-FPN
+ * (worker/models/ps_rcnn.h) -- fed by the detection data pipeline (worker/det/det_data.h),
  * trained by the same loops as every other task.  As for the video models (task_video.c)
  * the trainable tensors live in one flat vector in model order (p->w,
  * p->grad), copied into / out of the model's tables around each step.
@@ -16,7 +16,7 @@
  * Validation (rank 0): the whole --val-json through the row's inference
  * post-processing (score > --score-thresh, class-wise NMS 0.5, 100 per
  * image), boxes mapped back to the original image, then the COCO evaluator
- * (coco_eval.h): AP, AP50, AP75.
+ * (coco_eval.h): AP, AP50, AP75; for Mask R-CNN the masks too (iouType segm).
  *
  * --device cuda[:N]: the engine's CUDA backend, detection layers included,
  * with the model's arenas in managed memory, as for the video models;
@@ -38,7 +38,8 @@
 #include "worker/psworker/task_det.h"
 
 /* the rows, in claim order */
-static const det_kind_t *const kinds[] = {&det_kind_retina, &det_kind_rcnn, NULL};
+static const det_kind_t *const kinds[] = {&det_kind_retina, &det_kind_rcnn, &det_kind_maskrcnn,
+                                          &det_kind_cascade, NULL};
 
 typedef struct det {
     ps_ctx_t ctx;
@@ -52,6 +53,7 @@ typedef struct det {
     ps_tensor_spec_t *specs;
     int nspecs, *param_of, A, K;
     double map, ap50, ap75, eval_s;
+    double segm_map, segm_ap50, segm_ap75; /* Mask R-CNN's masks (NaN otherwise) */
     size_t val_images, val_dets;  /* last validation: images, detections kept */
     float score_thresh;
     float *anchors;               /* (A, 4) host copy for the loader threads */
@@ -103,6 +105,7 @@ static size_t det_rows(void *topts, ps_opt_t *rows)
     ROW("box-batch", PS_OPT_INT, &d->box_batch, "two-stage: RoIs sampled per training image (25% positive)", "512");
     ROW("box-head-dim", PS_OPT_INT, &d->box_head_dim, "two-stage: width of the box head's two FC layers (1024 = torchvision)", "1024");
     ROW("max-gt", PS_OPT_INT, &d->max_gt, "two-stage: boxes a training image may have at most (more: an error naming it)", "100");
+    ROW("mask-head-dim", PS_OPT_INT, &d->mask_head_dim, "Mask R-CNN: width of the mask head's four convs and deconv (256 = torchvision)", "256");
     return n;
 }
 
@@ -127,9 +130,10 @@ static int det_check(ps_worker_opts_t *o)
         return ps_worker_opt_error("--rpn-pre-nms-train, --rpn-post-nms-train, "
                 "--rpn-pre-nms-test, --rpn-post-nms-test must be in 0..100000 (0 = scaled)");
     if (d->box_batch < 1 || d->box_batch > 100000 || d->box_head_dim < 1 ||
-        d->box_head_dim > 65536 || d->max_gt < 1 || d->max_gt > 100000)
+        d->box_head_dim > 65536 || d->max_gt < 1 || d->max_gt > 100000 ||
+        d->mask_head_dim < 1 || d->mask_head_dim > 4096)
         return ps_worker_opt_error("--box-batch must be in 1..100000, --box-head-dim in "
-                "1..65536, --max-gt in 1..100000");
+                "1..65536, --max-gt in 1..100000, --mask-head-dim in 1..4096");
     int depth;
     const det_kind_t *k = kind_of(o->model, &depth);
     if (depth < 0)
@@ -172,6 +176,7 @@ static void data_opts(const ps_worker_opts_t *o, const det_kind_t *k, ps_det_dat
     /* the two-stage row samples RoIs against each image's instances */
     int mi = train ? k->max_gt(ps_worker_task_opts(o)) : 0;
     d->instances = mi > 0;
+    d->masks = mi > 0 && k->masks;
     d->max_instances = mi;
     d->size = o->data.size;
     d->train = train;
@@ -335,6 +340,7 @@ static int det_setup(ps_worker_t *p, uint32_t nservers)
     p->ts = d;
     d->kind = kind;
     d->map = d->ap50 = d->ap75 = NAN;
+    d->segm_map = d->segm_ap50 = d->segm_ap75 = NAN;
     d->score_thresh = dopts(p)->score_thresh;
     int rc;
     if ((rc = det_data(p, d)) || (rc = det_model(p, d, depth)) ||
@@ -370,8 +376,10 @@ static int det_start(ps_worker_t *p)
     }
     ps_info("epoch = %zu steps (%zu images per rank)", ps_det_loader_batches(d->tl),
             ps_det_loader_samples(d->tl));
-    return d->val ? ps_worker_val_csv_open(p, "iteration,epoch,map,ap50,ap75,images", &d->val_csv)
-                  : 0;
+    const char *cols = d->kind->detect_masks
+                           ? "iteration,epoch,map,ap50,ap75,images,segm_map,segm_ap50,segm_ap75"
+                           : "iteration,epoch,map,ap50,ap75,images";
+    return d->val ? ps_worker_val_csv_open(p, cols, &d->val_csv) : 0;
 }
 
 static void scatter(ps_worker_t *p)
@@ -443,11 +451,13 @@ static double det_compute(ps_worker_t *p, uint64_t step)
 }
 
 static int image_dets(det_t *d, int i, const ps_det_geom_t *g, int64_t image_id,
-                      const ps_det_dataset_t *ds, ps_coco_det_t *out, float *boxes,
-                      float *scores, int32_t *labels)
+                      const ps_det_dataset_t *ds, ps_coco_det_t *out, ps_rle_t *masks,
+                      float *boxes, float *scores, int32_t *labels)
 {
     int n = d->kind->detect(d->m, i, g, d->score_thresh, boxes, scores, labels);
     if (n < 0) return n;
+    int rc = masks ? d->kind->detect_masks(d->m, i, g, n, boxes, masks) : 0;
+    if (rc) return rc;
     float sx = (float)g->w / g->orig_w, sy = (float)g->h / g->orig_h;
     for (int k = 0; k < n; k++) {
         float x1 = boxes[4 * k], x2 = boxes[4 * k + 2];
@@ -485,33 +495,41 @@ static int det_eval(ps_worker_t *p)
     ps_det_loader_seek(d->vl, 0, 0);
     size_t N = ps_det_dataset_size(d->val), ndet = 0;
     ps_coco_det_t *dets = malloc(sizeof *dets * (N * DET_MAX_DETECTIONS + 1));
+    /* Mask R-CNN: each detection's mask at its image's size */
+    ps_rle_t *masks = d->kind->detect_masks
+                          ? calloc(N * DET_MAX_DETECTIONS + 1, sizeof *masks)
+                          : NULL;
     float *boxes = malloc(sizeof(float) * 4 * DET_MAX_DETECTIONS);
     float *scores = malloc(sizeof(float) * DET_MAX_DETECTIONS);
     int32_t *labels = malloc(sizeof(int32_t) * DET_MAX_DETECTIONS);
     int n = 0, rc = 0;
     d->val_images = 0;
     d->val_dets = 0;
-    while (dets && boxes && scores && labels && (n = ps_det_loader_next(d->vl, &d->vb, NULL)) > 0) {
+    int nomem = !dets || !boxes || !scores || !labels || (d->kind->detect_masks && !masks);
+    while (!nomem && (n = ps_det_loader_next(d->vl, &d->vb, NULL)) > 0) {
         if ((rc = d->kind->infer(d->m, &d->vb, n)) ||
             (rc = d->be->sync(&d->ctx))) /* the host reads the outputs next */
             break;
         for (int i = 0; i < n && !rc; i++) {
             int k = image_dets(d, i, &d->vb.geom[i], ps_det_dataset_image_id(d->val, (size_t)d->vb.idx[i]),
-                               d->val, dets + ndet, boxes, scores, labels);
+                               d->val, dets + ndet, masks ? masks + ndet : NULL, boxes, scores,
+                               labels);
             if (k < 0) rc = k;
             else ndet += (size_t)k;
         }
         d->val_images += (size_t)n;
     }
     d->val_dets = ndet;
-    if (!dets || !boxes || !scores || !labels) rc = PS_ENOMEM;
+    if (nomem) rc = PS_ENOMEM;
     if (n < 0) {
         ps_error("validation data: %s", ps_det_loader_error(d->vl));
         rc = n;
     }
     /* --predictions: the results file pycocotools' loadRes reads */
     if (!rc && *p->o->data.predictions)
-        rc = ps_coco_save_results(dets, NULL, (int)ndet, p->o->data.predictions, err, sizeof err);
+        if ((rc = ps_coco_save_results(dets, masks, (int)ndet, p->o->data.predictions, err,
+                                       sizeof err)))
+            ps_error("--predictions: %s", err);
     ps_coco_eval_result_t res;
     if (!rc && !(rc = ps_coco_evaluate(&res, ps_det_dataset_coco(d->val), dets, (int)ndet))) {
         d->map = res.stats[PS_COCO_AP];
@@ -524,7 +542,15 @@ static int det_eval(ps_worker_t *p)
         }
         ps_coco_eval_free(&res);
     }
-    free(dets), free(boxes), free(scores), free(labels);
+    if (!rc && masks &&
+        !(rc = ps_coco_evaluate_segm(&res, ps_det_dataset_coco(d->val), dets, masks, (int)ndet))) {
+        d->segm_map = res.stats[PS_COCO_AP];
+        d->segm_ap50 = res.stats[PS_COCO_AP50];
+        d->segm_ap75 = res.stats[PS_COCO_AP75];
+        ps_coco_eval_free(&res);
+    }
+    for (size_t k = 0; masks && k < ndet; k++) ps_rle_free(&masks[k]);
+    free(dets), free(masks), free(boxes), free(scores), free(labels);
     d->eval_s = ps_worker_now() - t0;
     if (rc) ps_error("validation failed: %s", ps_strerror(rc));
     return rc;
@@ -533,12 +559,25 @@ static int det_eval(ps_worker_t *p)
 
 static double epochs_of(const ps_worker_t *p, uint64_t steps);
 
+/* " segm_map=... segm_ap50=... segm_ap75=..." of a model with masks, else "" */
+static const char *segm_keys(const det_t *d, char *buf, size_t len)
+{
+    buf[0] = 0;
+    if (d->kind->detect_masks)
+        snprintf(buf, len, " segm_map=%.4f segm_ap50=%.4f segm_ap75=%.4f", d->segm_map,
+                 d->segm_ap50, d->segm_ap75);
+    return buf;
+}
+
 static void val_csv_row(ps_worker_t *p, uint64_t step)
 {
     det_t *d = p->ts;
-    if (d->val_csv)
-        fprintf(d->val_csv, "%llu,%.3f,%.4f,%.4f,%.4f,%zu\n", (unsigned long long)step,
-                epochs_of(p, step), d->map, d->ap50, d->ap75, d->val_images);
+    if (!d->val_csv) return;
+    fprintf(d->val_csv, "%llu,%.3f,%.4f,%.4f,%.4f,%zu", (unsigned long long)step,
+            epochs_of(p, step), d->map, d->ap50, d->ap75, d->val_images);
+    if (d->kind->detect_masks)
+        fprintf(d->val_csv, ",%.4f,%.4f,%.4f", d->segm_map, d->segm_ap50, d->segm_ap75);
+    fprintf(d->val_csv, "\n");
 }
 
 static int det_validate(ps_worker_t *p, uint64_t step)
@@ -548,8 +587,10 @@ static int det_validate(ps_worker_t *p, uint64_t step)
     /* rank 0 alone validates; the others wait at the cluster loop's barrier */
     if (p->rank != 0) return 1;
     if (det_eval(p)) return 1;
-    printf("val: iter=%llu images=%zu map=%.4f ap50=%.4f ap75=%.4f eval_s=%.1f\n",
-           (unsigned long long)step, d->val_images, d->map, d->ap50, d->ap75, d->eval_s);
+    char sk[128];
+    printf("val: iter=%llu images=%zu map=%.4f ap50=%.4f ap75=%.4f%s eval_s=%.1f\n",
+           (unsigned long long)step, d->val_images, d->map, d->ap50, d->ap75,
+           segm_keys(d, sk, sizeof sk), d->eval_s);
     fflush(stdout);
     val_csv_row(p, step);
     return 1;
@@ -578,13 +619,14 @@ static void det_print_final(ps_worker_t *p, uint64_t steps_done)
     if (p->rank == 0 && d->val && !det_eval(p)) /* rank 0 only: the others would repeat it */
         val_csv_row(p, steps_done);
     double ips = ps_worker_per_s(p);
+    char sk[128];
     printf("final: rank=%d workers=%d model=%s steps=%llu epochs=%.2f batch=%d loss=%.6f "
-           "map=%.4f ap50=%.4f ap75=%.4f val_images=%zu detections=%zu images_per_s=%.2f "
+           "map=%.4f ap50=%.4f ap75=%.4f%s val_images=%zu detections=%zu images_per_s=%.2f "
            "cluster_images_per_s=%.2f step_ms=%.1f data_wait_ms=%.1f compute_ms=%.1f "
            "comm_wait_ms=%.1f skipped=%zu eval_s=%.1f wall_s=%.1f",
            p->rank, p->nworkers, p->o->model, (unsigned long long)steps_done,
            epochs_of(p, steps_done), p->batch, ps_worker_recent_loss(p), d->map, d->ap50,
-           d->ap75, d->val_images, d->val_dets, ips, ips * p->nworkers, s->sum_step * ms,
+           d->ap75, segm_keys(d, sk, sizeof sk), d->val_images, d->val_dets, ips, ips * p->nworkers, s->sum_step * ms,
            s->sum_data * ms, s->sum_compute * ms, s->sum_comm * ms,
            d->tl ? ps_det_loader_skipped(d->tl) : (size_t)0, d->eval_s,
            ps_worker_now() - s->t_start);
@@ -602,9 +644,10 @@ static int det_run_eval(ps_worker_t *p)
     int rc = det_eval(p);
     if (rc) return rc;
     det_t *d = p->ts;
-    printf("final: model=%s weights=%s images=%zu detections=%zu map=%.4f ap50=%.4f ap75=%.4f "
+    char sk[128];
+    printf("final: model=%s weights=%s images=%zu detections=%zu map=%.4f ap50=%.4f ap75=%.4f%s "
            "images_per_s=%.2f wall_s=%.1f\n", p->o->model, p->o->data.weights, d->val_images,
-           d->val_dets, d->map, d->ap50, d->ap75,
+           d->val_dets, d->map, d->ap50, d->ap75, segm_keys(d, sk, sizeof sk),
            d->eval_s > 0 ? (double)d->val_images / d->eval_s : 0, d->eval_s);
     fflush(stdout);
     return 0;
@@ -643,7 +686,7 @@ static void det_teardown(ps_worker_t *p)
 
 const ps_task_t ps_task_det = {
     .name = "detection",
-    .models = "retinanet-r18|34|50, fasterrcnn-r18|34|50",
+    .models = "retinanet-r18|34|50, fasterrcnn-r18|34|50, maskrcnn-r18|34|50, cascade-r18|34|50",
     .unit = "images",
     .opts_size = sizeof(det_opts_t),
     .claims = det_claims,

@@ -1,5 +1,5 @@
 /* The detectors the detection task (task_det.c) trains, as rows: RetinaNet
- * (task_det_retina.c) and Faster R-CNN (task_det_rcnn.c).  The task's
+ * (task_det_retina.c), Faster, Mask and Cascade R-CNN (task_det_rcnn.c).  The task's
  * set-up, loop entries and evaluation never ask which row runs; a row
  * wraps one model of worker/models/ behind these entries.  Private to
  * psworker. */
@@ -23,6 +23,7 @@ typedef struct det_opts {
     int box_batch;          /* RoIs sampled per image (512) */
     int box_head_dim;       /* TwoMLPHead width (1024) */
     int max_gt;             /* boxes per training image at most (100) */
+    int mask_head_dim;      /* Mask R-CNN: MaskRCNNHeads / predictor width (256) */
 } det_opts_t;
 
 /* What a row builds its model from. */
@@ -42,8 +43,9 @@ typedef struct det_kind {
     const char *classes_tensor;
     int classes_per, classes_extra;
     /* instances per image the batches carry (the loader's max_instances;
-     * 0: none) */
+     * 0: none) and, with masks, their masks (Mask R-CNN) */
     int (*max_gt)(const det_opts_t *o);
+    int masks;
     int (*create)(void **m, const det_build_t *b, const ps_backend_t *be, ps_ctx_t *ctx);
     void (*destroy)(void **m);
     void (*init)(void *m, uint64_t seed);
@@ -70,10 +72,16 @@ typedef struct det_kind {
                   float *scores, int32_t *classes);
     /* optional (NULL: --export-onnx refused): the model as an ONNX graph */
     int (*export_onnx)(const void *m, const char *path);
+    /* optional (NULL: boxes only): the masks of image i's n detections of
+     * the last inference (boxes as detect returned them), each the
+     * original image's size (g->orig_h x orig_w), into out[0..n).  0 or
+     * PS_E* (masks written so far freed). */
+    int (*detect_masks)(void *m, int i, const ps_det_geom_t *g, int n, const float *boxes,
+                        ps_rle_t *out);
 } det_kind_t;
 
 #define DET_MAX_DETECTIONS 100
 
-extern const det_kind_t det_kind_retina, det_kind_rcnn;
+extern const det_kind_t det_kind_retina, det_kind_rcnn, det_kind_maskrcnn, det_kind_cascade;
 
 #endif

@@ -1,6 +1,10 @@
-/* The Faster R-CNN row of the detection task (task_det.h): ps_rcnn_t behind
- * the row's entries.  The loader matches the RPN's anchors at 0.7 / 0.3
- * and carries each image's boxes for the box head's sampling; the image
+/* The Faster, Mask and Cascade R-CNN rows of the detection task
+ * (task_det.h): ps_rcnn_t behind the rows' entries (Cascade: three box
+ * stages; Mask R-CNN: its mask branch on, the loader's masks in training,
+ * each detection's mask pasted into the original image and RLE-encoded at
+ * evaluation, as torchvision's paste_masks_in_image and its COCO
+ * evaluation's masks > 0.5).  The loader matches the RPN's anchors at 0.7
+ * / 0.3 and carries each image's boxes for the box head's sampling; the image
  * sizes (the resized image inside the padding) clip the proposals and the
  * detections, as torchvision's image_sizes do.
  *
@@ -11,8 +15,11 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include <string.h>
+
 #include "ps_error.h"
 #include "ps_log.h"
+#include "worker/det/det_masks.h"
 #include "worker/models/ps_rcnn.h"
 #include "worker/psworker/task_det.h"
 
@@ -32,11 +39,15 @@ static int scaled(int flag, int tv, int floor_, int size)
     return v > floor_ ? v : floor_;
 }
 
-static int rc_create(void **out, const det_build_t *b, const ps_backend_t *be, ps_ctx_t *ctx)
+static int create(void **out, const det_build_t *b, const ps_backend_t *be, ps_ctx_t *ctx,
+                  int mask, int stages)
 {
     const det_opts_t *o = b->o;
     ps_rcnn_config_t c;
     ps_rcnn_config_default(&c);
+    c.mask = mask;
+    c.stages = stages;
+    c.mask_dim = o->mask_head_dim;
     c.depth = b->depth;
     c.num_classes = b->num_classes;
     c.width = b->width;
@@ -64,12 +75,31 @@ static int rc_create(void **out, const det_build_t *b, const ps_backend_t *be, p
         free(r);
         return rc;
     }
-    ps_info("Faster R-CNN: RPN pre / post NMS %d / %d training, %d / %d test, %d RoIs per "
-            "image, box head %d, at most %d boxes per image", c.rpn_train.pre_nms_top_n,
-            c.rpn_train.post_nms_top_n, c.rpn_test.pre_nms_top_n, c.rpn_test.post_nms_top_n,
-            c.roi.batch, c.representation, c.max_gt);
+    ps_info("%s R-CNN: RPN pre / post NMS %d / %d training, %d / %d test, %d RoIs per "
+            "image, box head %d, at most %d boxes per image%s",
+            mask ? "Mask" : stages > 1 ? "Cascade" : "Faster",
+            c.rpn_train.pre_nms_top_n, c.rpn_train.post_nms_top_n, c.rpn_test.pre_nms_top_n,
+            c.rpn_test.post_nms_top_n, c.roi.batch, c.representation, c.max_gt,
+            mask ? ", mask head" : "");
+    if (mask) ps_info("Mask R-CNN: mask head %d channels, %d x %d masks", c.mask_dim,
+                      2 * c.mask_roi_size, 2 * c.mask_roi_size);
     *out = r;
     return 0;
+}
+
+static int rc_create(void **out, const det_build_t *b, const ps_backend_t *be, ps_ctx_t *ctx)
+{
+    return create(out, b, be, ctx, 0, 1);
+}
+
+static int mrc_create(void **out, const det_build_t *b, const ps_backend_t *be, ps_ctx_t *ctx)
+{
+    return create(out, b, be, ctx, 1, 1);
+}
+
+static int crc_create(void **out, const det_build_t *b, const ps_backend_t *be, ps_ctx_t *ctx)
+{
+    return create(out, b, be, ctx, 0, PS_RCNN_MAX_STAGES);
 }
 
 static void rc_destroy(void **m)
@@ -123,13 +153,14 @@ static int rc_train(void *m, const ps_det_batch_t *b, int n, uint64_t seed, floa
     in.gt_classes = b->gt_classes;
     in.ngt = b->gt_count;
     in.gt_stride = b->max_inst;
+    in.gt_masks = b->gt_masks; /* NULL unless the loader carries masks (Mask R-CNN) */
     in.seed = seed;
     ps_rcnn_losses_t l = {0};
     int rc = ps_rcnn_forward(r->m, &in, &l);
     if (!rc) rc = ps_rcnn_backward(r->m);
-    ps_debug("losses: objectness %.5f rpn_box_reg %.5f classifier %.5f box_reg %.5f",
-             l.objectness, l.rpn_box, l.classifier, l.box_reg);
-    *loss = l.objectness + l.rpn_box + l.classifier + l.box_reg;
+    ps_debug("losses: objectness %.5f rpn_box_reg %.5f classifier %.5f box_reg %.5f mask %.5f",
+             l.objectness, l.rpn_box, l.classifier, l.box_reg, l.mask);
+    *loss = l.objectness + l.rpn_box + l.classifier + l.box_reg + l.mask;
     return rc;
 }
 
@@ -148,29 +179,77 @@ static int rc_detect(void *m, int i, const ps_det_geom_t *g, float score_thresh,
     return ps_rcnn_detect(M(m), i, boxes, scores, classes);
 }
 
+/* Each detection's mask probabilities pasted into the original image
+ * (its box / scale; a flipped image's mask mirrored after), > 0.5, as an
+ * RLE. */
+static int mrc_detect_masks(void *m, int i, const ps_det_geom_t *g, int n, const float *boxes,
+                            ps_rle_t *out)
+{
+    const ps_rcnn_config_t *c = ps_rcnn_config(M(m));
+    int MM = 4 * c->mask_roi_size * c->mask_roi_size, h = g->orig_h, w = g->orig_w, rc = 0;
+    float *probs = malloc(sizeof(float) * MM * (size_t)(n > 0 ? n : 1));
+    float *img = malloc(sizeof(float) * (size_t)h * w);
+    uint8_t *bits = malloc((size_t)h * w);
+    if (!probs || !img || !bits) rc = PS_ENOMEM;
+    if (!rc && ps_rcnn_detect_masks(M(m), i, probs) != n) {
+        ps_error("Mask R-CNN: image %d's masks do not match its %d detections", i, n);
+        rc = PS_ESTATE;
+    }
+    float sx = (float)g->w / g->orig_w, sy = (float)g->h / g->orig_h;
+    int k = 0;
+    for (; k < n && !rc; k++) {
+        const float *b = boxes + 4 * k;
+        float box[4] = {b[0] / sx, b[1] / sy, b[2] / sx, b[3] / sy};
+        int side = 2 * c->mask_roi_size;
+        if ((rc = ps_det_mask_paste(img, h, w, probs + (size_t)k * MM, side, box))) break;
+        for (size_t p = 0; p < (size_t)h * w; p++) bits[p] = img[p] > 0.5f;
+        if (g->flip)
+            for (int y = 0; y < h; y++)
+                for (int x = 0; x < w / 2; x++) {
+                    uint8_t t = bits[(size_t)y * w + x];
+                    bits[(size_t)y * w + x] = bits[(size_t)y * w + w - 1 - x];
+                    bits[(size_t)y * w + w - 1 - x] = t;
+                }
+        if ((rc = ps_rle_encode(&out[k], bits, w, h, w))) break;
+    }
+    if (rc)
+        for (int j = 0; j < k; j++) ps_rle_free(&out[j]);
+    free(probs), free(img), free(bits);
+    return rc;
+}
+
+/* the entries the two rows share (RPN anchors matched at 0.7 / 0.3) */
+#define RCNN_ROW_ENTRIES                                                                     \
+    .fg_iou = 0.7f, .bg_iou = 0.3f, .classes_per = 1, .classes_extra = 1,                    \
+    .max_gt = rc_max_gt, .destroy = rc_destroy,                                              \
+    .init = rc_init, .load = rc_load, .save = rc_save, .params = rc_params,                  \
+    .buffers = rc_buffers,                                                                   \
+    .find_param = rc_find, .tensor_specs = rc_specs, .groups = rc_groups,                    \
+    .zero_grad = rc_zero_grad, .num_anchors = rc_num_anchors, .anchors = rc_anchors,         \
+    .train = rc_train, .infer = rc_infer, .detect = rc_detect
+
 const det_kind_t det_kind_rcnn = {
     .prefix = "fasterrcnn-r",
     .name = "Faster R-CNN",
-    .fg_iou = 0.7f,
-    .bg_iou = 0.3f,
     .classes_tensor = "roi_heads.box_predictor.cls_score.bias",
-    .classes_per = 1,
-    .classes_extra = 1,
-    .max_gt = rc_max_gt,
     .create = rc_create,
-    .destroy = rc_destroy,
-    .init = rc_init,
-    .load = rc_load,
-    .save = rc_save,
-    .params = rc_params,
-    .buffers = rc_buffers,
-    .find_param = rc_find,
-    .tensor_specs = rc_specs,
-    .groups = rc_groups,
-    .zero_grad = rc_zero_grad,
-    .num_anchors = rc_num_anchors,
-    .anchors = rc_anchors,
-    .train = rc_train,
-    .infer = rc_infer,
-    .detect = rc_detect,
+    RCNN_ROW_ENTRIES,
+};
+
+const det_kind_t det_kind_maskrcnn = {
+    .prefix = "maskrcnn-r",
+    .name = "Mask R-CNN",
+    .classes_tensor = "roi_heads.box_predictor.cls_score.bias",
+    .create = mrc_create,
+    .masks = 1,
+    .detect_masks = mrc_detect_masks,
+    RCNN_ROW_ENTRIES,
+};
+
+const det_kind_t det_kind_cascade = {
+    .prefix = "cascade-r",
+    .name = "Cascade R-CNN",
+    .classes_tensor = "roi_heads.box_predictor.0.cls_score.bias",
+    .create = crc_create,
+    RCNN_ROW_ENTRIES,
 };

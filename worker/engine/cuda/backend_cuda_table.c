@@ -67,6 +67,11 @@ const ps_backend_t ps_backend_cuda = {
     .avgpool3d_backward = ps_cu_avgpool3d_backward,
     .roi_align_forward = ps_cu_roi_align_forward,
     .roi_align_backward = ps_cu_roi_align_backward,
+    .deconv_forward = ps_cu_deconv_forward,
+    .deconv_backward = ps_cu_deconv_backward,
+    .mask_bce_forward = ps_cu_mask_bce_forward,
+    .mask_bce_backward = ps_cu_mask_bce_backward,
+    .scale = ps_cu_scale,
     /* optional fused entries, not on CUDA yet: callers take the unfused path */
     .bn_relu_forward_eval = NULL,
     .bn_relu_backward_eval = NULL,

@@ -127,6 +127,20 @@ k_det_labels(int *out, const int32_t *labels, int A, int K)
 
 // ---- sigmoid focal loss ----------------------------------------------------------
 
+// partial[blockIdx.x] = the sum of every thread's acc over the block, in a
+// fixed tree order (deterministic); every thread of the block calls it
+__device__ void d_block_sum(double *partial, double acc)
+{
+    __shared__ double ssum[DET_THREADS];
+    ssum[threadIdx.x] = acc;
+    __syncthreads();
+    for (int o = DET_THREADS / 2; o > 0; o >>= 1) {
+        if ((int)threadIdx.x < o) ssum[threadIdx.x] += ssum[threadIdx.x + o];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) partial[blockIdx.x] = ssum[0];
+}
+
 // log(1 + e^x), stable for any x (focal.c's softplus)
 __device__ __forceinline__ double d_softplus(double x)
 {
@@ -139,7 +153,6 @@ __global__ void __launch_bounds__(DET_THREADS)
 k_det_focal_fwd(double *partial, const float *logits, const int32_t *labels, size_t n, int K,
                 float alpha, float gamma)
 {
-    __shared__ double ssum[DET_THREADS];
     double acc = 0;
     DET_STRIDE(i, n)
     {
@@ -152,13 +165,7 @@ k_det_focal_fwd(double *partial, const float *logits, const int32_t *labels, siz
         else
             acc += (1.0 - alpha) * pow(p, (double)gamma) * d_softplus(v);
     }
-    ssum[threadIdx.x] = acc;
-    __syncthreads();
-    for (int o = DET_THREADS / 2; o > 0; o >>= 1) {
-        if ((int)threadIdx.x < o) ssum[threadIdx.x] += ssum[threadIdx.x + o];
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) partial[blockIdx.x] = ssum[0];
+    d_block_sum(partial, acc);
 }
 
 // dlogits (A,K) = scale * d(focal)/d(logit), 0 on ignored anchors; n = A*K
@@ -190,7 +197,6 @@ __global__ void __launch_bounds__(DET_THREADS)
 k_det_sl1_fwd(double *partial, const float *pred, const float *target, const int32_t *labels,
               size_t n, float beta)
 {
-    __shared__ double ssum[DET_THREADS];
     double acc = 0;
     DET_STRIDE(i, n)
     {
@@ -198,13 +204,7 @@ k_det_sl1_fwd(double *partial, const float *pred, const float *target, const int
         const double d = fabs((double)pred[i] - target[i]);
         acc += d < beta ? 0.5 * d * d / beta : d - 0.5 * beta;
     }
-    ssum[threadIdx.x] = acc;
-    __syncthreads();
-    for (int o = DET_THREADS / 2; o > 0; o >>= 1) {
-        if ((int)threadIdx.x < o) ssum[threadIdx.x] += ssum[threadIdx.x + o];
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) partial[blockIdx.x] = ssum[0];
+    d_block_sum(partial, acc);
 }
 
 __global__ void k_det_sl1_bwd(float *dpred, const float *pred, const float *target,
@@ -246,6 +246,42 @@ __global__ void k_det_permute_bwd(float *dinp, const float *dout, size_t n, int 
     {
         const size_t s = i % HW, ad = i / HW;
         dinp[i] = dout[(s * nA + ad / D) * D + ad % D];
+    }
+}
+
+// ---- Mask R-CNN's mask loss -------------------------------------------------------
+
+// Per block: partial[b] = the BCE-with-logits sum over its elements of the
+// rows' target channels; n = R*MM, element i is row i / MM, pixel i % MM
+__global__ void __launch_bounds__(DET_THREADS)
+k_det_mask_bce_fwd(double *partial, const float *logits, const int32_t *labels,
+                   const float *targets, size_t n, int K, int MM)
+{
+    double acc = 0;
+    DET_STRIDE(i, n)
+    {
+        const size_t r = i / MM;
+        const double x = logits[(r * K + labels[r]) * MM + i % MM], t = targets[i];
+        acc += (x > 0 ? x : 0) - x * t + log1p(exp(-fabs(x)));
+    }
+    d_block_sum(partial, acc);
+}
+
+// dlogits (R,K,MM) = scale * (sigmoid - target) on the target channels, 0
+// elsewhere; n = R*K*MM
+__global__ void k_det_mask_bce_bwd(float *dlogits, const float *logits, const int32_t *labels,
+                                   const float *targets, size_t n, int K, int MM, double scale)
+{
+    DET_STRIDE(i, n)
+    {
+        const size_t rk = i / MM, r = rk / K;
+        if ((int)(rk % K) != labels[r]) {
+            dlogits[i] = 0.0f;
+            continue;
+        }
+        const double x = logits[i];
+        const double sig = x >= 0 ? 1.0 / (1.0 + exp(-x)) : exp(x) / (1.0 + exp(x));
+        dlogits[i] = (float)((sig - targets[r * MM + i % MM]) * scale);
     }
 }
 
@@ -306,6 +342,28 @@ static int bad_labels(ps_cu_state *s, const int32_t *labels, int A, int K, const
     CU_CHECK(cudaStreamSynchronize(s->stream));
     ps_error("%s (cuda): label %d of anchor %d outside -1..%d", who, l, bad, K);
     return PS_EINVAL;
+}
+
+// The mask loss's channels: every label in 0..K-1 (the rows are few: read
+// on the host).  Waits for the stream.
+static int bad_mask_labels(ps_cu_state *s, const int32_t *labels, int R, int K, const char *who)
+{
+    int32_t *h = (int32_t *)malloc(sizeof(int32_t) * (size_t)(R > 0 ? R : 1));
+    if (!h) {
+        ps_error("%s (cuda): out of host memory for %d labels", who, R);
+        return PS_ENOMEM;
+    }
+    CU_CHECK(cudaMemcpyAsync(h, labels, sizeof(int32_t) * (size_t)R, cudaMemcpyDeviceToHost,
+                             s->stream));
+    CU_CHECK(cudaStreamSynchronize(s->stream));
+    int rc = 0;
+    for (int r = 0; r < R && !rc; r++)
+        if (h[r] < 0 || h[r] >= K) {
+            ps_error("%s (cuda): label %d of row %d outside 0..%d", who, h[r], r, K - 1);
+            rc = PS_EINVAL;
+        }
+    free(h);
+    return rc;
 }
 
 extern "C" {
@@ -439,6 +497,47 @@ void ps_cu_head_permute_backward(ps_ctx_t *ctx, float *dinp, const float *dout, 
     if (nA <= 0 || D <= 0 || H <= 0 || W <= 0) return;
     const size_t HW = (size_t)H * W, n = HW * nA * D;
     DET_LAUNCH(k_det_permute_bwd, n, dinp, dout, n, nA, D, HW);
+}
+
+int ps_cu_mask_bce_forward(ps_ctx_t *ctx, float *loss, const float *logits,
+                           const int32_t *labels, const float *targets, float normaliser, int R,
+                           int K, int MM)
+{
+    ps_cu_state *s = cu_state(ctx);
+    if (R < 0 || K < 1 || MM < 1 || bad_mask_labels(s, labels, R, K, "mask loss")) {
+        if (R < 0 || K < 1 || MM < 1)
+            ps_error("mask loss (cuda): invalid shape R=%d K=%d MM=%d", R, K, MM);
+        *loss = NAN;
+        return PS_EINVAL;
+    }
+    if (R == 0) {
+        *loss = 0.0f;
+        return 0;
+    }
+    const size_t n = (size_t)R * MM;
+    const unsigned g = red_blocks(n);
+    double *part = (double *)ps_cu_scratch(s, DET_RED_BLOCKS * sizeof(double));
+    k_det_mask_bce_fwd<<<g, DET_THREADS, 0, s->stream>>>(part, logits, labels, targets, n, K, MM);
+    CU_LAUNCHED();
+    *loss = (float)(host_sum(s, part, g) / normaliser);
+    return 0;
+}
+
+int ps_cu_mask_bce_backward(ps_ctx_t *ctx, float *dlogits, const float *logits,
+                            const int32_t *labels, const float *targets, float dloss,
+                            float normaliser, int R, int K, int MM)
+{
+    ps_cu_state *s = cu_state(ctx);
+    if (R < 0 || K < 1 || MM < 1 || bad_mask_labels(s, labels, R, K, "mask loss backward")) {
+        if (R < 0 || K < 1 || MM < 1)
+            ps_error("mask loss backward (cuda): invalid shape R=%d K=%d MM=%d", R, K, MM);
+        return PS_EINVAL;
+    }
+    if (R == 0) return 0;
+    const size_t n = (size_t)R * K * MM;
+    const double scale = (double)dloss / normaliser;
+    DET_LAUNCH(k_det_mask_bce_bwd, n, dlogits, logits, labels, targets, n, K, MM, scale);
+    return 0;
 }
 
 } // extern "C"

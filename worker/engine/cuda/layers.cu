@@ -1,5 +1,5 @@
 // The small layers on the GPU with own kernels: relu, dropout, softmax
-// cross-entropy, temporal shift, segment consensus, add / accumulate.
+// cross-entropy, temporal shift, segment consensus, add / accumulate / scale.
 // Each matches its CPU twin in layers/<name>.c (same formula, same
 // summation order where there is a sum), so the parity tests can be tight.
 #include "cuda_int.h"
@@ -34,6 +34,10 @@ __global__ void k_add(float *out, const float *a, const float *b, size_t n)
 __global__ void k_acc(float *acc, const float *x, size_t n)
 {
     GRID_STRIDE(i, n) acc[i] += x[i];
+}
+__global__ void k_scale(float *x, float alpha, size_t n)
+{
+    GRID_STRIDE(i, n) x[i] *= alpha;
 }
 
 // Half storage twins (half.cuh): the same formulas in fp32 between one
@@ -124,6 +128,16 @@ void ps_cu_accumulate(ps_ctx_t *ctx, float *acc, const float *x, size_t n)
         HLAUNCH(k_h_acc, n, acc, x, n);
     else
         LAUNCH(k_acc, n, acc, x, n);
+}
+void ps_cu_scale(ps_ctx_t *ctx, float *x, float alpha, size_t n)
+{
+    ps_cu_state *s = cu_state(ctx);
+    if (!n) return;
+    if (ps_cu_is_half(s, x)) {
+        ps_cu_half_mismatch("scale (fp32 only)");
+        return;
+    }
+    LAUNCH(k_scale, n, x, alpha, n);
 }
 
 // ---- dropout ----------------------------------------------------------------

@@ -218,5 +218,19 @@ void ps_cpu_roi_align_forward(ps_ctx_t *ctx, float *out, const float *feat, cons
 void ps_cpu_roi_align_backward(ps_ctx_t *ctx, float *dfeat, const float *dout,
                                const float *rois, int R, int N, int C, int H, int W, int PH,
                                int PW, float spatial_scale, int sampling_ratio, int aligned);
+/* deconv.c, mask_bce.c (Mask R-CNN) */
+void ps_cpu_deconv_forward(ps_ctx_t *ctx, float *out, const float *inp, const float *w,
+                           const float *b, int N, int C, int K, int H, int W, int s);
+void ps_cpu_deconv_backward(ps_ctx_t *ctx, float *dinp, float *dw, float *db,
+                            const float *dout, const float *inp, const float *w, int N, int C,
+                            int K, int H, int W, int s);
+int ps_cpu_mask_bce_forward(ps_ctx_t *ctx, float *loss, const float *logits,
+                            const int32_t *labels, const float *targets, float normaliser, int R,
+                            int K, int MM);
+int ps_cpu_mask_bce_backward(ps_ctx_t *ctx, float *dlogits, const float *logits,
+                             const int32_t *labels, const float *targets, float dloss,
+                             float normaliser, int R, int K, int MM);
+/* elementwise.c (Cascade R-CNN) */
+void ps_cpu_scale(ps_ctx_t *ctx, float *x, float alpha, size_t n);
 
 #endif
