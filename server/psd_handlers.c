@@ -305,6 +305,7 @@ static void push_sync(psd_t *s, ps_wire_msg_t *m, psd_part_t *p, int rank, int p
                                 "mode: this server restarted from a checkpoint; roll back)",
                                 ps_wire_type_name(h->type), (unsigned long long)it, p->id,
                                 (unsigned long long)p->version);
+        psd_rollback_drop_round(s);
         return;
     }
     if (!p->have[rank]) {

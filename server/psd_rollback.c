@@ -193,3 +193,34 @@ void psd_handle_rollback(psd_t *s, ps_wire_msg_t *m)
     a.has_iteration = 1, a.iteration = v;
     psd_send(s, PSD_ID_OF(m), &a, NULL, 0);
 }
+
+/* Why every pending push goes, not only the partition the future push
+ * named: a worker one step behind the others (its reply lost with the old
+ * server) waits here for a push the workers ahead will only make after
+ * their rollback, while they wait on other servers for its next push -- a
+ * cycle no timeout but the workers' would end.  Answered with the rollback
+ * verdict, the worker behind rolls back too, and since the data and the
+ * gradient of a step are functions of the step, the pushes redone are the
+ * ones dropped. */
+uint32_t psd_rollback_drop_round(psd_t *s)
+{
+    uint32_t dropped = 0;
+    for (uint32_t k = 0; s->st.have_table && k < s->st.table.nparts; k++) {
+        psd_part_t *p = &s->st.parts[k];
+        if (!p->owned) continue;
+        int pending = 0;
+        for (int r = 0; p->have && r < s->st.nworkers; r++) pending |= p->have[r];
+        if (p->have) memset(p->have, 0, (size_t)s->st.nworkers);
+        psd_store_release_held(p);
+        p->direct = NULL;
+        p->overflow = 0;
+        p->wait_since_ms = 0;
+        psd_waiters_cancel(s, p, p->version); /* answered: roll back to it */
+        dropped += pending != 0;
+    }
+    if (dropped)
+        ps_warn("a push from a later step than this server's versions: the pending pushes of %u "
+                "partition(s) dropped and their workers told to roll back (the round is redone)",
+                dropped);
+    return dropped;
+}

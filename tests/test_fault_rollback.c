@@ -97,6 +97,119 @@ static long pull_flags(void *d, uint64_t want)
     return all;
 }
 
+/* Rank 1 sends a PUSHPULL of partition p at `it` without waiting; returns
+ * its request id (0 on a send error). */
+static uint64_t send_push(void *d, int rank, uint32_t p, int it)
+{
+    size_t n = T.parts[p].numel, off = T.parts[p].offset;
+    float g[N];
+    for (size_t i = 0; i < n; i++) g[i] = grad_of(it, (int)(off + i));
+    Ps__Header h;
+    t_hdr(&h, PS__MSG_TYPE__MSG_PUSHPULL, rank, p);
+    h.has_iteration = 1, h.iteration = (uint64_t)it;
+    h.has_numel = 1, h.numel = n;
+    h.has_request_id = 1, h.request_id = ++t_rid;
+    return ps_wire_send(d, NULL, 0, &h, g, n * 4, NULL, NULL, 0) ? 0 : h.request_id;
+}
+
+/* The reply to request rid on d: type or ERROR code, its flags and iteration. */
+static int reply_to(void *d, uint64_t rid, uint32_t *flags, uint64_t *iter, float *w)
+{
+    ps_wire_msg_t m;
+    for (;;) {
+        int rc = t_recv(d, &m);
+        if (rc) {
+            ps_wire_msg_close(&m);
+            return rc == PS_EAGAIN ? PS_ETIMEOUT : rc;
+        }
+        if (m.hdr->request_id == rid) break;
+        ps_wire_msg_close(&m);
+    }
+    int rc = m.hdr->type == PS__MSG_TYPE__MSG_ERROR ? m.hdr->error_code : (int)m.hdr->type;
+    *flags = m.hdr->has_flags ? m.hdr->flags : 0;
+    *iter = m.hdr->has_iteration ? m.hdr->iteration : UINT64_MAX;
+    if (w && rc == PS__MSG_TYPE__MSG_WEIGHTS && m.has_payload &&
+        ps_codec_decode(w, m.hdr->numel, zmq_msg_data(&m.payload), zmq_msg_size(&m.payload),
+                        (ps_dtype_t)m.hdr->dtype, (ps_codec_t)m.hdr->codec, 0, NULL))
+        rc = PS_ECORRUPT;
+    ps_wire_msg_close(&m);
+    return rc;
+}
+
+/* One sync step of two workers (same gradient): 1 if both get WEIGHTS of
+ * version it + 1, rank 0's into w. */
+static int step2(void *d0, void *d1, int it, float *w)
+{
+    int good = 1;
+    for (uint32_t p = 0; p < T.nparts; p++) {
+        uint64_t r1 = send_push(d1, 1, p, it), r0 = send_push(d0, 0, p, it), v0 = 0, v1 = 0;
+        uint32_t f0, f1;
+        good &= r0 && r1 && reply_to(d0, r0, &f0, &v0, w + T.parts[p].offset) == PS__MSG_TYPE__MSG_WEIGHTS &&
+                reply_to(d1, r1, &f1, &v1, NULL) == PS__MSG_TYPE__MSG_WEIGHTS && v0 == (uint64_t)it + 1 &&
+                v1 == (uint64_t)it + 1;
+    }
+    return good;
+}
+
+/* Two workers, rank 1 a step behind rank 0 (rank 1's reply of step 4 was
+ * lost with a server that restarted from its checkpoint of 4): rank 1's
+ * push of step 4 waits here for rank 0, and rank 0, at step 5, pushes step
+ * 5 here.  That future push draws the rollback verdict, and so must the
+ * push that waits: else rank 1 waits here for rank 0 while rank 0 waits on
+ * the other servers for rank 1's step 5 -- until both time out. */
+static void behind_and_ahead(void)
+{
+    char dir2[300];
+    snprintf(dir2, sizeof dir2, "%s-2w", dir);
+    mkdir(dir2, 0755);
+    const char *args[] = {"--num-workers", "2", "--worker-timeout-ms", "0", "--checkpoint-dir", dir2,
+                          "--checkpoint-every-steps", "2", "--log-level", "info", NULL};
+    tpsd_t S;
+    if (tpsd_start(&S, "rollback2", args)) {
+        ok(0, "2-worker psd started");
+        return;
+    }
+    char spec2[4096];
+    t_spec_json(spec2, sizeof spec2, TS, NT, 512, 1, 2, OPTIM);
+    void *d0 = t_dealer(S.port), *d1 = t_dealer(S.port);
+    float w[N], x[N], winit[N];
+    for (int i = 0; i < N; i++) winit[i] = 0.2f * sinf(0.3f * i);
+    int good = t_init_spec(d0, spec2, T.hash, NULL) == PS__MSG_TYPE__MSG_ACK;
+    for (uint32_t p = 0; p < T.nparts; p++)
+        good &= t_init_part(d0, p, winit + T.parts[p].offset, T.parts[p].numel) == PS__MSG_TYPE__MSG_ACK;
+    for (int it = 0; it < 4; it++) good &= step2(d0, d1, it, w);
+    if (!ok(good, "2 workers: 4 steps")) tpsd_dump_log(&S, 20);
+    t_sleep_ms(300); /* the aligned checkpoint of version 4 */
+
+    uint32_t f1 = 0, f0 = 0;
+    uint64_t v1 = 0, v0 = 0;
+    uint64_t r1 = send_push(d1, 1, 0, 4);
+    t_sleep_ms(100); /* rank 1's push is held, waiting for rank 0's */
+    uint64_t r0 = send_push(d0, 0, 1, 5);
+    int rc0 = r0 ? reply_to(d0, r0, &f0, &v0, NULL) : PS_EZMQ;
+    ok(rc0 == PS_ESTATE && (f0 & PS_FLAG_ROLLBACK) && v0 == 4,
+       "rank 0's push of step 5 -> PS_ESTATE, PS_FLAG_ROLLBACK, version 4 (%d, flags %u, %llu)", rc0,
+       f0, (unsigned long long)v0);
+    int rc1 = r1 ? reply_to(d1, r1, &f1, &v1, NULL) : PS_EZMQ;
+    if (!ok(rc1 == PS_ESTATE && (f1 & PS_FLAG_ROLLBACK) && v1 == 4,
+            "rank 1's waiting push of step 4 answered with the same verdict, not left waiting (%s, "
+            "flags %u, %llu)", rc1 < 0 ? ps_strerror(rc1) : "a reply", f1, (unsigned long long)v1))
+        tpsd_dump_log(&S, 10);
+    uint32_t fl;
+    uint64_t it;
+    is_int(rollback(d0, 1, 4, &fl, &it), PS__MSG_TYPE__MSG_ACK, "ROLLBACK to 4 (partitions at 4: a no-op)");
+    ok(step2(d0, d1, 4, w), "both redo step 4: WEIGHTS of version 5 to both");
+    is_int(rollback(d0, 1, 4, &fl, &it), PS__MSG_TYPE__MSG_ACK, "ROLLBACK to 4 from the checkpoint");
+    ok(step2(d0, d1, 4, x) && !memcmp(x, w, sizeof x),
+       "step 4 redone again == the first redo, bitwise (the dropped push left nothing behind)");
+    zmq_close(d0);
+    zmq_close(d1);
+    is_int(tpsd_stop(&S, SIGTERM), 0, "2-worker psd exits 0");
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir2);
+    if (system(cmd) != 0) diag("could not remove %s", dir2);
+}
+
 int main(void)
 {
     ps_log_level = PS_LOG_ERROR;
@@ -163,6 +276,8 @@ int main(void)
     ok(pf == 0, "... and version 5 is not flagged as skipped (flags %ld)", pf);
     zmq_close(d);
     is_int(tpsd_stop(&S, SIGTERM), 0, "psd exits 0");
+
+    behind_and_ahead();
 
     const char *aargs[] = {"--num-workers", "1", "--worker-timeout-ms", "0", "--mode", "async", NULL};
     if (tpsd_start(&S, "rollback", aargs)) {
