@@ -62,7 +62,7 @@ W1=$WPID; C1=$WCHILD
 
 fc_wait_rows "$T/run/metrics-rank0.csv" $KILL_PSD_AT >/dev/null
 seen=$(csv_rows "$T/run/metrics-rank0.csv")
-fc_psd_lost_and_back 1 $N "$T/ck1" "$C0" "$C1"
+FC_PAST_CSV=$T/run/metrics-rank0.csv fc_psd_lost_and_back 1 $N "$T/ck1" "$C0" "$C1"
 placed=$?
 a=$FC_A vmax=$FC_VMAX
 [ $placed -eq 0 ] && [ "$seen" -ge $KILL_PSD_AT ] && [ "$seen" -lt $KILL_W_AT ]

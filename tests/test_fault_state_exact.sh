@@ -71,7 +71,7 @@ fc_start_worker 0 "" "$T/run" "${COMMON[@]}" --debug-die-mid-step $DIE_AT; W0=$W
 fc_start_worker 1 "" "$T/run" "${COMMON[@]}" "${SPEC_OF_RANK1[@]}"; W1=$WPID; C1=$WCHILD
 
 fc_wait_rows "$T/run/metrics-rank0.csv" $((2 * N)) >/dev/null
-fc_psd_lost_and_back 1 $((2 * N)) "$T/ck1" "$C0" "$C1"
+FC_PAST_CSV=$T/run/metrics-rank0.csv fc_psd_lost_and_back 1 $((2 * N)) "$T/ck1" "$C0" "$C1"
 placed=$?
 seen=$(csv_rows "$T/run/metrics-rank0.csv")
 [ $placed -eq 0 ] && [ "$seen" -lt $DIE_AT ]

@@ -50,8 +50,12 @@ fc_wait_rows() {
 # ID once its STATS say an aligned checkpoint A >= N is durable and its
 # partitions are past A but below A + N (else SIGCONT, a moment, and look
 # again; 200 tries), so exactly the steps after A are lost and fewer than
-# N.  Sets FC_A and FC_VMAX; returns 1 when it found no such moment (the
-# workers are then running).  On success the workers stay stopped: the
+# N.  With FC_PAST_CSV (a worker's metrics CSV) set, that worker must also
+# have finished step A (more than A rows): it then pushes a step the
+# restarted server has not reached, and the rollback is certain -- without
+# it, workers that all wait on step A simply redo it (exact too, but not the
+# path a test of rollback means to take).  Sets FC_A and FC_VMAX; returns 1
+# when it found no such moment (the workers are then running).  On success the workers stay stopped: the
 # caller restarts the psd and sends them SIGCONT.
 fc_kill_psd_placed() {
     local id=$1 n=$2 pid; shift 2
@@ -61,7 +65,8 @@ fc_kill_psd_placed() {
         FC_A=$(fc_stat "$id" aligned_checkpoint_version)
         FC_VMAX=$(fc_stat "$id" version_max)
         if [ -n "$FC_A" ] && [ -n "$FC_VMAX" ] && [ "$FC_A" -ge "$n" ] &&
-            [ "$FC_VMAX" -gt "$FC_A" ] && [ "$FC_VMAX" -lt $((FC_A + n)) ]; then
+            [ "$FC_VMAX" -gt "$FC_A" ] && [ "$FC_VMAX" -lt $((FC_A + n)) ] &&
+            { [ -z "${FC_PAST_CSV:-}" ] || [ "$(csv_rows "$FC_PAST_CSV")" -gt "$FC_A" ]; }; then
             eval "pid=\$PID_$id"
             is_live "$pid" && kill -KILL "$pid"
             wait "$pid" 2>/dev/null
