@@ -28,11 +28,10 @@ static char dir[256], spec[4096];
 
 static float grad_of(int it, int i) { return cosf(0.05f * i - 0.3f * it); }
 
-/* Send h, wait for its reply: type or ERROR code; *flags / *iter of the reply. */
-static int call(void *d, Ps__Header *h, const void *pl, size_t len, uint32_t *flags, uint64_t *iter)
+/* The reply to request rid on d: type or ERROR code, its flags and
+ * iteration (optional), WEIGHTS decoded into w (optional). */
+static int reply_to(void *d, uint64_t rid, uint32_t *flags, uint64_t *iter, float *w)
 {
-    h->has_request_id = 1, h->request_id = ++t_rid;
-    if (ps_wire_send(d, NULL, 0, h, pl, len, NULL, NULL, 0)) return PS_EZMQ;
     ps_wire_msg_t m;
     for (;;) {
         int rc = t_recv(d, &m);
@@ -40,14 +39,26 @@ static int call(void *d, Ps__Header *h, const void *pl, size_t len, uint32_t *fl
             ps_wire_msg_close(&m);
             return rc == PS_EAGAIN ? PS_ETIMEOUT : rc;
         }
-        if (m.hdr->request_id == h->request_id) break;
+        if (m.hdr->request_id == rid) break;
         ps_wire_msg_close(&m);
     }
     int rc = m.hdr->type == PS__MSG_TYPE__MSG_ERROR ? m.hdr->error_code : (int)m.hdr->type;
     if (flags) *flags = m.hdr->has_flags ? m.hdr->flags : 0;
     if (iter) *iter = m.hdr->has_iteration ? m.hdr->iteration : UINT64_MAX;
+    if (w && rc == PS__MSG_TYPE__MSG_WEIGHTS && m.has_payload &&
+        ps_codec_decode(w, m.hdr->numel, zmq_msg_data(&m.payload), zmq_msg_size(&m.payload),
+                        (ps_dtype_t)m.hdr->dtype, (ps_codec_t)m.hdr->codec, 0, NULL))
+        rc = PS_ECORRUPT;
     ps_wire_msg_close(&m);
     return rc;
+}
+
+/* Send h, wait for its reply: type or ERROR code; *flags / *iter of the reply. */
+static int call(void *d, Ps__Header *h, const void *pl, size_t len, uint32_t *flags, uint64_t *iter)
+{
+    h->has_request_id = 1, h->request_id = ++t_rid;
+    if (ps_wire_send(d, NULL, 0, h, pl, len, NULL, NULL, 0)) return PS_EZMQ;
+    return reply_to(d, h->request_id, flags, iter, NULL);
 }
 
 static int rollback(void *d, int has_v, uint64_t v, uint32_t *flags, uint64_t *iter)
@@ -112,29 +123,6 @@ static uint64_t send_push(void *d, int rank, uint32_t p, int it)
     return ps_wire_send(d, NULL, 0, &h, g, n * 4, NULL, NULL, 0) ? 0 : h.request_id;
 }
 
-/* The reply to request rid on d: type or ERROR code, its flags and iteration. */
-static int reply_to(void *d, uint64_t rid, uint32_t *flags, uint64_t *iter, float *w)
-{
-    ps_wire_msg_t m;
-    for (;;) {
-        int rc = t_recv(d, &m);
-        if (rc) {
-            ps_wire_msg_close(&m);
-            return rc == PS_EAGAIN ? PS_ETIMEOUT : rc;
-        }
-        if (m.hdr->request_id == rid) break;
-        ps_wire_msg_close(&m);
-    }
-    int rc = m.hdr->type == PS__MSG_TYPE__MSG_ERROR ? m.hdr->error_code : (int)m.hdr->type;
-    *flags = m.hdr->has_flags ? m.hdr->flags : 0;
-    *iter = m.hdr->has_iteration ? m.hdr->iteration : UINT64_MAX;
-    if (w && rc == PS__MSG_TYPE__MSG_WEIGHTS && m.has_payload &&
-        ps_codec_decode(w, m.hdr->numel, zmq_msg_data(&m.payload), zmq_msg_size(&m.payload),
-                        (ps_dtype_t)m.hdr->dtype, (ps_codec_t)m.hdr->codec, 0, NULL))
-        rc = PS_ECORRUPT;
-    ps_wire_msg_close(&m);
-    return rc;
-}
 
 /* One sync step of two workers (same gradient): 1 if both get WEIGHTS of
  * version it + 1, rank 0's into w. */
