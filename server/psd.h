@@ -710,6 +710,10 @@ int psd_store_weights_writable(psd_t *s, psd_part_t *p);
 const float *psd_store_slot(const psd_part_t *p, int r);
 /* Close the held messages (after an update, at exit). */
 void psd_store_release_held(psd_part_t *p);
+/* Forget the round in progress on p: the ranks' pushes (slots, held
+ * messages, the direct one), the overflow flag, the late-rank clock.  Its
+ * waiters are the caller's to answer. */
+void psd_store_drop_pending(psd_t *s, psd_part_t *p);
 /* Make sure the codec scratch holds n bytes; 0 or PS_ENOMEM. */
 int psd_store_scratch(psd_store_t *st, size_t n);
 int psd_store_nonfinite(psd_t *s, const float *g, size_t n);

@@ -108,10 +108,7 @@ static int restore(psd_t *s, uint64_t v, char *err, size_t errlen, char *used, s
             nm[0] = 'm';
             ps_st_read_f32(&f, nm, p->m, p->numel, rerr, sizeof rerr);
             psd_store_drop_cache(p);
-            if (p->have) memset(p->have, 0, (size_t)s->st.nworkers);
-            psd_store_release_held(p);
-            p->direct = NULL;
-            p->overflow = 0;
+            psd_store_drop_pending(s, p);
             p->skipped_ver = 0;
             psd_store_forget_prev(p);
             p->version = v;
@@ -210,11 +207,7 @@ uint32_t psd_rollback_drop_round(psd_t *s)
         if (!p->owned) continue;
         int pending = 0;
         for (int r = 0; p->have && r < s->st.nworkers; r++) pending |= p->have[r];
-        if (p->have) memset(p->have, 0, (size_t)s->st.nworkers);
-        psd_store_release_held(p);
-        p->direct = NULL;
-        p->overflow = 0;
-        p->wait_since_ms = 0;
+        psd_store_drop_pending(s, p);
         psd_waiters_cancel(s, p, p->version); /* answered: roll back to it */
         dropped += pending != 0;
     }

@@ -97,6 +97,15 @@ void psd_store_release_held(psd_part_t *p)
         }
 }
 
+void psd_store_drop_pending(psd_t *s, psd_part_t *p)
+{
+    if (p->have) memset(p->have, 0, (size_t)s->st.nworkers);
+    psd_store_release_held(p);
+    p->direct = NULL;
+    p->overflow = 0;
+    p->wait_since_ms = 0;
+}
+
 static void part_free(psd_part_t *p)
 {
     psd_store_release_held(p);

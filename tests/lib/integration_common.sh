@@ -48,11 +48,9 @@ await_exit() {
         if is_live "$p"; then
             diag "still running ${secs}s after its shutdown, stopped: pid $p: $(ps -o args= -p "$p" | cut -c1-100)"
             kill -TERM "$p" 2>/dev/null
-            for _ in $(seq 1 20); do is_live "$p" || break; sleep 0.1; done
-            is_live "$p" && kill -KILL "$p" 2>/dev/null
             rc=1
         fi
-        wait "$p" 2>/dev/null
+        reap_pid "$p" 20
     done
     return $rc
 }

@@ -17,6 +17,14 @@ live_pids() {
 # is_live PID: PID is a running job of this shell
 is_live() { [[ " $(jobs -rp | tr '\n' ' ') " == *" $1 "* ]]; }
 
+# reap_pid PID TRIES: give a signalled job TRIES tenths of a second to
+# exit, SIGKILL it if it still runs, and reap it
+reap_pid() {
+    for _ in $(seq 1 "$2"); do is_live "$1" || break; sleep 0.1; done
+    is_live "$1" && kill -KILL "$1" 2>/dev/null
+    wait "$1" 2>/dev/null
+}
+
 # stop_pids [TRIES]: SIGTERM every live member of PIDS, give each TRIES
 # tenths of a second (default 10) to exit (psd checkpoints on SIGTERM),
 # then SIGKILL what still runs, and reap them all
@@ -24,9 +32,5 @@ stop_pids() {
     local tries=${1:-10} p
     local live=($(live_pids))
     for p in "${live[@]}"; do kill -TERM "$p" 2>/dev/null; done
-    for p in "${live[@]}"; do
-        for _ in $(seq 1 "$tries"); do is_live "$p" || break; sleep 0.1; done
-        is_live "$p" && kill -KILL "$p" 2>/dev/null
-        wait "$p" 2>/dev/null
-    done
+    for p in "${live[@]}"; do reap_pid "$p" "$tries"; done
 }
