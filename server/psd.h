@@ -459,10 +459,11 @@ void psd_handle_drain(psd_t *s, ps_wire_msg_t *m);
  * answer its waiters ERROR(PS_ESTATE, PS_FLAG_ROLLBACK, V).  Partitions at
  * V are kept as they are (a repeated ROLLBACK is a no-op). */
 void psd_handle_rollback(psd_t *s, ps_wire_msg_t *m);
-/* Sync: a push from a step past this server's version (it restarted from an
- * older checkpoint) -- every push of the round held here is dropped and its
- * waiting worker answered with the rollback verdict: the round is redone by
- * all after the rollback.  Returns the partitions whose pushes were dropped. */
+/* Sync: a push from a step past this server's version, on a server that
+ * restarted from an older checkpoint or rolled back -- every push of the
+ * round held here is dropped and its waiting worker answered with the
+ * rollback verdict: the round is redone by all after the rollback.  Returns
+ * the partitions whose pushes were dropped. */
 uint32_t psd_rollback_drop_round(psd_t *s);
 
 /* ---- psd_checkpoint.c ---- */

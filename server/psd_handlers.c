@@ -305,7 +305,10 @@ static void push_sync(psd_t *s, ps_wire_msg_t *m, psd_part_t *p, int rank, int p
                                 "mode: this server restarted from a checkpoint; roll back)",
                                 ps_wire_type_name(h->type), (unsigned long long)it, p->id,
                                 (unsigned long long)p->version);
-        psd_rollback_drop_round(s);
+        /* Only a server whose versions went back (restarted from a
+         * checkpoint, or rolled back) drops the round: on any other, a
+         * push from the future is a bad message and disturbs no one. */
+        if (s->st.from_ckpt || s->rollbacks) psd_rollback_drop_round(s);
         return;
     }
     if (!p->have[rank]) {

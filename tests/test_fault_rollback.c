@@ -124,12 +124,12 @@ static uint64_t send_push(void *d, int rank, uint32_t p, int it)
 }
 
 
-/* One sync step of two workers (same gradient): 1 if both get WEIGHTS of
- * version it + 1, rank 0's into w. */
-static int step2(void *d0, void *d1, int it, float *w)
+/* One sync step of two workers (same gradient) over partitions from.. of
+ * T: 1 if both get WEIGHTS of version it + 1, rank 0's into w. */
+static int step2(void *d0, void *d1, int it, uint32_t from, float *w)
 {
     int good = 1;
-    for (uint32_t p = 0; p < T.nparts; p++) {
+    for (uint32_t p = from; p < T.nparts; p++) {
         uint64_t r1 = send_push(d1, 1, p, it), r0 = send_push(d0, 0, p, it), v0 = 0, v1 = 0;
         uint32_t f0, f1;
         good &= r0 && r1 && reply_to(d0, r0, &f0, &v0, w + T.parts[p].offset) == PS__MSG_TYPE__MSG_WEIGHTS &&
@@ -139,17 +139,33 @@ static int step2(void *d0, void *d1, int it, float *w)
     return good;
 }
 
-/* Two workers, rank 1 a step behind rank 0 (rank 1's reply of step 4 was
- * lost with a server that restarted from its checkpoint of 4): rank 1's
- * push of step 4 waits here for rank 0, and rank 0, at step 5, pushes step
- * 5 here.  That future push draws the rollback verdict, and so must the
- * push that waits: else rank 1 waits here for rank 0 while rank 0 waits on
- * the other servers for rank 1's step 5 -- until both time out. */
+/* Rank 1 pushes step `it` of partition 0 (held: rank 0's is missing), then
+ * rank 0 pushes partition 1 at `future`.  Rank 0's reply: PS_ESTATE +
+ * PS_FLAG_ROLLBACK + *v0; rank 1's request id in *r1. */
+static int behind_then_future(void *d0, void *d1, int it, int future, uint64_t *r1, uint64_t *v0)
+{
+    uint32_t f0 = 0;
+    *r1 = send_push(d1, 1, 0, it);
+    t_sleep_ms(100); /* rank 1's push is held, waiting for rank 0's */
+    uint64_t r0 = send_push(d0, 0, 1, future);
+    int rc0 = r0 ? reply_to(d0, r0, &f0, v0, NULL) : PS_EZMQ;
+    return rc0 == PS_ESTATE && (f0 & PS_FLAG_ROLLBACK);
+}
+
+/* Two workers, rank 1 a step behind rank 0: a server restarted from its
+ * checkpoint of 4 while rank 0 had every reply of step 4 and rank 1's
+ * reply was lost with it.  Rank 1's push of step 4 waits there for rank 0,
+ * and rank 0, at step 5, pushes step 5 there.  That push from the future
+ * draws the rollback verdict, and so must the push that waits: else rank 1
+ * waits there for rank 0 while rank 0 waits on the other servers for rank
+ * 1's step 5 -- until both time out.  On a server that never went back,
+ * the same push is a bad message: refused, and the held push stays. */
 static void behind_and_ahead(void)
 {
-    char dir2[300];
+    char dir2[300], spec2[4096];
     snprintf(dir2, sizeof dir2, "%s-2w", dir);
     mkdir(dir2, 0755);
+    t_spec_json(spec2, sizeof spec2, TS, NT, 512, 1, 2, OPTIM);
     const char *args[] = {"--num-workers", "2", "--worker-timeout-ms", "0", "--checkpoint-dir", dir2,
                           "--checkpoint-every-steps", "2", "--log-level", "info", NULL};
     tpsd_t S;
@@ -157,28 +173,43 @@ static void behind_and_ahead(void)
         ok(0, "2-worker psd started");
         return;
     }
-    char spec2[4096];
-    t_spec_json(spec2, sizeof spec2, TS, NT, 512, 1, 2, OPTIM);
     void *d0 = t_dealer(S.port), *d1 = t_dealer(S.port);
-    float w[N], x[N], winit[N];
+    float w5[N], w[N], x[N], winit[N];
     for (int i = 0; i < N; i++) winit[i] = 0.2f * sinf(0.3f * i);
     int good = t_init_spec(d0, spec2, T.hash, NULL) == PS__MSG_TYPE__MSG_ACK;
     for (uint32_t p = 0; p < T.nparts; p++)
         good &= t_init_part(d0, p, winit + T.parts[p].offset, T.parts[p].numel) == PS__MSG_TYPE__MSG_ACK;
-    for (int it = 0; it < 4; it++) good &= step2(d0, d1, it, w);
+    for (int it = 0; it < 4; it++) good &= step2(d0, d1, it, 0, w);
     if (!ok(good, "2 workers: 4 steps")) tpsd_dump_log(&S, 20);
     t_sleep_ms(300); /* the aligned checkpoint of version 4 */
 
-    uint32_t f1 = 0, f0 = 0;
-    uint64_t v1 = 0, v0 = 0;
-    uint64_t r1 = send_push(d1, 1, 0, 4);
-    t_sleep_ms(100); /* rank 1's push is held, waiting for rank 0's */
-    uint64_t r0 = send_push(d0, 0, 1, 5);
-    int rc0 = r0 ? reply_to(d0, r0, &f0, &v0, NULL) : PS_EZMQ;
-    ok(rc0 == PS_ESTATE && (f0 & PS_FLAG_ROLLBACK) && v0 == 4,
-       "rank 0's push of step 5 -> PS_ESTATE, PS_FLAG_ROLLBACK, version 4 (%d, flags %u, %llu)", rc0,
-       f0, (unsigned long long)v0);
+    /* bad input: a server that never went back keeps rank 1's held push */
+    uint64_t r1 = 0, v0 = 0, v1 = 0;
+    uint32_t f1 = 0;
+    int verdict = behind_then_future(d0, d1, 4, 9, &r1, &v0);
+    ok(verdict && v0 == 4,
+       "a forged push of step 9 -> PS_ESTATE, PS_FLAG_ROLLBACK, version 4 (%llu)", (unsigned long long)v0);
+    uint64_t r0 = send_push(d0, 0, 0, 4);
+    int rc0 = r0 ? reply_to(d0, r0, &f1, &v0, w5) : PS_EZMQ;
     int rc1 = r1 ? reply_to(d1, r1, &f1, &v1, NULL) : PS_EZMQ;
+    ok(rc0 == PS__MSG_TYPE__MSG_WEIGHTS && rc1 == PS__MSG_TYPE__MSG_WEIGHTS && v0 == 5 && v1 == 5,
+       "... and disturbs no one: rank 1's held push of step 4 completes with rank 0's (WEIGHTS 5)");
+    ok(step2(d0, d1, 4, 1, w5), "step 4 on the other partitions");
+    zmq_close(d0);
+    zmq_close(d1);
+    is_int(tpsd_stop(&S, SIGKILL), 128 + SIGKILL, "psd SIGKILLed at version 5");
+
+    /* the same server restarted from its checkpoint of 4 */
+    if (tpsd_start(&S, "rollback2", args)) {
+        ok(0, "2-worker psd restarted");
+        return;
+    }
+    d0 = t_dealer(S.port), d1 = t_dealer(S.port);
+    verdict = behind_then_future(d0, d1, 4, 5, &r1, &v0);
+    ok(verdict && v0 == 4,
+       "restarted at 4: rank 0's push of step 5 -> PS_ESTATE, PS_FLAG_ROLLBACK, version 4 (%llu)",
+       (unsigned long long)v0);
+    rc1 = r1 ? reply_to(d1, r1, &f1, &v1, NULL) : PS_EZMQ;
     if (!ok(rc1 == PS_ESTATE && (f1 & PS_FLAG_ROLLBACK) && v1 == 4,
             "rank 1's waiting push of step 4 answered with the same verdict, not left waiting (%s, "
             "flags %u, %llu)", rc1 < 0 ? ps_strerror(rc1) : "a reply", f1, (unsigned long long)v1))
@@ -186,10 +217,11 @@ static void behind_and_ahead(void)
     uint32_t fl;
     uint64_t it;
     is_int(rollback(d0, 1, 4, &fl, &it), PS__MSG_TYPE__MSG_ACK, "ROLLBACK to 4 (partitions at 4: a no-op)");
-    ok(step2(d0, d1, 4, w), "both redo step 4: WEIGHTS of version 5 to both");
+    ok(step2(d0, d1, 4, 0, w) && !memcmp(w, w5, sizeof w),
+       "both redo step 4: WEIGHTS of version 5, bitwise those before the kill");
     is_int(rollback(d0, 1, 4, &fl, &it), PS__MSG_TYPE__MSG_ACK, "ROLLBACK to 4 from the checkpoint");
-    ok(step2(d0, d1, 4, x) && !memcmp(x, w, sizeof x),
-       "step 4 redone again == the first redo, bitwise (the dropped push left nothing behind)");
+    ok(step2(d0, d1, 4, 0, x) && !memcmp(x, w5, sizeof x),
+       "step 4 redone again: the same, bitwise (the dropped push left nothing behind)");
     zmq_close(d0);
     zmq_close(d1);
     is_int(tpsd_stop(&S, SIGTERM), 0, "2-worker psd exits 0");
