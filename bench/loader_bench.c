@@ -24,6 +24,7 @@
 #include "bench/bench_util.h"
 #include "ps_error.h"
 #include "ps_log.h"
+#include "ps_util.h"
 #include "worker/data/ps_video.h"
 #include "worker/data/video_extract.h"
 #include "worker/data/video_file.h"

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 int ps_fail_at(const char *file, int line, int code, char *err, size_t errlen,
@@ -86,5 +87,25 @@ int ps_write_file_atomic(const char *path, const void *const *bufs, const size_t
     if (fsync_dir_of(path) < 0)
         return ps_fail(PS_EIO, err, errlen, "%s: fsync directory of %s: %s", what, path,
                        strerror(errno));
+    return 0;
+}
+
+int ps_mkdir_p(const char *path)
+{
+    char buf[4096];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof buf) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    memcpy(buf, path, n + 1);
+    for (char *q = buf + 1;; q++) {
+        if (*q && *q != '/') continue;
+        char c = *q;
+        *q = 0;
+        if (mkdir(buf, 0755) < 0 && errno != EEXIST) return -1;
+        if (!c) break;
+        *q = c;
+    }
     return 0;
 }

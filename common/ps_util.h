@@ -52,4 +52,7 @@ static inline int ps_write_file_atomic1(const char *path, const void *p, size_t 
     return ps_write_file_atomic(path, b, l, 1, what, err, errlen);
 }
 
+/* mkdir -p; 0 or -1 with errno set. */
+int ps_mkdir_p(const char *path);
+
 #endif

@@ -450,22 +450,3 @@ int ps_video_read_frame(const ps_video_list_t *l, size_t i, int frame,
     return ps_video_read_frames(l, i, &frame, 1, rgb, w, h, err, errlen);
 }
 
-int ps_mkdir_p(const char *path)
-{
-    char buf[4096];
-    size_t n = strlen(path);
-    if (n == 0 || n >= sizeof buf) {
-        errno = ENAMETOOLONG;
-        return -1;
-    }
-    memcpy(buf, path, n + 1);
-    for (char *q = buf + 1;; q++) {
-        if (*q && *q != '/') continue;
-        char c = *q;
-        *q = 0;
-        if (mkdir(buf, 0755) < 0 && errno != EEXIST) return -1;
-        if (!c) break;
-        *q = c;
-    }
-    return 0;
-}

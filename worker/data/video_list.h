@@ -68,8 +68,6 @@ int ps_video_tmpl_ok(const char *tmpl);
 /* root/name/tmpl(frame) into buf; PS_ERANGE if it does not fit. */
 int ps_video_frame_path(const ps_video_list_t *l, size_t i, int frame, char *buf, size_t n);
 int ps_video_list_add(ps_video_list_t *l, const char *name, int frames, int label, int line);
-/* mkdir -p; 0 or -1 with errno set. */
-int ps_mkdir_p(const char *path);
 ps_video_list_t *ps_video_list_alloc(const char *source, const char *root, const char *tmpl);
 
 /* Validates entry i as it is read: 0, or a PS_E* with the reason in msg

@@ -271,9 +271,10 @@ static int write_jpeg(const char *path, const uint8_t *rgb, int size, int qualit
     return 0;
 }
 
+/* mkdir -p: a fresh clone has no data/ yet for --out data/det */
 static int make_dir(const char *p, char *err, size_t n)
 {
-    if (mkdir(p, 0777) == 0 || errno == EEXIST) return 0;
+    if (ps_mkdir_p(p) == 0) return 0;
     return fail(err, n, PS_EIO, "%s: cannot create directory: %s", p, strerror(errno));
 }
 
