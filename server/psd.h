@@ -13,17 +13,21 @@
  *                     -> loop, checkpoint, metrics, members, reply, store, peers, pool
  *   psd_loop.c        libuv + the ZMQ fd (drain), timers, signals, socket
  *                     monitor (connection log)
- *                     -> handlers, checkpoint, metrics, late, curve, members,
- *                     maxmsg, reply
+ *                     -> handlers, shutdown, checkpoint, metrics, late, curve,
+ *                     members, maxmsg, reply
  *   psd_handlers.c    one function per message type; the sync / async update
- *                     path -> rollback, checkpoint, spec, metrics, jobfail,
- *                     late, curve, waiters, members, reply, store
+ *                     path -> rollback, shutdown, checkpoint, spec, metrics,
+ *                     jobfail, late, curve, waiters, members, reply, store
  *   psd_jobfail.c     a failed worker stops the job -> waiters, members, reply
  *   psd_rollback.c    MSG_ROLLBACK: restore an aligned checkpoint
  *                     -> checkpoint, waiters, reply, store
- *   psd_checkpoint.c  checkpoint files (snapshot, write off the loop thread,
- *                     load at start); orderly shutdown
- *                     -> spec, members, reply, store
+ *   psd_shutdown.c    orderly shutdown: the final checkpoint, the answers,
+ *                     a linger -> checkpoint, members, reply
+ *   psd_checkpoint_*.c  checkpoint files (psd_checkpoint_internal.h):
+ *                     psd_checkpoint_write.c snapshot, write off the loop
+ *                     thread; psd_checkpoint_load.c verify and load at
+ *                     start; psd_checkpoint_files.c names, pruning, the
+ *                     failure note -> spec, members, reply, store
  *   psd_spec.c        the INIT spec: parse, check, hold its table
  *                     -> maxmsg, members, store
  *   psd_metrics.c     the STATS reply, stats log line, HTTP /metrics
@@ -44,10 +48,11 @@
  *   psd_skips.c       the sync steps skipped for a loss-scale overflow
  *   psd_peers.c       waiting requests counted per peer
  *   psd_pool.c        summation threads
- * One call goes back up, at run time: psd_t.drain, which the loop sets and
- * psd_checkpoint.c calls after answering from its own libuv callbacks
- * (ZMQ_FD is edge-triggered: sends made outside the poll callback need the
- * socket re-read). */
+ * Two calls go back up, at run time: psd_t.drain, which the loop sets and
+ * psd_checkpoint_write.c and psd_shutdown.c call after answering from their
+ * own libuv callbacks (ZMQ_FD is edge-triggered: sends made outside the
+ * poll callback need the socket re-read); and the end of the final
+ * checkpoint's write, which finishes a stop (psd_shutdown_checkpoint_done). */
 #ifndef PSD_H
 #define PSD_H
 
@@ -301,7 +306,7 @@ typedef struct psd_ackwait {
     int type;                   /* PS__MSG_TYPE__MSG_CHECKPOINT or _SHUTDOWN */
 } psd_ackwait_t;
 
-typedef struct psd_ckpt_job psd_ckpt_job_t; /* psd_checkpoint.c */
+typedef struct psd_ckpt_job psd_ckpt_job_t; /* psd_checkpoint_write.c */
 
 /* Elastic membership (psd_elastic.c): from version `from` on, the sync
  * updates wait for the ranks in `ranks` (bit r: rank r). */
@@ -325,7 +330,7 @@ typedef struct psd_metrics {
                             * ZMQ_MAXMSGSIZE ends its connection this way) */
     double agg_seconds, apply_seconds;
     uint64_t agg_count, apply_count;
-    /* Checkpoint writes (psd_checkpoint.c).  A failed write is an error:
+    /* Checkpoint writes (psd_checkpoint_write.c).  A failed write is an error:
      * STATS `errors` counts it with the ERROR replies. */
     uint64_t ckpt_writes;   /* files made durable (fsync'd, renamed into place) */
     uint64_t ckpt_failures; /* writes that saved nothing (the previous files stand) */
@@ -393,7 +398,7 @@ typedef struct psd {
     uint64_t ckpt_fail_quiet;   /* failures since then not logged (rate limit) */
     uint64_t rollbacks;         /* MSG_ROLLBACKs that restored partitions */
     uint64_t ckpt_seq;
-    /* Checkpoint writer (psd_checkpoint.c): at most one write in flight on
+    /* Checkpoint writer (psd_checkpoint_write.c): at most one write in flight on
      * libuv's thread pool; requests arriving meanwhile are coalesced. */
     uv_work_t ckpt_work;
     psd_ckpt_job_t *ckpt_job;   /* in flight, NULL when idle */
@@ -466,31 +471,37 @@ void psd_handle_rollback(psd_t *s, ps_wire_msg_t *m);
  * the partitions whose pushes were dropped. */
 uint32_t psd_rollback_drop_round(psd_t *s);
 
-/* ---- psd_checkpoint.c ---- */
-/* Snapshot the shard now and write it on a pool thread (0 or PS_E*,
- * logged); if a write is in flight, one more follows it.  w (may be NULL)
- * is answered ACK / ERROR when the write that includes this state ends. */
-int psd_checkpoint_start(psd_t *s, psd_ackwait_t *w);
-/* Write synchronously on the loop thread (0 or PS_E*); tests of the format. */
-int psd_checkpoint_write(psd_t *s);
+/* ---- psd_shutdown.c ---- */
 /* Orderly stop (SHUTDOWN request w, or a signal with w NULL): refuse
  * further updates, checkpoint when a directory is set, answer w ACK once
  * that write ended, keep serving for a short linger so replies get out,
  * then stop the loop.  A final checkpoint that fails does not keep the
  * server up: it is logged, the ACK's body says so, and psd exits 1. */
 void psd_shutdown_begin(psd_t *s, const char *why, psd_ackwait_t *w);
+
+/* ---- psd_checkpoint_write.c ---- */
+/* Snapshot the shard now and write it on a pool thread (0 or PS_E*,
+ * logged); if a write is in flight, one more follows it.  w (may be NULL)
+ * is answered ACK / ERROR when the write that includes this state ends. */
+int psd_checkpoint_start(psd_t *s, psd_ackwait_t *w);
+/* Write synchronously on the loop thread (0 or PS_E*); tests of the format. */
+int psd_checkpoint_write(psd_t *s);
+/* A malloc'd waiter for the request m (NULL when out of memory). */
+psd_ackwait_t *psd_ackwait_new(const ps_wire_msg_t *m);
+/* Called after updates: checkpoint when checkpoint_every is reached. */
+void psd_checkpoint_maybe(psd_t *s);
+
+/* ---- psd_checkpoint_load.c ---- */
 /* This server holds no partition table: why it has no state of the job a
  * PUSH / PULL / ROLLBACK presumes (no INIT since it started, and the
  * checkpoint it could have resumed from: none, unusable, or its last
  * write failed), for the ERROR text. */
 void psd_checkpoint_why_none(const psd_t *s, char *buf, size_t cap);
-/* A malloc'd waiter for the request m (NULL when out of memory). */
-psd_ackwait_t *psd_ackwait_new(const ps_wire_msg_t *m);
 /* Load the newest good checkpoint of this server from the directory, if any:
  * 0 (loaded or nothing there) or PS_E* when the directory is unusable. */
 int psd_checkpoint_load(psd_t *s);
-/* Called after updates: checkpoint when checkpoint_every is reached. */
-void psd_checkpoint_maybe(psd_t *s);
+
+/* ---- psd_checkpoint_files.c ---- */
 /* Sequence numbers of server sid's checkpoint files, newest first
  * (*seqs malloc'd); path of one of them. */
 int psd_checkpoint_list(const char *dir, int sid, uint64_t **seqs, size_t *n);

@@ -5,7 +5,7 @@
  * pushes for I then get ERROR(PS_ESTATE) flagged PS_FLAG_ROLLBACK with
  * iteration = V; the worker sends MSG_ROLLBACK(V) to every server, each
  * restores its aligned checkpoint of version V (--checkpoint-every-steps,
- * the same V on every server: see maybe_aligned in psd_checkpoint.c), and
+ * the same V on every server: see maybe_aligned in psd_checkpoint_write.c), and
  * the workers pull at V and recompute from step V (their data is a
  * function of the step).  At most one checkpoint interval is recomputed;
  * the weights after it are those of one consistent version everywhere.

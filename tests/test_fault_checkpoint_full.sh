@@ -118,7 +118,7 @@ echo "$m" | grep -qx "psd_checkpoint_failures_total $fails" &&
     echo "$m" | grep -qx "psd_aligned_checkpoint_version 0"
 ok $? "/metrics: psd_checkpoint_failures_total $fails, in psd_errors_total, aligned version 0" ||
     echo "$m" | grep checkpoint | sed 's/^/# /'
-lines=$(grep 'psd_checkpoint.c' "$T/psd0.log" | grep -c "checkpoint $FULL/0/a/psd-0-.* not written: .*No space left on device")
+lines=$(grep 'psd_checkpoint_write.c' "$T/psd0.log" | grep -c "checkpoint $FULL/0/a/psd-0-.* not written: .*No space left on device")
 [ "$lines" -ge 1 ] && [ "$lines" -lt "$fails" ]
 ok $? "the log names the file and the cause, rate-limited ($lines line(s) for $fails failures)"
 

@@ -1,6 +1,7 @@
 /* psd client, caller side: options, the request pool, encoding, submit and
  * wait, and the blocking conveniences (HELLO, INIT, BARRIER, STATS, ...).
- * The I/O thread is in ps_client_io.c; shared state in ps_client_int.h. */
+ * The I/O thread is in ps_client_io.c (its replies in ps_client_recv.c, its
+ * timers in ps_client_timers.c); shared state in ps_client_int.h. */
 #include "ps_client.h"
 
 #include <errno.h>

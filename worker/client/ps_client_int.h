@@ -1,5 +1,7 @@
 /* Internals of the psd client shared by ps_client.c (caller-side API, request
- * pool) and ps_client_io.c (the I/O thread that owns the sockets).
+ * pool) and the I/O thread that owns the sockets: ps_client_io.c (its loop,
+ * sending), ps_client_recv.c (replies), ps_client_timers.c (resends,
+ * timeouts, stall warnings, heartbeats).
  *
  * Threads and ownership:
  *  - caller threads allocate a request from the pool, encode the payload
@@ -23,6 +25,7 @@
 #include "ps_wire.h"
 
 #define PS_PART_NONE 0xFFFFFFFFu  /* control messages: no partition */
+#define PS_CLIENT_BLOCKED_POLL_MS 20 /* re-try sends this often while a server is unreachable */
 
 enum { RQ_FREE = 0, RQ_SUBMITTED, RQ_PENDING, RQ_SENT, RQ_DONE };
 
@@ -178,6 +181,24 @@ int ps_client_io_open(ps_client_t *c, int s);
 void ps_client_io_close_all(ps_client_t *c, int send_bye);
 void ps_client_io_wake(ps_client_t *c);
 int64_t ps_client_now_ms(void);
+/* I/O thread: one (re)send of r to server s (0, PS_EAGAIN: no live
+ * connection / HWM, or another PS_E*: the request fails); r done with
+ * result; r out of the list at *head; whether max_inflight bounds r; every
+ * request of the list r done with result. */
+int ps_client_io_send(ps_client_t *c, int s, ps_req_t *r);
+void ps_client_io_complete(ps_client_t *c, ps_req_t *r, int result);
+void ps_client_io_list_remove(ps_req_t **head, ps_req_t *r);
+int ps_client_io_windowed(const ps_req_t *r);
+void ps_client_io_fail_all(ps_client_t *c, ps_req_t *r, int result);
+
+/* ps_client_recv.c: I/O thread, every message waiting on server s's socket. */
+void ps_client_recv_drain(ps_client_t *c, int s);
+
+/* ps_client_timers.c: I/O thread, resends, timeouts, stall warnings and
+ * heartbeats due at now; the poll timeout until the next one (ms, -1:
+ * none). */
+void ps_client_timers_run(ps_client_t *c, int64_t now);
+int ps_client_timers_next(ps_client_t *c, int64_t now);
 
 /* ps_client_enc.c: encode grad (partition part) into r's payload. */
 int ps_client_encode_part(ps_client_t *c, ps_req_t *r, uint32_t part, const float *src,

@@ -4,7 +4,8 @@
  *   options.[ch]       the option groups and their checks
  *   task.h, tasks.c    the task table: smoke, video, detection, synthetic
  *   task_*.c           one task each (task_smoke.c with smoke_model.c /
- *                      smoke_data.c, task_video.c, task_det.c, task_synthetic.c)
+ *                      smoke_data.c, task_video.c with task_video_setup.c /
+ *                      task_video_eval.c, task_det.c, task_synthetic.c)
  *   loop_cluster.c     training through psd servers (sync / async / ssp)
  *   loop_ring.c        --mode allreduce: ring or NCCL, local update
  *   loop_standalone.c  --standalone: the one-process reference, and --eval
