@@ -24,6 +24,15 @@ show() { sed 's/^/#   /' "$T/err" | tail -n 5; }
 
 run "$PSDATA" gen-det --out "$T/ds" --images 6 --val-images 3 --size 64 --classes 6 --masks --seed 8
 check "gen-det --masks: 6 + 3 images" $([ $rc -eq 0 ] && [ -f "$T/ds/annotations/instances_val.json" ]; echo $?)
+# an output folder whose parents do not exist yet (local-cluster.sh's
+# data/det on a fresh clone), and one that cannot be made
+run "$PSDATA" gen-det --out "$T/new/data/det" --images 2 --val-images 1 --size 64 --classes 2 --seed 8
+check "gen-det makes the output folder's parents" \
+    $([ $rc -eq 0 ] && [ -f "$T/new/data/det/annotations/instances_train.json" ]; echo $?)
+: >"$T/plainfile"
+run "$PSDATA" gen-det --out "$T/plainfile/det" --images 2 --val-images 1 --size 64 --classes 2 --seed 8
+check "gen-det under a plain file: exit 1 naming the folder" \
+    $([ $rc -eq 1 ] && grep -q "plainfile/det: cannot create directory" "$T/err"; echo $?)
 run "$PSDATA" check-det --json "$T/ds/annotations/instances_train.json" --root "$T/ds/train"
 check "check-det: every image and mask decodes ($(cat "$T/out"))" \
     $([ $rc -eq 0 ] && grep -q "images=6 .*no_segmentation=0 empty_masks=0 .*bad=0" "$T/out"; echo $?)

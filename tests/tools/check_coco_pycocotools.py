@@ -15,7 +15,9 @@ Jobs, any number, in order:
   --segm-ap GT.json RES.json MAP AP50 AP75
       the same for a Mask R-CNN's masks: COCOeval(segm) of the file with
       the boxes dropped (mask areas, as the C evaluator and Detectron2)
-      gives the segm_map, segm_ap50, segm_ap75 psworker printed.
+      gives the segm_map, segm_ap50, segm_ap75 psworker printed; map and
+      ap50 must be above zero (a model that segments nothing would make the
+      comparison 0 against 0 and prove nothing).
 Prints TAP (tests/lib/taplib.py); exit 1 when a check failed.
 """
 import contextlib
@@ -104,6 +106,8 @@ def ap(gtf, resf, m, a50, a75, kind="bbox"):
 
 def segm_ap(gtf, resf, m, a50, a75):
     ap(gtf, resf, m, a50, a75, "segm")
+    taplib.ok(min(float(m), float(a50)) > 0,
+              "the masks scored are worth comparing: segm map=%s ap50=%s above 0" % (m, a50))
 
 
 def main(argv):
