@@ -45,13 +45,11 @@ static rcase_t load_case(const char *c)
     char k[64];
 #define REC(s) (snprintf(k, sizeof k, "%s.%s", c, s), need(k))
     const int32_t *cfg = REC("cfg")->data;
-    rcase_t r = {cfg[0], cfg[1], cfg[2], cfg[3], cfg[4], cfg[5], cfg[6], cfg[7], cfg[8]};
-    r.scale = ((const float *)REC("scale")->data)[0];
-    r.feat = REC("feat")->data;
-    r.rois = REC("rois")->data;
-    r.out = REC("out")->data;
-    r.dout = REC("dout")->data;
-    r.dfeat = REC("dfeat")->data;
+    rcase_t r = {.N = cfg[0], .C = cfg[1], .H = cfg[2], .W = cfg[3], .PH = cfg[4], .PW = cfg[5],
+                 .sr = cfg[6], .aligned = cfg[7], .R = cfg[8],
+                 .scale = ((const float *)REC("scale")->data)[0],
+                 .feat = REC("feat")->data, .rois = REC("rois")->data, .out = REC("out")->data,
+                 .dout = REC("dout")->data, .dfeat = REC("dfeat")->data};
 #undef REC
     return r;
 }
