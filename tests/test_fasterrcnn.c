@@ -446,6 +446,44 @@ static void check_mask_training(ps_rcnn_t *m, const golden_t *g, const variant_t
     free(x), free(lab);
 }
 
+/* The mask head computes on its rows rounded up to a bucket: the extra
+ * rows must add nothing, whatever an earlier step left in them.  Step A
+ * on fewer ground-truth boxes (the first image's three, the second's
+ * first: 23 mask rows, computed as 24), step B on all of them and the
+ * RPN's own proposals (29 rows: its backward writes other values into row
+ * 23 than the golden step before A did), then step A again: A's
+ * gradients, bit for bit. */
+static void check_mask_stale_rows(ps_rcnn_t *m, ps_rcnn_input_t in, const char *vname)
+{
+    int np, R[3], fails = 0;
+    const ps_model_param_t *P = ps_rcnn_params(m, &np);
+    float **g1 = alloc_like(P, np);
+    ps_rcnn_losses_t L;
+    const int32_t *all = in.ngt;
+    const float *pinned = in.proposals;
+    int32_t fewer[2] = {all[0], all[1] < 1 ? all[1] : 1};
+    for (int s = 0; s < 3; s++) {
+        in.ngt = s == 1 ? all : fewer;
+        in.proposals = s == 1 ? NULL : pinned;
+        ps_rcnn_zero_grad(m);
+        fails += ps_rcnn_forward(m, &in, &L) != 0;
+        fails += ps_rcnn_backward(m) != 0;
+        R[s] = ps_rcnn_mask_outputs(m, NULL, NULL);
+        if (s == 0)
+            for (int k = 0; k < np; k++) memcpy(g1[k], P[k].g, P[k].numel * sizeof(float));
+    }
+    int differ = 0;
+    for (int k = 0; k < np; k++)
+        differ += memcmp(g1[k], P[k].g, P[k].numel * sizeof(float)) != 0;
+    const int b = ps_rcnn_mask_bucket(R[0]);
+    ok(!fails && R[0] == R[2] && R[0] < b && R[1] >= b,
+       "%s: the stale-rows case is set up: %d mask rows computed as %d, then a step of %d rows",
+       vname, R[0], b, R[1]);
+    ok(!fails && !differ, "%s: a bucket's extra rows add nothing after a bigger step (%d of %d "
+       "gradients differ)", vname, differ, np);
+    free_like(g1, np);
+}
+
 static void check_variant(ps_ctx_t *ctx, const variant_t *v)
 {
     char path[1024];
@@ -486,6 +524,7 @@ static void check_variant(ps_ctx_t *ctx, const variant_t *v)
     if (v->stages > 1) check_stages(m, &g, v, &L, 0);
     is_int(ps_rcnn_backward(m), 0, "%s: backward", v->name);
     check_gradients(m, &g, v->name);
+    if (v->mask_dim) check_mask_stale_rows(m, in, v->name);
 
     /* the C RPN's own proposals, training values */
     in.proposals = NULL;
@@ -542,6 +581,31 @@ static void check_levels(void)
     fclose(f);
     ok(n >= 20 && bad == 0, "level mapper: %d boxes (boundaries 112 / 224 / 448 and their float "
        "neighbours, tiny, huge, empty) on torchvision's levels", n);
+}
+
+/* The mask head's row buckets: never fewer rows, at most 1/8 more, rows up
+ * to 16 exact, monotonic, and 8 sizes per doubling above 16 (what keeps
+ * the CPU's per-shape kernel choice to a few dozen shapes). */
+static void check_mask_bucket(void)
+{
+    int bad = 0, prev = 0;
+    for (int r = 0; r <= 4096; r++) {
+        int b = ps_rcnn_mask_bucket(r);
+        if (b < r || 8 * (b - r) > r || (r <= 16 && b != r) || b < prev) {
+            if (bad++ < 5) diag("bucket(%d) = %d (previous %d)", r, b, prev);
+        }
+        prev = b;
+    }
+    ok(!bad, "mask rows bucket: >= rows, <= 9/8 rows, exact up to 16, monotonic (0..4096)");
+    for (int lo = 32; lo <= 2048; lo *= 2) {
+        int n = 0, last = -1;
+        for (int r = lo + 1; r <= 2 * lo; r++) {
+            int b = ps_rcnn_mask_bucket(r);
+            if (b != last) n++, last = b;
+        }
+        if (n != 8) bad++, diag("rows %d..%d: %d sizes", lo + 1, 2 * lo, n);
+    }
+    ok(!bad, "mask rows bucket: 8 sizes for the rows in each (2^k, 2^(k+1)], 32 to 4096");
 }
 
 /* Tables: torchvision's element count and names, frozen flags, groups. */
@@ -731,6 +795,7 @@ int main(void)
     };
     for (size_t i = 0; i < sizeof vs / sizeof vs[0]; i++) check_variant(&ctx, &vs[i]);
     check_levels();
+    check_mask_bucket();
     check_tables(&ctx);
     check_training(&ctx);
     ps_ctx_free(&ctx);

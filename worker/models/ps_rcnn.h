@@ -191,6 +191,11 @@ int ps_rcnn_detect_masks(const ps_rcnn_t *m, int i, float *probs);
  * the row count. */
 int ps_rcnn_mask_outputs(const ps_rcnn_t *m, float *logits, int32_t *labels);
 int ps_rcnn_max_mask_rois(const ps_rcnn_t *m);
+/* The rows the mask head computes on for `rows` RoIs: rows up to 16, then
+ * rounded up to a multiple of 2^(floor(log2 rows) - 3) -- at most 1/8
+ * more, 8 sizes per doubling -- so that the CPU's per-shape kernel choice
+ * meets few batch sizes (rcnn_mask.c). */
+int ps_rcnn_mask_bucket(int rows);
 
 /* Tables, groups, specs, as ps_retinanet.h's (names are torchvision's). */
 const ps_model_param_t *ps_rcnn_params(const ps_rcnn_t *m, int *n);

@@ -70,12 +70,14 @@ typedef struct rcnn_stage {
 /* Mask R-CNN's mask branch: RoIAlign (mask_roi_size), MaskRCNNHeads (four
  * 3x3 conv + ReLU), MaskRCNNPredictor (2x2 stride-2 deconv + ReLU, 1x1
  * conv to K+1 channels), on Rmask rows: the positive RoIs (training) or
- * the detections (inference). */
+ * the detections (inference).  The arrays the head computes on hold
+ * ps_rcnn_mask_bucket(Rmask) rows (rcnn_mask.c). */
 typedef struct rcnn_mask {
     rconv_t head[4], logits;
     int pdw, pdb;                 /* mask_predictor.conv5_mask weight (D,D,2,2), bias */
     float *dw, *db, *gdw, *gdb;
     int R, Rl[PS_RCNN_ROI_LEVELS];
+    int Rc;                       /* rows computed: ps_rcnn_mask_bucket(R) */
     float *rois;                  /* (Rmask, 5) level-major */
     float *pooled, *h[4];         /* (Rmask, F|D, S, S) */
     float *up, *out;              /* (Rmask, D, 2S, 2S), (Rmask, K+1, 2S, 2S) */

@@ -16,7 +16,18 @@
  * Inference (maskrcnn_inference): the rows are the detections of every
  * image; the host takes the sigmoid of each one's class channel
  * (ps_rcnn_detect_masks).  Rows go to the arena level-major as the box
- * stage's (ps_rcnn_level_major). */
+ * stage's (ps_rcnn_level_major).
+ *
+ * The number of rows changes from step to step (positives sampled,
+ * detections kept), and the CPU backend chooses a convolution kernel per
+ * layer shape by timing it the first time it meets the shape, batch
+ * included (conv_select.c; oneDNN also builds a primitive per shape).  So
+ * the head and the predictor run on the rows rounded up to a bucket
+ * (ps_rcnn_mask_bucket: at most 1/8 more rows, 8 sizes per doubling): a
+ * training run meets a few dozen shapes instead of one per count.  The
+ * extra rows are zero features with a zero output gradient, so they add
+ * exactly nothing to the parameter gradients; the loss and the outputs
+ * read the real rows only. */
 #include "rcnn_internal.h"
 
 #include "ps_error.h"
@@ -31,6 +42,15 @@
 #define TAKE(ptr, n) ((ptr) = (void *)ps_arena_take(a, (n)))
 
 static int S_of(const ps_rcnn_t *m) { return m->cfg.mask_roi_size; }
+
+int ps_rcnn_mask_bucket(int rows)
+{
+    if (rows <= 16) return rows;
+    int e = 0;
+    while (rows >> (e + 1)) e++; /* 2^e <= rows < 2^(e+1) */
+    const int step = 1 << (e - 3);
+    return (rows + step - 1) / step * step;
+}
 static int MM_of(const ps_rcnn_t *m) { return 4 * S_of(m) * S_of(m); }
 
 int ps_rcnn_mask_define(ps_rcnn_t *m)
@@ -60,8 +80,9 @@ int ps_rcnn_mask_define(ps_rcnn_t *m)
 void ps_rcnn_mask_layout(ps_rcnn_t *m, ps_arena_t *a)
 {
     rcnn_mask_t *k = &m->mask;
-    size_t R = (size_t)m->Rmask, D = m->cfg.mask_dim, F = m->cfg.fpn_channels;
-    size_t SS = (size_t)S_of(m) * S_of(m), MM = MM_of(m), K1 = m->cfg.num_classes + 1;
+    size_t R = (size_t)ps_rcnn_mask_bucket(m->Rmask), D = m->cfg.mask_dim;
+    size_t F = m->cfg.fpn_channels, SS = (size_t)S_of(m) * S_of(m), MM = MM_of(m);
+    size_t K1 = m->cfg.num_classes + 1;
     TAKE(k->rois, R * 5);
     TAKE(k->pooled, R * F * SS);
     TAKE(k->dpooled, R * F * SS);
@@ -91,7 +112,7 @@ void ps_rcnn_mask_resolve(ps_rcnn_t *m)
 size_t ps_rcnn_mask_workspace(const ps_rcnn_t *m)
 {
     const rcnn_mask_t *k = &m->mask;
-    int S = S_of(m), N = m->Rmask;
+    int S = S_of(m), N = ps_rcnn_mask_bucket(m->Rmask);
     size_t ws = (size_t)m->cfg.mask_dim * MM_of(m); /* the deconv's columns: D*2*2 x S*S */
     for (int i = 0; i < 4; i++) {
         size_t c = ps_rconv_workspace(&k->head[i], N, S, S);
@@ -209,6 +230,11 @@ int ps_rcnn_mask_forward(ps_rcnn_t *m, const ps_rcnn_input_t *in, int training,
     for (int j = 0; j < R; j++) k->labels[k->pos[j]] = k->h_labels[j];
     if (training) mask_targets(m, in);
     size_t off = 0, in_dim = (size_t)F * S * S;
+    /* the bucket's extra rows: zero features in, zero gradient back */
+    const int Rc = ps_rcnn_mask_bucket(R);
+    k->Rc = Rc;
+    memset(k->pooled + (size_t)R * in_dim, 0, (size_t)(Rc - R) * in_dim * sizeof(float));
+    memset(k->dout + (size_t)R * K1 * MM, 0, (size_t)(Rc - R) * K1 * MM * sizeof(float));
     for (int lv = 0; lv < PS_RCNN_ROI_LEVELS; lv++) {
         if (k->Rl[lv])
             be->roi_align_forward(m->ctx, k->pooled + off * in_dim, m->fpn.P[lv],
@@ -218,13 +244,13 @@ int ps_rcnn_mask_forward(ps_rcnn_t *m, const ps_rcnn_input_t *in, int training,
     }
     const float *x = k->pooled;
     for (int i = 0; i < 4; i++) {
-        ps_rconv_forward(be, m->ctx, &k->head[i], k->h[i], x, R, S, S);
-        be->relu_forward(m->ctx, k->h[i], k->h[i], (size_t)R * D * S * S);
+        ps_rconv_forward(be, m->ctx, &k->head[i], k->h[i], x, Rc, S, S);
+        be->relu_forward(m->ctx, k->h[i], k->h[i], (size_t)Rc * D * S * S);
         x = k->h[i];
     }
-    be->deconv_forward(m->ctx, k->up, k->h[3], k->dw, k->db, R, D, D, S, S, 2);
-    be->relu_forward(m->ctx, k->up, k->up, (size_t)R * D * MM);
-    ps_rconv_forward(be, m->ctx, &k->logits, k->out, k->up, R, 2 * S, 2 * S);
+    be->deconv_forward(m->ctx, k->up, k->h[3], k->dw, k->db, Rc, D, D, S, S, 2);
+    be->relu_forward(m->ctx, k->up, k->up, (size_t)Rc * D * MM);
+    ps_rconv_forward(be, m->ctx, &k->logits, k->out, k->up, Rc, 2 * S, 2 * S);
     if (!training) return 0;
     /* the loss reads labels 0..K: the channel of each row */
     return be->mask_bce_forward(m->ctx, &l->mask, k->out, k->labels, k->targets,
@@ -236,19 +262,22 @@ int ps_rcnn_mask_backward(ps_rcnn_t *m)
     const ps_backend_t *be = m->be;
     rcnn_mask_t *k = &m->mask;
     int S = S_of(m), MM = MM_of(m), D = m->cfg.mask_dim, F = m->cfg.fpn_channels;
-    int K1 = m->cfg.num_classes + 1, R = k->R, rc;
+    int K1 = m->cfg.num_classes + 1, R = k->R, Rc = k->Rc, rc;
     if (R == 0) return 0;
+    /* the real rows' gradient; the bucket's extra rows of dout stay 0 */
     if ((rc = be->mask_bce_backward(m->ctx, k->dout, k->out, k->labels, k->targets, 1.f,
                                     (float)R * MM, R, K1, MM)))
         return rc;
-    ps_rconv_backward(be, m->ctx, &k->logits, k->dup, k->dout, k->up, R, 2 * S, 2 * S);
-    be->relu_backward(m->ctx, k->dup, k->dup, k->up, (size_t)R * D * MM);
-    be->deconv_backward(m->ctx, k->da, k->gdw, k->gdb, k->dup, k->h[3], k->dw, R, D, D, S, S, 2);
+    ps_rconv_backward(be, m->ctx, &k->logits, k->dup, k->dout, k->up, Rc, 2 * S, 2 * S);
+    be->relu_backward(m->ctx, k->dup, k->dup, k->up, (size_t)Rc * D * MM);
+    be->deconv_backward(m->ctx, k->da, k->gdw, k->gdb, k->dup, k->h[3], k->dw, Rc, D, D, S, S,
+                        2);
     float *d = k->da, *other = k->db_;
     for (int i = 3; i >= 0; i--) {
-        be->relu_backward(m->ctx, d, d, k->h[i], (size_t)R * D * S * S);
+        be->relu_backward(m->ctx, d, d, k->h[i], (size_t)Rc * D * S * S);
         float *dx = i ? other : k->dpooled;
-        ps_rconv_backward(be, m->ctx, &k->head[i], dx, d, i ? k->h[i - 1] : k->pooled, R, S, S);
+        ps_rconv_backward(be, m->ctx, &k->head[i], dx, d, i ? k->h[i - 1] : k->pooled, Rc, S,
+                          S);
         other = d;
         d = dx;
     }
