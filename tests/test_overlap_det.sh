@@ -54,17 +54,6 @@ same() {
     ok $? "$1 vs $2: final loss $l1 and $l2"
 }
 
-# overlapped NAME: pushes handed off during backward, replies awaited by
-# the next forward's layers
-overlapped() {
-    local line early fwd
-    line=$(grep -h -- '--overlap: .* handed off during backward' "$T/$1/w0.err" | tail -n 1)
-    early=$(sed -n 's/.*overlap: \([0-9]*\) of [0-9]* partition pushes.*/\1/p' <<<"$line")
-    fwd=$(sed -n 's/.*backward, \([0-9]*\) of [0-9]* replies.*/\1/p' <<<"$line")
-    [ -n "$early" ] && [ "$early" -gt 0 ] && [ -n "$fwd" ] && [ "$fwd" -gt 0 ]
-    ok $? "$1 overlapped: ${line#*overlap: }"
-}
-
 for m in fasterrcnn-r18 maskrcnn-r18 cascade-r18 retinanet-r18; do
     run "$m-on" $m --steps $K --overlap on
     ok $? "$m, --overlap on: 2 psd + 2 workers, $K sync steps"

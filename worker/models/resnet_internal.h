@@ -231,6 +231,11 @@ void ps_mhooks_set(ps_mhooks_t *h, ps_model_t *body, ps_model_hook_fn grad_ready
                    ps_model_hook_fn weights_needed, void *ctx);
 void ps_mhooks_need(const ps_mhooks_t *h, ps_mgroup_t g);
 void ps_mhooks_ready(const ps_mhooks_t *h, ps_mgroup_t g);
+/* *h for a model's tables and its set_hooks (ps_model_hookable_t). */
+void ps_mtab_hookable(ps_model_hookable_t *h, ps_model_param_t *params, int np,
+                      ps_model_buffer_t *buffers, int nb, void *model,
+                      void (*set_hooks)(void *model, ps_model_hook_fn grad_ready,
+                                        ps_model_hook_fn weights_needed, void *ctx));
 /* The rows added since first (np now): the group a define call wrote. */
 static inline ps_mgroup_t ps_mgroup_since(int first, int np)
 {

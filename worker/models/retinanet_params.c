@@ -90,9 +90,7 @@ static void set_hooks_of(void *m, ps_model_hook_fn grad_ready, ps_model_hook_fn 
 
 void ps_retina_hookable(ps_retina_t *m, ps_model_hookable_t *h)
 {
-    *h = (ps_model_hookable_t){.params = m->params, .nparams = m->nparams,
-                               .buffers = m->buffers, .nbuffers = m->nbuffers, .model = m,
-                               .set_hooks = set_hooks_of};
+    ps_mtab_hookable(h, m->params, m->nparams, m->buffers, m->nbuffers, m, set_hooks_of);
 }
 
 void ps_retina_free_tables(ps_retina_t *m)
