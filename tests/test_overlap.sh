@@ -55,17 +55,6 @@ same() {
     done
 }
 
-# overlapped NAME: the log's counts show hand-offs during backward and
-# per-layer waits in the forward
-overlapped() {
-    local line early fwd
-    line=$(grep -h -- '--overlap: .* handed off during backward' "$T/$1/w0.err" | tail -n 1)
-    early=$(sed -n 's/.*overlap: \([0-9]*\) of [0-9]* partition pushes.*/\1/p' <<<"$line")
-    fwd=$(sed -n 's/.*backward, \([0-9]*\) of [0-9]* replies.*/\1/p' <<<"$line")
-    [ -n "$early" ] && [ "$early" -gt 0 ] && [ -n "$fwd" ] && [ "$fwd" -gt 0 ]
-    ok $? "$1 overlapped: ${line#*overlap: }"
-}
-
 for wire in fp32 fp16; do
     run "on-$wire" 2 2 sync --steps $K --dtype $wire --overlap on
     ok $? "sync, $wire wire, --overlap on: 2 psd + 2 workers, $K steps"

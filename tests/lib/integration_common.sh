@@ -123,6 +123,18 @@ csv_rows() {
     echo $((n > 0 ? n - 1 : 0))
 }
 
+# overlapped NAME: --overlap really overlapped in $T/NAME/w0.err: the
+# closing count shows pushes handed off during backward and replies
+# awaited by the next forward's layers (both > 0)
+overlapped() {
+    local line early fwd
+    line=$(grep -h -- '--overlap: .* handed off during backward' "$T/$1/w0.err" | tail -n 1)
+    early=$(sed -n 's/.*overlap: \([0-9]*\) of [0-9]* partition pushes.*/\1/p' <<<"$line")
+    fwd=$(sed -n 's/.*backward, \([0-9]*\) of [0-9]* replies.*/\1/p' <<<"$line")
+    [ -n "$early" ] && [ "$early" -gt 0 ] && [ -n "$fwd" ] && [ "$fwd" -gt 0 ]
+    ok $? "$1 overlapped: ${line#*overlap: }"
+}
+
 # final_value FILE KEY: a key=value from the "final:" line.
 final_value() {
     grep '^final:' "$1" | tail -n 1 | tr ' ' '\n' | sed -n "s/^$2=//p"

@@ -131,3 +131,14 @@ void ps_model_set_hooks(ps_model_t *m, ps_model_hook_fn grad_ready, ps_model_hoo
     m->weights_needed = weights_needed;
     m->hook_ctx = ctx;
 }
+
+static void set_hooks_of(void *m, ps_model_hook_fn grad_ready, ps_model_hook_fn weights_needed,
+                         void *ctx)
+{
+    ps_model_set_hooks(m, grad_ready, weights_needed, ctx);
+}
+
+void ps_model_hookable(ps_model_t *m, ps_model_hookable_t *h)
+{
+    ps_mtab_hookable(h, m->params, m->nparams, m->buffers, m->nbuffers, m, set_hooks_of);
+}

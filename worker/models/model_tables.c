@@ -176,3 +176,29 @@ int ps_mtab_add_backbone(ps_model_param_t **params, int *np, int *cap,
     }
     return 0;
 }
+
+void ps_mhooks_set(ps_mhooks_t *h, ps_model_t *body, ps_model_hook_fn grad_ready,
+                   ps_model_hook_fn weights_needed, void *ctx)
+{
+    *h = (ps_mhooks_t){grad_ready, weights_needed, ctx};
+    ps_model_set_hooks(body, grad_ready, weights_needed, ctx);
+}
+
+void ps_mhooks_need(const ps_mhooks_t *h, ps_mgroup_t g)
+{
+    if (h->weights_needed && g.n > 0) h->weights_needed(h->ctx, g.first, g.n);
+}
+
+void ps_mhooks_ready(const ps_mhooks_t *h, ps_mgroup_t g)
+{
+    if (h->grad_ready && g.n > 0) h->grad_ready(h->ctx, g.first, g.n);
+}
+
+void ps_mtab_hookable(ps_model_hookable_t *h, ps_model_param_t *params, int np,
+                      ps_model_buffer_t *buffers, int nb, void *model,
+                      void (*set_hooks)(void *model, ps_model_hook_fn grad_ready,
+                                        ps_model_hook_fn weights_needed, void *ctx))
+{
+    *h = (ps_model_hookable_t){.params = params, .nparams = np, .buffers = buffers,
+                               .nbuffers = nb, .model = model, .set_hooks = set_hooks};
+}

@@ -213,6 +213,24 @@ typedef void (*ps_model_hook_fn)(void *ctx, int first, int n);
 void ps_model_set_hooks(ps_model_t *m, ps_model_hook_fn grad_ready, ps_model_hook_fn weights_needed,
                         void *ctx);
 
+/* A model's tables and per-layer hooks as --overlap takes them
+ * (worker/psworker/overlap.c), for any model with ps_model_set_hooks'
+ * contract over its parameter table: a video model (ps_model_hookable) or
+ * a detector (ps_rcnn_hookable, ps_retina_hookable).  The hooks' indices
+ * are rows of params; buffers holds the running statistics a BN weight's
+ * weights_needed also releases ("<bn>.running_mean|var" beside
+ * "<bn>.weight").  The pointers live as long as the model. */
+typedef struct ps_model_hookable {
+    const ps_model_param_t *params;
+    int nparams;
+    const ps_model_buffer_t *buffers;
+    int nbuffers;
+    void *model;
+    void (*set_hooks)(void *model, ps_model_hook_fn grad_ready, ps_model_hook_fn weights_needed,
+                      void *ctx);
+} ps_model_hookable_t;
+void ps_model_hookable(ps_model_t *m, ps_model_hookable_t *h);
+
 /* The tables (owned by the model, valid until destroy). */
 const ps_model_param_t *ps_model_params(const ps_model_t *m, int *n);
 const ps_model_buffer_t *ps_model_buffers(const ps_model_t *m, int *n);

@@ -204,6 +204,20 @@ int ps_rcnn_find_param(const ps_rcnn_t *m, const char *name);
 int ps_rcnn_groups(const ps_rcnn_t *m, ps_param_group_t *groups, int max);
 int ps_rcnn_tensor_specs(const ps_rcnn_t *m, ps_tensor_spec_t **specs);
 
+/* Per-layer hooks, ps_model_set_hooks' contract over ps_rcnn_params' rows.
+ * Groups: the backbone's stem and blocks (its own hooks), the FPN, the RPN
+ * head, each box stage (fc6 .. bbox_pred), the mask branch.
+ * weights_needed in forward order (backbone, FPN, RPN head, box stages,
+ * mask branch; each before the group's first layer is queued); grad_ready
+ * as each group's backward is queued: RPN head, box stages, mask branch,
+ * FPN, then the backbone top down.  The host work between the stages
+ * (proposals, sampling, cascade refinement) runs between the groups as
+ * without hooks.  ps_rcnn_hookable: the tables and ps_rcnn_set_hooks for
+ * --overlap. */
+void ps_rcnn_set_hooks(ps_rcnn_t *m, ps_model_hook_fn grad_ready, ps_model_hook_fn weights_needed,
+                       void *ctx);
+void ps_rcnn_hookable(ps_rcnn_t *m, ps_model_hookable_t *h);
+
 /* safetensors in torchvision's names (ps.arch "fasterrcnn-resnetD-fpn").
  * load_weights (ps_weights.h, as ps_retina_load_weights): our own
  * checkpoint, strict unless partial, or an ImageNet classifier for the

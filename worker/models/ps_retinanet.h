@@ -141,6 +141,18 @@ int ps_retina_groups(const ps_retina_t *m, ps_param_group_t *groups, int max);
 /* Trainable tensors in model order as partition specs (malloc'd). */
 int ps_retina_tensor_specs(const ps_retina_t *m, ps_tensor_spec_t **specs);
 
+/* Per-layer hooks, ps_model_set_hooks' contract over ps_retina_params'
+ * rows.  Groups: the backbone's stem and blocks (its own hooks), the FPN
+ * (inner, layer, p6, p7), the classification head, the regression head.
+ * weights_needed in forward order (backbone, FPN, both heads before the
+ * per-level loop that interleaves them); grad_ready once each group's
+ * backward is queued: both heads (after the last level), the FPN, then
+ * the backbone top down.  ps_retina_hookable: the tables and
+ * ps_retina_set_hooks for --overlap. */
+void ps_retina_set_hooks(ps_retina_t *m, ps_model_hook_fn grad_ready,
+                         ps_model_hook_fn weights_needed, void *ctx);
+void ps_retina_hookable(ps_retina_t *m, ps_model_hookable_t *h);
+
 /* safetensors with the torchvision names (every parameter and buffer,
  * num_batches_tracked as I64 0-dim: torchvision's FrozenBatchNorm2d drops it
  * on load, BatchNorm2d keeps it), metadata ps.arch "retinanet-resnetD-fpn". */

@@ -287,8 +287,10 @@ int ps_rcnn_forward(ps_rcnn_t *m, const ps_rcnn_input_t *in, ps_rcnn_losses_t *l
         m->hw[2 * i + 1] = in->image_hw ? in->image_hw[2 * i + 1] : m->W;
     }
     m->last_training = 0;
-    ps_resnet_forward_features(m->body, in->images, n, training);
+    ps_resnet_forward_features(m->body, in->images, n, training); /* fires its own hooks */
+    ps_mhooks_need(&m->hooks, m->g_fpn);
     ps_rcnn_fpn_forward(m, n);
+    ps_mhooks_need(&m->hooks, m->g_rpn);
     ps_rcnn_rpn_forward(m, n);
     /* the host reads the RPN's outputs and writes the RoIs and targets */
     if ((rc = m->be->sync(m->ctx))) {
@@ -299,6 +301,7 @@ int ps_rcnn_forward(ps_rcnn_t *m, const ps_rcnn_input_t *in, ps_rcnn_losses_t *l
     if (training && (rc = ps_rcnn_rpn_loss(m, in, l))) return rc;
     m->last_n = n;
     ps_rcnn_losses_t *lt = training ? l : NULL;
+    ps_mhooks_need(&m->hooks, m->stage[0].rows);
     if ((rc = ps_rcnn_box_forward(m, &m->stage[0], in, m->rpn.props, m->rpn.nprops,
                                   m->rpn.post_max, training, 1, lt)))
         return rc;
@@ -309,6 +312,7 @@ int ps_rcnn_forward(ps_rcnn_t *m, const ps_rcnn_input_t *in, ps_rcnn_losses_t *l
             return rc;
         }
         ps_rcnn_box_refine(m, &m->stage[k - 1]);
+        ps_mhooks_need(&m->hooks, m->stage[k].rows);
         if ((rc = ps_rcnn_box_forward_next(m, &m->stage[k], &m->stage[k - 1], in, training, lt)))
             return rc;
     }
@@ -328,6 +332,7 @@ int ps_rcnn_forward(ps_rcnn_t *m, const ps_rcnn_input_t *in, ps_rcnn_losses_t *l
         }
         if ((rc = detect_all(m, n))) return rc;
     }
+    ps_mhooks_need(&m->hooks, m->g_mask);
     if (m->cfg.mask && (rc = ps_rcnn_mask_forward(m, in, training, training ? l : NULL)))
         return rc;
     m->last_training = training;
@@ -340,11 +345,18 @@ int ps_rcnn_backward(ps_rcnn_t *m)
         ps_error("rcnn backward: needs a training forward first");
         return PS_ESTATE;
     }
+    /* each head's group is final once its own backward is queued (grad_ready
+     * hooks): the RPN head, the box stages, the mask branch, then the FPN
+     * and the backbone (ps_rcnn_fpn_backward) */
     ps_rcnn_rpn_backward(m, m->last_n);      /* writes dP */
-    for (int k = 0; k < m->nstages; k++)
+    ps_mhooks_ready(&m->hooks, m->g_rpn);
+    for (int k = 0; k < m->nstages; k++) {
         ps_rcnn_box_backward(m, &m->stage[k]); /* adds RoIAlign's share to dP2..dP5 */
+        ps_mhooks_ready(&m->hooks, m->stage[k].rows);
+    }
     int rc = m->cfg.mask ? ps_rcnn_mask_backward(m) : 0; /* and the mask branch's */
     if (rc) return rc;
+    ps_mhooks_ready(&m->hooks, m->g_mask);
     ps_rcnn_fpn_backward(m, m->last_n);       /* and on into the backbone */
     return 0;
 }

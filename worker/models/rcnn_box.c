@@ -86,7 +86,9 @@ int ps_rcnn_box_define(ps_rcnn_t *m, rcnn_stage_t *s, const char *head, const ch
     snprintf(name, sizeof name, "%s.cls_score", predictor);
     if ((r = def_lin(m, &s->cls, name, rep, K1))) return r;
     snprintf(name, sizeof name, "%s.bbox_pred", predictor);
-    return def_lin(m, &s->bbox, name, rep, nbox(m, s) * 4);
+    if ((r = def_lin(m, &s->bbox, name, rep, nbox(m, s) * 4))) return r;
+    s->rows = ps_mgroup_since(s->fc6.pw, m->nparams); /* fc6 .. bbox_pred */
+    return 0;
 }
 
 int ps_rcnn_box_host(ps_rcnn_t *m, rcnn_stage_t *s)

@@ -97,5 +97,9 @@ void ps_rcnn_fpn_backward(ps_rcnn_t *m, int n)
                           f->Hs[i], f->Ws[i]);
         dstage[i] = frozen ? NULL : f->dC[i];
     }
-    if (m->cfg.freeze_at < 5) ps_resnet_backward_features(m->body, dstage, n, m->cfg.freeze_at);
+    ps_mhooks_ready(&m->hooks, m->g_fpn);
+    if (m->cfg.freeze_at < 5)
+        ps_resnet_backward_features(m->body, dstage, n, m->cfg.freeze_at); /* fires its hooks */
+    else /* the whole backbone frozen: no backward, its gradients stay as they are */
+        ps_mhooks_ready(&m->hooks, m->g_body);
 }

@@ -65,6 +65,7 @@ typedef struct rcnn_stage {
     int32_t *h_labels;
     int32_t *h_gt;                /* training: the matched ground truth (-1 background) */
     float *h_next;                /* (Rmax, 4) its refined boxes (a cascade's next proposals) */
+    ps_mgroup_t rows;             /* its parameter rows (the hooks' group) */
 } rcnn_stage_t;
 
 /* Mask R-CNN's mask branch: RoIAlign (mask_roi_size), MaskRCNNHeads (four
@@ -121,6 +122,11 @@ struct ps_rcnn {
     int32_t *hw;                  /* (max_n, 2) last forward's image sizes (host) */
 
     int last_n, last_training;
+    /* per-layer hooks (ps_rcnn_set_hooks): the backbone fires its own;
+     * the FPN, the RPN head, each box stage and the mask branch are a
+     * group each */
+    ps_mhooks_t hooks;
+    ps_mgroup_t g_body, g_fpn, g_rpn, g_mask;
 };
 
 /* rcnn_fpn.c */

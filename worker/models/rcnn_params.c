@@ -50,7 +50,13 @@ int ps_rcnn_define(ps_rcnn_t *m)
                                  &m->nbuffers, m->body, "backbone.body.", m->cfg.freeze_at);
     if (r) return r;
     m->nbody = m->nparams;
-    if ((r = ps_rcnn_fpn_define(m)) || (r = ps_rcnn_rpn_define(m))) return r;
+    m->g_body = ps_mgroup_since(0, m->nparams);
+    int first = m->nparams;
+    if ((r = ps_rcnn_fpn_define(m))) return r;
+    m->g_fpn = ps_mgroup_since(first, m->nparams);
+    first = m->nparams;
+    if ((r = ps_rcnn_rpn_define(m))) return r;
+    m->g_rpn = ps_mgroup_since(first, m->nparams);
     if (m->nstages == 1 &&
         (r = ps_rcnn_box_define(m, &m->stage[0], "roi_heads.box_head", "roi_heads.box_predictor")))
         return r;
@@ -62,7 +68,27 @@ int ps_rcnn_define(ps_rcnn_t *m)
         snprintf(pred, sizeof pred, "roi_heads.box_predictor.%d", k);
         if ((r = ps_rcnn_box_define(m, &m->stage[k], head, pred))) return r;
     }
-    return m->cfg.mask ? ps_rcnn_mask_define(m) : 0;
+    first = m->nparams;
+    if (m->cfg.mask && (r = ps_rcnn_mask_define(m))) return r;
+    m->g_mask = ps_mgroup_since(first, m->nparams);
+    return 0;
+}
+
+void ps_rcnn_set_hooks(ps_rcnn_t *m, ps_model_hook_fn grad_ready, ps_model_hook_fn weights_needed,
+                       void *ctx)
+{
+    ps_mhooks_set(&m->hooks, m->body, grad_ready, weights_needed, ctx);
+}
+
+static void set_hooks_of(void *m, ps_model_hook_fn grad_ready, ps_model_hook_fn weights_needed,
+                         void *ctx)
+{
+    ps_rcnn_set_hooks(m, grad_ready, weights_needed, ctx);
+}
+
+void ps_rcnn_hookable(ps_rcnn_t *m, ps_model_hookable_t *h)
+{
+    ps_mtab_hookable(h, m->params, m->nparams, m->buffers, m->nbuffers, m, set_hooks_of);
 }
 
 void ps_rcnn_free_tables(ps_rcnn_t *m)

@@ -212,6 +212,36 @@ void ps_mtab_take(ps_arena_t *a, ps_model_param_t *params, int np, ps_model_buff
 int ps_mtab_add_backbone(ps_model_param_t **params, int *np, int *cap,
                          ps_model_buffer_t **buffers, int *nb, const ps_model_t *body,
                          const char *prefix, int freeze_at);
+/* A detector's per-layer hooks (ps_model_set_hooks' contract over the
+ * detector's table).  The backbone's rows come first (ps_mtab_add_backbone
+ * on an empty table), so its hook indices are the detector's as they are:
+ * ps_mhooks_set hands the same hooks to the backbone, which fires them for
+ * its stem and blocks; the detector fires its own groups (a group: the
+ * rows [first, first + n) of one neck or head, recorded at define time)
+ * with need (before the group's forward reads it) and ready (once its
+ * backward is queued). */
+typedef struct ps_mhooks {
+    ps_model_hook_fn grad_ready, weights_needed;
+    void *ctx;
+} ps_mhooks_t;
+typedef struct ps_mgroup {
+    int first, n;
+} ps_mgroup_t;
+void ps_mhooks_set(ps_mhooks_t *h, ps_model_t *body, ps_model_hook_fn grad_ready,
+                   ps_model_hook_fn weights_needed, void *ctx);
+void ps_mhooks_need(const ps_mhooks_t *h, ps_mgroup_t g);
+void ps_mhooks_ready(const ps_mhooks_t *h, ps_mgroup_t g);
+/* *h for a model's tables and its set_hooks (ps_model_hookable_t). */
+void ps_mtab_hookable(ps_model_hookable_t *h, ps_model_param_t *params, int np,
+                      ps_model_buffer_t *buffers, int nb, void *model,
+                      void (*set_hooks)(void *model, ps_model_hook_fn grad_ready,
+                                        ps_model_hook_fn weights_needed, void *ctx));
+/* The rows added since first (np now): the group a define call wrote. */
+static inline ps_mgroup_t ps_mgroup_since(int first, int np)
+{
+    return (ps_mgroup_t){first, np - first};
+}
+
 /* torchvision's trainable_layers for a backbone tensor name: freeze_at 1
  * freezes the stem (conv1, bn1), k >= 2 also layer1..layer(k-1). */
 int ps_mtab_frozen(const char *name, int freeze_at);

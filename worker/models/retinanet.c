@@ -243,10 +243,11 @@ int ps_retina_forward(ps_retina_t *m, const float *images, int n, const int32_t 
                  "together, with both loss outputs)", n, m->max_n);
         return PS_EINVAL;
     }
-    ps_resnet_forward_features(m->body, images, n, training);
+    ps_resnet_forward_features(m->body, images, n, training); /* fires its own hooks */
     const float *C[3];
     for (int i = 0; i < 3; i++) C[i] = ps_resnet_stage_out(m->body, i + 1, NULL, NULL, NULL);
 
+    ps_mhooks_need(&m->hooks, m->g_fpn);
     /* FPN top-down (torchvision FeaturePyramidNetwork) */
     conv_fwd(m, &m->inner[2], m->inner_out[2], C[2], n, m->Hs[2], m->Ws[2]);
     conv_fwd(m, &m->layer[2], m->P[2], m->inner_out[2], n, m->Hs[2], m->Ws[2]);
@@ -261,6 +262,8 @@ int ps_retina_forward(ps_retina_t *m, const float *images, int n, const int32_t 
     be->relu_forward(m->ctx, m->p6r, m->P[3], (size_t)n * F * m->lh[3] * m->lw[3]);
     conv_fwd(m, &m->p7, m->P[4], m->p6r, n, m->lh[3], m->lw[3]);
 
+    ps_mhooks_need(&m->hooks, m->g_cls);
+    ps_mhooks_need(&m->hooks, m->g_box);
     for (int l = 0; l < PS_RETINA_LEVELS; l++) {
         head_fwd(m, m->cls, &m->cls_logits, m->cls_a[l], m->cls_o[l], m->cls_flat, K, l, n);
         head_fwd(m, m->box, &m->bbox_reg, m->box_a[l], m->box_o[l], m->box_flat, 4, l, n);
@@ -336,6 +339,8 @@ int ps_retina_backward(ps_retina_t *m)
         head_bwd(m, m->cls, &m->cls_logits, m->cls_a[l], m->dcls_flat, K, l, n, 1);
         head_bwd(m, m->box, &m->bbox_reg, m->box_a[l], m->dbox_flat, 4, l, n, 0);
     }
+    ps_mhooks_ready(&m->hooks, m->g_cls);
+    ps_mhooks_ready(&m->hooks, m->g_box);
 
     const float *C[3];
     for (int i = 0; i < 3; i++) C[i] = ps_resnet_stage_out(m->body, i + 1, NULL, NULL, NULL);
@@ -364,6 +369,7 @@ int ps_retina_backward(ps_retina_t *m)
     if (!m->cfg.p6_from_p5)
         be->accumulate(m->ctx, m->dC[2], m->dp6x, (size_t)n * m->Cs[2] * m->Hs[2] * m->Ws[2]);
 
+    ps_mhooks_ready(&m->hooks, m->g_fpn);
     const float *dstage[4] = {NULL, m->dC[0], m->dC[1], m->dC[2]};
     ps_resnet_backward_features(m->body, dstage, n, m->cfg.freeze_at);
     return 0;

@@ -42,6 +42,9 @@ struct ps_retina {
 
     int last_n, last_training, last_targets;
     float last_norm;
+    /* per-layer hooks (ps_retina_set_hooks): the backbone fires its own */
+    ps_mhooks_t hooks;
+    ps_mgroup_t g_fpn, g_cls, g_box;
 };
 
 /* retinanet_params.c */

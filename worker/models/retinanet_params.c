@@ -43,6 +43,7 @@ int ps_retina_define(ps_retina_t *m)
     m->nbody = m->nparams;
 
     int F = m->cfg.fpn_channels, K = m->cfg.num_classes, nA = PS_RETINA_ANCHORS;
+    int first = m->nparams;
     for (int i = 0; i < 3; i++) {
         snprintf(name, sizeof name, "backbone.fpn.inner_blocks.%d.0", i);
         if ((r = def_conv(m, &m->inner[i], name, m->Cs[i], F, 1, 1))) return r;
@@ -54,6 +55,8 @@ int ps_retina_define(ps_retina_t *m)
     int p6in = m->cfg.p6_from_p5 ? F : m->Cs[2];
     if ((r = def_conv(m, &m->p6, "backbone.fpn.extra_blocks.p6", p6in, F, 3, 2))) return r;
     if ((r = def_conv(m, &m->p7, "backbone.fpn.extra_blocks.p7", F, F, 3, 2))) return r;
+    m->g_fpn = ps_mgroup_since(first, m->nparams);
+    first = m->nparams;
     for (int j = 0; j < 4; j++) {
         snprintf(name, sizeof name, "head.classification_head.conv.%d.0", j);
         if ((r = def_conv(m, &m->cls[j], name, F, F, 3, 1))) return r;
@@ -61,11 +64,33 @@ int ps_retina_define(ps_retina_t *m)
     if ((r = def_conv(m, &m->cls_logits, "head.classification_head.cls_logits", F, nA * K, 3,
                       1)))
         return r;
+    m->g_cls = ps_mgroup_since(first, m->nparams);
+    first = m->nparams;
     for (int j = 0; j < 4; j++) {
         snprintf(name, sizeof name, "head.regression_head.conv.%d.0", j);
         if ((r = def_conv(m, &m->box[j], name, F, F, 3, 1))) return r;
     }
-    return def_conv(m, &m->bbox_reg, "head.regression_head.bbox_reg", F, nA * 4, 3, 1);
+    if ((r = def_conv(m, &m->bbox_reg, "head.regression_head.bbox_reg", F, nA * 4, 3, 1)))
+        return r;
+    m->g_box = ps_mgroup_since(first, m->nparams);
+    return 0;
+}
+
+void ps_retina_set_hooks(ps_retina_t *m, ps_model_hook_fn grad_ready,
+                         ps_model_hook_fn weights_needed, void *ctx)
+{
+    ps_mhooks_set(&m->hooks, m->body, grad_ready, weights_needed, ctx);
+}
+
+static void set_hooks_of(void *m, ps_model_hook_fn grad_ready, ps_model_hook_fn weights_needed,
+                         void *ctx)
+{
+    ps_retina_set_hooks(m, grad_ready, weights_needed, ctx);
+}
+
+void ps_retina_hookable(ps_retina_t *m, ps_model_hookable_t *h)
+{
+    ps_mtab_hookable(h, m->params, m->nparams, m->buffers, m->nbuffers, m, set_hooks_of);
 }
 
 void ps_retina_free_tables(ps_retina_t *m)

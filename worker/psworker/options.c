@@ -60,7 +60,7 @@ static size_t job_rows(ps_worker_opts_t *o, ps_opt_t *rows)
     ROW("device", PS_OPT_STRING, &o->device, "compute device cpu | cuda | cuda:N (video models, detector)", "cpu");
     ROW("threads", PS_OPT_INT, &o->threads, "compute threads (0 = all cores)", "0");
     ROW("conv-kernels", PS_OPT_STRING, &o->conv_kernels, "--device cpu: convolution kernels auto (each layer shape times im2col+GEMM and oneDNN at its first call, keeps the faster) | gemm | onednn (one row everywhere it can: runs compared bit for bit across processes); \"\" = PS_CONV_KERNELS, else auto", "");
-    ROW("overlap", PS_OPT_STRING, &o->overlap, "on|off: push each partition when its layers' backward ends, wait per layer in the next forward (default on for video models without --loss-scale)", "");
+    ROW("overlap", PS_OPT_STRING, &o->overlap, "on|off: push each partition when its layers' backward ends, wait per layer in the next forward (default on for video models and detectors without --loss-scale / --clip-grad)", "");
     ROW("out", PS_OPT_STRING, &o->out, "run directory for CSV and model (\"\" = none)", "");
     ROW("save-all-ranks", PS_OPT_BOOL, &o->save_all_ranks, "every rank r > 0 also writes model-rank<r>.safetensors", "false");
     ROW("log-level", PS_OPT_STRING, &o->log_level, "error|warn|info|debug", "info");

@@ -2,7 +2,10 @@
  * cluster loop (P3 / ByteScheduler style).
  *
  * Without it a step is forward, the whole backward, PUSHPULL of every
- * partition, wait for all of them, next forward.  With it:
+ * partition, wait for all of them, next forward.  The task hands over the
+ * model's tables and hooks (ps_task_t.hooks -> ps_model_hookable_t): a
+ * video model's, or a detector's (its backbone's groups, then the FPN and
+ * heads').  With it:
  *  - backward: the model's grad_ready hook (ps_model_set_hooks) fires after
  *    each layer group's backward; a partition whose tensors are all final
  *    is PUSHPULLed at once while backward goes on.  On the CPU backend the
@@ -68,7 +71,8 @@ struct ps_worker_overlap {
     ps_client_t *c;
     ps_req_t **req;
     uint64_t *ver;
-    ps_model_t *m;
+    ps_model_hookable_t m;   /* the model's tables and hooks */
+    int hooked;              /* m.set_hooks installed ours */
     const ps_backend_t *be;  /* the model's backend and context */
     ps_ctx_t *ctx;
     int async;               /* be->async: hand gradients to the communication thread */
@@ -340,13 +344,20 @@ int ps_worker_overlap_end(ps_worker_overlap_t *ov, double *t_wait)
     return ov->rc;
 }
 
+static int find_param(const ps_model_hookable_t *m, const char *name)
+{
+    for (int k = 0; k < m->nparams; k++)
+        if (!strcmp(m->params[k].name, name)) return k;
+    return -1;
+}
+
 static int build_maps(ps_worker_overlap_t *ov)
 {
     ps_worker_t *p = ov->p;
     const ps_partition_table_t *tb = &p->table;
-    int np, nb;
-    const ps_model_param_t *par = ps_model_params(ov->m, &np);
-    const ps_model_buffer_t *bu = ps_model_buffers(ov->m, &nb);
+    int np = ov->m.nparams, nb = ov->m.nbuffers;
+    const ps_model_param_t *par = ov->m.params;
+    const ps_model_buffer_t *bu = ov->m.buffers;
     ov->t = calloc(tb->ntensors, sizeof *ov->t);
     ov->tens_of = malloc(sizeof(int) * (size_t)np);
     ov->stats_of = malloc(sizeof *ov->stats_of * (size_t)np);
@@ -355,7 +366,7 @@ static int build_maps(ps_worker_overlap_t *ov)
     for (int k = 0; k < np; k++) ov->tens_of[k] = ov->stats_of[k][0] = ov->stats_of[k][1] = -1;
     for (uint32_t j = 0; j < tb->ntensors; j++) {
         const char *name = tb->tensors[j].name;
-        int k = ps_model_find_param(ov->m, name);
+        int k = find_param(&ov->m, name);
         ovl_tensor_t *t = &ov->t[j];
         if (k >= 0) {
             t->w = par[k].w;
@@ -369,7 +380,7 @@ static int build_maps(ps_worker_overlap_t *ov)
             const char *dot = strrchr(name, '.');
             char wname[256];
             snprintf(wname, sizeof wname, "%.*s.weight", dot ? (int)(dot - name) : 0, name);
-            int bw = ps_model_find_param(ov->m, wname);
+            int bw = find_param(&ov->m, wname);
             if (!t->w || bw < 0) {
                 ps_error("--overlap: tensor %s of the partition table is not in the model", name);
                 return PS_EMISMATCH;
@@ -400,9 +411,12 @@ int ps_worker_overlap_new(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64
     *out = NULL;
     if (!strcmp(o->overlap, "off"))
         return 0;
-    ps_model_t *m = p->task->model ? p->task->model(p) : NULL;
-    if (!m) {
-        if (asked)
+    ps_model_hookable_t m;
+    const char *why = NULL;
+    if (!p->task->hooks || !p->task->hooks(p, &m, &why)) {
+        if (why)
+            ps_info("--overlap off: %s", why);
+        else if (asked)
             ps_info("--overlap: %s has no per-layer hooks: pushes after the whole backward",
                     o->model);
         return 0;
@@ -470,7 +484,8 @@ int ps_worker_overlap_new(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint64
         }
         ov->thr_on = 1;
     }
-    ps_model_set_hooks(m, on_grad_ready, on_weights_needed, ov);
+    m.set_hooks(m.model, on_grad_ready, on_weights_needed, ov);
+    ov->hooked = 1;
     ps_info("--overlap on: each partition is pushed when its layers' backward is done%s; the "
             "next forward waits layer by layer for the partitions it reads",
             async ? " (device events, communication thread)" : "");
@@ -487,7 +502,7 @@ void ps_worker_overlap_free(ps_worker_overlap_t **ovp)
                 "%llu replies awaited by the next forward's layers",
                 (unsigned long long)ov->n_early, (unsigned long long)ov->n_push,
                 (unsigned long long)ov->n_fwd, (unsigned long long)ov->n_done);
-    if (ov->m) ps_model_set_hooks(ov->m, NULL, NULL, NULL);
+    if (ov->hooked) ov->m.set_hooks(ov->m.model, NULL, NULL, NULL);
     if (ov->thr_on) {
         pthread_mutex_lock(&ov->mu);
         ov->stop = 1;

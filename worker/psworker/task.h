@@ -27,6 +27,7 @@
 struct ps_worker;
 struct ps_worker_opts;
 struct ps_model;
+struct ps_model_hookable;
 
 /* Task flags. */
 enum {
@@ -96,9 +97,12 @@ typedef struct ps_task {
      * elements p->grad[0..*scaled) that then come out scaled; 0: the loop
      * scales the whole gradient itself. */
     int (*loss_scale)(struct ps_worker *p, float scale, size_t *scaled);
-    /* Optional: the model whose per-layer hooks --overlap sets (NULL: the
-     * task has none, pushes follow the whole backward). */
+    /* Optional: the video model (its buffers' step counters: state.c). */
     struct ps_model *(*model)(struct ps_worker *p);
+    /* Optional: the tables and per-layer hooks --overlap uses (*h filled,
+     * returns 1), or 0 with *why saying what keeps this run from them
+     * (NULL entry: the task has none; pushes follow the whole backward). */
+    int (*hooks)(struct ps_worker *p, struct ps_model_hookable *h, const char **why);
     void (*teardown)(struct ps_worker *p);
 } ps_task_t;
 

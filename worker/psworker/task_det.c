@@ -684,6 +684,20 @@ static void det_teardown(ps_worker_t *p)
     p->ctx = NULL;
 }
 
+/* --overlap: the detector's tables and hooks, unless --clip-grad rescales
+ * the whole gradient after backward (a partition pushed during backward
+ * would leave unclipped). */
+static int det_hooks(ps_worker_t *p, ps_model_hookable_t *h, const char **why)
+{
+    det_t *d = p->ts;
+    if (dopts(p)->clip_grad > 0) {
+        *why = "--clip-grad scales the whole gradient once backward is over";
+        return 0;
+    }
+    d->kind->hookable(d->m, h);
+    return 1;
+}
+
 const ps_task_t ps_task_det = {
     .name = "detection",
     .models = "retinanet-r18|34|50, fasterrcnn-r18|34|50, maskrcnn-r18|34|50, cascade-r18|34|50",
@@ -700,5 +714,6 @@ const ps_task_t ps_task_det = {
     .print_final = det_print_final,
     .eval = det_run_eval,
     .export_onnx = det_export,
+    .hooks = det_hooks,
     .teardown = det_teardown,
 };

@@ -55,6 +55,8 @@ typedef struct det_kind {
     const ps_model_param_t *(*params)(const void *m, int *n);
     const ps_model_buffer_t *(*buffers)(const void *m, int *n); /* BN running statistics */
     int (*find_param)(const void *m, const char *name);
+    /* the tables and per-layer hooks --overlap sets (ps_rcnn_hookable) */
+    void (*hookable)(void *m, ps_model_hookable_t *h);
     int (*tensor_specs)(const void *m, ps_tensor_spec_t **specs);
     int (*groups)(const void *m, ps_param_group_t *groups, int max);
     void (*zero_grad)(void *m);

@@ -125,6 +125,7 @@ static const ps_model_buffer_t *rc_buffers(const void *m, int *n)
     return ps_rcnn_buffers(M(m), n);
 }
 static int rc_find(const void *m, const char *name) { return ps_rcnn_find_param(M(m), name); }
+static void rc_hookable(void *m, ps_model_hookable_t *h) { ps_rcnn_hookable(M(m), h); }
 static int rc_specs(const void *m, ps_tensor_spec_t **s) { return ps_rcnn_tensor_specs(M(m), s); }
 static int rc_groups(const void *m, ps_param_group_t *g, int max)
 {
@@ -224,7 +225,8 @@ static int mrc_detect_masks(void *m, int i, const ps_det_geom_t *g, int n, const
     .max_gt = rc_max_gt, .destroy = rc_destroy,                                              \
     .init = rc_init, .load = rc_load, .save = rc_save, .params = rc_params,                  \
     .buffers = rc_buffers,                                                                   \
-    .find_param = rc_find, .tensor_specs = rc_specs, .groups = rc_groups,                    \
+    .find_param = rc_find, .hookable = rc_hookable,                                          \
+    .tensor_specs = rc_specs, .groups = rc_groups,                                           \
     .zero_grad = rc_zero_grad, .num_anchors = rc_num_anchors, .anchors = rc_anchors,         \
     .train = rc_train, .infer = rc_infer, .detect = rc_detect
 

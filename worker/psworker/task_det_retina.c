@@ -36,6 +36,7 @@ static const ps_model_buffer_t *r_buffers(const void *m, int *n)
     return ps_retina_buffers(m, n);
 }
 static int r_find(const void *m, const char *name) { return ps_retina_find_param(m, name); }
+static void r_hookable(void *m, ps_model_hookable_t *h) { ps_retina_hookable(m, h); }
 static int r_specs(const void *m, ps_tensor_spec_t **s) { return ps_retina_tensor_specs(m, s); }
 static int r_groups(const void *m, ps_param_group_t *g, int max)
 {
@@ -99,6 +100,7 @@ const det_kind_t det_kind_retina = {
     .params = r_params,
     .buffers = r_buffers,
     .find_param = r_find,
+    .hookable = r_hookable,
     .tensor_specs = r_specs,
     .groups = r_groups,
     .zero_grad = r_zero_grad,

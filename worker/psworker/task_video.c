@@ -297,6 +297,13 @@ static int video_export(ps_worker_t *p, const char *path)
 
 static ps_model_t *video_model_of(ps_worker_t *p) { return ((video_t *)p->ts)->m; }
 
+static int video_hooks(ps_worker_t *p, ps_model_hookable_t *h, const char **why)
+{
+    (void)why;
+    ps_model_hookable(video_model_of(p), h);
+    return 1;
+}
+
 static void video_teardown(ps_worker_t *p)
 {
     video_t *v = p->ts;
@@ -338,5 +345,6 @@ const ps_task_t ps_task_video = {
     .export_onnx = video_export,
     .loss_scale = video_loss_scale,
     .model = video_model_of,
+    .hooks = video_hooks,
     .teardown = video_teardown,
 };
