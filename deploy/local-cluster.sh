@@ -141,6 +141,9 @@ if [ $VIDEO = 1 ]; then
                  --threads 1 --loader-threads 1)
     # the generated labels are directions of motion: a mirror image flips them
     [ $GENERATED = 1 ] && MODEL_ARGS+=(--flip 0 --dropout 0)
+    # the 3-D models from scratch: every block starts as the identity (I3D-
+    # ResNet-50 stays at chance in 300 steps without it; docs/video.md)
+    [ $VIDEO3D = 1 ] && MODEL_ARGS+=(--zero-init-residual)
 fi
 
 if [ $DET = 1 ]; then

@@ -69,4 +69,20 @@ ok $? "standalone 2B, BN train"
 compare "$T/w2t/model.safetensors" "$T/reft/model.safetensors" 1e-5 >/dev/null
 [ $? -eq 1 ]
 ok $? "control: with BN train the same comparison fails (batch statistics differ)"
+
+# --zero-init-residual needs trainable BN: with frozen or partial BN the
+# zeroed weights could never move, so the pair is a usage error naming the
+# flag; with BN train it trains
+for bn in "--bn frozen" "--bn partial" "--partial-bn"; do
+    # shellcheck disable=SC2086 # bn: one flag and its value
+    timeout 30 "$PSW" --standalone "${MODEL[@]}" "${DATA[@]}" $bn --zero-init-residual --batch $B \
+        >"$T/zir.out" 2>"$T/zir.err"
+    rc=$?
+    [ $rc = 2 ] && grep -q -- "--zero-init-residual needs trainable BN" "$T/zir.err"
+    ok $? "--zero-init-residual with $bn: exit 2, the message names the flag" || show_log "$T/zir.err"
+done
+standalone "$T/zir" "${MODEL[@]}" "${DATA[@]}" --bn train --zero-init-residual --batch $B --log-level info
+ok $? "--zero-init-residual with --bn train trains"
+grep -q "residual branches' last BN weights start at 0" "$T/zir/w0.err"
+ok $? "its log says the residual branches' last BN weights start at 0"
 tap_done

@@ -64,9 +64,10 @@ static void check_variant(ps_ctx_t *ctx, const char *name)
     char *line = malloc(LINE_MAX_);
     int width = 0, clips = 0, T = 0, H = 0, K = 0;
     float dropout = 0;
+    unsigned long long seed_in = SEED; /* the input's hash seed (gen_video3d.py's input_seed) */
     while (fgets(line, LINE_MAX_, f) && line[0] == '#') {}
-    if (sscanf(line, "config %31s %d %d %d %d %d %f", arch, &width, &clips, &T, &H, &K,
-               &dropout) != 7) {
+    if (sscanf(line, "config %31s %d %d %d %d %d %f %llu", arch, &width, &clips, &T, &H, &K,
+               &dropout, &seed_in) < 7) {
         ok(0, "%s: config line", name);
         free(line), fclose(f);
         return;
@@ -81,7 +82,7 @@ static void check_variant(ps_ctx_t *ctx, const char *name)
     ps_model_set_seed(m, DROPOUT_SEED);
     const size_t nx = (size_t)clips * T * 3 * H * H;
     float *x = malloc(nx * sizeof *x);
-    ps_model_hash_fill(x, nx, "input", SEED, 1.0);
+    ps_model_hash_fill(x, nx, "input", seed_in, 1.0);
     int32_t labels[8];
     for (int b = 0; b < clips; b++) labels[b] = (b * 7 + 3) % K;
     float loss = -1;

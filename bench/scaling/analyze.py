@@ -109,6 +109,17 @@ def main():
 
     FIT_MAX_W = 8
     COLOC_FIT = "on coloc 1M"   # the co-located fit the predictions use
+    # The models predicted: name, label, fp32 gradient bytes (the trainable
+    # parameters x 4; worker/models/model_sizes.c, checked against PyTorch by
+    # tests/test_model_sizes) and compute per step relative to TSM-R50's T,
+    # taken as the ratio of training FLOPs per clip at each paper's clip
+    # (bench/video_cost: TSM-R50 8 x 224^2 65.41 forward GFLOP, I3D-R50
+    # 32 x 224^2 227.26 (3x1x1) / 274.94 (3x3x3)): a GPU that runs 3-D
+    # convolutions at the same FLOP rate as 2-D ones -- an assumption in
+    # I3D's favour (the paper's point is that they do not).
+    PRED_MODELS = (("tsm-r50", "TSM-R50", 97.3e6, 1.0),
+                   ("i3d-r50-311", "I3D-R50 3x1x1", 112.17e6, 227.26 / 65.41),
+                   ("i3d-r50-333", "I3D-R50 3x3x3", 133.74e6, 274.94 / 65.41))
     COLOC_MIN_W = 3             # co-located variants: fitted from >= 3 distinct W
     # fits[(mode, overlap)] = (rms residual s, b, points, a, [W of the points])
     # Fitted: the plain overlap modes (dedicated servers, 4 MiB), and every
@@ -206,11 +217,8 @@ def main():
                                                         cell(pick(8, "fp16")), cell(pick(8, "fp32"))))
 
     # ---- predictions for the real cluster ----
-    sizes = {"tsm-r50": 97.3e6, "i3d-r50": 188.0e6}   # fp32 gradient bytes (worker/models/model_sizes.c)
-    # I3D-R50 as worker/models/model_sizes.c inflates it (every bottleneck 3x3 -> 3x3x3,
-    # conv1 5x7x7): the 3x3 convs are ~53% of a bottleneck's FLOPs and triple,
-    # so a step costs ~2.06x TSM-R50's at the same frames.
-    comp = {"tsm-r50": T, "i3d-r50": 2.06 * T}
+    sizes = {m[0]: m[2] for m in PRED_MODELS}
+    comp = {m[0]: m[3] * T for m in PRED_MODELS}
     # the real link's TCP payload rate: 25 Gb/s with the same framing loss
     # the emulated link showed (measured / nominal), so that X on the real
     # cluster is exactly the emulated X / F
@@ -240,15 +248,15 @@ def main():
     cols = (("ring", None), ("ps", "fit"), ("ps", None), ("ps", 4))
     for W in Ws:
         row = [W]
-        for m in ("tsm-r50", "i3d-r50"):
+        for m in sizes:
             for mode, S in cols:
                 cm = predict(mode, m, W, "on", S)
                 row.append(comp[m] / (comp[m] + cm))
                 row.append((comp[m] + cm) * 1e3)
         pred.append(row)
     with open(os.path.join(a.results, "predict.dat"), "w") as f:
-        f.write("# W  tsm: ring_eff ms  ps_coloc_fit_eff ms  ps_S=W_dedicated_fit_eff ms  ps4_eff ms"
-                "  i3d: the same 8 columns\n")
+        f.write("# W  tsm-r50: ring_eff ms  ps_coloc_fit_eff ms  ps_S=W_dedicated_fit_eff ms  ps4_eff ms"
+                "  i3d-r50-311, i3d-r50-333: the same 8 columns each\n")
         for row in pred:
             f.write(" ".join("%.6g" % x for x in row) + "\n")
 
@@ -256,10 +264,11 @@ def main():
         return "%.0f%% (%.0f ms)" % (100 * e, ms) if e == e else "-"
     cf = fits.get(("ps", COLOC_FIT))
     pt = []
-    for k, m in enumerate(("TSM-R50", "I3D-R50")):
+    for k, (_, m, gbytes, cratio) in enumerate(PRED_MODELS):
         o = 1 + 8 * k
-        pt += ([""] if k else []) + ["%s%s:" % (m, " (fp32 gradient 188 MB, compute 2.06x TSM-R50's)" if k else
-                                                   " (fp32 gradient 97.3 MB, compute 53 ms)"), "",
+        pt += ([""] if k else []) + ["%s (fp32 gradient %.1f MB, compute %s):" % (
+            m, gbytes / 1e6, "%.2fx TSM-R50's, %.0f ms" % (cratio, cratio * T * 1e3) if k else "%.0f ms" % (T * 1e3)),
+            "",
                "| workers | ring | PS, S = W, co-located fit (%s) | PS, S = W, dedicated-server fit | "
                "PS, S = 4 dedicated |%s" % ("%d point%s" % (cf[2], "s" if cf[2] > 1 else "") if cf else "no fit",
                                             " I3D / TSM step time (faster of ring, PS co-located fit) |"
@@ -270,7 +279,7 @@ def main():
             line = "| %d | %s | %s | %s | %s |" % (row[0], pc(row[o], row[o + 1]), pc(row[o + 2], row[o + 3]),
                                                    pc(row[o + 4], row[o + 5]), pc(row[o + 6], row[o + 7]))
             if k:
-                best = [min([x for x in (row[c], row[c + 2]) if x == x] or [float("nan")]) for c in (2, 10)]
+                best = [min([x for x in (row[c], row[c + 2]) if x == x] or [float("nan")]) for c in (2, o + 1)]
                 line += " %s |" % ("%.2fx" % (best[1] / best[0]) if best[0] == best[0] and best[1] == best[1] else "-")
             pt.append(line)
 

@@ -40,11 +40,13 @@ set title "Alpha-beta model: predicted efficiency on a 25 GbE cluster (fp16, ove
 set xlabel "workers (GPUs)"; set ylabel "efficiency"
 
 set label "paper: about 80% at 1,536 GPUs" at 20,0.55 noenhanced
-# predict.dat: W, then per model (TSM-R50, I3D-R50) efficiency and ms of
-# ring, PS S = W co-located fit, PS S = W dedicated-server fit, PS S = 4
+# predict.dat: W, then per model (TSM-R50, I3D-R50 3x1x1, I3D-R50 3x3x3)
+# efficiency and ms of ring, PS S = W co-located fit, PS S = W
+# dedicated-server fit, PS S = 4
 plot "predict.dat" using 1:2 title "TSM-R50 ring", "" using 1:4 title "TSM-R50 PS, S = W (co-located fit)", \
      "" using 1:6 title "TSM-R50 PS, S = W (dedicated fit)" dt 2, "" using 1:8 title "TSM-R50 PS, S = 4", \
-     "" using 1:10 title "I3D-R50 ring", "" using 1:12 title "I3D-R50 PS, S = W (co-located fit)", \
+     "" using 1:10 title "I3D-R50 3x1x1 ring", "" using 1:12 title "I3D-R50 3x1x1 PS, S = W (co-located fit)", \
+     "" using 1:18 title "I3D-R50 3x3x3 ring", "" using 1:20 title "I3D-R50 3x3x3 PS, S = W (co-located fit)", \
      "<echo 1536 0.8" using 1:2 with points pt 7 ps 2 title "paper (TSM, 1,536 GPUs)"
 EOF
 ls -1 "$(pwd)"/*.png

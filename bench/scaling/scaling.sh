@@ -12,14 +12,21 @@
 #     --quick              46 points, about 14 minutes alone (default; 809 s
 #                          on 2026-11-30)
 #     --full               every combination (~1.5 hours)
+#     --models             the model comparison: co-located PS (S = W, 1 MiB
+#                          partitions) and the ring, fp16, overlap on, at
+#                          W = 1, 2, 4, 8, 16 (10 points; the CSV only, no
+#                          fit: bench/video_study.sh runs it per model)
 #     --build DIR          where psbench and psd are (default: .)
 #     --results DIR        CSV + PNG (default: bench/scaling/results in the source tree)
 #     --docs FILE          markdown whose generated tables are replaced
 #                          (default docs/scaling.md; --docs none = leave it)
 #     --label TEXT         put in the docs ("alone", "under load", ...; default alone)
-#     --model M            tsm-r50 (default) | tsm-r18 | i3d-r50 | retinanet-r50
+#     --model M            tsm-r50 (default) | tsm-r18 | i3d-r50-311 | i3d-r50-333 | retinanet-r50
 #     --scale F            slow-down factor (default 50, see below)
-#     --gpu-step-ms T      compute of one step on the real GPU (default 53)
+#     --gpu-step-ms T      compute of one step on the real GPU (default 53; the
+#                          I3D models: 53 x their training FLOPs per clip at
+#                          32 x 224^2 over TSM-R50's at 8 x 224^2, 3.47x /
+#                          4.20x, bench/video_cost)
 #     --iters K --warmup K timed / untimed steps per point (default 2 / 1 quick, 4 / 1 full)
 #     --dry-run            print the psbench commands, run nothing
 #
@@ -54,11 +61,12 @@ here=$(cd "$(dirname "$0")" && pwd)
 src=$(cd "$here/../.." && pwd)
 nd=$src/deploy/netns
 build=. results=$src/bench/scaling/results docs=$src/docs/scaling.md label=alone
-model=tsm-r50 scale=50 gpu_ms=53 iters= warmup=1 dry=0 quick=1
+model=tsm-r50 scale=50 gpu_ms= iters= warmup=1 dry=0 quick=1
 while [ $# -gt 0 ]; do
     case "$1" in
     --quick) quick=1; shift ;;
     --full) quick=0; shift ;;
+    --models) quick=2; shift ;;
     --build) build=$2; shift 2 ;;
     --results) results=$2; shift 2 ;;
     --docs) docs=$2; shift 2 ;;
@@ -73,7 +81,10 @@ while [ $# -gt 0 ]; do
     *) echo "scaling.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done
-[ -n "$iters" ] || { [ $quick = 1 ] && iters=2 || iters=4; }
+[ -n "$iters" ] || { [ $quick = 0 ] && iters=4 || iters=2; }
+# the compute of a step on a V100-class GPU, by the FLOPs of the paper's clip
+[ -n "$gpu_ms" ] || gpu_ms=$(awk -v m="$model" 'BEGIN { r["i3d-r50-311"] = 227.26 / 65.41
+    r["i3d-r50-333"] = 274.94 / 65.41; printf "%.1f", 53 * (m in r ? r[m] : 1) }')
 for v in "$scale" "$gpu_ms" "$iters" "$warmup"; do
     echo "$v" | grep -Eq '^[0-9]+(\.[0-9]+)?$' || { echo "scaling.sh: '$v' is not a number" >&2; exit 2; }
 done
@@ -90,6 +101,10 @@ compute_ms=$(awk -v t="$gpu_ms" -v f="$scale" 'BEGIN { printf "%g", t * f }')
 # forward waits per partition); pull_credit > 0: PUSH + PULL with that many
 # pulls per server outstanding, front of the model first (psbench --help).
 points() {
+    if [ $quick = 2 ]; then
+        for w in 1 2 4 8 16; do echo "ps $w $w fp16 raw on colocated 1M"; echo "ring 0 $w fp16 raw on"; done
+        return
+    fi
     if [ $quick = 1 ]; then
         for w in 1 2 4 8 16; do echo "ps 4 $w fp16 raw on"; done
         for w in 1 2 4 8 16; do echo "ring 0 $w fp16 raw on"; done
@@ -132,7 +147,7 @@ hosts=$(points | awk '{ h = $7 == "colocated" ? $3 : $2 + $3; if (h > m) m = h }
 prefix=pssc$$
 mkdir -p "$results"
 csv=$results/scaling-$model.csv
-echo "# scaling: $( [ $quick = 1 ] && echo quick || echo full ) model=$model link=${mbit}mbit (25 Gbit/s / $scale)" \
+echo "# scaling: $(case $quick in 1) echo quick ;; 2) echo models ;; *) echo full ;; esac) model=$model link=${mbit}mbit (25 Gbit/s / $scale)" \
     "compute_ms=$compute_ms (${gpu_ms} ms x $scale) hosts=$hosts iters=$iters warmup=$warmup -> $csv"
 t_start=$(date +%s)
 if [ $dry = 0 ]; then
@@ -147,7 +162,7 @@ if [ $dry = 0 ]; then
     echo "model,mode,servers,workers,dtype,codec,overlap,link_mbit,scale,gpu_step_ms,compute_ms,median_s,p10_s,p90_s,data_s,compute_s,comm_wait_s,steps_per_s,wire_out_per_iter,wire_in_per_iter,status,placement,partition_bytes,pull_credit,link_measured_mbit,schedule" >"$csv"
 fi
 # MB of the fp32 gradient, for a generous time limit per point
-mb=$(awk -v m="$model" 'BEGIN { n["tsm-r50"] = 97.3; n["tsm-r18"] = 45.5; n["i3d-r50"] = 188; n["retinanet-r50"] = 136; print n[m] }')
+mb=$(awk -v m="$model" 'BEGIN { n["tsm-r50"] = 97.3; n["tsm-r18"] = 45.5; n["i3d-r50-311"] = 112.2; n["i3d-r50-333"] = 133.7; n["retinanet-r50"] = 136; print n[m] }')
 points | while read -r mode s w d c o pl pb cr; do
     pl=${pl:-dedicated} pb=${pb:-4M} cr=${cr:-0}
     div=$s; [ "$mode" = ring ] && div=1
@@ -171,6 +186,7 @@ done
 "$nd/down.sh" $prefix >/dev/null 2>&1
 trap - EXIT
 echo "# sweep done in $(($(date +%s) - t_start)) s"
+[ $quick = 2 ] && exit 0 # the model comparison: its CSV alone
 py=/usr/bin/python3
 [ -x $py ] || py=python3
 dflag="--docs $docs"; [ "$docs" = none ] && dflag=

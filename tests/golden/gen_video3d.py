@@ -259,7 +259,62 @@ SEED = 1234
 DROPOUT_SEED = 42
 
 
-def run_variant(arch, width, clips, T, H, K, dtype, dropout):
+# A max pool routes its gradient to one element of each window; where the
+# two largest inputs of a window are nearly equal, float32 rounding in an
+# order other than PyTorch's (another CPU's sgemm kernels) can pick the
+# other one and move the gradients of every layer below by a few percent,
+# which says nothing about the engine. So the input of a model with max
+# pools is the first hash seed (SEED, SEED + 1, ...) whose float64 forward
+# has every window's top two apart by at least POOL_MARGIN of the top (the
+# windows whose top is 0, after a ReLU, route nothing either way); the
+# golden's config line carries that seed.
+POOL_MARGIN = 1e-4
+JITTER_RUNS = 6
+
+
+def pool_margin(net, x):
+    """The smallest relative gap between the two largest inputs over the
+    windows of net's MaxPool3d modules with a positive maximum."""
+    worst = [float("inf")]
+
+    def hook(mod, inp, out):
+        k, st, pd = (tuple(v) if isinstance(v, (tuple, list)) else (v,) * 3
+                     for v in (mod.kernel_size, mod.stride, mod.padding))
+        a = F.pad(inp[0], (pd[2], pd[2], pd[1], pd[1], pd[0], pd[0]), value=float("-inf"))
+        u = a.unfold(2, k[0], st[0]).unfold(3, k[1], st[1]).unfold(4, k[2], st[2])
+        u = u.reshape(*u.shape[:5], -1)
+        if u.shape[-1] < 2:
+            return
+        top = u.topk(2, dim=-1).values
+        pos = top[..., 0] > 0
+        if pos.any():
+            gap = (top[..., 0] - top[..., 1])[pos] / top[..., 0][pos]
+            worst[0] = min(worst[0], gap.min().item())
+
+    hs = [m.register_forward_hook(hook) for m in net.modules() if isinstance(m, nn.MaxPool3d)]
+    with torch.no_grad():
+        net(x)
+    for h in hs:
+        h.remove()
+    return worst[0]
+
+
+def input_seed(arch, width, clips, T, H, K):
+    net = build(arch, K, width)
+    hash_init(net, SEED, True)
+    net.double().train()
+    if not any(isinstance(m, nn.MaxPool3d) for m in net.modules()):
+        return SEED
+    for seed in range(SEED, SEED + 200):
+        if pool_margin(net, hash_clip(clips, T, H, H, seed).double()) >= POOL_MARGIN:
+            return seed
+    raise RuntimeError("%s: no input seed with max-pool margins >= %g" % (arch, POOL_MARGIN))
+
+
+def run_variant(arch, width, clips, T, H, K, dtype, dropout, seed_in=SEED, jitter=0):
+    """jitter > 0: every input element moved by one float32 ulp up or down
+    (a sign pattern drawn from seed jitter), another rounding of the same
+    clip."""
     torch.manual_seed(0)
     net = build(arch, K, width)
     hash_init(net, SEED, True)
@@ -270,7 +325,11 @@ def run_variant(arch, width, clips, T, H, K, dtype, dropout):
         keep = keep.view(clips, -1).to(dtype)
         scale = 1.0 / (1.0 - dropout)
         net.fc.register_forward_pre_hook(lambda mod, inp: (inp[0] * keep * scale,))
-    x = hash_clip(clips, T, H, H, SEED).to(dtype)
+    x = hash_clip(clips, T, H, H, seed_in).to(dtype)
+    if jitter:
+        g = torch.Generator().manual_seed(jitter)
+        sign = torch.randint(0, 2, x.shape, generator=g).to(dtype) * 2 - 1
+        x = x * (1 + sign * 2.0 ** -23)
     y = G.labels_for(clips, K)
     logits = net(x)
     loss = F.cross_entropy(logits, y)
@@ -283,22 +342,32 @@ def run_variant(arch, width, clips, T, H, K, dtype, dropout):
 
 
 def gen_variant(outdir, name, arch, width, clips, T, H, K, nsamp, dropout):
+    seed_in = input_seed(arch, width, clips, T, H, K)
     loss, logits, grads, bufs, flops = run_variant(arch, width, clips, T, H, K, torch.float64,
-                                                   dropout)
-    _, _, g32, _, _ = run_variant(arch, width, clips, T, H, K, torch.float32, dropout)
-    lines = ["# %s: %s width=%d clips=%d T=%d %dx%d K=%d seed=%d dropout=%g (mask seed %d)"
-             % (name, arch, width, clips, T, H, H, K, SEED, dropout, DROPOUT_SEED),
+                                                   dropout, seed_in)
+    # float32 noise: PyTorch's float32 run of the clip and of JITTER_RUNS
+    # one-ulp roundings of it, each against float64; the worst over the runs
+    # per element and per norm.  In these small BN networks a ReLU or pool
+    # decision near its threshold can flip under another rounding and move
+    # a layer's gradient norm by a percent; the tolerance must allow what
+    # float32 itself does, whichever summation order computed it.
+    g32s = [run_variant(arch, width, clips, T, H, K, torch.float32, dropout, seed_in, j)[2]
+            for j in range(JITTER_RUNS + 1)]
+    lines = ["# %s: %s width=%d clips=%d T=%d %dx%d K=%d seed=%d input seed=%d dropout=%g "
+             "(mask seed %d)" % (name, arch, width, clips, T, H, H, K, SEED, seed_in, dropout,
+                                 DROPOUT_SEED),
              "# reference: PyTorch float64; grad NAME NUMEL NORM NOISE_MAX NOISE_P90 "
              "NOISE_NORM IDX:VAL...",
-             "config %s %d %d %d %d %d %g" % (arch, width, clips, T, H, K, dropout),
+             "config %s %d %d %d %d %d %g %d" % (arch, width, clips, T, H, K, dropout, seed_in),
              "flops %d" % flops,
              "loss %.12g" % loss,
              "logits %d %s" % (logits.numel(), " ".join("%.9g" % v for v in logits.tolist()))]
     for k, g in grads.items():
         n = g.norm().item()
         rms = n / math.sqrt(g.numel())
-        e32 = (g32[k] - g).abs() / rms if rms > 0 else torch.zeros(1, dtype=torch.float64)
-        nn_ = (abs(g32[k].norm().item() - n) / n) if n > 0 else 0.0
+        e32 = torch.stack([(g32[k] - g).abs() / rms for g32 in g32s]).max(0).values \
+            if rms > 0 else torch.zeros(1, dtype=torch.float64)
+        nn_ = max(abs(g32[k].norm().item() - n) / n for g32 in g32s) if n > 0 else 0.0
         idx = G.sample_indices(k, g.numel(), nsamp)
         lines.append("grad %s %d %.12g %.3g %.3g %.3g %s" % (
             k, g.numel(), n, e32.max().item(), torch.quantile(e32.float(), 0.9).item(), nn_,

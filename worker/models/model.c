@@ -97,6 +97,12 @@ void ps_model_flops(const ps_model_t *m, int nclips, double *fwd, double *bwd)
 }
 
 int ps_model_bn_mode(const ps_model_t *m) { return m->bn_mode; }
+int ps_model_cfg_bn_mode(const ps_model_config_t *cfg)
+{
+    return cfg->bn_mode == PS_MODEL_BN_FROZEN                      ? PS_MODEL_BN_FROZEN
+           : cfg->bn_mode == PS_MODEL_BN_PARTIAL || cfg->partial_bn ? PS_MODEL_BN_PARTIAL
+                                                                    : PS_MODEL_BN_TRAIN;
+}
 const ps_model_config_t *ps_model_config(const ps_model_t *m) { return &m->cfg; }
 const float *ps_model_logits(const ps_model_t *m) { return m->logits; }
 int ps_model_fc_replaced(const ps_model_t *m) { return m->fc_replaced; }

@@ -1,7 +1,8 @@
-/* Tensor layouts of ResNet-18/50 (torchvision), their I3D inflation and
+/* Tensor layouts of ResNet-18/50 (torchvision), I3D-ResNet-50 (the video
+ * model psworker trains, in its 3x1x1 and 3x3x3 variants) and
  * RetinaNet-R50-FPN (torchvision v1), in the order of named_parameters(),
- * with each layer's forward MACs at a 224x224 input (for the emulated
- * compute schedule). */
+ * with each layer's forward MACs per input frame at 224x224 (for the
+ * emulated compute schedule). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,40 +52,54 @@ static void add(builder_t *b, const char *name, size_t numel, double flops)
     b->m->total_flops += flops;
 }
 
-/* conv weight [out, in, kt, k, k] (kt = 1: 2-D) with hw output pixels */
+/* conv weight [out, in, kt, k, k] (kt = 1: 2-D) with hw output pixels per
+ * input frame (a layer at half the frames: half its pixels per frame) */
 static void conv(builder_t *b, const char *name, size_t out, size_t in, size_t kt, size_t k,
-                 size_t hw)
+                 double hw)
 {
     size_t numel = out * in * kt * k * k;
-    add(b, name, numel, (double)numel * (double)hw);
+    add(b, name, numel, (double)numel * hw);
 }
 
-/* BN over ch channels of hw pixels: a scale and a shift per element (its
- * cost is memory traffic on a GPU; counted as ops it is ~1% of a ResNet) */
-static void bn(builder_t *b, const char *prefix, size_t ch, int frozen, size_t hw)
+/* BN over ch channels of hw pixels per input frame: a scale and a shift per
+ * element (its cost is memory traffic on a GPU; counted as ops it is ~1% of
+ * a ResNet) */
+static void bn(builder_t *b, const char *prefix, size_t ch, int frozen, double hw)
 {
     char n[160];
     if (frozen) return; /* FrozenBatchNorm2d: weight/bias are buffers */
     snprintf(n, sizeof n, "%s.weight", prefix);
-    add(b, n, ch, (double)ch * (double)hw);
+    add(b, n, ch, (double)ch * hw);
     snprintf(n, sizeof n, "%s.bias", prefix);
-    add(b, n, ch, (double)ch * (double)hw);
+    add(b, n, ch, (double)ch * hw);
 }
 
 typedef struct resnet_shape {
     int bottleneck;      /* 1: ResNet-50 bottleneck blocks, 0: basic blocks */
     int blocks[4];
     size_t kt_stem;      /* temporal size of conv1 */
-    size_t kt_3x3;       /* temporal size of every 3x3 conv */
+    /* Per stage, one character per block: '1' gives that block a temporal
+     * kernel of 3 (padded: the frames are kept), '0' or NULL none. */
+    const char *inflate[4];
+    int t_conv;          /* which conv of an inflated block has it: 1 or 2 */
+    int t_pool;          /* 1: a 2x1x1 max pool (stride 2) after layer1 */
     int frozen_bn;
     const char *prefix;  /* "" or "backbone.body." */
 } resnet_shape_t;
+
+/* Temporal size of conv c (1, 2) of block k of stage L. */
+static size_t block_kt(const resnet_shape_t *s, int L, int k, int c)
+{
+    const char *f = s->inflate[L];
+    return f && (size_t)k < strlen(f) && f[k] == '1' && s->t_conv == c ? 3 : 1;
+}
 
 /* Returns the output channels of each stage in ch[4].  Output sizes at a
  * 224x224 input: conv1 (stride 2) 112^2, after the max pool 56^2, and each
  * stage after the first halves it in its first block (torchvision v1.5:
  * the stride is on the 3x3 conv, or on conv1 of a basic block, and on the
- * downsample), so layer1..4 run at 56, 28, 14, 7. */
+ * downsample), so layer1..4 run at 56, 28, 14, 7.  With t_pool, layer2..4
+ * run at half the input's frames, so half their pixels per input frame. */
 static void resnet(builder_t *b, const resnet_shape_t *s, size_t ch[4])
 {
     char n[160];
@@ -95,21 +110,22 @@ static void resnet(builder_t *b, const resnet_shape_t *s, size_t ch[4])
     snprintf(n, sizeof n, "%sbn1", p);
     bn(b, n, 64, s->frozen_bn, 112 * 112);
     for (int L = 0; L < 4; L++) {
-        size_t planes = (size_t)64 << L;
-        size_t out = (size_t)(56 >> L), hw = out * out; /* this stage's output */
+        size_t planes = (size_t)64 << L, side = (size_t)(56 >> L); /* this stage's output */
+        double hw = (double)(side * side) * (L > 0 && s->t_pool ? 0.5 : 1);
         for (int k = 0; k < s->blocks[L]; k++) {
             /* the first block's conv1 of a bottleneck still sees the
              * previous stage's resolution */
-            size_t hw_in = k == 0 && L > 0 ? 4 * hw : hw;
+            double hw_in = k == 0 && L > 0 ? 4 * hw : hw;
+            size_t kt1 = block_kt(s, L, k, 1), kt2 = block_kt(s, L, k, 2);
             char blk[96], cn[160];
             snprintf(blk, sizeof blk, "%slayer%d.%d", p, L + 1, k);
             if (s->bottleneck) {
                 snprintf(cn, sizeof cn, "%s.conv1.weight", blk);
-                conv(b, cn, planes, inplanes, 1, 1, hw_in);
+                conv(b, cn, planes, inplanes, kt1, 1, hw_in);
                 snprintf(cn, sizeof cn, "%s.bn1", blk);
                 bn(b, cn, planes, s->frozen_bn, hw_in);
                 snprintf(cn, sizeof cn, "%s.conv2.weight", blk);
-                conv(b, cn, planes, planes, s->kt_3x3, 3, hw);
+                conv(b, cn, planes, planes, kt2, 3, hw);
                 snprintf(cn, sizeof cn, "%s.bn2", blk);
                 bn(b, cn, planes, s->frozen_bn, hw);
                 snprintf(cn, sizeof cn, "%s.conv3.weight", blk);
@@ -118,11 +134,11 @@ static void resnet(builder_t *b, const resnet_shape_t *s, size_t ch[4])
                 bn(b, cn, planes * exp, s->frozen_bn, hw);
             } else {
                 snprintf(cn, sizeof cn, "%s.conv1.weight", blk);
-                conv(b, cn, planes, inplanes, s->kt_3x3, 3, hw);
+                conv(b, cn, planes, inplanes, kt1, 3, hw);
                 snprintf(cn, sizeof cn, "%s.bn1", blk);
                 bn(b, cn, planes, s->frozen_bn, hw);
                 snprintf(cn, sizeof cn, "%s.conv2.weight", blk);
-                conv(b, cn, planes, planes, s->kt_3x3, 3, hw);
+                conv(b, cn, planes, planes, kt2, 3, hw);
                 snprintf(cn, sizeof cn, "%s.bn2", blk);
                 bn(b, cn, planes, s->frozen_bn, hw);
             }
@@ -160,7 +176,8 @@ static void conv_b(builder_t *b, const char *prefix, size_t out, size_t in, size
  * (stride-2 3x3 convs, padding 1), and the heads run on all five levels. */
 static void retinanet(builder_t *b)
 {
-    resnet_shape_t s = {1, {3, 4, 6, 3}, 1, 1, 1, "backbone.body."};
+    resnet_shape_t s = {.bottleneck = 1, .blocks = {3, 4, 6, 3}, .kt_stem = 1, .frozen_bn = 1,
+                        .prefix = "backbone.body."};
     size_t ch[4], A = 9, K = 91, lvl[3] = {28 * 28, 14 * 14, 7 * 7};
     size_t heads = 28 * 28 + 14 * 14 + 7 * 7 + 4 * 4 + 2 * 2;
     char n[160];
@@ -189,7 +206,23 @@ static void retinanet(builder_t *b)
 
 const char *psbench_model_names(void)
 {
-    return "tsm-r50,tsm-r18,i3d-r50,retinanet-r50";
+    return "tsm-r50,tsm-r18,i3d-r50-311,i3d-r50-333,retinanet-r50";
+}
+
+/* I3D-ResNet-50 as psworker trains it (worker/models/video3d_arch.c; the
+ * Non-local networks' I3D): conv1 5x7x7, a 2x1x1 temporal max pool after
+ * layer1, and a temporal kernel of 3 in the blocks flagged below
+ * (tests/golden/gen_video3d.py's I3D_INFLATE), on the 3x3 conv (t_conv 2,
+ * "333") or on the first 1x1 conv (t_conv 1, "311"); trainable BN and a
+ * 400-class fc. */
+static void i3d(builder_t *b, int t_conv)
+{
+    resnet_shape_t s = {.bottleneck = 1, .blocks = {3, 4, 6, 3}, .kt_stem = 5,
+                        .inflate = {"111", "1010", "101010", "010"}, .t_conv = t_conv,
+                        .t_pool = 1, .prefix = ""};
+    size_t ch[4];
+    resnet(b, &s, ch);
+    fc(b, ch[3], 400);
 }
 
 int psbench_model_build(psbench_model_t *m, const char *name)
@@ -197,15 +230,18 @@ int psbench_model_build(psbench_model_t *m, const char *name)
     builder_t b = {m, 0, 0};
     size_t ch[4];
     memset(m, 0, sizeof *m);
-    if (!strcmp(name, "tsm-r50") || !strcmp(name, "i3d-r50")) {
-        int i3d = name[0] == 'i';
-        resnet_shape_t s = {1, {3, 4, 6, 3}, i3d ? 5 : 1, i3d ? 3 : 1, 0, ""};
+    if (!strcmp(name, "tsm-r50")) {
+        resnet_shape_t s = {.bottleneck = 1, .blocks = {3, 4, 6, 3}, .kt_stem = 1, .prefix = ""};
         resnet(&b, &s, ch);
         fc(&b, ch[3], 400);
     } else if (!strcmp(name, "tsm-r18")) {
-        resnet_shape_t s = {0, {2, 2, 2, 2}, 1, 1, 0, ""};
+        resnet_shape_t s = {.bottleneck = 0, .blocks = {2, 2, 2, 2}, .kt_stem = 1, .prefix = ""};
         resnet(&b, &s, ch);
         fc(&b, ch[3], 400);
+    } else if (!strcmp(name, "i3d-r50-311")) {
+        i3d(&b, 1);
+    } else if (!strcmp(name, "i3d-r50-333")) {
+        i3d(&b, 2);
     } else if (!strcmp(name, "retinanet-r50")) {
         retinanet(&b);
     } else {

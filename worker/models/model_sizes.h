@@ -13,11 +13,16 @@ typedef struct psbench_model {
     ps_tensor_spec_t *tensors; /* names owned by the model */
     unsigned ntensors;
     size_t total_numel;
-    /* (ntensors) forward multiply-adds per frame at 224x224 attributed to
-     * each tensor: a conv / fc weight carries its layer's MACs (out x in x
-     * kt x k x k x output pixels), a BN weight and bias one op per output
-     * element each, a conv bias 0.  Output frames are not counted (no
-     * temporal stride: the same factor for every layer).  What psbench's
+    /* (ntensors) forward multiply-adds per input frame at 224x224
+     * attributed to each tensor: a conv / fc weight carries its layer's
+     * MACs (out x in x kt x k x k x output pixels), a BN weight and bias
+     * one op per output element each, a conv bias 0.  A temporal kernel of
+     * 3 (padded: the layer keeps its frames) triples a conv's MACs; layers
+     * behind a temporal pool run at fewer frames, so their output pixels
+     * per input frame shrink with it (I3D's 2x1x1 pool after layer1:
+     * layer2..4 count half).  The fc counts once (its MACs per clip), so a
+     * clip of T frames costs T x total_flops less (T - 1) x the fc's
+     * (0.02% of I3D's 32 frames).  What psbench's
      * emulated compute schedule splits the step by (compute ~ FLOPs, not
      * parameters: ResNet's stem and layer1 hold 0.9% of the weights and
      * ~20% of the MACs, layer4 60% of the weights and ~20% of the MACs). */
@@ -26,11 +31,14 @@ typedef struct psbench_model {
 } psbench_model_t;
 
 /* "tsm-r50", "tsm-r18" (TSM adds no parameters: torchvision ResNet with a
- * 400-class Kinetics fc), "i3d-r50" (ResNet-50 with conv1 inflated to
- * 5x7x7 and every bottleneck 3x3 to 3x3x3, 400 classes), "retinanet-r50"
- * (torchvision retinanet_resnet50_fpn, 91 classes, 9 anchors; the backbone's
- * frozen BN are buffers, not parameters).  Returns 0, PS_EINVAL for an
- * unknown name, PS_ENOMEM. */
+ * 400-class Kinetics fc), "i3d-r50-311" and "i3d-r50-333" (the I3D-ResNet-50
+ * psworker trains, torchvision ResNet-50 names, 400 classes, trainable BN:
+ * conv1 5x7x7, a 2x1x1 temporal max pool after layer1, and a temporal kernel
+ * of 3 in the blocks layer1.0-2, layer2.0/2, layer3.0/2/4 and layer4.1, on
+ * the first 1x1 conv (3x1x1: 28.04 M parameters) or on the 3x3 conv (3x3x3:
+ * 33.43 M)), "retinanet-r50" (torchvision retinanet_resnet50_fpn, 91
+ * classes, 9 anchors; the backbone's frozen BN are buffers, not
+ * parameters).  Returns 0, PS_EINVAL for an unknown name, PS_ENOMEM. */
 int psbench_model_build(psbench_model_t *m, const char *name);
 void psbench_model_free(psbench_model_t *m);
 /* Forward MACs of each partition of t (a table built from m's tensors):

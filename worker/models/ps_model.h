@@ -79,6 +79,13 @@ typedef struct ps_model_config {
                           statistics, bn_forward_saved), so are the
                           gradients; the activations then take one stage's
                           worth of memory instead of four */
+    int zero_init_residual; /* 1: the init sets the weight of the last BN of
+                          every residual branch to 0 (torchvision's
+                          zero_init_residual, Goyal et al. 2017), so each
+                          block starts as the identity (the downsample
+                          keeps its BN); deep ResNets (ResNet-50, I3D)
+                          from scratch need it on small batches.  Needs
+                          bn_mode TRAIN: a frozen BN weight would stay 0 */
 } ps_model_config_t;
 
 /* Where the temporal shift goes (TSM's make_temporal_shift `place`). */
@@ -130,6 +137,9 @@ typedef struct ps_model_param {
     float *g;           /* gradient, same shape (arena); accumulated by backward */
     int group;          /* PS_MODEL_GROUP_* */
     int trainable;      /* 0: frozen (partial BN's frozen affine); g stays 0 */
+    int residual_last;  /* the weight of the last BN of a residual branch (a
+                           block's bn2 / bn3, a video block's last unit's BN,
+                           never a downsample's): what zero_init_residual zeroes */
 } ps_model_param_t;
 
 /* One non-trainable buffer (BN running statistics), in model order:
@@ -160,12 +170,16 @@ void ps_model_destroy(ps_model_t **m);
 const ps_model_config_t *ps_model_config(const ps_model_t *m);
 /* The effective PS_MODEL_BN_* mode (see ps_model_config_t). */
 int ps_model_bn_mode(const ps_model_t *m);
+/* The same from a config: FROZEN, else PARTIAL (bn_mode or the older
+ * partial_bn flag), else TRAIN. */
+int ps_model_cfg_bn_mode(const ps_model_config_t *cfg);
 
 /* torchvision-like init from the counter hash (see the top of this file):
  * conv Kaiming (fan_out), BN weight 1 / bias 0, running mean 0 / var 1, fc
  * uniform.  random_bn != 0 also draws BN weight in [0.5,1.5), bias and
  * running mean in [-0.25,0.25), running var in [0.5,1.5) so tests exercise
- * every BN term.  Gradients are zeroed. */
+ * every BN term.  cfg.zero_init_residual (without random_bn) then zeroes the
+ * residual_last BN weights.  Gradients are zeroed. */
 void ps_model_init(ps_model_t *m, uint64_t seed, int random_bn);
 
 /* FNV-1a 64 of a tensor name: the per-tensor key of the init hash. */

@@ -33,6 +33,11 @@ static int create(ps_model_t **out, const ps_model_config_t *cfg, const ps_backe
                  cfg->recompute);
         return PS_EINVAL;
     }
+    if (cfg->zero_init_residual && ps_model_cfg_bn_mode(cfg) != PS_MODEL_BN_TRAIN) {
+        ps_error("model: zero_init_residual needs trainable BN (bn_mode train): a frozen or "
+                 "partial BN would keep each block's last BN weight at 0");
+        return PS_EINVAL;
+    }
     if (max_clips < 1 || H < 32 || W < 32 || H > 4096 || W > 4096 ||
         (size_t)max_clips * cfg->n_segment > (1u << 20)) {
         ps_error("model: bad batch geometry (max_clips %d, H %d, W %d; H, W >= 32)", max_clips,
@@ -54,9 +59,7 @@ static int create(ps_model_t **out, const ps_model_config_t *cfg, const ps_backe
     m->features_only = features_only;
     m->count_only = count_only;
     m->arena.act_bytes = act_bytes ? act_bytes : count_only ? sizeof(float) : be->act_elsize(ctx);
-    m->bn_mode = cfg->bn_mode == PS_MODEL_BN_FROZEN                      ? PS_MODEL_BN_FROZEN
-                 : cfg->bn_mode == PS_MODEL_BN_PARTIAL || cfg->partial_bn ? PS_MODEL_BN_PARTIAL
-                                                                          : PS_MODEL_BN_TRAIN;
+    m->bn_mode = ps_model_cfg_bn_mode(cfg);
     int r = ps_resnet_build(m);
     if (r) {
         ps_error("model: cannot build ResNet-%d for %d clips of %dx%d: %s", cfg->depth,

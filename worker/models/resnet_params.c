@@ -190,6 +190,7 @@ static int define(ps_model_t *m)
                 snprintf(name, sizeof name, "layer%d.%d.downsample.1", s + 1, i);
                 if ((r = ps_resnet_def_bn(m, &b->dsbn, name, planes * exp, 0))) return r;
             }
+            m->params[b->bn[b->nconv - 1].pg].residual_last = 1;
             b->P = b->conv[b->nconv - 1].P;
             b->Q = b->conv[b->nconv - 1].Q;
             inplanes = planes * exp;
@@ -434,7 +435,8 @@ void ps_model_init(ps_model_t *m, uint64_t seed, int random_bn)
             ps_model_hash_fill(p->w, p->numel, p->name, seed, sqrt(6.0 / fan_out));
         } else if (len > 7 && !strcmp(p->name + len - 7, ".weight")) {
             if (random_bn) fill_offset(p->w, p->numel, p->name, seed, 0.5, 1.0);
-            else fill_const(p->w, p->numel, 1.f);
+            else fill_const(p->w, p->numel,
+                            p->residual_last && m->cfg.zero_init_residual ? 0.f : 1.f);
         } else {
             if (random_bn) ps_model_hash_fill(p->w, p->numel, p->name, seed, 0.25);
             else fill_const(p->w, p->numel, 0.f);

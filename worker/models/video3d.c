@@ -47,6 +47,11 @@ int ps_v3d_create(ps_model_t **out, const ps_model_config_t *cfg, const ps_backe
                  "(TSM / TSN, detector backbones) only", arch->name);
         return PS_EUNSUPPORTED;
     }
+    if (cfg->zero_init_residual && ps_model_cfg_bn_mode(cfg) != PS_MODEL_BN_TRAIN) {
+        ps_error("model %s: zero_init_residual needs trainable BN (bn_mode train): a frozen "
+                 "or partial BN would keep each block's last BN weight at 0", arch->name);
+        return PS_EINVAL;
+    }
     if (max_clips < 1 || max_clips > 65536 || H < 16 || W < 16 || H > 4096 || W > 4096) {
         ps_error("model %s: bad batch geometry (max_clips %d, H %d, W %d; H, W >= 16)",
                  arch->name, max_clips, H, W);
@@ -71,9 +76,7 @@ int ps_v3d_create(ps_model_t **out, const ps_model_config_t *cfg, const ps_backe
     m->W = W;
     m->fc_pw = m->fc_pb = -1;
     m->count_only = count_only;
-    m->bn_mode = cfg->bn_mode == PS_MODEL_BN_FROZEN                      ? PS_MODEL_BN_FROZEN
-                 : cfg->bn_mode == PS_MODEL_BN_PARTIAL || cfg->partial_bn ? PS_MODEL_BN_PARTIAL
-                                                                          : PS_MODEL_BN_TRAIN;
+    m->bn_mode = ps_model_cfg_bn_mode(cfg);
     int r = ps_v3d_build(m);
     if (r) {
         ps_error("model: cannot build %s for %d clips of %d x %dx%d: %s", arch->name, max_clips,

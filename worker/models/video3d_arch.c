@@ -98,6 +98,11 @@ static int pool_fits(const ps_model_t *m, const v3pool_t *pl, const char *what)
 
 int ps_v3d_head(ps_model_t *m, int C, int O, int P, int Q)
 {
+    const v3d_t *v = v3d_of(m);
+    for (int i = 0; i < v->nblocks; i++) {
+        const v3block_t *b = &v->blocks[i];
+        m->params[b->u[b->nunit - 1].bn.pg].residual_last = 1;
+    }
     m->feat_C = C;
     m->feat_HW = O * P * Q;
     int K = m->cfg.num_classes, fcw[2] = {K, C};

@@ -2,6 +2,7 @@
  * checks its own options (task.h).  Messages go to stderr and name the flag;
  * a bad option is exit status 2. */
 #include "worker/psworker/options.h"
+#include "worker/psworker/task.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -27,9 +28,10 @@ static const char usage[] =
     "       psworker --export-onnx FILE.onnx --model tsm-r50 --weights W [--num-classes K]\n"
     "Train a model with sync data-parallel SGD through psd servers, or alone with\n"
     "--standalone: the built-in smoke model (2-layer MLP on generated data), a\n"
-    "video model (tsm-r18|34|50 with temporal shift, tsn-r18|34|50 without) on a\n"
-    "TSM-format dataset (--train-list/--val-list/--root; psdata gen-video makes one),\n"
-    "or a detector (retinanet-r18|34|50) on COCO-format data.\n"
+    "video model (tsm-r18|34|50 with temporal shift, tsn-r18|34|50 without, the 3-D\n"
+    "i3d-r50-311|333, r3d-18, mc3-18, r2plus1d-18) on a TSM-format dataset\n"
+    "(--train-list/--val-list/--root; psdata gen-video makes one), or a detector\n"
+    "(retinanet-, fasterrcnn-, maskrcnn-, cascade-r18|34|50) on COCO-format data.\n"
     "Rank r of W trains on global batch positions r*B..r*B+B-1 of each step's\n"
     "W*B samples, so --standalone --batch W*B sees exactly the same data.\n"
     "Writes DIR/metrics-rankR.csv and (rank 0) DIR/model.safetensors, DIR/val.csv and\n"
@@ -50,7 +52,7 @@ static size_t job_rows(ps_worker_opts_t *o, ps_opt_t *rows)
     ROW("export-onnx", PS_OPT_STRING, &o->export_onnx, "write the model (--weights, else the initialisation) as ONNX to FILE and exit (video models, detector)", "");
     ROW("rank", PS_OPT_INT, &o->rank, "worker rank, -1 = assigned by server 0", "-1");
     ROW("num-workers", PS_OPT_INT, &o->num_workers, "number of workers W in the cluster", "1");
-    ROW("model", PS_OPT_STRING, &o->model, "smoke | tsm-r18|34|50 | tsn-r18|34|50 | retinanet-r18|34|50", "smoke");
+    ROW("model", PS_OPT_STRING, &o->model, ps_task_models(), "smoke");
     ROW("mode", PS_OPT_STRING, &o->mode, "servers' mode sync|async|ssp (sync checks versions), or allreduce", "sync");
     ROW("steps", PS_OPT_UINT64, &o->steps, "training steps (iterations)", "100");
     ROW("batch", PS_OPT_INT, &o->batch, "samples per worker per step (B)", "32");

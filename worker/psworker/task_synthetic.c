@@ -1,10 +1,10 @@
 /* The synthetic compute task (--compute synthetic:<model>:<ms>): a worker
  * that moves the real partition layout of a named model
- * (worker/models/model_sizes.h: tsm-r50, tsm-r18, i3d-r50, retinanet-r50)
- * through psd or the ring, and stands in for forward + backward with a
- * fixed sleep of <ms> milliseconds -- a GPU computes without the host CPU,
- * so many emulated workers fit on 2 cores and the network is what the run
- * measures.  It runs the same loops as every task.
+ * (worker/models/model_sizes.h: tsm-r50, tsm-r18, i3d-r50-311, i3d-r50-333,
+ * retinanet-r50) through psd or the ring, and stands in for forward +
+ * backward with a fixed sleep of <ms> milliseconds -- a GPU computes without
+ * the host CPU, so many emulated workers fit on 2 cores and the network is
+ * what the run measures.  It runs the same loops as every task.
  *
  * The gradient is a fixed deterministic pattern (filled once: refilling
  * 25 M floats per step would be CPU the GPU would not take from the host),

@@ -69,6 +69,9 @@ static size_t video_rows(void *topts, ps_opt_t *rows)
         "file's tsm.shift_div, else 8)", "0");
     ROW("dropout", PS_OPT_FLOAT, &v->dropout, "video: dropout before fc", "0.5");
     ROW("partial-bn", PS_OPT_BOOL, &v->partial_bn, "video: TSM partial BN (only bn1 updates statistics)", "false");
+    ROW("zero-init-residual", PS_OPT_BOOL, &v->zero_init_residual, "video: the last BN weight of every residual "
+        "branch starts at 0, so each block starts as the identity (torchvision's zero_init_residual): what trains "
+        "ResNet-50 / I3D from scratch on small batches; needs --bn train or sync", "false");
     ROW("bn-sync", PS_OPT_INT, &v->bn_sync, "video: average BN running statistics over the workers (1) or not (0)", "1");
     ROW("video-list", PS_OPT_STRING, &v->video_list, "video: video files 'path label' (relative to --root) decoded on the fly, in place of --train-list", "");
     ROW("val-video-list", PS_OPT_STRING, &v->val_video_list, "video: validation video files, in place of --val-list", "");
@@ -122,6 +125,9 @@ static int video_check(ps_worker_opts_t *o)
         return ps_worker_opt_error("--bn: expected train|partial|frozen|sync, got \"%s\"", bn);
     if (v->bn_mode == PS_MODEL_BN_TRAIN && v->partial_bn)
         return ps_worker_opt_error("--bn %s contradicts --partial-bn", bn);
+    if (v->zero_init_residual && (v->bn_mode < 0 ? v->partial_bn : v->bn_mode != PS_MODEL_BN_TRAIN))
+        return ps_worker_opt_error("--zero-init-residual needs trainable BN (--bn train or sync): a "
+                                   "frozen or partial BN would keep each block's last BN weight at 0");
     if (o->data.recompute && strncmp(o->model, "tsm-", 4) && strncmp(o->model, "tsn-", 4))
         return ps_worker_opt_error("--recompute is implemented for the 2-D ResNets (tsm-*, tsn-*), "
                                    "not --model %s", o->model);

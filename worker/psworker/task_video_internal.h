@@ -27,6 +27,7 @@ typedef struct video_opts {
     int shift_div;          /* 1/N each way (0 = the --weights file's tsm.shift_div, else 8) */
     float dropout;
     int partial_bn;
+    int zero_init_residual; /* each residual branch's last BN weight starts at 0 */
     int bn_sync;            /* average BN running statistics over the workers */
     char *video_list, *val_video_list; /* video files decoded on the fly, in place of the lists */
     int short_side;         /* video files: shorter side of the decoded frames */

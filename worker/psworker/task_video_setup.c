@@ -265,6 +265,7 @@ static int video_model(ps_worker_t *p, video_t *v, int classes)
     }
     cfg.width = o->data.width;
     cfg.recompute = o->data.recompute;
+    cfg.zero_init_residual = vo->zero_init_residual;
     if ((rc = shift_options(o, vo, &cfg))) return rc;
     if ((rc = ps_worker_open_device(p, &v->ctx, &v->be))) return rc;
     if (strcmp(o->prec.precision, "fp32")) {
@@ -279,8 +280,9 @@ static int video_model(ps_worker_t *p, video_t *v, int classes)
         return rc;
     ps_model_init(v->m, o->seed, 0);
     static const char *const bn_names[] = {"train", "partial", "frozen"};
-    ps_info("BN mode %s%s", vo->bn_cross ? "sync" : bn_names[ps_model_bn_mode(v->m)],
-            o->data.recompute ? ", stages recomputed in the backward (--recompute)" : "");
+    ps_info("BN mode %s%s%s", vo->bn_cross ? "sync" : bn_names[ps_model_bn_mode(v->m)],
+            o->data.recompute ? ", stages recomputed in the backward (--recompute)" : "",
+            vo->zero_init_residual ? ", residual branches' last BN weights start at 0" : "");
     if (vo->bn_cross) p->bn_cross = bn_channels(v->m);
     ps_model_set_seed(v->m, o->seed);
     if (*o->data.weights) {
