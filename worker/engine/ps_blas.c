@@ -102,11 +102,17 @@ int ps_blas_get_threads(void)
 
 /* ---- which library multiplies ------------------------------------------ */
 
-/* oneDNN's sgemm when the build has it: measured against OpenBLAS's Zen
- * kernel on this project's convolution and linear shapes (2 threads, one
- * slice each, AMD EPYC Zen 3) it was faster on every shape but the tiniest
- * (e.g. 256x784x64: 179 vs 135 GFLOP/s; 2048^3: level), and on Intel CPUs
- * it is the MKL-derived JIT kernel.  OpenBLAS otherwise. */
+/* oneDNN's sgemm when the build has it and the CPU is AVX2-class: measured
+ * against OpenBLAS's Zen kernel on this project's convolution and linear
+ * shapes (2 threads, one slice each, AMD EPYC Zen 3) it was faster on every
+ * shape but the tiniest (e.g. 256x784x64: 179 vs 135 GFLOP/s; 2048^3:
+ * level).  On AVX-512 CPUs OpenBLAS (its SkylakeX kernels, which
+ * ps_blas_autoselect makes sure of): there oneDNN 2.6's sgemm corrupted the
+ * heap in small shapes called from the convolution's team (an Ice Lake
+ * Xeon: glibc aborts in 22 of 30 runs of tests/test_recompute with the GEMM
+ * row, 0 of 10 with OpenBLAS; ASan sees nothing in our code and valgrind
+ * runs no AVX-512, so it is inside oneDNN's AVX-512 kernels).  PS_SGEMM
+ * (openblas | onednn) overrides the choice.  OpenBLAS without oneDNN. */
 static int use_onednn = -1; /* -1: not decided yet */
 
 static int decide_library(void)
@@ -114,7 +120,12 @@ static int decide_library(void)
     if (use_onednn < 0) {
 #ifdef PS_HAVE_ONEDNN
         const char *e = getenv("PS_SGEMM");
-        use_onednn = !(e && !strcasecmp(e, "openblas"));
+        if (e && !strcasecmp(e, "openblas"))
+            use_onednn = 0;
+        else if (e && !strcasecmp(e, "onednn"))
+            use_onednn = 1;
+        else
+            use_onednn = dnnl_get_effective_cpu_isa() < dnnl_cpu_isa_avx512_core;
 #else
         use_onednn = 0;
 #endif
