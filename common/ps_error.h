@@ -24,7 +24,8 @@
     X(VERSION,    -17, "protocol version mismatch")                         \
     X(STALE,      -18, "request too stale")                                 \
     X(CUDA,       -19, "CUDA error")                                        \
-    X(FAILED,     -20, "the job was stopped by a failure")
+    X(FAILED,     -20, "the job was stopped by a failure")                  \
+    X(CANCELED,   -21, "request cancelled")
 
 enum {
     PS_OK = 0,

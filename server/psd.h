@@ -131,6 +131,7 @@ typedef struct psd_opts {
     char *curve_secret_key;/* file: Z85 secret key of this server */
     char *curve_allow;     /* file or directory of allowed Z85 public keys */
     char *curve_admin;     /* file of admin Z85 public keys (CHECKPOINT / SHUTDOWN) */
+    int debug_die_state_v; /* tests: SIGKILL before the keeper's reply of version N (0: off) */
 } psd_opts_t;
 
 /* An encoded WEIGHTS payload shared by every reply of one version: one
@@ -177,6 +178,8 @@ typedef struct psd_part {
     size_t numel;
     int owned;              /* this server holds it */
     int initialised;        /* weights arrived (INIT or checkpoint) */
+    int rebuilt;            /* sync: state given back by a worker (a lost server
+                               rebuilt), no update applied since */
     float *w;               /* (numel) fp32 master weights = wbuf->data */
     psd_buf_t *wbuf;        /* the weights, also sent zero-copy as the fp32 raw
                              * WEIGHTS reply; replaced (copy on write) when an

@@ -34,6 +34,7 @@ static void after_update(psd_t *s, psd_part_t *p)
 static void apply_sync(psd_t *s, psd_part_t *p)
 {
     psd_late_applying(s, p);
+    p->rebuilt = 0;
     psd_store_apply_sync(s, p);
     after_update(s, p);
 }
@@ -189,6 +190,7 @@ static void init_state(psd_t *s, ps_wire_msg_t *m, psd_part_t *p)
         psd_store_forget_prev(p);
         p->version = h->iteration;
         p->initialised = 1;
+        p->rebuilt = 1;
         ps_info("partition %u rebuilt at version %llu from rank %d's copy", p->id,
                 (unsigned long long)p->version, h->has_rank ? h->rank : -1);
         psd_waiters_notify(s, p);
@@ -294,6 +296,21 @@ static void push_sync(psd_t *s, ps_wire_msg_t *m, psd_part_t *p, int rank, int p
     uint64_t it = h->iteration;
     if (it < p->version) {
         reply_done(s, m, p, pushpull);
+        return;
+    }
+    if (it == p->version + 1 && p->rebuilt) {
+        /* The server lost here had gone one update further than the copy
+         * this partition was rebuilt from (the keeper's reply of that
+         * update was lost with it), and this worker saw it: the update must
+         * be made again, so this worker computes that step again from the
+         * version before (the workers' rebuild path), its push of this
+         * iteration kept or not.  Nothing is rolled back. */
+        char text[300];
+        snprintf(text, sizeof text, "%s for iteration %llu but partition %u was rebuilt at version "
+                 "%llu from the workers' copies: compute step %llu again",
+                 ps_wire_type_name(h->type), (unsigned long long)it, p->id,
+                 (unsigned long long)p->version, (unsigned long long)p->version);
+        psd_send_rebuild_error(s, PSD_ID_OF(m), h, text);
         return;
     }
     if (it > p->version) {

@@ -67,6 +67,10 @@ static int parse_args(psd_opts_t *o, int argc, char **argv)
         {"curve-secret-key", PS_OPT_STRING, &o->curve_secret_key, "file with this server's Z85 secret key (psctl keygen PREFIX.key)", ""},
         {"curve-allow", PS_OPT_STRING, &o->curve_allow, "allowed Z85 public keys: a file (one per line) or a directory of *.pub", ""},
         {"curve-admin", PS_OPT_STRING, &o->curve_admin, "admin public keys (CHECKPOINT / SHUTDOWN allowed), file or directory", ""},
+        {"debug-die-before-state-reply", PS_OPT_INT, &o->debug_die_state_v,
+         "tests (sync, psworker --replicate-state): when the last partition of this server "
+         "reaches version N, answer the workers that keep no state of it, then SIGKILL "
+         "before the reply to the one that does (0: off)", "0"},
         {0},
     };
     /* --max-partition-bytes 4 MiB: psworker's default --partition-bytes */

@@ -112,6 +112,7 @@ static int restore(psd_t *s, uint64_t v, char *err, size_t errlen, char *used, s
             p->skipped_ver = 0;
             psd_store_forget_prev(p);
             p->version = v;
+            p->rebuilt = 0;
             psd_waiters_cancel(s, p, v); /* that future is gone */
             psd_waiters_notify(s, p);
         }

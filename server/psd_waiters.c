@@ -6,9 +6,12 @@
  * and answered ERROR when a rollback takes that version away. */
 #include "psd.h"
 
+#include <signal.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "ps_error.h"
+#include "ps_log.h"
 #include "ps_wire.h"
 
 int psd_waiters_add(psd_t *s, ps_wire_msg_t *m, psd_part_t *p, uint64_t min_version)
@@ -81,9 +84,33 @@ static psd_waiter_t *take(psd_t *s, psd_part_t *p, uint64_t lo, uint64_t hi)
     return out;
 }
 
+/* --debug-die-before-state-reply: a server lost between its replies of an
+ * update, deterministically -- the last of its partitions to reach version
+ * N answers the workers that keep no state of it and dies before the
+ * keeper's reply, so the keeper's copy is one version behind what another
+ * worker saw (a timed kill hits this only by chance). */
+static void die_before_state(psd_t *s, psd_part_t *p, psd_waiter_t *list)
+{
+    if (s->o.debug_die_state_v <= 0 || p->version != (uint64_t)s->o.debug_die_state_v) return;
+    int keeper = 0;
+    for (psd_waiter_t *w = list; w; w = w->next) keeper |= w->state;
+    for (uint32_t i = 0; i < s->st.table.nparts; i++)
+        if (s->st.parts[i].owned && s->st.parts[i].version < p->version) return;
+    if (!keeper) return;
+    for (psd_waiter_t *w = list; w; w = w->next)
+        if (!w->state)
+            psd_send_weights(s, w->id, w->idlen, w->request_id, p, w->dtype, w->codec);
+    ps_warn("--debug-die-before-state-reply: partition %u at version %llu answered to all but "
+            "its keeper; SIGKILL now", p->id, (unsigned long long)p->version);
+    struct timespec ts = {0, 300000000L}; /* for ZeroMQ's I/O thread to write them */
+    nanosleep(&ts, NULL);
+    raise(SIGKILL);
+}
+
 void psd_waiters_notify(psd_t *s, psd_part_t *p)
 {
     psd_waiter_t *w = take(s, p, 0, p->version);
+    die_before_state(s, p, w);
     while (w) {
         psd_waiter_t *next = w->next;
         if (w->state)

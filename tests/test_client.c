@@ -2,8 +2,9 @@
  * arrives intact for every dtype x codec, front-of-model priority, retries
  * of lost requests and lost replies (no doubled update), duplicate replies
  * ignored, ERROR replies, timeouts, handle reuse, reconnect to a restarted
- * server, control messages, and no cross-worker deadlock against a sync
- * fake for two workers however pushes are submitted.  The fake applies
+ * server, control messages, no cross-worker deadlock against a sync
+ * fake for two workers however pushes are submitted, and cancelling a
+ * request that waits on the other worker.  The fake applies
  * w -= g (lr 1, one worker; the sync fake w -= the sum), so every expected
  * value is computed independently here in fp32. */
 #include <stdio.h>
@@ -623,6 +624,63 @@ static void test_sync_no_deadlock(int max_inflight, size_t sendq, const char *ta
     free_table(&t);
 }
 
+/* ps_client_cancel and ps_client_wait_unless against the sync fake: a
+ * PUSHPULL that waits for another worker is given up on at once, its late
+ * reply is dropped (the caller's buffer is left alone) and the handles are
+ * reusable; wait_unless with the count unmoved is a plain wait. */
+static void test_cancel(void)
+{
+    enum { NP = 2, NE = 1000 };
+    size_t sizes[NP] = {NE, NE};
+    ps_partition_table_t t;
+    make_table(&t, NP, 1, sizes);
+    fake_psd_t f;
+    fake_psd_start_sync(&f, 0, &t, 0, 2);
+    ps_client_t *a = connect_sync(&t, &f, 0, 0);
+    ps_client_t *b = connect_sync(&t, &f, 0, 0);
+    int ra = ps_client_hello(a), rb = ps_client_hello(b);
+    ok(ra >= 0 && rb >= 0 && ra != rb, "cancel: two workers, ranks %d and %d", ra, rb);
+    static float g[NP * NE], da[NP * NE], db[NP * NE];
+    for (size_t i = 0; i < NP * NE; i++) g[i] = 0.5f, da[i] = db[i] = -999.0f;
+    ps_req_t *qa = NULL, *qb = NULL;
+    int rc = ps_client_pushpull(a, 0, 0, g, da, 0, &qa);
+    usleep(100 * 1000); /* on the server, waiting for B */
+    double t0 = now_s();
+    ps_client_cancel(a, qa);
+    double dt = now_s() - t0;
+    ok(rc == 0 && dt < 8.0, "cancel: a PUSHPULL waiting for the other worker given up on in %.3f s "
+       "(its timeout is 10 s)", dt);
+    rc = ps_client_pushpull(b, 0, 0, g, db, 0, &qb);
+    uint64_t v = 0;
+    rc |= ps_client_wait(b, qb, -1, &v);
+    ok(rc == 0 && v == 1 && db[0] == -1.0f, "cancel: the other worker's push completes the update (v %llu)",
+       (unsigned long long)v);
+    usleep(200 * 1000); /* the reply to the cancelled request arrives */
+    int untouched = 1;
+    for (size_t i = 0; i < NE; i++) untouched &= da[i] == -999.0f;
+    ok(untouched, "cancel: its late reply is dropped, the buffer left alone");
+    /* partition 1: both push; A waits with wait_unless and the count unmoved */
+    unsigned seen = ps_client_rebuilds(a);
+    rc = ps_client_pushpull(a, 1, 0, g + NE, da + NE, 0, &qa);
+    rc |= ps_client_pushpull(b, 1, 0, g + NE, db + NE, 0, &qb);
+    int pending = -1;
+    uint32_t fl = 0;
+    int r1 = ps_client_wait_unless(a, qa, seen, &v, &fl, &pending);
+    rc |= ps_client_wait(b, qb, -1, NULL);
+    ok(rc == 0 && r1 == 0 && pending == 0 && v == 1 && da[NE] == -1.0f && seen == 0,
+       "wait_unless: no rebuild said, a plain wait (rc %d, pending %d, v %llu)", r1, pending,
+       (unsigned long long)v);
+    ps_req_t *q = NULL;
+    rc = ps_client_pull(a, 0, 0, da, &q);
+    rc |= ps_client_wait(a, q, -1, &v);
+    ok(rc == 0 && v == 1 && da[0] == -1.0f, "cancel: handles reusable after it (pull at v %llu)",
+       (unsigned long long)v);
+    ps_client_destroy(&a);
+    ps_client_destroy(&b);
+    fake_psd_stop(&f);
+    free_table(&t);
+}
+
 int main(void)
 {
     alarm(240); /* a hang is a failure, not a stuck CI job */
@@ -638,5 +696,6 @@ int main(void)
     test_hung_server();
     test_sync_no_deadlock(0, 0, "sync, default options");
     test_sync_no_deadlock(1, 1, "sync, max_inflight 1, 1-byte send queue");
+    test_cancel();
     return tap_done();
 }

@@ -382,6 +382,7 @@ static ps_req_t *req_alloc(ps_client_t *c, int type, int server, uint32_t part)
     r->iteration = r->min_version = 0;
     r->flags = 0;
     r->no_reply = 0;
+    r->cancel = 0;
     r->payload = NULL;
     r->payload_len = 0;
     r->crc = 0;
@@ -551,7 +552,7 @@ static int valid_req(ps_client_t *c, const ps_req_t *r)
 
 /* Wait until r is done and ZeroMQ holds none of its frames.  Returns 0 when
  * done (under c->mu on return), PS_ETIMEOUT on timeout_ms (mutex released). */
-static int wait_done_locked(ps_client_t *c, ps_req_t *r, int timeout_ms)
+static int wait_done_locked(ps_client_t *c, ps_req_t *r, int timeout_ms, const unsigned *seen)
 {
     struct timespec dl;
     if (timeout_ms >= 0) {
@@ -565,6 +566,10 @@ static int wait_done_locked(ps_client_t *c, ps_req_t *r, int timeout_ms)
     }
     pthread_mutex_lock(&c->mu);
     while (!(r->state == RQ_DONE && atomic_load(&r->zrefs) == 0)) {
+        if (seen && r->state != RQ_DONE && atomic_load(&c->rebuilds) != *seen) {
+            pthread_mutex_unlock(&c->mu);
+            return PS_EAGAIN;
+        }
         if (timeout_ms < 0) {
             pthread_cond_wait(&c->cv, &c->mu);
         } else if (pthread_cond_timedwait(&c->cv, &c->mu, &dl) == ETIMEDOUT &&
@@ -577,7 +582,7 @@ static int wait_done_locked(ps_client_t *c, ps_req_t *r, int timeout_ms)
 }
 
 static int wait_impl(ps_client_t *c, ps_req_t *r, int timeout_ms, uint64_t *version,
-                     int *still_pending, uint32_t *flags)
+                     int *still_pending, uint32_t *flags, const unsigned *seen)
 {
     if (still_pending) *still_pending = 0;
     if (flags) *flags = 0;
@@ -585,9 +590,10 @@ static int wait_impl(ps_client_t *c, ps_req_t *r, int timeout_ms, uint64_t *vers
         if (c) ps_client_set_error(c, "ps_client_wait: not a live request handle");
         return PS_EINVAL;
     }
-    if (wait_done_locked(c, r, timeout_ms) < 0) {
+    int w = wait_done_locked(c, r, timeout_ms, seen);
+    if (w < 0) {
         if (still_pending) *still_pending = 1;
-        return PS_ETIMEOUT;
+        return w;
     }
     int rc = r->result;
     if (version) *version = r->version;
@@ -600,13 +606,37 @@ static int wait_impl(ps_client_t *c, ps_req_t *r, int timeout_ms, uint64_t *vers
 int ps_client_wait_ex(ps_client_t *c, ps_req_t *r, int timeout_ms, uint64_t *version,
                       int *still_pending)
 {
-    return wait_impl(c, r, timeout_ms, version, still_pending, NULL);
+    return wait_impl(c, r, timeout_ms, version, still_pending, NULL, NULL);
 }
 
 int ps_client_wait_flags(ps_client_t *c, ps_req_t *r, int timeout_ms, uint64_t *version,
                          uint32_t *flags)
 {
-    return wait_impl(c, r, timeout_ms, version, NULL, flags);
+    return wait_impl(c, r, timeout_ms, version, NULL, flags, NULL);
+}
+
+unsigned ps_client_rebuilds(const ps_client_t *c)
+{
+    return atomic_load(&((ps_client_t *)c)->rebuilds);
+}
+
+int ps_client_wait_unless(ps_client_t *c, ps_req_t *r, unsigned seen, uint64_t *version,
+                          uint32_t *flags, int *pending)
+{
+    return wait_impl(c, r, -1, version, pending, flags, &seen);
+}
+
+void ps_client_cancel(ps_client_t *c, ps_req_t *r)
+{
+    if (!valid_req(c, r)) return;
+    pthread_mutex_lock(&c->mu);
+    if (r->state != RQ_DONE) {
+        r->cancel = 1;
+        atomic_store(&c->cancel_pending, 1);
+    }
+    pthread_mutex_unlock(&c->mu);
+    ps_client_io_wake(c);
+    wait_impl(c, r, -1, NULL, NULL, NULL, NULL); /* done (PS_ECANCELED or its reply), released */
 }
 
 int ps_client_wait(ps_client_t *c, ps_req_t *req, int timeout_ms, uint64_t *version)
@@ -616,5 +646,5 @@ int ps_client_wait(ps_client_t *c, ps_req_t *req, int timeout_ms, uint64_t *vers
 
 int ps_client_wait_done_locked(ps_client_t *c, ps_req_t *r, int timeout_ms)
 {
-    return wait_done_locked(c, r, timeout_ms);
+    return wait_done_locked(c, r, timeout_ms, NULL);
 }

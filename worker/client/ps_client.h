@@ -214,6 +214,22 @@ int ps_client_wait_ex(ps_client_t *c, ps_req_t *req, int timeout_ms, uint64_t *v
  * from an older checkpoint and *version is its version (ps_client_rollback). */
 int ps_client_wait_flags(ps_client_t *c, ps_req_t *req, int timeout_ms, uint64_t *version,
                          uint32_t *flags);
+/* How many replies so far said a server is being rebuilt (PS_FLAG_REBUILD
+ * on an ERROR to a live request).  A training loop that waits on the other
+ * requests of its step -- which may wait on a worker that waits for this
+ * rebuild -- stops waiting once it moves (ps_client_wait_unless). */
+unsigned ps_client_rebuilds(const ps_client_t *c);
+/* ps_client_wait_flags (forever) that gives up once ps_client_rebuilds(c)
+ * != seen while the request is still pending: then it returns PS_EAGAIN
+ * with *pending = 1 and the handle stays live (ps_client_cancel it, or
+ * wait again).  *pending = 0 on every other return (handle released). */
+int ps_client_wait_unless(ps_client_t *c, ps_req_t *req, unsigned seen, uint64_t *version,
+                          uint32_t *flags, int *pending);
+/* Stop waiting for a submitted request: the I/O thread drops it (a reply
+ * that comes later is ignored), and the handle is released.  Returns once
+ * ZeroMQ holds none of its frames, so its buffers may be reused.  What was
+ * already sent stays sent: a server may still apply a push. */
+void ps_client_cancel(ps_client_t *c, ps_req_t *req);
 /* Text of the last error of the client (server's ERROR text or local cause). */
 const char *ps_client_last_error(const ps_client_t *c);
 

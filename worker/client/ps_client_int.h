@@ -42,6 +42,7 @@ struct ps_req {
     int rank_arg;           /* DRAIN: the rank to take out (Header.rank) */
     uint64_t seq;           /* submission order, ties in the priority queue */
     int no_reply;           /* PS_FLAG_NO_REPLY push: done once sent */
+    int cancel;             /* ps_client_cancel: the I/O thread drops it (under mu) */
 
     /* payload (encoded); points into the caller's buffer (raw fp32), the
      * partition's encode buffer (enc_part >= 0) or tmp (a malloc'd fallback) */
@@ -170,6 +171,8 @@ struct ps_client {
     int *keeper;            /* (nparts) the rank that keeps each partition */
 
     atomic_uint epochs_seen;  /* elastic: the most membership epochs a reply named */
+    atomic_uint rebuilds;     /* ERRORs with PS_FLAG_REBUILD to live requests */
+    atomic_int cancel_pending; /* a request was cancelled: the I/O thread drops it */
 
     char last_error[512];
     atomic_uint_fast64_t bytes_out, bytes_in, requests, retries, errors;
@@ -190,6 +193,9 @@ void ps_client_io_complete(ps_client_t *c, ps_req_t *r, int result);
 void ps_client_io_list_remove(ps_req_t **head, ps_req_t *r);
 int ps_client_io_windowed(const ps_req_t *r);
 void ps_client_io_fail_all(ps_client_t *c, ps_req_t *r, int result);
+/* I/O thread: every request ps_client_cancel marked is taken out of the
+ * lists and done with PS_ECANCELED. */
+void ps_client_io_drop_cancelled(ps_client_t *c);
 
 /* ps_client_recv.c: I/O thread, every message waiting on server s's socket. */
 void ps_client_recv_drain(ps_client_t *c, int s);

@@ -317,6 +317,33 @@ void ps_client_io_fail_all(ps_client_t *c, ps_req_t *r, int result)
     }
 }
 
+static void drop_marked(ps_client_t *c, ps_req_t **head, int *ninflight)
+{
+    for (ps_req_t **pp = head; *pp;) {
+        ps_req_t *r = *pp;
+        pthread_mutex_lock(&c->mu);
+        int drop = r->cancel;
+        pthread_mutex_unlock(&c->mu);
+        if (!drop) {
+            pp = &r->next;
+            continue;
+        }
+        *pp = r->next;
+        r->next = NULL;
+        if (ninflight) *ninflight -= ps_client_io_windowed(r);
+        ps_client_io_complete(c, r, PS_ECANCELED);
+    }
+}
+
+void ps_client_io_drop_cancelled(ps_client_t *c)
+{
+    if (!atomic_exchange(&c->cancel_pending, 0)) return;
+    for (int s = 0; s < c->o.nservers; s++) {
+        drop_marked(c, &c->srv[s].pending, NULL);
+        drop_marked(c, &c->srv[s].inflight, &c->srv[s].ninflight);
+    }
+}
+
 /* request_id of BYE: generation 0 never names a pooled request. */
 #define BYE_REQUEST_ID 1u
 #define BYE_WAIT_MS 300
@@ -428,6 +455,7 @@ void *ps_client_io_main(void *arg)
         }
         atomic_store(&c->wake_pending, 0);
         take_submitted(c, now);
+        ps_client_io_drop_cancelled(c);
         for (int s = 0; s < S; s++) {
             if (items[s + 1].revents & ZMQ_POLLIN) ps_client_recv_drain(c, s);
             c->srv[s].blocked = 0; /* POLLOUT, or the periodic re-try */

@@ -209,6 +209,8 @@ static void handle_reply(ps_client_t *c, int s, ps_wire_msg_t *m, int rc, const 
     int result = 0;
     if (h->type == PS__MSG_TYPE__MSG_ERROR) {
         result = h->has_error_code && h->error_code < 0 ? h->error_code : PS_EPROTO;
+        /* counted before the completion wakes the waiters (ps_client_wait_unless) */
+        if (h->has_flags && (h->flags & PS_FLAG_REBUILD)) atomic_fetch_add(&c->rebuilds, 1);
         /* PS_FLAG_ROLLBACK: `iteration` is the version to roll back to. */
         r->reply_flags = h->has_flags ? h->flags : 0;
         if (h->has_iteration) r->version = h->iteration;

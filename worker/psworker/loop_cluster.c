@@ -83,7 +83,20 @@ int ps_worker_part_complete(ps_worker_t *p, ps_client_t *c, ps_req_t **req, uint
         return 0;
     uint64_t v = 0;
     uint32_t rflags = 0;
-    int r = ps_client_wait_flags(c, req[i], -1, &v, &rflags);
+    int pending = 0;
+    int r = sync ? ps_client_wait_unless(c, req[i], p->rebuilds_seen, &v, &rflags, &pending)
+                 : ps_client_wait_flags(c, req[i], -1, &v, &rflags);
+    if (pending) {
+        /* A server said it is being rebuilt while this reply was still
+         * due: it may wait on a worker that waits for that rebuild (one a
+         * step behind this one, when the lost server had gone a step
+         * further than the copy it is rebuilt from).  The rebuild pulls
+         * every partition again, so stop waiting for this one. */
+        ps_client_cancel(c, req[i]);
+        req[i] = NULL;
+        p->resync = 1;
+        return 0;
+    }
     req[i] = NULL;
     /* psd's verdict on this step (sync): WEIGHTS of a skipped update */
     if (!r && (rflags & PS_FLAG_OVERFLOW))
@@ -295,7 +308,7 @@ static int job_under_way(ps_client_t *c, int nservers)
 static int overlap_step(ps_worker_t *p, ps_worker_overlap_t *ov, uint64_t s, double *t_wait)
 {
     int rc = ps_worker_overlap_end(ov, t_wait), remote = 0;
-    if (rc || p->rollback || p->behind || p->rebuild || p->compute_rc)
+    if (rc || p->rollback || p->behind || p->rebuild || p->resync || p->compute_rc)
         return rc;
     if (s + 1 == p->o->steps || ps_worker_val_due(p, s + 1)) {
         double t0 = ps_worker_now();
@@ -494,6 +507,7 @@ static int rebuild(cluster_t *k, uint64_t step, uint64_t *next)
     int rc = 0;
     uint64_t lost = p->rebuild;
     p->rebuild = 0;
+    p->resync = 0;
     if (!p->o->replicate_state) {
         ps_error("step %" PRIu64 ": a server restarted without the job's state (%s), and this "
                  "job keeps no copy of it: run with --replicate-state to rebuild a lost server, "
@@ -510,6 +524,8 @@ static int rebuild(cluster_t *k, uint64_t step, uint64_t *next)
     }
     free(spec);
     if (!rc) rc = pull_start(k, next, PS_FLAG_REBUILD);
+    /* the verdicts up to here are answered by this pull */
+    p->rebuilds_seen = ps_client_rebuilds(k->c);
     if (rc) {
         ps_error("rebuilding a server failed: %s (%s)", ps_strerror(rc), ps_client_last_error(k->c));
         return rc;
@@ -558,7 +574,7 @@ static int cluster_one(cluster_t *k, uint64_t s, uint64_t *next)
     if (k->ov) ps_worker_overlap_begin(k->ov, s);
     double loss = ps_worker_compute(p, s), t_wait = 0;
     if (k->ov && (rc = overlap_step(p, k->ov, s, &t_wait))) return rc;
-    if (!(k->ov && (p->rollback || p->behind || p->rebuild)) &&
+    if (!(k->ov && (p->rollback || p->behind || p->rebuild || p->resync)) &&
         (rc = ps_worker_check_loss(p, loss, s)))
         return rc;
     ps_worker_devmem_step(p, s);
@@ -568,7 +584,7 @@ static int cluster_one(cluster_t *k, uint64_t s, uint64_t *next)
         return rc;
     if (p->rollback) return rollback(p, k->c, k->req, k->ver, s, next);
     if (p->behind) return catch_up(k, s, next);
-    if (p->rebuild) return rebuild(k, s, next);
+    if (p->rebuild || p->resync) return rebuild(k, s, next);
     if (k->sync && ps_client_epochs_seen(k->c) > (unsigned)p->nepochs && (rc = elastic_sync(k)))
         return rc;
     if (ovf && k->sync && !remote)

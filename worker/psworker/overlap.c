@@ -140,7 +140,7 @@ static void complete(ps_worker_overlap_t *ov, uint32_t i, int model_too)
     ov->inflight[i] = 0;
     ov->n_done++;
     ov->n_fwd += ov->in_fwd;
-    if (r || ov->rc || p->rollback || p->behind || p->rebuild) {
+    if (r || ov->rc || p->rollback || p->behind || p->rebuild || p->resync) {
         ov->failed = 1; /* the step ends without another push */
         return;
     }

@@ -97,6 +97,10 @@ typedef struct ps_worker {
                                was lost under --on-worker-loss continue) */
     uint64_t rebuild;       /* sync: servers that restarted empty (PS_FLAG_REBUILD),
                                bit s for server s (bit 63: 63 and above) */
+    int resync;             /* sync: replies of this step given up on when a
+                               server said it is being rebuilt (they may wait
+                               on a worker that waits for it): pull again */
+    unsigned rebuilds_seen; /* ps_client_rebuilds when the last rebuild ended */
     /* loss scaling: identical on every worker, each feeds it the cluster's
      * verdict; this step's backend part (step.c) */
     ps_loss_scale_t ls;
