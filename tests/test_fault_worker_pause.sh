@@ -78,14 +78,22 @@ ok $? "continue: both workers finished (exit $RC0 / $RC1)" ||
 grep -q 'worker rank 1 lost: silent' "$T/cont/psd0.stopped.log"
 ok $? "continue: psd declared rank 1 lost"
 grep -h 'caught up with the servers' "$T/cont/w1.err" | sed 's/^/# /'
-missed=$(sed -n 's/.*caught up with the servers at step [0-9]* (\([0-9]*\) step(s) of this rank missed).*/\1/p' "$T/cont/w1.err" | head -n 1)
+# every catch-up counts (a second one follows when rank 0 had gone on again)
+missed=$(sed -n 's/.*caught up with the servers at step [0-9]* (\([0-9]*\) step(s) of this rank missed).*/\1/p' "$T/cont/w1.err" |
+    awk '{ n++; t += $1 } END { if (n) print t }')
+ncatch=$(grep -c 'caught up with the servers at step' "$T/cont/w1.err")
 [ -n "$missed" ] && [ "$missed" -gt 0 ]
-ok $? "continue: rank 1 caught up with the servers after missing ${missed:-?} step(s)"
+ok $? "continue: rank 1 caught up with the servers after missing ${missed:-?} step(s) in $ncatch catch-up(s)"
 rs=$(final_value "$T/cont/w0.out" rank_steps)
 diag "rank 0's final line: rank_steps=$rs"
+# Rank 1 contributed every step it did not miss, less up to two per
+# catch-up that went without it: the step it was stopped in (its pushes
+# came back as retries) and the step it caught up at, which rank 0 may
+# have pushed alone to a server that had not yet seen rank 1 back (under
+# load, seen once: rank_steps=200,147 after 51 missed).
 k=${rs#*,}
 [ "${rs%%,*}" = "$CSTEPS" ] && [ -n "$missed" ] && [ "$k" -lt "$CSTEPS" ] &&
-    [ "$k" -ge $((CSTEPS - missed - 1)) ] && [ "$k" -le $((CSTEPS - missed)) ]
+    [ "$k" -ge $((CSTEPS - missed - 2 * ncatch)) ] && [ "$k" -le $((CSTEPS - missed)) ]
 ok $? "continue: the final line says rank 0 contributed $CSTEPS steps and rank 1 ${k:-?} (missed ${missed:-?})"
 [ "$(final_value "$T/cont/w1.out" rank_steps)" = "$rs" ]
 ok $? "continue: rank 1's final line says the same"
